@@ -1,0 +1,68 @@
+# trainmap: `make run` (set-up + the default study) and `make test` (set-up + the full test suite).
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+
+CONFIG ?= config/config.yaml
+CORES ?= 2
+PORT ?= 5000
+# A DVC remote outside git: a plain directory (override: make run DVC_REMOTE=/data/dvc-store).
+DVC_REMOTE ?= $(HOME)/.cache/trainmap/dvc-remote
+
+export MLFLOW_DISABLE_TELEMETRY := true
+UV := $(shell command -v uv 2>/dev/null || echo $(HOME)/.local/bin/uv)
+RUN := $(UV) run --locked --quiet
+SNAKEMAKE := $(RUN) snakemake
+DVC := $(RUN) dvc
+DVC_CONFIG = $(shell $(RUN) python -c "import yaml; print(yaml.safe_load(open('params.yaml'))['dvc']['configfile'])")
+
+.PHONY: help setup run repro test test-fast lint format bench mlflow-ui dvc-remote clean
+
+help:  ## list the targets
+	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s $$'\t'
+
+setup:  ## install uv if missing, then the locked environment (fast when nothing changed)
+	@command -v $(UV) >/dev/null 2>&1 || python3 -m pip install --quiet --user uv
+	@$(UV) sync --locked --quiet
+
+run: setup dvc-remote  ## the study on CONFIG (default: the embedded grid); versions it with DVC
+	$(SNAKEMAKE) --cores $(CORES) --configfile $(CONFIG) --rerun-incomplete
+	@if [ "$(CONFIG)" = "$(DVC_CONFIG)" ]; then \
+	    echo "Recording data and checkpoints in DVC (dvc commit; dvc push to $(DVC_REMOTE))"; \
+	    $(DVC) commit --force --quiet && $(DVC) push --quiet; \
+	else \
+	    echo "Not versioned by DVC: dvc.yaml runs $(DVC_CONFIG) (params.yaml: dvc.configfile)"; \
+	fi
+	@echo "Evaluation table: results/summary/evaluation.csv   Runs: make mlflow-ui"
+
+repro: setup dvc-remote  ## the same study through DVC: dvc repro (stage by stage), then dvc push
+	$(DVC) repro
+	$(DVC) push
+
+test: setup  ## the full test suite (unit + Snakemake/DVC integration)
+	$(RUN) pytest
+
+test-fast: setup  ## unit tests only
+	$(RUN) pytest -m "not integration"
+
+lint: setup  ## ruff, snakefmt and snakemake --lint
+	$(RUN) ruff check src tests bench workflow/scripts
+	$(RUN) ruff format --check src tests bench workflow/scripts
+	$(RUN) snakefmt --check Snakefile workflow/rules
+	$(SNAKEMAKE) --lint --configfile config/smoke.yaml
+
+format: setup  ## apply ruff and snakefmt formatting
+	$(RUN) ruff format src tests bench workflow/scripts
+	$(RUN) snakefmt Snakefile workflow/rules
+
+bench: setup  ## every benchmark in bench/, printing ratios measured side by side
+	@for script in bench/*.py; do echo "== $$script"; $(RUN) python $$script; done
+
+mlflow-ui:  setup ## browse and compare runs at http://127.0.0.1:$(PORT)
+	$(RUN) mlflow ui --backend-store-uri sqlite:///mlflow.db --host 127.0.0.1 --port $(PORT)
+
+dvc-remote: setup  ## point DVC's default remote at DVC_REMOTE (local config, not committed)
+	@mkdir -p $(DVC_REMOTE)
+	@$(DVC) remote add --local --force --default local $(DVC_REMOTE) >/dev/null
+
+clean:  ## delete workflow outputs, logs and the tracking store (the DVC cache and remote stay)
+	rm -rf results logs .snakemake mlflow.db mlartifacts

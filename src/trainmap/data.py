@@ -1,0 +1,594 @@
+"""Data sets for the training-dynamics experiments, generated from a seed or read from local files.
+
+Every data kind returns a :class:`TaskData`: train and test tensors plus a JSON-serialisable
+``meta`` dict. Inputs are float32 for vector and image tasks and int64 token ids for token tasks;
+labels are int64 class indices. ``meta`` always holds ``kind``, ``input_kind`` (``"vector"``,
+``"image"`` or ``"tokens"``), ``input_shape`` (per-example shape), ``num_classes``, ``n_train``,
+``n_test``, ``vocab_size`` (token tasks only) and the options that produced the data.
+
+Synthetic tasks (no files, fully determined by their arguments):
+
+``sparse_parity``
+    Barak et al. (2022), as used by Hu et al., "Latent state models of training dynamics".
+    ``x`` is uniform on {-1, +1}^n_bits; a secret set S of ``k`` distinct indices is drawn from the
+    seed (``meta["secret"]``, sorted); ``y = 1`` when prod_{i in S} x_i = -1, else ``0``.
+``modular_addition``
+    The grokking task of Power et al. (2022) and Nanda et al. (2023): every pair ``(a, b)`` with
+    ``0 <= a, b < p`` becomes the token sequence ``[a, b, p]`` (token ``p`` is "=") labelled
+    ``(a + b) mod p``. A seeded permutation of the p * p pairs puts the first
+    ``round(train_frac * p * p)`` in train and the rest in test.
+``digits``
+    The 1797 8x8 handwritten digits bundled with scikit-learn, scaled to [0, 1], shape (1, 8, 8),
+    with a stratified train/test split.
+
+Readers of standard local files (nothing is downloaded):
+
+``mnist``
+    A directory with ``train-images-idx3-ubyte``, ``train-labels-idx1-ubyte``,
+    ``t10k-images-idx3-ubyte`` and ``t10k-labels-idx1-ubyte``, each optionally gzipped (``.gz``).
+    IDX format: a big-endian magic number (0x00000803 for images, 0x00000801 for labels), one
+    big-endian uint32 per dimension, then the uint8 values in row-major order.
+``cifar10`` / ``cifar100``
+    The "python version" archives, extracted: ``data_batch_1`` .. ``data_batch_5`` and
+    ``test_batch`` (CIFAR-10, labels under ``b"labels"``) or ``train`` and ``test`` (CIFAR-100,
+    labels under ``b"fine_labels"``). Each file is a pickled dict with bytes keys whose ``b"data"``
+    is a uint8 array (N, 3072) in channel-major order: 1024 red, 1024 green, 1024 blue values, each
+    plane 32 rows of 32. The pickles are read with a restricted unpickler that can only rebuild
+    numpy arrays, so a tampered file cannot run code.
+
+Readers accept ``n_train`` to keep a seeded, class-stratified subsample of the training set, which
+makes CPU-sized runs possible. Every kind is deterministic: the same arguments give identical
+tensors.
+"""
+
+from __future__ import annotations
+
+import functools
+import gzip
+import inspect
+import json
+import os
+import pickle
+import struct
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import numpy as np
+import torch
+
+from trainmap.io import write_atomic
+
+#: Marks an option with no default in :func:`data_kind_options` (a reader's ``path``).
+REQUIRED_OPTION = inspect.Parameter.empty
+
+_TENSOR_KEYS = ("x_train", "y_train", "x_test", "y_test")
+
+
+@dataclass
+class TaskData:
+    """Train/test tensors of one task and the JSON-serialisable description that produced them."""
+
+    x_train: torch.Tensor
+    y_train: torch.Tensor
+    x_test: torch.Tensor
+    y_test: torch.Tensor
+    meta: dict
+
+
+def _task_data(
+    x_train: torch.Tensor,
+    y_train: torch.Tensor,
+    x_test: torch.Tensor,
+    y_test: torch.Tensor,
+    **meta: Any,
+) -> TaskData:
+    """Bundle tensors with ``meta``, filling in the sizes and per-example shape from the tensors."""
+    meta["input_shape"] = list(x_train.shape[1:])
+    meta["n_train"] = int(x_train.shape[0])
+    meta["n_test"] = int(x_test.shape[0])
+    return TaskData(x_train, y_train, x_test, y_test, meta)
+
+
+def _check(condition: bool, message: str) -> None:
+    if not condition:
+        raise ValueError(message)
+
+
+# --------------------------------------------------------------------------------------------------
+# Synthetic tasks
+
+
+def make_sparse_parity(
+    n_bits: int = 40, k: int = 3, n_train: int = 1000, n_test: int = 100, seed: int = 0
+) -> TaskData:
+    """Sparse parity: the label is the parity of ``k`` secret bits out of ``n_bits`` +-1 inputs."""
+    _check(n_bits >= 1, f"n_bits must be >= 1, got {n_bits}")
+    _check(1 <= k <= n_bits, f"k must be in [1, n_bits={n_bits}], got {k}")
+    _check(n_train >= 1, f"n_train must be >= 1, got {n_train}")
+    _check(n_test >= 1, f"n_test must be >= 1, got {n_test}")
+    generator = torch.Generator().manual_seed(seed)
+    secret = torch.randperm(n_bits, generator=generator)[:k].sort().values
+    x_train = _random_signs(n_train, n_bits, generator)
+    x_test = _random_signs(n_test, n_bits, generator)
+    return _task_data(
+        x_train,
+        _parity_labels(x_train, secret),
+        x_test,
+        _parity_labels(x_test, secret),
+        kind="sparse_parity",
+        input_kind="vector",
+        num_classes=2,
+        n_bits=n_bits,
+        k=k,
+        secret=secret.tolist(),
+        seed=seed,
+    )
+
+
+def _random_signs(n_rows: int, n_bits: int, generator: torch.Generator) -> torch.Tensor:
+    bits = torch.randint(0, 2, (n_rows, n_bits), generator=generator)
+    return (2 * bits - 1).to(torch.float32)
+
+
+def _parity_labels(x: torch.Tensor, secret: torch.Tensor) -> torch.Tensor:
+    # The product of +-1 values is -1 exactly when an odd number of them are -1.
+    negatives = (x[:, secret] < 0).sum(dim=1)
+    return (negatives % 2).to(torch.int64)
+
+
+def make_modular_addition(p: int = 113, train_frac: float = 0.3, seed: int = 0) -> TaskData:
+    """Modular addition ``a + b mod p`` on tokens ``[a, b, =]``; a seeded split of all pairs."""
+    _check(p >= 2, f"p must be >= 2, got {p}")
+    _check(0 < train_frac < 1, f"train_frac must be in (0, 1), got {train_frac}")
+    n_pairs = p * p
+    n_train = round(train_frac * n_pairs)
+    _check(
+        0 < n_train < n_pairs,
+        f"train_frac={train_frac} with p={p} gives {n_train} of {n_pairs} pairs for training; "
+        "both splits must be non-empty",
+    )
+    a = torch.arange(p).repeat_interleave(p)
+    b = torch.arange(p).repeat(p)
+    equals = torch.full_like(a, p)
+    tokens = torch.stack([a, b, equals], dim=1)
+    labels = (a + b) % p
+    order = torch.randperm(n_pairs, generator=torch.Generator().manual_seed(seed))
+    train, test = order[:n_train], order[n_train:]
+    return _task_data(
+        tokens[train],
+        labels[train],
+        tokens[test],
+        labels[test],
+        kind="modular_addition",
+        input_kind="tokens",
+        num_classes=p,
+        vocab_size=p + 1,
+        p=p,
+        equals_token=p,
+        train_frac=train_frac,
+        seed=seed,
+    )
+
+
+def make_digits(test_frac: float = 0.2, seed: int = 0) -> TaskData:
+    """scikit-learn's bundled 8x8 digits, scaled to [0, 1], with a stratified train/test split."""
+    # Imported here so that the other kinds do not pay for importing scikit-learn.
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    _check(0 < test_frac < 1, f"test_frac must be in (0, 1), got {test_frac}")
+    digits = load_digits()
+    images = torch.from_numpy(digits.images.astype(np.float32) / 16.0).unsqueeze(1)
+    labels = torch.from_numpy(digits.target.astype(np.int64))
+    train, test = train_test_split(
+        np.arange(len(labels)), test_size=test_frac, stratify=digits.target, random_state=seed
+    )
+    train, test = torch.from_numpy(train), torch.from_numpy(test)
+    return _task_data(
+        images[train],
+        labels[train],
+        images[test],
+        labels[test],
+        kind="digits",
+        input_kind="image",
+        num_classes=10,
+        test_frac=test_frac,
+        seed=seed,
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# Stratified subsampling shared by the readers
+
+
+def stratified_subsample(labels: torch.Tensor, n: int, seed: int) -> torch.Tensor:
+    """Indices (ascending) of a seeded subsample of size ``n`` keeping class proportions."""
+    _check(1 <= n <= len(labels), f"n_train must be in [1, {len(labels)}], got {n}")
+    classes, counts = torch.unique(labels, return_counts=True)
+    quotas = _largest_remainder_quotas(counts, n)
+    generator = torch.Generator().manual_seed(seed)
+    chosen = []
+    for cls, quota in zip(classes.tolist(), quotas, strict=True):
+        members = torch.nonzero(labels == cls).flatten()
+        chosen.append(members[torch.randperm(len(members), generator=generator)[:quota]])
+    return torch.cat(chosen).sort().values
+
+
+def _largest_remainder_quotas(counts: torch.Tensor, n: int) -> list[int]:
+    # Hamilton's method: floor the proportional shares, then hand the leftover slots to the classes
+    # with the largest fractional parts, so the quotas sum to exactly n.
+    total = int(counts.sum())
+    shares = [int(c) * n / total for c in counts.tolist()]
+    quotas = [int(s) for s in shares]
+    by_remainder = sorted(range(len(shares)), key=lambda i: (quotas[i] - shares[i], i))
+    for i in by_remainder[: n - sum(quotas)]:
+        quotas[i] += 1
+    return quotas
+
+
+def _subsample_train(
+    x_train: torch.Tensor, y_train: torch.Tensor, n_train: int | None, seed: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    if n_train is None:
+        return x_train, y_train
+    keep = stratified_subsample(y_train, n_train, seed)
+    return x_train[keep], y_train[keep]
+
+
+# --------------------------------------------------------------------------------------------------
+# MNIST (IDX files)
+
+_IDX_IMAGES_MAGIC = 0x00000803
+_IDX_LABELS_MAGIC = 0x00000801
+_MNIST_FILES = {
+    "train_images": "train-images-idx3-ubyte",
+    "train_labels": "train-labels-idx1-ubyte",
+    "test_images": "t10k-images-idx3-ubyte",
+    "test_labels": "t10k-labels-idx1-ubyte",
+}
+
+
+def read_mnist(path: str | os.PathLike, n_train: int | None = None, seed: int = 0) -> TaskData:
+    """Read MNIST (or any 10-class IDX set) from a directory of the four standard IDX files."""
+    directory = Path(path)
+    arrays = {
+        role: _read_idx(_find_mnist_file(directory, name)) for role, name in _MNIST_FILES.items()
+    }
+    x_train, y_train = _mnist_split(arrays["train_images"], arrays["train_labels"], "train")
+    x_test, y_test = _mnist_split(arrays["test_images"], arrays["test_labels"], "t10k")
+    _check(
+        x_train.shape[1:] == x_test.shape[1:],
+        f"MNIST train images are {list(x_train.shape[2:])} but test images are "
+        f"{list(x_test.shape[2:])} in {directory}",
+    )
+    x_train, y_train = _subsample_train(x_train, y_train, n_train, seed)
+    return _task_data(
+        x_train,
+        y_train,
+        x_test,
+        y_test,
+        kind="mnist",
+        input_kind="image",
+        num_classes=10,
+        path=str(path),
+        subsampled=n_train is not None,
+        seed=seed,
+    )
+
+
+def _find_mnist_file(directory: Path, name: str) -> Path:
+    for candidate in (directory / name, directory / f"{name}.gz"):
+        if candidate.is_file():
+            return candidate
+    expected = ", ".join(_MNIST_FILES.values())
+    raise FileNotFoundError(
+        f"MNIST file {name!r} (or {name}.gz) not found in {directory}; expected the files "
+        f"{expected}, each optionally gzipped"
+    )
+
+
+def _read_idx(path: Path) -> tuple[int, np.ndarray]:
+    """Return ``(magic, values)`` of an IDX file of unsigned bytes, plain or gzipped."""
+    try:
+        with _open_maybe_gzip(path) as stream:
+            raw = stream.read()
+    except (OSError, EOFError) as error:  # gzip reports corrupt or cut-off archives this way
+        raise ValueError(f"cannot read IDX file {path}: {error}") from error
+    _check(len(raw) >= 4, f"IDX file {path} is truncated: {len(raw)} bytes, no magic number")
+    (magic,) = struct.unpack(">I", raw[:4])
+    _check(
+        magic in (_IDX_IMAGES_MAGIC, _IDX_LABELS_MAGIC),
+        f"IDX file {path} has bad magic number 0x{magic:08x}; expected 0x{_IDX_IMAGES_MAGIC:08x} "
+        f"(images) or 0x{_IDX_LABELS_MAGIC:08x} (labels)",
+    )
+    n_dims = magic & 0xFF
+    header_size = 4 + 4 * n_dims
+    _check(len(raw) >= header_size, f"IDX file {path} is truncated inside its header")
+    dims = struct.unpack(f">{n_dims}I", raw[4:header_size])
+    expected = header_size + int(np.prod(dims, dtype=np.int64))
+    _check(
+        len(raw) == expected,
+        f"IDX file {path} has {len(raw)} bytes but its header {list(dims)} implies {expected}"
+        + (" (truncated)" if len(raw) < expected else " (trailing data)"),
+    )
+    values = np.frombuffer(raw, dtype=np.uint8, offset=header_size).reshape(dims)
+    return magic, values
+
+
+def _open_maybe_gzip(path: Path) -> BinaryIO:
+    return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
+
+
+def _mnist_split(
+    images: tuple[int, np.ndarray], labels: tuple[int, np.ndarray], prefix: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    (image_magic, image_values), (label_magic, label_values) = images, labels
+    _check(
+        image_magic == _IDX_IMAGES_MAGIC,
+        f"{prefix} images file has magic 0x{image_magic:08x}, expected 0x{_IDX_IMAGES_MAGIC:08x}",
+    )
+    _check(
+        label_magic == _IDX_LABELS_MAGIC,
+        f"{prefix} labels file has magic 0x{label_magic:08x}, expected 0x{_IDX_LABELS_MAGIC:08x}",
+    )
+    _check(
+        len(image_values) == len(label_values),
+        f"{prefix}: {len(image_values)} images but {len(label_values)} labels",
+    )
+    out_of_range = label_values[label_values >= 10]
+    _check(
+        out_of_range.size == 0,
+        f"{prefix} labels must be digits 0-9, found {out_of_range[:5].tolist()}",
+    )
+    x = torch.from_numpy(image_values.astype(np.float32) / 255.0).unsqueeze(1)
+    y = torch.from_numpy(label_values.astype(np.int64))
+    return x, y
+
+
+# --------------------------------------------------------------------------------------------------
+# CIFAR (python-version pickles)
+
+_CIFAR_LAYOUT = {
+    10: {
+        "folder": "cifar-10-batches-py",
+        "train": [f"data_batch_{i}" for i in range(1, 6)],
+        "test": ["test_batch"],
+        "label_key": b"labels",
+    },
+    100: {
+        "folder": "cifar-100-python",
+        "train": ["train"],
+        "test": ["test"],
+        "label_key": b"fine_labels",
+    },
+}
+_CIFAR_PIXELS = 3 * 32 * 32
+
+
+def _latin1_encode(text: str, encoding: str = "latin1") -> bytes:
+    # Python 3 pickles bytes with protocols 2 and lower as _codecs.encode(text, "latin1"); only that
+    # exact round trip is allowed, not arbitrary codecs.
+    if encoding not in ("latin1", "latin-1"):
+        raise pickle.UnpicklingError(f"forbidden encoding {encoding!r} in _codecs.encode")
+    return text.encode("latin1")
+
+
+def _numpy_global(module: str, name: str) -> Any:
+    # Pickles written by numpy 1.x name numpy.core, those by 2.x numpy._core; resolve both through
+    # whichever exists so that old files load without numpy's deprecation warning.
+    suffix = module.split(".", 2)[2]
+    internals = getattr(np, "_core", None) or np.core
+    return getattr(getattr(internals, suffix), name)
+
+
+_ALLOWED_GLOBALS: dict[tuple[str, str], Callable[[], Any]] = {
+    ("numpy", "ndarray"): lambda: np.ndarray,
+    ("numpy", "dtype"): lambda: np.dtype,
+    ("_codecs", "encode"): lambda: _latin1_encode,
+    **{
+        (f"{package}.{module}", name): functools.partial(_numpy_global, f"{package}.{module}", name)
+        for package in ("numpy.core", "numpy._core")
+        for module, name in (
+            ("multiarray", "_reconstruct"),
+            ("multiarray", "scalar"),
+            ("numeric", "_frombuffer"),
+        )
+    },
+}
+
+
+class RestrictedUnpickler(pickle.Unpickler):
+    """An unpickler that can rebuild numpy arrays and plain containers, and nothing else."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        resolve = _ALLOWED_GLOBALS.get((module, name))
+        if resolve is None:
+            raise pickle.UnpicklingError(f"forbidden global {module}.{name} in pickle")
+        return resolve()
+
+
+def restricted_unpickle(path: str | os.PathLike) -> Any:
+    """Unpickle ``path`` with :class:`RestrictedUnpickler` (bytes keys, as in the CIFAR files)."""
+    with open(path, "rb") as stream:
+        return RestrictedUnpickler(stream, encoding="bytes").load()
+
+
+def read_cifar(
+    path: str | os.PathLike, num_classes: int = 10, n_train: int | None = None, seed: int = 0
+) -> TaskData:
+    """Read CIFAR-10 or CIFAR-100 (python version) from its directory or the directory above it."""
+    _check(num_classes in _CIFAR_LAYOUT, f"num_classes must be 10 or 100, got {num_classes}")
+    layout = _CIFAR_LAYOUT[num_classes]
+    directory = _cifar_directory(Path(path), layout["folder"])
+    x_train, y_train = _read_cifar_files(directory, layout["train"], layout, num_classes)
+    x_test, y_test = _read_cifar_files(directory, layout["test"], layout, num_classes)
+    x_train, y_train = _subsample_train(x_train, y_train, n_train, seed)
+    return _task_data(
+        x_train,
+        y_train,
+        x_test,
+        y_test,
+        kind=f"cifar{num_classes}",
+        input_kind="image",
+        num_classes=num_classes,
+        path=str(path),
+        subsampled=n_train is not None,
+        seed=seed,
+    )
+
+
+def read_cifar10(path: str | os.PathLike, n_train: int | None = None, seed: int = 0) -> TaskData:
+    """CIFAR-10: :func:`read_cifar` with ``num_classes=10``."""
+    return read_cifar(path, num_classes=10, n_train=n_train, seed=seed)
+
+
+def read_cifar100(path: str | os.PathLike, n_train: int | None = None, seed: int = 0) -> TaskData:
+    """CIFAR-100 with its 100 fine labels: :func:`read_cifar` with ``num_classes=100``."""
+    return read_cifar(path, num_classes=100, n_train=n_train, seed=seed)
+
+
+def _cifar_directory(path: Path, folder: str) -> Path:
+    nested = path / folder
+    return nested if nested.is_dir() else path
+
+
+def _read_cifar_files(
+    directory: Path, names: list[str], layout: dict, num_classes: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    batches = [_read_cifar_batch(directory, name, layout, num_classes) for name in names]
+    data = np.concatenate([data for data, _ in batches])
+    labels = np.concatenate([labels for _, labels in batches])
+    # Rows are channel-major (1024 red, 1024 green, 1024 blue; each plane row by row), which is
+    # exactly (3, 32, 32) in C order.
+    x = torch.from_numpy(data.reshape(-1, 3, 32, 32).astype(np.float32) / 255.0)
+    return x, torch.from_numpy(labels)
+
+
+def _read_cifar_batch(
+    directory: Path, name: str, layout: dict, num_classes: int
+) -> tuple[np.ndarray, np.ndarray]:
+    file = directory / name
+    if not file.is_file():
+        expected = ", ".join(layout["train"] + layout["test"])
+        raise FileNotFoundError(
+            f"CIFAR-{num_classes} file {name!r} not found in {directory}; expected {expected} "
+            f"in that directory or in its subdirectory {layout['folder']}/"
+        )
+    batch = restricted_unpickle(file)
+    label_key = layout["label_key"]
+    _check(
+        isinstance(batch, dict) and b"data" in batch and label_key in batch,
+        f"CIFAR file {file} is not a dict with keys b'data' and {label_key!r}",
+    )
+    data = batch[b"data"]
+    _check(
+        isinstance(data, np.ndarray)
+        and data.dtype == np.uint8
+        and data.ndim == 2
+        and data.shape[1] == _CIFAR_PIXELS,
+        f"CIFAR file {file}: b'data' must be a uint8 array (N, {_CIFAR_PIXELS})",
+    )
+    labels = np.asarray(batch[label_key], dtype=np.int64)
+    _check(
+        labels.shape == (len(data),),
+        f"CIFAR file {file}: {len(data)} images but {labels.size} labels",
+    )
+    _check(
+        labels.size == 0 or (labels.min() >= 0 and labels.max() < num_classes),
+        f"CIFAR file {file}: labels must lie in [0, {num_classes})",
+    )
+    return data, labels
+
+
+# --------------------------------------------------------------------------------------------------
+# Registry and dispatch
+
+DATA_KINDS: dict[str, Callable[..., TaskData]] = {
+    "sparse_parity": make_sparse_parity,
+    "modular_addition": make_modular_addition,
+    "digits": make_digits,
+    "mnist": read_mnist,
+    "cifar10": read_cifar10,
+    "cifar100": read_cifar100,
+}
+
+# What each kind feeds a model, known without building the data (config checks use it).
+INPUT_KINDS: dict[str, str] = {
+    "sparse_parity": "vector",
+    "modular_addition": "tokens",
+    "digits": "image",
+    "mnist": "image",
+    "cifar10": "image",
+    "cifar100": "image",
+}
+
+
+def input_kind_of(kind: str) -> str:
+    """``"vector"``, ``"image"`` or ``"tokens"``: the input kind of data ``kind``."""
+    _kind_function(kind)
+    return INPUT_KINDS[kind]
+
+
+def _kind_function(kind: str) -> Callable[..., TaskData]:
+    if kind not in DATA_KINDS:
+        raise ValueError(f"unknown data kind {kind!r}; known kinds: {sorted(DATA_KINDS)}")
+    return DATA_KINDS[kind]
+
+
+def data_kind_options(kind: str) -> dict[str, object]:
+    """Option names of ``kind`` mapped to their defaults; required ones map to REQUIRED_OPTION."""
+    parameters = inspect.signature(_kind_function(kind)).parameters
+    return {name: parameter.default for name, parameter in parameters.items()}
+
+
+def make_task_data(kind: str, options: Mapping[str, object] | None = None) -> TaskData:
+    """Build the data of ``kind`` from ``options``, rejecting unknown or missing option names."""
+    options = dict(options or {})
+    allowed = data_kind_options(kind)
+    unknown = sorted(set(options) - set(allowed))
+    if unknown:
+        raise ValueError(
+            f"unknown option(s) {unknown} for data kind {kind!r}; allowed: {sorted(allowed)}"
+        )
+    missing = sorted(
+        name
+        for name, default in allowed.items()
+        if default is REQUIRED_OPTION and name not in options
+    )
+    if missing:
+        raise ValueError(f"data kind {kind!r} requires option(s) {missing}")
+    return DATA_KINDS[kind](**options)
+
+
+# --------------------------------------------------------------------------------------------------
+# Persistence
+
+
+def save_task_data(data: TaskData, path: str | os.PathLike) -> None:
+    """Save ``data`` atomically with ``torch.save``; ``meta`` is stored as a JSON string."""
+    payload: dict[str, Any] = {key: _compact(getattr(data, key)) for key in _TENSOR_KEYS}
+    # A JSON string keeps arbitrary (JSON-serialisable) meta loadable under weights_only=True.
+    payload["meta"] = json.dumps(data.meta, sort_keys=True)
+    write_atomic(path, lambda tmp: torch.save(payload, tmp))
+
+
+def _compact(tensor: torch.Tensor) -> torch.Tensor:
+    # torch.save writes a view's whole underlying storage; copy views so files hold only their data.
+    if tensor.is_contiguous() and tensor.untyped_storage().nbytes() == tensor.nbytes:
+        return tensor
+    return tensor.contiguous().clone()
+
+
+def load_task_data(path: str | os.PathLike) -> TaskData:
+    """Load a file written by :func:`save_task_data` (tensors and a JSON string only)."""
+    payload = torch.load(path, map_location="cpu", weights_only=True)
+    expected = set(_TENSOR_KEYS) | {"meta"}
+    _check(
+        isinstance(payload, dict) and set(payload) == expected,
+        f"{path} is not a saved TaskData: expected keys {sorted(expected)}",
+    )
+    _check(isinstance(payload["meta"], str), f"{path}: meta must be stored as a JSON string")
+    tensors = {key: payload[key] for key in _TENSOR_KEYS}
+    return TaskData(**tensors, meta=json.loads(payload["meta"]))

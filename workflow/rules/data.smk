@@ -1,0 +1,20 @@
+rule data:
+    output:
+        "results/data/{task}/dataset.pt",
+    params:
+        settings=data_settings_of_task,
+    log:
+        "logs/data/{task}.log",
+    conda:
+        "../envs/trainmap.yaml"
+    threads: 1
+    resources:
+        mem_mb=2000,
+        runtime=10,
+    script:
+        "../scripts/make_data.py"
+
+
+rule all_data:
+    input:
+        datasets_of_grid(),
