@@ -20,9 +20,16 @@ DVC_CONFIG = $(shell $(RUN) python -c "import yaml; print(yaml.safe_load(open('p
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s $$'\t'
 
-setup:  ## install uv if missing, then the locked environment (fast when nothing changed)
-	@command -v $(UV) >/dev/null 2>&1 || python3 -m pip install --quiet --user uv
+setup: .venv/.bytecode  ## install uv if missing, then the locked environment (fast when nothing changed)
 	@$(UV) sync --locked --quiet
+
+# Compile the environment's bytecode once per lock change: each workflow job is a fresh Python
+# process, and without .pyc files (e.g. under PYTHONDONTWRITEBYTECODE=1) importing torch and
+# mlflow takes twice as long in every job.
+.venv/.bytecode: uv.lock pyproject.toml
+	@command -v $(UV) >/dev/null 2>&1 || python3 -m pip install --quiet --user uv
+	$(UV) sync --locked --quiet --compile-bytecode
+	@touch $@
 
 run: setup dvc-remote  ## the study on CONFIG (default: the embedded grid); versions it with DVC
 	$(SNAKEMAKE) --cores $(CORES) --configfile $(CONFIG) --rerun-incomplete

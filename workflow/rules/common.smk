@@ -5,7 +5,6 @@ from trainmap.tracking import experiment_name, init_tracking, tracking_uri
 grid.check_config(config, base_dir=Path(workflow.basedir))
 CELLS = grid.expand_grid(config)
 TASKS = grid.grid_tasks(config)
-CELL_PATTERN = "{task}/{arch}/{method}/seed{seed}"
 
 
 wildcard_constraints:

@@ -1,8 +1,6 @@
 rule data:
     output:
         "results/data/{task}/dataset.pt",
-    params:
-        settings=data_settings_of_task,
     log:
         "logs/data/{task}.log",
     conda:
@@ -11,6 +9,8 @@ rule data:
     resources:
         mem_mb=2000,
         runtime=10,
+    params:
+        settings=data_settings_of_task,
     script:
         "../scripts/make_data.py"
 

@@ -1,21 +1,21 @@
 rule evaluate:
     input:
         dataset=dataset_of_task,
-        model="results/train/" + CELL_PATTERN + "/model.pt",
-        history="results/train/" + CELL_PATTERN + "/history.csv",
-        summary="results/train/" + CELL_PATTERN + "/train.json",
+        model="results/train/{task}/{arch}/{method}/seed{seed}/model.pt",
+        history="results/train/{task}/{arch}/{method}/seed{seed}/history.csv",
+        summary="results/train/{task}/{arch}/{method}/seed{seed}/train.json",
     output:
-        "results/evaluate/" + CELL_PATTERN + "/evaluation.json",
-    params:
-        settings=evaluate_settings_of_task,
+        "results/evaluate/{task}/{arch}/{method}/seed{seed}/evaluation.json",
     log:
-        "logs/evaluate/" + CELL_PATTERN + ".log",
+        "logs/evaluate/{task}/{arch}/{method}/seed{seed}.log",
     conda:
         "../envs/trainmap.yaml"
     threads: 1
     resources:
         mem_mb=2000,
         runtime=10,
+    params:
+        settings=evaluate_settings_of_task,
     script:
         "../scripts/evaluate.py"
 

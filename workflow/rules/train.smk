@@ -2,21 +2,21 @@ rule train:
     input:
         dataset=dataset_of_task,
     output:
-        trajectory="results/train/" + CELL_PATTERN + "/trajectory.pt",
-        model="results/train/" + CELL_PATTERN + "/model.pt",
-        history="results/train/" + CELL_PATTERN + "/history.csv",
-        summary="results/train/" + CELL_PATTERN + "/train.json",
-    params:
-        model=model_settings_of_cell,
-        train=train_settings_of_task,
+        trajectory="results/train/{task}/{arch}/{method}/seed{seed}/trajectory.pt",
+        model="results/train/{task}/{arch}/{method}/seed{seed}/model.pt",
+        history="results/train/{task}/{arch}/{method}/seed{seed}/history.csv",
+        summary="results/train/{task}/{arch}/{method}/seed{seed}/train.json",
     log:
-        "logs/train/" + CELL_PATTERN + ".log",
+        "logs/train/{task}/{arch}/{method}/seed{seed}.log",
     conda:
         "../envs/trainmap.yaml"
     threads: 1
     resources:
         mem_mb=4000,
         runtime=120,
+    params:
+        model=model_settings_of_cell,
+        train=train_settings_of_task,
     script:
         "../scripts/train.py"
 

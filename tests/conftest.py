@@ -1,0 +1,65 @@
+"""Shared fixtures: the repository root and throw-away copies of the workflow."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+# Everything a run of the workflow (Snakemake or DVC) reads; results and tracking stores stay out.
+WORKFLOW_PATHS = ["Snakefile", "params.yaml", "dvc.yaml", ".dvcignore", "config", "workflow",
+                  "profiles", "src"]  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def repo_root() -> Path:
+    return REPO_ROOT
+
+
+def copy_workflow(destination: Path) -> Path:
+    """A copy of the workflow's sources in ``destination`` (no results, no tracking store)."""
+    destination.mkdir(parents=True, exist_ok=True)
+    for name in WORKFLOW_PATHS:
+        source = REPO_ROOT / name
+        if source.is_dir():
+            shutil.copytree(
+                source, destination / name, ignore=shutil.ignore_patterns("__pycache__")
+            )
+        else:
+            shutil.copy2(source, destination / name)
+    return destination
+
+
+def workflow_env(**extra: str) -> dict[str, str]:
+    """The environment for workflow commands: this venv first on PATH, no ambient MLflow URI."""
+    env = dict(os.environ)
+    env.pop("MLFLOW_TRACKING_URI", None)
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    env["MLFLOW_DISABLE_TELEMETRY"] = "true"
+    env.update(extra)
+    return env
+
+
+def run_command(
+    args: list[str], cwd: Path, timeout: int = 600, check: bool = True, **env: str
+) -> subprocess.CompletedProcess:
+    """Run a command in ``cwd``; on an unexpected exit status show its output in the failure."""
+    result = subprocess.run(
+        args, cwd=cwd, env=workflow_env(**env), capture_output=True, text=True, timeout=timeout
+    )
+    if check and result.returncode != 0:
+        pytest.fail(
+            f"{' '.join(args)} exited {result.returncode}\n--- stdout\n{result.stdout[-4000:]}"
+            f"\n--- stderr\n{result.stderr[-6000:]}"
+        )
+    return result
+
+
+def snakemake(*args: str, cwd: Path, **kwargs) -> subprocess.CompletedProcess:
+    """``snakemake ARGS`` with this environment's interpreter."""
+    return run_command([sys.executable, "-m", "snakemake", *args], cwd=cwd, **kwargs)
