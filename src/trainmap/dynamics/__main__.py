@@ -1,0 +1,121 @@
+"""``python -m trainmap.dynamics``: training maps from per-run metric tables, outside Snakemake.
+
+Reads one CSV per run in the format of :mod:`trainmap.dynamics.metrics` (``step``, the 14 metric
+columns, ``test_acc``; the workflow writes them as ``results/metrics/<cell>/metrics.csv``), fits the
+HMM, draws the training map, runs the detour regression and, with ``--groups``, the joint comparison.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from trainmap.dynamics.metrics import METRIC_NAMES
+from trainmap.dynamics.pipeline import (
+    Outcomes,
+    convergence_from_tables,
+    fit_group,
+    joint_group,
+    map_group,
+    regress_group,
+)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m trainmap.dynamics",
+        description="Fit a training map (Gaussian HMM over per-checkpoint weight metrics of many "
+        "runs), find detour states by regression and, with --groups, compare groups on one "
+        "shared map. Writes hmm.npz/json, selection, states, map (PNG/SVG/JSON), detours.json and "
+        "figures to --out.",
+    )
+    parser.add_argument("tables", nargs="+", type=Path,
+                        help="per-run metric CSV files, or directories searched for metrics.csv "
+                        "(a run is named by its path relative to the common parent)")  # fmt: skip
+    parser.add_argument("--out", type=Path, required=True, help="output directory")
+    parser.add_argument("--threshold", type=float, required=True,
+                        help="convergence = first checkpoint whose test_acc >= this")  # fmt: skip
+    parser.add_argument("--groups", type=Path,
+                        help="CSV with columns run,group: also fit one shared map of all runs and "
+                        "compare the groups (joint comparison)")  # fmt: skip
+    parser.add_argument("--k-max", type=int, default=8, help="largest K tried (default 8)")
+    parser.add_argument("--restarts", type=int, default=5, help="seeded restarts per K (default 5)")
+    parser.add_argument("--holdout", type=float, default=0.2,
+                        help="fraction of runs held out for BIC (default 0.2)")  # fmt: skip
+    parser.add_argument("--seed", type=int, default=0, help="random state (default 0)")
+    parser.add_argument("--features", nargs="+", default=list(METRIC_NAMES),
+                        help="metric columns to model (default: the 14 metrics)")  # fmt: skip
+    parser.add_argument("--jobs", type=int, default=1, help="parallel processes over K")
+    return parser.parse_args(argv)
+
+
+def find_tables(paths: list[Path]) -> dict[str, Path]:
+    """Run id -> CSV path; directories are searched for ``metrics.csv`` files."""
+    files = []
+    for path in paths:
+        if path.is_dir():
+            files += sorted(path.rglob("metrics.csv"))
+        elif path.is_file():
+            files.append(path)
+        else:
+            raise SystemExit(f"error: {path} is neither a metrics CSV nor a directory")
+    if len(files) < 2:
+        raise SystemExit(f"error: found {len(files)} metric table(s); a training map needs >= 2")
+    parent = Path(*_common_parts([f.resolve().parent for f in files]))
+    return {_run_id(f, parent): f for f in files}
+
+
+def _common_parts(directories: list[Path]) -> tuple[str, ...]:
+    parts = directories[0].parts
+    for directory in directories[1:]:
+        length = 0
+        for a, b in zip(parts, directory.parts, strict=False):
+            if a != b:
+                break
+            length += 1
+        parts = parts[:length]
+    return parts
+
+
+def _run_id(file: Path, parent: Path) -> str:
+    relative = file.resolve().relative_to(parent)
+    name = relative.parent.as_posix() if file.name == "metrics.csv" else relative.with_suffix("")
+    return str(name) if str(name) not in ("", ".") else file.stem
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    files = find_tables(args.tables)
+    runs = {run: pd.read_csv(path) for run, path in files.items()}
+    convergence = convergence_from_tables(runs, args.threshold)
+    outcomes = Outcomes(convergence, {run: "completed" for run in runs})
+    settings = {"k_max": args.k_max, "restarts": args.restarts, "holdout": args.holdout,
+                "seed": args.seed, "features": args.features, "n_jobs": args.jobs}  # fmt: skip
+    args.out.mkdir(parents=True, exist_ok=True)
+    print(f"{len(runs)} runs; fitting K = 1..{args.k_max} with {args.restarts} restarts each")
+    fit_group(runs, outcomes, settings, args.out)
+    regress_group(outcomes, args.out, args.out)
+    import json
+
+    detours = json.loads((args.out / "detours.json").read_text())
+    map_group(runs, outcomes, args.out, args.out, detour_states=detours["detour_states"])
+    print(f"K = {detours['n_states']}, R^2 = {detours['r2']:.3f}, F-test p = "
+          f"{detours['f_pvalue']:.3g}, detour states = {detours['detour_states']}, "
+          f"dissimilarity = {detours['dissimilarity']:.3f}")  # fmt: skip
+    if args.groups:
+        table = pd.read_csv(args.groups, dtype={"run": str, "group": str})
+        groups = dict(zip(table["run"], table["group"], strict=True))
+        unknown = sorted(set(runs) - set(groups))
+        if unknown:
+            raise SystemExit(f"error: --groups has no group for runs {unknown[:5]}")
+        joint_group(runs, groups, outcomes, settings, args.out / "joint")
+        print(f"joint comparison written to {args.out / 'joint'}")
+    print(f"outputs in {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,119 @@
+"""Joint comparison: one training map shared by several methods (or architectures) of one task.
+
+The paper fits one HMM per setting, so the states of two settings cannot be compared. Here the runs
+of several groups (e.g. kaiming, gradinit and metainit on the same task and architecture) are
+pooled into one :class:`~trainmap.dynamics.hmm.TrainingHMM`, so every group is described in the same
+states, and the study's question can be read off directly:
+
+* per group, the mean state occupancy (fraction of checkpoints in each state);
+* the detour states of the pooled regression (:mod:`trainmap.dynamics.regression`) and, per group,
+  the detour visit rate: the fraction of its runs that visit any detour state;
+* per group, the convergence-step distribution (and diverged / never-converged counts);
+* a regression of convergence step on the state distribution plus group indicators (the first group
+  is the reference): a group's coefficient is the shift in convergence step the states alone do
+  not explain.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from trainmap.dynamics.hmm import TrainingHMM
+from trainmap.dynamics.regression import (
+    DetourRegression,
+    regress_detours,
+    state_distribution,
+    trajectory_dissimilarity,
+)
+
+
+@dataclass
+class JointComparison:
+    """What the shared training map says about each group."""
+
+    hmm: TrainingHMM
+    states: dict[str, np.ndarray]
+    groups: dict[str, str]
+    detours: DetourRegression
+    with_groups: DetourRegression
+    occupancy: pd.DataFrame  # groups x states
+    visit_rates: dict[str, float]
+    convergence: pd.DataFrame  # run, group, convergence_step, status
+    dissimilarity: dict[str, float]
+
+    def summary(self) -> dict:
+        """JSON-ready: per-group occupancy, detour visit rates, convergence and the regressions."""
+        per_group = {}
+        for group in self.occupancy.index:
+            rows = self.convergence[self.convergence["group"] == group]
+            steps = rows["convergence_step"].dropna()
+            per_group[group] = {
+                "runs": int(len(rows)),
+                "occupancy": self.occupancy.loc[group].round(6).tolist(),
+                "detour_visit_rate": self.visit_rates[group],
+                "convergence_step_mean": float(steps.mean()) if len(steps) else None,
+                "convergence_step_median": float(steps.median()) if len(steps) else None,
+                "convergence_step_std": float(steps.std(ddof=1)) if len(steps) > 1 else None,
+                "never_converged": int(
+                    (rows["convergence_step"].isna() & (rows["status"] != "diverged")).sum()
+                ),  # fmt: skip
+                "diverged": int((rows["status"] == "diverged").sum()),
+                "dissimilarity": self.dissimilarity[group],
+            }
+        return {
+            "n_states": self.hmm.n_states_,
+            "groups": per_group,
+            "detour_states": self.detours.detour_states,
+            "regression": self.detours.to_dict(),
+            "regression_with_groups": self.with_groups.to_dict(),
+        }
+
+
+def compare_groups(
+    runs: Mapping[str, pd.DataFrame],
+    groups: Mapping[str, str],
+    convergence: Mapping[str, int | None],
+    status: Mapping[str, str],
+    hmm: TrainingHMM,
+) -> JointComparison:
+    """Fit ``hmm`` (unfitted, configured) on the pooled runs and compare the groups."""
+    hmm.fit(runs)
+    states = hmm.decode(runs)
+    distributions = {run: state_distribution(s, hmm.n_states_) for run, s in states.items()}
+    detours = regress_detours(distributions, convergence, status)
+    order = list(dict.fromkeys(groups[run] for run in sorted(runs)))
+    indicators = pd.DataFrame(
+        {f"group:{g}": [float(groups[run] == g) for run in runs] for g in order[1:]},
+        index=list(runs),
+    )
+    with_groups = regress_detours(distributions, convergence, status, extra=indicators)
+    occupancy = pd.DataFrame(
+        [np.mean([distributions[r] for r in runs if groups[r] == g], axis=0) for g in order],
+        index=order,
+        columns=range(hmm.n_states_),
+    )
+    detour_set = set(detours.detour_states)
+    visit_rates = {
+        g: float(
+            np.mean([bool(detour_set & set(states[r].tolist())) for r in runs if groups[r] == g])
+        )  # fmt: skip
+        for g in order
+    }
+    table = pd.DataFrame(
+        {
+            "run": list(runs),
+            "group": [groups[r] for r in runs],
+            "convergence_step": [convergence.get(r) for r in runs],
+            "status": [status.get(r, "completed") for r in runs],
+        }
+    )
+    dissimilarity = {
+        g: trajectory_dissimilarity({r: distributions[r] for r in runs if groups[r] == g})
+        for g in order
+    }
+    return JointComparison(hmm, states, dict(groups), detours, with_groups, occupancy,
+                           visit_rates, table, dissimilarity)  # fmt: skip

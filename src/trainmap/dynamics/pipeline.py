@@ -1,0 +1,204 @@
+"""The analysis steps on files: what the workflow's rules and the command line both run.
+
+Each step reads per-run metric tables (the format of :mod:`trainmap.dynamics.metrics`) and writes a
+fixed set of files into one directory:
+
+``fit_group`` (rule ``fit_hmm``)
+    ``hmm.npz`` + ``hmm.json`` (the fitted model), ``selection.csv`` (K, train/held-out
+    log-likelihood, BIC, AIC), ``baselines.csv`` (appendix C, table 4 form: k-means, HMM-1, HMM),
+    ``selection.png``, ``states.csv`` (run, step, state: every run's Viterbi sequence),
+    ``state_means.csv`` (per state, z-units and original units), ``states.png``.
+``map_group`` (rule ``training_map``)
+    ``map.json``, ``map.png``, ``map.svg``.
+``regress_group`` (rule ``regress_detours``)
+    ``detours.json`` (R^2, F-test p, detour states, dissimilarity, excluded runs),
+    ``coefficients.csv``, ``coefficients.png``, ``convergence.png``.
+``joint_group`` (rule ``joint_comparison``)
+    ``joint.json``, ``occupancy.png``, ``convergence.png``, ``map.png``, ``map.svg``, ``regression.csv``,
+    and the shared model (``hmm.npz``, ``hmm.json``, ``states.csv``).
+
+Every step returns the captions of the figures it drew (figure name -> caption).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from trainmap.dynamics import plots
+from trainmap.dynamics.hmm import TrainingHMM, baseline_table
+from trainmap.dynamics.joint import compare_groups
+from trainmap.dynamics.regression import (
+    regress_detours,
+    state_distribution,
+    trajectory_dissimilarity,
+)
+from trainmap.dynamics.training_map import build_training_map, draw_training_map
+from trainmap.io import save_json, write_atomic
+
+HMM_SETTINGS = ("k_max", "restarts", "holdout", "covariance_type", "n_iter", "tol", "min_covar",
+                "n_jobs", "features")  # fmt: skip
+
+
+@dataclass
+class Outcomes:
+    """What the regression and the map need to know about each run."""
+
+    convergence: dict[str, int | None]
+    status: dict[str, str]
+
+
+def make_hmm(settings: Mapping[str, Any]) -> TrainingHMM:
+    """An unfitted :class:`TrainingHMM` from analysis settings (``seed`` is the random state)."""
+    kwargs = {key: settings[key] for key in HMM_SETTINGS if key in settings}
+    return TrainingHMM(random_state=settings.get("seed", 0), **kwargs)
+
+
+def convergence_from_tables(
+    runs: Mapping[str, pd.DataFrame], threshold: float
+) -> dict[str, int | None]:
+    """First step whose ``test_acc`` reaches ``threshold``, per run (None: never)."""
+    from trainmap.evaluate import convergence_step
+
+    return {run: convergence_step(table, threshold) for run, table in runs.items()}
+
+
+def _write_csv(frame: pd.DataFrame, path: Path) -> None:
+    write_atomic(path, lambda tmp: frame.to_csv(tmp, index=False))
+
+
+def states_table(
+    states: Mapping[str, np.ndarray], runs: Mapping[str, pd.DataFrame]
+) -> pd.DataFrame:
+    """Long format: run, step, state."""
+    return pd.concat(
+        [pd.DataFrame({"run": run, "step": runs[run]["step"].to_numpy(), "state": s})
+         for run, s in states.items()],
+        ignore_index=True,
+    )  # fmt: skip
+
+
+def read_states(path: str | os.PathLike) -> dict[str, np.ndarray]:
+    """Inverse of :func:`states_table` (as written to ``states.csv``)."""
+    frame = pd.read_csv(path, dtype={"run": str})
+    return {run: group["state"].to_numpy() for run, group in frame.groupby("run", sort=False)}
+
+
+def fit_group(
+    runs: Mapping[str, pd.DataFrame], outcomes: Outcomes, settings: Mapping[str, Any],
+    out_dir: str | os.PathLike, title: str = "",
+) -> dict[str, str]:  # fmt: skip
+    """Fit the training-map HMM of one group and write its files (module docstring)."""
+    out = Path(out_dir)
+    hmm = make_hmm(settings).fit(runs)
+    hmm.save(out / "hmm.npz", out / "hmm.json")
+    _write_csv(hmm.selection_, out / "selection.csv")
+    table, curves = baseline_table(hmm, runs)
+    curves["HMM"] = hmm.selection_
+    _write_csv(table, out / "baselines.csv")
+    states = hmm.decode(runs)
+    _write_csv(states_table(states, runs), out / "states.csv")
+    z_means = hmm.state_means().add_suffix("_z")
+    raw_means = hmm.state_means_original(runs, states)
+    _write_csv(pd.concat([z_means, raw_means], axis=1).reset_index(), out / "state_means.csv")
+    steps = {run: table["step"].to_numpy() for run, table in runs.items()}
+    return {
+        "selection.png": plots.plot_selection(
+            curves, hmm.n_states_, out / "selection.png", title=title
+        ),  # fmt: skip
+        "states.png": plots.plot_state_sequences(
+            states, steps, outcomes.convergence, hmm.n_states_, out / "states.png", title=title
+        ),  # fmt: skip
+    }
+
+
+def load_fit(directory: str | os.PathLike) -> tuple[TrainingHMM, dict[str, np.ndarray]]:
+    """The fitted HMM and the decoded states written by :func:`fit_group`."""
+    directory = Path(directory)
+    hmm = TrainingHMM.load(directory / "hmm.npz", directory / "hmm.json")
+    return hmm, read_states(directory / "states.csv")
+
+
+def map_group(
+    runs: Mapping[str, pd.DataFrame], outcomes: Outcomes, fit_dir: str | os.PathLike,
+    out_dir: str | os.PathLike, title: str = "", detour_states: list[int] | None = None,
+) -> dict[str, str]:  # fmt: skip
+    """Build and draw the training map of a fitted group."""
+    out = Path(out_dir)
+    hmm, states = load_fit(fit_dir)
+    training_map = build_training_map(hmm, runs, states, outcomes.convergence)
+    training_map.save(out / "map.json")
+    caption = draw_training_map(training_map, out / "map.png", out / "map.svg", title=title,
+                                detour_states=detour_states)  # fmt: skip
+    return {"map.png": caption}
+
+
+def regress_group(
+    outcomes: Outcomes, fit_dir: str | os.PathLike, out_dir: str | os.PathLike, title: str = ""
+) -> dict[str, str]:
+    """Detour regression and trajectory dissimilarity of a fitted group."""
+    out = Path(out_dir)
+    hmm, states = load_fit(fit_dir)
+    distributions = {run: state_distribution(s, hmm.n_states_) for run, s in states.items()}
+    result = regress_detours(distributions, outcomes.convergence, outcomes.status)
+    summary = result.to_dict() | {
+        "n_states": hmm.n_states_,
+        "dissimilarity": trajectory_dissimilarity(distributions),
+        "forking": bool(result.detour_states) or _forks(states),
+    }
+    save_json(summary, out / "detours.json")
+    _write_csv(result.coefficients, out / "coefficients.csv")
+    return {
+        "coefficients.png": plots.plot_coefficients(
+            result.coefficients, out / "coefficients.png", title=title
+        ),  # fmt: skip
+        "convergence.png": plots.plot_convergence_histogram(
+            outcomes.convergence, outcomes.status, out / "convergence.png", title=title
+        ),
+    }
+
+
+def _forks(states: Mapping[str, np.ndarray]) -> bool:
+    """Whether the map branches: some state is left towards two different states."""
+    successors: dict[int, set[int]] = {}
+    for sequence in states.values():
+        changes = np.flatnonzero(sequence[1:] != sequence[:-1]) + 1
+        for t in changes:
+            successors.setdefault(int(sequence[t - 1]), set()).add(int(sequence[t]))
+    return any(len(targets) > 1 for targets in successors.values())
+
+
+def joint_group(
+    runs: Mapping[str, pd.DataFrame], groups: Mapping[str, str], outcomes: Outcomes,
+    settings: Mapping[str, Any], out_dir: str | os.PathLike, title: str = "",
+) -> dict[str, str]:  # fmt: skip
+    """One shared HMM over several groups' runs, and the comparison of the groups."""
+    out = Path(out_dir)
+    result = compare_groups(runs, groups, outcomes.convergence, outcomes.status,
+                            make_hmm(settings))  # fmt: skip
+    result.hmm.save(out / "hmm.npz", out / "hmm.json")
+    _write_csv(states_table(result.states, runs), out / "states.csv")
+    save_json(result.summary(), out / "joint.json")
+    _write_csv(result.with_groups.coefficients, out / "regression.csv")
+    training_map = build_training_map(result.hmm, runs, result.states, outcomes.convergence)
+    return {
+        "occupancy.png": plots.plot_occupancy(
+            result.occupancy, result.detours.detour_states, out / "occupancy.png", title=title
+        ),  # fmt: skip
+        "convergence.png": plots.plot_group_convergence(
+            result.convergence, result.visit_rates, out / "convergence.png", title=title
+        ),
+        "map.png": draw_training_map(
+            training_map,
+            out / "map.png",
+            out / "map.svg",
+            title=title,
+            detour_states=result.detours.detour_states,
+        ),  # fmt: skip
+    }

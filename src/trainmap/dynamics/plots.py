@@ -1,0 +1,146 @@
+"""Figures of the training-map analysis; each function writes a PNG atomically and returns its caption."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from trainmap.io import write_atomic  # noqa: E402
+
+
+def _save(figure: plt.Figure, path: str | os.PathLike) -> None:
+    figure.tight_layout()
+    write_atomic(path, lambda tmp: figure.savefig(tmp, format="png", dpi=120))
+    plt.close(figure)
+
+
+def plot_selection(
+    curves: Mapping[str, pd.DataFrame], chosen: int, path: str | os.PathLike, title: str = ""
+) -> str:
+    """BIC against K for the HMM and the baselines (one panel each: BICs are not comparable)."""
+    figure, axes = plt.subplots(1, len(curves), figsize=(3.6 * len(curves), 3.2), squeeze=False)
+    for axis, (name, curve) in zip(axes[0], curves.items(), strict=True):
+        axis.plot(curve["n_states"], curve["bic"], "o-", label="BIC (held out)")
+        if "aic" in curve:
+            axis.plot(curve["n_states"], curve["aic"], "s--", alpha=0.6, label="AIC (held out)")
+        best = curve.loc[curve["bic"].idxmin()]
+        axis.axvline(best["n_states"], color="C3", lw=0.8, ls=":")
+        axis.set(title=f"{name}: K = {int(best['n_states'])}", xlabel="hidden states K",
+                 ylabel="criterion")  # fmt: skip
+        axis.legend(fontsize=7)
+    figure.suptitle(title or f"model selection (HMM: K = {chosen})", fontsize=10)
+    _save(figure, path)
+    return (
+        "Held-out BIC (and AIC) against the number of hidden states for the HMM and the appendix C "
+        "baselines; the dotted line marks each model's minimum, the chosen K."
+    )
+
+
+def plot_state_sequences(
+    states: Mapping[str, np.ndarray],
+    steps: Mapping[str, np.ndarray],
+    convergence: Mapping[str, int | None],
+    n_states: int,
+    path: str | os.PathLike,
+    title: str = "",
+) -> str:
+    """One row per run (sorted by convergence step), coloured by Viterbi state, against step."""
+    order = sorted(states, key=lambda r: (convergence.get(r) is None, convergence.get(r) or 0, r))
+    colours = plt.get_cmap("tab10" if n_states <= 10 else "tab20")
+    figure, axis = plt.subplots(figsize=(9, 0.9 + 0.28 * len(order)))
+    for row, run in enumerate(order):
+        run_steps, run_states = np.asarray(steps[run]), np.asarray(states[run])
+        edges = np.append(
+            run_steps, run_steps[-1] + (run_steps[-1] - run_steps[-2] if len(run_steps) > 1 else 1)
+        )
+        for start, stop, state in zip(edges[:-1], edges[1:], run_states, strict=True):
+            axis.barh(row, stop - start, left=start, height=0.8, color=colours(state), lw=0)
+        if convergence.get(run) is not None:
+            axis.plot([convergence[run]] * 2, [row - 0.45, row + 0.45], color="black", lw=1.5)
+    handles = [plt.Rectangle((0, 0), 1, 1, color=colours(k)) for k in range(n_states)]
+    axis.legend(handles, [f"state {k}" for k in range(n_states)], fontsize=7, ncol=min(n_states, 8),
+                loc="upper center", bbox_to_anchor=(0.5, -0.15 if len(order) > 4 else -0.3))  # fmt: skip
+    axis.set_yticks(range(len(order)), order, fontsize=6)
+    axis.set(xlabel="step", title=title or "Viterbi state sequences (tick: convergence step)")
+    _save(figure, path)
+    return "Viterbi states of every run against step; black ticks mark convergence steps."
+
+
+def plot_coefficients(table: pd.DataFrame, path: str | os.PathLike, title: str = "") -> str:
+    """Regression coefficients per state with 95 % intervals; detour states highlighted."""
+    rows = table.dropna(subset=["coefficient"])
+    figure, axis = plt.subplots(figsize=(max(4.0, 0.7 * len(rows) + 2), 3.2))
+    colours = ["#e8a33d" if detour else "#8fb3d9" for detour in rows["detour"]]
+    positions = np.arange(len(rows))
+    axis.bar(positions, rows["coefficient"], yerr=1.96 * rows["std_error"], color=colours,
+             capsize=3)  # fmt: skip
+    axis.axhline(0, color="0.3", lw=0.8)
+    axis.set_xticks(positions, [str(s) for s in rows["state"]], rotation=0)
+    axis.set(xlabel="state (or covariate)", ylabel="coefficient (steps)",
+             title=title or "convergence step ~ state distribution (orange: detour)")  # fmt: skip
+    _save(figure, path)
+    return "Per-state coefficients with 95 % intervals; orange bars are detour states."
+
+
+def plot_convergence_histogram(
+    convergence: Mapping[str, int | None],
+    status: Mapping[str, str],
+    path: str | os.PathLike,
+    title: str = "",
+) -> str:
+    """Histogram of convergence steps; diverged and never-converged runs counted in the title."""
+    steps = [s for r, s in convergence.items() if s is not None and status.get(r) != "diverged"]
+    diverged = sum(1 for r in convergence if status.get(r) == "diverged")
+    never = sum(1 for r, s in convergence.items() if s is None and status.get(r) != "diverged")
+    figure, axis = plt.subplots(figsize=(5, 3.2))
+    if steps:
+        axis.hist(steps, bins=min(20, max(5, len(steps) // 2)), color="#8fb3d9", ec="white")
+    axis.set(xlabel="convergence step", ylabel="runs",
+             title=title or f"{len(steps)} converged, {never} never, {diverged} diverged")  # fmt: skip
+    _save(figure, path)
+    return "Convergence steps of the group's runs; never-converged and diverged runs are counted."
+
+
+def plot_occupancy(
+    occupancy: pd.DataFrame, detour_states: list[int], path: str | os.PathLike, title: str = ""
+) -> str:
+    """Mean state occupancy per group (rows of ``occupancy``: groups, columns: states)."""
+    figure, axis = plt.subplots(figsize=(max(5.0, 0.9 * occupancy.shape[1] + 3), 3.4))
+    width = 0.8 / max(1, len(occupancy))
+    for index, (group, row) in enumerate(occupancy.iterrows()):
+        axis.bar(np.arange(occupancy.shape[1]) + index * width, row.to_numpy(), width, label=group)
+    ticks = [f"{k}{' (detour)' if k in detour_states else ''}" for k in occupancy.columns]
+    axis.set_xticks(np.arange(occupancy.shape[1]) + width * (len(occupancy) - 1) / 2, ticks,
+                    fontsize=8)  # fmt: skip
+    axis.set(xlabel="shared state", ylabel="mean fraction of checkpoints",
+             title=title or "state occupancy per group")  # fmt: skip
+    axis.legend(fontsize=7)
+    _save(figure, path)
+    return "Mean fraction of checkpoints each group's runs spend in each shared state."
+
+
+def plot_group_convergence(
+    convergence: pd.DataFrame, visit_rates: Mapping[str, float], path: str | os.PathLike,
+    title: str = "",
+) -> str:  # fmt: skip
+    """Convergence steps per group: boxes plus every run; the legend gives detour visit rates."""
+    groups = list(dict.fromkeys(convergence["group"]))
+    figure, axis = plt.subplots(figsize=(max(4.5, 1.3 * len(groups) + 2), 3.4))
+    data = [convergence.loc[convergence["group"] == g, "convergence_step"].dropna() for g in groups]
+    axis.boxplot([d.to_numpy() for d in data], showfliers=False)
+    rng = np.random.default_rng(0)  # jitter only; fixed so the figure is reproducible
+    for index, values in enumerate(data, start=1):
+        axis.scatter(index + rng.uniform(-0.12, 0.12, len(values)), values, s=12, alpha=0.7)
+    axis.set_xticks(range(1, len(groups) + 1),
+                    [f"{g}\ndetour rate {visit_rates.get(g, float('nan')):.0%}" for g in groups],
+                    fontsize=8)  # fmt: skip
+    axis.set(ylabel="convergence step", title=title or "convergence step per group")
+    _save(figure, path)
+    return "Convergence step per group (box: quartiles; dots: runs) with each group's detour rate."

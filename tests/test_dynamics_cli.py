@@ -1,0 +1,70 @@
+"""`python -m trainmap.dynamics`: the analysis on per-run metric tables, outside Snakemake."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from trainmap.dynamics.metrics import METRIC_NAMES
+
+
+def write_tables(directory: Path, n_runs: int = 8, seed: int = 0) -> None:
+    """Metric tables of runs that go 0 -> 1 -> 2; odd runs detour through 3 and converge later."""
+    rng = np.random.default_rng(seed)
+    means = rng.normal(0, 3, (4, len(METRIC_NAMES)))
+    for index in range(n_runs):
+        lengths = [int(rng.integers(8, 12)), int(rng.integers(8, 12)),
+                   int(rng.integers(8, 12)) if index % 2 else 0, 20]  # fmt: skip
+        states = np.repeat([0, 1, 3, 2], lengths)
+        values = means[states] + rng.normal(0, 0.3, (len(states), len(METRIC_NAMES)))
+        table = pd.DataFrame(values, columns=list(METRIC_NAMES))
+        table.insert(0, "step", np.arange(len(states)) * 10)
+        converge_at = np.flatnonzero(states == 2)[0]
+        table["test_acc"] = np.where(np.arange(len(states)) >= converge_at, 0.95, 0.5)
+        path = directory / f"seed{index}" / "metrics.csv"
+        path.parent.mkdir(parents=True)
+        table.to_csv(path, index=False)
+
+
+def test_cli_runs_fit_map_regression_and_joint(tmp_path):
+    tables = tmp_path / "metrics"
+    write_tables(tables)
+    groups = tmp_path / "groups.csv"
+    pd.DataFrame({"run": [f"seed{i}" for i in range(8)],
+                  "group": ["odd" if i % 2 else "even" for i in range(8)]}).to_csv(
+        groups, index=False)  # fmt: skip
+    out = tmp_path / "out"
+    result = subprocess.run(
+        [sys.executable, "-m", "trainmap.dynamics", str(tables), "--out", str(out),
+         "--threshold", "0.9", "--k-max", "4", "--restarts", "2", "--groups", str(groups)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    for name in ("hmm.npz", "hmm.json", "selection.csv", "baselines.csv", "states.csv",
+                 "state_means.csv", "map.json", "map.png", "map.svg", "detours.json",
+                 "coefficients.csv", "selection.png", "states.png", "coefficients.png",
+                 "convergence.png", "joint/joint.json", "joint/occupancy.png"):  # fmt: skip
+        assert (out / name).stat().st_size > 0, name
+    detours = json.loads((out / "detours.json").read_text())
+    assert detours["n_runs"] == 8 and "r2" in detours
+    states = pd.read_csv(out / "states.csv")
+    assert sorted(states["run"].unique()) == [f"seed{i}" for i in range(8)]
+    joint = json.loads((out / "joint" / "joint.json").read_text())
+    assert set(joint["groups"]) == {"even", "odd"}
+    assert "K = " in result.stdout
+
+
+def test_cli_help_and_bad_input(tmp_path):
+    help_text = subprocess.run([sys.executable, "-m", "trainmap.dynamics", "--help"],
+                               capture_output=True, text=True).stdout  # fmt: skip
+    assert "--threshold" in help_text and "--groups" in help_text
+    missing = subprocess.run(
+        [sys.executable, "-m", "trainmap.dynamics", str(tmp_path / "nothing"), "--out",
+         str(tmp_path / "o"), "--threshold", "0.9"], capture_output=True, text=True,
+    )  # fmt: skip
+    assert missing.returncode != 0 and "neither a metrics CSV nor a directory" in missing.stderr

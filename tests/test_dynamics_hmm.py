@@ -1,0 +1,175 @@
+"""The training-map HMM: model selection, reproducibility, persistence, feature importance."""
+
+from __future__ import annotations
+
+import warnings
+from itertools import permutations
+
+import numpy as np
+import pandas as pd
+import pytest
+from hmmlearn.hmm import GaussianHMM
+
+from trainmap.dynamics.hmm import TrainingHMM, baseline_table, standardise
+
+FEATURES = ("f0", "f1", "f2", "f3")
+
+
+def sample_runs(n_runs: int = 40, length: int = 200, seed: int = 0):
+    """Runs from a known 3-state Gaussian HMM, in raw units (offset and scaled).
+
+    The paper standardises every run with its own statistics, so a state maps to the same z-values
+    in every run only if runs spend similar fractions of time in each state. A quickly mixing chain
+    gives that; with long dwell times per-run occupancy varies, the standardisation shifts each
+    run's states differently, and BIC (rightly, for the standardised data) wants extra states.
+    """
+    truth = GaussianHMM(n_components=3, covariance_type="diag", random_state=seed)
+    truth.startprob_ = np.full(3, 1 / 3)
+    truth.transmat_ = np.array([[0.6, 0.2, 0.2], [0.2, 0.6, 0.2], [0.2, 0.2, 0.6]])
+    truth.means_ = np.array([[0.0, 0.0, 0.0, 0.0], [3.0, -2.0, 1.0, 0.0], [6.0, 1.0, -2.0, 2.0]])
+    truth.covars_ = np.full((3, 4), 0.5)
+    truth.n_features = 4
+    runs, states = {}, {}
+    for index in range(n_runs):
+        x, z = truth.sample(length, random_state=seed * 1000 + index)
+        runs[f"run{index:02d}"] = pd.DataFrame(x * 10 + 100, columns=FEATURES)
+        states[f"run{index:02d}"] = z
+    return runs, states
+
+
+def best_relabelled_accuracy(decoded: dict, truth: dict, k: int) -> float:
+    predicted = np.concatenate([decoded[r] for r in sorted(truth)])
+    actual = np.concatenate([truth[r] for r in sorted(truth)])
+    return max(np.mean(np.array(p)[predicted] == actual) for p in permutations(range(k)))
+
+
+@pytest.fixture(scope="module")
+def synthetic():
+    return sample_runs()
+
+
+@pytest.fixture(scope="module")
+def fitted(synthetic):
+    runs, _ = synthetic
+    return TrainingHMM(k_max=4, restarts=2, random_state=7, features=FEATURES).fit(runs)
+
+
+def test_bic_selects_the_true_number_of_states_and_decodes_them(fitted, synthetic):
+    runs, truth = synthetic
+    assert fitted.n_states_ == 3, fitted.selection_
+    assert list(fitted.selection_["n_states"]) == [1, 2, 3, 4]
+    assert fitted.selection_.loc[fitted.selection_["bic"].idxmin(), "n_states"] == 3
+    assert best_relabelled_accuracy(fitted.decode(runs), truth, 3) >= 0.95
+
+
+def test_holdout_split_is_seeded_and_independent_of_input_order(synthetic, fitted):
+    runs, _ = synthetic
+    assert len(fitted.heldout_runs_) == 8 and len(fitted.train_runs_) == 32
+    assert not set(fitted.heldout_runs_) & set(fitted.train_runs_)
+    shuffled = dict(reversed(list(runs.items())))
+    again = TrainingHMM(k_max=3, restarts=1, random_state=7, features=FEATURES).fit(shuffled)
+    assert again.heldout_runs_ == fitted.heldout_runs_
+    other = TrainingHMM(k_max=3, restarts=1, random_state=8, features=FEATURES).fit(runs)
+    assert other.heldout_runs_ != fitted.heldout_runs_
+
+
+def test_same_inputs_and_seed_give_identical_results(synthetic, fitted):
+    runs, _ = synthetic
+    again = TrainingHMM(k_max=4, restarts=2, random_state=7, features=FEATURES).fit(runs)
+    assert again.n_states_ == fitted.n_states_
+    pd.testing.assert_frame_equal(again.selection_, fitted.selection_)
+    np.testing.assert_array_equal(again.model_.means_, fitted.model_.means_)
+    np.testing.assert_array_equal(again.model_.transmat_, fitted.model_.transmat_)
+    for run, states in fitted.decode(runs).items():
+        np.testing.assert_array_equal(again.predict(runs[run]), states)
+
+
+def test_parallel_selection_equals_serial(synthetic, fitted):
+    runs, _ = synthetic
+    parallel = TrainingHMM(k_max=4, restarts=2, random_state=7, features=FEATURES, n_jobs=2)
+    parallel.fit(runs)
+    pd.testing.assert_frame_equal(parallel.selection_, fitted.selection_)
+    np.testing.assert_array_equal(parallel.model_.means_, fitted.model_.means_)
+
+
+def test_save_and_load_give_identical_predictions(tmp_path, synthetic, fitted):
+    runs, _ = synthetic
+    fitted.save(tmp_path / "hmm.npz", tmp_path / "hmm.json")
+    loaded = TrainingHMM.load(tmp_path / "hmm.npz", tmp_path / "hmm.json")
+    assert loaded.n_states_ == fitted.n_states_ and loaded.features_ == fitted.features_
+    for table in list(runs.values())[:5]:
+        np.testing.assert_array_equal(loaded.predict(table), fitted.predict(table))
+    np.testing.assert_allclose(
+        loaded.filtered_posteriors(loaded.transform(runs["run00"])),
+        fitted.filtered_posteriors(fitted.transform(runs["run00"])),
+    )
+    assert b"pickle" not in (tmp_path / "hmm.npz").read_bytes()[:200]
+    with np.load(tmp_path / "hmm.npz", allow_pickle=False) as arrays:
+        assert set(arrays.files) == {"startprob", "transmat", "means", "covars"}
+
+
+def test_constant_feature_is_dropped_with_a_warning(synthetic):
+    runs, _ = synthetic
+    with_constant = {run: table.assign(flat=3.0) for run, table in list(runs.items())[:10]}
+    with pytest.warns(UserWarning, match="'flat' is constant"):
+        hmm = TrainingHMM(k_max=2, restarts=1, features=(*FEATURES, "flat")).fit(with_constant)
+    assert hmm.dropped_features_ == ["flat"] and "flat" not in hmm.features_
+    assert np.isfinite(hmm.model_.means_).all()
+
+
+def test_standardise_uses_only_the_first_checkpoints():
+    values = np.concatenate([np.arange(1000.0), np.full(500, 1e6)])[:, None]
+    z, mean, std = standardise(values)
+    assert mean[0] == pytest.approx(499.5) and std[0] == pytest.approx(np.arange(1000.0).std())
+    assert z[0, 0] == pytest.approx(-499.5 / np.arange(1000.0).std())
+
+
+def test_filtered_posteriors_are_the_forward_algorithm(fitted, synthetic):
+    """p(s_t | z_1:t) equals the normalised forward variable, computed here by brute force."""
+    runs, _ = synthetic
+    z = fitted.transform(runs["run03"])[:6]
+    emission = np.exp(fitted.log_emissions(z))
+    alpha = fitted.model_.startprob_ * emission[0]
+    expected = [alpha / alpha.sum()]
+    for t in range(1, len(z)):
+        alpha = (alpha @ fitted.model_.transmat_) * emission[t]
+        expected.append(alpha / alpha.sum())
+    np.testing.assert_allclose(fitted.filtered_posteriors(z), np.array(expected), atol=1e-10)
+
+
+def test_importance_is_the_derivative_of_the_log_filtered_posterior(fitted, synthetic):
+    """Appendix A's closed form equals a finite-difference derivative of log p(s_t = k | z_1:t)."""
+    runs, _ = synthetic
+    z = fitted.transform(runs["run05"])[:30].copy()
+    t = 20
+    for state in range(fitted.n_states_):
+        analytic = fitted.log_posterior_gradient(z, state, t)
+        numeric = np.zeros(z.shape[1])
+        for i in range(z.shape[1]):
+            step = 1e-6
+            plus, minus = z.copy(), z.copy()
+            plus[t, i] += step
+            minus[t, i] -= step
+            log_p = [np.log(fitted.filtered_posteriors(x)[t, state]) for x in (plus, minus)]
+            numeric[i] = (log_p[0] - log_p[1]) / (2 * step)
+        np.testing.assert_allclose(analytic, numeric, rtol=1e-4, atol=1e-6)
+        np.testing.assert_allclose(fitted.feature_importance(z, state, t), np.abs(analytic))
+
+
+def test_baselines_table_has_the_paper_form(fitted, synthetic):
+    runs, _ = synthetic
+    subset = {run: runs[run] for run in list(runs)[:12]}
+    hmm = TrainingHMM(k_max=4, restarts=1, random_state=1, features=FEATURES).fit(subset)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        table, curves = baseline_table(hmm, subset, l2_feature="f0")
+    assert list(table["model"]) == ["k-means", "HMM-1", "HMM"]
+    assert table.loc[2, "components"] == hmm.n_states_
+    assert set(curves) == {"k-means", "HMM-1", "HMM"}
+    assert all(len(curve) == 4 and np.isfinite(curve["bic"]).all() for curve in curves.values())
+
+
+def test_too_few_runs_is_refused():
+    runs, _ = sample_runs(n_runs=1, length=30)
+    with pytest.raises(ValueError, match="at least 2 runs"):
+        TrainingHMM(k_max=2, restarts=1, features=FEATURES).fit(runs)
