@@ -1,0 +1,573 @@
+"""GradInit and MetaInit: learn one scale per parameter tensor of an initialised network.
+
+Zhu et al., "GradInit: Learning to Initialize Neural Networks for Stable and Efficient Training"
+(NeurIPS 2021), Algorithm 1, as summarised in ``../shared/papers/NOTES.md`` and the appendix:
+
+* Every parameter tensor theta_i (Conv, Linear and normalisation weights and biases) gets a scale
+  alpha_i, initialised to 1; the network computes with theta_i = alpha_i * theta_i^0. Tensors whose
+  initial norm is 0 (zero-initialised biases, BN beta) cannot be rescaled and are skipped.
+* One iteration draws S and S~ that share a fraction r of their examples (r = 0.5: three
+  half-batches A, B, C with S = [A; B], S~ = [A; C]); g = grad_theta L(S; theta), kept
+  differentiable with respect to the scales (second-order path).
+* Constraint step, when ||g|| > gamma: minimise ||g|| itself. Objective step otherwise: minimise
+  L(S~; theta - eta * A[g]) / eta, with A[g] = g / ||g||_2 and the L2 norm for the SGD variant, or
+  A[g] = sign(g) and the L1 norm for the Adam variant.
+* BN uses batch statistics and never updates its running statistics; dropout is off.
+* The scales are optimised by Adam on the scalar gradients d objective / d alpha_i, each clipped to
+  [-1, 1], betas (0.9, 0.999), eps 1e-8, learning rate tau, with separate first moments for
+  constraint and objective steps and a shared second moment; after each step alpha is clamped to
+  its floor (0.01 for weights, BN gamma included; 0 for biases).
+
+MetaInit (Dauphin & Schoenholz 2019; GradInit appendix D, "real + Adam"): the same scales and the same
+optimiser minimise the gradient quotient GQ = mean_j |(g_j - (Hg)_j) / (g_j + eps * sign(g_j)) - 1|,
+eps = 1e-5, Hg = grad of 0.5 * ||g||^2 (a Hessian-vector product), on real minibatches.
+
+An iteration whose objective or scale gradient is not finite leaves the scales unchanged and is
+marked ``finite: False`` in the history, instead of writing NaN into the network.
+
+:func:`layer_diagnostics` gives the appendix's figures 4-8 per layer: the averaged per-dimension
+weight magnitude ||W_i|| / d_i and the standard deviation of the gradient over minibatches.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+import torch
+from torch import nn
+from torch.func import functional_call
+
+from trainmap.data import TaskData
+from trainmap.io import write_atomic
+
+#: Defaults of the ``gradinit.<task>`` settings: the paper's CIFAR-10 setting (SGD variant,
+#: eta 0.1, gamma 1, batch 128, r = 0.5, T = one epoch of iterations at batch 128).
+DEFAULT_SETTINGS: dict[str, Any] = {
+    "variant": "sgd",
+    "eta": 0.1,
+    "gamma": 1.0,
+    "tau": 0.01,
+    "iterations": 390,
+    "batch_size": 128,
+    "overlap": 0.5,
+    "min_scale": 0.01,
+    "min_bias_scale": 0.0,
+    "metainit_eps": 1e-5,
+    "diagnostic_batches": 8,
+}
+OBJECTIVES = ("gradinit", "metainit")
+VARIANTS = ("sgd", "adam")
+ADAM_BETAS = (0.9, 0.999)
+ADAM_EPS = 1e-8
+
+
+def check_settings(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """The settings completed with defaults; unknown keys and bad values raise ValueError."""
+    unknown = sorted(set(settings) - set(DEFAULT_SETTINGS))
+    if unknown:
+        raise ValueError(
+            f"unknown GradInit settings {unknown}; allowed: {sorted(DEFAULT_SETTINGS)}"
+        )
+    resolved = {**DEFAULT_SETTINGS, **settings}
+    if resolved["variant"] not in VARIANTS:
+        raise ValueError(f"variant {resolved['variant']!r} is not one of {VARIANTS}")
+    for key in ("eta", "gamma", "tau", "min_scale", "metainit_eps"):
+        if not resolved[key] > 0:
+            raise ValueError(f"{key} must be > 0, got {resolved[key]!r}")
+    for key in ("iterations", "batch_size", "diagnostic_batches"):
+        if not isinstance(resolved[key], int) or resolved[key] < 1:
+            raise ValueError(f"{key} must be a positive integer, got {resolved[key]!r}")
+    if not 0 <= resolved["overlap"] <= 1:
+        raise ValueError(f"overlap must be in [0, 1], got {resolved['overlap']!r}")
+    if resolved["min_bias_scale"] < 0:
+        raise ValueError(f"min_bias_scale must be >= 0, got {resolved['min_bias_scale']!r}")
+    return resolved
+
+
+# --- the scaled network -----------------------------------------------------------------------
+
+
+@dataclass
+class ScaledParameters:
+    """theta_i = alpha_i * theta_i^0 for every rescalable tensor (Algorithm 1's parametrisation)."""
+
+    initial: dict[str, torch.Tensor]
+    floors: dict[str, float]
+    alphas: dict[str, torch.Tensor] = field(default_factory=dict)
+    skipped: list[str] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, model: nn.Module, min_scale: float, min_bias_scale: float) -> ScaledParameters:
+        """Scales for every parameter of ``model``; zero-norm tensors are skipped."""
+        initial, floors, skipped = {}, {}, []
+        for name, parameter in model.named_parameters():
+            if not parameter.requires_grad:
+                continue
+            if float(parameter.detach().norm()) == 0.0:
+                skipped.append(name)
+                continue
+            initial[name] = parameter.detach().clone()
+            floors[name] = min_bias_scale if _is_bias(name, parameter) else min_scale
+        scaled = cls(initial, floors, skipped=skipped)
+        scaled.alphas = {name: torch.ones((), dtype=torch.float64) for name in initial}
+        return scaled
+
+    def parameters(self, model: nn.Module, alphas: Mapping[str, torch.Tensor]) -> dict:
+        """The network's parameters at scales ``alphas`` (the skipped ones unchanged); the scaled
+        ones are differentiable (with respect to the alphas when those require grad)."""
+        values = {name: p.detach() for name, p in model.named_parameters()}
+        for name, theta0 in self.initial.items():
+            scaled = alphas[name].to(theta0.dtype) * theta0
+            values[name] = scaled if scaled.requires_grad else scaled.requires_grad_(True)
+        return values
+
+    def write_back(self, model: nn.Module) -> None:
+        """theta_i <- alpha_i * theta_i^0 in the model itself."""
+        with torch.no_grad():
+            for name, parameter in model.named_parameters():
+                if name in self.initial:
+                    parameter.copy_(self.alphas[name].to(parameter.dtype) * self.initial[name])
+
+
+def _is_bias(name: str, parameter: torch.Tensor) -> bool:
+    """Biases (of Linear/Conv/norm layers, FixUp's scalar biases) get the floor 0."""
+    leaf = name.rsplit(".", 1)[-1]
+    return leaf == "bias" or leaf.startswith("bias")
+
+
+def _forward_loss(
+    model: nn.Module, parameters: dict, batch: tuple[torch.Tensor, torch.Tensor]
+) -> torch.Tensor:
+    """Cross-entropy in batch-statistics mode; BN running statistics are passed as copies, so the
+    model's own buffers never change."""
+    buffers = {name: b.clone() for name, b in model.named_buffers()}
+    inputs, targets = batch
+    logits = functional_call(model, {**parameters, **buffers}, (inputs,))
+    return nn.functional.cross_entropy(logits, targets)
+
+
+# --- Algorithm 1 ------------------------------------------------------------------------------
+
+
+def gradient_norm(gradients: Iterable[torch.Tensor], variant: str) -> torch.Tensor:
+    """||g||_2 (SGD variant) or ||g||_1 (Adam variant) over all parameter gradients."""
+    gradients = list(gradients)
+    if variant == "sgd":
+        return torch.sqrt(sum((g * g).sum() for g in gradients))
+    return sum(g.abs().sum() for g in gradients)
+
+
+def update_direction(
+    gradients: Mapping[str, torch.Tensor], variant: str
+) -> dict[str, torch.Tensor]:
+    """A[g]: g / ||g||_2 (SGD variant, "normalize grad") or sign(g) (Adam variant)."""
+    if variant == "sgd":
+        norm = gradient_norm(gradients.values(), "sgd")
+        return {name: g / norm for name, g in gradients.items()}
+    return {name: torch.sign(g) for name, g in gradients.items()}
+
+
+def split_overlapping(
+    batch: tuple[torch.Tensor, torch.Tensor], batch_size: int, overlap: float
+) -> tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
+    """S and S~ from one draw of B + (1 - r) B examples: S = first B, S~ = first r B + the rest.
+
+    With r = 0.5 these are the paper's half-batches: S = [A; B], S~ = [A; C].
+    """
+    x, y = batch
+    shared = round(overlap * batch_size)
+    if len(x) != batch_size + (batch_size - shared):
+        raise ValueError(f"a GradInit draw needs {2 * batch_size - shared} examples "
+                         f"(B = {batch_size}, r = {overlap}), got {len(x)}")  # fmt: skip
+    s = (x[:batch_size], y[:batch_size])
+    s_tilde = (torch.cat([x[:shared], x[batch_size:]]), torch.cat([y[:shared], y[batch_size:]]))
+    return s, s_tilde
+
+
+def gradinit_objective(
+    model: nn.Module,
+    scaled: ScaledParameters,
+    alphas: Mapping[str, torch.Tensor],
+    s: tuple[torch.Tensor, torch.Tensor],
+    s_tilde: tuple[torch.Tensor, torch.Tensor],
+    *,
+    variant: str,
+    eta: float,
+    gamma: float,
+) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    """``(value, ||g||, constraint_active)`` of one GradInit iteration, differentiable in alphas.
+
+    ||g|| > gamma: the value is ||g|| (constraint step); else L(S~; theta - eta A[g]) / eta.
+    """
+    theta = scaled.parameters(model, alphas)
+    names = list(scaled.initial)
+    loss = _forward_loss(model, theta, s)
+    grads = torch.autograd.grad(loss, [theta[n] for n in names], create_graph=True)
+    gradients = dict(zip(names, grads, strict=True))
+    norm = gradient_norm(gradients.values(), variant)
+    if norm.item() > gamma:
+        return norm, norm.detach(), True
+    step = update_direction(gradients, variant)
+    stepped = dict(theta)
+    for name in names:
+        stepped[name] = theta[name] - eta * step[name]
+    return _forward_loss(model, stepped, s_tilde) / eta, norm.detach(), False
+
+
+def _decomposed_batch_norm(
+    module: nn.modules.batchnorm._BatchNorm, x: torch.Tensor
+) -> torch.Tensor:
+    """Batch normalisation with batch statistics from elementary ops (differentiable to any order)."""
+    dims = [0] + list(range(2, x.dim()))
+    mean = x.mean(dim=dims, keepdim=True)
+    variance = x.var(dim=dims, unbiased=False, keepdim=True)
+    shape = [1, -1] + [1] * (x.dim() - 2)
+    normalised = (x - mean) / torch.sqrt(variance + module.eps)
+    if module.affine:
+        normalised = normalised * module.weight.reshape(shape) + module.bias.reshape(shape)
+    return normalised
+
+
+@contextmanager
+def higher_order_batch_norm(model: nn.Module) -> Iterator[None]:
+    """Swap BN's fused kernel (no 3rd-order derivative) for elementary ops while inside the block.
+
+    MetaInit differentiates Hg, a second derivative, with respect to the scales: a third-order
+    derivative through every BN layer. Running statistics are not touched (batch statistics only).
+    """
+    patched = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    for module in patched:
+        module.forward = functools.partial(_decomposed_batch_norm, module)
+    try:
+        yield
+    finally:
+        for module in patched:
+            del module.forward
+
+
+def gradient_quotient(
+    model: nn.Module,
+    scaled: ScaledParameters,
+    alphas: Mapping[str, torch.Tensor],
+    batch: tuple[torch.Tensor, torch.Tensor],
+    eps: float = 1e-5,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """MetaInit's GQ = mean |(g - Hg) / (g + eps sign(g)) - 1| and ||g||_2, differentiable."""
+    theta = scaled.parameters(model, alphas)
+    names = list(scaled.initial)
+    tensors = [theta[n] for n in names]
+    with higher_order_batch_norm(model):
+        loss = _forward_loss(model, theta, batch)
+    grads = torch.autograd.grad(loss, tensors, create_graph=True)
+    half_norm = 0.5 * sum((g * g).sum() for g in grads)
+    hessian_grads = torch.autograd.grad(half_norm, tensors, create_graph=True)
+    flat_g = torch.cat([g.reshape(-1) for g in grads])
+    flat_hg = torch.cat([h.reshape(-1) for h in hessian_grads])
+    # sign(0) counts as +1, as in MetaInit's code: an exactly-zero gradient (a dead ReLU's weights)
+    # must not turn the quotient into 0/0.
+    sign = torch.where(flat_g >= 0, 1.0, -1.0).to(flat_g.dtype)
+    quotient = (flat_g - flat_hg) / (flat_g + eps * sign) - 1
+    return quotient.abs().mean(), torch.sqrt((flat_g.detach() ** 2).sum())
+
+
+class ScaleAdam:
+    """Adam on the scalar scale gradients with per-scalar clipping to [-1, 1] (Algorithm 1).
+
+    Constraint and objective steps keep separate first moments and share the second moment.
+    """
+
+    def __init__(self, names: Iterable[str], lr: float) -> None:
+        self.lr = lr
+        names = list(names)
+        self.first = {
+            "constraint": dict.fromkeys(names, 0.0),
+            "objective": dict.fromkeys(names, 0.0),
+        }
+        self.second = dict.fromkeys(names, 0.0)
+        self.steps = {"constraint": 0, "objective": 0, "second": 0}
+
+    def step(self, alphas: dict[str, torch.Tensor], gradients: Mapping[str, float], kind: str,
+             floors: Mapping[str, float]) -> None:  # fmt: skip
+        """One update of every scale from its (clipped) gradient; then clamp to the floors."""
+        beta1, beta2 = ADAM_BETAS
+        self.steps[kind] += 1
+        self.steps["second"] += 1
+        first = self.first[kind]
+        for name, raw in gradients.items():
+            grad = min(1.0, max(-1.0, raw))
+            first[name] = beta1 * first[name] + (1 - beta1) * grad
+            self.second[name] = beta2 * self.second[name] + (1 - beta2) * grad * grad
+            m_hat = first[name] / (1 - beta1 ** self.steps[kind])
+            v_hat = self.second[name] / (1 - beta2 ** self.steps["second"])
+            value = float(alphas[name]) - self.lr * m_hat / (math.sqrt(v_hat) + ADAM_EPS)
+            alphas[name] = torch.tensor(max(value, floors[name]), dtype=torch.float64)
+
+
+@dataclass
+class GradInitResult:
+    """The learned scales and the per-iteration history."""
+
+    scales: dict[str, float]
+    skipped: list[str]
+    history: pd.DataFrame  # iteration, grad_norm, objective, constraint, finite
+
+    @property
+    def constraint_steps(self) -> int:
+        """How many iterations ran the constraint branch."""
+        return int(self.history["constraint"].sum())
+
+
+def gradinit(
+    model: nn.Module,
+    batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
+    *,
+    objective: str = "gradinit",
+    variant: str = "sgd",
+    eta: float = 0.1,
+    gamma: float = 1.0,
+    tau: float = 0.01,
+    iterations: int = 390,
+    batch_size: int = 128,
+    overlap: float = 0.5,
+    min_scale: float = 0.01,
+    min_bias_scale: float = 0.0,
+    metainit_eps: float = 1e-5,
+    progress: bool = False,
+) -> GradInitResult:
+    """Rescale ``model`` in place by GradInit (Algorithm 1) or MetaInit; return scales and history.
+
+    ``batches`` yields one (inputs, targets) draw per iteration: ``2B - rB`` examples for GradInit
+    (split by :func:`split_overlapping` into S and S~), ``B`` examples for MetaInit.
+    """
+    if objective not in OBJECTIVES:
+        raise ValueError(f"objective {objective!r} is not one of {OBJECTIVES}")
+    from tqdm.auto import tqdm
+
+    scaled = ScaledParameters.of(model, min_scale, min_bias_scale)
+    optimiser = ScaleAdam(scaled.initial, tau)
+    was_training = model.training
+    _batch_statistics_mode(model)
+    rows = []
+    draws = iter(batches)
+    for iteration in tqdm(range(iterations), desc=objective, disable=not progress):
+        alphas = {n: a.clone().requires_grad_(True) for n, a in scaled.alphas.items()}
+        batch = next(draws)
+        if objective == "gradinit":
+            s, s_tilde = split_overlapping(batch, batch_size, overlap)
+            value, norm, constraint = gradinit_objective(
+                model, scaled, alphas, s, s_tilde, variant=variant, eta=eta, gamma=gamma
+            )
+        else:
+            value, norm = gradient_quotient(model, scaled, alphas, batch, metainit_eps)
+            constraint = False
+        names = list(alphas)
+        grads = torch.autograd.grad(value, [alphas[n] for n in names], allow_unused=True)
+        gradients = {n: 0.0 if g is None else float(g) for n, g in zip(names, grads, strict=True)}
+        finite = math.isfinite(float(value.detach())) and all(
+            map(math.isfinite, gradients.values())
+        )
+        if finite:
+            optimiser.step(scaled.alphas, gradients, "constraint" if constraint else "objective",
+                           scaled.floors)  # fmt: skip
+        rows.append({"iteration": iteration, "grad_norm": float(norm),
+                     "objective": float(value.detach()), "constraint": constraint,
+                     "finite": finite})  # fmt: skip
+    scaled.write_back(model)
+    model.train(was_training)
+    return GradInitResult(
+        scales={name: float(alpha) for name, alpha in scaled.alphas.items()},
+        skipped=scaled.skipped,
+        history=pd.DataFrame(
+            rows, columns=["iteration", "grad_norm", "objective", "constraint", "finite"]
+        ),
+    )
+
+
+def _batch_statistics_mode(model: nn.Module) -> None:
+    """Training mode (BN on batch statistics) with every dropout layer off."""
+    model.train()
+    for module in model.modules():
+        if isinstance(module, nn.Dropout | nn.Dropout1d | nn.Dropout2d | nn.AlphaDropout):
+            module.eval()
+
+
+# --- data and the convenience entry point -------------------------------------------------------
+
+
+def batch_draws(
+    data: TaskData, draw_size: int, generator: torch.Generator
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Endless seeded draws of ``draw_size`` training examples (an epoch-wise permutation)."""
+    n = len(data.x_train)
+    if draw_size > n:
+        raise ValueError(f"a draw of {draw_size} examples needs a larger training set than {n}")
+    while True:
+        order = torch.randperm(n, generator=generator)
+        for start in range(0, n - draw_size + 1, draw_size):
+            index = order[start : start + draw_size]
+            yield data.x_train[index], data.y_train[index]
+
+
+def run_gradinit(
+    model: nn.Module,
+    data: TaskData,
+    settings: Mapping[str, Any],
+    seed: int,
+    objective: str = "gradinit",
+    progress: bool = False,
+) -> GradInitResult:
+    """:func:`gradinit` on a task's training set with seeded draws (settings: ``gradinit.<task>``)."""
+    cfg = check_settings(settings)
+    batch = min(cfg["batch_size"], len(data.x_train) // 2)  # a small data set caps B
+    size = batch if objective == "metainit" else 2 * batch - round(cfg["overlap"] * batch)
+    generator = torch.Generator().manual_seed(seed)
+    return gradinit(
+        model,
+        batch_draws(data, size, generator),
+        objective=objective,
+        variant=cfg["variant"],
+        eta=cfg["eta"],
+        gamma=cfg["gamma"],
+        tau=cfg["tau"],
+        iterations=cfg["iterations"],
+        batch_size=batch,
+        overlap=cfg["overlap"],
+        min_scale=cfg["min_scale"],
+        min_bias_scale=cfg["min_bias_scale"],
+        metainit_eps=cfg["metainit_eps"],
+        progress=progress,
+    )
+
+
+# --- diagnostics (appendix, figures 4-8) --------------------------------------------------------
+
+
+def diagnostic_layers(model: nn.Module) -> list[tuple[str, str]]:
+    """``(parameter name, kind)`` of every Linear/Conv weight and norm-layer weight, shallow to deep."""
+    layers = []
+    for name, module in model.named_modules():
+        prefix = f"{name}." if name else ""
+        if isinstance(module, nn.Linear | nn.Conv1d | nn.Conv2d):
+            layers.append((f"{prefix}weight", "linear"))
+        elif isinstance(module, nn.BatchNorm1d | nn.BatchNorm2d | nn.LayerNorm | nn.GroupNorm):
+            if getattr(module, "weight", None) is not None:
+                layers.append((f"{prefix}weight", "norm"))
+    return layers
+
+
+def layer_diagnostics(
+    model: nn.Module, batches: Iterable[tuple[torch.Tensor, torch.Tensor]], n_batches: int
+) -> pd.DataFrame:
+    """Per layer: ||W_i|| / d_i (d_i = entries of W_i) and sigma(g_i), the standard deviation of its
+    gradient over ``n_batches`` minibatches (per entry, then averaged), BN in training mode.
+
+    The model (parameters, buffers and mode) is left exactly as it was.
+    """
+    layers = diagnostic_layers(model)
+    parameters = dict(model.named_parameters())
+    was_training = model.training
+    _batch_statistics_mode(model)
+    samples: dict[str, list[torch.Tensor]] = {name: [] for name, _ in layers}
+    draws = iter(batches)
+    values = {name: p.detach() for name, p in parameters.items()}
+    for _ in range(n_batches):
+        wanted = {name: values[name].clone().requires_grad_(True) for name, _ in layers}
+        loss = _forward_loss(model, {**values, **wanted}, next(draws))
+        grads = torch.autograd.grad(loss, list(wanted.values()))
+        for (name, _), grad in zip(layers, grads, strict=True):
+            samples[name].append(grad.detach())
+    model.train(was_training)
+    rows = []
+    for index, (name, kind) in enumerate(layers):
+        weight = parameters[name].detach()
+        stacked = torch.stack(samples[name])
+        rows.append({
+            "layer": index,
+            "name": name,
+            "kind": kind,
+            "weight_magnitude": float(weight.norm() / weight.numel()),
+            "grad_std": float(stacked.std(dim=0, unbiased=n_batches > 1).mean()),
+        })  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def diagnostics_table(
+    before: pd.DataFrame, after: pd.DataFrame, scales: Mapping[str, float]
+) -> pd.DataFrame:
+    """Before/after diagnostics side by side, with the learned scale of each layer's weight."""
+    table = before.merge(after, on=["layer", "name", "kind"], suffixes=("_before", "_after"))
+    table["scale"] = [scales.get(name, 1.0) for name in table["name"]]
+    return table
+
+
+def plot_diagnostics(table: pd.DataFrame, path: str | os.PathLike, title: str = "") -> str:
+    """Weight magnitude, gradient std and scale per layer, before vs after (figures 4-8 style)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(1, 3, figsize=(14, 3.6))
+    layers = table["layer"]
+    for axis, column, label in ((axes[0], "weight_magnitude", "||W_i|| / d_i"),
+                                (axes[1], "grad_std", "sigma(g_i)")):  # fmt: skip
+        axis.semilogy(layers, table[f"{column}_before"], "o-", ms=3, label="before (Kaiming)")
+        axis.semilogy(layers, table[f"{column}_after"], "s-", ms=3, label="after")
+        axis.set(xlabel="layer (shallow to deep)", ylabel=label)
+        axis.legend(fontsize=8)
+    colours = ["C0" if kind == "linear" else "C2" for kind in table["kind"]]
+    axes[2].bar(layers, table["scale"], color=colours)
+    axes[2].axhline(1.0, color="0.3", lw=0.8)
+    axes[2].set(xlabel="layer (blue: conv/linear, green: norm)", ylabel="learned scale alpha_i")
+    if len(layers) <= 30:
+        for axis in axes:
+            axis.set_xticks(list(layers))
+    figure.suptitle(title or "GradInit diagnostics", fontsize=10)
+    figure.tight_layout()
+    write_atomic(path, lambda tmp: figure.savefig(tmp, format="png", dpi=110))
+    plt.close(figure)
+    return (
+        "Per layer, shallow to deep: averaged per-dimension weight magnitude and gradient standard "
+        "deviation over minibatches before and after the initialisation method, and the learned "
+        "scale factor of each weight."
+    )
+
+
+def plot_history(
+    history: pd.DataFrame, gamma: float, path: str | os.PathLike, title: str = ""
+) -> str:
+    """||g|| and the objective over the iterations; constraint steps marked."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(1, 2, figsize=(10, 3.4))
+    axes[0].semilogy(history["iteration"], history["grad_norm"], lw=1)
+    constrained = history[history["constraint"]]
+    axes[0].scatter(constrained["iteration"], constrained["grad_norm"], s=8, color="C3",
+                    label="constraint step", zorder=3)  # fmt: skip
+    axes[0].axhline(gamma, color="0.3", ls="--", lw=0.8, label=f"gamma = {gamma}")
+    axes[0].set(xlabel="iteration", ylabel="||g||")
+    axes[0].legend(fontsize=8)
+    axes[1].plot(history["iteration"], history["objective"], lw=1)
+    axes[1].set(xlabel="iteration", ylabel="objective")
+    figure.suptitle(title or "GradInit iterations", fontsize=10)
+    figure.tight_layout()
+    write_atomic(path, lambda tmp: figure.savefig(tmp, format="png", dpi=110))
+    plt.close(figure)
+    return ("Gradient norm (constraint steps in red, gamma dashed) and the objective value over "
+            "the iterations.")  # fmt: skip
+
+
+def draws_for(data: TaskData, batch_size: int, seed: int) -> Callable[[], Iterator]:
+    """A factory of identical seeded minibatch streams (for before/after diagnostics)."""
+    size = min(batch_size, len(data.x_train))
+    return lambda: batch_draws(data, size, torch.Generator().manual_seed(seed))
