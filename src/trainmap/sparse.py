@@ -1,0 +1,585 @@
+"""N:M sparse retraining: AST (annealed SR-STE, distillation, SLoRB) and the one-shot baselines.
+
+Huang et al., "Pruning Large Language Models with Semi-Structural Adaptive Sparse Training"
+(AST), with SR-STE from Zhou et al. (2021) and Wanda from Sun et al. (2023):
+
+* N:M mask (sec. 3.1): in every group of M consecutive input weights of an output row keep the N
+  with the largest score (|W| for magnitude, |W| * ||x_j||_2 for Wanda). Conv kernels are (out,
+  in*kh*kw) rows, grouped along that flattened input. Ties keep the lower index.
+* Straight-through estimator (sec. 3.2): the forward pass uses W * m, the backward pass hands the
+  gradient with respect to W * m to all of W unmasked.
+* SR-STE (sec. 3.2): the update of W uses g + lambda_W * (1 - m) * W, so pruned weights decay while
+  kept weights' updates are unchanged. (1 - m) on a float mask, never a bitwise not on an int mask:
+  the authors' code computes ~mask on int tensors (-2 / -1), which flips the sign and decays kept
+  weights too.
+* Annealed SR-STE (sec. 4.3): lambda_t = lambda * t / T0 for t < T0, then lambda (default T0 = all
+  retraining steps); ``decay: static`` keeps lambda throughout, ``none`` disables it.
+* Masks are recomputed from the dense weights every ``mask_every`` optimiser steps; the flip rate
+  r_t = ||m_t - m_{t-1}||_1 / D and the initial flip rate i_t = ||m_t - m_0||_1 / D (sec. 3.3, D the
+  weights of all sparse layers) are recorded at each refresh.
+* Distillation (sec. 4.2): loss = task loss + alpha * T^2 * KL(teacher || student) on logits softened
+  by temperature T, the dense teacher frozen in eval mode.
+* SLoRB (sec. 4.4): an extra term S(Px): P sums each group of k consecutive inputs, S (out x d/k) is
+  initialised to the mean of the pruned weights of each group, S_ij = (1/k) sum_p W_ip (1 - M_ip),
+  so each group's mean of W * M plus the SLoRB contribution equals the dense group's mean. It is
+  computed as a dense matrix S expanded over each group's k inputs, added to W * M.
+
+Methods (``trainmap.methods``): ``ast`` (annealed SR-STE + distillation, AST-Naive), ``ast_slorb``
+(AST-Boosted), ``ast_static`` (static lambda), ``oneshot`` (magnitude, no retraining), ``oneshot_ft``
+(magnitude, then fine-tuning with the mask frozen) and ``wanda`` (Wanda scores, no retraining).
+Retraining runs through ``trainmap.train.train_model`` with :class:`SparseHooks`; its trajectory
+records every layer's effective weight under the dense architecture's names.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import os
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from trainmap.data import TaskData
+from trainmap.io import save_json, save_torch, write_atomic
+from trainmap.train import (
+    TrainConfig,
+    TrainHooks,
+    TrainPaths,
+    evaluate_split,
+    resolve_device,
+    train_model,
+)
+
+#: Defaults of the ``sparse.<task>`` settings. srste_lambda is far above the LLM values (1e-4 with
+#: Adam over 40k steps): with SGD the decay shrinks a pruned weight by lr * lambda per step, and a
+#: retraining of a few hundred steps needs lr * lambda * steps ~ 1 for the decay to act at all.
+DEFAULT_SETTINGS: dict[str, Any] = {
+    "n": 2,
+    "m": 4,
+    "mask_every": 10,
+    "srste_lambda": 0.05,
+    "srste_t0": None,
+    "distill_alpha": 2.0,
+    "temperature": 2.0,
+    "slorb_k": 16,
+    "calibration_batch": 256,
+    "dense_layers": "first_last",
+    "train": {},
+}
+DENSE_LAYER_CHOICES = ("first_last", "none")
+
+
+def check_settings(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """The settings completed with defaults; unknown keys and bad values raise ValueError."""
+    unknown = sorted(set(settings) - set(DEFAULT_SETTINGS))
+    if unknown:
+        raise ValueError(f"unknown sparse settings {unknown}; allowed: {sorted(DEFAULT_SETTINGS)}")
+    cfg = {**DEFAULT_SETTINGS, **settings}
+    n, m = cfg["n"], cfg["m"]
+    if not (isinstance(n, int) and isinstance(m, int) and 1 <= n < m):
+        raise ValueError(f"N:M needs integers 1 <= n < m, got n={n!r}, m={m!r}")
+    for key in ("mask_every", "calibration_batch", "slorb_k"):
+        if not isinstance(cfg[key], int) or cfg[key] < 1:
+            raise ValueError(f"{key} must be a positive integer, got {cfg[key]!r}")
+    for key in ("srste_lambda", "distill_alpha"):
+        if cfg[key] < 0:
+            raise ValueError(f"{key} must be >= 0, got {cfg[key]!r}")
+    if not cfg["temperature"] > 0:
+        raise ValueError(f"temperature must be > 0, got {cfg['temperature']!r}")
+    if cfg["dense_layers"] not in DENSE_LAYER_CHOICES:
+        raise ValueError(
+            f"dense_layers {cfg['dense_layers']!r} is not one of {DENSE_LAYER_CHOICES}"
+        )
+    TrainConfig.from_dict(cfg["train"])  # unknown training keys are named there
+    return cfg
+
+
+# --- masks ------------------------------------------------------------------------------------
+
+
+def nm_mask_from_scores(scores: torch.Tensor, n: int, m: int) -> torch.Tensor:
+    """Keep the N highest scores in every group of M consecutive inputs of each output row.
+
+    ``scores`` has the weight's shape; rows are dim 0, the rest is flattened. Ties keep the lower
+    index (a stable sort). Returns a 0/1 mask of the scores' shape and dtype.
+    """
+    rows = scores.reshape(scores.shape[0], -1)
+    if rows.shape[1] % m:
+        raise ValueError(f"an N:M mask needs the input size ({rows.shape[1]}) divisible by m={m}")
+    groups = rows.reshape(rows.shape[0], -1, m)
+    order = torch.sort(groups, dim=-1, descending=True, stable=True).indices
+    mask = torch.zeros_like(groups)
+    mask.scatter_(-1, order[..., :n], 1.0)
+    return mask.reshape(scores.shape)
+
+
+def nm_mask(weight: torch.Tensor, n: int, m: int) -> torch.Tensor:
+    """The magnitude N:M mask of ``weight`` (keep the N largest |w| of every M consecutive inputs)."""
+    return nm_mask_from_scores(weight.detach().abs(), n, m)
+
+
+class _StraightThrough(torch.autograd.Function):
+    """Forward W * m; backward passes the gradient to all of W (STE)."""
+
+    @staticmethod
+    def forward(ctx: Any, weight: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return weight * mask
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return grad, None
+
+
+class SparseLayer:
+    """What the sparse Linear and Conv2d layers share: the mask, SLoRB and the masked forward."""
+
+    weight: nn.Parameter
+    weight_mask: torch.Tensor
+
+    def setup_sparsity(self, n: int, m: int, slorb_k: int | None) -> None:
+        self.n, self.m, self.slorb_k = n, m, slorb_k
+        self.straight_through = True
+        self.register_buffer("weight_mask", torch.ones_like(self.weight))
+        if slorb_k is not None:
+            inputs = self.weight[0].numel()
+            self.slorb_weight = nn.Parameter(
+                torch.zeros(
+                    self.weight.shape[0], math.ceil(inputs / slorb_k), dtype=self.weight.dtype
+                )
+            )
+        else:
+            self.slorb_weight = None
+
+    def masked_weight(self) -> torch.Tensor:
+        """W * m (with the straight-through gradient while retraining a refreshable mask)."""
+        if self.straight_through:
+            return _StraightThrough.apply(self.weight, self.weight_mask)
+        return self.weight * self.weight_mask
+
+    def slorb_dense(self) -> torch.Tensor:
+        """S expanded to the weight's shape: S_ij on each of group j's k inputs (= S P)."""
+        inputs = self.weight[0].numel()
+        expanded = self.slorb_weight.repeat_interleave(self.slorb_k, dim=1)[:, :inputs]
+        return expanded.reshape(self.weight.shape)
+
+    def effective_weight(self) -> torch.Tensor:
+        """The weight the layer computes with: W * m, plus the SLoRB term when it has one."""
+        weight = self.masked_weight()
+        return weight if self.slorb_weight is None else weight + self.slorb_dense()
+
+    @torch.no_grad()
+    def refresh_mask(self, scores: torch.Tensor | None = None) -> None:
+        """Recompute the N:M mask from the dense weights (or from ``scores``)."""
+        source = self.weight.abs() if scores is None else scores
+        self.weight_mask.copy_(nm_mask_from_scores(source, self.n, self.m))
+
+    @torch.no_grad()
+    def init_slorb(self) -> None:
+        """SLoRB init: S_ij = (1/k) sum over group j of W_ip * (1 - M_ip) (sec. 4.4)."""
+        pruned = (self.weight * (1 - self.weight_mask)).reshape(self.weight.shape[0], -1)
+        inputs, k = pruned.shape[1], self.slorb_k
+        padded = F.pad(pruned, (0, self.slorb_weight.shape[1] * k - inputs))
+        self.slorb_weight.copy_(padded.reshape(pruned.shape[0], -1, k).sum(dim=-1) / k)
+
+
+class SparseLinear(SparseLayer, nn.Linear):
+    """An ``nn.Linear`` whose weight is N:M masked (see :class:`SparseLayer`)."""
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        """x @ (W * m + S P)^T + b."""
+        return F.linear(inputs, self.effective_weight(), self.bias)
+
+
+class SparseConv2d(SparseLayer, nn.Conv2d):
+    """An ``nn.Conv2d`` whose kernel, as (out, in*kh*kw) rows, is N:M masked."""
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        """The convolution with the masked (+ SLoRB) kernel."""
+        return self._conv_forward(inputs, self.effective_weight(), self.bias)
+
+
+def _sparse_copy(module: nn.Module, n: int, m: int, slorb_k: int | None) -> nn.Module:
+    """A sparse layer with ``module``'s configuration and parameters (mask all ones)."""
+    if isinstance(module, nn.Linear):
+        layer = SparseLinear(module.in_features, module.out_features, module.bias is not None,
+                             dtype=module.weight.dtype)  # fmt: skip
+    else:
+        layer = SparseConv2d(module.in_channels, module.out_channels, module.kernel_size,
+                             module.stride, module.padding, module.dilation, module.groups,
+                             module.bias is not None, module.padding_mode,
+                             dtype=module.weight.dtype)  # fmt: skip
+    layer.setup_sparsity(n, m, slorb_k)
+    with torch.no_grad():
+        layer.weight.copy_(module.weight)
+        if module.bias is not None:
+            layer.bias.copy_(module.bias)
+    return layer
+
+
+def sparsifiable_layers(model: nn.Module, m: int, dense_layers: str = "first_last") -> list[str]:
+    """Names of the Linear/Conv2d layers to make N:M sparse: input size divisible by M, and (with
+    ``dense_layers="first_last"``) not the first weight layer nor the classifier (kept dense, as
+    most N:M works on CNNs do)."""
+    layers = [n for n, mod in model.named_modules() if isinstance(mod, nn.Linear | nn.Conv2d)]
+    if dense_layers == "first_last":
+        layers = layers[1:-1]
+    modules = dict(model.named_modules())
+    return [name for name in layers if modules[name].weight[0].numel() % m == 0]
+
+
+def _replace(model: nn.Module, name: str, layer: nn.Module) -> None:
+    parent_name, _, child = name.rpartition(".")
+    parent = model.get_submodule(parent_name) if parent_name else model
+    setattr(parent, child, layer)
+
+
+def sparse_layers(model: nn.Module) -> dict[str, SparseLayer]:
+    """The model's sparse layers by name."""
+    return {name: mod for name, mod in model.named_modules() if isinstance(mod, SparseLayer)}
+
+
+def sparsify(
+    model: nn.Module,
+    n: int,
+    m: int,
+    slorb_k: int | None = None,
+    scores: Mapping[str, torch.Tensor] | None = None,
+    layers: Iterable[str] | None = None,
+) -> nn.Module:
+    """A NEW model with ``layers`` (default: :func:`sparsifiable_layers`) replaced by N:M sparse
+    layers: masks from the dense weights' magnitude or from ``scores`` (Wanda); SLoRB initialised
+    from the pruned weights when ``slorb_k`` is given."""
+    sparse = copy.deepcopy(model)
+    names = list(layers) if layers is not None else sparsifiable_layers(model, m)
+    for name in names:
+        layer = _sparse_copy(sparse.get_submodule(name), n, m, slorb_k)
+        layer.refresh_mask(None if scores is None else scores[name])
+        if slorb_k is not None:
+            layer.init_slorb()
+        _replace(sparse, name, layer)
+    return sparse
+
+
+# --- Wanda scores ---------------------------------------------------------------------------------
+
+
+@torch.no_grad()
+def input_norms(
+    model: nn.Module, names: Iterable[str], inputs: torch.Tensor
+) -> dict[str, torch.Tensor]:
+    """||x_j||_2 of every input feature j of each named layer over a calibration batch.
+
+    For a conv the features are its unfolded patches (in*kh*kw), matching the kernel's rows.
+    """
+    names = list(names)
+    norms: dict[str, torch.Tensor] = {}
+
+    def hook_for(name: str) -> Callable:
+        def hook(module: nn.Module, args: tuple) -> None:
+            x = args[0]
+            if isinstance(module, nn.Conv2d):
+                patches = F.unfold(x, module.kernel_size, module.dilation, module.padding,
+                                   module.stride)  # fmt: skip
+                features = patches.transpose(1, 2).reshape(-1, patches.shape[1])
+            else:
+                features = x.reshape(-1, x.shape[-1])
+            norms[name] = features.norm(dim=0)
+
+        return hook
+
+    handles = [model.get_submodule(n).register_forward_pre_hook(hook_for(n)) for n in names]
+    was_training = model.training
+    model.eval()
+    try:
+        model(inputs)
+    finally:
+        for handle in handles:
+            handle.remove()
+        model.train(was_training)
+    return norms
+
+
+def wanda_scores(
+    model: nn.Module, names: Iterable[str], inputs: torch.Tensor
+) -> dict[str, torch.Tensor]:
+    """Wanda: |W_ij| * ||x_j||_2 (per output row i, input feature j) for each named layer."""
+    names = list(names)
+    norms = input_norms(model, names, inputs)
+    scores = {}
+    for name in names:
+        weight = model.get_submodule(name).weight.detach()
+        rows = weight.abs().reshape(weight.shape[0], -1) * norms[name][None, :]
+        scores[name] = rows.reshape(weight.shape)
+    return scores
+
+
+# --- training hooks -----------------------------------------------------------------------------
+
+
+def srste_lambda(step: int, base: float, t0: int, decay: str) -> float:
+    """Annealed SR-STE: lambda * t / T0 until T0, then lambda; static: lambda; none: 0."""
+    if decay == "none":
+        return 0.0
+    if decay == "static":
+        return base
+    return base * min(step, t0) / t0
+
+
+def distillation_loss(
+    student: torch.Tensor, teacher: torch.Tensor, temperature: float
+) -> torch.Tensor:
+    """T^2 * KL(teacher || student) of temperature-softened distributions, mean over the batch."""
+    log_student = F.log_softmax(student / temperature, dim=-1)
+    log_teacher = F.log_softmax(teacher / temperature, dim=-1)
+    kl = F.kl_div(log_student, log_teacher, log_target=True, reduction="batchmean")
+    return temperature**2 * kl
+
+
+def mask_vector(model: nn.Module) -> torch.Tensor:
+    """All sparse layers' masks, flattened and concatenated (in module order), on the CPU."""
+    return torch.cat(
+        [layer.weight_mask.reshape(-1).cpu() for layer in sparse_layers(model).values()]
+    )
+
+
+class SparseHooks(TrainHooks):
+    """AST's additions to the training loop (marked ``# hook:`` in ``train_model``)."""
+
+    def __init__(self, model: nn.Module, teacher: nn.Module | None, settings: Mapping[str, Any],
+                 options: Mapping[str, Any], total_steps: int,
+                 log_metrics: Callable[[dict, int], None] | None = None) -> None:  # fmt: skip
+        self.model = model
+        self.teacher = teacher.eval() if teacher is not None else None
+        self.settings, self.options = settings, options
+        self.layers = sparse_layers(model)
+        self.t0 = settings["srste_t0"] or total_steps
+        self.log_metrics = log_metrics
+        self.frozen = bool(options.get("frozen_mask"))
+        for layer in self.layers.values():
+            layer.straight_through = not self.frozen
+        self.initial_mask = mask_vector(model).clone()
+        self.previous_mask = self.initial_mask.clone()
+        self.flips: list[dict[str, float]] = []
+
+    def extra_loss(self, logits: torch.Tensor, inputs: torch.Tensor,
+                   targets: torch.Tensor) -> torch.Tensor | None:  # fmt: skip
+        """alpha * T^2 * KL(teacher || student) (AST sec. 4.2)."""
+        if not self.options.get("distill") or self.teacher is None:
+            return None
+        with torch.no_grad():
+            teacher_logits = self.teacher(inputs)
+        return self.settings["distill_alpha"] * distillation_loss(
+            logits, teacher_logits, self.settings["temperature"]
+        )
+
+    @torch.no_grad()
+    def after_backward(self, step: int) -> None:
+        """SR-STE: g += lambda_t * (1 - m) * W on every sparse layer (pruned weights decay)."""
+        lam = srste_lambda(step, self.settings["srste_lambda"], self.t0, self.options["decay"])
+        if lam == 0.0 or self.frozen:
+            return
+        for layer in self.layers.values():
+            if layer.weight.grad is not None:
+                layer.weight.grad.add_(lam * (1 - layer.weight_mask) * layer.weight)
+
+    def after_step(self, step: int) -> None:
+        """Every ``mask_every`` steps: new masks from the dense weights, and the flip rates."""
+        done = step + 1
+        if self.frozen or done % self.settings["mask_every"]:
+            return
+        for layer in self.layers.values():
+            layer.refresh_mask()
+        current = mask_vector(self.model)
+        total = current.numel()
+        row = {
+            "step": done,
+            "flip_rate": float((current - self.previous_mask).abs().sum() / total),
+            "initial_flip_rate": float((current - self.initial_mask).abs().sum() / total),
+        }
+        self.flips.append(row)
+        self.previous_mask = current.clone()
+        if self.log_metrics is not None:
+            self.log_metrics({k: v for k, v in row.items() if k != "step"}, done)
+
+    def snapshot(self, model: nn.Module) -> dict[str, torch.Tensor]:
+        """The dense architecture's state-dict keys, each sparse layer's weight = its effective
+        weight (what the layer computes); masks and SLoRB factors are not separate entries."""
+        return effective_state(model)
+
+    def save_model(self, model: nn.Module, path: Path, model_info: dict[str, Any]) -> None:
+        """The ``sparse`` checkpoint."""
+        save_sparse(model, path, **model_info)
+
+    def state_dict(self) -> dict[str, Any]:
+        """m_0, m_{t-1} and the flip history (the masks themselves are model buffers)."""
+        return {"initial_mask": self.initial_mask, "previous_mask": self.previous_mask,
+                "flips": list(self.flips)}  # fmt: skip
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from :meth:`state_dict`."""
+        self.initial_mask = state["initial_mask"]
+        self.previous_mask = state["previous_mask"]
+        self.flips = list(state["flips"])
+
+    def flip_history(self) -> pd.DataFrame:
+        """step, flip_rate, initial_flip_rate at each mask refresh."""
+        return pd.DataFrame(self.flips, columns=["step", "flip_rate", "initial_flip_rate"])
+
+
+@torch.no_grad()
+def effective_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The state dict of the dense architecture: sparse layers contribute their effective weight."""
+    layers = sparse_layers(model)
+    state = {}
+    for name, value in model.state_dict().items():
+        owner, _, leaf = name.rpartition(".")
+        if owner in layers and leaf in ("weight_mask", "slorb_weight"):
+            continue
+        if owner in layers and leaf == "weight":
+            value = layers[owner].effective_weight()
+        state[name] = value.detach().clone()
+    return state
+
+
+# --- the sparse checkpoint ----------------------------------------------------------------------
+
+
+def save_sparse(model: nn.Module, path: str | os.PathLike, **info: Any) -> None:
+    """``{"format": "sparse", "state_dict", "sparse": {n, m, slorb_k, layers}, **info}``."""
+    layers = sparse_layers(model)
+    first = next(iter(layers.values())) if layers else None
+    sparse = {
+        "n": first.n if first else None,
+        "m": first.m if first else None,
+        "slorb_k": first.slorb_k if first else None,
+        "layers": list(layers),
+    }
+    save_torch({"format": "sparse", "state_dict": model.state_dict(), "sparse": sparse, **info},
+               path)  # fmt: skip
+
+
+def model_from_sparse(saved: dict[str, Any]) -> nn.Module:
+    """Rebuild a sparse model: the dense architecture, its listed layers made sparse, the state."""
+    from trainmap.models import build_model
+
+    model = build_model(saved["arch"], saved["meta"], **saved["model_options"])
+    spec = saved["sparse"]
+    for name in spec["layers"]:
+        _replace(model, name, _sparse_copy(model.get_submodule(name), spec["n"], spec["m"],
+                                           spec["slorb_k"]))  # fmt: skip
+    model.load_state_dict(saved["state_dict"])
+    for layer in sparse_layers(model).values():
+        layer.straight_through = False
+    return model
+
+
+def check_nm(model: nn.Module) -> bool:
+    """Whether every group of M in every sparse layer keeps exactly N weights."""
+    for layer in sparse_layers(model).values():
+        groups = layer.weight_mask.reshape(layer.weight.shape[0], -1, layer.m)
+        if not bool((groups.sum(dim=-1) == layer.n).all()):
+            return False
+    return True
+
+
+# --- the sparse stage -----------------------------------------------------------------------------
+
+
+def run_sparse_method(
+    teacher: nn.Module,
+    data: TaskData,
+    options: Mapping[str, Any],
+    settings: Mapping[str, Any],
+    seed: int,
+    out_dir: str | os.PathLike,
+    *,
+    log_metrics: Callable[[dict, int], None] | None = None,
+    progress: bool = False,
+    fingerprint: str = "",
+    description: str = "sparse",
+    model_info: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Make ``teacher`` (a trained dense model) N:M sparse by the method ``options``.
+
+    Writes to ``out_dir``: ``model.pt`` (format ``sparse``), ``history.csv``, ``train.json``,
+    ``trajectory.pt`` and ``flips.csv``. One-shot methods (no retraining) record a single checkpoint,
+    the pruned model at step 0, and an empty flip table.
+    """
+    cfg = check_settings(settings)
+    out = Path(out_dir)
+    paths = TrainPaths.in_directory(out)
+    info = dict(model_info or {})
+    teacher = teacher.eval()
+    names = sparsifiable_layers(teacher, cfg["m"], cfg["dense_layers"])
+    scores = None
+    if options["mask"] == "wanda":
+        scores = wanda_scores(teacher, names, data.x_train[: cfg["calibration_batch"]])
+    slorb_k = cfg["slorb_k"] if options.get("slorb") else None
+    student = sparsify(teacher, cfg["n"], cfg["m"], slorb_k, scores, names)
+    if options.get("retrain"):
+        train_cfg = TrainConfig.from_dict(cfg["train"])
+        teacher.to(resolve_device(train_cfg.device))
+        hooks = SparseHooks(student, teacher, cfg, options, train_cfg.steps, log_metrics)
+        summary = train_model(student, data, train_cfg, seed, paths, on_checkpoint=log_metrics,
+                              progress=progress, fingerprint=fingerprint,
+                              description=description,
+                              model_info=info, hooks=hooks)  # fmt: skip
+        flips = hooks.flip_history()
+    else:
+        summary = _prune_without_training(student, data, paths, info)
+        flips = pd.DataFrame(columns=["step", "flip_rate", "initial_flip_rate"])
+    write_atomic(out / "flips.csv", lambda tmp: flips.to_csv(tmp, index=False))
+    summary |= {"nm_valid": check_nm(student), "sparse_layers": names,
+                "n": cfg["n"], "m": cfg["m"], "slorb_k": slorb_k}  # fmt: skip
+    save_json(summary, paths.summary)
+    return summary
+
+
+def _prune_without_training(
+    model: nn.Module, data: TaskData, paths: TrainPaths, info: Mapping[str, Any]
+) -> dict[str, Any]:
+    """One-shot pruning: the pruned model is the result; its trajectory is that single checkpoint."""
+    test_loss, test_acc = evaluate_split(model, data.x_test, data.y_test)
+    row = {"step": 0, "train_loss": math.nan, "train_acc": math.nan, "test_loss": test_loss,
+           "test_acc": test_acc, "lr": 0.0}  # fmt: skip
+    history = pd.DataFrame([row])
+    write_atomic(paths.history, lambda tmp: history.to_csv(tmp, index=False))
+    state = effective_state(model)
+    save_torch({"step": torch.tensor([0]),
+                "state": {k: v.unsqueeze(0) for k, v in state.items()}}, paths.trajectory)  # fmt: skip
+    save_sparse(model, paths.model, **info)
+    return {"status": "completed", "diverged_step": None, "steps": 0, "steps_done": 0,
+            "n_checkpoints": 1, "wall_time_s": 0.0, "steps_per_s": math.nan,
+            "resumed_from_step": None, "final": row}  # fmt: skip
+
+
+def plot_flip_rates(histories: Mapping[str, pd.DataFrame], path: str | os.PathLike,
+                    title: str = "") -> str:  # fmt: skip
+    """Flip rate and initial flip rate against step, one line per run/method (AST fig. 4)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(1, 2, figsize=(10, 3.4))
+    for label, history in histories.items():
+        if len(history):
+            axes[0].plot(history["step"], history["flip_rate"], lw=1, label=label)
+            axes[1].plot(history["step"], history["initial_flip_rate"], lw=1, label=label)
+    axes[0].set(xlabel="step", ylabel="flip rate r_t", yscale="symlog", title="mask changes")
+    axes[1].set(xlabel="step", ylabel="initial flip rate i_t", title="distance from the first mask")
+    for axis in axes:
+        if axis.get_legend_handles_labels()[0]:
+            axis.legend(fontsize=7)
+    figure.suptitle(title or "N:M mask flips", fontsize=10)
+    figure.tight_layout()
+    write_atomic(path, lambda tmp: figure.savefig(tmp, format="png", dpi=110))
+    plt.close(figure)
+    return ("Flip rate (fraction of mask entries that changed since the previous refresh) and "
+            "initial flip rate (changed since the first mask) at every mask refresh.")  # fmt: skip

@@ -1,0 +1,277 @@
+"""AST sparse retraining (trainmap.sparse): N:M masks, STE, SR-STE, distillation, SLoRB, resume."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+import torch
+from torch import nn
+
+from trainmap.checkpoints import load_model
+from trainmap.data import make_task_data
+from trainmap.methods import METHODS
+from trainmap.sparse import (
+    SparseHooks,
+    SparseLinear,
+    check_nm,
+    check_settings,
+    distillation_loss,
+    nm_mask,
+    nm_mask_from_scores,
+    run_sparse_method,
+    sparse_layers,
+    sparsify,
+    srste_lambda,
+    wanda_scores,
+)
+from trainmap.train import TrainConfig, TrainPaths, build_cell_model, load_trajectory, train_model
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+@pytest.fixture(scope="module")
+def parity():
+    return make_task_data("sparse_parity", {"n_bits": 12, "k": 2, "n_train": 128, "n_test": 64})
+
+
+@pytest.fixture(scope="module")
+def teacher(parity, tmp_path_factory):
+    """A small MLP trained briefly: the dense model every sparse method starts from."""
+    model = build_cell_model("mlp", "kaiming", 0, parity.meta, {"hidden": [32, 32]})
+    out = tmp_path_factory.mktemp("teacher")
+    train_model(model, parity, TrainConfig(lr=0.1, momentum=0.9, steps=150, checkpoint_every=50),
+                0, TrainPaths.in_directory(out), progress=False)  # fmt: skip
+    return model.eval()
+
+
+@pytest.mark.parametrize(("n", "m"), [(1, 2), (2, 4), (4, 8), (2, 8)])
+def test_every_group_keeps_exactly_n(n, m):
+    torch.manual_seed(n * 10 + m)
+    for weight in (torch.randn(6, 16), torch.randn(4, 2, 2, 4)):  # linear and conv (in*kh*kw = 16)
+        mask = nm_mask(weight, n, m)
+        groups = mask.reshape(weight.shape[0], -1, m)
+        assert (groups.sum(-1) == n).all()
+        kept = (weight.abs() * mask).reshape(weight.shape[0], -1, m)
+        dropped = (weight.abs() * (1 - mask) - mask * 1e9).reshape(weight.shape[0], -1, m)
+        assert (kept.max(-1).values >= dropped.max(-1).values).all()  # the largest are kept
+
+
+def test_ties_are_broken_deterministically_lowest_index_first():
+    mask = nm_mask(torch.ones(2, 8), 2, 4)
+    assert mask.tolist() == [[1, 1, 0, 0, 1, 1, 0, 0]] * 2
+    scores = torch.tensor([[3.0, 1.0, 3.0, 3.0]])
+    assert nm_mask_from_scores(scores, 2, 4).tolist() == [[1, 0, 1, 0]]
+    with pytest.raises(ValueError, match="divisible by m=4"):
+        nm_mask(torch.ones(2, 6), 2, 4)
+
+
+def test_straight_through_gradient_reaches_pruned_weights():
+    torch.manual_seed(0)
+    layer = sparsify(nn.Sequential(nn.Linear(8, 3)), 2, 4, layers=["0"])[0]
+    inputs = torch.randn(5, 8)
+    layer(inputs).sum().backward()
+    # d/dW of sum(x @ (W*m)^T) w.r.t. the masked weight is sum_b x_b, for every entry (STE).
+    expected = inputs.sum(0).expand(3, 8)
+    assert torch.allclose(layer.weight.grad, expected)
+    assert (layer.weight.grad * (1 - layer.weight_mask)).abs().sum() > 0
+
+
+def sparse_mlp(seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    return sparsify(nn.Sequential(nn.Linear(8, 4), nn.ReLU(), nn.Linear(4, 2)), 2, 4,
+                    layers=["0", "2"])  # fmt: skip
+
+
+def test_srste_decays_pruned_weights_and_leaves_kept_updates_alone():
+    """With no task gradient, one SGD step with SR-STE moves only pruned weights, toward zero."""
+    model = sparse_mlp()
+    settings = check_settings({"srste_lambda": 0.5})
+    hooks = SparseHooks(model, None, settings, {"decay": "static", "distill": False}, 100)
+    before = {name: layer.weight.detach().clone() for name, layer in sparse_layers(model).items()}
+    for layer in sparse_layers(model).values():
+        layer.weight.grad = torch.zeros_like(layer.weight)
+    hooks.after_backward(step=10)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    optimizer.step()
+    for name, layer in sparse_layers(model).items():
+        mask, old, new = layer.weight_mask, before[name], layer.weight.detach()
+        assert torch.equal(new[mask == 1], old[mask == 1])
+        pruned_old, pruned_new = old[mask == 0], new[mask == 0]
+        assert torch.allclose(pruned_new, pruned_old * (1 - 0.1 * 0.5))
+        assert (pruned_new.abs() <= pruned_old.abs()).all()
+
+
+def test_srste_uses_one_minus_mask_not_a_bitwise_not():
+    """The authors' ~mask on an int mask gives -2/-1, decaying kept weights with a flipped sign."""
+    model = sparse_mlp()
+    hooks = SparseHooks(model, None, check_settings({"srste_lambda": 1.0}),
+                        {"decay": "static", "distill": False}, 10)  # fmt: skip
+    for layer in sparse_layers(model).values():
+        layer.weight.grad = torch.zeros_like(layer.weight)
+    hooks.after_backward(step=0)
+    for layer in sparse_layers(model).values():
+        grad, mask, weight = layer.weight.grad, layer.weight_mask, layer.weight.detach()
+        assert torch.equal(grad[mask == 1], torch.zeros_like(grad[mask == 1]))
+        assert torch.allclose(grad[mask == 0], weight[mask == 0])
+
+
+def test_srste_schedule():
+    assert srste_lambda(0, 0.2, 100, "annealed") == 0.0
+    assert srste_lambda(50, 0.2, 100, "annealed") == pytest.approx(0.1)
+    assert srste_lambda(100, 0.2, 100, "annealed") == pytest.approx(0.2)
+    assert srste_lambda(200, 0.2, 100, "annealed") == pytest.approx(0.2)
+    assert [srste_lambda(t, 0.2, 100, "static") for t in (0, 50, 100, 200)] == [0.2] * 4
+    assert srste_lambda(50, 0.2, 100, "none") == 0.0
+
+
+def test_kl_is_zero_for_identical_logits_and_positive_otherwise():
+    logits = torch.randn(6, 5)
+    assert float(distillation_loss(logits, logits, 2.0)) == pytest.approx(0.0, abs=1e-7)
+    assert float(distillation_loss(logits, logits + torch.randn(6, 5), 2.0)) > 0
+    # T^2 * KL: the scale grows with T^2 for small differences.
+    other = logits + 0.01 * torch.randn(6, 5)
+    assert float(distillation_loss(logits, other, 4.0)) > 0
+
+
+def test_slorb_init_restores_each_group_mean():
+    torch.manual_seed(3)
+    dense = nn.Sequential(nn.Linear(32, 6))
+    model = sparsify(dense, 2, 4, slorb_k=8, layers=["0"])
+    layer = model[0]
+    weight = dense[0].weight.detach()
+    masked = (layer.weight * layer.weight_mask).detach()
+    for group in range(32 // 8):
+        columns = slice(group * 8, (group + 1) * 8)
+        restored = masked[:, columns].mean(1) + layer.slorb_weight[:, group].detach()
+        assert torch.allclose(restored, weight[:, columns].mean(1), atol=1e-6)
+    inputs = torch.randn(4, 32)
+    expected = inputs @ layer.effective_weight().detach().T + layer.bias.detach()
+    assert torch.allclose(layer(inputs), expected, atol=1e-6)
+
+
+def test_flip_rates_of_hand_made_masks():
+    model = sparse_mlp()
+    hooks = SparseHooks(model, None, check_settings({"mask_every": 1}),
+                        {"decay": "none", "distill": False}, 10)  # fmt: skip
+    layers = list(sparse_layers(model).values())
+    total = sum(layer.weight_mask.numel() for layer in layers)
+    first = layers[0].weight_mask.clone()
+    with torch.no_grad():  # in the first group of row 0, make the pruned weights the large ones
+        group = first[0, :4]
+        layers[0].weight[0, :4] = torch.where(group == 0, 10.0, 0.1)
+    hooks.after_step(0)
+    changed = float((layers[0].weight_mask - first).abs().sum())
+    assert changed == 4  # two kept weights dropped, two pruned ones kept
+    assert hooks.flips[-1]["flip_rate"] == pytest.approx(changed / total)
+    assert hooks.flips[-1]["initial_flip_rate"] == pytest.approx(changed / total)
+    hooks.after_step(1)  # nothing changed since
+    assert hooks.flips[-1]["flip_rate"] == 0.0
+    assert hooks.flips[-1]["initial_flip_rate"] == pytest.approx(changed / total)
+
+
+def test_wanda_scores_and_mask_differ_from_magnitude_with_skewed_inputs():
+    torch.manual_seed(4)
+    model = nn.Sequential(nn.Linear(4, 2))
+    with torch.no_grad():
+        model[0].weight.copy_(torch.tensor([[1.0, 2.0, 3.0, 4.0], [4.0, 3.0, 2.0, 1.0]]))
+    inputs = torch.zeros(10, 4)
+    inputs[:, 0] = 100.0  # a dominant first feature
+    inputs[:, 3] = 0.01
+    scores = wanda_scores(model, ["0"], inputs)["0"]
+    norms = inputs.norm(dim=0)
+    assert torch.allclose(scores, model[0].weight.abs() * norms[None, :])
+    assert not torch.equal(nm_mask_from_scores(scores, 2, 4), nm_mask(model[0].weight, 2, 4))
+
+
+def test_methods_registry_options_are_the_ones_run_sparse_method_reads():
+    for name in ("ast", "ast_slorb", "ast_static", "oneshot", "oneshot_ft", "wanda"):
+        options = METHODS[name].options
+        assert set(options) == {"mask", "retrain", "frozen_mask", "decay", "distill", "slorb"}
+
+
+SETTINGS = {"n": 2, "m": 4, "mask_every": 5, "srste_lambda": 0.1, "dense_layers": "none",
+            "train": {"lr": 0.05, "momentum": 0.9, "batch_size": 32, "steps": 60,
+                      "checkpoint_every": 10, "resume_every": 25}}  # fmt: skip
+INFO = {"arch": "mlp", "model_options": {"hidden": [32, 32]}, "method": "ast", "seed": 0}
+
+
+class Crash(Exception):
+    pass
+
+
+def test_retraining_resumes_bit_identically_and_stays_nm(teacher, parity, tmp_path):
+    options = METHODS["ast"].options
+    info = INFO | {"meta": parity.meta}
+    reference = run_sparse_method(teacher, parity, options, SETTINGS, 0, tmp_path / "a",
+                                  fingerprint="x", model_info=info)  # fmt: skip
+
+    def crash(metrics, step):
+        if step == 40:
+            raise Crash
+
+    with pytest.raises(Crash):
+        run_sparse_method(teacher, parity, options, SETTINGS, 0, tmp_path / "b", log_metrics=crash,
+                          fingerprint="x", model_info=info)  # fmt: skip
+    resumed = run_sparse_method(teacher, parity, options, SETTINGS, 0, tmp_path / "b",
+                                fingerprint="x", model_info=info)  # fmt: skip
+    assert resumed["resumed_from_step"] == 25 and reference["nm_valid"] and resumed["nm_valid"]
+    a, b = (torch.load(tmp_path / d / "model.pt", weights_only=True) for d in "ab")
+    assert all(torch.equal(a["state_dict"][k], b["state_dict"][k]) for k in a["state_dict"])
+    pd.testing.assert_frame_equal(pd.read_csv(tmp_path / "a" / "flips.csv"),
+                                  pd.read_csv(tmp_path / "b" / "flips.csv"))  # fmt: skip
+    trajectory = load_trajectory(tmp_path / "a" / "trajectory.pt")
+    assert set(trajectory["state"]) == set(teacher.state_dict())
+    model = load_model(tmp_path / "a" / "model.pt")
+    assert check_nm(model)
+    # The trajectory's last weights are what the model computes with.
+    for name, layer in sparse_layers(model).items():
+        assert torch.allclose(trajectory["state"][f"{name}.weight"][-1], layer.effective_weight())
+    flips = pd.read_csv(tmp_path / "a" / "flips.csv")
+    assert list(flips["step"]) == list(range(5, 61, 5))
+
+
+def test_oneshot_and_frozen_mask_methods(teacher, parity, tmp_path):
+    info = INFO | {"meta": parity.meta}
+    oneshot = run_sparse_method(teacher, parity, METHODS["oneshot"].options, SETTINGS, 0,
+                                tmp_path / "oneshot", model_info=info)  # fmt: skip
+    assert oneshot["steps_done"] == 0 and oneshot["nm_valid"]
+    assert len(pd.read_csv(tmp_path / "oneshot" / "history.csv")) == 1
+    pruned = load_model(tmp_path / "oneshot" / "model.pt")
+    expected = sparsify(teacher, 2, 4, layers=list(sparse_layers(pruned)))
+    inputs = parity.x_test[:8]
+    assert torch.allclose(pruned(inputs), expected.eval()(inputs))
+
+    run_sparse_method(teacher, parity, METHODS["oneshot_ft"].options, SETTINGS, 0,
+                      tmp_path / "ft", model_info=info)  # fmt: skip
+    tuned = load_model(tmp_path / "ft" / "model.pt")
+    for name, layer in sparse_layers(tuned).items():
+        assert torch.equal(layer.weight_mask, sparse_layers(pruned)[name].weight_mask)
+    assert pd.read_csv(tmp_path / "ft" / "flips.csv").empty
+
+
+def test_sparse_checkpoint_round_trip(teacher, parity, tmp_path):
+    info = INFO | {"meta": parity.meta}
+    run_sparse_method(teacher, parity, METHODS["ast_slorb"].options, SETTINGS, 0, tmp_path,
+                      model_info=info)  # fmt: skip
+    saved = torch.load(tmp_path / "model.pt", weights_only=True)
+    assert saved["format"] == "sparse" and saved["sparse"]["slorb_k"] == 16
+    model = load_model(tmp_path / "model.pt")
+    assert isinstance(model.layers[1], SparseLinear)
+    again = load_model(tmp_path / "model.pt")
+    inputs = parity.x_test[:16]
+    assert torch.equal(model(inputs), again(inputs))
+
+
+def test_settings_are_checked():
+    with pytest.raises(ValueError, match=r"unknown sparse settings \['lamda'\]"):
+        check_settings({"lamda": 1})
+    with pytest.raises(ValueError, match="1 <= n < m"):
+        check_settings({"n": 4, "m": 4})
+    with pytest.raises(ValueError, match="unknown training settings"):
+        check_settings({"train": {"epochs": 3}})
