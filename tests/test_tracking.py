@@ -1,0 +1,424 @@
+"""MLflow tracking: rule runs nested under cell runs, batched metrics, failures, URIs, artifacts.
+
+The parallel test reproduces the FACTS.md set-up the Snakefile relies on: the database and experiment
+are created once (as the ``onstart`` handler does), then 16 independent processes log their runs
+against the same fresh SQLite file at once; every one of them must land, nested under its cell.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from mlflow import MlflowClient
+
+from trainmap.config import Cell, cell_hash, load_config
+from trainmap.tracking import (
+    DEFAULT_TRACKING_URI,
+    METRICS_PER_BATCH,
+    PARAMS_PER_BATCH,
+    artifact_root,
+    experiment_name,
+    flatten_params,
+    init_tracking,
+    rule_run,
+    tracking_uri,
+)
+
+N_PARALLEL = 16
+PARALLEL_STEPS = 50
+
+
+@pytest.fixture(scope="module")
+def study_config(repo_root: Path) -> dict:
+    """The default study's merged config (data/model/train sections feed cell_hash)."""
+    return load_config(
+        repo_root / "params.yaml", repo_root / "config/config.yaml", check_paths_from=repo_root
+    )
+
+
+@pytest.fixture(scope="module")
+def shared_uri(tmp_path_factory) -> str:
+    """One SQLite store for the in-process tests (each uses its own experiment); migrated once."""
+    database = tmp_path_factory.mktemp("tracking") / "mlflow.db"
+    uri = f"sqlite:///{database}"
+    init_tracking(uri, "warm-up")
+    return uri
+
+
+def make_config(study_config: dict, uri: str, experiment: str) -> dict:
+    config = copy.deepcopy(study_config)
+    config["mlflow"] = {"tracking_uri": uri, "experiment": experiment}
+    return config
+
+
+def runs_of(client: MlflowClient, experiment: str) -> list:
+    found = client.get_experiment_by_name(experiment)
+    assert found is not None, f"experiment {experiment!r} was not created"
+    return client.search_runs([found.experiment_id], max_results=1000)
+
+
+# --------------------------------------------------------------------------------------------------
+# Parallel jobs against one fresh SQLite store
+
+# One launcher process (a fresh interpreter) imports what a rule job's tracking needs, then forks the
+# 16 jobs: separate processes, each opening its own SQLite connection, as Snakemake's jobs do; only
+# the imports (about 4 s of CPU per interpreter, over a minute for 16 on 2 cores) are paid once. No
+# MLflow client or database connection exists before the fork. trainmap.config imports the data and
+# model registries (and torch); cell_hash and rule_run do not use them, so they are stubbed out. The
+# forked jobs block on a pipe until every one exists, then all open the database at the same moment.
+LAUNCHER = textwrap.dedent(
+    """
+    import json, os, sys, traceback
+    from pathlib import Path
+    from trainmap.config import Cell
+    from trainmap.tracking import rule_run
+    import mlflow.store.tracking.sqlalchemy_store  # imports only: no engine, no connection
+
+    workdir, n_jobs, steps = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+    config = json.loads((workdir / "config.json").read_text())
+
+    def job(seed):
+        cell = Cell("digits", "vgg_bn", "kaiming", seed)
+        params = {"train": config["train"]["digits"]}
+        with rule_run(config, "train", cell=cell, params=params) as run:
+            for step in range(steps):
+                run.log_metrics({"loss": 1.0 / (step + 1), "seed": float(seed)}, step=step)
+
+    start_read, start_write = os.pipe()
+    pids = {}
+    for seed in range(n_jobs):
+        pid = os.fork()
+        if pid == 0:
+            os.close(start_write)
+            os.read(start_read, 1)  # returns (EOF) when the launcher closes its end: start
+            code = 0
+            try:
+                job(seed)
+            except BaseException:
+                traceback.print_exc()
+                code = 1
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+        pids[pid] = seed
+    os.close(start_write)  # every job starts now
+    status = {}
+    for pid, seed in pids.items():
+        status[seed] = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+    print("STATUS " + json.dumps(status))
+    sys.exit(1 if any(status.values()) else 0)
+    """
+)
+
+
+def test_parallel_jobs_all_log_after_init(study_config: dict, tmp_path: Path) -> None:
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    experiment = "parallel"
+    config = make_config(study_config, uri, experiment)
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    init_tracking(uri, experiment)  # what the Snakefile's onstart does, once
+
+    env = dict(os.environ, MLFLOW_DISABLE_TELEMETRY="true")
+    env.pop("MLFLOW_TRACKING_URI", None)
+    result = subprocess.run(
+        [sys.executable, "-c", LAUNCHER, str(tmp_path), str(N_PARALLEL), str(PARALLEL_STEPS)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    output = result.stdout + result.stderr
+    status_lines = [line for line in result.stdout.splitlines() if line.startswith("STATUS ")]
+    assert status_lines, f"launcher exited {result.returncode} before its jobs ended:\n{output}"
+    status = {int(seed): code for seed, code in json.loads(status_lines[-1][7:]).items()}
+    failed = sorted(seed for seed, code in status.items() if code != 0)
+    assert status.keys() == set(range(N_PARALLEL))
+    assert not failed, (
+        f"{len(failed)} of {N_PARALLEL} jobs failed (seeds {failed}):\n{output[-6000:]}"
+    )
+    assert result.returncode == 0, output[-6000:]
+
+    client = MlflowClient(tracking_uri=uri)
+    runs = runs_of(client, experiment)
+    children = [run for run in runs if run.data.tags.get("rule") == "train"]
+    parents = {run.info.run_id: run for run in runs if run.data.tags.get("role") == "cell"}
+    assert len(children) == N_PARALLEL
+    assert len(parents) == N_PARALLEL
+    assert len(runs) == 2 * N_PARALLEL
+    assert all(run.info.status == "FINISHED" for run in runs)
+    assert {run.data.tags["cell"] for run in children} == {
+        f"digits/vgg_bn/kaiming/seed{seed}" for seed in range(N_PARALLEL)
+    }
+    for child in children:
+        parent = parents[child.data.tags["mlflow.parentRunId"]]
+        assert parent.data.tags["cell"] == child.data.tags["cell"]
+        assert parent.data.tags["config_hash"] == child.data.tags["config_hash"]
+        assert "rule" not in parent.data.tags
+        history = client.get_metric_history(child.info.run_id, "loss")
+        assert sorted(m.step for m in history) == list(range(PARALLEL_STEPS))
+        assert child.data.metrics["seed"] == float(child.data.tags["seed"])
+        assert child.data.params["train.lr"] == str(config["train"]["digits"]["lr"])
+
+
+# --------------------------------------------------------------------------------------------------
+# One rule run: tags, params, metrics
+
+
+def test_rule_run_tags_params_and_metric_history(
+    study_config: dict, shared_uri: str, repo_root: Path, monkeypatch
+) -> None:
+    monkeypatch.chdir(repo_root)  # git_commit() reads the working directory's checkout
+    head = subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=repo_root, capture_output=True, text=True, check=True
+    ).stdout.strip()
+    config = make_config(study_config, shared_uri, "tags")
+    cell = Cell("sparse_parity", "mlp", "kaiming", 3)
+    extra = {f"p{i:03d}": i for i in range(PARAMS_PER_BATCH + 20)}  # more than one params batch
+    params = {"train": config["train"]["sparse_parity"], "model": {"hidden": [128]}, "extra": extra}
+    n_steps = 450  # 3 metrics x 450 steps = 1350 points: more than one batch of METRICS_PER_BATCH
+    assert 3 * n_steps > METRICS_PER_BATCH
+    with rule_run(config, "train", cell=cell, params=params) as run:
+        run_id = run.run_id
+        for step in range(n_steps):
+            run.log_metrics(
+                {"loss": 1.0 / (step + 1), "acc": step / n_steps, "skipped": None}, step=step
+            )
+            run.log_metrics({"lr": 0.1 * 0.99**step}, step=step)
+        run.set_tags({"device": "cpu", "threads": 2})
+
+    client = MlflowClient(tracking_uri=shared_uri)
+    logged = client.get_run(run_id)
+    assert logged.info.status == "FINISHED"
+    tags = logged.data.tags
+    assert {key: tags[key] for key in ("rule", "task", "arch", "method", "seed", "cell")} == {
+        "rule": "train",
+        "task": "sparse_parity",
+        "arch": "mlp",
+        "method": "kaiming",
+        "seed": "3",
+        "cell": "sparse_parity/mlp/kaiming/seed3",
+    }
+    assert tags["config_hash"] == cell_hash(config, cell)
+    assert tags["git_commit"] == head and tags["mlflow.source.git.commit"] == head
+    assert tags["device"] == "cpu" and tags["threads"] == "2"
+    assert tags["mlflow.runName"] == "train sparse_parity/mlp/kaiming/seed3"
+    parent = client.get_run(tags["mlflow.parentRunId"])
+    assert parent.data.tags["role"] == "cell" and parent.data.tags["cell"] == tags["cell"]
+
+    logged_params = logged.data.params
+    assert logged_params["train.lr"] == "0.1"
+    assert logged_params["train.steps"] == str(config["train"]["sparse_parity"]["steps"])
+    assert logged_params["model.hidden"] == "[128]"
+    assert {key for key in logged_params if key.startswith("extra.")} == {
+        f"extra.{key}" for key in extra
+    }
+    assert "train" not in logged_params and "extra" not in logged_params
+
+    expected = {
+        "loss": lambda step: 1.0 / (step + 1),
+        "acc": lambda step: step / n_steps,
+        "lr": lambda step: 0.1 * 0.99**step,
+    }
+    for key, value_at in expected.items():
+        history = sorted(client.get_metric_history(run_id, key), key=lambda m: m.step)
+        assert [m.step for m in history] == list(range(n_steps)), key
+        assert [m.value for m in history] == pytest.approx([value_at(s) for s in range(n_steps)])
+    assert client.get_metric_history(run_id, "skipped") == []
+
+
+def test_git_commit_is_unknown_outside_a_checkout(
+    study_config: dict, shared_uri: str, tmp_path: Path, monkeypatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path.parent))
+    config = make_config(study_config, shared_uri, "no-git")
+    with rule_run(config, "summary", task="digits", config_hash="grid") as run:
+        run_id = run.run_id
+    tags = MlflowClient(tracking_uri=shared_uri).get_run(run_id).data.tags
+    assert tags["git_commit"] == "unknown"
+    assert "mlflow.source.git.commit" not in tags
+    # A rule without a cell is a top-level run: no parent, no cell tags.
+    assert "mlflow.parentRunId" not in tags and "cell" not in tags
+    assert tags["task"] == "digits" and tags["config_hash"] == "grid" and tags["rule"] == "summary"
+
+
+def test_flatten_params() -> None:
+    flat = flatten_params({"train": {"lr": 0.1, "betas": [0.9, 0.98]}, "a": {"b": {"c": None}}})
+    assert flat == {"train.lr": "0.1", "train.betas": "[0.9, 0.98]", "a.b.c": "None"}
+    assert len(flatten_params({"long": "x" * 10_000})["long"]) == 6000
+
+
+# --------------------------------------------------------------------------------------------------
+# Parent runs per cell
+
+
+def test_rules_of_a_cell_share_a_parent_until_its_config_changes(
+    study_config: dict, shared_uri: str
+) -> None:
+    config = make_config(study_config, shared_uri, "parents")
+    cell = Cell("digits", "resnet_bn", "kaiming", 1)
+    ids = {}
+    with rule_run(config, "train", cell=cell) as run:
+        ids["train"] = run.run_id
+    with rule_run(config, "evaluate", cell=cell, params={"evaluate": {"threshold": 0.9}}) as run:
+        ids["evaluate"] = run.run_id
+    other_cell = Cell("digits", "resnet_bn", "kaiming", 2)
+    with rule_run(config, "train", cell=other_cell) as run:
+        ids["other"] = run.run_id
+    changed = copy.deepcopy(config)
+    changed["train"]["digits"]["lr"] = config["train"]["digits"]["lr"] / 2
+    assert cell_hash(changed, cell) != cell_hash(config, cell)
+    with rule_run(changed, "train", cell=cell) as run:
+        ids["retrain"] = run.run_id
+    with rule_run(changed, "evaluate", cell=cell) as run:
+        ids["reevaluate"] = run.run_id
+
+    client = MlflowClient(tracking_uri=shared_uri)
+    tags = {name: client.get_run(run_id).data.tags for name, run_id in ids.items()}
+    parent_of = {name: tag["mlflow.parentRunId"] for name, tag in tags.items()}
+    assert parent_of["train"] == parent_of["evaluate"]
+    assert parent_of["other"] != parent_of["train"]
+    assert parent_of["retrain"] == parent_of["reevaluate"]
+    assert parent_of["retrain"] != parent_of["train"]
+    assert tags["retrain"]["config_hash"] == cell_hash(changed, cell)
+    assert tags["train"]["config_hash"] == cell_hash(config, cell)
+
+    runs = runs_of(client, "parents")
+    parents = [run for run in runs if run.data.tags.get("role") == "cell"]
+    assert len(parents) == 3 and len(runs) == 3 + len(ids)
+    for parent in parents:
+        assert parent.info.status == "FINISHED"
+        assert parent.info.run_id in parent_of.values()
+
+
+# --------------------------------------------------------------------------------------------------
+# Failing jobs
+
+
+@pytest.mark.parametrize("error", [RuntimeError("boom"), KeyboardInterrupt()], ids=type)
+def test_failing_block_reraises_and_marks_run_failed(
+    study_config: dict, shared_uri: str, error: BaseException
+) -> None:
+    experiment = f"failing-{type(error).__name__}"
+    config = make_config(study_config, shared_uri, experiment)
+    cell = Cell("digits", "vgg_bn", "kaiming", 5)
+    n_steps = 1200  # more than one batch: some were sent during the block, the rest at the failure
+    with pytest.raises(type(error)):
+        with rule_run(config, "train", cell=cell, params={"train": {"lr": 0.05}}) as run:
+            run_id = run.run_id
+            for step in range(n_steps):
+                run.log_metrics({"loss": float(step)}, step=step)
+            raise error
+
+    client = MlflowClient(tracking_uri=shared_uri)
+    failed = client.get_run(run_id)
+    assert failed.info.status == "FAILED"
+    assert failed.info.end_time is not None
+    assert failed.data.params == {"train.lr": "0.05"}
+    history = sorted(client.get_metric_history(run_id, "loss"), key=lambda m: m.step)
+    assert [(m.step, m.value) for m in history] == [(s, float(s)) for s in range(n_steps)]
+    # A rerun after the failure logs a new FINISHED run under the same cell parent.
+    with rule_run(config, "train", cell=cell) as rerun:
+        rerun_id = rerun.run_id
+    rerun_tags = client.get_run(rerun_id).data.tags
+    assert client.get_run(rerun_id).info.status == "FINISHED"
+    assert rerun_tags["mlflow.parentRunId"] == failed.data.tags["mlflow.parentRunId"]
+
+
+# --------------------------------------------------------------------------------------------------
+# Tracking URI and artifacts
+
+
+def test_tracking_uri_precedence(monkeypatch) -> None:
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    assert tracking_uri({}) == DEFAULT_TRACKING_URI == "sqlite:///mlflow.db"
+    assert (
+        tracking_uri({"mlflow": {"tracking_uri": None, "experiment": "x"}}) == DEFAULT_TRACKING_URI
+    )
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://tracking.example:5000")
+    assert tracking_uri({}) == "http://tracking.example:5000"
+    assert tracking_uri({"mlflow": {"tracking_uri": None}}) == "http://tracking.example:5000"
+    configured = {"mlflow": {"tracking_uri": "sqlite:////srv/study.db"}}
+    assert tracking_uri(configured) == "sqlite:////srv/study.db"
+    monkeypatch.delenv("MLFLOW_TRACKING_URI")
+    assert tracking_uri(configured) == "sqlite:////srv/study.db"
+    assert experiment_name({}) == "trainmap"
+    assert experiment_name({"mlflow": {"experiment": "mine"}}) == "mine"
+
+
+def test_rule_run_follows_env_uri_when_config_has_none(
+    study_config: dict, tmp_path: Path, monkeypatch
+) -> None:
+    """rule_run itself honours the precedence: no config URI -> $MLFLOW_TRACKING_URI."""
+    database = tmp_path / "from-env.db"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{database}")
+    monkeypatch.chdir(tmp_path)
+    config = make_config(study_config, None, "env-uri")
+    with rule_run(config, "data", task="digits") as run:
+        run_id = run.run_id
+    assert database.exists() and not (tmp_path / "mlflow.db").exists()
+    client = MlflowClient(tracking_uri=f"sqlite:///{database}")
+    assert client.get_run(run_id).data.tags["rule"] == "data"
+
+
+def test_sqlite_artifacts_land_beside_the_database(
+    study_config: dict, tmp_path: Path, monkeypatch
+) -> None:
+    store = tmp_path / "store"
+    store.mkdir()
+    elsewhere = tmp_path / "cwd"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)  # artifacts must follow the database, not the working directory
+    uri = f"sqlite:///{store / 'mlflow.db'}"
+    assert artifact_root(uri) == (store / "mlartifacts").as_uri()
+    assert artifact_root("http://localhost:5000") is None
+    config = make_config(study_config, uri, "artifacts")
+    source = tmp_path / "report.json"
+    source.write_text('{"ok": true}')
+    with rule_run(config, "evaluate", cell=Cell("digits", "vgg_bn", "kaiming", 0)) as run:
+        run.log_artifact(source)
+        run.log_artifact(source, artifact_path="nested")
+        run_id = run.run_id
+
+    client = MlflowClient(tracking_uri=uri)
+    experiment = client.get_experiment_by_name("artifacts")
+    assert init_tracking(uri, "artifacts") == experiment.experiment_id  # idempotent
+    assert experiment.artifact_location == (store / "mlartifacts").as_uri()
+    copies = sorted((store / "mlartifacts").rglob("report.json"))
+    assert len(copies) == 2, copies
+    assert all(copy.read_text() == '{"ok": true}' for copy in copies)
+    assert all(run_id in copy.parts for copy in copies)
+    assert {item.path for item in client.list_artifacts(run_id)} == {"report.json", "nested"}
+    assert not any(elsewhere.iterdir()), f"nothing may land in the cwd: {list(elsewhere.iterdir())}"
+
+
+def test_relative_sqlite_uri_puts_artifacts_beside_it(
+    study_config: dict, tmp_path: Path, monkeypatch, request
+) -> None:
+    """The default `sqlite:///mlflow.db` is relative to the working directory, as are artifacts."""
+    # MLflow caches one store per URI string in the process: drop a `sqlite:///mlflow.db` store
+    # that another test may have opened in another working directory (and ours afterwards).
+    from mlflow.tracking._tracking_service.utils import _tracking_store_registry
+
+    clear = getattr(_tracking_store_registry._get_store_with_resolved_uri, "cache_clear", None)
+    if clear is not None:
+        clear()
+        request.addfinalizer(clear)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    config = make_config(study_config, None, "relative")
+    source = tmp_path / "note.txt"
+    source.write_text("hello")
+    with rule_run(config, "summary", config_hash="grid") as run:
+        run.log_artifact(source)
+    assert (tmp_path / "mlflow.db").is_file()
+    assert [path.read_text() for path in (tmp_path / "mlartifacts").rglob("note.txt")] == ["hello"]
+    assert not (tmp_path / "mlruns").exists()
