@@ -1,13 +1,12 @@
 rule evaluate:
     input:
+        unpack(run_files_of_cell),
+        unpack(forms_of_cell),
         dataset=dataset_of_task,
-        model="results/train/{task}/{arch}/{method}/seed{seed}/model.pt",
-        history="results/train/{task}/{arch}/{method}/seed{seed}/history.csv",
-        summary="results/train/{task}/{arch}/{method}/seed{seed}/train.json",
     output:
-        "results/evaluate/{task}/{arch}/{method}/seed{seed}/evaluation.json",
+        f"results/evaluate/{CELL}/evaluation.json",
     log:
-        "logs/evaluate/{task}/{arch}/{method}/seed{seed}.log",
+        f"logs/evaluate/{CELL}.log",
     conda:
         "../envs/trainmap.yaml"
     threads: 1
@@ -23,11 +22,33 @@ rule evaluate:
 rule summary:
     input:
         evaluations=files_of_grid("evaluate", "evaluation.json"),
-        histories=files_of_grid("train", "history.csv"),
+        histories=run_files_of_grid("history.csv"),
     output:
-        table="results/summary/evaluation.csv",
+        table=report(
+            "results/summary/evaluation.csv",
+            caption="../report/evaluation.rst",
+            category="Evaluation",
+            labels={"table": "one row per run"},
+        ),
+        forms=report(
+            "results/summary/compression.csv",
+            caption="../report/compression_table.rst",
+            category="Evaluation",
+            labels={"table": "one row per model form"},
+        ),
         metrics="results/summary/metrics.json",
-        curves="results/summary/learning_curves.png",
+        curves=report(
+            "results/summary/learning_curves.png",
+            caption="../report/learning_curves.rst",
+            category="Evaluation",
+            labels={"figure": "learning curves"},
+        ),
+        compression=report(
+            "results/summary/compression.png",
+            caption="../report/compression.rst",
+            category="Evaluation",
+            labels={"figure": "accuracy vs bytes"},
+        ),
     log:
         "logs/summary.log",
     conda:
@@ -38,3 +59,8 @@ rule summary:
         runtime=10,
     script:
         "../scripts/summary.py"
+
+
+rule all_evaluate:
+    input:
+        rules.summary.output,

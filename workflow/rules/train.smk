@@ -1,19 +1,23 @@
 rule train:
     input:
         dataset=dataset_of_task,
+        init=initial_model_of_cell,
     output:
-        trajectory="results/train/{task}/{arch}/{method}/seed{seed}/trajectory.pt",
-        model="results/train/{task}/{arch}/{method}/seed{seed}/model.pt",
-        history="results/train/{task}/{arch}/{method}/seed{seed}/history.csv",
-        summary="results/train/{task}/{arch}/{method}/seed{seed}/train.json",
+        trajectory=f"results/train/{CELL}/trajectory.pt",
+        model=f"results/train/{CELL}/model.pt",
+        history=f"results/train/{CELL}/history.csv",
+        summary=f"results/train/{CELL}/train.json",
     log:
-        "logs/train/{task}/{arch}/{method}/seed{seed}.log",
+        f"logs/train/{CELL}.log",
+    wildcard_constraints:
+        method=DENSE_METHODS,
     conda:
         "../envs/trainmap.yaml"
     threads: 1
     resources:
         mem_mb=4000,
         runtime=120,
+        gpu=gpus_of_task,
     params:
         model=model_settings_of_cell,
         train=train_settings_of_task,
@@ -23,4 +27,4 @@ rule train:
 
 rule all_train:
     input:
-        files_of_grid("train", "model.pt"),
+        trained_models_of_grid(),

@@ -1,17 +1,19 @@
-"""Rule evaluate: accuracy, convergence step, size and latency of one trained run."""
+"""Rule evaluate: accuracy, convergence, size and latency of a run's model, in every form."""
 
-from trainmap.config import Cell
-from trainmap.jobs import evaluate_job, logged_to
+from trainmap.worker import run_job
 
-with logged_to(snakemake.log[0]):
-    evaluate_job(
-        Cell.from_wildcards(snakemake.wildcards),
-        model_path=snakemake.input.model,
-        history_path=snakemake.input.history,
-        train_summary_path=snakemake.input.summary,
-        data_path=snakemake.input.dataset,
-        settings=snakemake.params.settings,
-        output=snakemake.output[0],
-        config=snakemake.config,
-        threads=snakemake.threads,
-    )
+run_job(
+    "trainmap.jobs:evaluate_job",
+    log=snakemake.log[0],
+    cell=dict(snakemake.wildcards.items()),
+    model_path=snakemake.input.model,
+    history_path=snakemake.input.history,
+    train_summary_path=snakemake.input.summary,
+    data_path=snakemake.input.dataset,
+    deploy_path=snakemake.input.get("deploy"),
+    quantized_manifest=snakemake.input.get("quantized"),
+    settings=snakemake.params.settings,
+    output=snakemake.output[0],
+    config=snakemake.config,
+    threads=snakemake.threads,
+)

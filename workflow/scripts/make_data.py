@@ -1,7 +1,12 @@
 """Rule data: generate or read one task's data set."""
 
-from trainmap.jobs import data_job, logged_to
+from trainmap.worker import run_job
 
-with logged_to(snakemake.log[0]):
-    data_job(snakemake.wildcards.task, snakemake.params.settings, snakemake.output[0],
-             snakemake.config)  # fmt: skip
+run_job(
+    "trainmap.jobs:data_job",
+    log=snakemake.log[0],
+    task=snakemake.wildcards.task,
+    settings=snakemake.params.settings,
+    output=snakemake.output[0],
+    config=snakemake.config,
+)

@@ -1,13 +1,16 @@
-"""Rule summary: the evaluation table across the grid, DVC metrics and learning curves."""
+"""Rule summary: the evaluation table, the compression view, DVC metrics and figures."""
 
-from trainmap.jobs import logged_to, summary_job
+from trainmap.worker import run_job
 
-with logged_to(snakemake.log[0]):
-    summary_job(
-        evaluation_paths=snakemake.input.evaluations,
-        history_paths=snakemake.input.histories,
-        table_path=snakemake.output.table,
-        metrics_path=snakemake.output.metrics,
-        curves_path=snakemake.output.curves,
-        config=snakemake.config,
-    )
+run_job(
+    "trainmap.jobs:summary_job",
+    log=snakemake.log[0],
+    evaluation_paths=list(snakemake.input.evaluations),
+    history_paths=list(snakemake.input.histories),
+    table_path=snakemake.output.table,
+    forms_path=snakemake.output.forms,
+    metrics_path=snakemake.output.metrics,
+    curves_path=snakemake.output.curves,
+    compression_path=snakemake.output.compression,
+    config=snakemake.config,
+)

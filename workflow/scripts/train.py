@@ -2,16 +2,17 @@
 
 from pathlib import Path
 
-from trainmap.config import Cell
-from trainmap.jobs import logged_to, train_job
+from trainmap.worker import run_job
 
-with logged_to(snakemake.log[0]):
-    train_job(
-        Cell.from_wildcards(snakemake.wildcards),
-        data_path=snakemake.input.dataset,
-        model_options=snakemake.params.model,
-        train_settings=snakemake.params.train,
-        out_dir=Path(snakemake.output.model).parent,
-        config=snakemake.config,
-        threads=snakemake.threads,
-    )
+run_job(
+    "trainmap.jobs:train_job",
+    log=snakemake.log[0],
+    cell=dict(snakemake.wildcards.items()),
+    data_path=snakemake.input.dataset,
+    init_path=snakemake.input.get("init") or None,
+    model_options=snakemake.params.model,
+    train_settings=snakemake.params.train,
+    out_dir=str(Path(snakemake.output.model).parent),
+    config=snakemake.config,
+    threads=snakemake.threads,
+)

@@ -1,0 +1,197 @@
+GROUP = "{task}/{arch}/{method}"
+
+
+rule collect_metrics:
+    input:
+        unpack(run_files_of_cell),
+        trajectory=trajectory_of_cell,
+        # The metric definitions are an input: changing them reruns this rule and the analysis
+        # after it, never training.
+        definitions="src/trainmap/dynamics/metrics.py",
+    output:
+        f"results/metrics/{CELL}/metrics.csv",
+    log:
+        f"logs/collect_metrics/{CELL}.log",
+    conda:
+        "../envs/trainmap.yaml"
+    threads: 1
+    resources:
+        mem_mb=4000,
+        runtime=30,
+    script:
+        "../scripts/collect_metrics.py"
+
+
+rule fit_hmm:
+    input:
+        metrics=metrics_of_group,
+        evaluations=evaluations_of_group,
+    output:
+        model=f"results/hmm/{GROUP}/hmm.npz",
+        meta=f"results/hmm/{GROUP}/hmm.json",
+        selection=f"results/hmm/{GROUP}/selection.csv",
+        selection_plot=report(
+            f"results/hmm/{GROUP}/selection.png",
+            caption="../report/selection.rst",
+            category="Training maps",
+            subcategory=GROUP,
+            labels={"group": GROUP, "figure": "model selection"},
+        ),
+        baselines=f"results/hmm/{GROUP}/baselines.csv",
+        states=f"results/hmm/{GROUP}/states.csv",
+        state_means=f"results/hmm/{GROUP}/state_means.csv",
+        states_plot=report(
+            f"results/hmm/{GROUP}/states.png",
+            caption="../report/states.rst",
+            category="Training maps",
+            subcategory=GROUP,
+            labels={"group": GROUP, "figure": "state sequences"},
+        ),
+    log:
+        f"logs/fit_hmm/{GROUP}.log",
+    conda:
+        "../envs/trainmap.yaml"
+    threads: 1
+    resources:
+        mem_mb=4000,
+        runtime=60,
+    params:
+        settings=grid.analysis_settings(config),
+        group=GROUP,
+        cells=cells_of_group,
+    script:
+        "../scripts/fit_hmm.py"
+
+
+rule training_map:
+    input:
+        model=f"results/hmm/{GROUP}/hmm.npz",
+        states=f"results/hmm/{GROUP}/states.csv",
+        detours=f"results/hmm/{GROUP}/detours.json",
+        metrics=metrics_of_group,
+        evaluations=evaluations_of_group,
+    output:
+        map=f"results/hmm/{GROUP}/map.json",
+        png=report(
+            f"results/hmm/{GROUP}/map.png",
+            caption="../report/training_map.rst",
+            category="Training maps",
+            subcategory=GROUP,
+            labels={"group": GROUP, "figure": "training map"},
+        ),
+        svg=f"results/hmm/{GROUP}/map.svg",
+    log:
+        f"logs/training_map/{GROUP}.log",
+    conda:
+        "../envs/trainmap.yaml"
+    threads: 1
+    resources:
+        mem_mb=2000,
+        runtime=10,
+    params:
+        group=GROUP,
+        cells=cells_of_group,
+    script:
+        "../scripts/training_map.py"
+
+
+rule regress_detours:
+    input:
+        model=f"results/hmm/{GROUP}/hmm.npz",
+        states=f"results/hmm/{GROUP}/states.csv",
+        metrics=metrics_of_group,
+        evaluations=evaluations_of_group,
+    output:
+        detours=f"results/hmm/{GROUP}/detours.json",
+        coefficients=report(
+            f"results/hmm/{GROUP}/coefficients.csv",
+            caption="../report/coefficients.rst",
+            category="Training maps",
+            subcategory=GROUP,
+            labels={"group": GROUP, "table": "detour regression"},
+        ),
+        coefficients_plot=report(
+            f"results/hmm/{GROUP}/coefficients.png",
+            caption="../report/coefficients_plot.rst",
+            category="Training maps",
+            subcategory=GROUP,
+            labels={"group": GROUP, "figure": "detour regression"},
+        ),
+        convergence_plot=report(
+            f"results/hmm/{GROUP}/convergence.png",
+            caption="../report/convergence.rst",
+            category="Training maps",
+            subcategory=GROUP,
+            labels={"group": GROUP, "figure": "convergence steps"},
+        ),
+    log:
+        f"logs/regress_detours/{GROUP}.log",
+    conda:
+        "../envs/trainmap.yaml"
+    threads: 1
+    resources:
+        mem_mb=2000,
+        runtime=10,
+    params:
+        group=GROUP,
+        cells=cells_of_group,
+    script:
+        "../scripts/regress_detours.py"
+
+
+rule joint_comparison:
+    input:
+        metrics=metrics_of_joint,
+        evaluations=evaluations_of_joint,
+    output:
+        summary="results/joint/{name}/joint.json",
+        occupancy=report(
+            "results/joint/{name}/occupancy.png",
+            caption="../report/joint_occupancy.rst",
+            category="Joint comparison",
+            subcategory="{name}",
+            labels={"comparison": "{name}", "figure": "state occupancy"},
+        ),
+        convergence=report(
+            "results/joint/{name}/convergence.png",
+            caption="../report/joint_convergence.rst",
+            category="Joint comparison",
+            subcategory="{name}",
+            labels={"comparison": "{name}", "figure": "convergence steps"},
+        ),
+        map=report(
+            "results/joint/{name}/map.png",
+            caption="../report/joint_map.rst",
+            category="Joint comparison",
+            subcategory="{name}",
+            labels={"comparison": "{name}", "figure": "shared training map"},
+        ),
+        regression=report(
+            "results/joint/{name}/regression.csv",
+            caption="../report/joint_regression.rst",
+            category="Joint comparison",
+            subcategory="{name}",
+            labels={
+                "comparison": "{name}",
+                "table": "regression with method indicators",
+            },
+        ),
+    log:
+        "logs/joint_comparison/{name}.log",
+    conda:
+        "../envs/trainmap.yaml"
+    threads: 1
+    resources:
+        mem_mb=4000,
+        runtime=60,
+    params:
+        settings=grid.analysis_settings(config),
+        groups=groups_of_joint,
+        cells=cells_of_joint,
+    script:
+        "../scripts/joint_comparison.py"
+
+
+rule all_analysis:
+    input:
+        analysis_outputs(),

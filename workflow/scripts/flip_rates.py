@@ -1,0 +1,13 @@
+"""Rule flip_rates: the mask flip rates of every sparse retraining, compared across methods."""
+
+from trainmap.worker import run_job
+
+run_job(
+    "trainmap.jobs:flip_rates_job",
+    log=snakemake.log[0],
+    cells=snakemake.params.cells,
+    flips_paths=list(snakemake.input.flips),
+    table_path=snakemake.output.table,
+    plot_path=snakemake.output.plot,
+    config=snakemake.config,
+)

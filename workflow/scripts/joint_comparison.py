@@ -1,0 +1,18 @@
+"""Rule joint_comparison: one shared training map for several methods or architectures."""
+
+from pathlib import Path
+
+from trainmap.worker import run_job
+
+run_job(
+    "trainmap.jobs:joint_comparison_job",
+    log=snakemake.log[0],
+    name=snakemake.wildcards.name,
+    cells=snakemake.params.cells,
+    labels=snakemake.params.groups,
+    metrics_paths=list(snakemake.input.metrics),
+    evaluation_paths=list(snakemake.input.evaluations),
+    settings=snakemake.params.settings,
+    out_dir=str(Path(snakemake.output[0]).parent),
+    config=snakemake.config,
+)

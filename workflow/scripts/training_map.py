@@ -1,0 +1,16 @@
+"""Rule training_map: the map of one fitted group, drawn with its detour states."""
+
+from pathlib import Path
+
+from trainmap.worker import run_job
+
+run_job(
+    "trainmap.jobs:training_map_job",
+    log=snakemake.log[0],
+    group=snakemake.params.group,
+    cells=snakemake.params.cells,
+    metrics_paths=list(snakemake.input.metrics),
+    evaluation_paths=list(snakemake.input.evaluations),
+    out_dir=str(Path(snakemake.output[0]).parent),
+    config=snakemake.config,
+)
