@@ -15,7 +15,16 @@ SNAKEMAKE := $(RUN) snakemake
 DVC := $(RUN) dvc
 DVC_CONFIG = $(shell $(RUN) python -c "import yaml; print(yaml.safe_load(open('params.yaml'))['dvc']['configfile'])")
 
-.PHONY: help setup run repro test test-fast lint format bench mlflow-ui dvc-remote clean
+# bench: BENCH_ARGS=--quick for a fast pass (each script's --help says what it measures).
+BENCH_ARGS ?=
+# mlflow-server: where the server keeps runs and artifacts (a PostgreSQL URI works too, e.g.
+# BACKEND=postgresql://user:pass@host/db).
+BACKEND ?= sqlite:///$(CURDIR)/mlflow-server.db
+ARTIFACTS ?= $(CURDIR)/mlartifacts-server
+SLURM_DIR ?= /tmp/trainmap-slurm
+
+.PHONY: help setup run repro report test test-fast lint format bench mlflow-ui mlflow-server \
+	slurm-up slurm-down dvc-remote clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s $$'\t'
@@ -39,7 +48,11 @@ run: setup dvc-remote  ## the study on CONFIG (default: the embedded grid); vers
 	else \
 	    echo "Not versioned by DVC: dvc.yaml runs $(DVC_CONFIG) (params.yaml: dvc.configfile)"; \
 	fi
-	@echo "Evaluation table: results/summary/evaluation.csv   Runs: make mlflow-ui"
+	@echo "Evaluation table: results/summary/evaluation.csv   Report: make report   Runs: make mlflow-ui"
+
+report: setup  ## one HTML report of CONFIG's results (maps, selection curves, tables): results/report.html
+	$(SNAKEMAKE) --cores 1 --configfile $(CONFIG) --report results/report.html
+	@echo "Report: results/report.html"
 
 repro: setup dvc-remote  ## the same study through DVC: dvc repro (stage by stage), then dvc push
 	$(DVC) repro
@@ -61,15 +74,33 @@ format: setup  ## apply ruff and snakefmt formatting
 	$(RUN) ruff format src tests bench workflow/scripts
 	$(RUN) snakefmt Snakefile workflow/rules
 
-bench: setup  ## every benchmark in bench/, printing ratios measured side by side
-	@for script in bench/*.py; do echo "== $$script"; $(RUN) python $$script; done
+bench: setup  ## every benchmark in bench/ (side-by-side ratios), then one table of figures and targets
+	@mkdir -p logs/bench
+	@for script in bench/*.py; do \
+	    echo "== $$script $(BENCH_ARGS)"; \
+	    $(RUN) python $$script $(BENCH_ARGS) 2>&1 | tee logs/bench/$$(basename $$script .py).log; \
+	done
+	@echo; echo "== figures (last line of each benchmark; logs in logs/bench/)"
+	@for log in logs/bench/*.log; do printf "%-20s %s\n" "$$(basename $$log .log)" "$$(tail -n 1 $$log)"; done
 
-mlflow-ui:  setup ## browse and compare runs at http://127.0.0.1:$(PORT)
+mlflow-ui: setup  ## browse and compare runs at http://127.0.0.1:$(PORT)
 	$(RUN) mlflow ui --backend-store-uri sqlite:///mlflow.db --host 127.0.0.1 --port $(PORT)
+
+mlflow-server: setup  ## a tracking server for cluster jobs (set mlflow.tracking_uri: http://127.0.0.1:PORT)
+	$(RUN) mlflow server --backend-store-uri $(BACKEND) --artifacts-destination $(ARTIFACTS) \
+	    --serve-artifacts --host 127.0.0.1 --port $(PORT)
+
+slurm-up:  ## start a real single-node SLURM here (root; installs slurm-wlm + munge if missing)
+	profiles/slurm/local_cluster.sh start $(SLURM_DIR)
+	@echo "then: export SLURM_CONF=$(SLURM_DIR)/slurm.conf; snakemake --profile profiles/slurm \
+	    --slurm-status-command squeue --slurm-no-account --default-resources slurm_partition=debug"
+
+slurm-down:  ## stop the local SLURM daemons
+	profiles/slurm/local_cluster.sh stop $(SLURM_DIR)
 
 dvc-remote: setup  ## point DVC's default remote at DVC_REMOTE (local config, not committed)
 	@mkdir -p $(DVC_REMOTE)
 	@$(DVC) remote add --local --force --default local $(DVC_REMOTE) >/dev/null
 
 clean:  ## delete workflow outputs, logs and the tracking store (the DVC cache and remote stay)
-	rm -rf results logs .snakemake mlflow.db mlartifacts
+	rm -rf results logs .snakemake mlflow.db mlartifacts mlflow-server.db mlartifacts-server

@@ -12,10 +12,17 @@ configfile: "config/config.yaml"
 validate(config, "workflow/schemas/config.schema.yaml")
 
 
+report: "workflow/report/workflow.rst"
+
+
 include: "workflow/rules/common.smk"
 include: "workflow/rules/data.smk"
+include: "workflow/rules/gradinit.smk"
 include: "workflow/rules/train.smk"
+include: "workflow/rules/reparam.smk"
+include: "workflow/rules/sparse.smk"
 include: "workflow/rules/evaluate.smk"
+include: "workflow/rules/analysis.smk"
 
 
 rule all:
@@ -23,3 +30,5 @@ rule all:
         "results/summary/evaluation.csv",
         "results/summary/metrics.json",
         "results/summary/learning_curves.png",
+        summary_figures(),
+        analysis_outputs(),

@@ -63,3 +63,53 @@ def run_command(
 def snakemake(*args: str, cwd: Path, **kwargs) -> subprocess.CompletedProcess:
     """``snakemake ARGS`` with this environment's interpreter."""
     return run_command([sys.executable, "-m", "snakemake", *args], cwd=cwd, **kwargs)
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on right now."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+class MlflowServer:
+    """`mlflow server` on 127.0.0.1 with a SQLite backend and served artifacts under ``root``."""
+
+    def __init__(self, root: Path) -> None:
+        import time
+        import urllib.request
+
+        root.mkdir(parents=True, exist_ok=True)
+        self.port = free_port()
+        self.uri = f"http://127.0.0.1:{self.port}"
+        self.log = open(root / "server.log", "w")  # noqa: SIM115 - closed in stop()
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "mlflow", "server", "--backend-store-uri",
+             f"sqlite:///{root / 'mlflow.db'}", "--artifacts-destination", str(root / "artifacts"),
+             "--serve-artifacts", "--host", "127.0.0.1", "--port", str(self.port),
+             "--workers", "1"],
+            stdout=self.log, stderr=subprocess.STDOUT, env=workflow_env(),
+        )  # fmt: skip
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                urllib.request.urlopen(f"{self.uri}/health", timeout=2)
+                return
+            except OSError:
+                if self.process.poll() is not None or time.monotonic() > deadline:
+                    self.stop()
+                    pytest.fail(
+                        f"mlflow server did not start:\n{(root / 'server.log').read_text()}"
+                    )
+                time.sleep(0.5)
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+        self.log.close()

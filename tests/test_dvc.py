@@ -56,11 +56,15 @@ def dvc_project(tmp_path_factory) -> Path:
 
 def test_repro_runs_the_workflow_and_locks_outputs(dvc_project: Path) -> None:
     lock = yaml.safe_load((dvc_project / "dvc.lock").read_text())
-    assert set(lock["stages"]) == {"data", "train", "evaluate"}
+    assert set(lock["stages"]) == {"data", "gradinit", "train", "transform", "evaluate", "analysis"}
     train_outs = {out["path"] for out in lock["stages"]["train"]["outs"]}
     assert train_outs == {"results/train"}
     assert "train" in lock["stages"]["train"]["params"]["params.yaml"]
     assert (dvc_project / "results/summary/evaluation.csv").exists()
+    transform_outs = {out["path"] for out in lock["stages"]["transform"]["outs"]}
+    assert transform_outs == {"results/reparam", "results/sparse", "results/quantize"}
+    assert "sparse" in lock["stages"]["transform"]["params"]["params.yaml"]
+    assert (dvc_project / "results/joint/parity_init/joint.json").exists()
 
 
 def test_second_repro_is_a_no_op(dvc_project: Path) -> None:

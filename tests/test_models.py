@@ -44,6 +44,9 @@ SMALL_OPTIONS = {
     "resnet": {"widths": [4, 8], "blocks_per_stage": [1, 2]},
     "resnet_bn": {"widths": [4, 8], "blocks_per_stage": [1, 2]},
     "resnet_plain": {"widths": [4, 8], "blocks_per_stage": [1, 2]},
+    "resnet_deep": {"widths": [4, 8], "blocks_per_stage": [1, 2]},
+    "vgg_deep": {"widths": [4, 8], "convs_per_stage": [1, 2]},
+    "fixup_resnet": {"widths": [4, 8], "blocks_per_stage": [1, 2]},
 }
 BATCH = 5
 
@@ -84,7 +87,7 @@ def test_registry_holds_every_family() -> None:
 def test_every_arch_gives_logits_and_gradients(arch: str, kind: str) -> None:
     torch.manual_seed(0)
     meta = META_BY_KIND[kind]
-    model = build_model(arch, meta, **SMALL_OPTIONS[arch])
+    model = build_model(arch, meta, **SMALL_OPTIONS.get(arch, {}))
     logits = model(example_inputs(meta))
     assert logits.shape == (BATCH, meta["num_classes"])
     assert torch.isfinite(logits).all()
@@ -151,7 +154,7 @@ def test_unknown_option_is_named_with_the_allowed_keys() -> None:
 
 def test_check_arch_accepts_valid_requests() -> None:
     for arch, kind in compatible_cases():
-        check_arch(arch, kind, SMALL_OPTIONS[arch])
+        check_arch(arch, kind, SMALL_OPTIONS.get(arch, {}))
         check_arch(arch)
 
 
@@ -362,7 +365,7 @@ def test_same_seed_same_parameters_other_seed_other_parameters(arch: str) -> Non
 
     def parameters_for(seed: int) -> dict[str, torch.Tensor]:
         torch.manual_seed(seed)
-        return build_model(arch, meta, **SMALL_OPTIONS[arch]).state_dict()
+        return build_model(arch, meta, **SMALL_OPTIONS.get(arch, {})).state_dict()
 
     first, again, other = parameters_for(0), parameters_for(0), parameters_for(1)
     assert all(torch.equal(first[name], again[name]) for name in first)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pandas as pd
@@ -10,7 +11,7 @@ import pytest
 from conftest import copy_workflow, snakemake
 from mlflow import MlflowClient
 
-from trainmap.config import expand_grid, load_config
+from trainmap.config import expand_grid, is_sparse, load_config, retrains
 
 pytestmark = pytest.mark.integration
 
@@ -19,8 +20,11 @@ SMOKE = "config/smoke.yaml"
 
 @pytest.fixture(scope="module")
 def smoke_run(tmp_path_factory) -> Path:
-    """The smoke grid run once with `snakemake --cores 2`; tests inspect what it left."""
+    """The smoke grid run once with `snakemake --cores 2`; tests inspect what it left. The dry
+    run's job counts (taken first) are kept in ``planned_jobs.json``."""
     workdir = copy_workflow(tmp_path_factory.mktemp("smoke"))
+    planned = snakemake("-n", "--cores", "2", "--configfile", SMOKE, cwd=workdir)
+    (workdir / "planned_jobs.json").write_text(json.dumps(_dry_run_job_counts(planned.stdout)))
     snakemake("--cores", "2", "--configfile", SMOKE, cwd=workdir)
     return workdir
 
@@ -32,10 +36,11 @@ def smoke_cells(workdir: Path):
 
 
 def test_every_cell_has_its_outputs(smoke_run: Path) -> None:
-    _, cells = smoke_cells(smoke_run)
-    assert len(cells) == 3
+    config, cells = smoke_cells(smoke_run)
+    assert len(cells) == 8
     for cell in cells:
-        run_dir = smoke_run / "results/train" / cell.id
+        stage = "sparse" if is_sparse(cell) else "train"
+        run_dir = smoke_run / "results" / stage / cell.id
         for name in ("trajectory.pt", "model.pt", "history.csv", "train.json"):
             assert (run_dir / name).stat().st_size > 0, f"{cell.id}: {name} missing or empty"
         evaluation = json.loads(
@@ -44,11 +49,50 @@ def test_every_cell_has_its_outputs(smoke_run: Path) -> None:
         assert evaluation["status"] == "completed"
         assert 0.0 <= evaluation["test_acc"] <= 1.0
         assert not (run_dir / "resume.pt").exists(), "resume state must be removed after a run"
+        forms = [form["form"] for form in evaluation["forms"]]
+        expected = ["sparse" if is_sparse(cell) else "trained"]
+        expected += ["deploy"] if cell.arch == "repvgg" else []
+        expected += config["quantize"]["schemes"] if cell.method == "ast" else []
+        assert forms == expected, cell.id
+        if retrains(cell):
+            metrics = pd.read_csv(smoke_run / "results/metrics" / cell.id / "metrics.csv")
+            history = pd.read_csv(run_dir / "history.csv")
+            assert list(metrics["step"]) == list(history["step"])
+            assert metrics["l2"].notna().all()
+
+
+def test_method_stages_left_their_outputs(smoke_run: Path) -> None:
+    results = smoke_run / "results"
+    scales = json.loads((results / "gradinit/sparse_parity/mlp/gradinit/seed0/scales.json")
+                        .read_text())  # fmt: skip
+    assert scales["iterations"] == 10 and scales["scales"]
+    check = json.loads((results / "reparam/digits/repvgg/kaiming/seed0/equivalence.json")
+                       .read_text())  # fmt: skip
+    assert check["predictions_identical"] and check["max_abs_logit_diff"] < 1e-3
+    assert json.loads((results / "sparse/digits/vgg_bn/ast/seed0/train.json").read_text())[
+        "nm_valid"]  # fmt: skip
+    manifest = json.loads((results / "quantize/digits/vgg_bn/ast/seed0/quantize.json").read_text())
+    assert [form["form"] for form in manifest["forms"]] == ["int8", "int4", "awq_int4"]
+
+
+def test_training_maps_and_joint_comparison(smoke_run: Path) -> None:
+    for method in ("kaiming", "gradinit"):
+        group = smoke_run / "results/hmm/sparse_parity/mlp" / method
+        for name in ("hmm.npz", "hmm.json", "selection.csv", "baselines.csv", "states.csv",
+                     "map.json", "map.png", "map.svg", "detours.json", "coefficients.csv"):  # fmt: skip
+            assert (group / name).stat().st_size > 0, f"{group}/{name}"
+        detours = json.loads((group / "detours.json").read_text())
+        assert {"r2", "f_pvalue", "detour_states", "dissimilarity", "excluded"} <= set(detours)
+    joint = json.loads((smoke_run / "results/joint/parity_init/joint.json").read_text())
+    assert set(joint["groups"]) == {"kaiming", "gradinit"}
 
 
 def test_summary_table_and_metrics(smoke_run: Path) -> None:
     table = pd.read_csv(smoke_run / "results/summary/evaluation.csv")
-    assert len(table) == 3
+    assert len(table) == 8
+    forms = pd.read_csv(smoke_run / "results/summary/compression.csv")
+    assert len(forms) == 8 + 1 + 3  # every run, + the RepVGG deploy form, + AST's 3 quantisations
+    assert (smoke_run / "results/summary/compression.png").read_bytes()[:4] == b"\x89PNG"
     assert {"task", "arch", "method", "seed", "test_acc", "convergence_step", "converged",
             "n_params", "bytes_on_disk", "latency_ms"} <= set(table.columns)  # fmt: skip
     assert (table["bytes_on_disk"] > 0).all() and (table["latency_ms"] > 0).all()
@@ -65,7 +109,9 @@ def test_every_rule_invocation_is_an_mlflow_run(smoke_run: Path) -> None:
     children = [run for run in runs if "rule" in run.data.tags]
     parents = {run.info.run_id: run for run in runs if run.data.tags.get("role") == "cell"}
     rules = pd.Series([run.data.tags["rule"] for run in children]).value_counts().to_dict()
-    assert rules == {"data": 2, "train": 3, "evaluate": 3, "summary": 1}
+    planned = json.loads((smoke_run / "planned_jobs.json").read_text())
+    expected = {rule: count for rule, count in planned.items() if not rule.startswith("all")}
+    assert rules == expected
     assert all(run.info.status == "FINISHED" for run in runs)
     assert len(parents) == len(cells)
     for run in children:
@@ -90,8 +136,24 @@ def test_changed_threshold_reruns_evaluation_not_training(smoke_run: Path) -> No
     override.write_text("evaluate:\n  sparse_parity: {threshold: 0.5}\n")
     result = snakemake("-n", "--cores", "2", "--configfile", SMOKE, str(override), cwd=smoke_run)
     jobs = _dry_run_job_counts(result.stdout)
-    assert jobs.get("evaluate") == 2 and jobs.get("summary") == 1
-    assert "train" not in jobs and "data" not in jobs
+    assert jobs.get("evaluate") == 4 and jobs.get("summary") == 1
+    assert "train" not in jobs and "data" not in jobs and "gradinit" not in jobs
+
+
+def test_changed_metric_definitions_rerun_analysis_not_training(smoke_run: Path) -> None:
+    """collect-metrics and what follows depend on the metrics code; training does not."""
+    definitions = smoke_run / "src/trainmap/dynamics/metrics.py"
+    original, stat = definitions.read_text(), definitions.stat()
+    try:
+        definitions.write_text(original + "\n# a changed metric definition\n")
+        result = snakemake("-n", "--cores", "2", "--configfile", SMOKE, cwd=smoke_run)
+    finally:
+        definitions.write_text(original)
+        os.utime(definitions, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    jobs = _dry_run_job_counts(result.stdout)
+    assert jobs.get("collect_metrics") == 7 and jobs.get("fit_hmm") == 2
+    assert jobs.get("joint_comparison") == 1
+    assert not {"train", "gradinit", "sparse_retrain", "evaluate", "data"} & set(jobs)
 
 
 def _dry_run_job_counts(output: str) -> dict[str, int]:

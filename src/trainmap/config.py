@@ -15,8 +15,12 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import importlib
 import json
 import os
+import warnings
+from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,6 +34,8 @@ from trainmap import methods, models
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SCHEMA_PATH = REPO_ROOT / "workflow" / "schemas" / "config.schema.yaml"
 READER_KINDS = {"mnist", "cifar10", "cifar100"}
+#: A training map needs runs to fit on and at least one to hold out.
+MIN_RUNS_PER_GROUP = 2
 
 
 class ConfigError(ValueError):
@@ -49,6 +55,17 @@ class Cell:
     def from_wildcards(cls, wildcards: Any) -> Cell:
         """The cell a Snakemake job's ``{task}/{arch}/{method}/seed{seed}`` wildcards name."""
         return cls(wildcards.task, wildcards.arch, wildcards.method, int(wildcards.seed))
+
+    @classmethod
+    def of(cls, value: Cell | Mapping[str, Any]) -> Cell:
+        """A cell from a Cell or a mapping with task, arch, method and seed (e.g. JSON)."""
+        if isinstance(value, Cell):
+            return value
+        return cls(value["task"], value["arch"], value["method"], int(value["seed"]))
+
+    def to_dict(self) -> dict[str, Any]:
+        """``{"task", "arch", "method", "seed"}``: the JSON form :meth:`of` reads back."""
+        return {"task": self.task, "arch": self.arch, "method": self.method, "seed": self.seed}
 
     @property
     def id(self) -> str:
@@ -97,6 +114,11 @@ def check_config(config: dict, base_dir: Path | None = None) -> None:
     for index, entry in enumerate(config["grid"]):
         _check_grid_entry(config, index, entry, base_dir)
     _check_unique_cells(config)
+    for stage in STAGE_VALIDATORS:  # every task's stage settings, used by the grid or not
+        for task in config.get(stage, {}):
+            _validate_stage_settings(config, stage, task)
+    _check_quantize(config)
+    _check_joint_groups(config)
 
 
 def expand_grid(config: dict) -> list[Cell]:
@@ -115,34 +137,139 @@ def grid_tasks(config: dict) -> list[str]:
     return list(dict.fromkeys(entry["task"] for entry in config["grid"]))
 
 
+def canonical(settings: Any) -> Any:
+    """``settings`` with every mapping's keys sorted (recursively; lists keep their order).
+
+    Snakemake compares a job's params with the last run's by their text, and the order of keys
+    depends on how config files were merged (``configfile:`` directives, then ``--configfile``):
+    sorted keys make the same settings look the same, so nothing reruns for nothing.
+    """
+    if isinstance(settings, Mapping):
+        return {key: canonical(settings[key]) for key in sorted(settings)}
+    if isinstance(settings, list | tuple):
+        return [canonical(item) for item in settings]
+    return settings
+
+
 def data_settings(config: dict, task: str) -> dict:
     """The data kind and options of ``task``."""
-    return dict(config["data"][task])
+    return canonical(config["data"][task])
 
 
 def model_settings(config: dict, task: str, arch: str) -> dict:
     """Builder options of ``arch`` on ``task`` (empty: the registry's defaults)."""
-    return dict(config["model"].get(task, {}).get(arch, {}))
+    return canonical(config["model"].get(task, {}).get(arch, {}))
 
 
 def train_settings(config: dict, task: str) -> dict:
     """The training hyperparameters of ``task``."""
-    return dict(config["train"][task])
+    return canonical(config["train"][task])
 
 
 def evaluate_settings(config: dict, task: str) -> dict:
     """The evaluation settings of ``task``."""
-    return dict(config["evaluate"][task])
+    return canonical(config["evaluate"][task])
+
+
+def analysis_settings(config: dict) -> dict:
+    """The training-map settings (``analysis``)."""
+    return canonical(config.get("analysis", {}))
+
+
+def stage_settings(config: dict, stage: str, task: str) -> dict:
+    """The hyperparameters of a method stage (``gradinit`` or ``sparse``) on ``task``."""
+    return canonical(config.get(stage, {}).get(task, {}))
+
+
+def method_of(cell: Cell) -> methods.MethodSpec:
+    """The registry entry of the cell's method."""
+    return methods.check_method(cell.method)
+
+
+def is_sparse(cell: Cell) -> bool:
+    """Whether the cell's model comes from the ``sparse`` stage (retraining a dense teacher)."""
+    return method_of(cell).has_stage("sparse")
+
+
+def retrains(cell: Cell) -> bool:
+    """Whether the cell trains at all, i.e. has a trajectory (one-shot pruning does not)."""
+    spec = method_of(cell)
+    return not spec.has_stage("sparse") or bool(spec.options.get("retrain"))
+
+
+def methods_with_stage(stage: str) -> str:
+    """A regex matching exactly the methods that have ``stage`` (for wildcard constraints)."""
+    return "|".join(name for name, spec in methods.METHODS.items() if spec.has_stage(stage))
+
+
+def methods_without_stage(stage: str) -> str:
+    """A regex matching exactly the methods that do not have ``stage``."""
+    return "|".join(name for name, spec in methods.METHODS.items() if not spec.has_stage(stage))
+
+
+def teacher_cell(cell: Cell) -> Cell:
+    """The dense cell whose trained model a sparse cell starts from (same task, arch and seed)."""
+    return Cell(cell.task, cell.arch, methods.DENSE_BASE_METHOD, cell.seed)
+
+
+def has_deploy_form(arch: str) -> bool:
+    """Whether ``arch`` is re-parameterised into a deploy form after training (RepVGG)."""
+    return bool(getattr(models.ARCHITECTURES[arch], "deploy_form", False))
+
+
+def quantized_schemes(config: dict, cell: Cell) -> list[str]:
+    """The quantisation schemes applied to the cell's final model: the configured schemes when its
+    method is in ``quantize.methods`` and (if given) its arch in ``quantize.archs``; else none."""
+    settings = config.get("quantize", {})
+    selected = cell.method in settings.get("methods", []) and (
+        "archs" not in settings or cell.arch in settings["archs"]
+    )
+    return list(settings.get("schemes", [])) if selected else []
+
+
+def analysis_groups(config: dict) -> dict[str, list[Cell]]:
+    """Training-map groups: one per (task, arch, method) with at least two trajectories.
+
+    Cells without a trajectory (one-shot pruning) have no training path to map.
+    """
+    groups: dict[str, list[Cell]] = {}
+    for cell in expand_grid(config):
+        if retrains(cell):
+            groups.setdefault(f"{cell.task}/{cell.arch}/{cell.method}", []).append(cell)
+    return {name: cells for name, cells in groups.items() if len(cells) >= MIN_RUNS_PER_GROUP}
+
+
+def _in_joint(cell: Cell, spec: Mapping[str, Any]) -> bool:
+    return (
+        cell.task == spec["task"]
+        and cell.arch in spec.get("archs", [cell.arch])
+        and cell.method in spec.get("methods", [cell.method])
+    )
+
+
+def joint_groups(config: dict) -> dict[str, list[Cell]]:
+    """Joint comparisons (``analysis.joint``): the pooled trained cells of several archs/methods of
+    one task; groups with fewer than two runs in the grid are left out (check_config warns)."""
+    cells = [cell for cell in expand_grid(config) if retrains(cell)]
+    joint = {}
+    for spec in config.get("analysis", {}).get("joint", []):
+        pooled = [cell for cell in cells if _in_joint(cell, spec)]
+        if len(pooled) >= MIN_RUNS_PER_GROUP:
+            joint[spec["name"]] = pooled
+    return joint
 
 
 def cell_hash(config: dict, cell: Cell) -> str:
-    """A short hash of everything that determines a cell's trained model (data, model, training)."""
+    """A short hash of everything that determines a cell's trained model (data, model, training,
+    and the settings of the cell's method stages)."""
     payload = {
         "cell": cell.id,
         "data": data_settings(config, cell.task),
         "model": model_settings(config, cell.task, cell.arch),
         "train": train_settings(config, cell.task),
     }
+    for stage in method_of(cell).stages:
+        payload[stage] = stage_settings(config, stage, cell.task)
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:12]
 
 
@@ -159,16 +286,24 @@ def _check_grid_entry(config: dict, index: int, entry: dict, base_dir: Path) -> 
     input_kind = _check_data(config, task, base_dir)
     _check_seeds(where, entry["seeds"])
     for position, arch in enumerate(entry["archs"]):
+        try:
+            models.check_arch(arch, input_kind)
+        except ValueError as error:
+            raise ConfigError(f"config key {where}.archs[{position}]: {error}") from None
+        # Fix: bad builder options used to be reported against grid[i].archs[j]; the key to fix is
+        # model.<task>.<arch>, so check the options separately and name that key.
         options = model_settings(config, task, arch)
         try:
             models.check_arch(arch, input_kind, options)
         except ValueError as error:
-            raise ConfigError(f"config key {where}.archs[{position}]: {error}") from None
+            raise ConfigError(f"config key model.{task}.{arch}: {error}") from None
     for position, method in enumerate(entry["methods"]):
         try:
-            methods.check_method(method)
+            spec = methods.check_method(method)
         except ValueError as error:
             raise ConfigError(f"config key {where}.methods[{position}]: {error}") from None
+        for stage in spec.stages:
+            _check_stage_settings(config, stage, task, method)
     _check_train(task, train_settings(config, task))
 
 
@@ -207,7 +342,15 @@ def _check_data_path(task: str, kind: str, path: Any, base_dir: Path) -> None:
 
 
 def _check_seeds(where: str, seeds: list[int]) -> None:
-    repeated = sorted({seed for seed in seeds if seeds.count(seed) > 1})
+    # Fix: JSON schema's "integer" accepts 2.0, which became a cell "seed2.0" that no rule's
+    # seed=\d+ wildcard matches (Snakemake then failed with a puzzling MissingInputException).
+    for position, seed in enumerate(seeds):
+        if not isinstance(seed, int) or isinstance(seed, bool):
+            raise ConfigError(
+                f"config key {where}.seeds[{position}]: {seed!r} is not an integer seed; "
+                "write seeds as whole numbers (0, 1, 2), without a decimal point"
+            )
+    repeated = sorted(seed for seed, count in Counter(seeds).items() if count > 1)
     if repeated:
         raise ConfigError(
             f"config key {where}.seeds: duplicate seeds {repeated}; each seed may appear once"
@@ -224,6 +367,78 @@ def _check_unique_cells(config: dict) -> None:
                     f"grid[{seen[cell]}]; each (task, arch, method, seed) may appear once"
                 )
             seen[cell] = index
+
+
+#: The function that validates (and completes with defaults) each method stage's settings.
+STAGE_VALIDATORS = {
+    "gradinit": "trainmap.gradinit:check_settings",
+    "sparse": "trainmap.sparse:check_settings",
+}
+
+
+def _check_stage_settings(config: dict, stage: str, task: str, method: str) -> None:
+    if task not in config.get(stage, {}):
+        raise ConfigError(
+            f"config key {stage}.{task}: method {method!r} needs {stage} settings for task "
+            f"{task!r}; add {stage}.{task} to params.yaml (an empty mapping takes the defaults)"
+        )
+
+
+def _validate_stage_settings(config: dict, stage: str, task: str) -> None:
+    module_name, function_name = STAGE_VALIDATORS[stage].split(":")
+    validate = getattr(importlib.import_module(module_name), function_name)
+    try:
+        validate(config[stage][task])
+    except ValueError as error:
+        raise ConfigError(f"config key {stage}.{task}: {error}") from None
+
+
+def _check_quantize(config: dict) -> None:
+    from trainmap.quantize import SCHEMES
+
+    settings = config.get("quantize", {})
+    for position, method in enumerate(settings.get("methods", [])):
+        try:
+            methods.check_method(method)
+        except ValueError as error:
+            raise ConfigError(f"config key quantize.methods[{position}]: {error}") from None
+    for position, arch in enumerate(settings.get("archs", [])):
+        try:
+            models.check_arch(arch)
+        except ValueError as error:
+            raise ConfigError(f"config key quantize.archs[{position}]: {error}") from None
+    for position, scheme in enumerate(settings.get("schemes", [])):
+        if scheme not in SCHEMES:
+            raise ConfigError(f"config key quantize.schemes[{position}]: unknown scheme "
+                              f"{scheme!r}; allowed: {', '.join(sorted(SCHEMES))}")  # fmt: skip
+
+
+def _check_joint_groups(config: dict) -> None:
+    """Names unique and known to the registries (errors); groups the grid cannot fill are skipped
+    with a warning, so a grid file that replaces the default grid keeps working."""
+    cells = [cell for cell in expand_grid(config) if retrains(cell)]
+    filled = joint_groups(config)
+    seen: set[str] = set()
+    for index, spec in enumerate(config.get("analysis", {}).get("joint", [])):
+        where = f"analysis.joint[{index}]"
+        if spec["name"] in seen:
+            raise ConfigError(f"config key {where}.name: {spec['name']!r} is used twice; names "
+                              "must be unique (they name the results/joint/<name> directory)")  # fmt: skip
+        seen.add(spec["name"])
+        for key, check in (("archs", models.check_arch), ("methods", methods.check_method)):
+            for position, name in enumerate(spec.get(key, [])):
+                try:
+                    check(name)
+                except ValueError as error:
+                    raise ConfigError(f"config key {where}.{key}[{position}]: {error}") from None
+        if spec["name"] not in filled:
+            found = sum(1 for cell in cells if _in_joint(cell, spec))
+            warnings.warn(
+                f"config key {where} ({spec['name']!r}): the grid has {found} trained run(s) of "
+                f"task {spec['task']!r} with these archs/methods; a joint training map needs at "
+                f"least {MIN_RUNS_PER_GROUP}, so it is skipped",
+                stacklevel=2,
+            )
 
 
 def _check_train(task: str, settings: dict) -> None:

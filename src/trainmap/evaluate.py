@@ -19,9 +19,9 @@ import pandas as pd
 import torch
 from torch import nn
 
+from trainmap.checkpoints import load_model
 from trainmap.data import TaskData
-from trainmap.io import load_torch
-from trainmap.models import build_model, count_parameters
+from trainmap.models import count_parameters
 from trainmap.train import evaluate_split
 
 GROUP_KEYS = ["task", "arch", "method"]
@@ -31,14 +31,6 @@ def convergence_step(history: pd.DataFrame, threshold: float) -> int | None:
     """First checkpoint step whose ``test_acc >= threshold``; ``None`` if there is none."""
     reached = history.loc[history["test_acc"] >= threshold, "step"]
     return int(reached.iloc[0]) if len(reached) else None
-
-
-def load_trained_model(path: str | Path) -> nn.Module:
-    """Rebuild a model saved by the ``train`` rule (architecture, options and data meta in the file)."""
-    saved = load_torch(path)
-    model = build_model(saved["arch"], saved["meta"], **saved["model_options"])
-    model.load_state_dict(saved["state_dict"])
-    return model.eval()
 
 
 @torch.no_grad()
@@ -56,6 +48,52 @@ def measure_latency_ms(model: nn.Module, example: torch.Tensor, batch: int, repe
     return statistics.median(times)
 
 
+def count_nonzero_weights(model: nn.Module) -> int:
+    """Non-zero entries of the weights the model computes with (a sparse layer's masked weights,
+    a quantised layer's dequantised ones: their ``effective_weight()``), plus its other parameters."""
+    total = 0
+    for module in model.modules():
+        effective = getattr(module, "effective_weight", None)
+        if callable(effective):
+            total += int(torch.count_nonzero(effective()))
+            others = [p for n, p in module.named_parameters(recurse=False) if n != "weight"]
+        else:
+            others = list(module.parameters(recurse=False))
+        total += sum(int(torch.count_nonzero(p)) for p in others)
+    return total
+
+
+def quantized_weight_count(model: nn.Module) -> int:
+    """Weights stored as integers (quantised layers keep them as buffers, not parameters)."""
+    return sum(b.numel() for name, b in model.named_buffers() if name.endswith("qweight"))
+
+
+def evaluate_form(
+    form: str,
+    model_path: str | Path,
+    data: TaskData,
+    latency_batch: int = 256,
+    latency_repeats: int = 20,
+    bytes_path: str | Path | None = None,
+) -> dict[str, Any]:
+    """Accuracy, size and latency of one form of a run's model (trained, deploy, sparse, int8...).
+
+    ``bytes_path`` is the file whose size is reported when it is not the checkpoint itself (a
+    packed storage format).
+    """
+    model = load_model(model_path)
+    test_loss, test_acc = evaluate_split(model, data.x_test, data.y_test)
+    return {
+        "form": form,
+        "test_acc": test_acc,
+        "test_loss": test_loss if math.isfinite(test_loss) else math.nan,
+        "n_params": count_parameters(model) + quantized_weight_count(model),
+        "nonzero_weights": count_nonzero_weights(model),
+        "bytes_on_disk": Path(bytes_path or model_path).stat().st_size,
+        "latency_ms": measure_latency_ms(model, data.x_test[0], latency_batch, latency_repeats),
+    }
+
+
 def evaluate_run(
     model_path: str | Path,
     history: pd.DataFrame,
@@ -64,32 +102,53 @@ def evaluate_run(
     threshold: float,
     latency_batch: int = 256,
     latency_repeats: int = 20,
+    form: str = "trained",
+    other_forms: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """Everything the evaluation table reports about one trained run."""
-    model = load_trained_model(model_path)
-    test_loss, test_acc = evaluate_split(model, data.x_test, data.y_test)
+    """Everything the evaluation table reports about one run: its final model (``form``), its
+    convergence, and the same measurements for its other forms (``other_forms``: dicts of
+    :func:`evaluate_form` arguments ``form``, ``model_path`` and optionally ``bytes_path``)."""
+    primary = evaluate_form(form, model_path, data, latency_batch, latency_repeats)
+    forms = [primary] + [
+        evaluate_form(
+            data=data, latency_batch=latency_batch, latency_repeats=latency_repeats, **other
+        )  # fmt: skip
+        for other in other_forms or []
+    ]
     step = convergence_step(history, threshold)
     return {
         "status": train_summary["status"],
         "diverged_step": train_summary["diverged_step"],
         "steps_done": train_summary["steps_done"],
-        "test_acc": test_acc,
-        "test_loss": test_loss if math.isfinite(test_loss) else math.nan,
+        "test_acc": primary["test_acc"],
+        "test_loss": primary["test_loss"],
         "best_test_acc": float(history["test_acc"].max()),
         "threshold": threshold,
         "converged": step is not None,
         "convergence_step": step,
-        "n_params": count_parameters(model),
-        "bytes_on_disk": Path(model_path).stat().st_size,
-        "latency_ms": measure_latency_ms(model, data.x_test[0], latency_batch, latency_repeats),
+        "n_params": primary["n_params"],
+        "nonzero_weights": primary["nonzero_weights"],
+        "bytes_on_disk": primary["bytes_on_disk"],
+        "latency_ms": primary["latency_ms"],
         "latency_batch": latency_batch,
         "train_wall_time_s": train_summary["wall_time_s"],
+        "forms": forms,
     }
 
 
+def compression_table(records: list[dict[str, Any]]) -> pd.DataFrame:
+    """One row per form of each run: the compression view (accuracy against bytes)."""
+    rows = [
+        {key: record[key] for key in (*GROUP_KEYS, "seed")} | form
+        for record in records
+        for form in record.get("forms", [])
+    ]
+    return pd.DataFrame(rows)
+
+
 def summarise(records: list[dict[str, Any]]) -> pd.DataFrame:
-    """One row per run, sorted by grid cell."""
-    frame = pd.DataFrame(records)
+    """One row per run, sorted by grid cell (its final model's measurements)."""
+    frame = pd.DataFrame([{k: v for k, v in r.items() if k != "forms"} for r in records])
     return frame.sort_values([*GROUP_KEYS, "seed"]).reset_index(drop=True)
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -24,9 +24,10 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary path next to ``path``; rename it onto ``path`` if the block succeeds."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    os.close(fd)
-    tmp = Path(tmp_name)
+    # A fresh unique name that the writer creates itself, so the file gets the permissions of any
+    # new file (the umask, e.g. 0644); ``tempfile.mkstemp`` would create it owner-only (0600), and
+    # ``os.replace`` would carry that mode over to every result.
+    tmp = target.parent / f".{target.name}.{uuid.uuid4().hex}.tmp"
     try:
         yield tmp
         os.replace(tmp, target)
@@ -77,6 +78,6 @@ def _json_safe(obj: Any) -> Any:
         return [_json_safe(v) for v in obj]
     if isinstance(obj, torch.Tensor):
         return _json_safe(obj.tolist())
-    if hasattr(obj, "item") and callable(obj.item):  # numpy scalars
-        return _json_safe(obj.item())
+    if hasattr(obj, "tolist") and callable(obj.tolist):  # numpy arrays and scalars
+        return _json_safe(obj.tolist())
     return obj

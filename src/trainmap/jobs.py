@@ -18,13 +18,17 @@ from typing import Any
 import pandas as pd
 import torch
 
-from trainmap.config import Cell, cell_hash
+from trainmap.checkpoints import load_model
+from trainmap.config import Cell, cell_hash, is_sparse
 from trainmap.data import load_task_data, make_task_data, save_task_data
-from trainmap.evaluate import evaluate_run, group_metrics, summarise
-from trainmap.io import load_json, save_json, write_atomic
-from trainmap.plots import plot_learning_curves
+from trainmap.evaluate import compression_table, evaluate_run, group_metrics, summarise
+from trainmap.io import load_json, load_torch, save_json, write_atomic
+from trainmap.models import count_parameters
+from trainmap.plots import plot_compression, plot_learning_curves
 from trainmap.tracking import rule_run
-from trainmap.train import TrainConfig, TrainPaths, build_cell_model, train_model
+from trainmap.train import TrainConfig, TrainPaths, build_cell_model, load_trajectory, train_model
+
+FORM_METRICS = ("test_acc", "bytes_on_disk", "latency_ms", "nonzero_weights")
 
 
 def settings_hash(settings: Any) -> str:
@@ -44,22 +48,27 @@ def data_job(task: str, settings: dict[str, Any], output: str | Path, config: di
 
 
 def train_job(
-    cell: Cell,
+    cell: Cell | dict,
     data_path: str | Path,
     model_options: dict[str, Any],
     train_settings: dict[str, Any],
     out_dir: str | Path,
     config: dict,
     *,
+    init_path: str | Path | None = None,
     threads: int = 1,
     progress: bool = True,
 ) -> dict[str, Any]:
-    """Rule ``train``: seeded init by the cell's method, training, trajectory and final weights."""
+    """Rule ``train``: seeded init by the cell's method (or the initial model a stage such as
+    GradInit made, ``init_path``), training, trajectory and final weights."""
+    cell = Cell.of(cell)
     torch.set_num_threads(threads)
     data = load_task_data(data_path)
     cfg = TrainConfig.from_dict(train_settings)
     paths = TrainPaths.in_directory(out_dir)
     model = build_cell_model(cell.arch, cell.method, cell.seed, data.meta, model_options)
+    if init_path:
+        model.load_state_dict(load_torch(init_path)["state_dict"])
     params = {"model": model_options, "train": asdict(cfg), "threads": threads}
     with rule_run(config, "train", cell=cell, params=params) as run:
         summary = train_model(
@@ -88,7 +97,7 @@ def train_job(
 
 
 def evaluate_job(
-    cell: Cell,
+    cell: Cell | dict,
     model_path: str | Path,
     history_path: str | Path,
     train_summary_path: str | Path,
@@ -97,10 +106,19 @@ def evaluate_job(
     output: str | Path,
     config: dict,
     *,
+    deploy_path: str | Path | None = None,
+    quantized_manifest: str | Path | None = None,
     threads: int = 1,
 ) -> dict[str, Any]:
-    """Rule ``evaluate``: one JSON with accuracy, convergence, size and latency of a trained run."""
+    """Rule ``evaluate``: one JSON with accuracy, convergence, size and latency of a run's final
+    model, and of its deploy (RepVGG) and quantised forms when the cell has them."""
+    cell = Cell.of(cell)
     torch.set_num_threads(threads)
+    other_forms = []
+    if deploy_path:
+        other_forms.append({"form": "deploy", "model_path": deploy_path})
+    if quantized_manifest:
+        other_forms += load_json(quantized_manifest)["forms"]
     with rule_run(config, "evaluate", cell=cell, params={"evaluate": settings}) as run:
         record = evaluate_run(
             model_path,
@@ -110,12 +128,16 @@ def evaluate_job(
             threshold=settings["threshold"],
             latency_batch=settings.get("latency_batch", 256),
             latency_repeats=settings.get("latency_repeats", 20),
+            form="sparse" if is_sparse(cell) else "trained",
+            other_forms=other_forms,
         )
         record = {"task": cell.task, "arch": cell.arch, "method": cell.method,
                   "seed": cell.seed} | record  # fmt: skip
         save_json(record, output)
         numeric = {k: v for k, v in record.items() if isinstance(v, int | float) and k != "seed"}
         run.log_metrics(numeric)
+        for form in record["forms"][1:]:
+            run.log_metrics({f"{form['form']}.{key}": form[key] for key in FORM_METRICS})
         run.set_tags({"status": record["status"], "converged": record["converged"]})
         run.log_artifact(output)
     return record
@@ -125,22 +147,28 @@ def summary_job(
     evaluation_paths: list[str | Path],
     history_paths: list[str | Path],
     table_path: str | Path,
+    forms_path: str | Path,
     metrics_path: str | Path,
     curves_path: str | Path,
+    compression_path: str | Path,
     config: dict,
 ) -> pd.DataFrame:
-    """Rule ``summary``: the grid-wide evaluation table, DVC metrics and learning-curve figure."""
+    """Rule ``summary``: the grid-wide evaluation table, the compression view (every form of every
+    run), DVC metrics, learning curves and accuracy against bytes."""
     records = [load_json(path) for path in evaluation_paths]
     frame = summarise(records)
+    forms = compression_table(records)
     with rule_run(config, "summary", params={"runs": len(frame)}, config_hash="grid") as run:
         write_atomic(table_path, lambda tmp: frame.to_csv(tmp, index=False))
+        write_atomic(forms_path, lambda tmp: forms.to_csv(tmp, index=False))
         save_json(group_metrics(frame), metrics_path)
         histories = {
             tuple(record[key] for key in ("task", "arch", "method", "seed")): pd.read_csv(path)
             for record, path in zip(records, history_paths, strict=True)
         }
         plot_learning_curves(histories, curves_path)
-        for path in (table_path, metrics_path, curves_path):
+        plot_compression(forms, compression_path)
+        for path in (table_path, forms_path, metrics_path, curves_path, compression_path):
             run.log_artifact(path)
     return frame
 
@@ -155,3 +183,376 @@ def logged_to(path: str | Path) -> Iterator[None]:
         except BaseException:
             traceback.print_exc(file=log)
             raise
+
+
+def collect_metrics_job(
+    cell: Cell | dict,
+    trajectory_path: str | Path,
+    model_path: str | Path,
+    history_path: str | Path,
+    output: str | Path,
+    config: dict,
+    *,
+    threads: int = 1,
+) -> pd.DataFrame:
+    """Rule ``collect_metrics``: the 14 weight metrics of every checkpoint of one run."""
+    from trainmap.dynamics.metrics import collect_run_metrics
+    from trainmap.models import build_model
+
+    cell = Cell.of(cell)
+    torch.set_num_threads(threads)
+    saved = load_torch(model_path)
+    structure = build_model(saved["arch"], saved["meta"], **saved["model_options"])
+    with rule_run(config, "collect_metrics", cell=cell) as run:
+        table = collect_run_metrics(load_trajectory(trajectory_path), structure,
+                                    pd.read_csv(history_path))  # fmt: skip
+        write_atomic(output, lambda tmp: table.to_csv(tmp, index=False))
+        run.log_metrics({"checkpoints": len(table),
+                         "skipped_matrices": int(table["skipped_matrices"].sum())})  # fmt: skip
+        run.log_artifact(output)
+    return table
+
+
+# --- training maps -----------------------------------------------------------------------------
+
+
+def _group_inputs(
+    cells: list[dict], metrics_paths: list[str], evaluation_paths: list[str], labels: list[str]
+) -> tuple[dict[str, pd.DataFrame], Any]:
+    """Metric tables and outcomes (convergence step, status) keyed by run label."""
+    from trainmap.dynamics.pipeline import Outcomes
+
+    runs = {label: pd.read_csv(path) for label, path in zip(labels, metrics_paths, strict=True)}
+    evaluations = [load_json(path) for path in evaluation_paths]
+    outcomes = Outcomes(
+        convergence={label: e["convergence_step"] for label, e in zip(labels, evaluations,
+                                                                      strict=True)},
+        status={label: e["status"] for label, e in zip(labels, evaluations, strict=True)},
+    )  # fmt: skip
+    return runs, outcomes
+
+
+def _seed_labels(cells: list[dict]) -> list[str]:
+    return [f"seed{Cell.of(cell).seed}" for cell in cells]
+
+
+def _log_figures(run: Any, captions: dict[str, str], out_dir: Path) -> None:
+    for name, caption in captions.items():
+        run.log_artifact(out_dir / name, "figures")
+        run.set_tags({f"caption.{name}": caption})
+
+
+def fit_hmm_job(
+    group: str, cells: list[dict], metrics_paths: list[str], evaluation_paths: list[str],
+    settings: dict, out_dir: str | Path, config: dict,
+) -> None:  # fmt: skip
+    """Rule ``fit_hmm``: the training-map HMM of one group (task/arch/method) of runs."""
+    from trainmap.dynamics.pipeline import fit_group
+
+    out_dir = Path(out_dir)
+    runs, outcomes = _group_inputs(cells, metrics_paths, evaluation_paths, _seed_labels(cells))
+    task = Cell.of(cells[0]).task
+    with rule_run(config, "fit_hmm", task=task, params={"analysis": settings, "group": group},
+                  config_hash=settings_hash([settings, group])) as run:  # fmt: skip
+        captions = fit_group(runs, outcomes, settings, out_dir, title=group)
+        meta = load_json(out_dir / "hmm.json")
+        run.set_tags({"group": group, "n_states": meta["n_states"]})
+        run.log_metrics({"n_states": meta["n_states"], "runs": len(runs)})
+        _log_figures(run, captions, out_dir)
+        for name in ("selection.csv", "baselines.csv", "hmm.json"):
+            run.log_artifact(out_dir / name)
+
+
+def regress_detours_job(
+    group: str, cells: list[dict], metrics_paths: list[str], evaluation_paths: list[str],
+    out_dir: str | Path, config: dict,
+) -> None:  # fmt: skip
+    """Rule ``regress_detours``: detour states and trajectory dissimilarity of one group."""
+    from trainmap.dynamics.pipeline import regress_group
+
+    out_dir = Path(out_dir)
+    _, outcomes = _group_inputs(cells, metrics_paths, evaluation_paths, _seed_labels(cells))
+    with rule_run(config, "regress_detours", task=Cell.of(cells[0]).task, params={"group": group},
+                  config_hash=settings_hash(group)) as run:  # fmt: skip
+        captions = regress_group(outcomes, out_dir, out_dir, title=group)
+        detours = load_json(out_dir / "detours.json")
+        run.set_tags({"group": group, "detour_states": detours["detour_states"]})
+        run.log_metrics({key: detours[key] for key in ("r2", "f_pvalue", "dissimilarity")
+                         if detours[key] is not None})  # fmt: skip
+        _log_figures(run, captions, out_dir)
+        run.log_artifact(out_dir / "detours.json")
+        run.log_artifact(out_dir / "coefficients.csv")
+
+
+def training_map_job(
+    group: str, cells: list[dict], metrics_paths: list[str], evaluation_paths: list[str],
+    out_dir: str | Path, config: dict,
+) -> None:  # fmt: skip
+    """Rule ``training_map``: the map of one fitted group, detour states highlighted."""
+    from trainmap.dynamics.pipeline import map_group
+
+    out_dir = Path(out_dir)
+    runs, outcomes = _group_inputs(cells, metrics_paths, evaluation_paths, _seed_labels(cells))
+    detours = load_json(out_dir / "detours.json")["detour_states"]
+    with rule_run(config, "training_map", task=Cell.of(cells[0]).task, params={"group": group},
+                  config_hash=settings_hash(group)) as run:  # fmt: skip
+        captions = map_group(runs, outcomes, out_dir, out_dir, title=group, detour_states=detours)
+        run.set_tags({"group": group})
+        _log_figures(run, captions, out_dir)
+        run.log_artifact(out_dir / "map.svg", "figures")
+        run.log_artifact(out_dir / "map.json")
+
+
+def joint_comparison_job(
+    name: str, cells: list[dict], labels: list[str], metrics_paths: list[str],
+    evaluation_paths: list[str], settings: dict, out_dir: str | Path, config: dict,
+) -> None:  # fmt: skip
+    """Rule ``joint_comparison``: one shared map for the runs of several methods/archs."""
+    from trainmap.dynamics.pipeline import joint_group
+
+    out_dir = Path(out_dir)
+    run_ids = [f"{label}/seed{Cell.of(cell).seed}" for label, cell in zip(labels, cells,
+                                                                          strict=True)]  # fmt: skip
+    runs, outcomes = _group_inputs(cells, metrics_paths, evaluation_paths, run_ids)
+    groups = dict(zip(run_ids, labels, strict=True))
+    with rule_run(config, "joint_comparison", task=Cell.of(cells[0]).task,
+                  params={"analysis": settings, "joint": name},
+                  config_hash=settings_hash([settings, name, run_ids])) as run:  # fmt: skip
+        captions = joint_group(runs, groups, outcomes, settings, out_dir, title=name)
+        summary = load_json(out_dir / "joint.json")
+        run.set_tags({"joint": name, "detour_states": summary["detour_states"]})
+        for group, entry in summary["groups"].items():
+            run.log_metrics({f"{group}.detour_visit_rate": entry["detour_visit_rate"]})
+        _log_figures(run, captions, out_dir)
+        run.log_artifact(out_dir / "joint.json")
+        run.log_artifact(out_dir / "regression.csv")
+
+
+# --- method stages -----------------------------------------------------------------------------
+
+
+def gradinit_job(
+    cell: Cell | dict,
+    data_path: str | Path,
+    model_options: dict[str, Any],
+    settings: dict[str, Any],
+    options: dict[str, Any],
+    outputs: dict[str, str],
+    config: dict,
+    *,
+    threads: int = 1,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Rule ``gradinit``: rescale the cell's Kaiming-initialised model by GradInit or MetaInit.
+
+    ``outputs`` names the files: model, scales, history, diagnostics, diagnostics_plot,
+    history_plot. ``train`` then starts from ``outputs["model"]``.
+    """
+    from trainmap.checkpoints import save_dense
+    from trainmap.gradinit import (
+        check_settings,
+        diagnostics_table,
+        draws_for,
+        layer_diagnostics,
+        plot_diagnostics,
+        plot_history,
+        run_gradinit,
+    )
+    from trainmap.train import derive_seed
+
+    cell = Cell.of(cell)
+    torch.set_num_threads(threads)
+    cfg = check_settings(settings)
+    data = load_task_data(data_path)
+    model = build_cell_model(cell.arch, cell.method, cell.seed, data.meta, model_options)
+    objective = options["objective"]
+    diagnostic_seed = derive_seed(cell.seed, "gradinit-diagnostics")
+    probe = draws_for(data, cfg["batch_size"], diagnostic_seed)
+    with rule_run(
+        config, "gradinit", cell=cell, params={"gradinit": cfg, "objective": objective}
+    ) as run:
+        before = layer_diagnostics(model, probe(), cfg["diagnostic_batches"])
+        result = run_gradinit(model, data, cfg, derive_seed(cell.seed, "gradinit"), objective,
+                              progress=progress)  # fmt: skip
+        after = layer_diagnostics(model, probe(), cfg["diagnostic_batches"])
+        save_dense(model, outputs["model"], arch=cell.arch, method=cell.method, seed=cell.seed,
+                   model_options=model_options, meta=data.meta)  # fmt: skip
+        history = result.history
+        summary = {
+            "objective": objective,
+            "scales": result.scales,
+            "skipped": result.skipped,
+            "iterations": len(history),
+            "constraint_steps": result.constraint_steps,
+            "non_finite_steps": int((~history["finite"]).sum()),
+            "initial_grad_norm": float(history["grad_norm"].iloc[0]),
+            "final_grad_norm": float(history["grad_norm"].iloc[-1]),
+        }
+        save_json(summary, outputs["scales"])
+        write_atomic(outputs["history"], lambda tmp: history.to_csv(tmp, index=False))
+        table = diagnostics_table(before, after, result.scales)
+        write_atomic(outputs["diagnostics"], lambda tmp: table.to_csv(tmp, index=False))
+        captions = {
+            outputs["diagnostics_plot"]: plot_diagnostics(table, outputs["diagnostics_plot"],
+                                                          title=f"{objective}: {cell.id}"),
+            outputs["history_plot"]: plot_history(history, cfg["gamma"], outputs["history_plot"],
+                                                  title=f"{objective}: {cell.id}"),
+        }  # fmt: skip
+        for row in history.itertuples():
+            run.log_metrics({"grad_norm": row.grad_norm, "objective": row.objective}, row.iteration)
+        run.log_metrics({key: summary[key] for key in ("constraint_steps", "initial_grad_norm",
+                                                       "final_grad_norm")})  # fmt: skip
+        for path, caption in captions.items():
+            run.log_artifact(path, "figures")
+            run.set_tags({f"caption.{Path(path).name}": caption})
+        for name in ("scales", "history", "diagnostics"):
+            run.log_artifact(outputs[name])
+    return summary
+
+
+def reparam_job(
+    cell: Cell | dict,
+    model_path: str | Path,
+    data_path: str | Path,
+    deploy_path: str | Path,
+    check_path: str | Path,
+    config: dict,
+    *,
+    threads: int = 1,
+) -> dict[str, Any]:
+    """Rule ``reparam``: fuse a trained RepVGG into its deploy form and check it on the test set."""
+    from trainmap.checkpoints import model_from_checkpoint
+    from trainmap.reparam import check_equivalence, save_deploy, to_deploy
+
+    cell = Cell.of(cell)
+    torch.set_num_threads(threads)
+    saved = load_torch(model_path)
+    trained = model_from_checkpoint(saved)
+    info = {key: saved[key] for key in ("arch", "model_options", "meta", "method", "seed")}
+    with rule_run(config, "reparam", cell=cell) as run:
+        deploy = to_deploy(trained)
+        save_deploy(deploy, deploy_path, **info)
+        data = load_task_data(data_path)
+        check = check_equivalence(trained, load_model(deploy_path), data.x_test)
+        check |= {
+            "train_params": count_parameters(trained),
+            "deploy_params": count_parameters(deploy),
+        }
+        save_json(check, check_path)
+        run.log_metrics({key: float(check[key]) for key in ("max_abs_logit_diff",
+                         "predictions_identical", "train_params", "deploy_params")})  # fmt: skip
+        run.log_artifact(check_path)
+    if not check["predictions_identical"]:
+        print(f"warning: deploy predictions differ on {cell.id}: {check}")
+    return check
+
+
+def sparse_job(
+    cell: Cell | dict,
+    teacher_path: str | Path,
+    data_path: str | Path,
+    settings: dict[str, Any],
+    options: dict[str, Any],
+    out_dir: str | Path,
+    config: dict,
+    *,
+    threads: int = 1,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Rule ``sparse_retrain``: N:M sparsity from the dense teacher by the cell's sparse method."""
+    from trainmap.sparse import check_settings, plot_flip_rates, run_sparse_method
+
+    cell = Cell.of(cell)
+    torch.set_num_threads(threads)
+    cfg = check_settings(settings)
+    teacher_saved = load_torch(teacher_path)
+    teacher = load_model(teacher_path)
+    data = load_task_data(data_path)
+    info = {"arch": cell.arch, "method": cell.method, "seed": cell.seed,
+            "model_options": teacher_saved["model_options"], "meta": data.meta}  # fmt: skip
+    out_dir = Path(out_dir)
+    with rule_run(config, "sparse_retrain", cell=cell,
+                  params={"sparse": cfg, "method_options": options}) as run:  # fmt: skip
+        summary = run_sparse_method(teacher, data, options, cfg, cell.seed, out_dir,
+                                    log_metrics=run.log_metrics, progress=progress,
+                                    fingerprint=cell_hash(config, cell), description=cell.id,
+                                    model_info=info)  # fmt: skip
+        flips = pd.read_csv(out_dir / "flips.csv")
+        caption = plot_flip_rates({cell.method: flips}, out_dir / "flips.png", title=cell.id)
+        run.set_tags({"status": summary["status"], "nm_valid": summary["nm_valid"],
+                      "caption.flips.png": caption})  # fmt: skip
+        for name in ("history.csv", "train.json", "flips.csv"):
+            run.log_artifact(out_dir / name)
+        run.log_artifact(out_dir / "flips.png", "figures")
+    if not summary["nm_valid"]:
+        raise RuntimeError(f"{cell.id}: the sparse model is not {cfg['n']}:{cfg['m']}")
+    return summary
+
+
+def quantize_job(
+    cell: Cell | dict,
+    model_path: str | Path,
+    data_path: str | Path,
+    schemes: list[str],
+    manifest_path: str | Path,
+    config: dict,
+    *,
+    calibration_batch: int = 256,
+    threads: int = 1,
+) -> dict[str, Any]:
+    """Rule ``quantize``: every scheme's quantised checkpoint and packed file of the cell's final
+    model; the manifest lists the forms ``evaluate`` measures (bytes on disk = the packed file)."""
+    from trainmap.checkpoints import model_from_checkpoint
+    from trainmap.quantize import quantize_model, save_packed, save_quantized
+
+    cell = Cell.of(cell)
+    torch.set_num_threads(threads)
+    source = load_torch(model_path)
+    model = model_from_checkpoint(source)
+    data = load_task_data(data_path)
+    calibration = data.x_train[:calibration_batch]
+    out_dir = Path(manifest_path).parent
+    forms, notes = [], {}
+    with rule_run(config, "quantize", cell=cell, params={"schemes": schemes}) as run:
+        for scheme in schemes:
+            quantized, notes[scheme] = quantize_model(model, scheme, calibration)
+            save_quantized(quantized, out_dir / f"{scheme}.pt", scheme, source)
+            sizes = save_packed(quantized, out_dir / f"{scheme}.packed")
+            forms.append({"form": scheme, "model_path": str(out_dir / f"{scheme}.pt"),
+                          "bytes_path": str(out_dir / f"{scheme}.packed")})  # fmt: skip
+            notes[scheme] = {"layers": notes[scheme], "packed_bytes": sizes}
+            run.log_metrics({f"{scheme}.{key}": value for key, value in sizes.items()})
+        save_json({"source": str(model_path), "forms": forms, "notes": notes}, manifest_path)
+        run.log_artifact(manifest_path)
+    return {"forms": forms}
+
+
+def flip_rates_job(
+    cells: list[dict], flips_paths: list[str], table_path: str | Path, plot_path: str | Path,
+    config: dict,
+) -> pd.DataFrame:  # fmt: skip
+    """Rule ``flip_rates``: every sparse retraining's mask flips in one table, and the mean flip
+    rate and initial flip rate per method against step (AST fig. 4: static vs annealed SR-STE)."""
+    from trainmap.sparse import plot_flip_rates
+
+    frames = []
+    for cell, path in zip(cells, flips_paths, strict=True):
+        flips = pd.read_csv(path)
+        if len(flips):
+            frames.append(flips.assign(**Cell.of(cell).to_dict()))
+    columns = ["task", "arch", "method", "seed", "step", "flip_rate", "initial_flip_rate"]
+    table = (
+        pd.concat(frames, ignore_index=True)[columns] if frames else pd.DataFrame(columns=columns)
+    )
+    with rule_run(config, "flip_rates", params={"runs": len(cells)}, config_hash="grid") as run:
+        write_atomic(table_path, lambda tmp: table.to_csv(tmp, index=False))
+        means = {
+            f"{task}/{arch}/{method}": group.groupby("step", as_index=False)[
+                ["flip_rate", "initial_flip_rate"]].mean()
+            for (task, arch, method), group in table.groupby(["task", "arch", "method"])
+        }  # fmt: skip
+        caption = plot_flip_rates(means, plot_path, title="N:M mask flips, mean over seeds")
+        run.set_tags({"caption.flip_rates.png": caption})
+        run.log_artifact(table_path)
+        run.log_artifact(plot_path, "figures")
+    return table

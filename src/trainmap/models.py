@@ -23,6 +23,12 @@ Families (variants of one family differ only in their default switches):
     He et al. (2016): a 3x3 stem, then stages of basic blocks. ``resnet_plain`` drops both the
     shortcuts and BatchNorm, a plain deep CNN to compare against.
 
+``fixup_resnet``, ``vgg_deep``, ``resnet_deep``
+    The GradInit appendix's no-BN networks: FixUp's ResNet with its own init, and deep VGG/ResNet
+    without normalisation, sized for small images.
+``repvgg``, ``repvgg_idonly``, ``repvgg_1x1only``, ``repvgg_plain``, ``repvgg_a0`` .. ``repvgg_b3g4``
+    RepVGG and its ablations (registered by :mod:`trainmap.reparam`, which owns their fusion).
+
 Later work registers more with a single :func:`register_architecture` call.
 """
 
@@ -46,7 +52,8 @@ class ArchSpec:
 
     ``check_options`` (optional) receives the full option dict (defaults updated by the caller's
     options) and raises ValueError for values the builder cannot use, so that a configuration is
-    rejected before any model is built.
+    rejected before any model is built. ``deploy_form``: a trained model of this architecture is
+    re-parameterised into a plain deploy model after training (RepVGG's ``reparam`` rule).
     """
 
     name: str
@@ -55,6 +62,7 @@ class ArchSpec:
     input_kinds: frozenset[str]
     description: str
     check_options: Callable[[dict], None] | None = None
+    deploy_form: bool = False
 
 
 ARCHITECTURES: dict[str, ArchSpec] = {}
@@ -576,3 +584,152 @@ register_architecture(
         check_options=_check_resnet_options,
     )
 )
+
+
+# --- fixup_resnet and the deep no-BN variants (GradInit appendix A.1) ---------------------------
+
+
+class FixupBlock(nn.Module):
+    """A FixUp basic block (Zhang et al. 2019; GradInit appendix A.1): no normalisation, scalar
+    biases before each conv and activation, and a scalar multiplier after the second conv:
+
+    ``relu(scale * conv2(relu(conv1(x + b1a) + b1b) + b2a) + b2b + shortcut(x + b1a))``.
+    """
+
+    def __init__(self, in_channels: int, out_channels: int, stride: int) -> None:
+        super().__init__()
+        self.bias1a = nn.Parameter(torch.zeros(1))
+        self.conv1 = nn.Conv2d(in_channels, out_channels, 3, stride, padding=1, bias=False)
+        self.bias1b = nn.Parameter(torch.zeros(1))
+        self.bias2a = nn.Parameter(torch.zeros(1))
+        self.conv2 = nn.Conv2d(out_channels, out_channels, 3, padding=1, bias=False)
+        self.scale = nn.Parameter(torch.ones(1))
+        self.bias2b = nn.Parameter(torch.zeros(1))
+        self.relu = nn.ReLU()
+        self.shortcut = (
+            nn.Conv2d(in_channels, out_channels, 1, stride, bias=False)
+            if in_channels != out_channels or stride != 1
+            else None
+        )
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        """The block output; a residual branch whose output is zero at FixUp's init."""
+        shifted = inputs + self.bias1a
+        out = self.relu(self.conv1(shifted) + self.bias1b)
+        out = self.conv2(out + self.bias2a) * self.scale + self.bias2b
+        identity = shifted if self.shortcut is None else self.shortcut(shifted)
+        return self.relu(out + identity)
+
+
+class FixupResNet(nn.Module):
+    """A ResNet without normalisation, initialised by FixUp (``standard_init``)."""
+
+    def __init__(self, in_channels: int, widths: Sequence[int], blocks_per_stage: Sequence[int],
+                 num_classes: int, strides: Sequence[int]) -> None:  # fmt: skip
+        super().__init__()
+        self.stem = nn.Conv2d(in_channels, widths[0], 3, padding=1, bias=False)
+        self.stem_bias = nn.Parameter(torch.zeros(1))
+        self.relu = nn.ReLU()
+        blocks, channels = [], widths[0]
+        for width, count, stride in zip(widths, blocks_per_stage, strides, strict=True):
+            for index in range(count):
+                blocks.append(FixupBlock(channels, width, stride if index == 0 else 1))
+                channels = width
+        self.blocks = nn.Sequential(*blocks)
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.head_bias = nn.Parameter(torch.zeros(1))
+        self.classifier = nn.Linear(channels, num_classes)
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        """Logits ``(batch, num_classes)``."""
+        out = self.relu(self.stem(inputs) + self.stem_bias)
+        out = self.pool(self.blocks(out)).flatten(1)
+        return self.classifier(out + self.head_bias)
+
+    def standard_init(self, generator: torch.Generator) -> None:
+        """FixUp's rule: He init (fan-out, as in FixUp's code) everywhere, the first conv of each of
+        the L residual branches scaled by L^(-1/2) (two layers per branch: L^(-1/(2m-2)), m = 2),
+        the second conv of each branch and the classifier zero, scalar biases 0 and scales 1."""
+        branches = len(self.blocks)
+        nn.init.kaiming_normal_(self.stem.weight, mode="fan_out", nonlinearity="relu",
+                                generator=generator)  # fmt: skip
+        for block in self.blocks:
+            nn.init.kaiming_normal_(block.conv1.weight, mode="fan_out", nonlinearity="relu",
+                                    generator=generator)  # fmt: skip
+            with torch.no_grad():
+                block.conv1.weight.mul_(branches**-0.5)
+            nn.init.zeros_(block.conv2.weight)
+            if block.shortcut is not None:
+                nn.init.kaiming_normal_(block.shortcut.weight, mode="fan_out",
+                                        nonlinearity="relu", generator=generator)  # fmt: skip
+            for name in ("bias1a", "bias1b", "bias2a", "bias2b"):
+                nn.init.zeros_(getattr(block, name))
+            nn.init.ones_(block.scale)
+        nn.init.zeros_(self.stem_bias)
+        nn.init.zeros_(self.head_bias)
+        nn.init.zeros_(self.classifier.weight)
+        nn.init.zeros_(self.classifier.bias)
+
+
+def _check_fixup_options(options: dict) -> None:
+    _check_sizes("widths", options["widths"])
+    _check_sizes("blocks_per_stage", options["blocks_per_stage"])
+    _check_same_length("widths", options["widths"], "blocks_per_stage", options["blocks_per_stage"])
+
+
+def build_fixup_resnet(
+    meta: dict, widths: Sequence[int] = (16, 32, 64), blocks_per_stage: Sequence[int] = (3, 3, 3)
+) -> FixupResNet:
+    """A FixUp ResNet for ``meta``'s images: stride 2 entering each later stage while the map is
+    at least 4 pixels (so 8x8 inputs keep a 2x2 final map)."""
+    _check_fixup_options({"widths": widths, "blocks_per_stage": blocks_per_stage})
+    channels, height, width = _image_shape(meta)
+    strides = []
+    for index in range(len(widths)):
+        stride = 2 if index > 0 and min(height, width) >= 4 else 1
+        strides.append(stride)
+        if stride == 2:
+            height, width = (height + 1) // 2, (width + 1) // 2
+    return FixupResNet(channels, widths, blocks_per_stage, meta["num_classes"], strides)
+
+
+register_architecture(
+    ArchSpec(
+        name="fixup_resnet",
+        builder=build_fixup_resnet,
+        defaults={"widths": [16, 32, 64], "blocks_per_stage": [3, 3, 3]},
+        input_kinds=_IMAGE,
+        description="FixUp ResNet: no normalisation, scalar biases and scales, FixUp's init",
+        check_options=_check_fixup_options,
+    )
+)
+# Deep enough without BN that plain Kaiming init struggles (GradInit appendix, VGG/ResNet w/o BN).
+register_architecture(
+    ArchSpec(
+        name="vgg_deep",
+        builder=build_vgg,
+        defaults={"widths": [16, 32, 64], "convs_per_stage": [4, 4, 4], "batch_norm": False},
+        input_kinds=_IMAGE,
+        description="12-conv VGG without BatchNorm (GradInit's no-BN VGG, sized for small images)",
+        check_options=_check_vgg_options,
+    )
+)
+register_architecture(
+    ArchSpec(
+        name="resnet_deep",
+        builder=build_resnet,
+        defaults={
+            "widths": [16, 32, 64],
+            "blocks_per_stage": [3, 3, 3],
+            "batch_norm": False,
+            "residual": True,
+        },  # fmt: skip
+        input_kinds=_IMAGE,
+        description="19-conv ResNet without BatchNorm (GradInit's no-BN ResNet, small images)",
+        check_options=_check_resnet_options,
+    )
+)
+
+
+# RepVGG's architectures live with their fusion in trainmap.reparam; importing it registers them.
+from trainmap import reparam as _reparam  # noqa: E402, F401

@@ -27,6 +27,11 @@ if TYPE_CHECKING:
     from mlflow import MlflowClient
 
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+# A server that is down should fail a job in seconds, not after minutes of HTTP retries.
+os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
+os.environ.setdefault("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1")
+os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")
+SERVER_PROBE_TIMEOUT_S = 5
 
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 METRICS_PER_BATCH = 1000  # MLflow's log_batch limit
@@ -53,11 +58,36 @@ def artifact_root(uri: str) -> str | None:
     return (database.resolve().parent / "mlartifacts").as_uri()
 
 
+class TrackingUnavailable(RuntimeError):
+    """The tracking server cannot be reached; the job fails so that a rerun logs it."""
+
+
+def check_reachable(uri: str) -> None:
+    """For an ``http(s)://`` tracking URI, fail fast with a clear message when nothing answers."""
+    if not uri.startswith(("http://", "https://")):
+        return
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=SERVER_PROBE_TIMEOUT_S):
+            return
+    except urllib.error.HTTPError:
+        return  # something answers (an older server without /health)
+    except (urllib.error.URLError, OSError) as error:
+        raise TrackingUnavailable(
+            f"MLflow tracking server {uri} is unreachable ({error}); start it (make mlflow-server) "
+            "or fix mlflow.tracking_uri / $MLFLOW_TRACKING_URI. The job's outputs are not marked "
+            "complete, so a rerun logs it."
+        ) from None
+
+
 def init_tracking(uri: str, experiment: str) -> str:
     """Create the tracking database and the experiment if missing; return the experiment id."""
     from mlflow import MlflowClient
     from mlflow.exceptions import MlflowException
 
+    check_reachable(uri)
     client = MlflowClient(tracking_uri=uri)
     found = client.get_experiment_by_name(experiment)
     if found is not None:

@@ -15,6 +15,10 @@ the run's outputs are written.
 Divergence: a non-finite loss stops the run; its outputs are still written with
 ``status: diverged`` and the step, so the rest of the workflow completes and analysis can exclude the
 run visibly.
+
+Methods that change training itself (AST's distillation, SR-STE decay and mask refresh) plug in
+through :class:`TrainHooks`, called from the places marked ``# hook:`` in the loop; the plain loop
+is the hooks' defaults, which do nothing.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm.auto import tqdm
 
+from trainmap.checkpoints import save_dense
 from trainmap.data import TaskData
 from trainmap.io import load_torch, save_json, save_torch, write_atomic
 from trainmap.methods import check_method
@@ -40,6 +45,48 @@ from trainmap.models import build_model, count_parameters
 
 CheckpointHook = Callable[[dict[str, float], int], None]  # (metrics, step)
 EVAL_BATCH = 4096
+
+
+class TrainHooks:
+    """What a method adds to the training loop; every default does nothing.
+
+    ``train_model`` calls, in this order per step: :meth:`extra_loss` after the forward pass (added
+    to the task loss before ``backward``), :meth:`after_backward` after ``backward`` and gradient
+    clipping, before the optimiser step (gradients may be edited here), :meth:`after_step` after
+    the optimiser step. The history's ``train_loss`` is the task loss alone.
+    ``step`` is the number of optimiser steps taken before the current one (0 for the first), so a
+    schedule reads it as "t". :meth:`snapshot` decides what the checkpoint trajectory records.
+    Everything a hook keeps across steps goes in :meth:`state_dict`, so resume stays bit-identical.
+    """
+
+    def extra_loss(
+        self, logits: torch.Tensor, inputs: torch.Tensor, targets: torch.Tensor
+    ) -> torch.Tensor | None:
+        """A term added to the task loss (e.g. distillation), or None."""
+        return None
+
+    def after_backward(self, step: int) -> None:
+        """Edit gradients before the optimiser uses them (e.g. SR-STE decay)."""
+
+    def after_step(self, step: int) -> None:
+        """React to an optimiser step (e.g. refresh N:M masks every k steps)."""
+
+    def snapshot(self, model: nn.Module) -> dict[str, torch.Tensor]:
+        """The tensors a checkpoint of the trajectory records (default: the state dict, on the CPU)."""
+        return {
+            name: value.detach().to("cpu", copy=True) for name, value in model.state_dict().items()
+        }
+
+    def save_model(self, model: nn.Module, path: Path, model_info: dict[str, Any]) -> None:
+        """Write the final model file (default: the ``dense`` checkpoint format)."""
+        save_dense(model, path, **model_info)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The hooks' own state, saved with the resume file."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` when a run resumes."""
 
 
 @dataclass(frozen=True)
@@ -58,6 +105,7 @@ class TrainConfig:
     grad_clip: float | None = None
     checkpoint_every: int = 25
     resume_every: int = 1000
+    device: str = "cpu"
 
     @classmethod
     def from_dict(cls, settings: dict[str, Any]) -> TrainConfig:
@@ -130,6 +178,25 @@ class BatchSampler:
         self.generator.set_state(state["generator"])
 
 
+def resolve_device(name: str) -> torch.device:
+    """``cpu`` or ``cuda[:i]``; asking for CUDA on a machine without it is an error, not a fallback."""
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"training device {name!r} requested (train.<task>.device) but this "
+                         "machine has no CUDA device; use device: cpu here")  # fmt: skip
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"training device {name!r} is not supported; use cpu or cuda")
+    return device
+
+
+def on_device(data: TaskData, device: torch.device) -> TaskData:
+    """The task's tensors on ``device`` (the data sets here are small enough to live there)."""
+    if device.type == "cpu":
+        return data
+    return TaskData(data.x_train.to(device), data.y_train.to(device), data.x_test.to(device),
+                    data.y_test.to(device), data.meta)  # fmt: skip
+
+
 def derive_seed(seed: int, purpose: str) -> int:
     """A seed for one purpose (init, batch order, ...) derived from the grid cell's seed."""
     digest = hashlib.sha256(f"{seed}:{purpose}".encode()).digest()
@@ -193,10 +260,10 @@ class Trajectory:
         self.steps: list[int] = []
         self.snapshots: list[dict[str, torch.Tensor]] = []
 
-    def capture(self, step: int, model: nn.Module) -> None:
-        """Record a copy of every parameter and buffer at ``step``."""
+    def capture(self, step: int, snapshot: dict[str, torch.Tensor]) -> None:
+        """Record ``snapshot`` (copies of the model's tensors, see TrainHooks.snapshot) at ``step``."""
         self.steps.append(step)
-        self.snapshots.append({k: v.detach().clone() for k, v in model.state_dict().items()})
+        self.snapshots.append(snapshot)
 
     def to_dict(self) -> dict[str, Any]:
         """``{"step": LongTensor[n], "state": {name: Tensor[n, *shape]}}``."""
@@ -248,13 +315,19 @@ def train_model(
     fingerprint: str = "",
     description: str = "train",
     model_info: dict[str, Any] | None = None,
+    hooks: TrainHooks | None = None,
 ) -> dict[str, Any]:
     """Train ``model`` on ``data``; write trajectory, final model, history and summary to ``paths``.
 
     ``fingerprint`` identifies the configuration: a resume file written under another fingerprint is
     ignored (and replaced), so a changed config never continues a stale run. ``model_info`` (arch,
     options, data meta) is stored beside the final weights so the model can be rebuilt from the file.
+    ``hooks`` are a method's additions to the loop (see :class:`TrainHooks`).
     """
+    hooks = hooks or TrainHooks()
+    device = resolve_device(cfg.device)
+    model.to(device)
+    data = on_device(data, device)
     optimizer = make_optimizer(model, cfg)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, cfg))
     sampler = BatchSampler(
@@ -271,8 +344,11 @@ def train_model(
         scheduler.load_state_dict(saved["scheduler"])
         sampler.load_state_dict(saved["sampler"])
         torch.set_rng_state(saved["torch_rng"])
+        if device.type == "cuda" and saved.get("cuda_rng") is not None:
+            torch.cuda.set_rng_state_all(saved["cuda_rng"])
         trajectory = Trajectory.from_dict(saved["trajectory"])
         history, running = saved["history"], RunningMeans(**saved["running"])
+        hooks.load_state_dict(saved["hooks"])
         start_step = resumed_from = saved["step"]
         elapsed_before = saved["elapsed_s"]
 
@@ -288,7 +364,7 @@ def train_model(
             "lr": optimizer.param_groups[0]["lr"],
         }
         history.append(row)
-        trajectory.capture(step, model)
+        trajectory.capture(step, hooks.snapshot(model))
         if on_checkpoint is not None:
             on_checkpoint({k: v for k, v in row.items() if k != "step"}, step)
 
@@ -301,20 +377,25 @@ def train_model(
     step = start_step
     while step < cfg.steps:
         # --- the step -------------------------------------------------------------------------
-        indices = sampler.next_indices()
+        indices = sampler.next_indices().to(device)
         inputs, targets = data.x_train[indices], data.y_train[indices]
         logits = model(inputs)
-        loss = F.cross_entropy(logits, targets)
-        loss_value = loss.item()
-        if not math.isfinite(loss_value):
+        loss = task_loss = F.cross_entropy(logits, targets)
+        extra = hooks.extra_loss(logits, inputs, targets)  # hook: e.g. distillation
+        if extra is not None:
+            loss = task_loss + extra
+        loss_value = task_loss.item()
+        if not (math.isfinite(loss_value) and (extra is None or math.isfinite(loss.item()))):
             status, diverged_step = "diverged", step + 1
             break
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if cfg.grad_clip is not None:
             nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        hooks.after_backward(step)  # hook: e.g. SR-STE decay of pruned weights
         optimizer.step()
         scheduler.step()
+        hooks.after_step(step)  # hook: e.g. N:M mask refresh
         step += 1
         running.loss_sum += loss_value * len(targets)
         running.correct += int((logits.argmax(dim=1) == targets).sum())
@@ -337,6 +418,7 @@ def train_model(
                 trajectory,
                 history,
                 running,
+                hooks,
                 elapsed,
             )
     bar.close()
@@ -353,7 +435,7 @@ def train_model(
         "resumed_from_step": resumed_from,
         "final": history[-1],
     }
-    _write_outputs(paths, model, trajectory, history, summary, model_info or {})
+    _write_outputs(paths, model, trajectory, history, summary, model_info or {}, hooks)
     paths.resume.unlink(missing_ok=True)
     return summary
 
@@ -365,9 +447,10 @@ def _write_outputs(
     history: list[dict[str, float]],
     summary: dict[str, Any],
     model_info: dict[str, Any],
+    hooks: TrainHooks,
 ) -> None:
     save_torch(trajectory.to_dict(), paths.trajectory)
-    save_torch({"state_dict": model.state_dict(), **model_info}, paths.model)
+    hooks.save_model(model, paths.model, model_info)
     frame = pd.DataFrame(history, columns=list(history[0]))
     write_atomic(paths.history, lambda tmp: frame.to_csv(tmp, index=False))
     save_json(summary, paths.summary)
@@ -375,7 +458,7 @@ def _write_outputs(
 
 def _save_resume(path: Path, fingerprint: str, step: int, model: nn.Module,
                  optimizer: torch.optim.Optimizer, scheduler: Any, sampler: BatchSampler,
-                 trajectory: Trajectory, history: list, running: RunningMeans,
+                 trajectory: Trajectory, history: list, running: RunningMeans, hooks: TrainHooks,
                  elapsed: float) -> None:  # fmt: skip
     save_torch(
         {
@@ -386,9 +469,11 @@ def _save_resume(path: Path, fingerprint: str, step: int, model: nn.Module,
             "scheduler": scheduler.state_dict(),
             "sampler": sampler.state_dict(),
             "torch_rng": torch.get_rng_state(),
+            "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None,
             "trajectory": trajectory.to_dict(),
             "history": history,
             "running": asdict(running),
+            "hooks": hooks.state_dict(),
             "elapsed_s": elapsed,
         },
         path,
