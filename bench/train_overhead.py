@@ -10,8 +10,11 @@ trainmap
     written to a log file (the workflow redirects stderr into the job's log), trajectory capture.
 bare
     randperm batches (same generator seed, drop-last, as ``BatchSampler``), forward, cross-entropy,
-    ``zero_grad``, ``backward``, ``step``; no checkpoints, no test evaluation, no logging, no LR
-    schedule (the digits workload's cosine schedule only changes the LR value, not the work per step).
+    ``zero_grad``, ``backward``, ``step``, and the test-set loss and accuracy at the same checkpoint
+    steps (eval mode, no_grad): the one thing any training loop of a study of convergence must
+    compute, since the convergence step is read off it. No trajectory, no running train
+    loss/accuracy, no resume files, no logging, no LR schedule (the digits workload's cosine
+    schedule only changes the LR value, not the work per step).
 
 What the timings include and exclude (the same for both loops):
 
@@ -30,7 +33,7 @@ What the timings include and exclude (the same for both loops):
 
 Usage::
 
-    .venv/bin/python bench/train_overhead.py            # 3 rounds, ~1.5 min on one core
+    .venv/bin/python bench/train_overhead.py            # 5 rounds, ~2.5 min on one core
     .venv/bin/python bench/train_overhead.py --quick    # fewer steps, ~30 s
     .venv/bin/python bench/train_overhead.py --profile  # + cProfile of both loops, diffed
 
@@ -216,15 +219,33 @@ class Bench:
         if profiler is not None:
             profiler.enable()
         started = time.perf_counter()
-        bare_loop(model, x, y, cfg, self.cell.seed)
+        bare_loop(model, (x, y), (self.data.x_test, self.data.y_test), cfg, self.cell.seed)
         elapsed = time.perf_counter() - started
         if profiler is not None:
             profiler.disable()
         return elapsed
 
 
-def bare_loop(model: nn.Module, x: torch.Tensor, y: torch.Tensor, cfg: TrainConfig, seed: int):
-    """The plain loop: same optimiser and batch order as ``train_model``, nothing else."""
+def test_metrics(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
+    """Test loss and accuracy in eval mode, as a plain loop computes them at a checkpoint."""
+    model.eval()
+    with torch.no_grad():
+        logits = model(x)
+        metrics = F.cross_entropy(logits, y).item(), (logits.argmax(1) == y).float().mean().item()
+    model.train()
+    return metrics
+
+
+def bare_loop(
+    model: nn.Module,
+    train: tuple[torch.Tensor, torch.Tensor],
+    test: tuple[torch.Tensor, torch.Tensor],
+    cfg: TrainConfig,
+    seed: int,
+) -> list[tuple[float, float]]:
+    """The plain loop: same optimiser and batch order as ``train_model``, and the test metrics at
+    the same checkpoint steps; nothing else."""
+    x, y = train
     optimizer = torch.optim.SGD(
         model.parameters(), lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay
     )
@@ -232,6 +253,7 @@ def bare_loop(model: nn.Module, x: torch.Tensor, y: torch.Tensor, cfg: TrainConf
     n, size = len(x), min(cfg.batch_size, len(x))
     model.train()
     step = 0
+    curve = [test_metrics(model, *test)]
     while step < cfg.steps:
         order = torch.randperm(n, generator=generator)
         for start in range(0, n - size + 1, size):  # drop-last, like BatchSampler
@@ -243,6 +265,9 @@ def bare_loop(model: nn.Module, x: torch.Tensor, y: torch.Tensor, cfg: TrainConf
             loss.backward()
             optimizer.step()
             step += 1
+            if step % cfg.checkpoint_every == 0 or step == cfg.steps:
+                curve.append(test_metrics(model, *test))
+    return curve
 
 
 def same_weights(a: nn.Module, b: nn.Module) -> bool:
@@ -336,7 +361,7 @@ def main(argv: list[str] | None = None) -> int:
         "vs a bare PyTorch loop on the same model, data, optimiser and batch order",
     )
     parser.add_argument("--quick", action="store_true", help="fewer steps (a quick smoke run)")
-    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds (default 3)")
+    parser.add_argument("--rounds", type=int, default=5, help="alternating rounds (default 5)")
     parser.add_argument(
         "--workload",
         choices=[w.name for w in WORKLOADS],
