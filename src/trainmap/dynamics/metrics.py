@@ -145,6 +145,15 @@ def _pooled(values: list[np.ndarray]) -> tuple[float, float, float]:
     return float(pooled.mean()), float(np.median(pooled)), float(pooled.var())
 
 
+def _pooled_rows(parts: list[torch.Tensor], n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per checkpoint (row): mean, median and variance of the ``[n, k_i]`` parts side by side;
+    NaN where there are no values (a model without biases)."""
+    if sum(part.shape[1] for part in parts) == 0:
+        return (np.full(n, np.nan),) * 3
+    pooled = torch.cat(parts, dim=1).numpy()
+    return pooled.mean(axis=1), np.median(pooled, axis=1), pooled.var(axis=1)
+
+
 def trajectory_metrics(state: Mapping[str, torch.Tensor], model: nn.Module) -> pd.DataFrame:
     """The 14 metrics (appendix B) of every checkpoint of a stacked trajectory ``state``.
 
@@ -171,13 +180,28 @@ def trajectory_metrics(state: Mapping[str, torch.Tensor], model: nn.Module) -> p
         table[key] = (summed / used.sum(dim=0)).numpy()
     rows = {name: [] for name in ("sv_mean", "sv_var", "w_mean", "w_median", "w_var",
                                   "b_mean", "b_median", "b_var")}  # fmt: skip
+    biases = [state[name].to(torch.float64).reshape(n_checkpoints, -1) for name in bias_names]
+    clean = finite.all(dim=0)
+    for bias in biases:
+        clean &= torch.isfinite(bias).all(dim=1)
+    # Checkpoints where every matrix and bias is finite (all, in a healthy run): pooled over all
+    # checkpoints at once; the others one at a time, leaving out the non-finite tensors.
+    sv_mean, _, sv_var = _pooled_rows([s["singular"] for s in stats], n_checkpoints)
+    w_mean, w_median, w_var = _pooled_rows([s["entries"] for s in stats], n_checkpoints)
+    b_mean, b_median, b_var = _pooled_rows(biases, n_checkpoints)
+    batched = dict(zip(rows, (sv_mean, sv_var, w_mean, w_median, w_var, b_mean, b_median, b_var),
+                       strict=True))  # fmt: skip
     for t in range(n_checkpoints):
+        if bool(clean[t]):
+            for key, values in batched.items():
+                rows[key].append(float(values[t]))
+            continue
         valid = [s for s in stats if bool(s["finite"][t])]
         singular = [s["singular"][t].numpy() for s in valid]
         sv_mean, _, sv_var = _pooled(singular)
         w_mean, w_median, w_var = _pooled([s["entries"][t].numpy() for s in valid])
-        biases = [state[name][t].to(torch.float64).numpy().ravel() for name in bias_names]
-        b_mean, b_median, b_var = _pooled([b for b in biases if np.isfinite(b).all()])
+        at_t = [bias[t].numpy() for bias in biases]
+        b_mean, b_median, b_var = _pooled([b for b in at_t if np.isfinite(b).all()])
         for key, value in zip(rows, (sv_mean, sv_var, w_mean, w_median, w_var,
                                      b_mean, b_median, b_var), strict=True):  # fmt: skip
             rows[key].append(value)
