@@ -113,3 +113,14 @@ class MlflowServer:
             except subprocess.TimeoutExpired:
                 self.process.kill()
         self.log.close()
+
+
+@pytest.fixture
+def one_thread():
+    """One intra-op thread: fast on a small machine and the same arithmetic in every process."""
+    import torch
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)

@@ -18,13 +18,7 @@ from trainmap.dynamics.metrics import (
 )
 from trainmap.models import build_model
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 class TwoLayers(nn.Module):

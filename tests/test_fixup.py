@@ -15,12 +15,7 @@ DIGITS = {"input_kind": "image", "input_shape": [1, 8, 8], "num_classes": 10}
 CIFAR = {"input_kind": "image", "input_shape": [3, 32, 32], "num_classes": 10}
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def fixup(seed: int = 0, **options) -> nn.Module:

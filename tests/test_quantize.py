@@ -28,12 +28,7 @@ from trainmap.sparse import nm_mask, save_sparse, sparsify
 TABLE_1 = {1: 7.81, 2: 8.33, 4: 8.66, 8: 8.93, 16: 9.10, 32: 9.22}  # %, Huffman
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.mark.parametrize("n", sorted(TABLE_1))

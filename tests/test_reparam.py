@@ -26,12 +26,7 @@ PAPER_PARAMS = {"repvgg_a0": 8.30, "repvgg_a1": 12.78, "repvgg_a2": 25.49, "repv
 PLAIN_LAYERS = (nn.Conv2d, nn.ReLU, nn.AdaptiveAvgPool2d, nn.Flatten, nn.Linear)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def randomise_bn(model: nn.Module, seed: int = 0) -> None:

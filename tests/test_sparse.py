@@ -26,13 +26,7 @@ from trainmap.sparse import (
 )
 from trainmap.train import TrainConfig, TrainPaths, build_cell_model, load_trajectory, train_model
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

@@ -46,13 +46,7 @@ RESUME_CONFIG = TrainConfig(
 )
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """One intra-op thread: fast on a small machine and the same arithmetic in every process."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

@@ -733,3 +733,18 @@ register_architecture(
 
 # RepVGG's architectures live with their fusion in trainmap.reparam; importing it registers them.
 from trainmap import reparam as _reparam  # noqa: E402, F401
+
+
+@torch.no_grad()
+def eval_forward_with_hooks(model: nn.Module, inputs: torch.Tensor, handles: list) -> None:
+    """One eval-mode forward pass of ``inputs`` for the hooks behind ``handles`` (e.g. forward
+    pre-hooks capturing layer inputs); the hooks are removed and the model's mode is restored,
+    also when the pass fails."""
+    was_training = model.training
+    model.eval()
+    try:
+        model(inputs)
+    finally:
+        for handle in handles:
+            handle.remove()
+        model.train(was_training)

@@ -44,6 +44,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from trainmap.io import save_torch, write_atomic
+from trainmap.models import eval_forward_with_hooks
 
 SCHEMES = {"int8": (8, False), "int4": (4, False), "awq_int8": (8, True), "awq_int4": (4, True)}
 AWQ_GRID = tuple(i / 20 for i in range(21))
@@ -149,14 +150,7 @@ def layer_inputs(
         )
         for name in names
     ]
-    was_training = model.training
-    model.eval()
-    try:
-        model(inputs)
-    finally:
-        for handle in handles:
-            handle.remove()
-        model.train(was_training)
+    eval_forward_with_hooks(model, inputs, handles)
     return captured
 
 

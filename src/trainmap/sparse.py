@@ -47,6 +47,7 @@ from torch import nn
 
 from trainmap.data import TaskData
 from trainmap.io import save_json, save_torch, write_atomic
+from trainmap.models import eval_forward_with_hooks
 from trainmap.train import (
     TrainConfig,
     TrainHooks,
@@ -294,14 +295,7 @@ def input_norms(
         return hook
 
     handles = [model.get_submodule(n).register_forward_pre_hook(hook_for(n)) for n in names]
-    was_training = model.training
-    model.eval()
-    try:
-        model(inputs)
-    finally:
-        for handle in handles:
-            handle.remove()
-        model.train(was_training)
+    eval_forward_with_hooks(model, inputs, handles)
     return norms
 
 
