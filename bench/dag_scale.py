@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -28,6 +27,8 @@ import time
 from pathlib import Path
 
 import yaml
+
+from trainmap.io import copy_workflow
 
 REPO = Path(__file__).resolve().parents[1]
 TARGET = 1.2
@@ -129,13 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     jobs = 3 * len(seeds) + 1 + 1 + 3 + 1
     with tempfile.TemporaryDirectory(prefix="dag-") as tmp:
         ours, bare = Path(tmp) / "trainmap", Path(tmp) / "bare"
-        for name in ("Snakefile", "params.yaml", "config", "workflow", "profiles", "src"):
-            source = REPO / name
-            if source.is_dir():
-                shutil.copytree(source, ours / name, ignore=shutil.ignore_patterns("__pycache__"))
-            else:
-                ours.mkdir(parents=True, exist_ok=True)
-                shutil.copy2(source, ours / name)
+        copy_workflow(REPO, ours)
         grid = {"grid": [{"task": "sparse_parity", "archs": ["mlp"], "methods": ["kaiming"],
                           "seeds": seeds}]}  # fmt: skip
         (ours / "big.yaml").write_text(yaml.safe_dump(grid))

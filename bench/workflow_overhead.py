@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -33,23 +32,16 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
+from trainmap.io import copy_workflow
+
 REPO = Path(__file__).resolve().parents[1]
-COPY = ["Snakefile", "params.yaml", "config", "workflow", "profiles", "src"]
 TARGET = 1.15
 
 
 def run_grid(configfile: str, cores: int, worker: bool) -> dict:
     """Run the grid in a fresh copy; return wall time and per-job compute times."""
     with tempfile.TemporaryDirectory(prefix="overhead-") as tmp:
-        workdir = Path(tmp)
-        for name in COPY:
-            source = REPO / name
-            if source.is_dir():
-                shutil.copytree(
-                    source, workdir / name, ignore=shutil.ignore_patterns("__pycache__")
-                )
-            else:
-                shutil.copy2(source, workdir / name)
+        workdir = copy_workflow(REPO, Path(tmp))
         times_file = workdir / "job_times.jsonl"
         env = dict(os.environ, TRAINMAP_JOB_TIMES=str(times_file), MLFLOW_DISABLE_TELEMETRY="true")
         env.pop("MLFLOW_TRACKING_URI", None)

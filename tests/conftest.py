@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from trainmap.io import copy_workflow as copy_tree_of_workflow
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
-# Everything a run of the workflow (Snakemake or DVC) reads; results and tracking stores stay out.
-WORKFLOW_PATHS = ["Snakefile", "params.yaml", "dvc.yaml", ".dvcignore", "config", "workflow",
-                  "profiles", "src"]  # fmt: skip
 
 
 @pytest.fixture(scope="session")
@@ -23,16 +21,7 @@ def repo_root() -> Path:
 
 def copy_workflow(destination: Path) -> Path:
     """A copy of the workflow's sources in ``destination`` (no results, no tracking store)."""
-    destination.mkdir(parents=True, exist_ok=True)
-    for name in WORKFLOW_PATHS:
-        source = REPO_ROOT / name
-        if source.is_dir():
-            shutil.copytree(
-                source, destination / name, ignore=shutil.ignore_patterns("__pycache__")
-            )
-        else:
-            shutil.copy2(source, destination / name)
-    return destination
+    return copy_tree_of_workflow(REPO_ROOT, destination)
 
 
 def workflow_env(**extra: str) -> dict[str, str]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -81,3 +82,23 @@ def _json_safe(obj: Any) -> Any:
     if hasattr(obj, "tolist") and callable(obj.tolist):  # numpy arrays and scalars
         return _json_safe(obj.tolist())
     return obj
+
+
+# Everything a run of the workflow (Snakemake or DVC) reads; results and tracking stores stay out.
+WORKFLOW_PATHS = ("Snakefile", "params.yaml", "dvc.yaml", ".dvcignore", "config", "workflow",
+                  "profiles", "src")  # fmt: skip
+
+
+def copy_workflow(repo: Path, destination: Path) -> Path:
+    """Copy the workflow's sources (:data:`WORKFLOW_PATHS`) of ``repo`` into ``destination``, for a
+    run in a scratch directory (tests, benchmarks); no results, no tracking store, no bytecode."""
+    destination.mkdir(parents=True, exist_ok=True)
+    for name in WORKFLOW_PATHS:
+        source = repo / name
+        if source.is_dir():
+            shutil.copytree(
+                source, destination / name, ignore=shutil.ignore_patterns("__pycache__")
+            )
+        elif source.exists():
+            shutil.copy2(source, destination / name)
+    return destination
