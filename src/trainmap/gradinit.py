@@ -45,7 +45,6 @@ from torch import nn
 from torch.func import functional_call
 
 from trainmap.data import TaskData
-from trainmap.io import write_atomic
 
 #: Defaults of the ``gradinit.<task>`` settings: the paper's CIFAR-10 setting (SGD variant,
 #: eta 0.1, gamma 1, batch 128, r = 0.5, T = one epoch of iterations at batch 128).
@@ -509,10 +508,7 @@ def diagnostics_table(
 
 def plot_diagnostics(table: pd.DataFrame, path: str | os.PathLike, title: str = "") -> str:
     """Weight magnitude, gradient std and scale per layer, before vs after (figures 4-8 style)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from trainmap.plots import plt, save_png
 
     figure, axes = plt.subplots(1, 3, figsize=(14, 3.6))
     layers = table["layer"]
@@ -531,8 +527,7 @@ def plot_diagnostics(table: pd.DataFrame, path: str | os.PathLike, title: str = 
             axis.set_xticks(list(layers))
     figure.suptitle(title or "GradInit diagnostics", fontsize=10)
     figure.tight_layout()
-    write_atomic(path, lambda tmp: figure.savefig(tmp, format="png", dpi=110))
-    plt.close(figure)
+    save_png(figure, path)
     return (
         "Per layer, shallow to deep: averaged per-dimension weight magnitude and gradient standard "
         "deviation over minibatches before and after the initialisation method, and the learned "
@@ -544,10 +539,7 @@ def plot_history(
     history: pd.DataFrame, gamma: float, path: str | os.PathLike, title: str = ""
 ) -> str:
     """||g|| and the objective over the iterations; constraint steps marked."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from trainmap.plots import plt, save_png
 
     figure, axes = plt.subplots(1, 2, figsize=(10, 3.4))
     axes[0].semilogy(history["iteration"], history["grad_norm"], lw=1)
@@ -561,8 +553,7 @@ def plot_history(
     axes[1].set(xlabel="iteration", ylabel="objective")
     figure.suptitle(title or "GradInit iterations", fontsize=10)
     figure.tight_layout()
-    write_atomic(path, lambda tmp: figure.savefig(tmp, format="png", dpi=110))
-    plt.close(figure)
+    save_png(figure, path)
     return ("Gradient norm (constraint steps in red, gamma dashed) and the objective value over "
             "the iterations.")  # fmt: skip
 

@@ -16,6 +16,12 @@ from trainmap.io import write_atomic  # noqa: E402
 RunKey = tuple[str, str, str, int]  # task, arch, method, seed
 
 
+def save_png(figure: plt.Figure, path: str | Path, dpi: int = 110) -> None:
+    """Write ``figure`` to ``path`` as PNG atomically, then free it."""
+    write_atomic(path, lambda tmp: figure.savefig(tmp, format="png", dpi=dpi))
+    plt.close(figure)
+
+
 def plot_learning_curves(histories: Mapping[RunKey, pd.DataFrame], path: str | Path) -> None:
     """Test accuracy and training loss against step: one row per task, one colour per arch/method.
 
@@ -38,8 +44,7 @@ def plot_learning_curves(histories: Mapping[RunKey, pd.DataFrame], path: str | P
         axes[row, 1].set(title=f"{task}: training loss", xlabel="step", ylabel="loss", yscale="log")
         _legend_once(axes[row, 0])
     figure.tight_layout()
-    write_atomic(path, lambda tmp: figure.savefig(tmp, format="png", dpi=110))
-    plt.close(figure)
+    save_png(figure, path)
 
 
 def _legend_once(axis: plt.Axes) -> None:
@@ -71,5 +76,4 @@ def plot_compression(forms: pd.DataFrame, path: str | Path) -> None:
         if len(rows):
             axis.legend(fontsize=7, loc="lower right")
     figure.tight_layout()
-    write_atomic(path, lambda tmp: figure.savefig(tmp, format="png", dpi=110))
-    plt.close(figure)
+    save_png(figure, path)

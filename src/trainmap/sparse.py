@@ -556,10 +556,7 @@ def _prune_without_training(
 def plot_flip_rates(histories: Mapping[str, pd.DataFrame], path: str | os.PathLike,
                     title: str = "") -> str:  # fmt: skip
     """Flip rate and initial flip rate against step, one line per run/method (AST fig. 4)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from trainmap.plots import plt, save_png
 
     figure, axes = plt.subplots(1, 2, figsize=(10, 3.4))
     for label, history in histories.items():
@@ -573,7 +570,6 @@ def plot_flip_rates(histories: Mapping[str, pd.DataFrame], path: str | os.PathLi
             axis.legend(fontsize=7)
     figure.suptitle(title or "N:M mask flips", fontsize=10)
     figure.tight_layout()
-    write_atomic(path, lambda tmp: figure.savefig(tmp, format="png", dpi=110))
-    plt.close(figure)
+    save_png(figure, path)
     return ("Flip rate (fraction of mask entries that changed since the previous refresh) and "
             "initial flip rate (changed since the first mask) at every mask refresh.")  # fmt: skip

@@ -12,13 +12,12 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from trainmap.io import write_atomic  # noqa: E402
+from trainmap.plots import save_png  # noqa: E402
 
 
 def _save(figure: plt.Figure, path: str | os.PathLike) -> None:
     figure.tight_layout()
-    write_atomic(path, lambda tmp: figure.savefig(tmp, format="png", dpi=120))
-    plt.close(figure)
+    save_png(figure, path, dpi=120)
 
 
 def plot_selection(
