@@ -11,7 +11,6 @@ from __future__ import annotations
 import copy
 import itertools
 import os
-import shutil
 import subprocess
 import sys
 from collections.abc import Callable
@@ -30,6 +29,7 @@ from trainmap.config import (
     merge_config,
     validate_schema,
 )
+from trainmap.io import copy_workflow
 
 PARAMS = "params.yaml"
 GRID = "config/config.yaml"
@@ -392,16 +392,7 @@ SNAKEMAKE_BAD = {
 @pytest.fixture(scope="module")
 def workflow_copy(repo_root: Path, tmp_path_factory) -> Path:
     """The workflow's sources (no results, no tracking store); the package is installed editable."""
-    destination = tmp_path_factory.mktemp("workflow")
-    for name in ("Snakefile", "params.yaml", "config", "workflow", "profiles"):
-        source = repo_root / name
-        if source.is_dir():
-            shutil.copytree(
-                source, destination / name, ignore=shutil.ignore_patterns("__pycache__")
-            )
-        elif source.exists():
-            shutil.copy2(source, destination / name)
-    return destination
+    return copy_workflow(repo_root, tmp_path_factory.mktemp("workflow"))
 
 
 @pytest.mark.parametrize("case", sorted(SNAKEMAKE_BAD))
