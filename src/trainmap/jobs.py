@@ -220,16 +220,20 @@ def _group_inputs(
     cells: list[dict], metrics_paths: list[str], evaluation_paths: list[str], labels: list[str]
 ) -> tuple[dict[str, pd.DataFrame], Any]:
     """Metric tables and outcomes (convergence step, status) keyed by run label."""
+    runs = {label: pd.read_csv(path) for label, path in zip(labels, metrics_paths, strict=True)}
+    return runs, _group_outcomes(evaluation_paths, labels)
+
+
+def _group_outcomes(evaluation_paths: list[str], labels: list[str]) -> Any:
+    """Outcomes (convergence step, status) keyed by run label, from the runs' evaluations."""
     from trainmap.dynamics.pipeline import Outcomes
 
-    runs = {label: pd.read_csv(path) for label, path in zip(labels, metrics_paths, strict=True)}
     evaluations = [load_json(path) for path in evaluation_paths]
-    outcomes = Outcomes(
+    return Outcomes(
         convergence={label: e["convergence_step"] for label, e in zip(labels, evaluations,
                                                                       strict=True)},
         status={label: e["status"] for label, e in zip(labels, evaluations, strict=True)},
     )  # fmt: skip
-    return runs, outcomes
 
 
 def _seed_labels(cells: list[dict]) -> list[str]:
@@ -264,14 +268,14 @@ def fit_hmm_job(
 
 
 def regress_detours_job(
-    group: str, cells: list[dict], metrics_paths: list[str], evaluation_paths: list[str],
-    out_dir: str | Path, config: dict,
-) -> None:  # fmt: skip
-    """Rule ``regress_detours``: detour states and trajectory dissimilarity of one group."""
+    group: str, cells: list[dict], evaluation_paths: list[str], out_dir: str | Path, config: dict
+) -> None:
+    """Rule ``regress_detours``: detour states and trajectory dissimilarity of one group (from the
+    fitted HMM's states and the runs' convergence steps; the metric tables are not needed)."""
     from trainmap.dynamics.pipeline import regress_group
 
     out_dir = Path(out_dir)
-    _, outcomes = _group_inputs(cells, metrics_paths, evaluation_paths, _seed_labels(cells))
+    outcomes = _group_outcomes(evaluation_paths, _seed_labels(cells))
     with rule_run(config, "regress_detours", task=Cell.of(cells[0]).task, params={"group": group},
                   config_hash=settings_hash(group)) as run:  # fmt: skip
         captions = regress_group(outcomes, out_dir, out_dir, title=group)

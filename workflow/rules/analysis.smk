@@ -3,8 +3,7 @@ GROUP = "{task}/{arch}/{method}"
 
 rule collect_metrics:
     input:
-        unpack(run_files_of_cell),
-        trajectory=trajectory_of_cell,
+        unpack(run_files_with_trajectory_of_cell),
         # The metric definitions are an input: changing them reruns this rule and the analysis
         # after it, never training.
         definitions="src/trainmap/dynamics/metrics.py",
@@ -99,7 +98,6 @@ rule regress_detours:
     input:
         model=f"results/hmm/{GROUP}/hmm.npz",
         states=f"results/hmm/{GROUP}/states.csv",
-        metrics=metrics_of_group,
         evaluations=evaluations_of_group,
     output:
         detours=f"results/hmm/{GROUP}/detours.json",

@@ -1,4 +1,8 @@
 # Grid expansion, input functions and the one-time tracking set-up. No rule lives here.
+import inspect
+
+from snakemake.common import overwrite_function_params
+
 from trainmap import config as grid
 from trainmap.tracking import experiment_name, init_tracking, tracking_uri
 from trainmap.worker import start_server, stop_server
@@ -50,48 +54,67 @@ HMM_GROUPS = grid.analysis_groups(config)
 JOINT_GROUPS = grid.joint_groups(config)
 
 
+def input_function(func):
+    """Mark ``func`` (an input, params or resources function) so Snakemake reads its signature once.
+
+    Snakemake otherwise calls ``inspect.signature`` on every such function for every job: at 40k
+    jobs with several functions each, ~6 % of a dry run (bench/dag_scale.py).
+    """
+    overwrite_function_params(func, inspect.signature(func).parameters)
+    return func
+
+
+#: A task's dataset, a plain pattern rather than an input function: cheaper per job.
+DATASET = "results/data/{task}/dataset.pt"
+
+
 def cell_of(wildcards):
     return grid.Cell.from_wildcards(wildcards)
 
 
-def dataset_of_task(wildcards):
-    return f"results/data/{wildcards.task}/dataset.pt"
-
-
+@input_function
 def data_settings_of_task(wildcards):
     return grid.data_settings(config, wildcards.task)
 
 
+@input_function
 def model_settings_of_cell(wildcards):
     return grid.model_settings(config, wildcards.task, wildcards.arch)
 
 
+@input_function
 def train_settings_of_task(wildcards):
     return grid.train_settings(config, wildcards.task)
 
 
+@input_function
 def gpus_of_task(wildcards):
     """1 when the task trains on a GPU (train.<task>.device: cuda), for the cluster's request."""
     device = grid.train_settings(config, wildcards.task).get("device", "cpu")
     return 1 if device.startswith("cuda") else 0
 
 
+@input_function
 def evaluate_settings_of_task(wildcards):
     return grid.evaluate_settings(config, wildcards.task)
 
 
+@input_function
 def gradinit_settings_of_task(wildcards):
     return grid.stage_settings(config, "gradinit", wildcards.task)
 
 
+@input_function
 def sparse_settings_of_task(wildcards):
     return grid.stage_settings(config, "sparse", wildcards.task)
 
 
+@input_function
 def method_options_of_cell(wildcards):
     return grid.method_of(cell_of(wildcards)).options
 
 
+@input_function
 def initial_model_of_cell(wildcards):
     """GradInit's rescaled model for cells of a gradinit-stage method; none for the others."""
     cell = cell_of(wildcards)
@@ -100,6 +123,7 @@ def initial_model_of_cell(wildcards):
     return []
 
 
+@input_function
 def teacher_model_of_cell(wildcards):
     """The dense model a sparse cell retrains: the kaiming cell of the same task, arch and seed."""
     return f"results/train/{grid.teacher_cell(cell_of(wildcards)).id}/model.pt"
@@ -110,6 +134,7 @@ def run_dir_of_cell(cell):
     return f"results/{'sparse' if grid.is_sparse(cell) else 'train'}/{cell.id}"
 
 
+@input_function
 def run_files_of_cell(wildcards):
     """The final model, history and run summary of a cell (train or sparse rule)."""
     run_dir = run_dir_of_cell(cell_of(wildcards))
@@ -120,19 +145,26 @@ def run_files_of_cell(wildcards):
     }
 
 
-def trajectory_of_cell(wildcards):
-    return f"{run_dir_of_cell(cell_of(wildcards))}/trajectory.pt"
+@input_function
+def run_files_with_trajectory_of_cell(wildcards):
+    """What collect_metrics reads: the run's files and its checkpoint trajectory."""
+    files = run_files_of_cell(wildcards)
+    files["trajectory"] = f"{run_dir_of_cell(cell_of(wildcards))}/trajectory.pt"
+    return files
 
 
-def forms_of_cell(wildcards):
-    """Every form of a cell's model that evaluate measures, besides the final model itself."""
+@input_function
+def evaluation_inputs_of_cell(wildcards):
+    """The run's files and every other form of its model that evaluate measures (deploy,
+    quantised), in one input function: Snakemake's cost per input function and job adds up.
+    """
     cell = cell_of(wildcards)
-    forms = {}
+    files = run_files_of_cell(wildcards)
     if grid.has_deploy_form(cell.arch) and not grid.is_sparse(cell):
-        forms["deploy"] = f"results/reparam/{cell.id}/deploy.pt"
+        files["deploy"] = f"results/reparam/{cell.id}/deploy.pt"
     if grid.quantized_schemes(config, cell):
-        forms["quantized"] = f"results/quantize/{cell.id}/quantize.json"
-    return forms
+        files["quantized"] = f"results/quantize/{cell.id}/quantize.json"
+    return files
 
 
 def files_of_grid(rule_dir, filename):
@@ -197,16 +229,19 @@ def metrics_of_cells(cells):
     return [f"results/metrics/{cell.id}/metrics.csv" for cell in cells]
 
 
+@input_function
 def cells_of_group(wildcards):
     """The cells (as dicts) of one training-map group, in the order of its input lists."""
     cells = HMM_GROUPS[f"{wildcards.task}/{wildcards.arch}/{wildcards.method}"]
     return [cell.to_dict() for cell in cells]
 
 
+@input_function
 def cells_of_joint(wildcards):
     return [cell.to_dict() for cell in JOINT_GROUPS[wildcards.name]]
 
 
+@input_function
 def metrics_of_group(wildcards):
     """The per-run metric tables of one training-map group (task/arch/method)."""
     return metrics_of_cells(
@@ -214,15 +249,18 @@ def metrics_of_group(wildcards):
     )
 
 
+@input_function
 def evaluations_of_group(wildcards):
     cells = HMM_GROUPS[f"{wildcards.task}/{wildcards.arch}/{wildcards.method}"]
     return [f"results/evaluate/{cell.id}/evaluation.json" for cell in cells]
 
 
+@input_function
 def metrics_of_joint(wildcards):
     return metrics_of_cells(JOINT_GROUPS[wildcards.name])
 
 
+@input_function
 def groups_of_joint(wildcards):
     """Each pooled run's group label (its method, or arch/method when archs differ)."""
     cells = JOINT_GROUPS[wildcards.name]
@@ -230,6 +268,7 @@ def groups_of_joint(wildcards):
     return [f"{c.arch}/{c.method}" if several_archs else c.method for c in cells]
 
 
+@input_function
 def evaluations_of_joint(wildcards):
     return [
         f"results/evaluate/{cell.id}/evaluation.json"
@@ -239,8 +278,16 @@ def evaluations_of_joint(wildcards):
 
 def analysis_outputs():
     """Every trained run's metric table, and the grid's training maps, regressions and joint
-    comparisons."""
-    files = metrics_of_cells([cell for cell in CELLS if grid.retrains(cell)])
+    comparisons. Metric tables of runs in a map or a joint comparison are reached through it, so
+    only the others are listed here (fewer targets: a faster DAG for large grids)."""
+    grouped = {
+        cell
+        for group in (*HMM_GROUPS.values(), *JOINT_GROUPS.values())
+        for cell in group
+    }
+    files = metrics_of_cells(
+        [c for c in CELLS if grid.retrains(c) and c not in grouped]
+    )
     for group in HMM_GROUPS:
         files += [f"results/hmm/{group}/map.json", f"results/hmm/{group}/detours.json"]
     files += [f"results/joint/{name}/joint.json" for name in JOINT_GROUPS]

@@ -1,8 +1,7 @@
 rule evaluate:
     input:
-        unpack(run_files_of_cell),
-        unpack(forms_of_cell),
-        dataset=dataset_of_task,
+        unpack(evaluation_inputs_of_cell),
+        dataset=DATASET,
     output:
         f"results/evaluate/{CELL}/evaluation.json",
     log:

@@ -1,6 +1,6 @@
 rule gradinit:
     input:
-        dataset=dataset_of_task,
+        dataset=DATASET,
     output:
         model=f"results/gradinit/{CELL}/init.pt",
         scales=f"results/gradinit/{CELL}/scales.json",

@@ -1,6 +1,6 @@
 rule reparam:
     input:
-        dataset=dataset_of_task,
+        dataset=DATASET,
         model=f"results/train/{CELL}/model.pt",
     output:
         deploy=f"results/reparam/{CELL}/deploy.pt",

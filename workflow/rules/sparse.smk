@@ -1,6 +1,6 @@
 rule sparse_retrain:
     input:
-        dataset=dataset_of_task,
+        dataset=DATASET,
         teacher=teacher_model_of_cell,
     output:
         model=f"results/sparse/{CELL}/model.pt",
@@ -35,7 +35,7 @@ rule sparse_retrain:
 rule quantize:
     input:
         unpack(run_files_of_cell),
-        dataset=dataset_of_task,
+        dataset=DATASET,
     output:
         manifest=f"results/quantize/{CELL}/quantize.json",
         models=expand(

@@ -1,6 +1,6 @@
 rule train:
     input:
-        dataset=dataset_of_task,
+        dataset=DATASET,
         init=initial_model_of_cell,
     output:
         trajectory=f"results/train/{CELL}/trajectory.pt",

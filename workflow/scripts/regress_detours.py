@@ -9,7 +9,6 @@ run_job(
     log=snakemake.log[0],
     group=snakemake.params.group,
     cells=snakemake.params.cells,
-    metrics_paths=list(snakemake.input.metrics),
     evaluation_paths=list(snakemake.input.evaluations),
     out_dir=str(Path(snakemake.output[0]).parent),
     config=snakemake.config,
