@@ -124,13 +124,14 @@ def test_packed_large_layer_is_within_one_percent_of_the_formula(tmp_path):
         assert whole == sizes["total"] and whole <= 1.01 * formula_bytes + sizes["scales"] + 2048
 
 
-def test_sparse_quantised_checkpoint_and_packed_file_round_trip(tmp_path):
+@pytest.mark.parametrize("slorb_k", [None, 16])
+def test_sparse_quantised_checkpoint_and_packed_file_round_trip(tmp_path, slorb_k):
     from trainmap.train import build_cell_model
 
     meta = {"input_kind": "image", "input_shape": [1, 8, 8], "num_classes": 10}
     dense = build_cell_model("vgg_bn", "kaiming", 0, meta, {"widths": [8, 16],
                                                             "convs_per_stage": [2, 2]}).eval()  # fmt: skip
-    model = sparsify(dense, 2, 4).eval()
+    model = sparsify(dense, 2, 4, slorb_k=slorb_k).eval()
     info = {"arch": "vgg_bn", "model_options": {"widths": [8, 16], "convs_per_stage": [2, 2]},
             "meta": meta, "method": "ast", "seed": 0}  # fmt: skip
     save_sparse(model, tmp_path / "sparse.pt", **info)
@@ -143,6 +144,9 @@ def test_sparse_quantised_checkpoint_and_packed_file_round_trip(tmp_path):
                             quantized_layers(loaded).values(), strict=True):  # fmt: skip
         assert torch.equal(a.qweight, b.qweight), name
         assert torch.equal(a.scale, b.scale)
+        assert a.slorb_k == b.slorb_k == (slorb_k if a.nm else None)
+        if a.slorb_k is not None:
+            assert torch.equal(a.slorb_qweight, b.slorb_qweight)
     assert torch.equal(loaded(inputs), quantized(inputs))
     # Sparsity survives: every quantised N:M layer keeps its zeros.
     for layer in quantized_layers(quantized).values():
@@ -154,3 +158,36 @@ def test_sparse_quantised_checkpoint_and_packed_file_round_trip(tmp_path):
     for name, layer in quantized_layers(quantized).items():
         assert torch.equal(unpacked[f"{name}.qweight"], layer.qweight)
     assert torch.equal(unpacked["stage1.bn1.running_var"], quantized.stage1.bn1.running_var)
+
+
+def test_slorb_layers_stay_nm_sparse_with_s_quantised_beside_them(tmp_path):
+    """AST-Boosted keeps strict N:M weights plus the small S (N x d/k, AST sec. 4.4): quantising
+    must not fold S P into the weight (that would make it dense and lose the packed format)."""
+    torch.manual_seed(0)
+    dense = nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10))
+    model = sparsify(dense, 2, 4, slorb_k=16, layers=["0", "2"]).eval()
+    with torch.no_grad():  # a trained S differs from its init: give it its own values
+        model[0].slorb_weight.add_(0.05 * torch.randn_like(model[0].slorb_weight))
+    inputs = torch.randn(64, 64)
+    reference = model(inputs)
+    for scheme in ("int8", "int4", "awq_int4"):
+        quantized, _ = quantize_model(model, scheme, inputs)
+        for name, layer in quantized_layers(quantized).items():
+            source = model.get_submodule(name)
+            assert layer.nm == (2, 4) and layer.slorb_k == 16
+            kept = layer.weight_mask.reshape(-1, 4).sum(dim=1)
+            assert torch.equal(kept, torch.full_like(kept, 2)), name
+            assert torch.all(layer.qweight[layer.weight_mask == 0] == 0), name
+            s_error = (dequantize_rows(layer.slorb_qweight, layer.slorb_scale)
+                       - source.slorb_weight).abs()  # fmt: skip
+            assert torch.all(s_error <= layer.slorb_scale[:, None] / 2 + 1e-7), name
+        if scheme == "int8":  # S P is in the forward: int8 stays close to the fp32 sparse model
+            assert (quantized(inputs) - reference).abs().max() < 0.02 * reference.abs().max()
+    sizes = save_packed(quantized, tmp_path / "q.packed")
+    s_values = 32 * math.ceil(64 / 16) + 10 * math.ceil(32 / 16)
+    assert sizes["slorb"] == s_values + (32 + 10) * 4  # int8 S (SLORB_BITS) + fp32 row scales
+    assert sizes["indices"] > 0  # both layers N:M packed
+    unpacked = load_packed(tmp_path / "q.packed")
+    for name, layer in quantized_layers(quantized).items():
+        assert torch.equal(unpacked[f"{name}.slorb_qweight"], layer.slorb_qweight)
+        assert torch.equal(unpacked[f"{name}.weight_mask"], layer.weight_mask)

@@ -137,6 +137,14 @@ class _StraightThrough(torch.autograd.Function):
         return grad, None
 
 
+def expand_slorb(slorb_weight: torch.Tensor, k: int, shape: torch.Size) -> torch.Tensor:
+    """SLoRB's S P as a weight of ``shape`` (AST sec. 4.4): S (N x ceil(d/k)) times the projection P
+    that sums each group of k consecutive inputs, i.e. S_ij repeated on group j's k inputs (conv
+    kernels as (out, in*kh*kw) rows; a last partial group keeps its first d mod k)."""
+    inputs = math.prod(shape[1:])
+    return slorb_weight.repeat_interleave(k, dim=1)[:, :inputs].reshape(shape)
+
+
 class SparseLayer:
     """What the sparse Linear and Conv2d layers share: the mask, SLoRB and the masked forward."""
 
@@ -165,9 +173,7 @@ class SparseLayer:
 
     def slorb_dense(self) -> torch.Tensor:
         """S expanded to the weight's shape: S_ij on each of group j's k inputs (= S P)."""
-        inputs = self.weight[0].numel()
-        expanded = self.slorb_weight.repeat_interleave(self.slorb_k, dim=1)[:, :inputs]
-        return expanded.reshape(self.weight.shape)
+        return expand_slorb(self.slorb_weight, self.slorb_k, self.weight.shape)
 
     def effective_weight(self) -> torch.Tensor:
         """The weight the layer computes with: W * m, plus the SLoRB term when it has one."""
