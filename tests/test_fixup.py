@@ -26,9 +26,9 @@ def test_fixup_zero_inits_the_second_conv_and_the_classifier():
     model = fixup()
     for block in model.blocks:
         assert torch.count_nonzero(block.conv2.weight) == 0
-        assert float(block.scale) == 1.0
+        assert block.scale.item() == 1.0
         for name in ("bias1a", "bias1b", "bias2a", "bias2b"):
-            assert float(getattr(block, name)) == 0.0
+            assert getattr(block, name).item() == 0.0
     assert torch.count_nonzero(model.classifier.weight) == 0
     assert torch.count_nonzero(model.classifier.bias) == 0
 
