@@ -53,7 +53,6 @@ from torch import nn
 
 from trainmap.io import save_torch, write_atomic
 from trainmap.models import eval_forward_with_hooks
-from trainmap.sparse import expand_slorb
 
 SCHEMES = {"int8": (8, False), "int4": (4, False), "awq_int8": (8, True), "awq_int4": (4, True)}
 AWQ_GRID = tuple(i / 20 for i in range(21))
@@ -108,6 +107,11 @@ class QuantizedLayer:
         if self.input_divisor is not None:
             weight = weight / _column_scale(self.input_divisor, weight)
         if self.slorb_qweight is not None:
+            # Imported here: trainmap.sparse brings the training stack (pandas, trainmap.train),
+            # which the config check's `from trainmap.quantize import SCHEMES` must not load at
+            # every Snakefile parse (+0.6 s).
+            from trainmap.sparse import expand_slorb
+
             slorb = dequantize_rows(self.slorb_qweight, self.slorb_scale)
             weight = weight + expand_slorb(slorb, self.slorb_k, weight.shape)
         return weight
