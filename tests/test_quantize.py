@@ -101,6 +101,36 @@ def test_pack_unpack_is_bit_exact(n, m, huffman):
     assert torch.equal(q_back, q) and torch.equal(mask_back, mask)
 
 
+@pytest.mark.parametrize("layout", ["input_channels", "flattened"])
+def test_conv_kernels_pack_in_their_group_layout(layout):
+    """A conv kernel's groups are packed in the layer's layout and named in the header; the
+    input-channel layout's first group is 4 channels at kernel position (0, 0)."""
+    torch.manual_seed(7)
+    weight = torch.randn(6, 8, 3, 3)
+    mask = nm_mask(weight, 2, 4, layout)
+    q, _ = quantize_rows(weight * mask, 4)
+    packed = pack_nm(q, mask, 2, 4, layout=layout)
+    assert packed.meta["group_layout"] == layout and packed.meta["groups"] == 6 * 8 * 9 // 4
+    q_back, mask_back = unpack_nm(packed)
+    assert torch.equal(q_back, q) and torch.equal(mask_back, mask)
+    first_group = mask[0, 0:4, 0, 0] if layout == "input_channels" else mask[0].reshape(-1)[:4]
+    first_pattern = tuple(int(i) for i in torch.nonzero(first_group).flatten())
+    index = int.from_bytes(packed.sections["indices"][:1], "big") >> 5  # the first 3-bit index
+    assert patterns(2, 4)[index] == first_pattern
+
+
+def test_packed_files_without_a_layout_read_as_flattened():
+    """Packed N:M entries written before the layout was recorded used the flattened rows."""
+    torch.manual_seed(8)
+    weight = torch.randn(4, 8, 2, 2)
+    mask = nm_mask(weight, 2, 4, "flattened")
+    q, _ = quantize_rows(weight * mask, 4)
+    packed = pack_nm(q, mask, 2, 4, layout="flattened")
+    del packed.meta["group_layout"]
+    q_back, mask_back = unpack_nm(packed)
+    assert torch.equal(q_back, q) and torch.equal(mask_back, mask)
+
+
 def test_pattern_index_maps_to_the_kept_positions():
     assert patterns(2, 4) == ((0, 1), (0, 2), (0, 3), (1, 2), (1, 3), (2, 3))
     q = torch.tensor([[0, 3, 0, -2]], dtype=torch.int8)
@@ -145,6 +175,7 @@ def test_sparse_quantised_checkpoint_and_packed_file_round_trip(tmp_path, slorb_
         assert torch.equal(a.qweight, b.qweight), name
         assert torch.equal(a.scale, b.scale)
         assert a.slorb_k == b.slorb_k == (slorb_k if a.nm else None)
+        assert a.nm_layout == b.nm_layout == ("input_channels" if a.nm else None)
         if a.slorb_k is not None:
             assert torch.equal(a.slorb_qweight, b.slorb_qweight)
     assert torch.equal(loaded(inputs), quantized(inputs))

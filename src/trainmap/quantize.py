@@ -15,7 +15,11 @@
   lexicographic order (itertools.combinations), in ceil(log2 C(M, N)) bits, bit-packed, or
   Huffman-coded for equally likely patterns. Per-channel scales are stored separately (fp32) and
   counted separately. C_n = (4n + ceil(log2 C(2n, n))) / (2n * 32) of dense fp32 (sec. 5; with
-  Huffman, table 1: 7.81, 8.33, 8.66, 8.93, 9.10, 9.22 %).
+  Huffman, table 1: 7.81, 8.33, 8.66, 8.93, 9.10, 9.22 %). Groups are stored in the order of the
+  layer's N:M group layout (``trainmap.nm``), named in each entry's header as ``group_layout``: for
+  a conv kernel by default ``input_channels``, i.e. the M consecutive input channels at each kernel
+  position, groups ordered (out, kh, kw, in // M); ``flattened`` stores groups along the
+  (out, in*kh*kw) rows. Linear weights have one layout (groups along each row).
 
 Schemes (:data:`SCHEMES`): ``int8``, ``int4`` (round-to-nearest) and ``awq_int8``, ``awq_int4``.
 A quantised model holds :class:`QuantizedLinear` / :class:`QuantizedConv2d` modules with integer
@@ -53,6 +57,7 @@ from torch import nn
 
 from trainmap.io import save_torch, write_atomic
 from trainmap.models import eval_forward_with_hooks
+from trainmap.nm import LEGACY_LAYOUT, from_nm_groups, nm_groups
 
 SCHEMES = {"int8": (8, False), "int4": (4, False), "awq_int8": (8, True), "awq_int4": (4, True)}
 AWQ_GRID = tuple(i / 20 for i in range(21))
@@ -89,8 +94,10 @@ class QuantizedLayer:
     def setup_quantized(self, q: torch.Tensor, scale: torch.Tensor, divisor: torch.Tensor | None,
                         bias: torch.Tensor | None, bits: int,
                         mask: torch.Tensor | None, nm: tuple[int, int] | None,
-                        slorb: QuantizedSlorb | None = None) -> None:  # fmt: skip
+                        slorb: QuantizedSlorb | None = None,
+                        nm_layout: str | None = None) -> None:  # fmt: skip
         self.bits, self.nm = bits, nm
+        self.nm_layout = (nm_layout or LEGACY_LAYOUT) if nm is not None else None
         self.register_buffer("qweight", q)
         self.register_buffer("scale", scale)
         self.register_buffer("input_divisor", divisor)
@@ -273,7 +280,8 @@ def quantize_model(
         layer = (QuantizedLinear(module.in_features, module.out_features)
                  if isinstance(module, nn.Linear) else QuantizedConv2d(module))  # fmt: skip
         layer.setup_quantized(q, scale, divisor, module.bias, bits, mask, nm,
-                              QuantizedSlorb.of(module))  # fmt: skip
+                              QuantizedSlorb.of(module),
+                              getattr(module, "group_layout", None))  # fmt: skip
         _replace(quantized, name, layer)
         notes[name] = note
     return quantized.eval(), notes
@@ -307,6 +315,7 @@ def save_quantized(model: nn.Module, path: str | os.PathLike, scheme: str,
     for name, layer in quantized_layers(model).items():
         layers[name] = {"kind": "linear" if isinstance(layer, QuantizedLinear) else "conv2d",
                         "bits": layer.bits, "nm": list(layer.nm) if layer.nm else None,
+                        "nm_layout": layer.nm_layout,
                         "shape": list(layer.qweight.shape), "slorb_k": layer.slorb_k}  # fmt: skip
         if isinstance(layer, QuantizedConv2d):
             layers[name]["conv"] = {"stride": list(layer.stride), "padding": list(layer.padding),
@@ -331,7 +340,8 @@ def model_from_quantized(saved: dict[str, Any]) -> nn.Module:
                  if "slorb_qweight" in state else None)  # fmt: skip
         layer.setup_quantized(state["qweight"], state["scale"], state.get("input_divisor"),
                               state.get("bias"), spec["bits"], state.get("weight_mask"),
-                              tuple(spec["nm"]) if spec["nm"] else None, slorb)  # fmt: skip
+                              tuple(spec["nm"]) if spec["nm"] else None, slorb,
+                              spec.get("nm_layout"))  # fmt: skip
         _replace(skeleton, name, layer)
     skeleton.load_state_dict(saved["state_dict"])
     return skeleton.eval()
@@ -472,12 +482,12 @@ class PackedLayer:
 
 
 def pack_nm(q: torch.Tensor, mask: torch.Tensor, n: int, m: int, bits: int = 4,
-            huffman: bool = False) -> PackedLayer:  # fmt: skip
-    """Pack an N:M quantised weight: kept values (nibbles at 4 bits, bytes at 8) in row-major group
-    order, and each group's pattern index (fixed-width bits or canonical Huffman codes)."""
-    rows = q.reshape(q.shape[0], -1).numpy().astype(np.int16)
-    keep = mask.reshape(mask.shape[0], -1).numpy() > 0
-    groups_keep = keep.reshape(-1, m)
+            huffman: bool = False, layout: str = "input_channels") -> PackedLayer:  # fmt: skip
+    """Pack an N:M quantised weight: kept values (nibbles at 4 bits, bytes at 8) in group order of
+    ``layout`` (``trainmap.nm.nm_groups``), and each group's pattern index (fixed-width bits or
+    canonical Huffman codes)."""
+    rows = nm_groups(q, m, layout).numpy().astype(np.int16)
+    groups_keep = nm_groups(mask, m, layout).numpy().reshape(-1, m) > 0
     if not (groups_keep.sum(axis=1) == n).all():
         raise ValueError(f"the mask is not {n}:{m}: some group does not keep exactly {n}")
     lookup = {pattern: index for index, pattern in enumerate(patterns(n, m))}
@@ -494,7 +504,7 @@ def pack_nm(q: torch.Tensor, mask: torch.Tensor, n: int, m: int, bits: int = 4,
         index_bytes = _pack_bits(indices, np.full(len(indices), width, dtype=np.int64))
     values = _pack_nibbles(kept) if bits == 4 else kept.tobytes()
     meta = {"layout": "nm", "n": n, "m": m, "bits": bits, "huffman": huffman,
-            "shape": list(q.shape), "groups": len(indices)}  # fmt: skip
+            "group_layout": layout, "shape": list(q.shape), "groups": len(indices)}  # fmt: skip
     return PackedLayer(meta, {"values": values, "indices": index_bytes})
 
 
@@ -515,9 +525,9 @@ def unpack_nm(layer: PackedLayer) -> tuple[torch.Tensor, torch.Tensor]:
     keep[np.arange(groups)[:, None], table[indices]] = True
     values = np.zeros((groups, m), dtype=np.int8)
     values[keep] = kept
-    shape = meta["shape"]
-    q = torch.from_numpy(values.reshape(shape).copy())
-    return q, torch.from_numpy(keep.reshape(shape).astype(np.float32))
+    shape, layout = meta["shape"], meta.get("group_layout", LEGACY_LAYOUT)
+    q = from_nm_groups(torch.from_numpy(values), shape, layout)
+    return q, from_nm_groups(torch.from_numpy(keep.astype(np.float32)), shape, layout)
 
 
 def pack_dense(q: torch.Tensor, bits: int) -> PackedLayer:
@@ -552,7 +562,7 @@ def save_packed(model: nn.Module, path: str | os.PathLike, huffman: bool = False
     for name, layer in qlayers.items():
         if layer.nm is not None and layer.weight_mask is not None:
             packed = pack_nm(layer.qweight, layer.weight_mask, *layer.nm, bits=layer.bits,
-                             huffman=huffman)  # fmt: skip
+                             huffman=huffman, layout=layer.nm_layout)  # fmt: skip
         else:
             packed = pack_dense(layer.qweight, layer.bits)
         entries.append(_entry(f"{name}.qweight", "qweight", packed, payload, sizes))

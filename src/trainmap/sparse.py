@@ -4,8 +4,10 @@ Huang et al., "Pruning Large Language Models with Semi-Structural Adaptive Spars
 (AST), with SR-STE from Zhou et al. (2021) and Wanda from Sun et al. (2023):
 
 * N:M mask (sec. 3.1): in every group of M consecutive input weights of an output row keep the N
-  with the largest score (|W| for magnitude, |W| * ||x_j||_2 for Wanda). Conv kernels are (out,
-  in*kh*kw) rows, grouped along that flattened input. Ties keep the lower index.
+  with the largest score (|W| for magnitude, |W| * ||x_j||_2 for Wanda). Ties keep the lower index.
+  Conv kernels group M consecutive input channels at each kernel position by default (setting
+  ``conv_groups: input_channels``, the SR-STE authors' sparse conv and the layout N:M tensor cores
+  accelerate); ``conv_groups: flattened`` groups the (out, in*kh*kw) rows instead (``trainmap.nm``).
 * Straight-through estimator (sec. 3.2): the forward pass uses W * m, the backward pass hands the
   gradient with respect to W * m to all of W unmasked.
 * SR-STE (sec. 3.2): the update of W uses g + lambda_W * (1 - m) * W, so pruned weights decay while
@@ -18,11 +20,15 @@ Huang et al., "Pruning Large Language Models with Semi-Structural Adaptive Spars
   r_t = ||m_t - m_{t-1}||_1 / D and the initial flip rate i_t = ||m_t - m_0||_1 / D (sec. 3.3, D the
   weights of all sparse layers) are recorded at each refresh.
 * Distillation (sec. 4.2): loss = task loss + alpha * T^2 * KL(teacher || student) on logits softened
-  by temperature T, the dense teacher frozen in eval mode.
+  by temperature T, the dense teacher frozen in eval mode; the KL is averaged per token (per
+  example for (batch, classes) logits, per position for (batch, sequence, vocabulary) logits).
 * SLoRB (sec. 4.4): an extra term S(Px): P sums each group of k consecutive inputs, S (out x d/k) is
   initialised to the mean of the pruned weights of each group, S_ij = (1/k) sum_p W_ip (1 - M_ip),
-  so each group's mean of W * M plus the SLoRB contribution equals the dense group's mean. It is
-  computed as a dense matrix S expanded over each group's k inputs, added to W * M.
+  so each group's mean of W * M plus the SLoRB contribution equals the dense group's mean (a last,
+  partial group of d mod k inputs divides by its own size). It is computed as a dense matrix S
+  expanded over each group's k inputs, added to W * M. The paper defines SLoRB for Linear layers;
+  on a conv its groups are k consecutive entries of the flattened (in*kh*kw) row, whatever the N:M
+  layout (S is stored apart from the N:M weights, so the two need not align).
 
 Methods (``trainmap.methods``): ``ast`` (annealed SR-STE + distillation, AST-Naive), ``ast_slorb``
 (AST-Boosted), ``ast_static`` (static lambda), ``oneshot`` (magnitude, no retraining), ``oneshot_ft``
@@ -48,6 +54,7 @@ from torch import nn
 from trainmap.data import TaskData
 from trainmap.io import save_json, save_torch, write_atomic
 from trainmap.models import eval_forward_with_hooks
+from trainmap.nm import GROUP_LAYOUTS, LEGACY_LAYOUT, from_nm_groups, grouped_axis_size, nm_groups
 from trainmap.train import (
     TrainConfig,
     TrainHooks,
@@ -71,6 +78,7 @@ DEFAULT_SETTINGS: dict[str, Any] = {
     "slorb_k": 16,
     "calibration_batch": 256,
     "dense_layers": "first_last",
+    "conv_groups": "input_channels",
     "train": {},
 }
 DENSE_LAYER_CHOICES = ("first_last", "none")
@@ -97,6 +105,8 @@ def check_settings(settings: Mapping[str, Any]) -> dict[str, Any]:
         raise ValueError(
             f"dense_layers {cfg['dense_layers']!r} is not one of {DENSE_LAYER_CHOICES}"
         )
+    if cfg["conv_groups"] not in GROUP_LAYOUTS:
+        raise ValueError(f"conv_groups {cfg['conv_groups']!r} is not one of {GROUP_LAYOUTS}")
     TrainConfig.from_dict(cfg["train"])  # unknown training keys are named there
     return cfg
 
@@ -104,25 +114,25 @@ def check_settings(settings: Mapping[str, Any]) -> dict[str, Any]:
 # --- masks ------------------------------------------------------------------------------------
 
 
-def nm_mask_from_scores(scores: torch.Tensor, n: int, m: int) -> torch.Tensor:
+def nm_mask_from_scores(
+    scores: torch.Tensor, n: int, m: int, layout: str = "input_channels"
+) -> torch.Tensor:
     """Keep the N highest scores in every group of M consecutive inputs of each output row.
 
-    ``scores`` has the weight's shape; rows are dim 0, the rest is flattened. Ties keep the lower
+    ``scores`` has the weight's shape; groups follow ``layout`` (:mod:`trainmap.nm`: a conv's M
+    consecutive input channels at each kernel position, or its flattened rows). Ties keep the lower
     index (a stable sort). Returns a 0/1 mask of the scores' shape and dtype.
     """
-    rows = scores.reshape(scores.shape[0], -1)
-    if rows.shape[1] % m:
-        raise ValueError(f"an N:M mask needs the input size ({rows.shape[1]}) divisible by m={m}")
-    groups = rows.reshape(rows.shape[0], -1, m)
+    groups = nm_groups(scores, m, layout)
     order = torch.sort(groups, dim=-1, descending=True, stable=True).indices
     mask = torch.zeros_like(groups)
     mask.scatter_(-1, order[..., :n], 1.0)
-    return mask.reshape(scores.shape)
+    return from_nm_groups(mask, scores.shape, layout)
 
 
-def nm_mask(weight: torch.Tensor, n: int, m: int) -> torch.Tensor:
-    """The magnitude N:M mask of ``weight`` (keep the N largest |w| of every M consecutive inputs)."""
-    return nm_mask_from_scores(weight.detach().abs(), n, m)
+def nm_mask(weight: torch.Tensor, n: int, m: int, layout: str = "input_channels") -> torch.Tensor:
+    """The magnitude N:M mask of ``weight`` (keep the N largest |w| of every group of M inputs)."""
+    return nm_mask_from_scores(weight.detach().abs(), n, m, layout)
 
 
 class _StraightThrough(torch.autograd.Function):
@@ -151,8 +161,9 @@ class SparseLayer:
     weight: nn.Parameter
     weight_mask: torch.Tensor
 
-    def setup_sparsity(self, n: int, m: int, slorb_k: int | None) -> None:
-        self.n, self.m, self.slorb_k = n, m, slorb_k
+    def setup_sparsity(self, n: int, m: int, slorb_k: int | None,
+                       layout: str = "input_channels") -> None:  # fmt: skip
+        self.n, self.m, self.slorb_k, self.group_layout = n, m, slorb_k, layout
         self.straight_through = True
         self.register_buffer("weight_mask", torch.ones_like(self.weight))
         if slorb_k is not None:
@@ -184,15 +195,18 @@ class SparseLayer:
     def refresh_mask(self, scores: torch.Tensor | None = None) -> None:
         """Recompute the N:M mask from the dense weights (or from ``scores``)."""
         source = self.weight.abs() if scores is None else scores
-        self.weight_mask.copy_(nm_mask_from_scores(source, self.n, self.m))
+        self.weight_mask.copy_(nm_mask_from_scores(source, self.n, self.m, self.group_layout))
 
     @torch.no_grad()
     def init_slorb(self) -> None:
-        """SLoRB init: S_ij = (1/k) sum over group j of W_ip * (1 - M_ip) (sec. 4.4)."""
+        """SLoRB init: S_ij = (1/k_j) sum over group j of W_ip * (1 - M_ip) (sec. 4.4), k_j = k,
+        or d mod k for a last, partial group (so S_ij is that group's mean pruned weight)."""
         pruned = (self.weight * (1 - self.weight_mask)).reshape(self.weight.shape[0], -1)
         inputs, k = pruned.shape[1], self.slorb_k
         padded = F.pad(pruned, (0, self.slorb_weight.shape[1] * k - inputs))
-        self.slorb_weight.copy_(padded.reshape(pruned.shape[0], -1, k).sum(dim=-1) / k)
+        sizes = torch.full((self.slorb_weight.shape[1],), float(k), dtype=pruned.dtype)
+        sizes[-1] = inputs - k * (self.slorb_weight.shape[1] - 1)
+        self.slorb_weight.copy_(padded.reshape(pruned.shape[0], -1, k).sum(dim=-1) / sizes)
 
 
 class SparseLinear(SparseLayer, nn.Linear):
@@ -204,14 +218,15 @@ class SparseLinear(SparseLayer, nn.Linear):
 
 
 class SparseConv2d(SparseLayer, nn.Conv2d):
-    """An ``nn.Conv2d`` whose kernel, as (out, in*kh*kw) rows, is N:M masked."""
+    """An ``nn.Conv2d`` whose kernel is N:M masked (groups per :attr:`group_layout`)."""
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
         """The convolution with the masked (+ SLoRB) kernel."""
         return self._conv_forward(inputs, self.effective_weight(), self.bias)
 
 
-def _sparse_copy(module: nn.Module, n: int, m: int, slorb_k: int | None) -> nn.Module:
+def _sparse_copy(module: nn.Module, n: int, m: int, slorb_k: int | None,
+                 layout: str) -> nn.Module:  # fmt: skip
     """A sparse layer with ``module``'s configuration and parameters (mask all ones)."""
     if isinstance(module, nn.Linear):
         layer = SparseLinear(module.in_features, module.out_features, module.bias is not None,
@@ -221,7 +236,7 @@ def _sparse_copy(module: nn.Module, n: int, m: int, slorb_k: int | None) -> nn.M
                              module.stride, module.padding, module.dilation, module.groups,
                              module.bias is not None, module.padding_mode,
                              dtype=module.weight.dtype)  # fmt: skip
-    layer.setup_sparsity(n, m, slorb_k)
+    layer.setup_sparsity(n, m, slorb_k, layout)
     with torch.no_grad():
         layer.weight.copy_(module.weight)
         if module.bias is not None:
@@ -229,15 +244,16 @@ def _sparse_copy(module: nn.Module, n: int, m: int, slorb_k: int | None) -> nn.M
     return layer
 
 
-def sparsifiable_layers(model: nn.Module, m: int, dense_layers: str = "first_last") -> list[str]:
-    """Names of the Linear/Conv2d layers to make N:M sparse: input size divisible by M, and (with
-    ``dense_layers="first_last"``) not the first weight layer nor the classifier (kept dense, as
-    most N:M works on CNNs do)."""
+def sparsifiable_layers(model: nn.Module, m: int, dense_layers: str = "first_last",
+                        layout: str = "input_channels") -> list[str]:  # fmt: skip
+    """Names of the Linear/Conv2d layers to make N:M sparse: grouped input size (in ``layout``)
+    divisible by M, and (with ``dense_layers="first_last"``) not the first weight layer nor the
+    classifier (kept dense, as most N:M works on CNNs do)."""
     layers = [n for n, mod in model.named_modules() if isinstance(mod, nn.Linear | nn.Conv2d)]
     if dense_layers == "first_last":
         layers = layers[1:-1]
     modules = dict(model.named_modules())
-    return [name for name in layers if modules[name].weight[0].numel() % m == 0]
+    return [n for n in layers if grouped_axis_size(modules[n].weight.shape, layout) % m == 0]
 
 
 def _replace(model: nn.Module, name: str, layer: nn.Module) -> None:
@@ -258,14 +274,15 @@ def sparsify(
     slorb_k: int | None = None,
     scores: Mapping[str, torch.Tensor] | None = None,
     layers: Iterable[str] | None = None,
+    layout: str = "input_channels",
 ) -> nn.Module:
     """A NEW model with ``layers`` (default: :func:`sparsifiable_layers`) replaced by N:M sparse
-    layers: masks from the dense weights' magnitude or from ``scores`` (Wanda); SLoRB initialised
-    from the pruned weights when ``slorb_k`` is given."""
+    layers grouped by ``layout``: masks from the dense weights' magnitude or from ``scores``
+    (Wanda); SLoRB initialised from the pruned weights when ``slorb_k`` is given."""
     sparse = copy.deepcopy(model)
-    names = list(layers) if layers is not None else sparsifiable_layers(model, m)
+    names = list(layers) if layers is not None else sparsifiable_layers(model, m, layout=layout)
     for name in names:
-        layer = _sparse_copy(sparse.get_submodule(name), n, m, slorb_k)
+        layer = _sparse_copy(sparse.get_submodule(name), n, m, slorb_k, layout)
         layer.refresh_mask(None if scores is None else scores[name])
         if slorb_k is not None:
             layer.init_slorb()
@@ -334,9 +351,15 @@ def srste_lambda(step: int, base: float, t0: int, decay: str) -> float:
 def distillation_loss(
     student: torch.Tensor, teacher: torch.Tensor, temperature: float
 ) -> torch.Tensor:
-    """T^2 * KL(teacher || student) of temperature-softened distributions, mean over the batch."""
-    log_student = F.log_softmax(student / temperature, dim=-1)
-    log_teacher = F.log_softmax(teacher / temperature, dim=-1)
+    """T^2 * KL(teacher || student) of temperature-softened distributions, averaged per token.
+
+    Logits are (..., classes): (batch, classes) averages over the batch, (batch, sequence, vocab)
+    over batch * sequence tokens, as the paper's per-token loss and the authors' code do (a plain
+    ``batchmean`` on 3-D logits would divide by the batch only, S times too large).
+    """
+    classes = student.shape[-1]
+    log_student = F.log_softmax(student.reshape(-1, classes) / temperature, dim=-1)
+    log_teacher = F.log_softmax(teacher.reshape(-1, classes) / temperature, dim=-1)
     kl = F.kl_div(log_student, log_teacher, log_target=True, reduction="batchmean")
     return temperature**2 * kl
 
@@ -458,6 +481,7 @@ def save_sparse(model: nn.Module, path: str | os.PathLike, **info: Any) -> None:
         "n": first.n if first else None,
         "m": first.m if first else None,
         "slorb_k": first.slorb_k if first else None,
+        "group_layout": first.group_layout if first else None,
         "layers": list(layers),
     }
     save_torch({"format": "sparse", "state_dict": model.state_dict(), "sparse": sparse, **info},
@@ -470,9 +494,10 @@ def model_from_sparse(saved: dict[str, Any]) -> nn.Module:
 
     model = build_model(saved["arch"], saved["meta"], **saved["model_options"])
     spec = saved["sparse"]
+    layout = spec.get("group_layout") or LEGACY_LAYOUT  # files from before the layout was saved
     for name in spec["layers"]:
         _replace(model, name, _sparse_copy(model.get_submodule(name), spec["n"], spec["m"],
-                                           spec["slorb_k"]))  # fmt: skip
+                                           spec["slorb_k"], layout))  # fmt: skip
     model.load_state_dict(saved["state_dict"])
     for layer in sparse_layers(model).values():
         layer.straight_through = False
@@ -482,7 +507,7 @@ def model_from_sparse(saved: dict[str, Any]) -> nn.Module:
 def check_nm(model: nn.Module) -> bool:
     """Whether every group of M in every sparse layer keeps exactly N weights."""
     for layer in sparse_layers(model).values():
-        groups = layer.weight_mask.reshape(layer.weight.shape[0], -1, layer.m)
+        groups = nm_groups(layer.weight_mask, layer.m, layer.group_layout)
         if not bool((groups.sum(dim=-1) == layer.n).all()):
             return False
     return True
@@ -516,12 +541,13 @@ def run_sparse_method(
     paths = TrainPaths.in_directory(out)
     info = dict(model_info or {})
     teacher = teacher.eval()
-    names = sparsifiable_layers(teacher, cfg["m"], cfg["dense_layers"])
+    layout = cfg["conv_groups"]
+    names = sparsifiable_layers(teacher, cfg["m"], cfg["dense_layers"], layout)
     scores = None
     if options["mask"] == "wanda":
         scores = wanda_scores(teacher, names, data.x_train[: cfg["calibration_batch"]])
     slorb_k = cfg["slorb_k"] if options.get("slorb") else None
-    student = sparsify(teacher, cfg["n"], cfg["m"], slorb_k, scores, names)
+    student = sparsify(teacher, cfg["n"], cfg["m"], slorb_k, scores, names, layout)
     if options.get("retrain"):
         train_cfg = TrainConfig.from_dict(cfg["train"])
         teacher.to(resolve_device(train_cfg.device))
@@ -535,8 +561,8 @@ def run_sparse_method(
         summary = _prune_without_training(student, data, paths, info)
         flips = pd.DataFrame(columns=["step", "flip_rate", "initial_flip_rate"])
     write_atomic(out / "flips.csv", lambda tmp: flips.to_csv(tmp, index=False))
-    summary |= {"nm_valid": check_nm(student), "sparse_layers": names,
-                "n": cfg["n"], "m": cfg["m"], "slorb_k": slorb_k}  # fmt: skip
+    summary |= {"nm_valid": check_nm(student), "sparse_layers": names, "n": cfg["n"],
+                "m": cfg["m"], "group_layout": layout, "slorb_k": slorb_k}  # fmt: skip
     save_json(summary, paths.summary)
     return summary
 
