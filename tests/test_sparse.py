@@ -7,6 +7,7 @@ import pytest
 import torch
 from torch import nn
 
+from trainmap.blocks import SeedBlock
 from trainmap.checkpoints import load_model
 from trainmap.data import make_task_data
 from trainmap.methods import METHODS
@@ -121,11 +122,17 @@ def sparse_mlp(seed: int = 0) -> nn.Module:
                     layers=["0", "2"])  # fmt: skip
 
 
+def attached(hooks: SparseHooks, model: nn.Module) -> SparseHooks:
+    """The hooks attached to a block of one seed (``model`` itself), as the training loop does."""
+    hooks.attach(SeedBlock([model]))
+    return hooks
+
+
 def test_srste_decays_pruned_weights_and_leaves_kept_updates_alone():
     """With no task gradient, one SGD step with SR-STE moves only pruned weights, toward zero."""
     model = sparse_mlp()
     settings = check_settings({"srste_lambda": 0.5})
-    hooks = SparseHooks(model, None, settings, {"decay": "static", "distill": False}, 100)
+    hooks = attached(SparseHooks(None, settings, {"decay": "static", "distill": False}, 100), model)
     before = {name: layer.weight.detach().clone() for name, layer in sparse_layers(model).items()}
     for layer in sparse_layers(model).values():
         layer.weight.grad = torch.zeros_like(layer.weight)
@@ -143,8 +150,8 @@ def test_srste_decays_pruned_weights_and_leaves_kept_updates_alone():
 def test_srste_uses_one_minus_mask_not_a_bitwise_not():
     """The authors' ~mask on an int mask gives -2/-1, decaying kept weights with a flipped sign."""
     model = sparse_mlp()
-    hooks = SparseHooks(model, None, check_settings({"srste_lambda": 1.0}),
-                        {"decay": "static", "distill": False}, 10)  # fmt: skip
+    hooks = attached(SparseHooks(None, check_settings({"srste_lambda": 1.0}),
+                                 {"decay": "static", "distill": False}, 10), model)  # fmt: skip
     for layer in sparse_layers(model).values():
         layer.weight.grad = torch.zeros_like(layer.weight)
     hooks.after_backward(step=0)
@@ -222,8 +229,8 @@ def test_slorb_partial_last_group_is_the_mean_of_its_own_inputs():
 
 def test_flip_rates_of_hand_made_masks():
     model = sparse_mlp()
-    hooks = SparseHooks(model, None, check_settings({"mask_every": 1}),
-                        {"decay": "none", "distill": False}, 10)  # fmt: skip
+    hooks = attached(SparseHooks(None, check_settings({"mask_every": 1}),
+                                 {"decay": "none", "distill": False}, 10), model)  # fmt: skip
     layers = list(sparse_layers(model).values())
     total = sum(layer.weight_mask.numel() for layer in layers)
     first = layers[0].weight_mask.clone()
@@ -233,11 +240,11 @@ def test_flip_rates_of_hand_made_masks():
     hooks.after_step(0)
     changed = float((layers[0].weight_mask - first).abs().sum())
     assert changed == 4  # two kept weights dropped, two pruned ones kept
-    assert hooks.flips[-1]["flip_rate"] == pytest.approx(changed / total)
-    assert hooks.flips[-1]["initial_flip_rate"] == pytest.approx(changed / total)
+    assert hooks.flips[0][-1]["flip_rate"] == pytest.approx(changed / total)
+    assert hooks.flips[0][-1]["initial_flip_rate"] == pytest.approx(changed / total)
     hooks.after_step(1)  # nothing changed since
-    assert hooks.flips[-1]["flip_rate"] == 0.0
-    assert hooks.flips[-1]["initial_flip_rate"] == pytest.approx(changed / total)
+    assert hooks.flips[0][-1]["flip_rate"] == 0.0
+    assert hooks.flips[0][-1]["initial_flip_rate"] == pytest.approx(changed / total)
 
 
 def test_wanda_scores_and_mask_differ_from_magnitude_with_skewed_inputs():
@@ -370,3 +377,44 @@ def test_settings_are_checked():
     with pytest.raises(ValueError, match="conv_groups 'channels' is not one of"):
         check_settings({"conv_groups": "channels"})
     assert check_settings({})["conv_groups"] == "input_channels"
+
+
+@pytest.mark.parametrize("method", ["ast", "ast_slorb"])
+def test_sparse_retraining_in_a_block_equals_each_seed_alone(tmp_path, method):
+    """A block of three seeds of a BatchNorm CNN (each distilled from its own teacher, its own masks
+    refreshed every 5 steps, SR-STE, SLoRB): every seed's trajectory, masks and flip rates equal
+    its retraining alone (float64, 1e-10)."""
+    from trainmap.sparse import run_sparse_block
+
+    data = make_task_data("digits", {})
+    data = type(data)(data.x_train.double(), data.y_train, data.x_test.double(), data.y_test,
+                      data.meta)  # fmt: skip
+    options_model = {"widths": [8, 8], "convs_per_stage": [1, 1]}
+    seeds = [0, 1, 2]
+
+    def teachers():
+        return [build_cell_model("vgg_bn", "kaiming", s, data.meta, options_model).double()
+                for s in seeds]  # fmt: skip
+
+    settings = SETTINGS | {"dense_layers": "first_last", "slorb_k": 4,
+                           "train": SETTINGS["train"] | {"steps": 30, "batch_size": 16}}  # fmt: skip
+    options = METHODS[method].options
+    block_dirs = [tmp_path / "block" / f"seed{s}" for s in seeds]
+    run_sparse_block(teachers(), data, options, settings, seeds, block_dirs,
+                     resume_path=tmp_path / "block" / "resume.pt")  # fmt: skip
+    for seed, teacher_model, block_dir in zip(seeds, teachers(), block_dirs, strict=True):
+        alone = tmp_path / f"alone{seed}"
+        run_sparse_method(teacher_model, data, options, settings, seed, alone)
+        left = load_trajectory(block_dir / "trajectory.pt")["state"]
+        right = load_trajectory(alone / "trajectory.pt")["state"]
+        for name in right:
+            scale = (
+                right[name].abs().max().clamp(min=1e-12) if right[name].is_floating_point() else 1
+            )
+            assert float((left[name] - right[name]).abs().max() / scale) < 1e-10, name
+        a = torch.load(block_dir / "model.pt", weights_only=True)["state_dict"]
+        b = torch.load(alone / "model.pt", weights_only=True)["state_dict"]
+        masks = [k for k in a if k.endswith("weight_mask")]
+        assert masks and all(torch.equal(a[k], b[k]) for k in masks)
+        pd.testing.assert_frame_equal(pd.read_csv(block_dir / "flips.csv"),
+                                      pd.read_csv(alone / "flips.csv"), atol=1e-12)  # fmt: skip

@@ -33,8 +33,9 @@ Huang et al., "Pruning Large Language Models with Semi-Structural Adaptive Spars
 Methods (``trainmap.methods``): ``ast`` (annealed SR-STE + distillation, AST-Naive), ``ast_slorb``
 (AST-Boosted), ``ast_static`` (static lambda), ``oneshot`` (magnitude, no retraining), ``oneshot_ft``
 (magnitude, then fine-tuning with the mask frozen) and ``wanda`` (Wanda scores, no retraining).
-Retraining runs through ``trainmap.train.train_model`` with :class:`SparseHooks`; its trajectory
-records every layer's effective weight under the dense architecture's names.
+Retraining runs through ``trainmap.train.train_block`` with :class:`SparseHooks`, a block of seeds at
+once (each seed with its own masks and its own teacher); its trajectory records every layer's
+effective weight under the dense architecture's names.
 """
 
 from __future__ import annotations
@@ -51,17 +52,18 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from trainmap.blocks import SeedBlock
 from trainmap.data import TaskData
 from trainmap.io import save_json, save_torch, write_atomic
 from trainmap.models import eval_forward_with_hooks
 from trainmap.nm import GROUP_LAYOUTS, LEGACY_LAYOUT, from_nm_groups, grouped_axis_size, nm_groups
 from trainmap.train import (
+    BlockCheckpointHook,
     TrainConfig,
     TrainHooks,
     TrainPaths,
     evaluate_split,
-    resolve_device,
-    train_model,
+    train_block,
 )
 
 #: Defaults of the ``sparse.<task>`` settings. srste_lambda is far above the LLM values (1e-4 with
@@ -136,11 +138,18 @@ def nm_mask(weight: torch.Tensor, n: int, m: int, layout: str = "input_channels"
 
 
 class _StraightThrough(torch.autograd.Function):
-    """Forward W * m; backward passes the gradient to all of W (STE)."""
+    """Forward W * m; backward passes the gradient to all of W (STE). Vectorises over seed blocks
+    (``torch.func.vmap``)."""
+
+    generate_vmap_rule = True
 
     @staticmethod
-    def forward(ctx: Any, weight: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def forward(weight: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         return weight * mask
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple, output: torch.Tensor) -> None:
+        pass
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
@@ -364,6 +373,22 @@ def distillation_loss(
     return temperature**2 * kl
 
 
+def seed_distillation_losses(
+    student: torch.Tensor, teacher: torch.Tensor, temperature: float
+) -> torch.Tensor:
+    """:func:`distillation_loss` of each seed of a block: ``(S, B, ..., classes)`` logits give
+    ``(S,)``, each the per-token average of T^2 * KL(teacher || student) of that seed."""
+    classes = student.shape[-1]
+    log_student = F.log_softmax(student / temperature, dim=-1).reshape(
+        student.shape[0], -1, classes
+    )
+    log_teacher = F.log_softmax(teacher / temperature, dim=-1).reshape(
+        teacher.shape[0], -1, classes
+    )
+    kl = F.kl_div(log_student, log_teacher, log_target=True, reduction="none").sum(dim=-1)
+    return temperature**2 * kl.mean(dim=1)
+
+
 def mask_vector(model: nn.Module) -> torch.Tensor:
     """All sparse layers' masks, flattened and concatenated (in module order), on the CPU."""
     return torch.cat(
@@ -371,33 +396,46 @@ def mask_vector(model: nn.Module) -> torch.Tensor:
     )
 
 
-class SparseHooks(TrainHooks):
-    """AST's additions to the training loop (marked ``# hook:`` in ``train_model``)."""
+def block_mask_vectors(block: SeedBlock, names: Iterable[str]) -> torch.Tensor:
+    """Each seed's masks of the named sparse layers, flattened and concatenated: ``(S, D)``."""
+    return torch.cat(
+        [block.tensor(f"{name}.weight_mask").reshape(block.size, -1).cpu() for name in names],
+        dim=1,
+    )
 
-    def __init__(self, model: nn.Module, teacher: nn.Module | None, settings: Mapping[str, Any],
+
+class SparseHooks(TrainHooks):
+    """AST's additions to the training loop (marked ``# hook:`` in ``train_block``), for a block of
+    seeds: each seed has its own masks, its own teacher and its own flip history."""
+
+    def __init__(self, teachers: SeedBlock | None, settings: Mapping[str, Any],
                  options: Mapping[str, Any], total_steps: int,
-                 log_metrics: Callable[[dict, int], None] | None = None) -> None:  # fmt: skip
-        self.model = model
-        self.teacher = teacher.eval() if teacher is not None else None
+                 log_metrics: BlockCheckpointHook | None = None) -> None:  # fmt: skip
+        self.teachers = teachers.eval() if teachers is not None else None
         self.settings, self.options = settings, options
-        self.layers = sparse_layers(model)
         self.t0 = settings["srste_t0"] or total_steps
         self.log_metrics = log_metrics
         self.frozen = bool(options.get("frozen_mask"))
-        for layer in self.layers.values():
-            layer.straight_through = not self.frozen
-        self.initial_mask = mask_vector(model).clone()
+
+    def attach(self, block: SeedBlock) -> None:
+        """The block's sparse layers, their straight-through mode, and the masks m_0."""
+        super().attach(block)
+        self.layers = list(sparse_layers(block.models[0]))
+        for module in (block.module, *block.models):
+            for layer in sparse_layers(module).values():
+                layer.straight_through = not self.frozen
+        self.initial_mask = block_mask_vectors(block, self.layers).clone()
         self.previous_mask = self.initial_mask.clone()
-        self.flips: list[dict[str, float]] = []
+        self.flips: list[list[dict[str, float]]] = [[] for _ in range(block.size)]
 
     def extra_loss(self, logits: torch.Tensor, inputs: torch.Tensor,
                    targets: torch.Tensor) -> torch.Tensor | None:  # fmt: skip
-        """alpha * T^2 * KL(teacher || student) (AST sec. 4.2)."""
-        if not self.options.get("distill") or self.teacher is None:
+        """alpha * T^2 * KL(teacher || student) per seed, each seed's own teacher (AST sec. 4.2)."""
+        if not self.options.get("distill") or self.teachers is None:
             return None
         with torch.no_grad():
-            teacher_logits = self.teacher(inputs)
-        return self.settings["distill_alpha"] * distillation_loss(
+            teacher_logits = self.teachers(inputs)
+        return self.settings["distill_alpha"] * seed_distillation_losses(
             logits, teacher_logits, self.settings["temperature"]
         )
 
@@ -407,52 +445,80 @@ class SparseHooks(TrainHooks):
         lam = srste_lambda(step, self.settings["srste_lambda"], self.t0, self.options["decay"])
         if lam == 0.0 or self.frozen:
             return
-        for layer in self.layers.values():
-            if layer.weight.grad is not None:
-                layer.weight.grad.add_(lam * (1 - layer.weight_mask) * layer.weight)
+        for name in self.layers:
+            grad = self.block.grad(f"{name}.weight")
+            if grad is not None:
+                weight = self.block.tensor(f"{name}.weight")
+                grad.add_(lam * (1 - self.block.tensor(f"{name}.weight_mask")) * weight)
 
+    @torch.no_grad()
     def after_step(self, step: int) -> None:
-        """Every ``mask_every`` steps: new masks from the dense weights, and the flip rates."""
+        """Every ``mask_every`` steps: each seed's new masks from its dense weights, its flip rates."""
         done = step + 1
         if self.frozen or done % self.settings["mask_every"]:
             return
-        for layer in self.layers.values():
-            layer.refresh_mask()
-        current = mask_vector(self.model)
-        total = current.numel()
-        row = {
-            "step": done,
-            "flip_rate": float((current - self.previous_mask).abs().sum() / total),
-            "initial_flip_rate": float((current - self.initial_mask).abs().sum() / total),
-        }
-        self.flips.append(row)
+        template = sparse_layers(self.block.models[0])
+        for name in self.layers:
+            layer, weight = template[name], self.block.tensor(f"{name}.weight")
+            rows = weight.abs().reshape(-1, *weight.shape[2:])  # seeds folded into the rows
+            mask = nm_mask_from_scores(rows, layer.n, layer.m, layer.group_layout)
+            self.block.tensor(f"{name}.weight_mask").copy_(mask.reshape(weight.shape))
+        current = block_mask_vectors(self.block, self.layers)
+        total = current.shape[1]
+        flip_rates = ((current - self.previous_mask).abs().sum(dim=1) / total).tolist()
+        initial_rates = ((current - self.initial_mask).abs().sum(dim=1) / total).tolist()
+        for index in range(self.block.size):
+            row = {"step": done, "flip_rate": flip_rates[index],
+                   "initial_flip_rate": initial_rates[index]}  # fmt: skip
+            self.flips[index].append(row)
+            if self.log_metrics is not None:
+                self.log_metrics(index, {k: v for k, v in row.items() if k != "step"}, done)
         self.previous_mask = current.clone()
-        if self.log_metrics is not None:
-            self.log_metrics({k: v for k, v in row.items() if k != "step"}, done)
 
-    def snapshot(self, model: nn.Module) -> dict[str, torch.Tensor]:
+    @torch.no_grad()
+    def snapshot(self, block: SeedBlock) -> dict[str, torch.Tensor]:
         """The dense architecture's state-dict keys, each sparse layer's weight = its effective
         weight (what the layer computes); masks and SLoRB factors are not separate entries."""
-        return effective_state(model)
+        template = sparse_layers(block.models[0])
+        state = {}
+        for key, value in block.state().items():
+            owner, _, leaf = key.rpartition(".")
+            if owner in template and leaf in ("weight_mask", "slorb_weight"):
+                continue
+            if owner in template and leaf == "weight":
+                value = block_effective_weight(block, owner, template[owner])
+            state[key] = value.detach().to("cpu", copy=True)
+        return state
 
     def save_model(self, model: nn.Module, path: Path, model_info: dict[str, Any]) -> None:
         """The ``sparse`` checkpoint."""
         save_sparse(model, path, **model_info)
 
     def state_dict(self) -> dict[str, Any]:
-        """m_0, m_{t-1} and the flip history (the masks themselves are model buffers)."""
+        """m_0, m_{t-1} and the flip histories, per seed (the masks are the block's buffers)."""
         return {"initial_mask": self.initial_mask, "previous_mask": self.previous_mask,
-                "flips": list(self.flips)}  # fmt: skip
+                "flips": [list(rows) for rows in self.flips]}  # fmt: skip
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from :meth:`state_dict`."""
         self.initial_mask = state["initial_mask"]
         self.previous_mask = state["previous_mask"]
-        self.flips = list(state["flips"])
+        self.flips = [list(rows) for rows in state["flips"]]
 
-    def flip_history(self) -> pd.DataFrame:
-        """step, flip_rate, initial_flip_rate at each mask refresh."""
-        return pd.DataFrame(self.flips, columns=["step", "flip_rate", "initial_flip_rate"])
+    def flip_history(self, index: int = 0) -> pd.DataFrame:
+        """step, flip_rate, initial_flip_rate at each mask refresh of seed ``index``."""
+        return pd.DataFrame(self.flips[index], columns=["step", "flip_rate", "initial_flip_rate"])
+
+
+def block_effective_weight(block: SeedBlock, name: str, layer: SparseLayer) -> torch.Tensor:
+    """Each seed's W * m (+ S P) of the sparse layer ``name``, seed dimension first."""
+    weight = block.tensor(f"{name}.weight") * block.tensor(f"{name}.weight_mask")
+    if layer.slorb_weight is None:
+        return weight
+    slorb = block.tensor(f"{name}.slorb_weight")
+    rows = slorb.reshape(-1, slorb.shape[-1])  # seeds folded into the rows
+    expanded = expand_slorb(rows, layer.slorb_k, (rows.shape[0], *weight.shape[2:]))
+    return weight + expanded.reshape(weight.shape)
 
 
 @torch.no_grad()
@@ -530,41 +596,73 @@ def run_sparse_method(
     description: str = "sparse",
     model_info: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Make ``teacher`` (a trained dense model) N:M sparse by the method ``options``.
+    """Make ``teacher`` (a trained dense model) N:M sparse by the method ``options``: one seed,
+    :func:`run_sparse_block` with a block of one.
 
     Writes to ``out_dir``: ``model.pt`` (format ``sparse``), ``history.csv``, ``train.json``,
     ``trajectory.pt`` and ``flips.csv``. One-shot methods (no retraining) record a single checkpoint,
     the pruned model at step 0, and an empty flip table.
     """
-    cfg = check_settings(settings)
+    hook = None if log_metrics is None else (lambda _, metrics, step: log_metrics(metrics, step))
     out = Path(out_dir)
-    paths = TrainPaths.in_directory(out)
-    info = dict(model_info or {})
-    teacher = teacher.eval()
+    return run_sparse_block([teacher], data, options, settings, [seed], [out],
+                            resume_path=out / "resume.pt", log_metrics=hook, progress=progress,
+                            fingerprint=fingerprint, description=description,
+                            model_info=[model_info or {}])[0]  # fmt: skip
+
+
+def run_sparse_block(
+    teachers: list[nn.Module],
+    data: TaskData,
+    options: Mapping[str, Any],
+    settings: Mapping[str, Any],
+    seeds: list[int],
+    out_dirs: list[Path],
+    *,
+    resume_path: Path,
+    log_metrics: BlockCheckpointHook | None = None,
+    progress: bool = False,
+    fingerprint: str = "",
+    description: str = "sparse",
+    model_info: list[Mapping[str, Any]] | None = None,
+) -> list[dict[str, Any]]:
+    """Make each of ``teachers`` (trained dense models of one architecture, one per seed) N:M sparse
+    by the method ``options``; retraining methods retrain the whole block at once (each seed
+    distilled from its own teacher). Writes each seed's files to its ``out_dirs`` entry (see
+    :func:`run_sparse_method`); returns the per-seed summaries."""
+    cfg = check_settings(settings)
+    infos = [dict(info) for info in (model_info or [{} for _ in seeds])]
+    teachers = [teacher.eval() for teacher in teachers]
     layout = cfg["conv_groups"]
-    names = sparsifiable_layers(teacher, cfg["m"], cfg["dense_layers"], layout)
-    scores = None
-    if options["mask"] == "wanda":
-        scores = wanda_scores(teacher, names, data.x_train[: cfg["calibration_batch"]])
+    names = sparsifiable_layers(teachers[0], cfg["m"], cfg["dense_layers"], layout)
     slorb_k = cfg["slorb_k"] if options.get("slorb") else None
-    student = sparsify(teacher, cfg["n"], cfg["m"], slorb_k, scores, names, layout)
+    students = []
+    for teacher in teachers:
+        scores = None
+        if options["mask"] == "wanda":
+            scores = wanda_scores(teacher, names, data.x_train[: cfg["calibration_batch"]])
+        students.append(sparsify(teacher, cfg["n"], cfg["m"], slorb_k, scores, names, layout))
+    paths = [TrainPaths.in_directory(out) for out in out_dirs]
     if options.get("retrain"):
         train_cfg = TrainConfig.from_dict(cfg["train"])
-        teacher.to(resolve_device(train_cfg.device))
-        hooks = SparseHooks(student, teacher, cfg, options, train_cfg.steps, log_metrics)
-        summary = train_model(student, data, train_cfg, seed, paths, on_checkpoint=log_metrics,
-                              progress=progress, fingerprint=fingerprint,
-                              description=description,
-                              model_info=info, hooks=hooks)  # fmt: skip
-        flips = hooks.flip_history()
+        teacher_block = SeedBlock(teachers).to(train_cfg.device) if options.get("distill") else None
+        hooks = SparseHooks(teacher_block, cfg, options, train_cfg.steps, log_metrics)
+        summaries = train_block(students, data, train_cfg, seeds, paths, resume_path=resume_path,
+                                on_checkpoint=log_metrics, progress=progress,
+                                fingerprint=fingerprint, description=description,
+                                model_info=infos, hooks=hooks)  # fmt: skip
+        flips = [hooks.flip_history(index) for index in range(len(seeds))]
     else:
-        summary = _prune_without_training(student, data, paths, info)
-        flips = pd.DataFrame(columns=["step", "flip_rate", "initial_flip_rate"])
-    write_atomic(out / "flips.csv", lambda tmp: flips.to_csv(tmp, index=False))
-    summary |= {"nm_valid": check_nm(student), "sparse_layers": names, "n": cfg["n"],
-                "m": cfg["m"], "group_layout": layout, "slorb_k": slorb_k}  # fmt: skip
-    save_json(summary, paths.summary)
-    return summary
+        summaries = [_prune_without_training(student, data, seed_paths, info)
+                     for student, seed_paths, info in zip(students, paths, infos, strict=True)]  # fmt: skip
+        flips = [pd.DataFrame(columns=["step", "flip_rate", "initial_flip_rate"]) for _ in seeds]
+    for student, out, seed_paths, summary, table in zip(students, out_dirs, paths, summaries,
+                                                         flips, strict=True):  # fmt: skip
+        write_atomic(Path(out) / "flips.csv", lambda tmp, t=table: t.to_csv(tmp, index=False))
+        summary |= {"nm_valid": check_nm(student), "sparse_layers": names, "n": cfg["n"],
+                    "m": cfg["m"], "group_layout": layout, "slorb_k": slorb_k}  # fmt: skip
+        save_json(summary, seed_paths.summary)
+    return summaries
 
 
 def _prune_without_training(

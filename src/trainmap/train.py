@@ -1,24 +1,35 @@
 """The training loop: one function, read top to bottom (after nanoGPT's ``train.py``).
 
-``train_model`` runs seeded mini-batch training of one grid cell and records a **checkpoint
-trajectory**: the full ``state_dict`` every ``checkpoint_every`` optimiser steps (step 0 included),
-stacked into one tensor per entry and saved as one file per run, so any weight metric can be
-recomputed later without retraining (Hu et al., "Latent state models of training dynamics", compute
-their 14 metrics from such checkpoints). At each checkpoint it evaluates the test set and records the
-mean training loss/accuracy since the previous checkpoint.
+``train_block`` trains a **block of seeds** of one grid cell family (task, arch, method) at once: S
+networks whose state is stacked along a leading seed dimension and run as one vectorised model
+(:class:`trainmap.blocks.SeedBlock`: ``torch.func.vmap`` over ``functional_call``). A tiny network is
+bound by per-operation overhead, so S seeds cost little more than one. Each seed keeps everything a
+run alone has: its own initialisation, its own batch order (its own seeded sampler), its own
+BatchNorm statistics, its own gradient clipping (each run's own norm), its own outputs. A single
+seed is a block of one (``train_model``), which runs the module itself, without vmap: there is one
+loop, and a seed trained in a block equals the same seed trained alone up to floating-point
+summation order (tests: float64 to 1e-10, float32 loss curves to 1e-4).
 
-Resume: every ``resume_every`` steps the whole training state (model, optimiser, schedule, batch
-order, RNG, trajectory so far) is written atomically to a resume file. A rerun after a kill continues
-from it and ends with weights bit-identical (CPU) to an uninterrupted run. The file is removed once
-the run's outputs are written.
+For every seed the loop records a **checkpoint trajectory**: the full ``state_dict`` every
+``checkpoint_every`` optimiser steps (step 0 included), stacked into one tensor per entry and saved as
+one file per run, so any weight metric can be recomputed later without retraining (Hu et al.,
+"Latent state models of training dynamics", compute their 14 metrics from such checkpoints). At each
+checkpoint it evaluates the test set and records the mean training loss/accuracy since the previous
+checkpoint.
 
-Divergence: a non-finite loss stops the run; its outputs are still written with
-``status: diverged`` and the step, so the rest of the workflow completes and analysis can exclude the
-run visibly.
+Resume: every ``resume_every`` steps the whole training state of the block (stacked model and
+optimiser state, every seed's batch order, RNG, trajectories so far) is written atomically to one
+resume file. A rerun after a kill continues from it and ends with weights bit-identical (CPU) to an
+uninterrupted run. The file is removed once the block's outputs are written.
+
+Divergence, per seed: a seed whose loss turns NaN/inf is recorded as ``diverged`` at that step and
+frozen (its weights and statistics stay those of the step it diverged at; it no longer contributes
+gradients), while the other seeds of the block go on. Its outputs are still written, so the rest of
+the workflow completes and analysis can exclude the run visibly.
 
 Methods that change training itself (AST's distillation, SR-STE decay and mask refresh) plug in
 through :class:`TrainHooks`, called from the places marked ``# hook:`` in the loop; the plain loop
-is the hooks' defaults, which do nothing.
+is the hooks' defaults, which do nothing. Hooks see the block's stacked tensors.
 """
 
 from __future__ import annotations
@@ -26,7 +37,7 @@ from __future__ import annotations
 import hashlib
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -37,32 +48,43 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm.auto import tqdm
 
+from trainmap.blocks import SeedBlock
 from trainmap.checkpoints import save_dense
 from trainmap.data import TaskData
 from trainmap.io import load_torch, save_json, save_torch, write_atomic
 from trainmap.methods import check_method
 from trainmap.models import build_model, count_parameters
 
-CheckpointHook = Callable[[dict[str, float], int], None]  # (metrics, step)
+CheckpointHook = Callable[[dict[str, float], int], None]  # (metrics, step) of one run
+BlockCheckpointHook = Callable[[int, dict[str, float], int], None]  # (seed index, metrics, step)
 EVAL_BATCH = 4096
+HISTORY_COLUMNS = ["step", "train_loss", "train_acc", "test_loss", "test_acc", "lr"]
 
 
 class TrainHooks:
     """What a method adds to the training loop; every default does nothing.
 
-    ``train_model`` calls, in this order per step: :meth:`extra_loss` after the forward pass (added
-    to the task loss before ``backward``), :meth:`after_backward` after ``backward`` and gradient
-    clipping, before the optimiser step (gradients may be edited here), :meth:`after_step` after
-    the optimiser step. The history's ``train_loss`` is the task loss alone.
-    ``step`` is the number of optimiser steps taken before the current one (0 for the first), so a
-    schedule reads it as "t". :meth:`snapshot` decides what the checkpoint trajectory records.
-    Everything a hook keeps across steps goes in :meth:`state_dict`, so resume stays bit-identical.
+    ``train_block`` calls :meth:`attach` with the block before the first step; then, per step:
+    :meth:`extra_loss` after the forward pass (its per-seed values are added to the task loss before
+    ``backward``), :meth:`after_backward` after ``backward`` and gradient clipping, before the
+    optimiser step (gradients may be edited here), :meth:`after_step` after the optimiser step.
+    Tensors are the block's, seed dimension first (``block.tensor(name)``, ``.grad``). The history's
+    ``train_loss`` is the task loss alone. ``step`` is the number of optimiser steps taken before the
+    current one (0 for the first), so a schedule reads it as "t". :meth:`snapshot` decides what the
+    checkpoint trajectory records. Everything a hook keeps across steps goes in :meth:`state_dict`,
+    so resume stays bit-identical.
     """
+
+    block: SeedBlock
+
+    def attach(self, block: SeedBlock) -> None:
+        """Remember the block the loop trains (called once, before the first step)."""
+        self.block = block
 
     def extra_loss(
         self, logits: torch.Tensor, inputs: torch.Tensor, targets: torch.Tensor
     ) -> torch.Tensor | None:
-        """A term added to the task loss (e.g. distillation), or None."""
+        """Per-seed terms ``(S,)`` added to the task loss (e.g. distillation), or None."""
         return None
 
     def after_backward(self, step: int) -> None:
@@ -71,14 +93,12 @@ class TrainHooks:
     def after_step(self, step: int) -> None:
         """React to an optimiser step (e.g. refresh N:M masks every k steps)."""
 
-    def snapshot(self, model: nn.Module) -> dict[str, torch.Tensor]:
-        """The tensors a checkpoint of the trajectory records (default: the state dict, on the CPU)."""
-        return {
-            name: value.detach().to("cpu", copy=True) for name, value in model.state_dict().items()
-        }
+    def snapshot(self, block: SeedBlock) -> dict[str, torch.Tensor]:
+        """What a checkpoint records, seed dimension first (default: the state dict, on the CPU)."""
+        return {name: value.detach().to("cpu", copy=True) for name, value in block.state().items()}
 
     def save_model(self, model: nn.Module, path: Path, model_info: dict[str, Any]) -> None:
-        """Write the final model file (default: the ``dense`` checkpoint format)."""
+        """Write one seed's final model file (default: the ``dense`` checkpoint format)."""
         save_dense(model, path, **model_info)
 
     def state_dict(self) -> dict[str, Any]:
@@ -106,6 +126,8 @@ class TrainConfig:
     checkpoint_every: int = 25
     resume_every: int = 1000
     device: str = "cpu"
+    #: Seeds trained together in one job (the workflow's blocks); not part of a run's arithmetic.
+    seed_block: int = 1
 
     @classmethod
     def from_dict(cls, settings: dict[str, Any]) -> TrainConfig:
@@ -214,9 +236,10 @@ def build_cell_model(
     return model
 
 
-def make_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
-    """SGD (with momentum), Adam or AdamW as configured."""
-    params = model.parameters()
+def make_optimizer(params: Iterable[torch.Tensor], cfg: TrainConfig) -> torch.optim.Optimizer:
+    """SGD (with momentum), Adam or AdamW as configured. Their updates are elementwise, so on a
+    block's stacked tensors each seed is updated exactly as alone."""
+    params = list(params)
     if cfg.optimizer == "sgd":
         return torch.optim.SGD(
             params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay
@@ -238,6 +261,29 @@ def lr_factor(step: int, cfg: TrainConfig) -> float:
     return 1.0
 
 
+def seed_cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Each seed's mean cross-entropy: ``(S, B, C)`` logits and ``(S, B)`` targets give ``(S,)``."""
+    classes = logits.shape[-1]
+    losses = F.cross_entropy(logits.reshape(-1, classes), targets.reshape(-1), reduction="none")
+    return losses.reshape(targets.shape).mean(dim=1)
+
+
+@torch.no_grad()
+def clip_seed_grad_norms(block: SeedBlock, max_norm: float) -> torch.Tensor:
+    """``clip_grad_norm_`` per seed: scale each seed's gradients by min(1, max_norm / (||g_s|| +
+    1e-6)), ||g_s|| the L2 norm over all of that seed's parameters (as the paper's no-BN runs clip
+    each run's own norm). Returns the per-seed norms before clipping."""
+    grads = [block.seed_view(p.grad) for p in block.parameters.values() if p.grad is not None]
+    if not grads:
+        return torch.zeros(block.size)
+    squares = torch.stack([g.reshape(block.size, -1).pow(2).sum(dim=1) for g in grads])
+    norms = squares.sum(dim=0).sqrt()
+    coefficients = (max_norm / (norms + 1e-6)).clamp(max=1.0)
+    for grad in grads:
+        grad.mul_(coefficients.reshape(-1, *([1] * (grad.dim() - 1))).to(grad.dtype))
+    return norms
+
+
 @torch.no_grad()
 def evaluate_split(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
     """Mean cross-entropy and accuracy of ``model`` on ``(x, y)`` in eval mode."""
@@ -253,81 +299,133 @@ def evaluate_split(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[
     return loss_sum / len(x), correct / len(x)
 
 
-class Trajectory:
-    """Checkpoints of one run, kept in memory and stacked into one tensor per state entry."""
+@torch.no_grad()
+def evaluate_block(
+    block: SeedBlock, x: torch.Tensor, y: torch.Tensor
+) -> tuple[list[float], list[float]]:
+    """Every seed's mean cross-entropy and accuracy on ``(x, y)``, in eval mode."""
+    was_training = block.training
+    block.eval()
+    loss_sum = torch.zeros(block.size, dtype=torch.float64, device=x.device)
+    correct = torch.zeros(block.size, dtype=torch.long, device=x.device)
+    for start in range(0, len(x), EVAL_BATCH):
+        logits = block.forward_shared(x[start : start + EVAL_BATCH])
+        target = y[start : start + EVAL_BATCH]
+        flat = logits.reshape(-1, logits.shape[-1])
+        losses = F.cross_entropy(flat, target.repeat(block.size), reduction="none")
+        loss_sum += losses.reshape(block.size, -1).sum(dim=1).double()
+        correct += (logits.argmax(dim=-1) == target).sum(dim=1)
+    block.train(was_training)
+    return (loss_sum / len(x)).tolist(), (correct.double() / len(x)).tolist()
 
-    def __init__(self) -> None:
+
+class Trajectory:
+    """Checkpoints of a block, each snapshot stacked over the seeds; a frozen (diverged) seed stops
+    recording, so seed ``s`` owns the first ``counts[s]`` snapshots."""
+
+    def __init__(self, size: int) -> None:
         self.steps: list[int] = []
         self.snapshots: list[dict[str, torch.Tensor]] = []
+        self.counts = [0] * size
 
-    def capture(self, step: int, snapshot: dict[str, torch.Tensor]) -> None:
-        """Record ``snapshot`` (copies of the model's tensors, see TrainHooks.snapshot) at ``step``."""
+    def capture(self, step: int, snapshot: dict[str, torch.Tensor], recording: list[int]) -> None:
+        """Record ``snapshot`` (copies, seed dimension first) at ``step`` for the seeds listed."""
         self.steps.append(step)
         self.snapshots.append(snapshot)
+        for index in recording:
+            self.counts[index] += 1
 
-    def to_dict(self) -> dict[str, Any]:
-        """``{"step": LongTensor[n], "state": {name: Tensor[n, *shape]}}``."""
+    def of_seed(self, index: int) -> dict[str, Any]:
+        """One seed's trajectory: ``{"step": LongTensor[n], "state": {name: Tensor[n, *shape]}}``."""
+        count = self.counts[index]
         names = self.snapshots[0].keys() if self.snapshots else []
         return {
-            "step": torch.tensor(self.steps, dtype=torch.long),
-            "state": {name: torch.stack([snap[name] for snap in self.snapshots]) for name in names},
+            "step": torch.tensor(self.steps[:count], dtype=torch.long),
+            "state": {
+                name: torch.stack([snap[name][index] for snap in self.snapshots[:count]])
+                for name in names
+            },
         }
+
+    def to_dict(self) -> dict[str, Any]:
+        """Everything, for a resume file."""
+        return {"steps": self.steps, "snapshots": self.snapshots, "counts": self.counts}
 
     @classmethod
     def from_dict(cls, saved: dict[str, Any]) -> Trajectory:
         """Inverse of :meth:`to_dict`."""
-        trajectory = cls()
-        trajectory.steps = saved["step"].tolist()
-        state = saved["state"]
-        trajectory.snapshots = [
-            {name: stacked[index] for name, stacked in state.items()}
-            for index in range(len(trajectory.steps))
-        ]
+        trajectory = cls(len(saved["counts"]))
+        trajectory.steps, trajectory.snapshots = list(saved["steps"]), list(saved["snapshots"])
+        trajectory.counts = list(saved["counts"])
         return trajectory
 
 
 @dataclass
 class RunningMeans:
-    """Training loss/accuracy summed over the steps since the last checkpoint.
+    """Each seed's training loss/accuracy summed over the steps since the last checkpoint.
 
-    Each step only appends its (detached) logits and targets; they are scored in one batch when
-    the means are read or the state is saved, which costs one argmax per checkpoint instead of
-    three small tensor ops per step (a measurable share of a step of a small MLP).
+    Each step only appends its (detached) per-seed losses, logits and targets; they are scored in
+    one batch when the means are read or the state is saved, which costs one argmax per checkpoint
+    instead of several small tensor ops per step (a measurable share of a small MLP's step).
     """
 
-    loss_sum: float = 0.0
-    correct: int = 0
-    seen: int = 0
-    pending: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
+    size: int
+    loss_sum: list[float] = field(default_factory=list)
+    correct: list[int] = field(default_factory=list)
+    seen: list[int] = field(default_factory=list)
+    pending: list[tuple[list[int], list[float], torch.Tensor, torch.Tensor]] = field(
+        default_factory=list
+    )
 
-    def add(self, loss_value: float, logits: torch.Tensor, targets: torch.Tensor) -> None:
-        """Record one step's mean loss and its predictions."""
-        size = targets.shape[0]
-        self.loss_sum += loss_value * size
-        self.seen += size
-        self.pending.append((logits.detach(), targets))
+    def __post_init__(self) -> None:
+        self.loss_sum = self.loss_sum or [0.0] * self.size
+        self.correct = self.correct or [0] * self.size
+        self.seen = self.seen or [0] * self.size
+
+    def add(self, active: list[int], losses: list[float], logits: torch.Tensor,
+            targets: torch.Tensor) -> None:  # fmt: skip
+        """Record one step of the ``active`` seeds: their mean losses and predictions."""
+        self.pending.append((active, losses, logits.detach(), targets))
 
     def score_pending(self) -> None:
-        """Count the correct predictions of the steps recorded since the last call."""
-        if self.pending:
-            logits = torch.cat([logits for logits, _ in self.pending])
-            targets = torch.cat([targets for _, targets in self.pending])
-            self.correct += int((logits.argmax(dim=1) == targets).sum())
-            self.pending = []
+        """Count the correct predictions and losses of the steps since the last call."""
+        for active, losses, logits, targets in self.pending:
+            hits = (logits.argmax(dim=-1) == targets).sum(dim=1).tolist()
+            size = targets.shape[1]
+            for index in active:
+                self.loss_sum[index] += losses[index] * size
+                self.correct[index] += int(hits[index])
+                self.seen[index] += size
+        self.pending = []
 
-    def pop(self) -> tuple[float, float]:
-        """Mean loss and accuracy so far, then reset."""
+    def pop(self, index: int) -> tuple[float, float]:
+        """Seed ``index``'s mean loss and accuracy so far, then reset its sums."""
         self.score_pending()
-        if self.seen == 0:
+        if self.seen[index] == 0:
             return math.nan, math.nan
-        means = (self.loss_sum / self.seen, self.correct / self.seen)
-        self.loss_sum, self.correct, self.seen = 0.0, 0, 0
+        means = (self.loss_sum[index] / self.seen[index], self.correct[index] / self.seen[index])
+        self.loss_sum[index], self.correct[index], self.seen[index] = 0.0, 0, 0
         return means
 
-    def state_dict(self) -> dict[str, float | int]:
+    def state_dict(self) -> dict[str, Any]:
         """The sums (pending predictions scored first), for a resume file."""
         self.score_pending()
-        return {"loss_sum": self.loss_sum, "correct": self.correct, "seen": self.seen}
+        return {"size": self.size, "loss_sum": list(self.loss_sum),
+                "correct": list(self.correct), "seen": list(self.seen)}  # fmt: skip
+
+
+@dataclass
+class SeedRecord:
+    """What the loop keeps per seed besides its weights: history, divergence, frozen state."""
+
+    history: list[dict[str, float]] = field(default_factory=list)
+    diverged_step: int | None = None
+    steps_done: int = 0
+    frozen_state: dict[str, torch.Tensor] | None = None
+
+    @property
+    def active(self) -> bool:
+        return self.diverged_step is None
 
 
 def train_model(
@@ -344,164 +442,238 @@ def train_model(
     model_info: dict[str, Any] | None = None,
     hooks: TrainHooks | None = None,
 ) -> dict[str, Any]:
-    """Train ``model`` on ``data``; write trajectory, final model, history and summary to ``paths``.
+    """Train one seed: :func:`train_block` with a block of one (the module itself, no vmap)."""
+    hook = (
+        None if on_checkpoint is None else (lambda _, metrics, step: on_checkpoint(metrics, step))
+    )
+    return train_block(
+        [model], data, cfg, [seed], [paths], resume_path=paths.resume, on_checkpoint=hook,
+        progress=progress, fingerprint=fingerprint, description=description,
+        model_info=[model_info or {}], hooks=hooks,
+    )[0]  # fmt: skip
+
+
+def train_block(
+    models: Sequence[nn.Module],
+    data: TaskData,
+    cfg: TrainConfig,
+    seeds: Sequence[int],
+    paths: Sequence[TrainPaths],
+    *,
+    resume_path: Path,
+    on_checkpoint: BlockCheckpointHook | None = None,
+    progress: bool = True,
+    fingerprint: str = "",
+    description: str = "train",
+    model_info: Sequence[dict[str, Any]] | None = None,
+    hooks: TrainHooks | None = None,
+) -> list[dict[str, Any]]:
+    """Train ``models`` (one per seed of ``seeds``, same architecture) together as one block; write
+    each seed's trajectory, final model, history and summary to its ``paths``; the models end up
+    holding their trained weights. Returns the per-seed summaries.
 
     ``fingerprint`` identifies the configuration: a resume file written under another fingerprint is
     ignored (and replaced), so a changed config never continues a stale run. ``model_info`` (arch,
-    options, data meta) is stored beside the final weights so the model can be rebuilt from the file.
-    ``hooks`` are a method's additions to the loop (see :class:`TrainHooks`).
+    options, data meta; one per seed) is stored beside the final weights so each model can be rebuilt
+    from its file. ``hooks`` are a method's additions to the loop (see :class:`TrainHooks`).
     """
+    size = len(models)
+    if not (len(seeds) == len(paths) == size):
+        raise ValueError(f"a block of {size} models needs as many seeds and paths")
     hooks = hooks or TrainHooks()
     device = resolve_device(cfg.device)
-    model.to(device)
+    block = SeedBlock(models).to(device)
     data = on_device(data, device)
-    optimizer = make_optimizer(model, cfg)
+    hooks.attach(block)
+    optimizer = make_optimizer(block.parameters.values(), cfg)
     lr_varies = cfg.schedule != "constant" or cfg.warmup_steps > 0
     on_accelerator = device.type != "cpu"
-    sampler = BatchSampler(
-        len(data.x_train),
-        cfg.batch_size,
-        torch.Generator().manual_seed(derive_seed(seed, "batches")),
-    )
-    trajectory, history, running = Trajectory(), [], RunningMeans()
+    samplers = [
+        BatchSampler(len(data.x_train), cfg.batch_size,
+                     torch.Generator().manual_seed(derive_seed(seed, "batches")))
+        for seed in seeds
+    ]  # fmt: skip
+    trajectory, running = Trajectory(size), RunningMeans(size)
+    records = [SeedRecord() for _ in range(size)]
     start_step, elapsed_before, resumed_from = 0, 0.0, None
-    saved = _load_resume(paths.resume, fingerprint)
+    saved = _load_resume(resume_path, fingerprint)
     if saved is not None:
-        model.load_state_dict(saved["model"])
+        block.load_state(saved["block"])
         optimizer.load_state_dict(saved["optimizer"])
-        sampler.load_state_dict(saved["sampler"])
+        for sampler, state in zip(samplers, saved["samplers"], strict=True):
+            sampler.load_state_dict(state)
         torch.set_rng_state(saved["torch_rng"])
         if device.type == "cuda" and saved.get("cuda_rng") is not None:
             torch.cuda.set_rng_state_all(saved["cuda_rng"])
         trajectory = Trajectory.from_dict(saved["trajectory"])
-        history, running = saved["history"], RunningMeans(**saved["running"])
+        running = RunningMeans(**saved["running"])
+        records = [SeedRecord(**record) for record in saved["records"]]
         hooks.load_state_dict(saved["hooks"])
         start_step = resumed_from = saved["step"]
         elapsed_before = saved["elapsed_s"]
 
+    def active_seeds() -> list[int]:
+        return [index for index, record in enumerate(records) if record.active]
+
     def checkpoint(step: int) -> None:
-        train_loss, train_acc = running.pop()
-        test_loss, test_acc = evaluate_split(model, data.x_test, data.y_test)
-        row = {
-            "step": step,
-            "train_loss": train_loss,
-            "train_acc": train_acc,
-            "test_loss": test_loss,
-            "test_acc": test_acc,
-            "lr": cfg.lr * lr_factor(step, cfg),  # the learning rate of the next step
-        }
-        history.append(row)
-        trajectory.capture(step, hooks.snapshot(model))
-        if on_checkpoint is not None:
-            # lr is logged only when it changes (a constant is a run parameter, not a metric).
-            logged = {k: v for k, v in row.items() if k != "step" and (k != "lr" or lr_varies)}
-            on_checkpoint(logged, step)
+        test_losses, test_accs = evaluate_block(block, data.x_test, data.y_test)
+        active = active_seeds()
+        for index in active:
+            train_loss, train_acc = running.pop(index)
+            row = {
+                "step": step,
+                "train_loss": train_loss,
+                "train_acc": train_acc,
+                "test_loss": test_losses[index],
+                "test_acc": test_accs[index],
+                "lr": cfg.lr * lr_factor(step, cfg),  # the learning rate of the next step
+            }
+            records[index].history.append(row)
+            if on_checkpoint is not None:
+                # lr is logged only when it changes (a constant is a run parameter, not a metric).
+                logged = {k: v for k, v in row.items() if k != "step" and (k != "lr" or lr_varies)}
+                on_checkpoint(index, logged, step)
+        trajectory.capture(step, hooks.snapshot(block), active)
 
     started = time.perf_counter()
     if start_step == 0:
         checkpoint(0)
-    status, diverged_step = "completed", None
-    model.train()
+    block.train()
     bar = tqdm(total=cfg.steps, initial=start_step, desc=description, disable=not progress)
     step = start_step
-    while step < cfg.steps:
-        # --- the step -------------------------------------------------------------------------
-        indices = sampler.next_indices()
+    while step < cfg.steps and active_seeds():
+        # --- the step (every seed of the block at once) ------------------------------------------
+        indices = torch.stack([sampler.next_indices() for sampler in samplers])
         if on_accelerator:
             indices = indices.to(device)
         inputs, targets = data.x_train[indices], data.y_train[indices]
-        logits = model(inputs)
-        loss = task_loss = F.cross_entropy(logits, targets)
+        logits = block(inputs)
+        losses = task_losses = seed_cross_entropy(logits, targets)
         extra = hooks.extra_loss(logits, inputs, targets)  # hook: e.g. distillation
         if extra is not None:
-            loss = task_loss + extra
-        loss_value = task_loss.item()
-        if not (math.isfinite(loss_value) and (extra is None or math.isfinite(loss.item()))):
-            status, diverged_step = "diverged", step + 1
+            losses = task_losses + extra
+        task_values, loss_values = torch.stack([task_losses, losses]).tolist()
+        for index in active_seeds():
+            if not (math.isfinite(task_values[index]) and math.isfinite(loss_values[index])):
+                _freeze(records[index], block, index, step)  # diverged at this step, frozen
+        active = active_seeds()
+        if not active:
             break
         optimizer.zero_grad(set_to_none=True)
         if lr_varies:  # the schedule is a function of the step: nothing to save for resume
             for group in optimizer.param_groups:
                 group["lr"] = cfg.lr * lr_factor(step, cfg)
-        loss.backward()
+        if len(active) == size:
+            losses.sum().backward()
+        else:  # frozen seeds add nothing (their NaN must not reach the sum)
+            mask = torch.zeros(size, dtype=torch.bool, device=losses.device)
+            mask[active] = True
+            torch.where(mask, losses, torch.zeros_like(losses)).sum().backward()
+            _zero_frozen_grads(block, records)
         if cfg.grad_clip is not None:
-            nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+            clip_seed_grad_norms(block, cfg.grad_clip)
         hooks.after_backward(step)  # hook: e.g. SR-STE decay of pruned weights
         optimizer.step()
+        _restore_frozen(block, records)
         hooks.after_step(step)  # hook: e.g. N:M mask refresh
         step += 1
-        running.add(loss_value, logits, targets)
+        for index in active:
+            records[index].steps_done = step
+        running.add(active, task_values, logits, targets)
         # --- checkpointing and resume state ---------------------------------------------------
         if step % cfg.checkpoint_every == 0 or step == cfg.steps:
             checkpoint(step)
             bar.update(step - bar.n)
-            bar.set_postfix(test_acc=f"{history[-1]['test_acc']:.3f}", refresh=False)
+            accs = [records[i].history[-1]["test_acc"] for i in active_seeds()]
+            if accs:
+                bar.set_postfix(test_acc=f"{sum(accs) / len(accs):.3f}", refresh=False)
         if step % cfg.resume_every == 0 and step < cfg.steps:
             elapsed = elapsed_before + time.perf_counter() - started
-            _save_resume(
-                paths.resume,
-                fingerprint,
-                step,
-                model,
-                optimizer,
-                sampler,
-                trajectory,
-                history,
-                running,
-                hooks,
-                elapsed,
-            )
+            _save_resume(resume_path, fingerprint, step, block, optimizer, samplers, trajectory,
+                         running, records, hooks, elapsed)  # fmt: skip
     bar.close()
     wall_time = elapsed_before + time.perf_counter() - started
-    summary = {
-        "status": status,
-        "diverged_step": diverged_step,
-        "steps": cfg.steps,
-        "steps_done": step,
-        "n_checkpoints": len(history),
-        "n_params": count_parameters(model),
-        "wall_time_s": wall_time,
-        "steps_per_s": step / wall_time if wall_time > 0 else math.nan,
-        "resumed_from_step": resumed_from,
-        "final": history[-1],
-    }
-    _write_outputs(paths, model, trajectory, history, summary, model_info or {}, hooks)
-    paths.resume.unlink(missing_ok=True)
-    return summary
+    summaries = []
+    for index in range(size):
+        record = records[index]
+        if record.frozen_state is not None:
+            block.set_seed_state(index, record.frozen_state)
+        summaries.append({
+            "status": "completed" if record.active else "diverged",
+            "diverged_step": record.diverged_step,
+            "steps": cfg.steps,
+            "steps_done": record.steps_done,
+            "n_checkpoints": len(record.history),
+            "n_params": count_parameters(models[index]),
+            "wall_time_s": wall_time,
+            "steps_per_s": step / wall_time if wall_time > 0 else math.nan,
+            "seed_block": size,
+            "resumed_from_step": resumed_from,
+            "final": record.history[-1],
+        })  # fmt: skip
+    block.write_back()
+    infos = list(model_info) if model_info is not None else [{} for _ in range(size)]
+    for index in range(size):
+        _write_outputs(paths[index], block.model_of(index), trajectory.of_seed(index),
+                       records[index].history, summaries[index], infos[index], hooks)  # fmt: skip
+    resume_path.unlink(missing_ok=True)
+    return summaries
+
+
+def _freeze(record: SeedRecord, block: SeedBlock, index: int, step: int) -> None:
+    """A seed whose loss is not finite at ``step``: diverged at step + 1 (the step it would have
+    taken), its state kept as it is now."""
+    record.diverged_step = step + 1
+    record.frozen_state = block.state_of(index)
+
+
+def _zero_frozen_grads(block: SeedBlock, records: list[SeedRecord]) -> None:
+    frozen = [index for index, record in enumerate(records) if not record.active]
+    for parameter in block.parameters.values():
+        if parameter.grad is not None:
+            block.seed_view(parameter.grad)[frozen] = 0.0
+
+
+def _restore_frozen(block: SeedBlock, records: list[SeedRecord]) -> None:
+    """Frozen seeds keep their state: undo what the optimiser step and the forward pass (BN running
+    statistics) did to them."""
+    for index, record in enumerate(records):
+        if record.frozen_state is not None:
+            block.set_seed_state(index, record.frozen_state)
 
 
 def _write_outputs(
     paths: TrainPaths,
     model: nn.Module,
-    trajectory: Trajectory,
+    trajectory: dict[str, Any],
     history: list[dict[str, float]],
     summary: dict[str, Any],
     model_info: dict[str, Any],
     hooks: TrainHooks,
 ) -> None:
-    save_torch(trajectory.to_dict(), paths.trajectory)
+    save_torch(trajectory, paths.trajectory)
     hooks.save_model(model, paths.model, model_info)
-    frame = pd.DataFrame(history, columns=list(history[0]))
+    frame = pd.DataFrame(history, columns=HISTORY_COLUMNS)
     write_atomic(paths.history, lambda tmp: frame.to_csv(tmp, index=False))
     save_json(summary, paths.summary)
 
 
-def _save_resume(path: Path, fingerprint: str, step: int, model: nn.Module,
-                 optimizer: torch.optim.Optimizer, sampler: BatchSampler,
-                 trajectory: Trajectory, history: list, running: RunningMeans, hooks: TrainHooks,
-                 elapsed: float) -> None:  # fmt: skip
+def _save_resume(path: Path, fingerprint: str, step: int, block: SeedBlock,
+                 optimizer: torch.optim.Optimizer, samplers: list[BatchSampler],
+                 trajectory: Trajectory, running: RunningMeans, records: list[SeedRecord],
+                 hooks: TrainHooks, elapsed: float) -> None:  # fmt: skip
     save_torch(
         {
             "fingerprint": fingerprint,
             "step": step,
-            "model": model.state_dict(),
+            "block": {key: value.detach().clone() for key, value in block.state().items()},
             "optimizer": optimizer.state_dict(),
-            "sampler": sampler.state_dict(),
+            "samplers": [sampler.state_dict() for sampler in samplers],
             "torch_rng": torch.get_rng_state(),
             "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None,
             "trajectory": trajectory.to_dict(),
-            "history": history,
             "running": running.state_dict(),
+            "records": [vars(record) for record in records],
             "hooks": hooks.state_dict(),
             "elapsed_s": elapsed,
         },
@@ -513,8 +685,10 @@ def _load_resume(path: Path, fingerprint: str) -> dict[str, Any] | None:
     if not path.exists():
         return None
     saved = load_torch(path)
-    if saved.get("fingerprint") != fingerprint:
-        return None  # a different configuration: start over (the file is replaced later)
+    if saved.get("fingerprint") != fingerprint or "block" not in saved:
+        # A different configuration, or a resume file of an older trainmap (one seed, no block
+        # state): start over; the file is replaced later.
+        return None
     return saved
 
 
