@@ -59,6 +59,7 @@ def test_every_cell_has_its_outputs(smoke_run: Path) -> None:
             history = pd.read_csv(run_dir / "history.csv")
             assert list(metrics["step"]) == list(history["step"])
             assert metrics["l2"].notna().all()
+    assert not list((smoke_run / "results").rglob("*.resume.pt")), "block resume files remain"
 
 
 def test_method_stages_left_their_outputs(smoke_run: Path) -> None:
@@ -111,6 +112,7 @@ def test_every_rule_invocation_is_an_mlflow_run(smoke_run: Path) -> None:
     rules = pd.Series([run.data.tags["rule"] for run in children]).value_counts().to_dict()
     planned = json.loads((smoke_run / "planned_jobs.json").read_text())
     expected = {rule: count for rule, count in planned.items() if not rule.startswith("all")}
+    expected |= cells_of_block_rules(smoke_run)  # a block job logs one run per cell
     assert rules == expected
     assert all(run.info.status == "FINISHED" for run in runs)
     assert len(parents) == len(cells)
@@ -136,7 +138,7 @@ def test_changed_threshold_reruns_evaluation_not_training(smoke_run: Path) -> No
     override.write_text("evaluate:\n  sparse_parity: {threshold: 0.5}\n")
     result = snakemake("-n", "--cores", "2", "--configfile", SMOKE, str(override), cwd=smoke_run)
     jobs = _dry_run_job_counts(result.stdout)
-    assert jobs.get("evaluate") == 4 and jobs.get("summary") == 1
+    assert jobs.get("evaluate") == 2 and jobs.get("summary") == 1  # two blocks of two seeds
     assert "train" not in jobs and "data" not in jobs and "gradinit" not in jobs
 
 
@@ -151,9 +153,35 @@ def test_changed_metric_definitions_rerun_analysis_not_training(smoke_run: Path)
         definitions.write_text(original)
         os.utime(definitions, ns=(stat.st_atime_ns, stat.st_mtime_ns))
     jobs = _dry_run_job_counts(result.stdout)
-    assert jobs.get("collect_metrics") == 7 and jobs.get("fit_hmm") == 2
+    assert jobs.get("collect_metrics") == 5 and jobs.get("fit_hmm") == 2  # 7 runs in 5 blocks
     assert jobs.get("joint_comparison") == 1
     assert not {"train", "gradinit", "sparse_retrain", "evaluate", "data"} & set(jobs)
+
+
+def cells_of_block_rules(workdir: Path) -> dict[str, int]:
+    """How many cells each per-seed rule handled, from the block manifests it wrote."""
+    counts: dict[str, int] = {}
+    for path in (workdir / "results").rglob("seeds*.json"):
+        manifest = json.loads(path.read_text())
+        counts[manifest["rule"]] = counts.get(manifest["rule"], 0) + len(manifest["cells"])
+    return counts
+
+
+def test_block_jobs_write_manifests_and_per_seed_files(smoke_run: Path) -> None:
+    """sparse_parity trains its two seeds per method as one block (train.sparse_parity.seed_block:
+    2): one job, one manifest, per-seed files, and each seed's summary says it was in a block."""
+    manifest = json.loads(
+        (smoke_run / "results/train/sparse_parity/mlp/kaiming/seeds0-1.json").read_text()
+    )
+    assert manifest["block"]["seeds"] == [0, 1]
+    assert [c["cell"] for c in manifest["cells"]] == [
+        "sparse_parity/mlp/kaiming/seed0", "sparse_parity/mlp/kaiming/seed1"]  # fmt: skip
+    for seed in (0, 1):
+        summary = json.loads((smoke_run / f"results/train/sparse_parity/mlp/kaiming/seed{seed}"
+                              "/train.json").read_text())  # fmt: skip
+        assert summary["seed_block"] == 2 and summary["status"] == "completed"
+    planned = json.loads((smoke_run / "planned_jobs.json").read_text())
+    assert planned["train"] == 4  # 2 sparse-parity blocks + 2 digits cells (seed_block 1)
 
 
 def _dry_run_job_counts(output: str) -> dict[str, int]:

@@ -20,7 +20,7 @@ import json
 import os
 import warnings
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -71,6 +71,48 @@ class Cell:
     def id(self) -> str:
         """The cell's path below a rule's results directory, e.g. ``digits/vgg_bn/kaiming/seed3``."""
         return f"{self.task}/{self.arch}/{self.method}/seed{self.seed}"
+
+
+@dataclass(frozen=True, order=True)
+class Block:
+    """Seeds of one (task, arch, method) that run as one job: those of an aligned range of
+    ``train.<task>.seed_block`` seeds, [k S, (k + 1) S - 1] (e.g. ``seeds0-31``). Aligned ranges
+    keep a block's seeds fixed when seeds are added to or removed from other ranges."""
+
+    task: str
+    arch: str
+    method: str
+    first: int
+    last: int
+    seeds: tuple[int, ...]
+
+    @classmethod
+    def of(cls, value: Block | Mapping[str, Any]) -> Block:
+        """A block from a Block or its JSON form (:meth:`to_dict`)."""
+        if isinstance(value, Block):
+            return value
+        return cls(value["task"], value["arch"], value["method"], int(value["first"]),
+                   int(value["last"]), tuple(int(seed) for seed in value["seeds"]))  # fmt: skip
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form :meth:`of` reads back."""
+        return {"task": self.task, "arch": self.arch, "method": self.method,
+                "first": self.first, "last": self.last, "seeds": list(self.seeds)}  # fmt: skip
+
+    @property
+    def name(self) -> str:
+        """The block's wildcard value, e.g. ``seeds0-31``."""
+        return f"seeds{self.first}-{self.last}"
+
+    @property
+    def id(self) -> str:
+        """The block's path below a rule's results directory, e.g. ``digits/vgg_bn/ast/seeds0-31``."""
+        return f"{self.task}/{self.arch}/{self.method}/{self.name}"
+
+    @property
+    def cells(self) -> list[Cell]:
+        """The block's cells, in seed order."""
+        return [Cell(self.task, self.arch, self.method, seed) for seed in self.seeds]
 
 
 def merge_config(base: dict, override: dict) -> dict:
@@ -162,8 +204,38 @@ def model_settings(config: dict, task: str, arch: str) -> dict:
 
 
 def train_settings(config: dict, task: str) -> dict:
-    """The training hyperparameters of ``task``."""
-    return canonical(config["train"][task])
+    """The training hyperparameters of ``task``: everything that determines a run's arithmetic.
+    ``seed_block`` (how many seeds share a job) is left out: it never changes a run's result, so
+    changing it must not make a run look different (see :func:`seed_block`)."""
+    settings = canonical(config["train"][task])
+    settings.pop("seed_block", None)
+    return settings
+
+
+def seed_block(config: dict, task: str) -> int:
+    """How many seeds of ``task`` train together as one job (``train.<task>.seed_block``)."""
+    return int(config["train"][task].get("seed_block", 1))
+
+
+def blocks_of(config: dict, cells: Iterable[Cell]) -> list[Block]:
+    """``cells`` grouped into :class:`Block` s: per (task, arch, method), the seeds of each aligned
+    range of ``seed_block`` seeds; in (task, arch, method, first seed) order."""
+    seeds: dict[tuple[str, str, str, int], list[int]] = {}
+    for cell in set(cells):
+        size = seed_block(config, cell.task)
+        first = cell.seed - cell.seed % size
+        seeds.setdefault((cell.task, cell.arch, cell.method, first), []).append(cell.seed)
+    return [
+        Block(task, arch, method, first, first + seed_block(config, task) - 1, tuple(sorted(found)))
+        for (task, arch, method, first), found in sorted(seeds.items())
+    ]
+
+
+def trained_cells(config: dict) -> list[Cell]:
+    """Every dense cell the grid trains: its dense cells and the teachers of its sparse cells."""
+    cells = expand_grid(config)
+    dense = {teacher_cell(cell) if is_sparse(cell) else cell for cell in cells}
+    return sorted(dense)
 
 
 def evaluate_settings(config: dict, task: str) -> dict:

@@ -600,6 +600,35 @@ def plot_history(
             "the iterations.")  # fmt: skip
 
 
+def plot_block(
+    summaries: list[Mapping[str, Any]],
+    histories: Mapping[str, pd.DataFrame],
+    gamma: float,
+    path: str | os.PathLike,
+    title: str = "",
+) -> str:
+    """A block of seeds: each seed's learned scale per tensor, and ||g|| over the iterations."""
+    from trainmap.plots import plt, save_png
+
+    figure, axes = plt.subplots(1, 2, figsize=(11, 3.6))
+    names = list(summaries[0]["scales"]) if summaries else []
+    for summary in summaries:
+        axes[0].plot(range(len(names)), [summary["scales"][n] for n in names], lw=0.8, alpha=0.6)
+    axes[0].axhline(1.0, color="0.3", lw=0.8)
+    axes[0].set(xlabel="rescaled tensor (shallow to deep)", ylabel="learned scale alpha_i")
+    for label, history in histories.items():
+        axes[1].semilogy(history["iteration"], history["grad_norm"], lw=0.8, alpha=0.6, label=label)
+    axes[1].axhline(gamma, color="0.3", ls="--", lw=0.8)
+    axes[1].set(xlabel="iteration", ylabel="||g||")
+    figure.suptitle(title or "GradInit over a block of seeds", fontsize=10)
+    figure.tight_layout()
+    save_png(figure, path)
+    return (
+        "One line per seed of the block: the scale factor learned for each rescaled tensor, and "
+        "the gradient norm ||g|| at each iteration (gamma dashed)."
+    )
+
+
 def draws_for(data: TaskData, batch_size: int, seed: int) -> Callable[[], Iterator]:
     """A factory of identical seeded minibatch streams (for before/after diagnostics)."""
     size = min(batch_size, len(data.x_train))

@@ -2,6 +2,13 @@
 
 The Snakemake scripts in ``workflow/scripts/`` only unpack ``snakemake.input/params/output`` and call
 one of these, so every rule can also run from Python without Snakemake.
+
+Per-seed rules run a **block** of seeds per job (``trainmap.config.Block``): ``train`` and
+``sparse_retrain`` train the block as one vectorised model, the others loop over its cells. Every
+seed still gets its own files in its own directory (``results/<rule>/<task>/<arch>/<method>/seed<n>/``)
+and its own MLflow run under its cell's parent run; the job's declared output is the block's
+**manifest** beside them (``.../seeds<first>-<last>.json``), which lists the cells and their files.
+Snakemake tracks manifests, so a 40,000-seed grid is a DAG of a few thousand jobs.
 """
 
 from __future__ import annotations
@@ -9,8 +16,8 @@ from __future__ import annotations
 import hashlib
 import json
 import traceback
-from collections.abc import Iterator
-from contextlib import contextmanager, redirect_stderr, redirect_stdout
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager, redirect_stderr, redirect_stdout
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -19,14 +26,14 @@ import pandas as pd
 import torch
 
 from trainmap.checkpoints import load_model
-from trainmap.config import Cell, cell_hash, is_sparse
+from trainmap.config import Block, Cell, cell_hash, is_sparse
 from trainmap.data import load_task_data, make_task_data, save_task_data
 from trainmap.evaluate import compression_table, evaluate_run, group_metrics, summarise
 from trainmap.io import load_json, load_torch, save_json, write_atomic
 from trainmap.models import count_parameters
 from trainmap.plots import plot_compression, plot_learning_curves
 from trainmap.tracking import rule_run
-from trainmap.train import TrainConfig, TrainPaths, build_cell_model, load_trajectory, train_model
+from trainmap.train import TrainConfig, TrainPaths, build_cell_model, load_trajectory, train_block
 
 FORM_METRICS = ("test_acc", "bytes_on_disk", "latency_ms", "nonzero_weights")
 
@@ -47,53 +54,91 @@ def data_job(task: str, settings: dict[str, Any], output: str | Path, config: di
         run.log_metrics({"n_train": len(data.x_train), "n_test": len(data.x_test)})
 
 
-def train_job(
-    cell: Cell | dict,
+# --- blocks and their manifests -------------------------------------------------------------------
+
+
+def seed_dir(manifest: str | Path, cell: Cell) -> Path:
+    """A cell's directory beside its block's manifest (``.../seeds0-31.json`` -> ``.../seed3``)."""
+    return Path(manifest).parent / f"seed{cell.seed}"
+
+
+def cell_file(manifest: str | Path, cell: Cell, name: str) -> Path:
+    """A file of ``cell`` that the block of ``manifest`` wrote; a clear error when it is gone."""
+    path = seed_dir(manifest, cell) / name
+    if not path.exists():
+        raise FileNotFoundError(
+            f"{path} is missing, though its block's manifest {manifest} says it was written; "
+            f"delete {manifest} (or rerun with --forcerun) so that Snakemake remakes the block"
+        )
+    return path
+
+
+def write_manifest(path: str | Path, rule: str, block: Block, files: list[dict[str, Any]],
+                   **extra: Any) -> None:  # fmt: skip
+    """The block's declared output: its cells and, per cell, the files it wrote (and a status)."""
+    cells = [{"cell": cell.id, **entry} for cell, entry in zip(block.cells, files, strict=True)]
+    save_json({"rule": rule, "block": block.to_dict(), "cells": cells, **extra}, path)
+
+
+def _over_cells(block: Block, description: str, work: Callable[[Cell], dict]) -> list[dict]:
+    """``work(cell)`` for every cell of the block, with a progress bar in the job's log."""
+    from tqdm.auto import tqdm
+
+    return [work(cell) for cell in tqdm(block.cells, desc=description, mininterval=5)]
+
+
+def train_block_job(
+    block: Block | dict,
     data_path: str | Path,
     model_options: dict[str, Any],
     train_settings: dict[str, Any],
-    out_dir: str | Path,
+    manifest: str | Path,
     config: dict,
     *,
-    init_path: str | Path | None = None,
+    init_manifest: str | Path | None = None,
     threads: int = 1,
     progress: bool = True,
-) -> dict[str, Any]:
-    """Rule ``train``: seeded init by the cell's method (or the initial model a stage such as
-    GradInit made, ``init_path``), training, trajectory and final weights."""
-    cell = Cell.of(cell)
+) -> list[dict[str, Any]]:
+    """Rule ``train``: a block of seeds of one (task, arch, method), each seeded by its method (or
+    started from the initial model GradInit made, ``init_manifest``), trained as one vectorised
+    model; per seed a trajectory, final weights, history and summary, and an MLflow run."""
+    block = Block.of(block)
+    cells = block.cells
     torch.set_num_threads(threads)
     data = load_task_data(data_path)
     cfg = TrainConfig.from_dict(train_settings)
-    paths = TrainPaths.in_directory(out_dir)
-    model = build_cell_model(cell.arch, cell.method, cell.seed, data.meta, model_options)
-    if init_path:
-        model.load_state_dict(load_torch(init_path)["state_dict"])
-    params = {"model": model_options, "train": asdict(cfg), "threads": threads}
-    with rule_run(config, "train", cell=cell, params=params) as run:
-        summary = train_model(
-            model,
-            data,
-            cfg,
-            cell.seed,
-            paths,
-            on_checkpoint=run.log_metrics,
+    models = [build_cell_model(c.arch, c.method, c.seed, data.meta, model_options) for c in cells]
+    if init_manifest:
+        for model, cell in zip(models, cells, strict=True):
+            saved = load_torch(cell_file(init_manifest, cell, "init.pt"))
+            model.load_state_dict(saved["state_dict"])
+    paths = [TrainPaths.in_directory(seed_dir(manifest, cell)) for cell in cells]
+    params = {"model": model_options, "train": asdict(cfg), "threads": threads,
+              "seed_block": len(cells)}  # fmt: skip
+    infos = [{"arch": c.arch, "method": c.method, "seed": c.seed, "model_options": model_options,
+              "meta": data.meta} for c in cells]  # fmt: skip
+    with ExitStack() as stack:
+        runs = [
+            stack.enter_context(rule_run(config, "train", cell=c, params=params)) for c in cells
+        ]
+        summaries = train_block(
+            models, data, cfg, list(block.seeds), paths,
+            resume_path=Path(manifest).with_suffix(".resume.pt"),
+            on_checkpoint=lambda index, metrics, step: runs[index].log_metrics(metrics, step),
             progress=progress,
-            fingerprint=cell_hash(config, cell),
-            description=cell.id,
-            model_info={
-                "arch": cell.arch,
-                "method": cell.method,
-                "seed": cell.seed,
-                "model_options": model_options,
-                "meta": data.meta,
-            },
-        )
-        run.set_tags({"status": summary["status"]})
-        run.log_metrics({"steps_per_s": summary["steps_per_s"], "n_params": summary["n_params"]})
-        run.log_artifact(paths.history)
-        run.log_artifact(paths.summary)
-    return summary
+            fingerprint=settings_hash([cell_hash(config, cell) for cell in cells]),
+            description=block.id, model_info=infos,
+        )  # fmt: skip
+        for run, summary, seed_paths in zip(runs, summaries, paths, strict=True):
+            run.set_tags({"status": summary["status"]})
+            run.log_metrics({"steps_per_s": summary["steps_per_s"],
+                             "n_params": summary["n_params"]})  # fmt: skip
+            run.log_artifact(seed_paths.history)
+            run.log_artifact(seed_paths.summary)
+    write_manifest(manifest, "train", block,
+                   [{"status": s["status"], "diverged_step": s["diverged_step"]}
+                    for s in summaries])  # fmt: skip
+    return summaries
 
 
 def evaluate_job(
@@ -141,6 +186,40 @@ def evaluate_job(
         run.set_tags({"status": record["status"], "converged": record["converged"]})
         run.log_artifact(output)
     return record
+
+
+def evaluate_block_job(
+    block: Block | dict,
+    run_manifest: str | Path,
+    data_path: str | Path,
+    settings: dict[str, Any],
+    manifest: str | Path,
+    config: dict,
+    *,
+    deploy_manifest: str | Path | None = None,
+    quantize_manifest: str | Path | None = None,
+    threads: int = 1,
+) -> list[dict[str, Any]]:
+    """Rule ``evaluate`` for a block: :func:`evaluate_job` of every cell (its run's final model and
+    its deploy and quantised forms when it has them)."""
+    block = Block.of(block)
+
+    def evaluate_cell(cell: Cell) -> dict[str, Any]:
+        return evaluate_job(
+            cell, cell_file(run_manifest, cell, "model.pt"),
+            cell_file(run_manifest, cell, "history.csv"),
+            cell_file(run_manifest, cell, "train.json"), data_path, settings,
+            seed_dir(manifest, cell) / "evaluation.json", config,
+            deploy_path=deploy_manifest and cell_file(deploy_manifest, cell, "deploy.pt"),
+            quantized_manifest=quantize_manifest
+            and cell_file(quantize_manifest, cell, "quantize.json"),
+            threads=threads,
+        )  # fmt: skip
+
+    records = _over_cells(block, f"evaluate {block.id}", evaluate_cell)
+    write_manifest(manifest, "evaluate", block,
+                   [{"status": r["status"], "converged": r["converged"]} for r in records])  # fmt: skip
+    return records
 
 
 def summary_job(
@@ -211,6 +290,25 @@ def collect_metrics_job(
                          "skipped_matrices": int(table["skipped_matrices"].sum())})  # fmt: skip
         run.log_artifact(output)
     return table
+
+
+def collect_metrics_block_job(
+    block: Block | dict, run_manifest: str | Path, manifest: str | Path, config: dict,
+    *, threads: int = 1,
+) -> None:  # fmt: skip
+    """Rule ``collect_metrics`` for a block: the metric table of every cell's trajectory."""
+    block = Block.of(block)
+
+    def collect(cell: Cell) -> dict[str, Any]:
+        table = collect_metrics_job(
+            cell, cell_file(run_manifest, cell, "trajectory.pt"),
+            cell_file(run_manifest, cell, "model.pt"), cell_file(run_manifest, cell, "history.csv"),
+            seed_dir(manifest, cell) / "metrics.csv", config, threads=threads,
+        )  # fmt: skip
+        return {"checkpoints": len(table)}
+
+    write_manifest(manifest, "collect_metrics", block,
+                   _over_cells(block, f"metrics {block.id}", collect))  # fmt: skip
 
 
 # --- training maps -----------------------------------------------------------------------------
@@ -414,6 +512,48 @@ def gradinit_job(
     return summary
 
 
+GRADINIT_FILES = {"model": "init.pt", "scales": "scales.json", "history": "history.csv",
+                  "diagnostics": "diagnostics.csv", "diagnostics_plot": "diagnostics.png",
+                  "history_plot": "history.png"}  # fmt: skip
+
+
+def gradinit_block_job(
+    block: Block | dict,
+    data_path: str | Path,
+    model_options: dict[str, Any],
+    settings: dict[str, Any],
+    options: dict[str, Any],
+    manifest: str | Path,
+    block_plot: str | Path,
+    config: dict,
+    *,
+    threads: int = 1,
+    progress: bool = True,
+) -> list[dict[str, Any]]:
+    """Rule ``gradinit`` for a block: :func:`gradinit_job` of every cell (one seed at a time), and
+    one figure of the block's learned scales and gradient norms (the report's)."""
+    from trainmap.gradinit import check_settings, plot_block
+
+    block = Block.of(block)
+
+    def rescale(cell: Cell) -> dict[str, Any]:
+        outputs = {
+            key: str(seed_dir(manifest, cell) / name) for key, name in GRADINIT_FILES.items()
+        }
+        return gradinit_job(cell, data_path, model_options, settings, options, outputs, config,
+                            threads=threads, progress=False)  # fmt: skip
+
+    summaries = _over_cells(block, f"{options['objective']} {block.id}", rescale)
+    histories = {f"seed{cell.seed}": pd.read_csv(seed_dir(manifest, cell) / "history.csv")
+                 for cell in block.cells}  # fmt: skip
+    plot_block(summaries, histories, check_settings(settings)["gamma"], block_plot,
+               title=f"{options['objective']}: {block.id}")  # fmt: skip
+    write_manifest(manifest, "gradinit", block,
+                   [{key: s[key] for key in ("constraint_steps", "initial_grad_norm",
+                                             "final_grad_norm")} for s in summaries])  # fmt: skip
+    return summaries
+
+
 def reparam_job(
     cell: Cell | dict,
     model_path: str | Path,
@@ -451,46 +591,81 @@ def reparam_job(
     return check
 
 
-def sparse_job(
-    cell: Cell | dict,
-    teacher_path: str | Path,
+def reparam_block_job(
+    block: Block | dict, train_manifest: str | Path, data_path: str | Path,
+    manifest: str | Path, config: dict, *, threads: int = 1,
+) -> None:  # fmt: skip
+    """Rule ``reparam`` for a block: :func:`reparam_job` of every cell."""
+    block = Block.of(block)
+
+    def fuse(cell: Cell) -> dict[str, Any]:
+        out = seed_dir(manifest, cell)
+        check = reparam_job(cell, cell_file(train_manifest, cell, "model.pt"), data_path,
+                            out / "deploy.pt", out / "equivalence.json", config, threads=threads)  # fmt: skip
+        return {"predictions_identical": bool(check["predictions_identical"])}
+
+    write_manifest(manifest, "reparam", block, _over_cells(block, f"reparam {block.id}", fuse))
+
+
+def sparse_block_job(
+    block: Block | dict,
+    teacher_manifest: str | Path,
     data_path: str | Path,
     settings: dict[str, Any],
     options: dict[str, Any],
-    out_dir: str | Path,
+    manifest: str | Path,
+    block_plot: str | Path,
     config: dict,
     *,
     threads: int = 1,
     progress: bool = True,
-) -> dict[str, Any]:
-    """Rule ``sparse_retrain``: N:M sparsity from the dense teacher by the cell's sparse method."""
-    from trainmap.sparse import check_settings, plot_flip_rates, run_sparse_method
+) -> list[dict[str, Any]]:
+    """Rule ``sparse_retrain``: N:M sparsity for a block of seeds, each from its own dense teacher
+    (the kaiming cell of the same seed) by the block's sparse method, retrained as one vectorised
+    model; per seed the sparse run's files, its flip-rate figure and an MLflow run."""
+    from trainmap.sparse import check_settings, plot_flip_rates, run_sparse_block
 
-    cell = Cell.of(cell)
+    block = Block.of(block)
+    cells = block.cells
     torch.set_num_threads(threads)
     cfg = check_settings(settings)
-    teacher_saved = load_torch(teacher_path)
-    teacher = load_model(teacher_path)
+    teacher_paths = [cell_file(teacher_manifest, cell, "model.pt") for cell in cells]
+    teachers = [load_model(path) for path in teacher_paths]
+    model_options = load_torch(teacher_paths[0])["model_options"]
     data = load_task_data(data_path)
-    info = {"arch": cell.arch, "method": cell.method, "seed": cell.seed,
-            "model_options": teacher_saved["model_options"], "meta": data.meta}  # fmt: skip
-    out_dir = Path(out_dir)
-    with rule_run(config, "sparse_retrain", cell=cell,
-                  params={"sparse": cfg, "method_options": options}) as run:  # fmt: skip
-        summary = run_sparse_method(teacher, data, options, cfg, cell.seed, out_dir,
-                                    log_metrics=run.log_metrics, progress=progress,
-                                    fingerprint=cell_hash(config, cell), description=cell.id,
-                                    model_info=info)  # fmt: skip
-        flips = pd.read_csv(out_dir / "flips.csv")
-        caption = plot_flip_rates({cell.method: flips}, out_dir / "flips.png", title=cell.id)
-        run.set_tags({"status": summary["status"], "nm_valid": summary["nm_valid"],
-                      "caption.flips.png": caption})  # fmt: skip
-        for name in ("history.csv", "train.json", "flips.csv"):
-            run.log_artifact(out_dir / name)
-        run.log_artifact(out_dir / "flips.png", "figures")
-    if not summary["nm_valid"]:
-        raise RuntimeError(f"{cell.id}: the sparse model is not {cfg['n']}:{cfg['m']}")
-    return summary
+    infos = [{"arch": c.arch, "method": c.method, "seed": c.seed, "model_options": model_options,
+              "meta": data.meta} for c in cells]  # fmt: skip
+    out_dirs = [seed_dir(manifest, cell) for cell in cells]
+    params = {"sparse": cfg, "method_options": options, "seed_block": len(cells)}
+    with ExitStack() as stack:
+        runs = [stack.enter_context(rule_run(config, "sparse_retrain", cell=c, params=params))
+                for c in cells]  # fmt: skip
+        summaries = run_sparse_block(
+            teachers, data, options, cfg, list(block.seeds), out_dirs,
+            resume_path=Path(manifest).with_suffix(".resume.pt"),
+            log_metrics=lambda index, metrics, step: runs[index].log_metrics(metrics, step),
+            progress=progress,
+            fingerprint=settings_hash([cell_hash(config, cell) for cell in cells]),
+            description=block.id, model_info=infos,
+        )  # fmt: skip
+        flips = {}
+        for cell, run, summary, out in zip(cells, runs, summaries, out_dirs, strict=True):
+            flips[f"seed{cell.seed}"] = pd.read_csv(out / "flips.csv")
+            caption = plot_flip_rates({cell.method: flips[f"seed{cell.seed}"]},
+                                      out / "flips.png", title=cell.id)  # fmt: skip
+            run.set_tags({"status": summary["status"], "nm_valid": summary["nm_valid"],
+                          "caption.flips.png": caption})  # fmt: skip
+            for name in ("history.csv", "train.json", "flips.csv"):
+                run.log_artifact(out / name)
+            run.log_artifact(out / "flips.png", "figures")
+    plot_flip_rates(flips, block_plot, title=f"{block.id}: mask flips per seed")
+    invalid = [cell.id for cell, s in zip(cells, summaries, strict=True) if not s["nm_valid"]]
+    if invalid:
+        raise RuntimeError(f"{invalid}: the sparse model is not {cfg['n']}:{cfg['m']}")
+    write_manifest(manifest, "sparse_retrain", block,
+                   [{"status": s["status"], "diverged_step": s["diverged_step"]}
+                    for s in summaries])  # fmt: skip
+    return summaries
 
 
 def quantize_job(
@@ -529,6 +704,22 @@ def quantize_job(
         save_json({"source": str(model_path), "forms": forms, "notes": notes}, manifest_path)
         run.log_artifact(manifest_path)
     return {"forms": forms}
+
+
+def quantize_block_job(
+    block: Block | dict, run_manifest: str | Path, data_path: str | Path, schemes: list[str],
+    manifest: str | Path, config: dict, *, threads: int = 1,
+) -> None:  # fmt: skip
+    """Rule ``quantize`` for a block: :func:`quantize_job` of every cell."""
+    block = Block.of(block)
+
+    def quantize(cell: Cell) -> dict[str, Any]:
+        quantize_job(cell, cell_file(run_manifest, cell, "model.pt"), data_path, schemes,
+                     seed_dir(manifest, cell) / "quantize.json", config, threads=threads)  # fmt: skip
+        return {"schemes": list(schemes)}
+
+    write_manifest(manifest, "quantize", block,
+                   _over_cells(block, f"quantize {block.id}", quantize))  # fmt: skip
 
 
 def flip_rates_job(

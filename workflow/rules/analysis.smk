@@ -3,20 +3,22 @@ GROUP = "{task}/{arch}/{method}"
 
 rule collect_metrics:
     input:
-        unpack(run_files_with_trajectory_of_cell),
+        run=run_manifest_of_block,
         # The metric definitions are an input: changing them reruns this rule and the analysis
         # after it, never training.
         definitions="src/trainmap/dynamics/metrics.py",
     output:
-        f"results/metrics/{CELL}/metrics.csv",
+        manifest=f"results/metrics/{BLOCK}.json",
     log:
-        f"logs/collect_metrics/{CELL}.log",
+        f"logs/collect_metrics/{BLOCK}.log",
     conda:
         "../envs/trainmap.yaml"
     threads: 1
     resources:
         mem_mb=4000,
-        runtime=30,
+        runtime=minutes_of_block,
+    params:
+        block=metric_block,
     script:
         "../scripts/collect_metrics.py"
 
@@ -58,6 +60,8 @@ rule fit_hmm:
         settings=grid.analysis_settings(config),
         group=GROUP,
         cells=cells_of_group,
+        metrics=metric_tables_of_group,
+        evaluations=evaluation_files_of_group,
     script:
         "../scripts/fit_hmm.py"
 
@@ -90,6 +94,8 @@ rule training_map:
     params:
         group=GROUP,
         cells=cells_of_group,
+        metrics=metric_tables_of_group,
+        evaluations=evaluation_files_of_group,
     script:
         "../scripts/training_map.py"
 
@@ -133,6 +139,7 @@ rule regress_detours:
     params:
         group=GROUP,
         cells=cells_of_group,
+        evaluations=evaluation_files_of_group,
     script:
         "../scripts/regress_detours.py"
 
@@ -186,6 +193,8 @@ rule joint_comparison:
         settings=grid.analysis_settings(config),
         groups=groups_of_joint,
         cells=cells_of_joint,
+        metrics=metric_tables_of_joint,
+        evaluations=evaluation_files_of_joint,
     script:
         "../scripts/joint_comparison.py"
 

@@ -1,4 +1,10 @@
 # Grid expansion, input functions and the one-time tracking set-up. No rule lives here.
+#
+# Per-seed rules run one *block* per job, i.e. the seeds of one (task, arch, method) in an
+# aligned range of train.<task>.seed_block seeds (trainmap.config.Block), e.g. seeds0-31. A block
+# job writes each seed's files in its own directory (results/<rule>/<task>/<arch>/<method>/seed<n>/)
+# and, as its declared output, the block's manifest beside them (.../seeds0-31.json). Rules depend on
+# manifests; the per-seed paths they read are passed as params.
 import inspect
 
 from snakemake.common import overwrite_function_params
@@ -16,9 +22,8 @@ wildcard_constraints:
     task=r"[A-Za-z][A-Za-z0-9_]*",
     arch=r"[A-Za-z][A-Za-z0-9_]*",
     method=r"[A-Za-z][A-Za-z0-9_]*",
-    seed=r"\d+",
+    block=r"seeds\d+-\d+",
     name=r"[A-Za-z][A-Za-z0-9_]*",
-    scheme=r"[A-Za-z][A-Za-z0-9_]*",
 
 
 JOB_SERVER = {}
@@ -44,7 +49,7 @@ onerror:
     stop_server(JOB_SERVER.pop("process", None))
 
 
-CELL = "{task}/{arch}/{method}/seed{seed}"
+BLOCK = "{task}/{arch}/{method}/{block}"
 # The stage that makes a cell's model depends on its method: method-name regexes per stage.
 GRADINIT_METHODS = grid.methods_with_stage("gradinit")
 SPARSE_METHODS = grid.methods_with_stage("sparse")
@@ -54,11 +59,29 @@ HMM_GROUPS = grid.analysis_groups(config)
 JOINT_GROUPS = grid.joint_groups(config)
 
 
+def blocks_by_id(cells):
+    return {block.id: block for block in grid.blocks_of(config, cells)}
+
+
+# The blocks of each rule family, by id ("task/arch/method/seedsF-L").
+GRADINIT_BLOCKS = blocks_by_id(
+    c for c in CELLS if grid.method_of(c).has_stage("gradinit")
+)
+TRAIN_BLOCKS = blocks_by_id(grid.trained_cells(config))
+SPARSE_BLOCKS = blocks_by_id(c for c in CELLS if grid.is_sparse(c))
+GRID_BLOCKS = blocks_by_id(CELLS)
+REPARAM_BLOCKS = blocks_by_id(
+    c for c in CELLS if grid.has_deploy_form(c.arch) and not grid.is_sparse(c)
+)
+QUANTIZE_BLOCKS = blocks_by_id(c for c in CELLS if grid.quantized_schemes(config, c))
+METRIC_BLOCKS = blocks_by_id(c for c in CELLS if grid.retrains(c))
+
+
 def input_function(func):
     """Mark ``func`` (an input, params or resources function) so Snakemake reads its signature once.
 
-    Snakemake otherwise calls ``inspect.signature`` on every such function for every job: at 40k
-    jobs with several functions each, ~6 % of a dry run (bench/dag_scale.py).
+    Snakemake otherwise calls ``inspect.signature`` on every such function for every job
+    (bench/dag_scale.py).
     """
     overwrite_function_params(func, inspect.signature(func).parameters)
     return func
@@ -68,8 +91,87 @@ def input_function(func):
 DATASET = "results/data/{task}/dataset.pt"
 
 
-def cell_of(wildcards):
-    return grid.Cell.from_wildcards(wildcards)
+def block_id(wildcards):
+    return f"{wildcards.task}/{wildcards.arch}/{wildcards.method}/{wildcards.block}"
+
+
+def manifest(rule_dir, block):
+    """The manifest a block job of ``rule_dir`` writes (``results/train/.../seeds0-31.json``)."""
+    return f"results/{rule_dir}/{block.id}.json"
+
+
+def block_with_method(block, method):
+    """The block of the same task, arch and seed range under another method (its teacher)."""
+    return grid.Block(
+        block.task, block.arch, method, block.first, block.last, block.seeds
+    )
+
+
+def run_dir_of(block):
+    """Where a block's final models, histories and trajectories are: its sparse or train run."""
+    return "sparse" if grid.method_of(block.cells[0]).has_stage("sparse") else "train"
+
+
+# --- block params (the block itself, as JSON) ----------------------------------------------------
+
+
+@input_function
+def gradinit_block(wildcards):
+    return GRADINIT_BLOCKS[block_id(wildcards)].to_dict()
+
+
+@input_function
+def train_block(wildcards):
+    return TRAIN_BLOCKS[block_id(wildcards)].to_dict()
+
+
+@input_function
+def sparse_block(wildcards):
+    return SPARSE_BLOCKS[block_id(wildcards)].to_dict()
+
+
+@input_function
+def grid_block(wildcards):
+    return GRID_BLOCKS[block_id(wildcards)].to_dict()
+
+
+@input_function
+def reparam_block(wildcards):
+    return REPARAM_BLOCKS[block_id(wildcards)].to_dict()
+
+
+@input_function
+def quantize_block(wildcards):
+    return QUANTIZE_BLOCKS[block_id(wildcards)].to_dict()
+
+
+@input_function
+def metric_block(wildcards):
+    return METRIC_BLOCKS[block_id(wildcards)].to_dict()
+
+
+@input_function
+def seeds_in_block(wildcards):
+    """How many seeds a block job trains (its memory and runtime grow with them)."""
+    for blocks in (TRAIN_BLOCKS, SPARSE_BLOCKS, GRID_BLOCKS):
+        if block_id(wildcards) in blocks:
+            return len(blocks[block_id(wildcards)].seeds)
+    return 1
+
+
+@input_function
+def memory_mb_of_block(wildcards):
+    """A training block's memory request: the trajectories of all its seeds stay in memory."""
+    return 2000 + 250 * seeds_in_block(wildcards)
+
+
+@input_function
+def minutes_of_block(wildcards):
+    """A looping block job's runtime request: a few minutes, plus one per seed."""
+    return 10 + seeds_in_block(wildcards)
+
+
+# --- settings ------------------------------------------------------------------------------------
 
 
 @input_function
@@ -111,106 +213,101 @@ def sparse_settings_of_task(wildcards):
 
 @input_function
 def method_options_of_cell(wildcards):
-    return grid.method_of(cell_of(wildcards)).options
+    return grid.methods.check_method(wildcards.method).options
+
+
+# --- inputs: the manifests a block job reads ------------------------------------------------------
 
 
 @input_function
-def initial_model_of_cell(wildcards):
-    """GradInit's rescaled model for cells of a gradinit-stage method; none for the others."""
-    cell = cell_of(wildcards)
-    if grid.method_of(cell).has_stage("gradinit"):
-        return f"results/gradinit/{cell.id}/init.pt"
-    return []
+def train_inputs(wildcards):
+    """The dataset, and GradInit's manifest for blocks of a gradinit-stage method."""
+    block = TRAIN_BLOCKS[block_id(wildcards)]
+    files = {"dataset": f"results/data/{block.task}/dataset.pt"}
+    if grid.method_of(block.cells[0]).has_stage("gradinit"):
+        files["init"] = manifest("gradinit", block)
+    return files
 
 
 @input_function
-def teacher_model_of_cell(wildcards):
-    """The dense model a sparse cell retrains: the kaiming cell of the same task, arch and seed."""
-    return f"results/train/{grid.teacher_cell(cell_of(wildcards)).id}/model.pt"
+def teacher_manifest_of_block(wildcards):
+    """The dense models a sparse block retrains: the kaiming block of the same seed range."""
+    block = SPARSE_BLOCKS[block_id(wildcards)]
+    teacher = grid.teacher_cell(block.cells[0]).method
+    return manifest("train", TRAIN_BLOCKS[block_with_method(block, teacher).id])
+
+
+@input_function
+def run_manifest_of_block(wildcards):
+    """The block's runs (train or sparse manifest): final models, histories, trajectories."""
+    block = GRID_BLOCKS[block_id(wildcards)]
+    rule_dir = run_dir_of(block)
+    blocks = SPARSE_BLOCKS if rule_dir == "sparse" else TRAIN_BLOCKS
+    return manifest(rule_dir, blocks[block.id])
+
+
+@input_function
+def evaluation_inputs_of_block(wildcards):
+    """The block's runs and every other form of its models that evaluate measures (deploy,
+    quantised), as manifests."""
+    block = GRID_BLOCKS[block_id(wildcards)]
+    files = {
+        "run": run_manifest_of_block(wildcards),
+        "dataset": DATASET.format(task=block.task),
+    }
+    if block.id in REPARAM_BLOCKS:
+        files["deploy"] = manifest("reparam", REPARAM_BLOCKS[block.id])
+    if block.id in QUANTIZE_BLOCKS:
+        files["quantized"] = manifest("quantize", QUANTIZE_BLOCKS[block.id])
+    return files
+
+
+# --- whole-grid targets ---------------------------------------------------------------------------
+
+
+def manifests(rule_dir, blocks):
+    return [manifest(rule_dir, block) for block in blocks.values()]
+
+
+def cell_paths(rule_dir, cells, filename):
+    """One path per cell, e.g. every ``results/evaluate/<cell>/evaluation.json``."""
+    return [f"results/{rule_dir}/{cell.id}/{filename}" for cell in cells]
 
 
 def run_dir_of_cell(cell):
-    """Where a cell's final model, history and trajectory are: its sparse or its train run."""
-    return f"results/{'sparse' if grid.is_sparse(cell) else 'train'}/{cell.id}"
+    return "sparse" if grid.is_sparse(cell) else "train"
 
 
-@input_function
-def run_files_of_cell(wildcards):
-    """The final model, history and run summary of a cell (train or sparse rule)."""
-    run_dir = run_dir_of_cell(cell_of(wildcards))
-    return {
-        "model": f"{run_dir}/model.pt",
-        "history": f"{run_dir}/history.csv",
-        "summary": f"{run_dir}/train.json",
-    }
-
-
-@input_function
-def run_files_with_trajectory_of_cell(wildcards):
-    """What collect_metrics reads: the run's files and its checkpoint trajectory."""
-    files = run_files_of_cell(wildcards)
-    files["trajectory"] = f"{run_dir_of_cell(cell_of(wildcards))}/trajectory.pt"
-    return files
-
-
-@input_function
-def evaluation_inputs_of_cell(wildcards):
-    """The run's files and every other form of its model that evaluate measures (deploy,
-    quantised), in one input function: Snakemake's cost per input function and job adds up.
-    """
-    cell = cell_of(wildcards)
-    files = run_files_of_cell(wildcards)
-    if grid.has_deploy_form(cell.arch) and not grid.is_sparse(cell):
-        files["deploy"] = f"results/reparam/{cell.id}/deploy.pt"
-    if grid.quantized_schemes(config, cell):
-        files["quantized"] = f"results/quantize/{cell.id}/quantize.json"
-    return files
-
-
-def files_of_grid(rule_dir, filename):
-    """One path per grid cell, e.g. every ``results/evaluate/<cell>/evaluation.json``."""
-    return [f"results/{rule_dir}/{cell.id}/{filename}" for cell in CELLS]
-
-
-def run_files_of_grid(filename):
+def run_paths_of_cells(cells, filename):
     """A file of every cell's run (train or sparse), e.g. every ``history.csv``."""
-    return [f"{run_dir_of_cell(cell)}/{filename}" for cell in CELLS]
+    return [f"results/{run_dir_of_cell(cell)}/{cell.id}/{filename}" for cell in cells]
 
 
 def datasets_of_grid():
     return [f"results/data/{task}/dataset.pt" for task in TASKS]
 
 
-def gradinit_outputs_of_grid():
-    return [
-        f"results/gradinit/{cell.id}/init.pt"
-        for cell in CELLS
-        if grid.method_of(cell).has_stage("gradinit")
-    ]
-
-
-def trained_models_of_grid():
-    """Every dense model the grid trains, the teachers of its sparse cells included."""
-    dense = {grid.teacher_cell(c) if grid.is_sparse(c) else c for c in CELLS}
-    return [f"results/train/{cell.id}/model.pt" for cell in sorted(dense)]
-
-
 def transformed_models_of_grid():
-    """Deploy, sparse and quantised models of the grid."""
-    files = []
-    for cell in CELLS:
-        if grid.is_sparse(cell):
-            files.append(f"results/sparse/{cell.id}/model.pt")
-        elif grid.has_deploy_form(cell.arch):
-            files.append(f"results/reparam/{cell.id}/deploy.pt")
-        if grid.quantized_schemes(config, cell):
-            files.append(f"results/quantize/{cell.id}/quantize.json")
-    return files
+    """Deploy, sparse and quantised models of the grid, as block manifests."""
+    return (
+        manifests("reparam", REPARAM_BLOCKS)
+        + manifests("sparse", SPARSE_BLOCKS)
+        + manifests("quantize", QUANTIZE_BLOCKS)
+    )
 
 
 def retrained_sparse_cells():
     """The sparse cells that retrain (their masks flip), as dicts."""
     return [c.to_dict() for c in CELLS if grid.is_sparse(c) and grid.retrains(c)]
+
+
+def retrained_sparse_manifests():
+    retraining = {grid.Cell.of(c) for c in retrained_sparse_cells()}
+    return [
+        manifest("sparse", block)
+        for block in SPARSE_BLOCKS.values()
+        if any(cell in retraining for cell in block.cells)
+    ]
 
 
 def flips_of_grid():
@@ -225,15 +322,35 @@ def summary_figures():
     return ["results/summary/flip_rates.png"] if retrained_sparse_cells() else []
 
 
-def metrics_of_cells(cells):
-    return [f"results/metrics/{cell.id}/metrics.csv" for cell in cells]
+# --- training-map groups -------------------------------------------------------------------------
+
+
+def metric_manifests_of_cells(cells):
+    wanted = set(cells)
+    return [
+        manifest("metrics", block)
+        for block in METRIC_BLOCKS.values()
+        if any(cell in wanted for cell in block.cells)
+    ]
+
+
+def evaluation_manifests_of_cells(cells):
+    wanted = set(cells)
+    return [
+        manifest("evaluate", block)
+        for block in GRID_BLOCKS.values()
+        if any(cell in wanted for cell in block.cells)
+    ]
+
+
+def group_cells(wildcards):
+    return HMM_GROUPS[f"{wildcards.task}/{wildcards.arch}/{wildcards.method}"]
 
 
 @input_function
 def cells_of_group(wildcards):
-    """The cells (as dicts) of one training-map group, in the order of its input lists."""
-    cells = HMM_GROUPS[f"{wildcards.task}/{wildcards.arch}/{wildcards.method}"]
-    return [cell.to_dict() for cell in cells]
+    """The cells (as dicts) of one training-map group, in the order of its path lists."""
+    return [cell.to_dict() for cell in group_cells(wildcards)]
 
 
 @input_function
@@ -243,21 +360,34 @@ def cells_of_joint(wildcards):
 
 @input_function
 def metrics_of_group(wildcards):
-    """The per-run metric tables of one training-map group (task/arch/method)."""
-    return metrics_of_cells(
-        HMM_GROUPS[f"{wildcards.task}/{wildcards.arch}/{wildcards.method}"]
-    )
+    """The metric manifests of one training-map group's blocks (task/arch/method)."""
+    return metric_manifests_of_cells(group_cells(wildcards))
+
+
+@input_function
+def metric_tables_of_group(wildcards):
+    """The per-run metric tables of one training-map group, in cell order."""
+    return cell_paths("metrics", group_cells(wildcards), "metrics.csv")
 
 
 @input_function
 def evaluations_of_group(wildcards):
-    cells = HMM_GROUPS[f"{wildcards.task}/{wildcards.arch}/{wildcards.method}"]
-    return [f"results/evaluate/{cell.id}/evaluation.json" for cell in cells]
+    return evaluation_manifests_of_cells(group_cells(wildcards))
+
+
+@input_function
+def evaluation_files_of_group(wildcards):
+    return cell_paths("evaluate", group_cells(wildcards), "evaluation.json")
 
 
 @input_function
 def metrics_of_joint(wildcards):
-    return metrics_of_cells(JOINT_GROUPS[wildcards.name])
+    return metric_manifests_of_cells(JOINT_GROUPS[wildcards.name])
+
+
+@input_function
+def metric_tables_of_joint(wildcards):
+    return cell_paths("metrics", JOINT_GROUPS[wildcards.name], "metrics.csv")
 
 
 @input_function
@@ -270,24 +400,18 @@ def groups_of_joint(wildcards):
 
 @input_function
 def evaluations_of_joint(wildcards):
-    return [
-        f"results/evaluate/{cell.id}/evaluation.json"
-        for cell in JOINT_GROUPS[wildcards.name]
-    ]
+    return evaluation_manifests_of_cells(JOINT_GROUPS[wildcards.name])
+
+
+@input_function
+def evaluation_files_of_joint(wildcards):
+    return cell_paths("evaluate", JOINT_GROUPS[wildcards.name], "evaluation.json")
 
 
 def analysis_outputs():
-    """Every trained run's metric table, and the grid's training maps, regressions and joint
-    comparisons. Metric tables of runs in a map or a joint comparison are reached through it, so
-    only the others are listed here (fewer targets: a faster DAG for large grids)."""
-    grouped = {
-        cell
-        for group in (*HMM_GROUPS.values(), *JOINT_GROUPS.values())
-        for cell in group
-    }
-    files = metrics_of_cells(
-        [c for c in CELLS if grid.retrains(c) and c not in grouped]
-    )
+    """Every trained run's metric tables (as block manifests), and the grid's training maps,
+    regressions and joint comparisons."""
+    files = manifests("metrics", METRIC_BLOCKS)
     for group in HMM_GROUPS:
         files += [f"results/hmm/{group}/map.json", f"results/hmm/{group}/detours.json"]
     files += [f"results/joint/{name}/joint.json" for name in JOINT_GROUPS]

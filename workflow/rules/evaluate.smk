@@ -1,18 +1,18 @@
 rule evaluate:
     input:
-        unpack(evaluation_inputs_of_cell),
-        dataset=DATASET,
+        unpack(evaluation_inputs_of_block),
     output:
-        f"results/evaluate/{CELL}/evaluation.json",
+        manifest=f"results/evaluate/{BLOCK}.json",
     log:
-        f"logs/evaluate/{CELL}.log",
+        f"logs/evaluate/{BLOCK}.log",
     conda:
         "../envs/trainmap.yaml"
     threads: 1
     resources:
         mem_mb=2000,
-        runtime=10,
+        runtime=minutes_of_block,
     params:
+        block=grid_block,
         settings=evaluate_settings_of_task,
     script:
         "../scripts/evaluate.py"
@@ -20,8 +20,7 @@ rule evaluate:
 
 rule summary:
     input:
-        evaluations=files_of_grid("evaluate", "evaluation.json"),
-        histories=run_files_of_grid("history.csv"),
+        manifests=manifests("evaluate", GRID_BLOCKS),
     output:
         table=report(
             "results/summary/evaluation.csv",
@@ -56,6 +55,9 @@ rule summary:
     resources:
         mem_mb=2000,
         runtime=10,
+    params:
+        evaluations=cell_paths("evaluate", CELLS, "evaluation.json"),
+        histories=run_paths_of_cells(CELLS, "history.csv"),
     script:
         "../scripts/summary.py"
 

@@ -2,26 +2,16 @@ rule gradinit:
     input:
         dataset=DATASET,
     output:
-        model=f"results/gradinit/{CELL}/init.pt",
-        scales=f"results/gradinit/{CELL}/scales.json",
-        history=f"results/gradinit/{CELL}/history.csv",
-        diagnostics=f"results/gradinit/{CELL}/diagnostics.csv",
-        diagnostics_plot=report(
-            f"results/gradinit/{CELL}/diagnostics.png",
-            caption="../report/gradinit_diagnostics.rst",
+        manifest=f"results/gradinit/{BLOCK}.json",
+        plot=report(
+            f"results/gradinit/{BLOCK}.png",
+            caption="../report/gradinit_block.rst",
             category="GradInit",
             subcategory="{task}/{arch}/{method}",
-            labels={"cell": CELL, "figure": "per-layer diagnostics"},
-        ),
-        history_plot=report(
-            f"results/gradinit/{CELL}/history.png",
-            caption="../report/gradinit_history.rst",
-            category="GradInit",
-            subcategory="{task}/{arch}/{method}",
-            labels={"cell": CELL, "figure": "iterations"},
+            labels={"block": BLOCK, "figure": "scales and gradient norms"},
         ),
     log:
-        f"logs/gradinit/{CELL}.log",
+        f"logs/gradinit/{BLOCK}.log",
     wildcard_constraints:
         method=GRADINIT_METHODS,
     conda:
@@ -29,8 +19,9 @@ rule gradinit:
     threads: 1
     resources:
         mem_mb=4000,
-        runtime=60,
+        runtime=minutes_of_block,
     params:
+        block=gradinit_block,
         model=model_settings_of_cell,
         settings=gradinit_settings_of_task,
         options=method_options_of_cell,
@@ -40,4 +31,4 @@ rule gradinit:
 
 rule all_gradinit:
     input:
-        gradinit_outputs_of_grid(),
+        manifests("gradinit", GRADINIT_BLOCKS),

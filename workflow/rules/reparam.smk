@@ -1,12 +1,11 @@
 rule reparam:
     input:
         dataset=DATASET,
-        model=f"results/train/{CELL}/model.pt",
+        run=run_manifest_of_block,
     output:
-        deploy=f"results/reparam/{CELL}/deploy.pt",
-        check=f"results/reparam/{CELL}/equivalence.json",
+        manifest=f"results/reparam/{BLOCK}.json",
     log:
-        f"logs/reparam/{CELL}.log",
+        f"logs/reparam/{BLOCK}.log",
     wildcard_constraints:
         method=DENSE_METHODS,
     conda:
@@ -15,5 +14,7 @@ rule reparam:
     resources:
         mem_mb=2000,
         runtime=10,
+    params:
+        block=reparam_block,
     script:
         "../scripts/reparam.py"

@@ -1,31 +1,28 @@
 rule sparse_retrain:
     input:
         dataset=DATASET,
-        teacher=teacher_model_of_cell,
+        teacher=teacher_manifest_of_block,
     output:
-        model=f"results/sparse/{CELL}/model.pt",
-        trajectory=f"results/sparse/{CELL}/trajectory.pt",
-        history=f"results/sparse/{CELL}/history.csv",
-        summary=f"results/sparse/{CELL}/train.json",
-        flips=f"results/sparse/{CELL}/flips.csv",
-        flips_plot=report(
-            f"results/sparse/{CELL}/flips.png",
-            caption="../report/flips.rst",
+        manifest=f"results/sparse/{BLOCK}.json",
+        plot=report(
+            f"results/sparse/{BLOCK}.png",
+            caption="../report/flips_block.rst",
             category="Sparsity",
             subcategory="{task}/{arch}/{method}",
-            labels={"cell": CELL, "figure": "mask flip rates"},
+            labels={"block": BLOCK, "figure": "mask flip rates"},
         ),
     log:
-        f"logs/sparse/{CELL}.log",
+        f"logs/sparse/{BLOCK}.log",
     wildcard_constraints:
         method=SPARSE_METHODS,
     conda:
         "../envs/trainmap.yaml"
     threads: 1
     resources:
-        mem_mb=4000,
+        mem_mb=memory_mb_of_block,
         runtime=120,
     params:
+        block=sparse_block,
         settings=sparse_settings_of_task,
         options=method_options_of_cell,
     script:
@@ -34,24 +31,20 @@ rule sparse_retrain:
 
 rule quantize:
     input:
-        unpack(run_files_of_cell),
         dataset=DATASET,
+        run=run_manifest_of_block,
     output:
-        manifest=f"results/quantize/{CELL}/quantize.json",
-        models=expand(
-            f"results/quantize/{CELL}/{{scheme}}.pt",
-            scheme=QUANT_SCHEMES,
-            allow_missing=True,
-        ),
+        manifest=f"results/quantize/{BLOCK}.json",
     log:
-        f"logs/quantize/{CELL}.log",
+        f"logs/quantize/{BLOCK}.log",
     conda:
         "../envs/trainmap.yaml"
     threads: 1
     resources:
         mem_mb=2000,
-        runtime=10,
+        runtime=minutes_of_block,
     params:
+        block=quantize_block,
         schemes=QUANT_SCHEMES,
     script:
         "../scripts/quantize.py"
@@ -59,7 +52,7 @@ rule quantize:
 
 rule flip_rates:
     input:
-        flips=flips_of_grid(),
+        manifests=retrained_sparse_manifests(),
     output:
         table="results/summary/flip_rates.csv",
         plot=report(
@@ -78,6 +71,7 @@ rule flip_rates:
         runtime=10,
     params:
         cells=retrained_sparse_cells(),
+        flips=flips_of_grid(),
     script:
         "../scripts/flip_rates.py"
 

@@ -1,24 +1,21 @@
 rule train:
     input:
-        dataset=DATASET,
-        init=initial_model_of_cell,
+        unpack(train_inputs),
     output:
-        trajectory=f"results/train/{CELL}/trajectory.pt",
-        model=f"results/train/{CELL}/model.pt",
-        history=f"results/train/{CELL}/history.csv",
-        summary=f"results/train/{CELL}/train.json",
+        manifest=f"results/train/{BLOCK}.json",
     log:
-        f"logs/train/{CELL}.log",
+        f"logs/train/{BLOCK}.log",
     wildcard_constraints:
         method=DENSE_METHODS,
     conda:
         "../envs/trainmap.yaml"
     threads: 1
     resources:
-        mem_mb=4000,
+        mem_mb=memory_mb_of_block,
         runtime=120,
         gpu=gpus_of_task,
     params:
+        block=train_block,
         model=model_settings_of_cell,
         train=train_settings_of_task,
     script:
@@ -27,4 +24,4 @@ rule train:
 
 rule all_train:
     input:
-        trained_models_of_grid(),
+        manifests("train", TRAIN_BLOCKS),

@@ -1,15 +1,13 @@
-"""Rule collect_metrics: the 14 weight metrics of every checkpoint of one run."""
+"""Rule collect_metrics: the 14 weight metrics of every checkpoint of a block's runs."""
 
 from trainmap.worker import run_job
 
 run_job(
-    "trainmap.jobs:collect_metrics_job",
+    "trainmap.jobs:collect_metrics_block_job",
     log=snakemake.log[0],
-    cell=dict(snakemake.wildcards.items()),
-    trajectory_path=snakemake.input.trajectory,
-    model_path=snakemake.input.model,
-    history_path=snakemake.input.history,
-    output=snakemake.output[0],
+    block=snakemake.params.block,
+    run_manifest=snakemake.input.run,
+    manifest=snakemake.output.manifest,
     config=snakemake.config,
     threads=snakemake.threads,
 )

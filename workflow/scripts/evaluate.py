@@ -1,19 +1,17 @@
-"""Rule evaluate: accuracy, convergence, size and latency of a run's model, in every form."""
+"""Rule evaluate: accuracy, convergence, size and latency of a block's models, in every form."""
 
 from trainmap.worker import run_job
 
 run_job(
-    "trainmap.jobs:evaluate_job",
+    "trainmap.jobs:evaluate_block_job",
     log=snakemake.log[0],
-    cell=dict(snakemake.wildcards.items()),
-    model_path=snakemake.input.model,
-    history_path=snakemake.input.history,
-    train_summary_path=snakemake.input.summary,
+    block=snakemake.params.block,
+    run_manifest=snakemake.input.run,
     data_path=snakemake.input.dataset,
-    deploy_path=snakemake.input.get("deploy"),
-    quantized_manifest=snakemake.input.get("quantized"),
+    deploy_manifest=snakemake.input.get("deploy"),
+    quantize_manifest=snakemake.input.get("quantized"),
     settings=snakemake.params.settings,
-    output=snakemake.output[0],
+    manifest=snakemake.output.manifest,
     config=snakemake.config,
     threads=snakemake.threads,
 )

@@ -6,7 +6,7 @@ run_job(
     "trainmap.jobs:flip_rates_job",
     log=snakemake.log[0],
     cells=snakemake.params.cells,
-    flips_paths=list(snakemake.input.flips),
+    flips_paths=list(snakemake.params.flips),
     table_path=snakemake.output.table,
     plot_path=snakemake.output.plot,
     config=snakemake.config,

@@ -1,16 +1,17 @@
-"""Rule gradinit: learn per-tensor scales of the cell's initial model (GradInit or MetaInit)."""
+"""Rule gradinit: learn per-tensor scales of a block's initial models (GradInit or MetaInit)."""
 
 from trainmap.worker import run_job
 
 run_job(
-    "trainmap.jobs:gradinit_job",
+    "trainmap.jobs:gradinit_block_job",
     log=snakemake.log[0],
-    cell=dict(snakemake.wildcards.items()),
+    block=snakemake.params.block,
     data_path=snakemake.input.dataset,
     model_options=snakemake.params.model,
     settings=snakemake.params.settings,
     options=snakemake.params.options,
-    outputs={name: snakemake.output[name] for name in snakemake.output.keys()},
+    manifest=snakemake.output.manifest,
+    block_plot=snakemake.output.plot,
     config=snakemake.config,
     threads=snakemake.threads,
 )

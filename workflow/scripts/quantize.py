@@ -1,15 +1,15 @@
-"""Rule quantize: round-to-nearest and AWQ quantisation of a cell's final model, packed on disk."""
+"""Rule quantize: round-to-nearest and AWQ quantisation of a block's final models, packed on disk."""
 
 from trainmap.worker import run_job
 
 run_job(
-    "trainmap.jobs:quantize_job",
+    "trainmap.jobs:quantize_block_job",
     log=snakemake.log[0],
-    cell=dict(snakemake.wildcards.items()),
-    model_path=snakemake.input.model,
+    block=snakemake.params.block,
+    run_manifest=snakemake.input.run,
     data_path=snakemake.input.dataset,
     schemes=list(snakemake.params.schemes),
-    manifest_path=snakemake.output.manifest,
+    manifest=snakemake.output.manifest,
     config=snakemake.config,
     threads=snakemake.threads,
 )

@@ -9,7 +9,7 @@ run_job(
     log=snakemake.log[0],
     group=snakemake.params.group,
     cells=snakemake.params.cells,
-    evaluation_paths=list(snakemake.input.evaluations),
+    evaluation_paths=list(snakemake.params.evaluations),
     out_dir=str(Path(snakemake.output[0]).parent),
     config=snakemake.config,
 )

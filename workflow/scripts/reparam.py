@@ -1,15 +1,14 @@
-"""Rule reparam: fuse a trained RepVGG into plain 3x3 convs and check it on the test set."""
+"""Rule reparam: fuse a block's trained RepVGGs into plain 3x3 convs, checked on the test set."""
 
 from trainmap.worker import run_job
 
 run_job(
-    "trainmap.jobs:reparam_job",
+    "trainmap.jobs:reparam_block_job",
     log=snakemake.log[0],
-    cell=dict(snakemake.wildcards.items()),
-    model_path=snakemake.input.model,
+    block=snakemake.params.block,
+    train_manifest=snakemake.input.run,
     data_path=snakemake.input.dataset,
-    deploy_path=snakemake.output.deploy,
-    check_path=snakemake.output.check,
+    manifest=snakemake.output.manifest,
     config=snakemake.config,
     threads=snakemake.threads,
 )

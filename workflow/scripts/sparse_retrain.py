@@ -1,18 +1,18 @@
-"""Rule sparse_retrain: N:M sparsity from the dense teacher (AST, its ablations, the baselines)."""
-
-from pathlib import Path
+"""Rule sparse_retrain: N:M sparsity for a block of seeds from their dense teachers (AST, its
+ablations, the baselines), retrained as one vectorised model."""
 
 from trainmap.worker import run_job
 
 run_job(
-    "trainmap.jobs:sparse_job",
+    "trainmap.jobs:sparse_block_job",
     log=snakemake.log[0],
-    cell=dict(snakemake.wildcards.items()),
-    teacher_path=snakemake.input.teacher,
+    block=snakemake.params.block,
+    teacher_manifest=snakemake.input.teacher,
     data_path=snakemake.input.dataset,
     settings=snakemake.params.settings,
     options=snakemake.params.options,
-    out_dir=str(Path(snakemake.output.model).parent),
+    manifest=snakemake.output.manifest,
+    block_plot=snakemake.output.plot,
     config=snakemake.config,
     threads=snakemake.threads,
 )

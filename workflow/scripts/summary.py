@@ -5,8 +5,8 @@ from trainmap.worker import run_job
 run_job(
     "trainmap.jobs:summary_job",
     log=snakemake.log[0],
-    evaluation_paths=list(snakemake.input.evaluations),
-    history_paths=list(snakemake.input.histories),
+    evaluation_paths=list(snakemake.params.evaluations),
+    history_paths=list(snakemake.params.histories),
     table_path=snakemake.output.table,
     forms_path=snakemake.output.forms,
     metrics_path=snakemake.output.metrics,

@@ -1,18 +1,16 @@
-"""Rule train: seeded init by the cell's method, training, checkpoint trajectory."""
-
-from pathlib import Path
+"""Rule train: a block of seeds, each seeded by its method, trained as one vectorised model."""
 
 from trainmap.worker import run_job
 
 run_job(
-    "trainmap.jobs:train_job",
+    "trainmap.jobs:train_block_job",
     log=snakemake.log[0],
-    cell=dict(snakemake.wildcards.items()),
+    block=snakemake.params.block,
     data_path=snakemake.input.dataset,
-    init_path=snakemake.input.get("init") or None,
+    init_manifest=snakemake.input.get("init") or None,
     model_options=snakemake.params.model,
     train_settings=snakemake.params.train,
-    out_dir=str(Path(snakemake.output.model).parent),
+    manifest=snakemake.output.manifest,
     config=snakemake.config,
     threads=snakemake.threads,
 )

@@ -9,8 +9,8 @@ run_job(
     log=snakemake.log[0],
     group=snakemake.params.group,
     cells=snakemake.params.cells,
-    metrics_paths=list(snakemake.input.metrics),
-    evaluation_paths=list(snakemake.input.evaluations),
+    metrics_paths=list(snakemake.params.metrics),
+    evaluation_paths=list(snakemake.params.evaluations),
     out_dir=str(Path(snakemake.output[0]).parent),
     config=snakemake.config,
 )
