@@ -1,12 +1,14 @@
-"""Dry-run time of a ~40k-job grid: trainmap's Snakefile vs a bare Snakefile of the same shape.
+"""Dry-run time of a ~40k-seed grid: trainmap's Snakefile vs a bare Snakefile of today's shape.
 
-The grid is one task, one architecture, one method and ~13,300 seeds: per cell the jobs train,
-evaluate and collect_metrics, plus the data job, the summary and one training-map group (fit_hmm,
-regress_detours, training_map), about 40,000 jobs. The bare Snakefile has the same rules, wildcards,
-inputs and outputs, written with plain ``expand`` and strings and ``touch`` commands: no config
-validation, no registries, no input functions. Both are dry-run (``snakemake -n --quiet``) in a
-temporary directory, alternating, and the ratio trainmap / bare is printed (target <= 1.2;
-FACTS.md measured a bare 40k-job dry run at ~32 s here).
+The grid is one task, one architecture, one method and ~13,300 seeds. The bare Snakefile has one
+job per seed and per rule (train, evaluate, collect_metrics), plus the data job, the summary and one
+training-map group (fit_hmm, regress_detours, training_map): about 40,000 jobs, written with plain
+``expand`` and strings and ``touch`` commands: no config validation, no registries, no input
+functions. trainmap plans the same grid in seed blocks (``train.sparse_parity.seed_block`` from
+params.yaml: 32 seeds per job of each per-seed rule, about 1,250 jobs), which is the lever: a
+block job still writes every seed's files, but Snakemake tracks one manifest per block. Both are
+dry-run (``snakemake -n --quiet``) in a temporary directory, alternating, and the ratio trainmap /
+bare is printed (target <= 1.2; FACTS.md measured a bare 40k-job dry run at ~32 s here).
 
 Usage::
 
