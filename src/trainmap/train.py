@@ -364,8 +364,9 @@ class Trajectory:
 class RunningMeans:
     """Each seed's training loss/accuracy summed over the steps since the last checkpoint.
 
-    Each step only appends its (detached) per-seed losses, logits and targets; they are scored in
-    one batch when the means are read or the state is saved, which costs one argmax per checkpoint
+    Each step only appends its (detached) per-seed losses, logits and targets; they are scored when
+    the means are read or the state is saved, one step after another (so a resume that splits a
+    checkpoint interval adds the same numbers in the same order), with one argmax per step batch
     instead of several small tensor ops per step (a measurable share of a small MLP's step).
     """
 
@@ -388,14 +389,23 @@ class RunningMeans:
         self.pending.append((active, losses, logits.detach(), targets))
 
     def score_pending(self) -> None:
-        """Count the correct predictions and losses of the steps since the last call."""
-        for active, losses, logits, targets in self.pending:
-            hits = (logits.argmax(dim=-1) == targets).sum(dim=1).tolist()
-            size = targets.shape[1]
-            for index in active:
-                self.loss_sum[index] += losses[index] * size
-                self.correct[index] += int(hits[index])
-                self.seen[index] += size
+        """Add the losses and correct predictions of the steps since the last call, in step order."""
+        if not self.pending:
+            return
+        hits = torch.stack([(logits.argmax(dim=-1) == targets).sum(dim=1)
+                            for _, _, logits, targets in self.pending]).cpu()  # fmt: skip
+        losses = torch.tensor([losses for _, losses, _, _ in self.pending], dtype=torch.float64)
+        mask = torch.zeros(losses.shape, dtype=torch.bool)
+        for row, (active, _, _, _) in enumerate(self.pending):
+            mask[row, active] = True
+        size = self.pending[0][3].shape[1]
+        loss_sum = torch.tensor(self.loss_sum, dtype=torch.float64)
+        for row in range(len(self.pending)):  # sequential, as the steps came
+            loss_sum += torch.where(mask[row], losses[row] * size, 0.0)
+        self.loss_sum = loss_sum.tolist()
+        correct = torch.where(mask, hits, 0).sum(dim=0) + torch.tensor(self.correct)
+        self.correct = correct.tolist()
+        self.seen = (mask.sum(dim=0) * size + torch.tensor(self.seen)).tolist()
         self.pending = []
 
     def pop(self, index: int) -> tuple[float, float]:
@@ -541,7 +551,8 @@ def train_block(
     block.train()
     bar = tqdm(total=cfg.steps, initial=start_step, desc=description, disable=not progress)
     step = start_step
-    while step < cfg.steps and active_seeds():
+    active = active_seeds()
+    while step < cfg.steps and active:
         # --- the step (every seed of the block at once) ------------------------------------------
         indices = torch.stack([sampler.next_indices() for sampler in samplers])
         if on_accelerator:
@@ -552,13 +563,17 @@ def train_block(
         extra = hooks.extra_loss(logits, inputs, targets)  # hook: e.g. distillation
         if extra is not None:
             losses = task_losses + extra
-        task_values, loss_values = torch.stack([task_losses, losses]).tolist()
-        for index in active_seeds():
-            if not (math.isfinite(task_values[index]) and math.isfinite(loss_values[index])):
-                _freeze(records[index], block, index, step)  # diverged at this step, frozen
-        active = active_seeds()
-        if not active:
-            break
+        if extra is None:
+            task_values = loss_values = task_losses.tolist()
+        else:
+            task_values, loss_values = torch.stack([task_losses, losses]).tolist()
+        if not math.isfinite(sum(loss_values[i] + task_values[i] for i in active)):
+            for index in active:
+                if not (math.isfinite(task_values[index]) and math.isfinite(loss_values[index])):
+                    _freeze(records[index], block, index, step)  # diverged at this step, frozen
+            active = active_seeds()
+            if not active:
+                break
         optimizer.zero_grad(set_to_none=True)
         if lr_varies:  # the schedule is a function of the step: nothing to save for resume
             for group in optimizer.param_groups:
@@ -574,17 +589,16 @@ def train_block(
             clip_seed_grad_norms(block, cfg.grad_clip)
         hooks.after_backward(step)  # hook: e.g. SR-STE decay of pruned weights
         optimizer.step()
-        _restore_frozen(block, records)
+        if len(active) < size:
+            _restore_frozen(block, records)
         hooks.after_step(step)  # hook: e.g. N:M mask refresh
         step += 1
-        for index in active:
-            records[index].steps_done = step
         running.add(active, task_values, logits, targets)
         # --- checkpointing and resume state ---------------------------------------------------
         if step % cfg.checkpoint_every == 0 or step == cfg.steps:
             checkpoint(step)
             bar.update(step - bar.n)
-            accs = [records[i].history[-1]["test_acc"] for i in active_seeds()]
+            accs = [records[i].history[-1]["test_acc"] for i in active]
             if accs:
                 bar.set_postfix(test_acc=f"{sum(accs) / len(accs):.3f}", refresh=False)
         if step % cfg.resume_every == 0 and step < cfg.steps:
@@ -596,6 +610,8 @@ def train_block(
     summaries = []
     for index in range(size):
         record = records[index]
+        if record.active:
+            record.steps_done = step
         if record.frozen_state is not None:
             block.set_seed_state(index, record.frozen_state)
         summaries.append({
@@ -623,7 +639,7 @@ def train_block(
 def _freeze(record: SeedRecord, block: SeedBlock, index: int, step: int) -> None:
     """A seed whose loss is not finite at ``step``: diverged at step + 1 (the step it would have
     taken), its state kept as it is now."""
-    record.diverged_step = step + 1
+    record.diverged_step, record.steps_done = step + 1, step
     record.frozen_state = block.state_of(index)
 
 
