@@ -420,6 +420,18 @@ def test_issue14_config_first_line_names_key_value_and_allowed(
     assert value in first_line and allowed in first_line, first_line
 
 
+def test_dvc_yaml_quotes_the_config_file_in_every_command(repo_root: Path) -> None:
+    """Issue 14 case 13: dvc.yaml pastes ${dvc.configfile} into shell commands; it is quoted there
+    (and the schema test cases above keep shell characters out of the value)."""
+    stages = read_yaml(repo_root / "dvc.yaml")["stages"]
+    commands = [stage["cmd"] for stage in stages.values()]
+    assert all("${dvc.configfile}" in command for command in commands)
+    for command in commands:
+        unquoted = command.replace('"${dvc.configfile}"', "")
+        assert "${dvc.configfile}" not in unquoted, command
+        assert "${" not in unquoted.replace("${dvc.cores}", ""), command  # cores: an integer
+
+
 def test_keys_announced_for_seed_batching_pass_the_schema(config: dict) -> None:
     """train.<task>.seed_block, gradinit.<task>.second_order, sparse.<task>.conv_groups."""
     config["train"]["digits"]["seed_block"] = 8
