@@ -21,7 +21,8 @@ BENCH_ARGS ?=
 # BACKEND=postgresql://user:pass@host/db).
 BACKEND ?= sqlite:///$(CURDIR)/mlflow-server.db
 ARTIFACTS ?= $(CURDIR)/mlartifacts-server
-SLURM_DIR ?= /tmp/trainmap-slurm
+# The local SLURM's state, logs and pid files: a private (0700) directory, never a shared /tmp path.
+SLURM_DIR ?= $(CURDIR)/.slurm
 
 .PHONY: help setup run repro report test test-fast lint format bench mlflow-ui mlflow-server \
 	slurm-up slurm-down dvc-remote clean
