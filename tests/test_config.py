@@ -564,7 +564,7 @@ def test_load_config_refuses_bad_override_file(
                      "config key grid[0].seeds ({file}, line 4): duplicate key 'seeds', already "
                      "set at line 3", id="in_a_list_item"),
         pytest.param('{"train": {"digits": {"lr": 0.1, "lr": 0.2}}}',
-                     "config key lr ({file}): duplicate key 'lr' in one mapping", id="json"),
+                     "config file {file}: duplicate key 'lr' in one JSON mapping", id="json"),
         pytest.param("train:\n  digits:\n    lr: 0.1\n   steps: 3\n",
                      "config file {file}, line 4, column 4: not valid YAML", id="indentation"),
         pytest.param("train:\n\tdigits: {}\n",

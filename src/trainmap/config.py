@@ -200,8 +200,8 @@ def _json_mapping(path: str | os.PathLike, pairs: list[tuple[str, Any]]) -> dict
     repeated = sorted(key for key, count in Counter(keys).items() if count > 1)
     if repeated:
         raise ConfigError(
-            f"config key {repeated[0]} ({path}): duplicate key {repeated[0]!r} in one mapping; JSON "
-            "would keep only the last value: each key may appear once"
+            f"config file {path}: duplicate key {repeated[0]!r} in one JSON mapping; JSON would "
+            "keep only the last value: each key may appear once per mapping"
         )
     return dict(pairs)
 
@@ -319,8 +319,8 @@ def _schema_message(error: jsonschema.ValidationError) -> str:
     message = f"config key {_key(path) or '(top level)'}: {error.message}"
     if error.validator == "type" and isinstance(error.instance, str) and _is_number(error.instance):
         message += (
-            f" (YAML reads {error.instance} as text: write the number with a decimal point and a "
-            "signed exponent, e.g. 1.0e-3, or as 0.001)"
+            f" (YAML read {error.instance!r} as text: write numbers without quotes, and an exponent "
+            "with a decimal point and a sign, e.g. 1.0e-3 or 0.001)"
         )
     if error.validator == "pattern" and "description" in error.schema:
         message += f"; allowed: {error.schema['description']}"
