@@ -456,7 +456,7 @@ def test_every_setting_the_code_takes_is_in_the_schema() -> None:
     assert {*HMM_SETTINGS, "seed", "joint"} <= analysis, {*HMM_SETTINGS, "seed"} - analysis
 
 
-def test_keys_announced_for_seed_batching_pass_the_schema(config: dict) -> None:
+def test_seed_blocks_second_order_and_conv_groups_are_accepted(config: dict, repo_root) -> None:
     """train.<task>.seed_block, gradinit.<task>.second_order, sparse.<task>.conv_groups."""
     config["train"]["digits"]["seed_block"] = 8
     config["sparse"]["digits"]["train"]["seed_block"] = 4
@@ -464,6 +464,7 @@ def test_keys_announced_for_seed_batching_pass_the_schema(config: dict) -> None:
     for choice in ("input_channels", "flattened"):
         config["sparse"]["digits"]["conv_groups"] = choice
         validate_schema(config)
+        check_config(config, base_dir=repo_root)
 
 
 #: Leaves that legitimately take any text or null (names, paths, URIs).
