@@ -21,7 +21,8 @@ BENCH_ARGS ?=
 # BACKEND=postgresql://user:pass@host/db).
 BACKEND ?= sqlite:///$(CURDIR)/mlflow-server.db
 ARTIFACTS ?= $(CURDIR)/mlartifacts-server
-SLURM_DIR ?= /tmp/trainmap-slurm
+# The local SLURM's state, logs and pid files: a private (0700) directory, never a shared /tmp path.
+SLURM_DIR ?= $(CURDIR)/.slurm
 
 .PHONY: help setup run repro report test test-fast lint format bench mlflow-ui mlflow-server \
 	slurm-up slurm-down dvc-remote clean
@@ -41,6 +42,8 @@ setup: .venv/.bytecode  ## install uv if missing, then the locked environment (f
 	@touch $@
 
 run: setup dvc-remote  ## the study on CONFIG (default: the embedded grid); versions it with DVC
+	@# Snakemake reads --configfile files before the Snakefile: this check names a YAML error's line.
+	$(RUN) python -m trainmap.config $(CONFIG)
 	$(SNAKEMAKE) --cores $(CORES) --configfile $(CONFIG) --rerun-incomplete
 	@if [ "$(CONFIG)" = "$(DVC_CONFIG)" ]; then \
 	    echo "Recording data and checkpoints in DVC (dvc commit; dvc push to $(DVC_REMOTE))"; \

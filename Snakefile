@@ -1,15 +1,23 @@
 # trainmap: seed x architecture x method grids of training runs, their evaluation and training maps.
 # This file only wires: configuration, validation, the rule families and the default target.
-from snakemake.utils import min_version, validate
+from snakemake.utils import min_version
+
+from trainmap.config import check_config_files, validate_schema
 
 min_version("9.20")
+
+# YAML syntax errors (file and line) and repeated keys, before Snakemake merges the files.
+check_config_files(
+    ["params.yaml", "config/config.yaml", *workflow.overwrite_configfiles]
+)
 
 
 configfile: "params.yaml"
 configfile: "config/config.yaml"
 
 
-validate(config, "workflow/schemas/config.schema.yaml")
+# workflow/schemas/config.schema.yaml; an error's first line reads `config key <path>: ...`.
+validate_schema(config)
 
 
 report: "workflow/report/workflow.rst"

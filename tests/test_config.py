@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import itertools
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Callable
@@ -23,10 +24,12 @@ from trainmap.config import (
     Cell,
     ConfigError,
     check_config,
+    check_config_files,
     expand_grid,
     grid_tasks,
     load_config,
     merge_config,
+    read_config_file,
     validate_schema,
 )
 from trainmap.io import copy_workflow
@@ -184,6 +187,7 @@ def test_override_file_replaces_grid(repo_root: Path, tmp_path: Path) -> None:
 def test_reader_kind_with_existing_path_is_accepted(config: dict, tmp_path: Path) -> None:
     """Positive control of the data-path check: a relative path resolves against base_dir."""
     (tmp_path / "data" / "mnist").mkdir(parents=True)
+    del config["dvc"]  # dvc.configfile also resolves against base_dir (tested on its own below)
     config["grid"].append({"task": "mnist", "archs": ["mlp"], "methods": ["kaiming"], "seeds": [0]})
     config["data"]["mnist"] = {"kind": "mnist", "path": "data/mnist"}
     validate_schema(config)
@@ -275,19 +279,19 @@ BAD_CONFIGS = [
     ("unknown_optimizer", _set("train", "digits", "optimizer", "rmsprop"),
      ["train.digits.optimizer", "'rmsprop'", "'sgd'", "'adamw'"]),
     ("unknown_train_key", _set("train", "digits", "learning_rate", 0.1),
-     ["train.digits", "'learning_rate'", "not allowed"]),
+     ["train.digits.learning_rate", "'learning_rate'", "unknown key", "allowed", "lr"]),
     ("train_key_missing", _delete("train", "digits", "steps"),
-     ["train.digits", "'steps'", "required"]),
+     ["train.digits.steps", "missing", "requires 'steps'"]),
     ("checkpoint_every_over_steps", _set("train", "digits", "checkpoint_every", 1000),
      ["train.digits.checkpoint_every", "1000", "240"]),
     ("warmup_not_below_steps", _set("train", "digits", "warmup_steps", 240),
      ["train.digits.warmup_steps", "240", "steps"]),
     ("missing_grid", _delete("grid"),
-     ["(top level)", "'grid'", "required"]),
+     ["config key grid:", "missing", "requires 'grid'"]),
     ("empty_grid", _set("grid", []),
      ["grid", "[]", "non-empty"]),
     ("grid_entry_unknown_key", _set("grid", 0, "seed", 3),
-     ["grid[0]", "'seed'", "unexpected"]),
+     ["grid[0].seed", "'seed'", "unknown key", "did you mean 'seeds'?"]),
     ("duplicate_cell_across_entries", _append_grid(
         {"task": "digits", "archs": ["vgg_bn"], "methods": ["kaiming"], "seeds": [9, 3]}),
      ["grid[2]", "digits/vgg_bn/kaiming/seed3", "grid[1]"]),
@@ -329,6 +333,196 @@ def test_bad_config_is_refused(
     assert message.startswith("config key "), message
 
 
+# Issue 14: malformed configs a new user wrote. Each is refused at parse time (validate_schema in the
+# Snakefile, check_config in common.smk, before any rule or job exists), and the error's FIRST line
+# leads with the key, then names the bad value and what is allowed.
+# (id, mutation, key, bad value as printed, what is allowed)
+ISSUE14_CONFIGS = [
+    # 1. unknown keys at every level, the top included, with a suggestion when one is close
+    ("1_top_level_grdi", lambda c: c.update(grdi=c["grid"]),
+     "grdi", "'grdi'", "did you mean 'grid'?"),
+    ("1_top_level_quantise", lambda c: c.update(quantise={"methods": ["kaiming"]}),
+     "quantise", "'quantise'", "did you mean 'quantize'?"),
+    ("1_top_level_analisys", lambda c: c.update(analisys={"k_max": 4}),
+     "analisys", "'analisys'", "did you mean 'analysis'?"),
+    ("1_task_key_typo", _set("train", "digitz", {"steps": 60}),
+     "train.digitz", "'digitz'", "did you mean 'digits'?"),
+    ("1_model_arch_typo", _set("model", "digits", {"vgg_bnn": {"widths": [8, 16, 32]}}),
+     "model.digits.vgg_bnn", "'vgg_bnn'", "did you mean 'vgg_bn'?"),
+    ("1_sparse_key_typo", _set("sparse", "digits", "srste_lamda", 0.1),
+     "sparse.digits.srste_lamda", "'srste_lamda'", "did you mean 'srste_lambda'?"),
+    ("1_analysis_key_typo", _set("analysis", "restart", 3),
+     "analysis.restart", "'restart'", "did you mean 'restarts'?"),
+    # 2. the sparse stage's retraining is validated like train.<task>
+    ("2_sparse_train_lr", _set("sparse", "digits", "train", "lr", -1),
+     "sparse.digits.train.lr", "-1", "minimum of 0"),
+    ("2_sparse_train_steps", _set("sparse", "digits", "train", "steps", 0),
+     "sparse.digits.train.steps", "0", "minimum of 1"),
+    ("2_sparse_train_batch", _set("sparse", "digits", "train", "batch_size", 0),
+     "sparse.digits.train.batch_size", "0", "minimum of 1"),
+    ("2_sparse_train_key_typo", _set("sparse", "digits", "train", "stpes", 10),
+     "sparse.digits.train.stpes", "'stpes'", "did you mean 'steps'?"),
+    ("2_sparse_train_checkpoints", _set("sparse", "digits", "train", "steps", 3),
+     "sparse.digits.train.checkpoint_every", "5", "at most steps"),
+    # 3. data option values, before the data job
+    ("3_n_bits", _set("data", "sparse_parity", "n_bits", -3),
+     "data.sparse_parity.n_bits", "-3", "minimum of 1"),
+    ("3_k_over_n_bits", _set("data", "sparse_parity", "k", 50),
+     "data.sparse_parity.k", "50", "1 <= k <= n_bits"),
+    ("3_n_train", _set("data", "sparse_parity", "n_train", 0),
+     "data.sparse_parity.n_train", "0", "minimum of 1"),
+    ("3_train_frac", _set("data", "modular_addition", "train_frac", 1.5),
+     "data.modular_addition.train_frac", "1.5", "maximum of 1"),
+    ("3_empty_split", lambda c: c["data"]["modular_addition"].update(p=3, train_frac=0.01),
+     "data.modular_addition.train_frac", "0.01", "both the train and the test split non-empty"),
+    # 4. text where a number belongs: a config error naming the key, never a TypeError
+    ("4_gradinit_eta_text", _set("gradinit", "digits", "eta", "fast"),
+     "gradinit.digits.eta", "'fast'", "of type 'number'"),
+    ("4_srste_lambda_text", _set("sparse", "digits", "srste_lambda", "big"),
+     "sparse.digits.srste_lambda", "'big'", "of type 'number'"),
+    ("4_yaml_exponent_is_text", _set("train", "digits", "lr", "1e-3"),
+     "train.digits.lr", "'1e-3'", "1.0e-3"),
+    ("4_float_steps", _set("train", "digits", "steps", 240.0),
+     "train.digits.steps", "240.0", "of type 'integer'"),
+    # 7. a joint group naming an unknown task is an error
+    ("7_joint_unknown_task", _set("analysis", "joint", [{"name": "j", "task": "digitz"}]),
+     "analysis.joint[0].task", "'digitz'", "did you mean 'digits'?"),
+    # 13. dvc.configfile is pasted into shell commands: a plain project path that exists
+    ("13_dvc_configfile_shell", _set("dvc", "configfile", "config/x.yaml; touch pwned"),
+     "dvc.configfile", "'config/x.yaml; touch pwned'", "letters, digits"),
+    ("13_dvc_configfile_option", _set("dvc", "configfile", "--help.yaml"),
+     "dvc.configfile", "'--help.yaml'", "letters, digits"),
+    ("13_dvc_configfile_missing", _set("dvc", "configfile", "config/nope.yaml"),
+     "dvc.configfile", "'config/nope.yaml'", "does not exist"),
+    # keys the lead's seed-batched training and the method options add
+    ("new_seed_block", _set("train", "digits", "seed_block", 0),
+     "train.digits.seed_block", "0", "minimum of 1"),
+    ("new_conv_groups", _set("sparse", "digits", "conv_groups", "channels"),
+     "sparse.digits.conv_groups", "'channels'", "'input_channels', 'flattened'"),
+    ("new_second_order", _set("gradinit", "digits", "second_order", "yes"),
+     "gradinit.digits.second_order", "'yes'", "of type 'boolean'"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("mutate", "key", "value", "allowed"),
+    [pytest.param(*case[1:], id=case[0]) for case in ISSUE14_CONFIGS],
+)
+def test_issue14_config_first_line_names_key_value_and_allowed(
+    config: dict, repo_root: Path, mutate, key: str, value: str, allowed: str
+) -> None:
+    mutate(config)
+    with pytest.raises(ConfigError) as caught:
+        validate_schema(config)
+        check_config(config, base_dir=repo_root)
+    first_line = str(caught.value).splitlines()[0]
+    assert first_line.startswith(f"config key {key}: "), first_line
+    assert value in first_line and allowed in first_line, first_line
+
+
+def test_dvc_yaml_quotes_the_config_file_in_every_command(repo_root: Path) -> None:
+    """Issue 14 case 13: dvc.yaml pastes ${dvc.configfile} into shell commands; it is quoted there
+    (and the schema test cases above keep shell characters out of the value)."""
+    stages = read_yaml(repo_root / "dvc.yaml")["stages"]
+    commands = [stage["cmd"] for stage in stages.values()]
+    assert all("${dvc.configfile}" in command for command in commands)
+    for command in commands:
+        unquoted = command.replace('"${dvc.configfile}"', "")
+        assert "${dvc.configfile}" not in unquoted, command
+        assert "${" not in unquoted.replace("${dvc.cores}", ""), command  # cores: an integer
+
+
+def test_every_setting_the_code_takes_is_in_the_schema() -> None:
+    """The schema refuses unknown keys, so a setting the code reads but the schema lacks could never
+    be set: each section's keys (TrainConfig fields, the stages' DEFAULT_SETTINGS, the HMM settings
+    the analysis passes on) must be schema properties. Extend the schema when adding one."""
+    from dataclasses import fields
+
+    from trainmap import gradinit, sparse
+    from trainmap.config import SCHEMA_PATH
+    from trainmap.dynamics.pipeline import HMM_SETTINGS
+    from trainmap.train import TrainConfig
+
+    schema = read_yaml(SCHEMA_PATH)
+    defs, sections = schema["$defs"], schema["properties"]
+    expected = {
+        "train_settings": {f.name for f in fields(TrainConfig)},
+        "gradinit_settings": set(gradinit.DEFAULT_SETTINGS),
+        "sparse_settings": set(sparse.DEFAULT_SETTINGS),
+    }
+    for name, keys in expected.items():
+        assert keys <= set(defs[name]["properties"]), (name, keys - set(defs[name]["properties"]))
+    analysis = set(sections["analysis"]["properties"])
+    assert {*HMM_SETTINGS, "seed", "joint"} <= analysis, {*HMM_SETTINGS, "seed"} - analysis
+
+
+def test_seed_blocks_second_order_and_conv_groups_are_accepted(config: dict, repo_root) -> None:
+    """train.<task>.seed_block, gradinit.<task>.second_order, sparse.<task>.conv_groups."""
+    config["train"]["digits"]["seed_block"] = 8
+    config["sparse"]["digits"]["train"]["seed_block"] = 4
+    config["gradinit"]["digits"]["second_order"] = True
+    for choice in ("input_channels", "flattened"):
+        config["sparse"]["digits"]["conv_groups"] = choice
+        validate_schema(config)
+        check_config(config, base_dir=repo_root)
+
+
+#: Leaves that legitimately take any text or null (names, paths, URIs).
+TAKES_TEXT = ("mlflow.*", "data.*.path", "analysis.joint[[]*[]].name")
+TAKES_NULL = ("mlflow.tracking_uri", "*.grad_clip")
+
+
+def _leaves(node, path=()):
+    if isinstance(node, dict):
+        for key, value in node.items():
+            yield from _leaves(value, (*path, key))
+    elif isinstance(node, list) and node and isinstance(node[0], dict):
+        for index, value in enumerate(node):
+            yield from _leaves(value, (*path, index))
+    else:  # a scalar or a list of scalars (seeds, widths): replaced whole
+        yield path
+
+
+def _dotted(path) -> str:
+    return "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in path).lstrip(".")
+
+
+@pytest.mark.parametrize("bad", ["fast", -1, None])
+def test_every_setting_with_a_wrong_value_is_a_config_error_naming_it(
+    config: dict, repo_root: Path, bad
+) -> None:
+    """Issue 14 case 4 over the whole config: every leaf of params.yaml + the grid set to text, a
+    negative number or null is a ConfigError naming that key (or its parent), never a crash."""
+    import fnmatch
+
+    config["grid"].append(
+        {"task": "digits", "archs": ["vgg_bn"], "methods": ["gradinit", "ast"], "seeds": [0]}
+    )
+    accepted = {"fast": TAKES_TEXT, None: TAKES_NULL}.get(bad, ())
+    problems = []
+    for path in _leaves(config):
+        mutated = copy.deepcopy(config)
+        target = mutated
+        for part in path[:-1]:
+            target = target[part]
+        target[path[-1]] = bad
+        key = _dotted(path)
+        try:
+            validate_schema(mutated)
+            check_config(mutated, base_dir=repo_root)
+        except ConfigError as error:
+            named = str(error).splitlines()[0].removeprefix("config key ").split(":")[0]
+            if not (key.startswith(named) or named.startswith(key)):
+                problems.append(f"{key}: error names {named!r}")
+            continue
+        except Exception as error:  # noqa: BLE001 - the point: no other exception escapes
+            problems.append(f"{key}: {type(error).__name__}: {error}")
+            continue
+        if not any(fnmatch.fnmatchcase(key, pattern) for pattern in accepted):
+            problems.append(f"{key}: {bad!r} accepted")
+    assert not problems, "\n".join(problems)
+
+
 def test_base_config_is_valid(config: dict, repo_root: Path) -> None:
     """Control for the cases above: the unmutated config passes both layers."""
     validate_schema(config)
@@ -358,33 +552,130 @@ def test_load_config_refuses_bad_override_file(
 
 
 # --------------------------------------------------------------------------------------------------
+# Config files (issue 14 cases 6 and 8)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        pytest.param("grid: [1]\ntrain: {}\ngrid: [2]\n",
+                     "config key grid ({file}, line 3): duplicate key 'grid', already set at line 1",
+                     id="top_level"),
+        pytest.param("grid:\n  - task: digits\n    seeds: [0]\n    seeds: [1]\n",
+                     "config key grid[0].seeds ({file}, line 4): duplicate key 'seeds', already "
+                     "set at line 3", id="in_a_list_item"),
+        pytest.param('{"train": {"digits": {"lr": 0.1, "lr": 0.2}}}',
+                     "config file {file}: duplicate key 'lr' in one JSON mapping", id="json"),
+        pytest.param("train:\n  digits:\n    lr: 0.1\n   steps: 3\n",
+                     "config file {file}, line 4, column 4: not valid YAML", id="indentation"),
+        pytest.param("train:\n\tdigits: {}\n",
+                     "config file {file}, line 2, column 1: not valid YAML", id="tab"),
+        pytest.param("- task: digits\n", "config file {file}: the top level is a list",
+                     id="not_a_mapping"),
+    ],
+)  # fmt: skip
+def test_config_file_problems_name_file_and_line(tmp_path: Path, text: str, expected: str) -> None:
+    path = tmp_path / "mine.yaml"
+    path.write_text(text)
+    for read in (read_config_file, lambda p: check_config_files([p])):
+        if "top level is a list" in expected and read is not read_config_file:
+            continue  # check_config_files checks syntax and keys only; the merge refuses lists
+        with pytest.raises(ConfigError) as caught:
+            read(path)
+        first_line = str(caught.value).splitlines()[0]
+        assert first_line.startswith(expected.format(file=path)), first_line
+
+
+def test_a_key_may_repeat_in_different_mappings(tmp_path: Path) -> None:
+    """Control for the duplicate check: the same key under two parents, merge keys, YTE's ?else."""
+    path = tmp_path / "fine.yaml"
+    path.write_text(
+        "train:\n  digits: &d {steps: 3, lr: 0.1}\n  mnist:\n    <<: *d\n    steps: 4\n"
+        "evaluate:\n  digits: {threshold: 0.5}\n"
+    )
+    assert read_config_file(path)["train"] == {"digits": {"steps": 3, "lr": 0.1},
+                                               "mnist": {"steps": 4, "lr": 0.1}}  # fmt: skip
+    check_config_files([path, tmp_path / "absent.yaml"])  # a missing file is Snakemake's to report
+
+
+def test_a_config_file_using_yte_runs_python(tmp_path: Path, repo_root: Path) -> None:
+    """Issue 14 case 8: `__use_yte__: true` makes a config file a template whose ?expressions are
+    Python, evaluated when the file is read, also in a dry run; the README says to trust such a
+    file like a Snakefile."""
+    marker = tmp_path / "ran"
+    path = tmp_path / "template.yaml"
+    path.write_text(
+        "__use_yte__: true\n"
+        f"mlflow:\n  experiment: ?__import__('pathlib').Path({str(marker)!r}).touch() or 'x'\n"
+    )
+    assert read_config_file(path) == {"mlflow": {"experiment": "x"}}
+    assert marker.exists(), "the template's Python ran"
+    readme = (repo_root / "README.md").read_text()
+    assert "__use_yte__" in readme and "like a Snakefile" in readme
+
+
+def test_check_command_reports_a_bad_file(
+    repo_root: Path, tmp_path: Path, monkeypatch, capsys
+) -> None:
+    """`python -m trainmap.config FILE`: a check without Snakemake (which reads --configfile files
+    before the Snakefile, so their syntax errors get its message: use this for file and line)."""
+    from trainmap.config import main
+
+    monkeypatch.chdir(repo_root)
+    assert main([SMOKE]) == 0
+    assert "define 8 grid cells" in capsys.readouterr().out
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("train:\n  digits: {steps: 3\n")
+    assert main([str(bad)]) == 1
+    assert capsys.readouterr().err.startswith(f"config file {bad}, line 3")
+
+
+# --------------------------------------------------------------------------------------------------
 # Through Snakemake: a bad config is refused at parse time, before any job is built or started
 
+# Config files as a user writes them (--configfile FILE), and the first line of the error Snakemake
+# prints (the line after "ConfigError in file ...:"); {file} is the bad file's path.
 SNAKEMAKE_BAD = {
     "unknown_arch": (
-        {
-            "grid": [
-                {"task": "digits", "archs": ["vgg_typo"], "methods": ["kaiming"], "seeds": [0]}
-            ]
-        },  # fmt: skip
-        ["grid[0].archs[0]", "vgg_typo"],
+        "grid:\n  - {task: digits, archs: [vgg_typo], methods: [kaiming], seeds: [0]}\n",
+        "config key grid[0].archs[0]: unknown architecture 'vgg_typo'; allowed: ",
     ),
     "duplicate_seeds": (
-        {
-            "grid": [
-                {
-                    "task": "sparse_parity",
-                    "archs": ["mlp"],
-                    "methods": ["kaiming"],
-                    "seeds": [0, 1, 0],
-                }
-            ]
-        },  # fmt: skip
-        ["grid[0].seeds", "duplicate seeds [0]"],
+        "grid:\n  - {task: sparse_parity, archs: [mlp], methods: [kaiming], seeds: [0, 1, 0]}\n",
+        "config key grid[0].seeds: duplicate seeds [0]",
     ),
-    "schema_type_error": (
-        {"train": {"digits": {"lr": "fast"}}},
-        ["'fast' is not of type 'number'", "['train']['digits']['lr']"],
+    "1_top_level_typo": (
+        "grdi:\n  - {task: digits, archs: [vgg_bn], methods: [kaiming], seeds: [0]}\n",
+        "config key grdi: unknown top-level key 'grdi'; allowed: ",
+    ),
+    "2_sparse_train_steps": (
+        "sparse:\n  digits:\n    train: {steps: 0}\n",
+        "config key sparse.digits.train.steps: 0 is less than the minimum of 1",
+    ),
+    "3_data_k_over_n_bits": (
+        "data:\n  sparse_parity: {k: 50}\n",
+        "config key data.sparse_parity.k: 50 exceeds data.sparse_parity.n_bits = 40; allowed: ",
+    ),
+    "4_text_for_number": (
+        "gradinit:\n  digits: {eta: fast}\n",
+        "config key gradinit.digits.eta: 'fast' is not of type 'number'",
+    ),
+    "5_schema_type_error": (
+        "train:\n  digits:\n    lr: fast\n",
+        "config key train.digits.lr: 'fast' is not of type 'number'",
+    ),
+    "6_duplicate_key": (
+        "train:\n  digits:\n    steps: 30\n    steps: 60\n",
+        "config key train.digits.steps ({file}, line 4): duplicate key 'steps', already set at "
+        "line 3",
+    ),
+    "7_joint_unknown_task": (
+        "analysis:\n  joint:\n    - {name: j, task: digitz}\n",
+        "config key analysis.joint[0].task: unknown task 'digitz'",
+    ),
+    "13_dvc_configfile": (
+        'dvc:\n  configfile: "config/x.yaml; touch pwned"\n',
+        "config key dvc.configfile: 'config/x.yaml; touch pwned' does not match",
     ),
 }
 
@@ -395,20 +686,15 @@ def workflow_copy(repo_root: Path, tmp_path_factory) -> Path:
     return copy_workflow(repo_root, tmp_path_factory.mktemp("workflow"))
 
 
-@pytest.mark.parametrize("case", sorted(SNAKEMAKE_BAD))
-def test_snakemake_refuses_bad_config_before_any_job(
-    workflow_copy: Path, tmp_path: Path, case: str
-) -> None:
-    override, expected = SNAKEMAKE_BAD[case]
-    bad = tmp_path / "bad.yaml"
-    bad.write_text(yaml.safe_dump(override))
+def snakemake_dry_run(workdir: Path, tmp_path: Path, *args: str) -> str:
+    """``snakemake -n ARGS`` in ``workdir``; asserts it failed before any job, returns its output."""
     env = dict(os.environ)
     env["MLFLOW_TRACKING_URI"] = f"sqlite:///{tmp_path / 'mlflow.db'}"
     env["MLFLOW_DISABLE_TELEMETRY"] = "true"
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     result = subprocess.run(
-        [sys.executable, "-m", "snakemake", "-n", "--cores", "1", "--configfile", str(bad)],
-        cwd=workflow_copy,
+        [sys.executable, "-m", "snakemake", "-n", "--cores", "1", *args],
+        cwd=workdir,
         env=env,
         capture_output=True,
         text=True,
@@ -416,13 +702,46 @@ def test_snakemake_refuses_bad_config_before_any_job(
     )
     output = result.stdout + result.stderr
     assert result.returncode != 0, output
-    missing = [text for text in expected if text not in output]
-    assert not missing, f"snakemake output lacks {missing}:\n{output[-3000:]}"
     assert "rule train" not in output and "Building DAG" not in output, output[-3000:]
     assert "Job stats" not in output, output[-3000:]
-    assert not (workflow_copy / "results").exists()
-    assert not (workflow_copy / "logs").exists()
+    assert not (workdir / "results").exists()
+    assert not (workdir / "logs").exists()
     assert not (tmp_path / "mlflow.db").exists(), "tracking must not be set up for a bad config"
+    return output
+
+
+def error_first_line(output: str) -> str:
+    """The first line of the error message Snakemake prints after ``XError in file ...:``."""
+    lines = output.splitlines()
+    for index, line in enumerate(lines):
+        if re.match(r"^\w+Error in file .*:$", line):
+            return lines[index + 1]
+    raise AssertionError(f"no error in the output:\n{output[-3000:]}")
+
+
+@pytest.mark.parametrize("case", sorted(SNAKEMAKE_BAD))
+def test_snakemake_refuses_bad_config_before_any_job(
+    workflow_copy: Path, tmp_path: Path, case: str
+) -> None:
+    text, expected = SNAKEMAKE_BAD[case]
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(text)
+    output = snakemake_dry_run(workflow_copy, tmp_path, "--configfile", str(bad))
+    assert error_first_line(output).startswith(expected.format(file=bad)), output[-3000:]
+
+
+def test_snakemake_names_file_and_line_of_a_yaml_syntax_error(
+    repo_root: Path, tmp_path: Path
+) -> None:
+    """Issue 14 case 6: the Snakefile's own config files are read strictly before Snakemake's
+    loader, which would only say "Config file is not valid JSON or YAML"."""
+    workdir = copy_workflow(repo_root, tmp_path / "workflow")
+    grid = workdir / "config" / "config.yaml"
+    grid.write_text("grid:\n  - task: digits\n    archs: [vgg_bn\n    seeds: [0]\n")
+    output = snakemake_dry_run(workdir, tmp_path)
+    first_line = error_first_line(output)
+    assert first_line.startswith("config file config/config.yaml, line 4, column "), output
+    assert "while parsing a flow sequence at line 3" in first_line, first_line
 
 
 def test_joint_groups_the_grid_cannot_fill_are_skipped_with_a_warning(config: dict) -> None:

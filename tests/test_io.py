@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import os
 import pickle
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -12,12 +13,16 @@ import pytest
 import torch
 
 from trainmap.io import (
+    CHECKSUM_PREFIX,
+    DamagedFileError,
     atomic_path,
     load_json,
+    load_resume_or_none,
     load_torch,
     save_json,
     save_text,
     save_torch,
+    verify_checksum,
     write_atomic,
 )
 
@@ -137,10 +142,137 @@ def test_load_torch_refuses_arbitrary_pickles(tmp_path):
     marker = tmp_path / "code-ran"
     path = tmp_path / "evil.pt"
     torch.save({"payload": RunsCode(marker)}, path)
-    with pytest.raises(pickle.UnpicklingError):
+    with pytest.warns(UserWarning, match="no checksum"), pytest.raises(DamagedFileError) as caught:
         load_torch(path)
     assert not marker.exists()
+    assert_one_clear_error(caught.value, path, "objects other than tensors")
     # The same file does run code under a full unpickle: the refusal above is what protects us.
     torch.load(path, weights_only=False)
     assert marker.exists()
     os.remove(marker)
+
+
+# --- checksums (issue 14 cases 9-11) ----------------------------------------------------------
+
+
+def assert_one_clear_error(error: DamagedFileError, path: Path, problem: str) -> None:
+    """One error whose first line names the file and the damage and says how to remake it, and
+    which nowhere suggests the unsafe weights_only=False (torch's hint; no chained exception)."""
+    first_line = str(error).splitlines()[0]
+    assert first_line.startswith(f"damaged file {path}: "), first_line
+    assert problem in first_line and "delete it and rerun" in first_line, first_line
+    assert error.__cause__ is None, "torch's error must not show"
+    assert error.__context__ is None or error.__suppress_context__, "torch's error must not show"
+    assert "weights_only" not in str(error)
+
+
+def flip_bytes(path: Path, count: int = 64, at: float = 0.5) -> None:
+    """Invert ``count`` bytes in the middle of ``path`` (where the tensors' data is)."""
+    data = bytearray(path.read_bytes())
+    start = int(len(data) * at)
+    for index in range(start, start + count):
+        data[index] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def test_every_saved_checkpoint_carries_a_checksum_that_plain_torch_load_ignores(tmp_path):
+    path = tmp_path / "x.pt"
+    saved = {"w": torch.randn(50, 50)}
+    save_torch(saved, path)
+    assert CHECKSUM_PREFIX in path.read_bytes()[-100:]
+    assert verify_checksum(path) is True
+    # Still an ordinary checkpoint: torch.load (users' scripts, MLflow artifacts) reads it.
+    assert torch.equal(torch.load(path, weights_only=True)["w"], saved["w"])
+
+
+def test_flipped_bytes_in_model_and_trajectory_are_caught(tmp_path):
+    """Case 9: 64 flipped bytes inside model.pt and trajectory.pt loaded silently before."""
+    from trainmap.checkpoints import load_model, save_dense
+    from trainmap.models import build_model
+    from trainmap.train import load_trajectory
+
+    meta = {"input_kind": "vector", "input_shape": [40], "num_classes": 2}
+    model = build_model("mlp", meta, hidden=[128])
+    model_path, trajectory_path = tmp_path / "model.pt", tmp_path / "trajectory.pt"
+    save_dense(model, model_path, arch="mlp", model_options={"hidden": [128]}, meta=meta)
+    save_torch(
+        {"step": torch.arange(20), "state": {"w": torch.randn(20, 128, 40)}}, trajectory_path
+    )
+    load_model(model_path)  # control: intact files load
+    load_trajectory(trajectory_path)
+    for path, load in ((model_path, load_model), (trajectory_path, load_trajectory)):
+        flip_bytes(path)
+        with pytest.raises(DamagedFileError) as caught:
+            load(path)
+        assert_one_clear_error(caught.value, path, "does not match the checksum")
+
+
+def test_damage_anywhere_in_the_file_is_caught(tmp_path):
+    path = tmp_path / "x.pt"
+    save_torch({"w": torch.randn(64, 64), "meta": {"arch": "mlp"}}, path)
+    intact = path.read_bytes()
+    for position in (0, 40, len(intact) // 3, len(intact) - 120, len(intact) - 90, len(intact) - 5):
+        data = bytearray(intact)
+        data[position] ^= 0x01  # one bit
+        path.write_bytes(bytes(data))
+        with pytest.raises(DamagedFileError):
+            load_torch(path)
+
+
+@pytest.mark.parametrize(
+    ("damage", "problem"),
+    [
+        pytest.param(lambda data: data[: len(data) // 2], "truncated", id="truncated"),
+        pytest.param(lambda data: b"", "empty", id="empty"),
+        pytest.param(lambda data: b"epoch,loss\n1,0.5\n", "not a checkpoint", id="text"),
+        pytest.param(lambda data: bytes(range(256)) * 40, "not a checkpoint", id="garbage"),
+        pytest.param(lambda data: _zip_of_text(), "cannot be read", id="zip_not_torch"),
+    ],
+)
+def test_unreadable_files_give_one_clear_error(tmp_path, damage, problem):
+    """Case 10: before, OSError [Errno 22] without a path, EOFError, KeyError: 101, or torch's
+    hint to retry with weights_only=False."""
+    path = tmp_path / "model.pt"
+    save_torch({"w": torch.randn(100, 100)}, path)
+    path.write_bytes(damage(path.read_bytes()))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the last case looks like a file without a checksum
+        with pytest.raises(DamagedFileError) as caught:
+            load_torch(path)
+    assert_one_clear_error(caught.value, path, problem)
+
+
+def _zip_of_text() -> bytes:
+    import io
+    import zipfile
+
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        archive.writestr("notes.txt", "not a checkpoint")
+    return buffer.getvalue()
+
+
+def test_files_from_before_checksums_load_with_a_warning(tmp_path):
+    """Results an older trainmap wrote (plain torch.save) stay usable: loaded unverified, named."""
+    path = tmp_path / "old.pt"
+    torch.save({"w": torch.arange(3)}, path)
+    with pytest.warns(UserWarning, match=f"{path} has no checksum"):
+        assert torch.equal(load_torch(path)["w"], torch.arange(3))
+
+
+def test_a_missing_file_is_not_called_damaged(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        load_torch(tmp_path / "absent.pt")
+
+
+def test_a_damaged_resume_file_is_deleted_with_a_warning(tmp_path):
+    """Case 11 (the training loop calls load_resume_or_none): Snakemake does not track resume.pt,
+    so a damaged one would fail its cell on every rerun."""
+    path = tmp_path / "resume.pt"
+    assert load_resume_or_none(path) is None
+    save_torch({"step": 105, "w": torch.randn(30, 30)}, path)
+    assert load_resume_or_none(path)["step"] == 105
+    flip_bytes(path)
+    with pytest.warns(UserWarning, match=rf"damaged resume file {path}: .*training starts from"):
+        assert load_resume_or_none(path) is None
+    assert not path.exists()

@@ -7,8 +7,12 @@
 #   profiles/slurm/local_cluster.sh stop [DIR]    # stop the daemons, remove nothing but pid files
 #   eval "$(profiles/slurm/local_cluster.sh env [DIR])"   # SLURM_CONF for sbatch/squeue/snakemake
 #
-# DIR defaults to /tmp/trainmap-slurm. One partition, "debug", holds the node (this machine's
-# hostname, all its CPUs, 90 % of its memory). There is no accounting database, so `sacct` does not
+# DIR defaults to .slurm in the project (ignored by git). The daemons run as root and this script
+# writes and reads DIR as root (slurm.conf, logs, pid files it kills by), so DIR must be private: a
+# real directory, not a symbolic link, owned by the caller, writable by no one else and holding no
+# symbolic links; the script creates it 0700 and refuses any other. (A fixed /tmp path let any local
+# user plant a link there and have root overwrite or kill what it points to.)
+# One partition, "debug", holds the node (this machine's hostname, all its CPUs, 90 % of its memory). There is no accounting database, so `sacct` does not
 # work: run Snakemake with --slurm-status-command squeue --slurm-no-account (see profiles/slurm).
 # The configuration is also linked to /etc/slurm/slurm.conf, where job steps look for it (the
 # Snakemake job-step executor clears SLURM_* variables before its nested srun); an existing
@@ -16,13 +20,36 @@
 set -euo pipefail
 
 command=${1:-}
-dir=${2:-/tmp/trainmap-slurm}
+project=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/../.." && pwd -P)
+dir=${2:-$project/.slurm}
 conf="$dir/slurm.conf"
 
 MARKER="# Written by profiles/slurm/local_cluster.sh: one node, no accounting."
 SYSTEM_CONF=/etc/slurm/slurm.conf
 
 die() { echo "local_cluster.sh: $*" >&2; exit 1; }
+
+# Refuse a DIR another user could have prepared or can still change; with create, make it (0700).
+check_private_dir() {
+    local create=${1:-} owner mode
+    [ -L "$dir" ] && die "$dir is a symbolic link; refusing to follow it (give a real directory)"
+    if [ ! -e "$dir" ]; then
+        [ "$create" = create ] || return 0
+        mkdir -p -- "$(dirname -- "$dir")"
+        mkdir -m 0700 -- "$dir"
+    fi
+    [ -d "$dir" ] || die "$dir is not a directory"
+    owner=$(stat -c %u -- "$dir")
+    mode=$(stat -c %a -- "$dir")
+    [ "$owner" = "$(id -u)" ] || die "$dir belongs to uid $owner, not to you (uid $(id -u)); refusing to use it"
+    (( (8#$mode & 8#022) == 0 )) || die "$dir is writable by others (mode $mode); refusing to use it"
+    if [ -n "$(find "$dir" -mindepth 1 -maxdepth 3 -type l -print -quit)" ]; then
+        die "$dir holds symbolic links ($(find "$dir" -mindepth 1 -maxdepth 3 -type l | head -n 3 | tr '\n' ' ')); refusing to follow them"
+    fi
+    chmod 0700 -- "$dir"
+    dir=$(cd -- "$dir" && pwd -P)
+    conf="$dir/slurm.conf"
+}
 
 link_system_config() {
     if [ -e "$SYSTEM_CONF" ] && ! head -n 1 "$SYSTEM_CONF" | grep -qxF "$MARKER"; then
@@ -109,7 +136,7 @@ wait_for_node() {
 case "$command" in
     start)
         [ "$(id -u)" = 0 ] || die "starting SLURM daemons needs root"
-        mkdir -p "$dir"
+        check_private_dir create
         install_packages
         write_config
         link_system_config
@@ -125,6 +152,7 @@ case "$command" in
         echo "SLURM is up; use: export SLURM_CONF=$conf"
         ;;
     stop)
+        check_private_dir
         for daemon in slurmd slurmctld; do
             if [ -f "$dir/$daemon.pid" ]; then
                 kill "$(cat "$dir/$daemon.pid")" 2>/dev/null || true
@@ -138,11 +166,13 @@ case "$command" in
         echo "SLURM daemons stopped (munged left running)"
         ;;
     status)
+        check_private_dir
         [ -f "$conf" ] || die "no cluster configured in $dir"
         SLURM_CONF=$conf sinfo
         SLURM_CONF=$conf squeue
         ;;
     env)
+        check_private_dir
         echo "export SLURM_CONF=$conf"
         ;;
     *)

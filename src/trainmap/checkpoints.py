@@ -14,7 +14,10 @@ Every model file trainmap writes is a ``torch.save`` dict of tensors and plain c
 ``quantized``
     Integer weights with per-channel scales (``trainmap.quantize``).
 
-:func:`load_model` reads the key and calls the loader of that form. Loaders are named here as
+Files are written and read through :func:`trainmap.io.save_torch` / :func:`trainmap.io.load_torch`,
+so each carries a SHA-256 of its content that every load verifies (a damaged file raises
+:class:`trainmap.io.DamagedFileError` naming it). :func:`load_model` reads the key and calls the
+loader of that form. Loaders are named here as
 ``module:function`` and imported on first use, so reading a dense model never imports the methods'
 code, and a deploy model loads without any RepVGG block code.
 """

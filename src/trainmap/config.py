@@ -4,20 +4,28 @@ A configuration is ``params.yaml`` (hyperparameters per task, the file DVC track
 file (``config/config.yaml`` by default), exactly as Snakemake merges ``configfile:`` directives and
 ``--configfile``: mappings merge key by key, lists (the grid) are replaced whole.
 
-Validation has two layers. The JSON schema in ``workflow/schemas/config.schema.yaml`` checks types and
-ranges (Snakemake runs it through ``snakemake.utils.validate``). :func:`check_config` checks what a
-schema cannot: names unknown to the model/method/data registries, duplicate seeds or cells, tasks
-without hyperparameters, data paths that do not exist, options a builder does not take. Every error
-names the key, the bad value and what is allowed, and is raised at parse time, before any job starts.
+Config files are read strictly before Snakemake merges them (:func:`check_config_files`): a YAML
+syntax error names the file and line, and a key repeated in one mapping is refused (YAML would keep
+only its last value). Validation then has two layers. The JSON schema in
+``workflow/schemas/config.schema.yaml`` checks types and ranges and refuses unknown keys at every
+level (:func:`validate_schema`, with a "did you mean" suggestion). :func:`check_config` checks what a
+schema cannot: names unknown to the model/method/data registries, tasks no ``data`` entry defines,
+duplicate seeds or cells, data paths that do not exist, options a builder does not take, values
+that must fit together (``k <= n_bits``, ``checkpoint_every <= steps``). Every error's first line
+leads with ``config key <path>:`` (or ``config file <path>, line N:``), names the bad value and what
+is allowed, and is raised at parse time, before any job starts.
 """
 
 from __future__ import annotations
 
 import copy
+import difflib
+import functools
 import hashlib
 import importlib
 import json
 import os
+import sys
 import warnings
 from collections import Counter
 from collections.abc import Iterable, Mapping
@@ -130,37 +138,265 @@ def load_config(*paths: str | os.PathLike, check_paths_from: Path | None = None)
     """Merge YAML files left to right (params.yaml first), validate and return the config."""
     config: dict = {}
     for path in paths:
-        with open(path) as handle:
-            config = merge_config(config, yaml.safe_load(handle) or {})
+        config = merge_config(config, read_config_file(path))
     validate_schema(config)
     check_config(config, base_dir=check_paths_from or Path.cwd())
     return config
 
 
-def validate_schema(config: dict) -> None:
-    """Check ``config`` against the JSON schema; the error names the key path and the bad value."""
-    schema = yaml.safe_load(SCHEMA_PATH.read_text())
-    validator = jsonschema.Draft202012Validator(schema)
-    errors = sorted(validator.iter_errors(config), key=lambda e: list(e.absolute_path))
-    if errors:
-        error = errors[0]
+# --- config files -------------------------------------------------------------------------------
+
+#: Snakemake reads YAML config files with PyYAML's FullLoader (through YTE): the same here, so a file
+#: is accepted exactly when Snakemake accepts it, in C where PyYAML was built with libyaml.
+_YAML_LOADER = getattr(yaml, "CFullLoader", yaml.FullLoader)
+_YAML_MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
+def read_config_file(path: str | os.PathLike) -> dict:
+    """Read a JSON or YAML config file as Snakemake does, but strictly.
+
+    A syntax error names the file and the line; a key repeated in one mapping (YAML would silently
+    keep the last value) is refused naming both lines. A file with ``__use_yte__: true`` is
+    rendered by YTE like Snakemake does (it runs the file's Python: trust it like a Snakefile).
+    """
+    text = Path(path).read_text(encoding="utf-8")
+    try:
+        data = json.loads(text, object_pairs_hook=lambda pairs: _json_mapping(path, pairs))
+    except json.JSONDecodeError:
+        data = _read_yaml(path, text)
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
         raise ConfigError(
-            f"config key {_key(error.absolute_path) or '(top level)'}: {error.message}"
-            f" (schema: {SCHEMA_PATH.relative_to(REPO_ROOT)})"
+            f"config file {path}: the top level is a {type(data).__name__}, not a mapping of keys "
+            "(grid:, train:, ...)"
         )
+    if data.get("__use_yte__") is True:
+        import yte
+
+        data = yte.process_yaml(text, require_use_yte=True)
+    return data
+
+
+def check_config_files(paths: Iterable[str | os.PathLike]) -> None:
+    """:func:`read_config_file` every existing file of ``paths`` (the Snakefile's ``configfile:``
+    files and ``--configfile`` ones), so a syntax error or a repeated key stops the workflow naming
+    the file and line; missing files are left to Snakemake's own message."""
+    for path in paths:
+        if os.path.exists(path):
+            _check_yaml_or_json(path)
+
+
+def _check_yaml_or_json(path: str | os.PathLike) -> None:
+    text = Path(path).read_text(encoding="utf-8")
+    try:
+        json.loads(text, object_pairs_hook=lambda pairs: _json_mapping(path, pairs))
+    except json.JSONDecodeError:
+        _read_yaml(path, text, construct=False)
+
+
+def _json_mapping(path: str | os.PathLike, pairs: list[tuple[str, Any]]) -> dict:
+    keys = [key for key, _ in pairs]
+    repeated = sorted(key for key, count in Counter(keys).items() if count > 1)
+    if repeated:
+        raise ConfigError(
+            f"config file {path}: duplicate key {repeated[0]!r} in one JSON mapping; JSON would "
+            "keep only the last value: each key may appear once per mapping"
+        )
+    return dict(pairs)
+
+
+def _read_yaml(path: str | os.PathLike, text: str, construct: bool = True) -> Any:
+    loader = _YAML_LOADER(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _refuse_duplicate_keys(path, node, ())
+        return loader.construct_document(node) if construct else None
+    except yaml.MarkedYAMLError as error:
+        mark = error.problem_mark or error.context_mark
+        where = f", line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        context = ""
+        if error.context and error.context_mark:
+            context = f" ({error.context} at line {error.context_mark.line + 1})"
+        raise ConfigError(
+            f"config file {path}{where}: not valid YAML: {error.problem}{context}"
+        ) from None
+    except yaml.YAMLError as error:
+        raise ConfigError(f"config file {path}: not valid YAML: {error}") from None
+    finally:
+        loader.dispose()
+
+
+def _refuse_duplicate_keys(path: str | os.PathLike, node: yaml.Node, where: tuple) -> None:
+    """Walk the composed YAML and refuse a key repeated within one mapping (before YAML drops all
+    but its last value). YTE's control keys (``?if``, ``?else``, ...) may repeat."""
+    if isinstance(node, yaml.MappingNode):
+        seen: dict[tuple[str, str], int] = {}
+        for key_node, value_node in node.value:
+            if isinstance(key_node, yaml.ScalarNode) and key_node.tag != _YAML_MERGE_TAG:
+                key = (key_node.tag, key_node.value)
+                line = key_node.start_mark.line + 1
+                if key in seen and not key_node.value.startswith("?"):
+                    raise ConfigError(
+                        f"config key {_key([*where, key_node.value])} ({path}, line {line}): "
+                        f"duplicate key {key_node.value!r}, already set at line {seen[key]}; YAML "
+                        "would keep only the last value: each key may appear once per mapping"
+                    )
+                seen[key] = line
+                _refuse_duplicate_keys(path, value_node, (*where, key_node.value))
+            else:
+                _refuse_duplicate_keys(path, value_node, where)
+    elif isinstance(node, yaml.SequenceNode):
+        for index, item in enumerate(node.value):
+            _refuse_duplicate_keys(path, item, (*where, index))
+
+
+# --- the schema ---------------------------------------------------------------------------------
+
+
+def _whole_number(checker: Any, instance: Any) -> bool:
+    # JSON schema's "integer" accepts 2.0; a seed "2.0" or `steps: 100.0` breaks later (a cell
+    # seed2.0 no rule matches, range() of a float), so an integer here has no decimal point.
+    return isinstance(instance, int) and not isinstance(instance, bool)
+
+
+_VALIDATOR = jsonschema.validators.extend(
+    jsonschema.Draft202012Validator,
+    type_checker=jsonschema.Draft202012Validator.TYPE_CHECKER.redefine("integer", _whole_number),
+)
+
+
+@functools.cache
+def _schema_validator() -> jsonschema.protocols.Validator:
+    return _VALIDATOR(yaml.load(SCHEMA_PATH.read_text(), Loader=_YAML_LOADER))
+
+
+def validate_schema(config: dict) -> None:
+    """Check ``config`` against the JSON schema (``workflow/schemas/config.schema.yaml``).
+
+    Raises :class:`ConfigError` whose first line leads with ``config key <path>:`` and names the bad
+    value and what is allowed. Unknown top-level keys are reported first, then keys naming a task
+    that ``data`` does not define (``train.digitz``), then the remaining errors in key order.
+    """
+    errors = sorted(_schema_validator().iter_errors(config), key=_error_order)
+    if errors and not errors[0].absolute_path:
+        raise ConfigError(_schema_message(errors[0]))
+    _check_task_names(config)
+    if errors:
+        raise ConfigError(_schema_message(errors[0]))
+
+
+#: At one key, an unknown key is reported before a missing one (``grdi:`` is why ``grid`` is
+#: missing), and both before a bad value.
+_ERROR_RANK = {"additionalProperties": 0, "required": 1}
+
+
+def _error_order(error: jsonschema.ValidationError) -> tuple:
+    path = tuple(str(part) for part in error.absolute_path)
+    return (path, _ERROR_RANK.get(str(error.validator), 2))
+
+
+def _schema_message(error: jsonschema.ValidationError) -> str:
+    path = list(error.absolute_path)
+    source = f" (schema: {SCHEMA_PATH.relative_to(REPO_ROOT)})"
+    if error.validator == "additionalProperties" and isinstance(error.instance, dict):
+        allowed = sorted(error.schema.get("properties", {}))
+        unknown = sorted(set(error.instance) - set(allowed), key=str)
+        level = "top-level key" if not path else "key"
+        inside = f" in {_key(path)}" if path else ""
+        return (
+            f"config key {_key([*path, unknown[0]])}: unknown {level} {unknown[0]!r}{inside}; "
+            f"allowed: {', '.join(allowed)}{did_you_mean(str(unknown[0]), allowed)}{source}"
+        )
+    if error.validator == "required" and isinstance(error.instance, dict):
+        missing = [key for key in error.validator_value if key not in error.instance]
+        return (
+            f"config key {_key([*path, missing[0]])}: missing; {_key(path) or 'the top level'} "
+            f"requires {', '.join(map(repr, missing))}{source}"
+        )
+    message = f"config key {_key(path) or '(top level)'}: {error.message}"
+    if error.validator == "type" and isinstance(error.instance, str) and _is_number(error.instance):
+        message += (
+            f" (YAML read {error.instance!r} as text: write numbers without quotes, and an exponent "
+            "with a decimal point and a sign, e.g. 1.0e-3 or 0.001)"
+        )
+    if error.validator == "pattern" and "description" in error.schema:
+        message += f"; allowed: {error.schema['description']}"
+    return message + source
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """``"; did you mean 'x'?"`` for the choice closest to ``word`` (difflib), or ``""``."""
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+#: Sections keyed by task; a task is defined by its ``data`` entry.
+TASK_SECTIONS = ("model", "train", "evaluate", "gradinit", "sparse")
+
+
+def _check_task_names(config: dict) -> None:
+    """A task key that ``data`` does not define is a typo (``train.digitz``): its settings would
+    never be used, so the study would silently run with the defaults."""
+    data = config.get("data")
+    if not isinstance(data, dict):
+        return
+    for section in TASK_SECTIONS:
+        settings = config.get(section)
+        for task in settings if isinstance(settings, dict) else ():
+            if task not in data:
+                raise ConfigError(
+                    f"config key {section}.{task}: unknown task {task!r} (no data.{task} defines "
+                    f"it); tasks: {', '.join(sorted(data))}{did_you_mean(str(task), data)}"
+                )
+
+
+# --- semantic checks ----------------------------------------------------------------------------
 
 
 def check_config(config: dict, base_dir: Path | None = None) -> None:
     """Semantic checks a schema cannot express; raises :class:`ConfigError` on the first problem."""
     base_dir = base_dir or Path.cwd()
+    _check_dvc(config, base_dir)
+    for task in config["data"]:  # every task's settings, used by the grid or not
+        _check_data(config, task)
+    for task, archs in config["model"].items():
+        for arch, options in archs.items():
+            _check_model_options(task, arch, options)
+    for task, settings in config["train"].items():
+        _check_train(f"train.{task}", settings)
     for index, entry in enumerate(config["grid"]):
         _check_grid_entry(config, index, entry, base_dir)
     _check_unique_cells(config)
-    for stage in STAGE_VALIDATORS:  # every task's stage settings, used by the grid or not
+    for stage in STAGE_VALIDATORS:
         for task in config.get(stage, {}):
             _validate_stage_settings(config, stage, task)
     _check_quantize(config)
     _check_joint_groups(config)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m trainmap.config [FILE ...]``: check params.yaml, config/config.yaml and the
+    given config files (as ``--configfile`` would merge them) without starting Snakemake."""
+    files = list(sys.argv[1:] if argv is None else argv)
+    paths = ["params.yaml", "config/config.yaml", *files]
+    try:
+        config = load_config(*paths)
+    except (ConfigError, OSError) as error:
+        print(error, file=sys.stderr)
+        return 1
+    print(f"ok: {' + '.join(map(str, paths))} define {len(expand_grid(config))} grid cells")
+    return 0
 
 
 def expand_grid(config: dict) -> list[Cell]:
@@ -353,39 +589,60 @@ def _check_grid_entry(config: dict, index: int, entry: dict, base_dir: Path) -> 
             defined = ", ".join(sorted(config[section])) or "none"
             raise ConfigError(
                 f"config key {where}.task: task {task!r} has no '{section}' settings; "
-                f"tasks with {section} settings: {defined}. Add {section}.{task} to params.yaml."
+                f"tasks with {section} settings: {defined}"
+                f"{did_you_mean(task, config[section])}. Add {section}.{task} to params.yaml."
             )
-    input_kind = _check_data(config, task, base_dir)
+    kind = config["data"][task]["kind"]
+    if kind in READER_KINDS:
+        _check_data_path(task, kind, config["data"][task].get("path"), base_dir)
+    input_kind = data_module.input_kind_of(kind)
     _check_seeds(where, entry["seeds"])
     for position, arch in enumerate(entry["archs"]):
         try:
             models.check_arch(arch, input_kind)
         except ValueError as error:
-            raise ConfigError(f"config key {where}.archs[{position}]: {error}") from None
-        # Fix: bad builder options used to be reported against grid[i].archs[j]; the key to fix is
-        # model.<task>.<arch>, so check the options separately and name that key.
-        options = model_settings(config, task, arch)
-        try:
-            models.check_arch(arch, input_kind, options)
-        except ValueError as error:
-            raise ConfigError(f"config key model.{task}.{arch}: {error}") from None
+            raise ConfigError(
+                f"config key {where}.archs[{position}]: {error}"
+                f"{did_you_mean(arch, models.ARCHITECTURES)}"
+            ) from None
     for position, method in enumerate(entry["methods"]):
         try:
             spec = methods.check_method(method)
         except ValueError as error:
-            raise ConfigError(f"config key {where}.methods[{position}]: {error}") from None
+            raise ConfigError(
+                f"config key {where}.methods[{position}]: {error}"
+                f"{did_you_mean(method, methods.METHODS)}"
+            ) from None
         for stage in spec.stages:
             _check_stage_settings(config, stage, task, method)
-    _check_train(task, train_settings(config, task))
 
 
-def _check_data(config: dict, task: str, base_dir: Path) -> str:
+def _check_model_options(task: str, arch: str, options: dict) -> None:
+    """``model.<task>.<arch>``: a known architecture and options its builder takes (every entry,
+    in the grid or not: a misspelt architecture's options would otherwise be silently unused)."""
+    where = f"config key model.{task}.{arch}"
+    if arch not in models.ARCHITECTURES:
+        raise ConfigError(
+            f"{where}: unknown architecture {arch!r}; allowed: "
+            f"{', '.join(sorted(models.ARCHITECTURES))}{did_you_mean(arch, models.ARCHITECTURES)}"
+        )
+    unknown = sorted(set(options) - set(models.ARCHITECTURES[arch].defaults))
+    try:
+        models.check_arch(arch, None, options)
+    except (ValueError, TypeError) as error:
+        hint = did_you_mean(unknown[0], models.ARCHITECTURES[arch].defaults) if unknown else ""
+        raise ConfigError(f"{where}: {error}{hint}") from None
+
+
+def _check_data(config: dict, task: str) -> None:
+    """``data.<task>``: a known kind, options its function takes, values that fit together."""
     settings = data_settings(config, task)
     kind = settings.pop("kind")
     if kind not in data_module.DATA_KINDS:
         allowed = ", ".join(sorted(data_module.DATA_KINDS))
         raise ConfigError(
             f"config key data.{task}.kind: unknown data kind {kind!r}; allowed: {allowed}"
+            f"{did_you_mean(kind, data_module.DATA_KINDS)}"
         )
     allowed_options = data_module.data_kind_options(kind)
     for option in settings:
@@ -393,10 +650,23 @@ def _check_data(config: dict, task: str, base_dir: Path) -> str:
             raise ConfigError(
                 f"config key data.{task}.{option}: data kind {kind!r} takes no option {option!r}; "
                 f"allowed: {', '.join(sorted(allowed_options))}"
+                f"{did_you_mean(option, allowed_options)}"
             )
-    if kind in READER_KINDS:
-        _check_data_path(task, kind, settings.get("path"), base_dir)
-    return data_module.input_kind_of(kind)
+    resolved = {**allowed_options, **settings}
+    if kind == "sparse_parity" and resolved["k"] > resolved["n_bits"]:
+        raise ConfigError(
+            f"config key data.{task}.k: {resolved['k']} exceeds data.{task}.n_bits = "
+            f"{resolved['n_bits']}; allowed: 1 <= k <= n_bits (k of the n_bits are the secret)"
+        )
+    if kind == "modular_addition":
+        pairs = resolved["p"] ** 2
+        n_train = round(resolved["train_frac"] * pairs)
+        if not 0 < n_train < pairs:
+            raise ConfigError(
+                f"config key data.{task}.train_frac: {resolved['train_frac']} of the p^2 = {pairs} "
+                f"pairs (p = {resolved['p']}) gives {n_train} training pairs; allowed: a fraction "
+                "that leaves both the train and the test split non-empty"
+            )
 
 
 def _check_data_path(task: str, kind: str, path: Any, base_dir: Path) -> None:
@@ -460,9 +730,20 @@ def _validate_stage_settings(config: dict, stage: str, task: str) -> None:
     module_name, function_name = STAGE_VALIDATORS[stage].split(":")
     validate = getattr(importlib.import_module(module_name), function_name)
     try:
-        validate(config[stage][task])
-    except ValueError as error:
+        resolved = validate(config[stage][task])
+    except (ValueError, TypeError) as error:
         raise ConfigError(f"config key {stage}.{task}: {error}") from None
+    if "train" in resolved:  # a stage that retrains: its steps and checkpoints fit like train's
+        _check_train(f"{stage}.{task}.train", {**_train_defaults(), **resolved["train"]})
+
+
+def _train_defaults() -> dict:
+    """What an omitted training setting of a stage's retraining takes (TrainConfig's defaults)."""
+    from dataclasses import asdict
+
+    from trainmap.train import TrainConfig
+
+    return asdict(TrainConfig())
 
 
 def _check_quantize(config: dict) -> None:
@@ -473,16 +754,19 @@ def _check_quantize(config: dict) -> None:
         try:
             methods.check_method(method)
         except ValueError as error:
-            raise ConfigError(f"config key quantize.methods[{position}]: {error}") from None
+            raise ConfigError(f"config key quantize.methods[{position}]: {error}"
+                              f"{did_you_mean(method, methods.METHODS)}") from None  # fmt: skip
     for position, arch in enumerate(settings.get("archs", [])):
         try:
             models.check_arch(arch)
         except ValueError as error:
-            raise ConfigError(f"config key quantize.archs[{position}]: {error}") from None
+            raise ConfigError(f"config key quantize.archs[{position}]: {error}"
+                              f"{did_you_mean(arch, models.ARCHITECTURES)}") from None  # fmt: skip
     for position, scheme in enumerate(settings.get("schemes", [])):
         if scheme not in SCHEMES:
             raise ConfigError(f"config key quantize.schemes[{position}]: unknown scheme "
-                              f"{scheme!r}; allowed: {', '.join(sorted(SCHEMES))}")  # fmt: skip
+                              f"{scheme!r}; allowed: {', '.join(sorted(SCHEMES))}"
+                              f"{did_you_mean(scheme, SCHEMES)}")  # fmt: skip
 
 
 def _check_joint_groups(config: dict) -> None:
@@ -497,12 +781,20 @@ def _check_joint_groups(config: dict) -> None:
             raise ConfigError(f"config key {where}.name: {spec['name']!r} is used twice; names "
                               "must be unique (they name the results/joint/<name> directory)")  # fmt: skip
         seen.add(spec["name"])
-        for key, check in (("archs", models.check_arch), ("methods", methods.check_method)):
+        if spec["task"] not in config["data"]:  # a typo, not merely a task absent from the grid
+            raise ConfigError(
+                f"config key {where}.task: unknown task {spec['task']!r} (no data.{spec['task']} "
+                f"defines it); tasks: {', '.join(sorted(config['data']))}"
+                f"{did_you_mean(spec['task'], config['data'])}"
+            )
+        for key, registry in (("archs", models.ARCHITECTURES), ("methods", methods.METHODS)):
+            check = models.check_arch if key == "archs" else methods.check_method
             for position, name in enumerate(spec.get(key, [])):
                 try:
                     check(name)
                 except ValueError as error:
-                    raise ConfigError(f"config key {where}.{key}[{position}]: {error}") from None
+                    raise ConfigError(f"config key {where}.{key}[{position}]: {error}"
+                                      f"{did_you_mean(name, registry)}") from None  # fmt: skip
         if spec["name"] not in filled:
             found = sum(1 for cell in cells if _in_joint(cell, spec))
             warnings.warn(
@@ -513,16 +805,29 @@ def _check_joint_groups(config: dict) -> None:
             )
 
 
-def _check_train(task: str, settings: dict) -> None:
+def _check_train(where: str, settings: dict) -> None:
+    """Values of one training mapping (``train.<task>``, ``sparse.<task>.train``) that must fit
+    together: a trajectory needs a checkpoint, warm-up must end before training does."""
     if settings["checkpoint_every"] > settings["steps"]:
         raise ConfigError(
-            f"config key train.{task}.checkpoint_every: {settings['checkpoint_every']} exceeds "
-            f"train.{task}.steps = {settings['steps']}; a trajectory needs checkpoints"
+            f"config key {where}.checkpoint_every: {settings['checkpoint_every']} exceeds "
+            f"{where}.steps = {settings['steps']}; allowed: at most steps (a trajectory needs "
+            "checkpoints)"
         )
     if settings.get("warmup_steps", 0) >= settings["steps"]:
         raise ConfigError(
-            f"config key train.{task}.warmup_steps: {settings['warmup_steps']} must be below "
-            f"train.{task}.steps = {settings['steps']}"
+            f"config key {where}.warmup_steps: {settings['warmup_steps']} must be below "
+            f"{where}.steps = {settings['steps']}"
+        )
+
+
+def _check_dvc(config: dict, base_dir: Path) -> None:
+    """``dvc.configfile`` names an existing file (dvc.yaml runs Snakemake with it)."""
+    path = config.get("dvc", {}).get("configfile")
+    if path is not None and not (base_dir / path).is_file():
+        raise ConfigError(
+            f"config key dvc.configfile: file {path!r} does not exist (looked in "
+            f"{base_dir / path}); allowed: a config file of this project, e.g. config/config.yaml"
         )
 
 
@@ -531,3 +836,7 @@ def _key(path: Any) -> str:
     for part in path:
         parts.append(f"[{part}]" if isinstance(part, int) else f".{part}")
     return "".join(parts).lstrip(".")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -58,7 +58,7 @@ from typing import Any, BinaryIO
 import numpy as np
 import torch
 
-from trainmap.io import write_atomic
+from trainmap.io import load_torch, save_torch
 
 #: Marks an option with no default in :func:`data_kind_options` (a reader's ``path``).
 REQUIRED_OPTION = inspect.Parameter.empty
@@ -567,11 +567,11 @@ def make_task_data(kind: str, options: Mapping[str, object] | None = None) -> Ta
 
 
 def save_task_data(data: TaskData, path: str | os.PathLike) -> None:
-    """Save ``data`` atomically with ``torch.save``; ``meta`` is stored as a JSON string."""
+    """Save ``data`` atomically and checksummed (trainmap.io); ``meta`` as a JSON string."""
     payload: dict[str, Any] = {key: _compact(getattr(data, key)) for key in _TENSOR_KEYS}
     # A JSON string keeps arbitrary (JSON-serialisable) meta loadable under weights_only=True.
     payload["meta"] = json.dumps(data.meta, sort_keys=True)
-    write_atomic(path, lambda tmp: torch.save(payload, tmp))
+    save_torch(payload, path)
 
 
 def _compact(tensor: torch.Tensor) -> torch.Tensor:
@@ -583,7 +583,7 @@ def _compact(tensor: torch.Tensor) -> torch.Tensor:
 
 def load_task_data(path: str | os.PathLike) -> TaskData:
     """Load a file written by :func:`save_task_data` (tensors and a JSON string only)."""
-    payload = torch.load(path, map_location="cpu", weights_only=True)
+    payload = load_torch(path)
     expected = set(_TENSOR_KEYS) | {"meta"}
     _check(
         isinstance(payload, dict) and set(payload) == expected,

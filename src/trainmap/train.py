@@ -51,7 +51,7 @@ from tqdm.auto import tqdm
 from trainmap.blocks import SeedBlock
 from trainmap.checkpoints import save_dense
 from trainmap.data import TaskData
-from trainmap.io import load_torch, save_json, save_torch, write_atomic
+from trainmap.io import load_resume_or_none, load_torch, save_json, save_torch, write_atomic
 from trainmap.methods import check_method
 from trainmap.models import build_model, count_parameters
 
@@ -700,7 +700,7 @@ def _save_resume(path: Path, fingerprint: str, step: int, block: SeedBlock,
 def _load_resume(path: Path, fingerprint: str) -> dict[str, Any] | None:
     if not path.exists():
         return None
-    saved = load_torch(path)
+    saved = load_resume_or_none(path) or {}  # a damaged file is deleted: start from step 0
     if saved.get("fingerprint") != fingerprint or "block" not in saved:
         # A different configuration, or a resume file of an older trainmap (one seed, no block
         # state): start over; the file is replaced later.

@@ -19,17 +19,27 @@ Safety:
   from its last resume state on the rerun, as without the server.
 * Without a server (cluster executors, ``TRAINMAP_WORKER=off``, or a server that cannot be
   reached), :func:`run_job` runs the function in its own process: slower to start, same result.
+
+Access: the socket is created 0600 inside a fresh 0700 directory (``tempfile.mkdtemp``), whatever
+the umask, and the server only answers clients of its own user (``SO_PEERCRED``). It runs only job
+functions: public functions named ``*_job`` defined in :data:`JOB_MODULES` (``trainmap.jobs``); any
+other ``module:function`` a client names (``os:mkdir``) is refused before anything runs.
 """
 
 from __future__ import annotations
 
 import importlib
+import inspect
 import json
 import os
+import shutil
 import signal
 import socket
+import stat
+import struct
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import traceback
@@ -59,6 +69,32 @@ WARM_MODULES = (
     "trainmap.dynamics.pipeline",
 )
 START_TIMEOUT_S = 120
+#: The modules whose job functions (public, named ``*_job``) the server runs.
+JOB_MODULES = ("trainmap.jobs",)
+SOCKET_DIR_PREFIX = "trainmap-worker-"
+
+
+class RefusedJobError(ValueError):
+    """A client named a function that is not a job function of the allowed modules."""
+
+
+def job_function(name: str, modules: tuple[str, ...] = JOB_MODULES) -> Callable[..., Any]:
+    """The job function named ``module:function``, if ``module`` is one of ``modules`` and the
+    function is public, defined there and named ``*_job``; else :class:`RefusedJobError`."""
+    module_name, _, function_name = name.partition(":")
+    if module_name not in modules or not function_name.endswith("_job"):
+        raise RefusedJobError(
+            f"refused to run {name!r}: the job server runs only job functions "
+            f"(<module>:<name>_job) of {', '.join(modules)}"
+        )
+    function = getattr(importlib.import_module(module_name), function_name, None)
+    if (
+        function_name.startswith("_")
+        or not inspect.isfunction(function)
+        or function.__module__ != module_name
+    ):
+        raise RefusedJobError(f"refused to run {name!r}: {module_name} defines no such job")
+    return function
 
 
 def resolve(name: str) -> Callable[..., Any]:
@@ -84,10 +120,13 @@ def run_job(function: str, log: str, **kwargs: Any) -> None:
         sys.exit(status)
 
 
-def call_timed(function: str, log: str, kwargs: dict[str, Any]) -> None:
-    """Call the job; with ``$TRAINMAP_JOB_TIMES`` set, append its own wall time to that file."""
+def call_timed(
+    function: str, log: str, kwargs: dict[str, Any], run: Callable[..., Any] | None = None
+) -> None:
+    """Call the job (``run``, else the function ``function`` names); with ``$TRAINMAP_JOB_TIMES``
+    set, append its own wall time to that file."""
     started = time.perf_counter()
-    resolve(function)(**kwargs)
+    (run or resolve(function))(**kwargs)
     path = os.environ.get(TIMES_ENV)
     if path:
         line = json.dumps({"function": function, "seconds": time.perf_counter() - started,
@@ -119,24 +158,36 @@ def _submit(function: str, log: str, kwargs: dict[str, Any]) -> int | None:
     if not reply:
         print(f"trainmap worker: the job {function} ended without a status; see {log}")
         return 1
-    return int(json.loads(reply)["status"])
+    answer = json.loads(reply)
+    if answer.get("error"):
+        print(f"trainmap worker: {answer['error']}", file=sys.stderr)
+    return int(answer["status"])
 
 
 # --- the server -------------------------------------------------------------------------------
 
 
-def serve(path: str, tracking_uris: tuple[str, ...] = ()) -> None:
+def serve(
+    path: str, tracking_uris: tuple[str, ...] = (), job_modules: tuple[str, ...] = JOB_MODULES
+) -> None:
     """Import the warm modules (and open the tracking stores), then fork one child per job.
 
+    ``path`` must lie in a directory only this user can enter (:func:`start_server` makes one).
     Runs until SIGTERM or until the process that started it (Snakemake) is gone.
     """
     owner = os.getppid()
+    _check_private_directory(Path(path).parent)
     for module in WARM_MODULES:
         importlib.import_module(module)
     _open_tracking_stores(tracking_uris)
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     Path(path).unlink(missing_ok=True)
-    server.bind(path)
+    previous_umask = os.umask(0o177)  # the socket is created 0600, never briefly wider
+    try:
+        server.bind(path)
+    finally:
+        os.umask(previous_umask)
+    os.chmod(path, 0o600)
     server.listen(64)
     server.settimeout(1.0)
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are reaped automatically
@@ -146,9 +197,12 @@ def serve(path: str, tracking_uris: tuple[str, ...] = ()) -> None:
             connection, _ = server.accept()
         except TimeoutError:
             continue
+        if not _same_user(connection):
+            connection.close()
+            continue
         if os.fork() == 0:
             server.close()
-            _run_child(connection)
+            _run_child(connection, job_modules)
         connection.close()
     Path(path).unlink(missing_ok=True)
 
@@ -178,7 +232,28 @@ def _fresh_database_connections() -> None:
         engine.dispose(close=False)
 
 
-def _run_child(connection: socket.socket) -> None:
+def _check_private_directory(directory: Path) -> None:
+    """Refuse to serve from a directory another user could enter or replace."""
+    info = os.lstat(directory)
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
+        raise PermissionError(
+            f"trainmap worker: {directory} must be a directory of this user with mode 0700 (it is "
+            f"{stat.filemode(info.st_mode)}, uid {info.st_uid}); start the server with start_server"
+        )
+
+
+def _same_user(connection: socket.socket) -> bool:
+    """Whether the client runs as this user (Linux SO_PEERCRED; elsewhere the 0700 directory)."""
+    if not hasattr(socket, "SO_PEERCRED"):
+        return True
+    credentials = connection.getsockopt(
+        socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")
+    )
+    _pid, uid, _gid = struct.unpack("3i", credentials)
+    return uid == os.getuid()
+
+
+def _run_child(connection: socket.socket, job_modules: tuple[str, ...] = JOB_MODULES) -> None:
     """In the forked child: read the request, run the job, send its status, exit."""
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # subprocess.run must be able to wait again
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
@@ -186,16 +261,24 @@ def _run_child(connection: socket.socket) -> None:
     line = connection.makefile("rb").readline()
     if not line:  # a reachability probe
         os._exit(0)
-    status = 1
     try:
         request = json.loads(line)
+        function = job_function(request["function"], job_modules)
+    except (RefusedJobError, ValueError, KeyError, TypeError, ImportError) as error:
+        # Refused before anything runs or is written (no log, no chdir): tell the client why.
+        reply = {"status": 2, "error": str(error) if isinstance(error, RefusedJobError)
+                 else f"malformed job request ({type(error).__name__}: {error})"}  # fmt: skip
+        connection.sendall(json.dumps(reply).encode() + b"\n")
+        os._exit(2)
+    status = 1
+    try:
         connection.settimeout(None)
         os.chdir(request["cwd"])
         os.environ.clear()
         os.environ.update(request["env"])
         _redirect_output(request["log"])
         threading.Thread(target=_die_with_client, args=(connection,), daemon=True).start()
-        call_timed(request["function"], request["log"], request["kwargs"])
+        call_timed(request["function"], request["log"], request["kwargs"], run=function)
         status = 0
     except BaseException:
         traceback.print_exc()
@@ -233,22 +316,34 @@ def _die_with_client(connection: socket.socket) -> None:
 
 
 def start_server(
-    directory: str | os.PathLike, tracking_uris: tuple[str, ...] = ()
+    directory: str | os.PathLike,
+    tracking_uris: tuple[str, ...] = (),
+    job_modules: tuple[str, ...] = JOB_MODULES,
 ) -> subprocess.Popen | None:
     """Start a server for this workflow run; set its socket in the environment jobs inherit.
 
-    ``tracking_uris``: SQL tracking stores to open once in the server. Returns None (and jobs run
-    in their own processes) when disabled with ``TRAINMAP_WORKER=off``.
+    ``directory``: where its log goes. ``tracking_uris``: SQL tracking stores to open once in the
+    server. ``job_modules``: whose ``*_job`` functions it runs. Returns None (and jobs run in their
+    own processes) when disabled with ``TRAINMAP_WORKER=off``.
     """
     if os.environ.get(SWITCH_ENV) == "off":
         return None
-    # Unix socket paths are limited to ~100 bytes: use a short name in /tmp, unique per process.
-    path = f"/tmp/trainmap-{os.getpid()}-{os.urandom(4).hex()}.sock"
+    # Unix socket paths are limited to ~100 bytes: a short fresh directory in /tmp, created 0700
+    # by mkdtemp (atomically, with a random name: nobody else can have prepared it).
+    path = str(Path(tempfile.mkdtemp(prefix=SOCKET_DIR_PREFIX, dir="/tmp")) / "jobs.sock")
     log = Path(directory) / "worker.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "w") as stream:
         process = subprocess.Popen(
-            [sys.executable, "-m", "trainmap.worker", path, *tracking_uris],
+            [
+                sys.executable,
+                "-m",
+                "trainmap.worker",
+                "--jobs",
+                ",".join(job_modules),
+                path,
+                *tracking_uris,
+            ],  # fmt: skip
             stdout=stream,
             stderr=subprocess.STDOUT,
             start_new_session=True,
@@ -257,6 +352,7 @@ def start_server(
     while not _reachable(path):
         if process.poll() is not None or time.monotonic() > deadline:
             process.kill()
+            _remove_socket_directory(path)
             print(f"trainmap worker did not start (see {log}); jobs run in their own processes")
             return None
         time.sleep(0.05)
@@ -273,7 +369,12 @@ def stop_server(process: subprocess.Popen | None) -> None:
         process.wait(timeout=10)
     except subprocess.TimeoutExpired:
         process.kill()
-    os.environ.pop(SOCKET_ENV, None)
+    _remove_socket_directory(os.environ.pop(SOCKET_ENV, None))
+
+
+def _remove_socket_directory(path: str | None) -> None:
+    if path and Path(path).parent.name.startswith(SOCKET_DIR_PREFIX):
+        shutil.rmtree(Path(path).parent, ignore_errors=True)
 
 
 def _reachable(path: str) -> bool:
@@ -289,5 +390,13 @@ def _reachable(path: str) -> bool:
     return True
 
 
+def main(argv: list[str]) -> None:
+    """``python -m trainmap.worker [--jobs MODULE[,MODULE]] SOCKET [TRACKING_URI ...]``."""
+    job_modules = JOB_MODULES
+    if argv[:1] == ["--jobs"]:
+        job_modules, argv = tuple(argv[1].split(",")), argv[2:]
+    serve(argv[0], tuple(argv[1:]), job_modules)
+
+
 if __name__ == "__main__":
-    serve(sys.argv[1], tuple(sys.argv[2:]))
+    main(sys.argv[1:])
