@@ -276,3 +276,19 @@ def test_a_damaged_resume_file_is_deleted_with_a_warning(tmp_path):
     with pytest.warns(UserWarning, match=rf"damaged resume file {path}: .*training starts from"):
         assert load_resume_or_none(path) is None
     assert not path.exists()
+
+
+def test_a_damaged_file_in_a_seed_block_names_the_blocks_manifest(tmp_path):
+    """Snakemake tracks a seed block by its manifest: the remedy for a damaged per-seed file names
+    the manifest whose seed range holds that seed, since deleting the file alone remakes nothing."""
+    method_dir = tmp_path / "results/train/digits/vgg_bn/kaiming"
+    path = method_dir / "seed33" / "model.pt"
+    save_torch({"w": torch.ones(64)}, path)
+    for name in ("seeds0-31.json", "seeds32-63.json"):
+        (method_dir / name).write_text("{}")
+    flip_bytes(path, count=8)
+    with pytest.raises(DamagedFileError) as caught:
+        load_torch(path)
+    first_line = str(caught.value).splitlines()[0]
+    assert first_line.startswith(f"damaged file {path}: ")
+    assert f"delete it and its block's manifest {method_dir / 'seeds32-63.json'}" in first_line

@@ -22,6 +22,7 @@ import hashlib
 import json
 import os
 import pickle
+import re
 import shutil
 import struct
 import uuid
@@ -69,11 +70,33 @@ class DamagedFileError(OSError):
     """A checkpoint that cannot be trusted: its first line names the file and says to remake it."""
 
     def __init__(self, path: str | os.PathLike, problem: str) -> None:
-        super().__init__(
-            f"damaged file {path}: {problem}; delete it and rerun (Snakemake remakes it)"
-        )
+        super().__init__(f"damaged file {path}: {problem}; {remedy(path)}")
         self.path = Path(path)
         self.problem = problem
+
+
+def block_manifest_of(path: str | os.PathLike) -> Path | None:
+    """The manifest of the seed block that wrote ``path`` (``.../seed3/model.pt`` ->
+    ``.../seeds0-31.json``, the manifest whose seed range holds 3), or None outside a block."""
+    seed_dir = Path(path).parent
+    match = re.fullmatch(r"seed(\d+)", seed_dir.name)
+    if match is None:
+        return None
+    seed = int(match.group(1))
+    for manifest in sorted(seed_dir.parent.glob("seeds*-*.json")):
+        bounds = re.fullmatch(r"seeds(\d+)-(\d+)\.json", manifest.name)
+        if bounds and int(bounds.group(1)) <= seed <= int(bounds.group(2)):
+            return manifest
+    return None
+
+
+def remedy(path: str | os.PathLike) -> str:
+    """How to remake a damaged file: Snakemake tracks a seed block by its manifest, so a file a
+    block wrote is remade by deleting the manifest too."""
+    manifest = block_manifest_of(path)
+    if manifest is None:
+        return "delete it and rerun (Snakemake remakes it)"
+    return f"delete it and its block's manifest {manifest}, then rerun (Snakemake remakes the block)"
 
 
 def save_torch(obj: Any, path: str | os.PathLike) -> None:
@@ -137,7 +160,7 @@ def verify_checksum(path: str | os.PathLike) -> bool:
     if tail[-_END_RECORD_SIZE : -_END_RECORD_SIZE + 4] == _END_RECORD and tail[-2:] == b"\0\0":
         warnings.warn(
             f"{path} has no checksum (written before trainmap checksummed checkpoints): loading "
-            "it unverified; delete it and rerun to get a verified file",
+            f"it unverified; for a verified file, {remedy(path)}",
             stacklevel=3,
         )
         return False
