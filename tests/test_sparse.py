@@ -418,3 +418,12 @@ def test_sparse_retraining_in_a_block_equals_each_seed_alone(tmp_path, method):
         assert masks and all(torch.equal(a[k], b[k]) for k in masks)
         pd.testing.assert_frame_equal(pd.read_csv(block_dir / "flips.csv"),
                                       pd.read_csv(alone / "flips.csv"), atol=1e-12)  # fmt: skip
+
+
+def test_a_network_with_nothing_to_sparsify_is_a_clear_error(teacher, parity, tmp_path):
+    """A one-hidden-layer MLP has only a first and a last layer: dense_layers first_last would
+    leave nothing sparse; the error names the setting and the fix."""
+    one_hidden = build_cell_model("mlp", "kaiming", 0, parity.meta, {"hidden": [8]})
+    with pytest.raises(ValueError, match=r"dense_layers: 'first_last' leaves no layer .* none"):
+        run_sparse_method(one_hidden, parity, METHODS["ast"].options,
+                          SETTINGS | {"dense_layers": "first_last"}, 0, tmp_path)  # fmt: skip

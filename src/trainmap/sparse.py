@@ -635,6 +635,13 @@ def run_sparse_block(
     teachers = [teacher.eval() for teacher in teachers]
     layout = cfg["conv_groups"]
     names = sparsifiable_layers(teachers[0], cfg["m"], cfg["dense_layers"], layout)
+    if not names:
+        weight_layers = sum(isinstance(m, nn.Linear | nn.Conv2d) for m in teachers[0].modules())
+        raise ValueError(
+            f"sparse setting dense_layers: {cfg['dense_layers']!r} leaves no layer of this "
+            f"{weight_layers}-layer network to make {cfg['n']}:{cfg['m']} sparse (or no layer's "
+            f"inputs divide into groups of {cfg['m']}); set sparse.<task>.dense_layers: none"
+        )
     slorb_k = cfg["slorb_k"] if options.get("slorb") else None
     students = []
     for teacher in teachers:
