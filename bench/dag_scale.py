@@ -5,7 +5,7 @@ job per seed and per rule (train, evaluate, collect_metrics), plus the data job,
 training-map group (fit_hmm, regress_detours, training_map): about 40,000 jobs, written with plain
 ``expand`` and strings and ``touch`` commands: no config validation, no registries, no input
 functions. trainmap plans the same grid in seed blocks (``train.sparse_parity.seed_block`` from
-params.yaml: 32 seeds per job of each per-seed rule, about 1,250 jobs), which is the lever: a
+params.yaml: 40 seeds per job of each per-seed rule, about 1,000 jobs), which is the lever: a
 block job still writes every seed's files, but Snakemake tracks one manifest per block. Both are
 dry-run (``snakemake -n --quiet``) in a temporary directory, alternating, and the ratio trainmap /
 bare is printed (target <= 1.2; FACTS.md measured a bare 40k-job dry run at ~32 s here).
