@@ -52,7 +52,7 @@ def forward(
             if t:
                 np.matmul(alpha[t - 1], transmat, out=current)
                 current *= emission[t]
-            np.sum(current, axis=1, out=scale[t])
+            np.add.reduce(current, axis=1, out=scale[t])
             np.divide(current, scale[t][:, None], out=alpha[t])
     if not (scale > 0).all():
         return None
@@ -112,6 +112,22 @@ class BatchedGaussianHMM(GaussianHMM):
     docstring)."""
 
     _run_weights: np.ndarray | None = None
+
+    def _compute_log_likelihood(self, X: np.ndarray) -> np.ndarray:
+        """log N(x_t | mu_k, Sigma_k) for every observation and state [T, K]; for full
+        covariances all states in one batched Cholesky and one matrix product (hmmlearn solves a
+        triangular system per state), falling back to hmmlearn where a Cholesky fails."""
+        if self.covariance_type != "full":
+            return super()._compute_log_likelihood(X)
+        try:
+            cholesky = np.linalg.cholesky(self._covars_)
+        except np.linalg.LinAlgError:
+            return super()._compute_log_likelihood(X)
+        whitening = np.linalg.inv(cholesky).transpose(0, 2, 1)  # L_k^-T, [K, d, d]
+        solved = X[None] @ whitening - (self.means_[:, None, :] @ whitening)  # [K, T, d]
+        log_det = 2 * np.log(np.diagonal(cholesky, axis1=1, axis2=2)).sum(axis=1)
+        squared = np.einsum("ktd,ktd->tk", solved, solved)
+        return -0.5 * (X.shape[1] * np.log(2 * np.pi) + log_det[None, :] + squared)
 
     def fit_weighted(self, X: np.ndarray, lengths: Any, weights: Any) -> BatchedGaussianHMM:
         """``fit`` where run i (in ``lengths`` order) counts ``weights[i]`` times."""
