@@ -11,5 +11,6 @@ run_job(
     history_path=snakemake.input.history,
     output=snakemake.output[0],
     config=snakemake.config,
+    convention=snakemake.params.convention,
     threads=snakemake.threads,
 )
