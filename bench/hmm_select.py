@@ -19,6 +19,9 @@ Studies (``--study``, default all):
             parameter cost, so states closer than the limit are merged.
 ``cost``    one selection (K = 1..8 x 5 restarts, 40 runs x 300 checkpoints): hmmlearn's E-step
             against the batched one (same numbers), serial against parallel over (K, restart).
+``analysis`` one whole joint comparison with the default settings (shared fit, 200 bootstrap
+            refits, permutation tests, figures) at the sizes of the default study's comparisons
+            with 32 seeds per method: 2 x 32 runs x 321 checkpoints, 3 x 32 runs x 49.
 
 Usage::
 
@@ -26,7 +29,8 @@ Usage::
     .venv/bin/python bench/hmm_select.py --study known   # ~2 min
     .venv/bin/python bench/hmm_select.py --quick         # 3 seeds, fewer variants
 
-Last line: ``hmm_select known3=../10 known5=../10 min_accuracy=... edges=../20 fit_s=... ratio=...``.
+Last line: ``hmm_select known3=../10 known5=../10 min_accuracy=... edges=../20 fit_s=... ratio=...
+joint_s=...``.
 """
 
 from __future__ import annotations
@@ -150,6 +154,34 @@ def study_limit(seeds: int, n_jobs: int) -> None:
               f"({sum(k == 5 for k in ks)}/{seeds} right)")  # fmt: skip
 
 
+def study_analysis(n_jobs: int, quick: bool) -> float:
+    """Wall time of one whole joint comparison (shared fit, bootstrap, verdicts, figures)."""
+    import tempfile
+
+    from trainmap.dynamics.pipeline import Outcomes, convergence_from_tables, joint_group
+
+    cases = {"parity-sized: 2 methods x 32 runs x 321 checkpoints": (2, 32, 321),
+             "digits-sized: 3 methods x 32 runs x 49 checkpoints": (3, 32, 49)}  # fmt: skip
+    if quick:
+        cases = {"small: 2 methods x 8 runs x 60 checkpoints": (2, 8, 60)}
+    print(f"== analysis cost: one joint comparison, defaults (200 bootstrap resamples, 2000 "
+          f"permutations), {n_jobs} processes")  # fmt: skip
+    slowest = 0.0
+    for label, (n_groups, per_group, length) in cases.items():
+        runs, _, _ = sample_runs(5, n_runs=n_groups * per_group, length=length, seed=0)
+        groups = {run: f"method{i % n_groups}" for i, run in enumerate(runs)}
+        convergence = convergence_from_tables(runs, 0.5)
+        outcomes = Outcomes(convergence, dict.fromkeys(runs, "completed"))
+        with tempfile.TemporaryDirectory() as out, warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            started = time.perf_counter()
+            joint_group(runs, groups, outcomes, {}, out, n_jobs=n_jobs)
+            seconds = time.perf_counter() - started
+        slowest = max(slowest, seconds)
+        print(f"{label:55} {seconds:6.1f} s")
+    return slowest
+
+
 def study_cost(n_jobs: int, quick: bool) -> tuple[float, float]:
     from trainmap.dynamics.batched_hmm import BatchedGaussianHMM
 
@@ -185,7 +217,7 @@ def study_cost(n_jobs: int, quick: bool) -> tuple[float, float]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--study", choices=["known", "causes", "limit", "cost", "all"],
+    parser.add_argument("--study", choices=["known", "causes", "limit", "cost", "analysis", "all"],
                         default="all")  # fmt: skip
     parser.add_argument("--quick", action="store_true", help="3 seeds, 4 variants, small cost case")
     parser.add_argument("--seeds", type=int, help="sampler seeds (default 10, quick 3)")
@@ -201,12 +233,15 @@ def main(argv: list[str] | None = None) -> int:
         study_limit(seeds, args.jobs)
     if args.study in ("cost", "all"):
         fit_s, ratio = study_cost(args.jobs, args.quick)
+    joint_s = float("nan")
+    if args.study in ("analysis", "all"):
+        joint_s = study_analysis(args.jobs, args.quick)
     parts = []
     if summary:
         parts += [f"known3={summary[3]['right']}/{seeds}", f"known5={summary[5]['right']}/{seeds}",
                   f"min_accuracy={min(s['min_accuracy'] for s in summary.values()):.3f}",
                   f"edges={sum(s['edges'] for s in summary.values())}/{2 * seeds}"]  # fmt: skip
-    parts += [f"fit_s={fit_s:.1f}", f"ratio={ratio:.2f}"]
+    parts += [f"fit_s={fit_s:.1f}", f"ratio={ratio:.2f}", f"joint_s={joint_s:.1f}"]
     print("hmm_select " + " ".join(parts))
     return 0
 

@@ -107,6 +107,16 @@ def _runs_of_equal_length(lengths: Any) -> list[tuple[np.ndarray, np.ndarray]]:
     return groups
 
 
+def _repeat_runs(X: np.ndarray, lengths: Any, weights: np.ndarray | None) -> tuple:
+    """``X, lengths`` with run i repeated ``weights[i]`` times (unchanged without weights)."""
+    if weights is None:
+        return X, lengths
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    runs = [(start, length) for start, length, w in zip(starts, lengths, weights, strict=True)
+            for _ in range(int(w))]  # fmt: skip
+    return np.concatenate([X[a : a + n] for a, n in runs]), [n for _, n in runs]
+
+
 class BatchedGaussianHMM(GaussianHMM):
     """``hmmlearn.hmm.GaussianHMM`` whose E-step and score handle all runs together (module
     docstring)."""
@@ -162,10 +172,8 @@ class BatchedGaussianHMM(GaussianHMM):
         total = 0.0
         for positions, rows in _runs_of_equal_length(lengths):
             result = forward(log_frames[rows], self.startprob_, self.transmat_)
-            if result is None:
-                if self._run_weights is not None:
-                    return -np.inf  # a drawn run the model finds impossible
-                return super().score(X, lengths)
+            if result is None:  # underflow: hmmlearn's log-space code on the runs repeated
+                return super().score(*_repeat_runs(X, lengths, self._run_weights))
             _, scale, shift, _ = result
             per_run = np.log(scale).sum(axis=0) + shift.sum(axis=0)
             total += float(weights[positions] @ per_run)
@@ -182,10 +190,8 @@ class BatchedGaussianHMM(GaussianHMM):
             w = weights[positions]
             result = forward_backward(log_frames[rows], self.startprob_, self.transmat_,
                                       None if self._run_weights is None else w)  # fmt: skip
-            if result is None:
-                if self._run_weights is not None:
-                    raise ValueError("a drawn run has zero likelihood under the model")
-                return super()._do_estep(X, lengths)
+            if result is None:  # underflow: hmmlearn's log-space code on the runs repeated
+                return super()._do_estep(*_repeat_runs(X, lengths, self._run_weights))
             gamma, transitions, run_log_likelihood = result
             if self._run_weights is not None:
                 gamma = gamma * w[:, None, None]

@@ -68,6 +68,7 @@ ANALYSIS_DEFAULTS = {
     "alpha": 0.05,
     "dissimilarity": "total_variation",
     "bootstrap": 200,
+    "bootstrap_iter": 10,
     "permutations": 2000,
     "confidence": 0.95,
 }
@@ -172,7 +173,8 @@ def run_bootstrap(
     """The bootstrap over runs with the analysis settings (``bootstrap`` resamples, 0 = none)."""
     return bootstrap_map(hmm, runs, outcomes.convergence, outcomes.status, detours.detour_states,
                          n_resamples=settings["bootstrap"], alpha=settings["alpha"],
-                         seed=settings["seed"], n_jobs=n_jobs)  # fmt: skip
+                         seed=settings["seed"], n_jobs=n_jobs,
+                         max_iter=settings["bootstrap_iter"])  # fmt: skip
 
 
 def load_fit(directory: str | os.PathLike) -> tuple[TrainingHMM, dict[str, np.ndarray]]:
