@@ -247,9 +247,12 @@ def _one_resample(b: int, payload: dict[str, Any]) -> dict[str, Any]:
     best_k, best_bic, best_model = None, math.inf, None
     for k, parameters in sorted(payload["models"].items()):
         model = _warm_model(parameters, shift, scale, payload["settings"], n_train)
-        if not _refit(model, train_data, train_counts):
+        try:
+            if not _refit(model, train_data, train_counts):
+                continue
+            bic = score_heldout(model, heldout_data, heldout_counts)["bic"]
+        except ValueError:  # a state EM never enters any more (a transition row of zeros)
             continue
-        bic = score_heldout(model, heldout_data, heldout_counts)["bic"]
         if bic < best_bic:
             best_k, best_bic, best_model = k, bic, model
     if best_model is None:

@@ -229,16 +229,25 @@ def _fit_restart_single_threaded(
     settings: dict[str, Any],
 ) -> dict[str, Any]:
     seed = restart_seed(settings["random_state"], n_states, restart)
+    if n_states > len(train[0]):  # more states than training observations: nothing to fit
+        return {"n_states": n_states, "restart": restart, "iterations": 0, "converged": False,
+                "model": None, "train_log_likelihood": math.nan,
+                "heldout_log_likelihood": math.nan, "bic": math.inf, "aic": math.inf}  # fmt: skip
     model = make_model(n_states, settings, len(train[0]), random_state=seed)
     if settings["init"] == "sticky":
         model = initialise(model, train, seed)
     train_ll = fit_quietly(model, train)
     row = {"n_states": n_states, "restart": restart, "iterations": int(model.monitor_.iter),
            "converged": bool(model.monitor_.converged and model.monitor_.iter < model.n_iter)}  # fmt: skip
+    failed = {"model": None, "train_log_likelihood": math.nan,
+              "heldout_log_likelihood": math.nan, "bic": math.inf, "aic": math.inf}  # fmt: skip
     if train_ll is None:
-        return row | {"model": None, "train_log_likelihood": math.nan,
-                      "heldout_log_likelihood": math.nan, "bic": math.inf, "aic": math.inf}  # fmt: skip
-    return row | {"model": model, "train_log_likelihood": train_ll} | score_heldout(model, heldout)
+        return row | failed
+    try:
+        scores = score_heldout(model, heldout)
+    except ValueError:  # EM left a state that is never entered (a transition row of zeros)
+        return row | failed
+    return row | {"model": model, "train_log_likelihood": train_ll} | scores
 
 
 def fit_restarts(
@@ -649,7 +658,8 @@ def kmeans_selection(
     train = np.concatenate([hmm.transform(runs[run]) for run in hmm.train_runs_])
     heldout = np.concatenate([hmm.transform(runs[run]) for run in hmm.heldout_runs_])
     rows = []
-    for k in range(1, (k_max or hmm.k_max) + 1):
+    # k-means needs at least K training observations (a tiny smoke run can have fewer than 16).
+    for k in range(1, min(k_max or hmm.k_max, len(train)) + 1):
         kmeans = KMeans(n_clusters=k, n_init=hmm.restarts, random_state=hmm.random_state)
         labels = kmeans.fit_predict(train)
         weights = np.maximum(np.bincount(labels, minlength=k) / len(labels), 1e-12)
