@@ -586,7 +586,9 @@ class TrainingHMM:
             model.startprob_ = arrays["startprob"]
             model.transmat_ = arrays["transmat"]
             model.means_ = arrays["means"]
-            model.covars_ = arrays["covars"]
+            # As fitted (hmmlearn's M-step sets _covars_ directly): a state of a tiny group may be
+            # singular to rounding, which the public setter would refuse.
+            model._covars_ = arrays["covars"]
             model.n_features = arrays["means"].shape[1]
         estimator.model_, estimator.n_states_ = model, meta["n_states"]
         estimator.models_ = {meta["n_states"]: model}
