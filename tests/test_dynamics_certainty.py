@@ -96,6 +96,11 @@ def test_no_difference_and_not_enough_runs_are_said_in_words():
     verdicts = compare_methods(few, few_groups, n_permutations=500)
     assert set(verdicts["verdict"]) == {NOT_ENOUGH_RUNS}
     assert smallest_p(4, 4, 500) == pytest.approx(2 / 70)
+    # No run of either method converged: nothing to compare, and the table says so.
+    few["convergence step"] = np.nan
+    none = compare_methods(few, few_groups, n_permutations=50).set_index("quantity")
+    assert none.loc["convergence step", "verdict"] == NOT_ENOUGH_RUNS
+    assert none.loc["convergence step", "n_first"] == 0
     assert "not enough runs" in verdict_markdown(verdicts, 0.95)
 
 

@@ -368,7 +368,7 @@ def _compare_pair(
     # Columns with the same missing runs are tested together (one matrix product for all).
     for mask, columns in _columns_by_availability(quantities, groups, first, second):
         subset = quantities.loc[mask, columns]
-        in_first = np.array([groups[run] == first for run in subset.index])
+        in_first = np.array([groups[run] == first for run in subset.index], dtype=bool)
         n_first, n_second = int(in_first.sum()), int((~in_first).sum())
         values = subset.to_numpy(dtype=float)
         if n_first < 2 or n_second < 2:

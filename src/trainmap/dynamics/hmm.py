@@ -479,7 +479,9 @@ class TrainingHMM:
         covars = self.model_.covars_  # full matrices for every covariance type
         return np.column_stack(
             [
-                multivariate_normal(self.model_.means_[k], covars[k]).logpdf(z)
+                # allow_singular: a tiny group (fewer checkpoints than features) fits a singular
+                # full covariance; scipy then uses the pseudo-determinant and pseudo-inverse.
+                multivariate_normal(self.model_.means_[k], covars[k], allow_singular=True).logpdf(z)
                 for k in range(self.n_states_)
             ]
         ).reshape(len(z), self.n_states_)
@@ -498,7 +500,7 @@ class TrainingHMM:
 
     def precisions(self) -> np.ndarray:
         """Sigma_k^-1 of every state, [K, d, d]."""
-        return np.linalg.inv(self.model_.covars_)
+        return np.linalg.pinv(self.model_.covars_, hermitian=True)  # = inv when not singular
 
     def feature_importance(self, z: np.ndarray, state: int, t: int) -> np.ndarray:
         """|d log p(s_t = k | z_1:t) / d z_t| (appendix A, the vector form):
