@@ -221,13 +221,15 @@ def _not_fitted_reason(
     n_runs: int, n_present: int, n_regressors: int, has_extra: bool
 ) -> str | None:
     """Why the regression cannot be trusted, or None: it needs >= 3 residual degrees of freedom."""
-    if n_present < 2 and not has_extra:
-        return (f"every one of the {n_runs} included runs stays in a single state: there is "
-                "nothing to regress convergence on")  # fmt: skip
+    n_regressors = max(n_regressors, 0)
     if n_runs <= n_regressors + 2:
         return (f"{n_runs} included runs for {n_regressors} regressors and an intercept: a fit "
                 f"needs at least {n_regressors + 3} runs (with fewer, R^2 is near 1 by "
-                "construction); add seeds")  # fmt: skip
+                "construction); included runs are those that converged and did not diverge; "
+                "add seeds")  # fmt: skip
+    if n_present < 2 and not has_extra:
+        return (f"every one of the {n_runs} included runs stays in a single state: there is "
+                "nothing to regress convergence on")  # fmt: skip
     return None
 
 
