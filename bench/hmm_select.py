@@ -1,17 +1,36 @@
-"""Time of the HMM's model selection (K = 1..8, 5 restarts each), serial vs parallel over K.
+"""Model selection of training maps on runs with a known answer, what it costs, and why it used to
+run to K_max.
 
-Synthetic data of the paper's size: 40 runs x 300 checkpoints x 14 features, drawn from a seeded
-4-state Gaussian HMM. :class:`trainmap.dynamics.hmm.TrainingHMM` fits the K values one after another
-(``n_jobs=1``) and in parallel processes (``n_jobs=-1``), side by side; the two must select the same
-K with identical numbers (BLAS is single-threaded inside each fit). Larger K take longer, so the
-speed-up is bounded by the slowest K and by the number of cores (2 here).
+Data: :func:`trainmap.dynamics.synthetic.sample_runs`: 40 runs x 200 checkpoints of 14 correlated
+metrics (two shared factors, raw units between 1e-3 and 1e3) from a left-to-right Gaussian HMM with
+3 or 5 states; runs differ in how long they stay in each state. Everything goes through the default
+preprocessing (:class:`trainmap.dynamics.hmm.TrainingHMM` with its defaults).
+
+Studies (``--study``, default all):
+
+``known``   every sampler seed (10 per sampler): the selected K, decoding accuracy up to relabelling,
+            whether the map's kept edges are exactly the true transitions (the issue's criteria:
+            K right in >= 9 of 10 seeds, accuracy >= 95 %, edges equal).
+``causes``  the same data under variants that differ in one setting from the default (covariance
+            type, standardisation, how BIC is taken over restarts, EM start, convergence), plus the
+            authors' script's settings and trainmap's previous defaults: K per seed.
+``limit``   true K = 5 with states 3, 4, 6 and 8 within-state standard deviations apart: the
+            held-out BIC (paper sec. 2.1) needs a state's gain in held-out likelihood to exceed its
+            parameter cost, so states closer than the limit are merged.
+``cost``    one selection (K = 1..8 x 5 restarts, 40 runs x 300 checkpoints): hmmlearn's E-step
+            against the batched one (same numbers), serial against parallel over (K, restart).
+``analysis`` one whole joint comparison with the default settings (shared fit, 200 bootstrap
+            refits, permutation tests, figures) at the sizes of the default study's comparisons
+            with 32 seeds per method: 2 x 32 runs x 321 checkpoints, 3 x 32 runs x 49.
 
 Usage::
 
-    .venv/bin/python bench/hmm_select.py           # ~2 minutes on 2 cores
-    .venv/bin/python bench/hmm_select.py --quick   # 10 runs x 100 checkpoints
+    .venv/bin/python bench/hmm_select.py                 # everything (~15 min on 2 idle cores)
+    .venv/bin/python bench/hmm_select.py --study known   # ~2 min
+    .venv/bin/python bench/hmm_select.py --quick         # 3 seeds, fewer variants
 
-Last line: ``hmm_select serial_s=... parallel_s=... ratio=... identical=...``.
+Last line: ``hmm_select known3=../10 known5=../10 min_accuracy=... edges=../20 fit_s=... ratio=...
+joint_s=...``.
 """
 
 from __future__ import annotations
@@ -19,52 +38,211 @@ from __future__ import annotations
 import argparse
 import os
 import time
+import warnings
+from typing import Any
 
 import numpy as np
-import pandas as pd
-from hmmlearn.hmm import GaussianHMM
+from joblib import Parallel, delayed
 
 from trainmap.dynamics.hmm import TrainingHMM
-from trainmap.dynamics.metrics import METRIC_NAMES
+from trainmap.dynamics.synthetic import known_answer_scores, sample_runs
+from trainmap.dynamics.training_map import transitions
+
+#: Settings that differ from the defaults, one cause at a time, then whole configurations.
+VARIANTS: dict[str, dict[str, Any]] = {
+    "default (full, pooled, best, sticky)": {},
+    "diag covariance": {"covariance_type": "diag"},
+    "per-run z-scores": {"standardisation": "per_run"},
+    "BIC averaged over restarts": {"restart_rule": "mean"},
+    "hmmlearn's EM start": {"init": "hmmlearn"},
+    "loose convergence (tol 1e-2/obs)": {"tol": 1e-2},
+    "tight convergence (tol 1e-5/obs)": {"tol": 1e-5},
+    "authors' script (diag, per run, mean, hmmlearn start, 10 iterations)": {
+        "covariance_type": "diag",
+        "standardisation": "per_run",
+        "restart_rule": "mean",
+        "init": "hmmlearn",
+        "n_iter": 10,
+        "tol": 1e-6,
+    },  # fmt: skip
+    "authors' script with full covariances": {
+        "standardisation": "per_run",
+        "restart_rule": "mean",
+        "init": "hmmlearn",
+        "n_iter": 10,
+        "tol": 1e-6,
+    },  # fmt: skip
+    "trainmap before (diag, per run, best, hmmlearn start, 200 iterations)": {
+        "covariance_type": "diag",
+        "standardisation": "per_run",
+        "init": "hmmlearn",
+        "n_iter": 200,
+        "tol": 1.6e-6,
+    },  # fmt: skip
+}
 
 
-def synthetic_runs(n_runs: int, length: int, seed: int = 0) -> dict[str, pd.DataFrame]:
-    rng = np.random.default_rng(seed)
-    truth = GaussianHMM(n_components=4, covariance_type="diag")
-    truth.startprob_ = np.full(4, 0.25)
-    truth.transmat_ = np.full((4, 4), 0.1) + np.eye(4) * 0.6
-    truth.means_ = rng.normal(0, 2, (4, len(METRIC_NAMES)))
-    truth.covars_ = np.full((4, len(METRIC_NAMES)), 0.5)
-    truth.n_features = len(METRIC_NAMES)
-    return {
-        f"run{i:02d}": pd.DataFrame(truth.sample(length, random_state=seed + i)[0],
-                                    columns=list(METRIC_NAMES))
-        for i in range(n_runs)
-    }  # fmt: skip
+def select(
+    n_states: int, seed: int, settings: dict[str, Any], separation: float | None = None
+) -> dict[str, Any]:
+    """Fit one sampled data set; the selection and how it compares with the truth."""
+    options = {} if separation is None else {"separation": separation}
+    runs, states, truth = sample_runs(n_states, seed=seed, **options)
+    started = time.process_time()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        hmm = TrainingHMM(**settings).fit(runs)
+    cpu = time.process_time() - started
+    decoded = hmm.decode(runs)
+    edges = {(j, k) for sequence in decoded.values() for _, j, k in transitions(sequence)}
+    scores = known_answer_scores(decoded, edges, states, truth)
+    curve = hmm.selection_.set_index("n_states")["bic"]
+    return {"truth": n_states, "seed": seed, "k": hmm.n_states_, "cpu_s": cpu,
+            "curve": curve.round(0).astype(int).tolist()} | scores  # fmt: skip
+
+
+def run_many(jobs: list[tuple], n_jobs: int) -> list[dict[str, Any]]:
+    return Parallel(n_jobs=n_jobs)(delayed(select)(*job) for job in jobs)
+
+
+def study_known(seeds: int, n_jobs: int) -> dict[str, Any]:
+    print(f"== known answer: default settings, {seeds} sampler seeds per true K")
+    results = run_many([(k, s, {}) for k in (3, 5) for s in range(seeds)], n_jobs)
+    summary = {}
+    for n_states in (3, 5):
+        rows = [r for r in results if r["truth"] == n_states]
+        print(f"true K = {n_states}")
+        print(
+            f"{'seed':>5}{'K':>4}{'accuracy':>10}{'edges ok':>10}{'cpu s':>8}  held-out BIC, K=1..8"
+        )
+        for r in rows:
+            print(f"{r['seed']:>5}{r['k']:>4}{r['accuracy']:>10.4f}{str(r['edges_match']):>10}"
+                  f"{r['cpu_s']:>8.1f}  {r['curve']}")  # fmt: skip
+        summary[n_states] = {
+            "right": sum(r["k"] == n_states for r in rows),
+            "min_accuracy": min(r["accuracy"] for r in rows if r["k"] == n_states),
+            "edges": sum(r["edges_match"] for r in rows),
+            "cpu_s": float(np.mean([r["cpu_s"] for r in rows])),
+        }
+        print(f"K right in {summary[n_states]['right']}/{len(rows)}; mean CPU per selection "
+              f"{summary[n_states]['cpu_s']:.1f} s")  # fmt: skip
+    return summary
+
+
+def study_causes(seeds: int, n_jobs: int, quick: bool) -> None:
+    variants = dict(list(VARIANTS.items())[:4]) if quick else VARIANTS
+    print(f"== causes: K selected per seed ({seeds} seeds), one setting changed at a time")
+    jobs = [(k, s, v) for v in variants.values() for k in (3, 5) for s in range(seeds)]
+    results = iter(run_many(jobs, n_jobs))
+    print(f"{'variant':72}{'true 3':>22}{'true 5':>22}")
+    for name in variants:
+        cells = []
+        for _ in (3, 5):
+            cells.append(" ".join(str(next(results)["k"]) for _ in range(seeds)))
+        print(f"{name:72}{cells[0]:>22}{cells[1]:>22}")
+
+
+def study_limit(seeds: int, n_jobs: int) -> None:
+    separations = (3.0, 4.0, 6.0, 8.0)
+    print(
+        f"== detection limit: true K = 5, states this many within-state SDs apart ({seeds} seeds)"
+    )
+    results = iter(run_many([(5, s, {}, sep) for sep in separations for s in range(seeds)], n_jobs))
+    for separation in separations:
+        ks = [next(results)["k"] for _ in range(seeds)]
+        print(f"separation {separation:3.0f}: K = {' '.join(map(str, ks))}  "
+              f"({sum(k == 5 for k in ks)}/{seeds} right)")  # fmt: skip
+
+
+def study_analysis(n_jobs: int, quick: bool) -> float:
+    """Wall time of one whole joint comparison (shared fit, bootstrap, verdicts, figures)."""
+    import tempfile
+
+    from trainmap.dynamics.pipeline import Outcomes, convergence_from_tables, joint_group
+
+    cases = {"parity-sized: 2 methods x 32 runs x 321 checkpoints": (2, 32, 321),
+             "digits-sized: 3 methods x 32 runs x 49 checkpoints": (3, 32, 49)}  # fmt: skip
+    if quick:
+        cases = {"small: 2 methods x 8 runs x 60 checkpoints": (2, 8, 60)}
+    print(f"== analysis cost: one joint comparison, defaults (200 bootstrap resamples, 2000 "
+          f"permutations), {n_jobs} processes")  # fmt: skip
+    slowest = 0.0
+    for label, (n_groups, per_group, length) in cases.items():
+        runs, _, _ = sample_runs(5, n_runs=n_groups * per_group, length=length, seed=0)
+        groups = {run: f"method{i % n_groups}" for i, run in enumerate(runs)}
+        convergence = convergence_from_tables(runs, 0.5)
+        outcomes = Outcomes(convergence, dict.fromkeys(runs, "completed"))
+        with tempfile.TemporaryDirectory() as out, warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            started = time.perf_counter()
+            joint_group(runs, groups, outcomes, {}, out, n_jobs=n_jobs)
+            seconds = time.perf_counter() - started
+        slowest = max(slowest, seconds)
+        print(f"{label:55} {seconds:6.1f} s")
+    return slowest
+
+
+def study_cost(n_jobs: int, quick: bool) -> tuple[float, float]:
+    from trainmap.dynamics.batched_hmm import BatchedGaussianHMM
+
+    n_runs, length = (10, 100) if quick else (40, 300)
+    runs, _, _ = sample_runs(5, n_runs=n_runs, length=length, seed=0)
+    print(f"== cost: K = 1..8 x 5 restarts, {n_runs} runs x {length} checkpoints, "
+          f"{os.cpu_count()} cores")  # fmt: skip
+    timings, fitted = {}, {}
+    for label, jobs in (("serial", 1), ("parallel", n_jobs)):
+        started = time.perf_counter()
+        fitted[label] = TrainingHMM(random_state=0, n_jobs=jobs).fit(runs)
+        timings[label] = time.perf_counter() - started
+    identical = np.allclose(fitted["serial"].selection_["bic"], fitted["parallel"].selection_["bic"],
+                            rtol=1e-10)  # fmt: skip
+    # hmmlearn's own E-step and score on the same selection (serial): same numbers, more time.
+    overrides = {name: getattr(BatchedGaussianHMM, name) for name in ("_do_estep", "score")}
+    try:
+        for name in overrides:
+            delattr(BatchedGaussianHMM, name)
+        started = time.perf_counter()
+        slow = TrainingHMM(random_state=0, n_jobs=1).fit(runs)
+        timings["hmmlearn E-step"] = time.perf_counter() - started
+    finally:
+        for name, method in overrides.items():
+            setattr(BatchedGaussianHMM, name, method)
+    same = np.allclose(slow.selection_["bic"], fitted["serial"].selection_["bic"], rtol=1e-8)
+    print(f"hmmlearn E-step, serial  {timings['hmmlearn E-step']:7.1f} s")
+    print(f"batched E-step, serial   {timings['serial']:7.1f} s  (same BICs: {same})")
+    print(f"batched, {n_jobs} processes     {timings['parallel']:7.1f} s  (same BICs: {identical})")
+    print(f"chosen K = {fitted['serial'].n_states_}")
+    return timings["parallel"], timings["hmmlearn E-step"] / timings["parallel"]
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="10 runs x 100 checkpoints")
+    parser.add_argument("--study", choices=["known", "causes", "limit", "cost", "analysis", "all"],
+                        default="all")  # fmt: skip
+    parser.add_argument("--quick", action="store_true", help="3 seeds, 4 variants, small cost case")
+    parser.add_argument("--seeds", type=int, help="sampler seeds (default 10, quick 3)")
+    parser.add_argument("--jobs", type=int, default=2, help="parallel processes (default 2)")
     args = parser.parse_args(argv)
-    n_runs, length = (10, 100) if args.quick else (40, 300)
-    runs = synthetic_runs(n_runs, length)
-    timings, fitted = {}, {}
-    for label, jobs in (("serial", 1), ("parallel", -1)):
-        started = time.perf_counter()
-        fitted[label] = TrainingHMM(k_max=8, restarts=5, random_state=0, n_jobs=jobs).fit(runs)
-        timings[label] = time.perf_counter() - started
-    identical = fitted["serial"].selection_.equals(
-        fitted["parallel"].selection_
-    ) and np.array_equal(fitted["serial"].model_.means_, fitted["parallel"].model_.means_)
-    print(f"{n_runs} runs x {length} checkpoints x {len(METRIC_NAMES)} features; K = 1..8, "
-          f"5 restarts; {os.cpu_count()} cores")  # fmt: skip
-    print(fitted["serial"].selection_.round(1).to_string(index=False))
-    print(f"serial {timings['serial']:.1f} s, parallel {timings['parallel']:.1f} s, "
-          f"chosen K = {fitted['serial'].n_states_}")  # fmt: skip
-    ratio = timings["serial"] / timings["parallel"]
-    print(f"hmm_select serial_s={timings['serial']:.1f} parallel_s={timings['parallel']:.1f} "
-          f"ratio={ratio:.2f} identical={identical}")  # fmt: skip
+    seeds = args.seeds or (3 if args.quick else 10)
+    summary, fit_s, ratio = {}, float("nan"), float("nan")
+    if args.study in ("known", "all"):
+        summary = study_known(seeds, args.jobs)
+    if args.study in ("causes", "all"):
+        study_causes(min(seeds, 5), args.jobs, args.quick)
+    if args.study in ("limit", "all"):
+        study_limit(seeds, args.jobs)
+    if args.study in ("cost", "all"):
+        fit_s, ratio = study_cost(args.jobs, args.quick)
+    joint_s = float("nan")
+    if args.study in ("analysis", "all"):
+        joint_s = study_analysis(args.jobs, args.quick)
+    parts = []
+    if summary:
+        parts += [f"known3={summary[3]['right']}/{seeds}", f"known5={summary[5]['right']}/{seeds}",
+                  f"min_accuracy={min(s['min_accuracy'] for s in summary.values()):.3f}",
+                  f"edges={sum(s['edges'] for s in summary.values())}/{2 * seeds}"]  # fmt: skip
+    parts += [f"fit_s={fit_s:.1f}", f"ratio={ratio:.2f}", f"joint_s={joint_s:.1f}"]
+    print("hmm_select " + " ".join(parts))
     return 0
 
 

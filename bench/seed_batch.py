@@ -104,8 +104,11 @@ def measure(name: str, sizes: list[int], rounds: int, quick: bool, device: str) 
             one = cfg.steps / statistics.median(alone)
             many = size * cfg.steps / statistics.median(block)
             speedups[size] = many / one
-            print(f"{name:12s} S={size:4d}  one-seed {one:9.1f} seed-steps/s   block "
-                  f"{many:9.1f} seed-steps/s   speedup {speedups[size]:6.2f}x", flush=True)
+            print(
+                f"{name:12s} S={size:4d}  one-seed {one:9.1f} seed-steps/s   block "
+                f"{many:9.1f} seed-steps/s   speedup {speedups[size]:6.2f}x",
+                flush=True,
+            )
     return speedups
 
 

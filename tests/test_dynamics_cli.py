@@ -41,14 +41,16 @@ def test_cli_runs_fit_map_regression_and_joint(tmp_path):
     out = tmp_path / "out"
     result = subprocess.run(
         [sys.executable, "-m", "trainmap.dynamics", str(tables), "--out", str(out),
-         "--threshold", "0.9", "--k-max", "4", "--restarts", "2", "--groups", str(groups)],
+         "--threshold", "0.9", "--k-max", "4", "--restarts", "2", "--groups", str(groups),
+         "--bootstrap", "10"],
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     for name in ("hmm.npz", "hmm.json", "selection.csv", "baselines.csv", "states.csv",
                  "state_means.csv", "map.json", "map.png", "map.svg", "detours.json",
                  "coefficients.csv", "selection.png", "states.png", "coefficients.png",
-                 "convergence.png", "joint/joint.json", "joint/occupancy.png"):  # fmt: skip
+                 "convergence.png", "bootstrap.json", "bootstrap.png", "joint/joint.json",
+                 "joint/occupancy.png", "joint/verdicts.csv", "joint/verdicts.png"):  # fmt: skip
         assert (out / name).stat().st_size > 0, name
     detours = json.loads((out / "detours.json").read_text())
     assert detours["n_runs"] == 8 and "r2" in detours
@@ -56,7 +58,7 @@ def test_cli_runs_fit_map_regression_and_joint(tmp_path):
     assert sorted(states["run"].unique()) == [f"seed{i}" for i in range(8)]
     joint = json.loads((out / "joint" / "joint.json").read_text())
     assert set(joint["groups"]) == {"even", "odd"}
-    assert "K = " in result.stdout
+    assert "K = " in result.stdout and "| pair | quantity |" in result.stdout
 
 
 def test_cli_help_and_bad_input(tmp_path):

@@ -1,4 +1,5 @@
-"""The 14 per-checkpoint metrics (training-maps paper, appendix B) on hand-made weights."""
+"""The 14 per-checkpoint metrics (training-maps paper, appendix B): hand-made weights, and both
+conventions checked against direct computations on an MLP, the transformer and CNNs."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from trainmap.dynamics.metrics import (
     trajectory_metrics,
     weight_matrices,
 )
+from trainmap.dynamics.reference_metrics import checkpoint_metrics, trajectory_metrics_reference
 from trainmap.models import build_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -44,7 +46,7 @@ def test_metrics_of_a_hand_made_checkpoint():
         "norm.bias": torch.tensor([50.0, 50.0]),
         "second.weight": second,
     }
-    row = trajectory_metrics(stacked(state), model).iloc[0]
+    row = trajectory_metrics(stacked(state), model, "extended").iloc[0]
     assert row["l1"] == pytest.approx((7 + 3) / 2)
     assert row["l2"] == pytest.approx((5 + math.sqrt(5)) / 2)
     assert row["l1_l2"] == pytest.approx((7 / 5 + 3 / math.sqrt(5)) / 2)
@@ -60,6 +62,13 @@ def test_metrics_of_a_hand_made_checkpoint():
     assert row["w_var"] == pytest.approx(weights.var())
     assert (row["b_mean"], row["b_median"], row["b_var"]) == pytest.approx((2.0, 2.0, 1.0))
     assert row["n_matrices"] == 2 and row["skipped_matrices"] == 0
+    # The paper's convention (a): singular-value statistics per matrix, then averaged.
+    paper = trajectory_metrics(stacked(state), model).iloc[0]
+    assert paper["sv_mean"] == pytest.approx((3.5 + math.sqrt(5)) / 2)
+    assert paper["sv_var"] == pytest.approx((0.25 + 0.0) / 2)  # var(4, 3) = 0.25, no Bessel
+    for key in ("l1", "l2", "l1_l2", "trace", "spectral", "trace_spectral", "w_mean", "w_median",
+                "w_var", "b_mean", "b_median", "b_var"):  # fmt: skip
+        assert paper[key] == pytest.approx(row[key]), key
 
 
 def test_attention_counts_one_matrix_per_head_for_q_k_v():
@@ -72,7 +81,10 @@ def test_attention_counts_one_matrix_per_head_for_q_k_v():
         assert heads == [slice(0, 4), slice(4, 8)]
     assert ("attention.o.weight", None) in names
     assert not any("embed" in name for name, _ in names)
-    assert biases == ["mlp.up.bias", "mlp.down.bias", "readout.bias"]
+    # Convention (c): the paper ignores the unembedding (readout) with the embeddings.
+    assert ("readout.weight", None) not in names and biases == ["mlp.up.bias", "mlp.down.bias"]
+    extended, extended_biases = weight_matrices(model, "extended")
+    assert extended[-1].name == "readout.weight" and extended_biases[-1] == "readout.bias"
 
     # Per-head slices change the spectral norm: q's two heads are scaled differently.
     torch.manual_seed(0)
@@ -92,14 +104,131 @@ def test_attention_counts_one_matrix_per_head_for_q_k_v():
     assert 2.0 in [pytest.approx(v) for v in by_hand] and 6.0 in [pytest.approx(v) for v in by_hand]
 
 
-def test_conv_kernel_is_an_out_by_in_patch_matrix():
-    model = nn.Sequential(nn.Conv2d(2, 3, 3))
+def test_conv_kernel_conventions():
+    """extended: the (out, in * kh * kw) patch matrix; paper (b): mean slice norms, and no
+    trace/spectral/singular-value metric from convolutions."""
+    model = nn.Sequential(nn.Conv2d(2, 3, 3), nn.Flatten(), nn.Linear(3, 2, bias=False))
     kernel = torch.arange(54, dtype=torch.float32).reshape(3, 2, 3, 3) - 20
-    row = trajectory_metrics(stacked({"0.weight": kernel, "0.bias": torch.zeros(3)}), model).iloc[0]
+    readout = torch.tensor([[3.0, 0.0, 0.0], [0.0, 4.0, 0.0]])
+    state = stacked({"0.weight": kernel, "0.bias": torch.zeros(3), "2.weight": readout})
+    row = trajectory_metrics(state, model, "extended").iloc[0]
     matrix = kernel.reshape(3, 18).double()
-    assert row["spectral"] == pytest.approx(torch.linalg.svdvals(matrix)[0].item())
-    assert row["trace"] == pytest.approx(torch.diagonal(matrix).sum().item())
-    assert row["l1"] == pytest.approx(matrix.abs().sum().item())
+    assert row["spectral"] == pytest.approx((torch.linalg.svdvals(matrix)[0].item() + 4) / 2)
+    assert row["trace"] == pytest.approx((torch.diagonal(matrix).sum().item() + 7) / 2)
+    assert row["l1"] == pytest.approx((matrix.abs().sum().item() + 7) / 2)
+    paper = trajectory_metrics(state, model).iloc[0]
+    slices = kernel.double().reshape(6, 9)
+    slice_l1, slice_l2 = slices.abs().sum(dim=1), slices.norm(dim=1)
+    assert paper["l1"] == pytest.approx((slice_l1.mean().item() + 7) / 2)
+    assert paper["l2"] == pytest.approx((slice_l2.mean().item() + 5) / 2)
+    assert paper["l1_l2"] == pytest.approx(((slice_l1 / slice_l2).mean().item() + 7 / 5) / 2)
+    assert (paper["trace"], paper["spectral"], paper["sv_mean"]) == pytest.approx((7, 4, 3.5))
+    assert paper["w_mean"] == pytest.approx(torch.cat([kernel.flatten(), readout.flatten()])
+                                            .double().mean().item())  # fmt: skip
+
+
+MODELS = {
+    "mlp": ("mlp", {"input_kind": "vector", "input_shape": [12], "num_classes": 2},
+            {"hidden": [16, 8]}),
+    "transformer": ("transformer", {"input_kind": "tokens", "input_shape": [3], "num_classes": 7,
+                                    "vocab_size": 8}, {"d_model": 8, "n_heads": 2, "d_mlp": 16}),
+    "vgg_bn": ("vgg_bn", {"input_kind": "image", "input_shape": [1, 8, 8], "num_classes": 10},
+               {"widths": [4, 8], "convs_per_stage": [1, 1]}),
+    "resnet_bn": ("resnet_bn", {"input_kind": "image", "input_shape": [1, 8, 8],
+                                "num_classes": 10}, {"widths": [4, 8], "blocks_per_stage": [1, 1]}),
+}  # fmt: skip
+
+
+def drifting_trajectory(model: nn.Module, checkpoints: int = 4) -> dict[str, torch.Tensor]:
+    generator = torch.Generator().manual_seed(0)
+    states = []
+    for index in range(checkpoints):
+        states.append({k: v.detach() + 0.05 * index * torch.randn(v.shape, generator=generator)
+                       if v.is_floating_point() else v
+                       for k, v in model.state_dict().items()})  # fmt: skip
+    return stacked(*states)
+
+
+def direct_paper_metrics(model: nn.Module, state: dict[str, torch.Tensor]) -> dict[str, float]:
+    """The stated ``paper`` convention computed directly in numpy, module by module."""
+    from trainmap.models import MultiHeadAttention
+
+    linears, kernels, weights, biases = [], [], [], []
+    modules = dict(model.named_modules())
+    has_embedding = any(isinstance(m, nn.Embedding) for m in modules.values())
+    last_linear = [n for n, m in modules.items() if isinstance(m, nn.Linear)][-1]
+    heads = {f"{n}.{p}" if n else p: m for n, m in modules.items()
+             if isinstance(m, MultiHeadAttention) for p in "qkv"}  # fmt: skip
+    for name, module in modules.items():
+        if has_embedding and name == last_linear:
+            continue  # (c): the unembedding
+        if name in heads:
+            w = state[f"{name}.weight"].double().numpy()
+            d_head = heads[name].d_head
+            linears += [w[h * d_head : (h + 1) * d_head] for h in range(heads[name].n_heads)]
+            weights.append(w.ravel())
+        elif isinstance(module, nn.Linear):
+            linears.append(state[f"{name}.weight"].double().numpy())
+            weights.append(linears[-1].ravel())
+        elif isinstance(module, nn.Conv2d):
+            kernels.append(state[f"{name}.weight"].double().numpy())
+            weights.append(kernels[-1].ravel())
+        else:
+            continue
+        if getattr(module, "bias", None) is not None:
+            biases.append(state[f"{name}.bias"].double().numpy().ravel())
+
+    def per_matrix(w):  # noqa: E306
+        s = np.linalg.svd(w, compute_uv=False)
+        s[s < 1e-5] = 0
+        l1, l2, tr = np.abs(w).sum(), np.sqrt((w**2).sum()), np.trace(w)
+        return {"l1": l1, "l2": l2, "l1_l2": l1 / l2, "trace": tr, "spectral": s[0],
+                "trace_spectral": tr / s[0], "sv_mean": s.mean(), "sv_var": s.var()}  # fmt: skip
+
+    def per_kernel(k):  # noqa: E306
+        out = [(np.abs(k[o, i]).sum(), np.sqrt((k[o, i] ** 2).sum()))
+               for o in range(k.shape[0]) for i in range(k.shape[1])]  # fmt: skip
+        return {"l1": np.mean([a for a, _ in out]), "l2": np.mean([b for _, b in out]),
+                "l1_l2": np.mean([a / b for a, b in out])}  # fmt: skip
+
+    layers = [per_matrix(w) for w in linears] + [per_kernel(k) for k in kernels]
+    row = {key: np.mean([layer[key] for layer in layers if key in layer])
+           for key in ("l1", "l2", "l1_l2", "trace", "spectral", "trace_spectral", "sv_mean",
+                       "sv_var")}  # fmt: skip
+    w, b = np.concatenate(weights), np.concatenate(biases)
+    row |= {"w_mean": w.mean(), "w_median": np.median(w), "w_var": w.var(),
+            "b_mean": b.mean(), "b_median": np.median(b), "b_var": b.var()}  # fmt: skip
+    return row
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_paper_convention_equals_a_direct_computation(name):
+    arch, meta, options = MODELS[name]
+    torch.manual_seed(0)
+    model = build_model(arch, meta, **options)
+    trajectory = drifting_trajectory(model)
+    fast = trajectory_metrics(trajectory, model)
+    reference = trajectory_metrics_reference(trajectory, model)
+    for t in range(len(fast)):
+        direct = direct_paper_metrics(model, {k: v[t] for k, v in trajectory.items()})
+        for key in METRIC_NAMES:
+            assert fast.loc[t, key] == pytest.approx(direct[key], rel=1e-10, abs=1e-12), (t, key)
+            assert reference.loc[t, key] == pytest.approx(direct[key], rel=1e-10, abs=1e-12)
+
+
+def test_authors_switches_change_only_variances_and_medians():
+    """The authors' exact numbers differ from the paper convention only by Bessel's correction
+    (d) and torch's lower median (e)."""
+    arch, meta, options = MODELS["mlp"]
+    torch.manual_seed(0)
+    model = build_model(arch, meta, **options)
+    state = {k: v[2] for k, v in drifting_trajectory(model).items()}
+    ours = checkpoint_metrics(state, model)
+    authors = checkpoint_metrics(state, model, bessel=True, lower_median=True)
+    changed = {key for key in METRIC_NAMES if ours[key] != pytest.approx(authors[key], rel=1e-12)}
+    assert changed == {"sv_var", "w_var", "b_var", "w_median", "b_median"}
+    n_biases = 16 + 8 + 2
+    assert authors["b_var"] == pytest.approx(ours["b_var"] * n_biases / (n_biases - 1))
 
 
 def test_non_finite_matrices_are_skipped_and_counted():

@@ -99,9 +99,65 @@ def test_dissimilarity_is_the_mean_pairwise_wasserstein_distance():
     pairs = [(1.0, 0, 0, 0, 0, 1.0), (1.0, 0, 0, 0.5, 0.5, 0), (0, 0, 1.0, 0.5, 0.5, 0)]
     expected = np.mean([stats.wasserstein_distance([0, 1, 2], [0, 1, 2], p[:3], p[3:])
                         for p in pairs])  # fmt: skip
-    assert trajectory_dissimilarity(distributions) == pytest.approx(expected)
+    assert trajectory_dissimilarity(distributions, "state_index") == pytest.approx(expected)
     assert trajectory_dissimilarity({"a": distributions["a"], "a2": distributions["a"]}) == 0
     assert expected == pytest.approx((2 + 0.5 + 1.5) / 3)
+    # Total variation (the default ground metric): the same optimal transport with cost 1
+    # between any two different states.
+    assert trajectory_dissimilarity(distributions) == pytest.approx((1 + 0.5 + 1) / 3)
+
+
+def test_default_dissimilarity_does_not_depend_on_state_labels():
+    """Eq. (1) over state indices changes when two arbitrary labels swap (the issue's hand
+    example: 1.333 -> 1.0); total variation does not."""
+    distributions = {"a": np.array([1.0, 0, 0]), "b": np.array([0, 0, 1.0]),
+                     "c": np.array([0.5, 0.5, 0])}  # fmt: skip
+    swapped = {run: p[[1, 0, 2]] for run, p in distributions.items()}
+    assert trajectory_dissimilarity(distributions, "state_index") == pytest.approx(4 / 3)
+    assert trajectory_dissimilarity(swapped, "state_index") == pytest.approx(1.0)
+    assert trajectory_dissimilarity(swapped) == trajectory_dissimilarity(distributions)
+    with pytest.raises(ValueError, match="'wasser' is not a ground metric; choose one of"):
+        trajectory_dissimilarity(distributions, "wasser")
+
+
+def test_a_positive_optional_state_without_evidence_is_not_a_detour():
+    """State 3 is optional and its coefficient happens to be positive, but convergence does not
+    depend on it: not significant after Holm, so not a detour (the authors' rule would say so)."""
+    distributions, convergence, _ = detour_case(seed=3)
+    rng = np.random.default_rng(5)
+    unrelated = {run: int(1000 + 25 * rng.normal()) for run in convergence}
+    result = regress_detours(distributions, unrelated)
+    table = result.coefficients.set_index("state")
+    positive_optional = [k for k in range(4) if table.loc[k, "coefficient"] > 0
+                         and not table.loc[k, "visited_by_all"]]  # fmt: skip
+    assert result.detour_states == []
+    assert all(table.loc[k, "p_holm"] >= 0.05 for k in positive_optional)
+    # Holm: the smallest p-value is multiplied by the number of tests.
+    tested = table["p_value"].dropna()
+    assert table["p_holm"].dropna().min() == pytest.approx(min(1.0, tested.min() * len(tested)))
+    found = regress_detours(*detour_case()[:2])
+    threshold = found.coefficients.set_index("state").loc[3, "p_holm"] / 2
+    strict = regress_detours(*detour_case()[:2], alpha=threshold)
+    assert found.detour_states == [3] and strict.detour_states == [] and strict.alpha == threshold
+
+
+def test_too_few_runs_for_the_regressors_are_not_fitted_and_say_why():
+    distributions, convergence, _ = detour_case(n_runs=5)
+    result = regress_detours(distributions, convergence)  # 5 runs, 3 state regressors
+    assert not result.fitted and np.isnan(result.r2)
+    assert "5 included runs for 3 regressors" in result.not_fitted
+    summary = result.to_dict()
+    assert summary["r2"] is None and summary["fitted"] is False and summary["detour_states"] == []
+    enough = regress_detours(*detour_case(n_runs=6)[:2])
+    assert enough.fitted and enough.not_fitted is None
+
+
+def test_adjusted_r2_is_reported():
+    distributions, convergence, _ = detour_case()
+    result = regress_detours(distributions, convergence)
+    n, p = 40, 3
+    assert result.r2_adjusted == pytest.approx(1 - (1 - result.r2) * (n - 1) / (n - p - 1))
+    assert result.to_dict()["r2_adjusted"] == pytest.approx(result.r2_adjusted)
 
 
 def test_transitions_of_a_sequence():

@@ -422,3 +422,40 @@ def test_relative_sqlite_uri_puts_artifacts_beside_it(
     assert (tmp_path / "mlflow.db").is_file()
     assert [path.read_text() for path in (tmp_path / "mlartifacts").rglob("note.txt")] == ["hello"]
     assert not (tmp_path / "mlruns").exists()
+
+
+def test_cell_parent_runs_carry_headline_metrics_comparable_by_method(
+    study_config: dict, shared_uri: str
+) -> None:
+    """evaluate's headline numbers and the training map's occupancy land on each cell's parent
+    run, whose method tag lets the MLflow UI group cells by method."""
+    from trainmap.jobs import headline_metrics
+    from trainmap.tracking import log_cell_metrics
+
+    config = make_config(study_config, shared_uri, "headline")
+    records = {
+        Cell("sparse_parity", "mlp", "kaiming", 0): {"status": "completed", "test_acc": 0.95,
+            "best_test_acc": 0.97, "convergence_step": 4000, "converged": True,
+            "diverged_step": None, "bytes_on_disk": 23000},
+        Cell("sparse_parity", "mlp", "gradinit", 0): {"status": "diverged", "test_acc": 0.5,
+            "best_test_acc": 0.6, "convergence_step": None, "converged": False,
+            "diverged_step": 1200, "bytes_on_disk": 23000},
+    }  # fmt: skip
+    for cell, record in records.items():
+        with rule_run(config, "evaluate", cell=cell) as run:
+            run.log_cell_metrics(headline_metrics(record))
+        log_cell_metrics(config, cell, {"map.occupancy.state0": 0.25, "map.detour_visited": 1.0})
+
+    client = MlflowClient(tracking_uri=shared_uri)
+    experiment = client.get_experiment_by_name("headline").experiment_id
+    parents = client.search_runs([experiment], filter_string="tags.role = 'cell'")
+    by_method = {run.data.tags["method"]: run.data.metrics for run in parents}
+    assert set(by_method) == {"kaiming", "gradinit"}  # one parent per cell, tagged by method
+    assert by_method["kaiming"] == {"final_test_acc": 0.95, "best_test_acc": 0.97,
+                                    "convergence_step": 4000.0, "converged": 1.0,
+                                    "bytes_on_disk": 23000.0, "map.occupancy.state0": 0.25,
+                                    "map.detour_visited": 1.0}  # fmt: skip
+    assert by_method["gradinit"]["steps_to_divergence"] == 1200.0
+    assert "convergence_step" not in by_method["gradinit"]
+    found = client.search_runs([experiment], filter_string="metrics.final_test_acc > 0.9")
+    assert [run.data.tags["method"] for run in found] == ["kaiming"]

@@ -83,9 +83,25 @@ def test_training_maps_and_joint_comparison(smoke_run: Path) -> None:
                      "map.json", "map.png", "map.svg", "detours.json", "coefficients.csv"):  # fmt: skip
             assert (group / name).stat().st_size > 0, f"{group}/{name}"
         detours = json.loads((group / "detours.json").read_text())
-        assert {"r2", "f_pvalue", "detour_states", "dissimilarity", "excluded"} <= set(detours)
-    joint = json.loads((smoke_run / "results/joint/parity_init/joint.json").read_text())
+        assert {"r2", "r2_adjusted", "f_pvalue", "fitted", "not_fitted", "detour_states",
+                "dissimilarity", "dissimilarity_ground_metric", "excluded"} <= set(detours)  # fmt: skip
+        # 2 runs per group: too few for any regression, and the output says why.
+        assert detours["fitted"] is False and "add seeds" in detours["not_fitted"]
+        bootstrap = json.loads((group / "bootstrap.json").read_text())
+        assert bootstrap["n_resamples"] == 20 and sum(bootstrap["k_counts"].values()) == 20
+        meta = json.loads((group / "hmm.json").read_text())
+        assert meta["estimator"]["covariance_type"] == "full"
+        assert isinstance(meta["selection_at_ceiling"], bool)
+    joint_dir = smoke_run / "results/joint/parity_init"
+    joint = json.loads((joint_dir / "joint.json").read_text())
     assert set(joint["groups"]) == {"kaiming", "gradinit"}
+    verdicts = pd.read_csv(joint_dir / "verdicts.csv")
+    # 2 seeds per method: every verdict must say that this cannot be told.
+    assert set(verdicts["verdict"]) == {"not enough runs"}
+    assert (joint_dir / "verdicts.png").read_bytes()[:4] == b"\x89PNG"
+    assert "not enough runs" in (joint_dir / "verdicts.md").read_text()
+    metrics = pd.read_csv(smoke_run / "results/metrics/digits/vgg_bn/kaiming/seed0/metrics.csv")
+    assert metrics["trace"].notna().all()  # paper convention: from the Linear classifier only
 
 
 def test_summary_table_and_metrics(smoke_run: Path) -> None:
@@ -123,6 +139,15 @@ def test_every_rule_invocation_is_an_mlflow_run(smoke_run: Path) -> None:
             assert {"task", "arch", "method", "seed", "git_commit", "config_hash"} <= set(
                 run.data.tags
             )
+    # Each cell's parent carries its headline metrics (and, for mapped cells, its occupancy), so
+    # "group by method" over the parents compares methods.
+    for parent in parents.values():
+        assert {"final_test_acc", "best_test_acc", "bytes_on_disk", "converged"} <= set(
+            parent.data.metrics
+        ), parent.data.tags["cell"]
+    parity = [p for p in parents.values() if p.data.tags["task"] == "sparse_parity"]
+    assert all("map.occupancy.state0" in p.data.metrics for p in parity)
+    assert all("joint.parity_init.detour_share" in p.data.metrics for p in parity)
     train_run = next(run for run in children if run.data.tags["rule"] == "train")
     history = client.get_metric_history(train_run.info.run_id, "test_acc")
     assert len(history) > 3 and history[0].step == 0

@@ -96,7 +96,9 @@ def remedy(path: str | os.PathLike) -> str:
     manifest = block_manifest_of(path)
     if manifest is None:
         return "delete it and rerun (Snakemake remakes it)"
-    return f"delete it and its block's manifest {manifest}, then rerun (Snakemake remakes the block)"
+    return (
+        f"delete it and its block's manifest {manifest}, then rerun (Snakemake remakes the block)"
+    )
 
 
 def save_torch(obj: Any, path: str | os.PathLike) -> None:

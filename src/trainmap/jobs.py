@@ -184,6 +184,7 @@ def evaluate_job(
         for form in record["forms"][1:]:
             run.log_metrics({f"{form['form']}.{key}": form[key] for key in FORM_METRICS})
         run.set_tags({"status": record["status"], "converged": record["converged"]})
+        run.log_cell_metrics(headline_metrics(record))
         run.log_artifact(output)
     return record
 
@@ -220,6 +221,19 @@ def evaluate_block_job(
     write_manifest(manifest, "evaluate", block,
                    [{"status": r["status"], "converged": r["converged"]} for r in records])  # fmt: skip
     return records
+
+
+def headline_metrics(record: dict[str, Any]) -> dict[str, float | None]:
+    """A cell's headline numbers for its MLflow parent run (comparable across methods)."""
+    diverged = record["status"] == "diverged"
+    return {
+        "final_test_acc": record["test_acc"],
+        "best_test_acc": record["best_test_acc"],
+        "convergence_step": record["convergence_step"],
+        "converged": float(record["converged"]),
+        "steps_to_divergence": record["diverged_step"] if diverged else None,
+        "bytes_on_disk": record["bytes_on_disk"],
+    }
 
 
 def summary_job(
@@ -272,9 +286,11 @@ def collect_metrics_job(
     output: str | Path,
     config: dict,
     *,
+    convention: str = "paper",
     threads: int = 1,
 ) -> pd.DataFrame:
-    """Rule ``collect_metrics``: the 14 weight metrics of every checkpoint of one run."""
+    """Rule ``collect_metrics``: the 14 weight metrics of every checkpoint of one run, in the
+    ``analysis.metrics`` convention (``paper`` or ``extended``; trainmap.dynamics.metrics)."""
     from trainmap.dynamics.metrics import collect_run_metrics
     from trainmap.models import build_model
 
@@ -282,9 +298,10 @@ def collect_metrics_job(
     torch.set_num_threads(threads)
     saved = load_torch(model_path)
     structure = build_model(saved["arch"], saved["meta"], **saved["model_options"])
-    with rule_run(config, "collect_metrics", cell=cell) as run:
+    with rule_run(config, "collect_metrics", cell=cell,
+                  params={"metrics": convention}) as run:  # fmt: skip
         table = collect_run_metrics(load_trajectory(trajectory_path), structure,
-                                    pd.read_csv(history_path))  # fmt: skip
+                                    pd.read_csv(history_path), convention)  # fmt: skip
         write_atomic(output, lambda tmp: table.to_csv(tmp, index=False))
         run.log_metrics({"checkpoints": len(table),
                          "skipped_matrices": int(table["skipped_matrices"].sum())})  # fmt: skip
@@ -294,16 +311,18 @@ def collect_metrics_job(
 
 def collect_metrics_block_job(
     block: Block | dict, run_manifest: str | Path, manifest: str | Path, config: dict,
-    *, threads: int = 1,
+    *, convention: str = "paper", threads: int = 1,
 ) -> None:  # fmt: skip
-    """Rule ``collect_metrics`` for a block: the metric table of every cell's trajectory."""
+    """Rule ``collect_metrics`` for a block: the metric table of every cell's trajectory, in the
+    ``analysis.metrics`` convention."""
     block = Block.of(block)
 
     def collect(cell: Cell) -> dict[str, Any]:
         table = collect_metrics_job(
             cell, cell_file(run_manifest, cell, "trajectory.pt"),
             cell_file(run_manifest, cell, "model.pt"), cell_file(run_manifest, cell, "history.csv"),
-            seed_dir(manifest, cell) / "metrics.csv", config, threads=threads,
+            seed_dir(manifest, cell) / "metrics.csv", config, convention=convention,
+            threads=threads,
         )  # fmt: skip
         return {"checkpoints": len(table)}
 
@@ -346,9 +365,10 @@ def _log_figures(run: Any, captions: dict[str, str], out_dir: Path) -> None:
 
 def fit_hmm_job(
     group: str, cells: list[dict], metrics_paths: list[str], evaluation_paths: list[str],
-    settings: dict, out_dir: str | Path, config: dict,
+    settings: dict, out_dir: str | Path, config: dict, *, threads: int = 1,
 ) -> None:  # fmt: skip
-    """Rule ``fit_hmm``: the training-map HMM of one group (task/arch/method) of runs."""
+    """Rule ``fit_hmm``: the training-map HMM of one group (task/arch/method) of runs, its
+    baselines and its bootstrap over runs (``threads`` parallel processes)."""
     from trainmap.dynamics.pipeline import fit_group
 
     out_dir = Path(out_dir)
@@ -356,34 +376,67 @@ def fit_hmm_job(
     task = Cell.of(cells[0]).task
     with rule_run(config, "fit_hmm", task=task, params={"analysis": settings, "group": group},
                   config_hash=settings_hash([settings, group])) as run:  # fmt: skip
-        captions = fit_group(runs, outcomes, settings, out_dir, title=group)
+        captions = fit_group(runs, outcomes, settings, out_dir, title=group, n_jobs=threads)
         meta = load_json(out_dir / "hmm.json")
-        run.set_tags({"group": group, "n_states": meta["n_states"]})
-        run.log_metrics({"n_states": meta["n_states"], "runs": len(runs)})
+        bootstrap = load_json(out_dir / "bootstrap.json")
+        if meta["selection_at_ceiling"]:
+            print(f"warning: {group}: {meta['selection_note']}")
+        run.set_tags({"group": group, "n_states": meta["n_states"],
+                      "selection_at_ceiling": meta["selection_at_ceiling"]})  # fmt: skip
+        run.log_metrics({"n_states": meta["n_states"], "runs": len(runs),
+                         "bootstrap_k_same": bootstrap["k_same"]})  # fmt: skip
         _log_figures(run, captions, out_dir)
-        for name in ("selection.csv", "baselines.csv", "hmm.json"):
+        for name in ("selection.csv", "baselines.csv", "hmm.json", "bootstrap.json"):
             run.log_artifact(out_dir / name)
 
 
 def regress_detours_job(
-    group: str, cells: list[dict], evaluation_paths: list[str], out_dir: str | Path, config: dict
-) -> None:
+    group: str, cells: list[dict], evaluation_paths: list[str], out_dir: str | Path, config: dict,
+    settings: dict | None = None,
+) -> None:  # fmt: skip
     """Rule ``regress_detours``: detour states and trajectory dissimilarity of one group (from the
-    fitted HMM's states and the runs' convergence steps; the metric tables are not needed)."""
+    fitted HMM's states and the runs' convergence steps; the metric tables are not needed). Each
+    cell's parent MLflow run gets its state occupancy and detour visits."""
     from trainmap.dynamics.pipeline import regress_group
 
     out_dir = Path(out_dir)
     outcomes = _group_outcomes(evaluation_paths, _seed_labels(cells))
     with rule_run(config, "regress_detours", task=Cell.of(cells[0]).task, params={"group": group},
-                  config_hash=settings_hash(group)) as run:  # fmt: skip
-        captions = regress_group(outcomes, out_dir, out_dir, title=group)
+                  config_hash=settings_hash([settings, group])) as run:  # fmt: skip
+        captions = regress_group(outcomes, out_dir, out_dir, title=group, settings=settings)
         detours = load_json(out_dir / "detours.json")
-        run.set_tags({"group": group, "detour_states": detours["detour_states"]})
-        run.log_metrics({key: detours[key] for key in ("r2", "f_pvalue", "dissimilarity")
-                         if detours[key] is not None})  # fmt: skip
+        run.set_tags({"group": group, "detour_states": detours["detour_states"],
+                      "regression": "fitted" if detours["fitted"] else detours["not_fitted"]})  # fmt: skip
+        run.log_metrics({key: detours[key] for key in ("r2", "r2_adjusted", "f_pvalue",
+                         "dissimilarity") if detours[key] is not None})  # fmt: skip
         _log_figures(run, captions, out_dir)
         run.log_artifact(out_dir / "detours.json")
         run.log_artifact(out_dir / "coefficients.csv")
+    from trainmap.dynamics.pipeline import read_states
+
+    states = read_states(out_dir / "states.csv")
+    _log_occupancy(config, cells, _seed_labels(cells), states, detours["n_states"],
+                   detours["detour_states"], prefix="map")  # fmt: skip
+
+
+def _log_occupancy(
+    config: dict, cells: list[dict], labels: list[str], states: dict, n_states: int,
+    detour_states: list[int], prefix: str,
+) -> None:  # fmt: skip
+    """Each cell's state occupancy and detour visits, on its MLflow parent run."""
+    import numpy as np
+
+    from trainmap.tracking import log_cell_metrics
+
+    for cell, label in zip(cells, labels, strict=True):
+        sequence = states[label]
+        occupancy = np.bincount(sequence, minlength=n_states) / len(sequence)
+        in_detours = np.isin(sequence, detour_states)
+        metrics = {f"{prefix}.occupancy.state{k}": occupancy[k] for k in range(n_states)}
+        metrics |= {f"{prefix}.detour_share": float(in_detours.mean()),
+                    f"{prefix}.detour_visited": float(in_detours.any()),
+                    f"{prefix}.n_states": float(n_states)}  # fmt: skip
+        log_cell_metrics(config, Cell.of(cell), metrics)
 
 
 def training_map_job(
@@ -407,9 +460,11 @@ def training_map_job(
 
 def joint_comparison_job(
     name: str, cells: list[dict], labels: list[str], metrics_paths: list[str],
-    evaluation_paths: list[str], settings: dict, out_dir: str | Path, config: dict,
+    evaluation_paths: list[str], settings: dict, out_dir: str | Path, config: dict, *,
+    threads: int = 1,
 ) -> None:  # fmt: skip
-    """Rule ``joint_comparison``: one shared map for the runs of several methods/archs."""
+    """Rule ``joint_comparison``: one shared map for the runs of several methods/archs, and the
+    verdict table; each cell's parent MLflow run gets its occupancy of the shared states."""
     from trainmap.dynamics.pipeline import joint_group
 
     out_dir = Path(out_dir)
@@ -420,14 +475,19 @@ def joint_comparison_job(
     with rule_run(config, "joint_comparison", task=Cell.of(cells[0]).task,
                   params={"analysis": settings, "joint": name},
                   config_hash=settings_hash([settings, name, run_ids])) as run:  # fmt: skip
-        captions = joint_group(runs, groups, outcomes, settings, out_dir, title=name)
+        captions = joint_group(runs, groups, outcomes, settings, out_dir, title=name,
+                               n_jobs=threads)  # fmt: skip
         summary = load_json(out_dir / "joint.json")
         run.set_tags({"joint": name, "detour_states": summary["detour_states"]})
         for group, entry in summary["groups"].items():
             run.log_metrics({f"{group}.detour_visit_rate": entry["detour_visit_rate"]})
         _log_figures(run, captions, out_dir)
-        run.log_artifact(out_dir / "joint.json")
-        run.log_artifact(out_dir / "regression.csv")
+        for artifact in ("joint.json", "regression.csv", "verdicts.csv", "verdicts.md"):
+            run.log_artifact(out_dir / artifact)
+    from trainmap.dynamics.pipeline import read_states
+
+    _log_occupancy(config, cells, run_ids, read_states(out_dir / "states.csv"),
+                   summary["n_states"], summary["detour_states"], prefix=f"joint.{name}")  # fmt: skip
 
 
 # --- method stages -----------------------------------------------------------------------------

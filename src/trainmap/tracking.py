@@ -9,6 +9,11 @@
   config hash, and parents it (tag ``mlflow.parentRunId``) under the cell's run so the UI nests a
   cell's rules. Metrics are buffered and sent in batches; a failing job marks its run FAILED and
   re-raises, so Snakemake does not mark its outputs complete and a rerun logs it again.
+* The cell's parent run carries the cell's headline metrics (:meth:`RuleRun.log_cell_metrics`,
+  :func:`log_cell_metrics`): ``evaluate`` logs final and best test accuracy, convergence step,
+  steps to divergence and bytes on disk; the training-map rules log the cell's state occupancy
+  and detour visits. Parent runs are tagged with task, arch, method and seed, so the MLflow UI's
+  "group by method" over the cell runs compares methods.
 """
 
 from __future__ import annotations
@@ -129,10 +134,17 @@ def flatten_params(params: Mapping, prefix: str = "") -> dict[str, str]:
 class RuleRun:
     """The MLflow run of one rule invocation: params, buffered step metrics, tags, artifacts."""
 
-    def __init__(self, client: MlflowClient, run_id: str) -> None:
+    def __init__(self, client: MlflowClient, run_id: str, parent_run_id: str | None = None) -> None:
         self.client = client
         self.run_id = run_id
+        self.parent_run_id = parent_run_id
         self._pending: list[Any] = []
+
+    def log_cell_metrics(self, metrics: Mapping[str, float | None]) -> None:
+        """Log headline metrics on the cell's parent run (a cell rule's run only)."""
+        if self.parent_run_id is None:
+            raise ValueError("log_cell_metrics needs a cell rule's run (it has no parent cell run)")
+        _log_now(self.client, self.parent_run_id, metrics)
 
     def log_params(self, params: Mapping) -> None:
         """Log (nested) parameters, flattened to dotted keys."""
@@ -193,7 +205,8 @@ def rule_run(
     if cell is not None:
         tags["mlflow.parentRunId"] = _cell_parent_run(client, experiment_id, cell, tags)
     name = f"{rule} {cell.id if cell else task or 'all'}"
-    run = RuleRun(client, client.create_run(experiment_id, run_name=name, tags=tags).info.run_id)
+    run = RuleRun(client, client.create_run(experiment_id, run_name=name, tags=tags).info.run_id,
+                  tags.get("mlflow.parentRunId"))  # fmt: skip
     try:
         if params:
             run.log_params(params)
@@ -243,6 +256,28 @@ def _cell_parent_run(
     parent = client.create_run(experiment_id, run_name=cell.id, tags=parent_tags)
     client.set_terminated(parent.info.run_id, "FINISHED")
     return parent.info.run_id
+
+
+def log_cell_metrics(config: Mapping, cell: Cell, metrics: Mapping[str, float | None]) -> None:
+    """Log ``metrics`` on ``cell``'s parent run (at its current config hash), from a rule that
+    spans many cells (a training map's group or joint comparison)."""
+    from mlflow import MlflowClient
+
+    uri = tracking_uri(config)
+    client = MlflowClient(tracking_uri=uri)
+    experiment_id = init_tracking(uri, experiment_name(config))
+    tags = _run_tags("cell", cell, None, cell_hash(config, cell))
+    _log_now(client, _cell_parent_run(client, experiment_id, cell, tags), metrics)
+
+
+def _log_now(client: MlflowClient, run_id: str, metrics: Mapping[str, float | None]) -> None:
+    from mlflow.entities import Metric
+
+    timestamp = int(time.time() * 1000)
+    batch = [Metric(key, float(value), timestamp, 0) for key, value in metrics.items()
+             if value is not None]  # fmt: skip
+    for start in range(0, len(batch), METRICS_PER_BATCH):
+        client.log_batch(run_id, metrics=batch[start : start + METRICS_PER_BATCH])
 
 
 def _end_failed(client: MlflowClient, run: RuleRun) -> None:

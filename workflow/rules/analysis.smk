@@ -19,6 +19,8 @@ rule collect_metrics:
         runtime=minutes_of_block,
     params:
         block=metric_block,
+        # paper (the authors' conventions) or extended: trainmap.dynamics.metrics
+        convention=grid.analysis_settings(config).get("metrics", "paper"),
     script:
         "../scripts/collect_metrics.py"
 
@@ -48,11 +50,20 @@ rule fit_hmm:
             subcategory=GROUP,
             labels={"group": GROUP, "figure": "state sequences"},
         ),
+        bootstrap=f"results/hmm/{GROUP}/bootstrap.json",
+        bootstrap_plot=report(
+            f"results/hmm/{GROUP}/bootstrap.png",
+            caption="../report/bootstrap.rst",
+            category="Certainty",
+            subcategory=GROUP,
+            labels={"group": GROUP, "figure": "bootstrap over runs"},
+        ),
     log:
         f"logs/fit_hmm/{GROUP}.log",
     conda:
         "../envs/trainmap.yaml"
-    threads: 1
+    # (K, restart) fits and bootstrap resamples run in parallel processes
+    threads: 2
     resources:
         mem_mb=4000,
         runtime=60,
@@ -137,6 +148,7 @@ rule regress_detours:
         mem_mb=2000,
         runtime=10,
     params:
+        settings=grid.analysis_settings(config),
         group=GROUP,
         cells=cells_of_group,
         evaluations=evaluation_files_of_group,
@@ -150,6 +162,22 @@ rule joint_comparison:
         evaluations=evaluations_of_joint,
     output:
         summary="results/joint/{name}/joint.json",
+        verdicts=report(
+            "results/joint/{name}/verdicts.csv",
+            caption="../report/verdicts.rst",
+            category="Certainty",
+            subcategory="{name}",
+            labels={"comparison": "{name}", "table": "verdicts per method pair"},
+        ),
+        verdicts_markdown="results/joint/{name}/verdicts.md",
+        verdicts_plot=report(
+            "results/joint/{name}/verdicts.png",
+            caption="../report/verdicts_plot.rst",
+            category="Certainty",
+            subcategory="{name}",
+            labels={"comparison": "{name}", "figure": "verdicts per method pair"},
+        ),
+        bootstrap="results/joint/{name}/bootstrap.json",
         occupancy=report(
             "results/joint/{name}/occupancy.png",
             caption="../report/joint_occupancy.rst",
@@ -185,7 +213,7 @@ rule joint_comparison:
         "logs/joint_comparison/{name}.log",
     conda:
         "../envs/trainmap.yaml"
-    threads: 1
+    threads: 2
     resources:
         mem_mb=4000,
         runtime=60,

@@ -9,5 +9,6 @@ run_job(
     run_manifest=snakemake.input.run,
     manifest=snakemake.output.manifest,
     config=snakemake.config,
+    convention=snakemake.params.convention,
     threads=snakemake.threads,
 )

@@ -14,4 +14,5 @@ run_job(
     settings=snakemake.params.settings,
     out_dir=str(Path(snakemake.output[0]).parent),
     config=snakemake.config,
+    threads=snakemake.threads,
 )

@@ -12,4 +12,5 @@ run_job(
     evaluation_paths=list(snakemake.params.evaluations),
     out_dir=str(Path(snakemake.output[0]).parent),
     config=snakemake.config,
+    settings=snakemake.params.settings,
 )

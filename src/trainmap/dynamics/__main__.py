@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from trainmap.dynamics.hmm import COVARIANCE_TYPES, STANDARDISATIONS
 from trainmap.dynamics.metrics import METRIC_NAMES
 from trainmap.dynamics.pipeline import (
     Outcomes,
@@ -48,7 +49,32 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0, help="random state (default 0)")
     parser.add_argument("--features", nargs="+", default=list(METRIC_NAMES),
                         help="metric columns to model (default: the 14 metrics)")  # fmt: skip
-    parser.add_argument("--jobs", type=int, default=1, help="parallel processes over K")
+    parser.add_argument(
+        "--covariance-type",
+        choices=COVARIANCE_TYPES,
+        default="full",
+        help="HMM covariances (default full: the metrics are correlated)",
+    )
+    parser.add_argument(
+        "--standardisation",
+        choices=STANDARDISATIONS,
+        default="pooled",
+        help="z-scores pooled over all runs (default) or per run (the paper)",
+    )
+    parser.add_argument(
+        "--bootstrap",
+        type=int,
+        default=200,
+        help="bootstrap resamples of the runs (default 200; 0: none)",
+    )
+    parser.add_argument(
+        "--alpha",
+        type=float,
+        default=0.05,
+        help="significance level of detours and verdicts (default 0.05)",
+    )
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="parallel processes for the fits and the bootstrap")  # fmt: skip
     return parser.parse_args(argv)
 
 
@@ -93,25 +119,31 @@ def main(argv: list[str] | None = None) -> int:
     convergence = convergence_from_tables(runs, args.threshold)
     outcomes = Outcomes(convergence, {run: "completed" for run in runs})
     settings = {"k_max": args.k_max, "restarts": args.restarts, "holdout": args.holdout,
-                "seed": args.seed, "features": args.features, "n_jobs": args.jobs}  # fmt: skip
+                "seed": args.seed, "features": args.features, "bootstrap": args.bootstrap,
+                "alpha": args.alpha, "covariance_type": args.covariance_type,
+                "standardisation": args.standardisation}  # fmt: skip
     args.out.mkdir(parents=True, exist_ok=True)
     print(f"{len(runs)} runs; fitting K = 1..{args.k_max} with {args.restarts} restarts each")
-    fit_group(runs, outcomes, settings, args.out)
-    regress_group(outcomes, args.out, args.out)
+    fit_group(runs, outcomes, settings, args.out, n_jobs=args.jobs)
+    regress_group(outcomes, args.out, args.out, settings=settings)
     import json
 
     detours = json.loads((args.out / "detours.json").read_text())
     map_group(runs, outcomes, args.out, args.out, detour_states=detours["detour_states"])
-    print(f"K = {detours['n_states']}, R^2 = {detours['r2']:.3f}, F-test p = "
-          f"{detours['f_pvalue']:.3g}, detour states = {detours['detour_states']}, "
-          f"dissimilarity = {detours['dissimilarity']:.3f}")  # fmt: skip
+    regression = (f"R^2 = {detours['r2']:.3f} (adjusted {detours['r2_adjusted']:.3f}), F-test p = "
+                  f"{detours['f_pvalue']:.3g}" if detours["fitted"]
+                  else f"no regression: {detours['not_fitted']}")  # fmt: skip
+    ceiling = " (BIC still falling at K_max: a ceiling)" if detours["selection_at_ceiling"] else ""
+    print(f"K = {detours['n_states']}{ceiling}, {regression}, detour states = "
+          f"{detours['detour_states']}, dissimilarity = {detours['dissimilarity']:.3f}")  # fmt: skip
     if args.groups:
         table = pd.read_csv(args.groups, dtype={"run": str, "group": str})
         groups = dict(zip(table["run"], table["group"], strict=True))
         unknown = sorted(set(runs) - set(groups))
         if unknown:
             raise SystemExit(f"error: --groups has no group for runs {unknown[:5]}")
-        joint_group(runs, groups, outcomes, settings, args.out / "joint")
+        joint_group(runs, groups, outcomes, settings, args.out / "joint", n_jobs=args.jobs)
+        print((args.out / "joint" / "verdicts.md").read_text())
         print(f"joint comparison written to {args.out / 'joint'}")
     print(f"outputs in {args.out}")
     return 0

@@ -1,23 +1,41 @@
 """A Gaussian HMM over per-checkpoint metrics of many runs (Hu et al., sec. 2.1, appendix C).
 
-:class:`TrainingHMM` follows the paper's recipe, made reproducible:
+:class:`TrainingHMM` follows the paper's recipe, made reproducible, with the choices that decide K
+exposed as settings (defaults chosen by the known-answer tests in tests/test_dynamics_selection.py
+and bench/hmm_select.py):
 
-1. Standardise each feature per run with the mean and standard deviation of its first (up to) 1000
-   checkpoints (sec. 2.1: z~_t = (f(w_t) - mu) / sigma). A feature that is constant (or not finite)
-   in some run cannot be standardised there; it is dropped from the whole fit with a warning.
+1. Standardise every feature (sec. 2.1: z~_t = (f(w_t) - mu) / sigma, mu and sigma from the first
+   (up to) 1000 checkpoints). ``standardisation="pooled"`` (default) takes one mu and sigma over
+   all runs' first 1000 checkpoints; ``"per_run"`` takes each run's own, as the paper and the
+   authors' code do (``zscore`` per run). Per-run z-scores give one state different coordinates
+   in runs that spend different times in it (a run that stays long in its first state has its mean
+   there), so the HMM needs extra states to cover the copies: on the known-answer data (3 true
+   states) per-run z-scoring selects too many or too few states where pooled recovers K.
+   A feature that is constant (or not finite) cannot be standardised; it is dropped with a warning.
 2. Hold out 20 % of the runs, chosen by a seeded permutation of the sorted run ids (the authors'
    split depended on file order).
-3. For K = 1..K_max fit hmmlearn's ``GaussianHMM`` (Baum-Welch) with R restarts, each seeded from
-   ``random_state``, K and the restart index (the authors' restarts were unseeded); keep the restart
-   with the best training log-likelihood, score it on the held-out runs and choose the K with the
-   lowest held-out BIC (hmmlearn's ``bic``: -2 log L + p log n, p its free-parameter count for the
-   covariance type). The selection curve (train and held-out log-likelihood, BIC, AIC per K) is kept.
-   The search over K runs in parallel with ``n_jobs`` and gives the same numbers as serially.
+3. For K = 1..K_max fit R restarts of a Gaussian HMM (hmmlearn's Baum-Welch; E-step vectorised
+   over runs by :class:`~trainmap.dynamics.batched_hmm.BatchedGaussianHMM`), each seeded from
+   ``random_state``, K and the restart index (the authors' restarts were unseeded). EM stops when
+   the training log-likelihood per observation improves by less than ``tol`` or after ``n_iter``
+   iterations. The restart with the best *training* log-likelihood is K's model; its BIC on the
+   held-out runs (hmmlearn's ``bic``: -2 log L + p log n) is K's score (``restart_rule="best"``).
+   The authors averaged the held-out BIC over their restarts (``restart_rule="mean"``): one
+   restart stuck in a poor local optimum then raises K's score, and with full covariances (where
+   EM has more local optima) that hides the true K. Covariances are ``"full"`` by default: the
+   metrics move together (l1, l2 and the spectral norm share the weights' scale), and a diagonal
+   model covers each tilted cluster with several axis-aligned states, so its BIC keeps falling to
+   K_max (the authors' script offers diag, its command-line default, and full; the models behind
+   the paper's K are saved under names containing ``-full-``). K minimises the held-out BIC; when
+   that is K_max the BIC was still falling, which the fit reports (``at_ceiling_``, a warning, the
+   JSON and the selection figure). All (K, restart) fits run in parallel with ``n_jobs`` and give
+   the same numbers as serially (BLAS single-threaded inside each fit).
 4. Decode runs with Viterbi; filtered posteriors p(s_t | z_1:t) come from the forward algorithm
    (:meth:`TrainingHMM.filtered_posteriors`), as appendix A's feature importance needs.
 
-Covariances are diagonal by default (the authors' default; ``covariance_type="full"`` is available).
-The fitted model saves as plain arrays (``.npz``) plus JSON, never as a pickle.
+The fitted model saves as plain arrays (``.npz``) plus JSON, never as a pickle; the best model of
+every K stays in memory (``models_``) for the bootstrap's warm starts
+(:mod:`trainmap.dynamics.certainty`).
 
 Appendix C baselines: :func:`kmeans_selection` (k-means, no temporal structure, with the BIC of the
 equivalent hard-assignment spherical Gaussian mixture) and HMM-1 (the same HMM selection on the L2
@@ -46,6 +64,16 @@ from trainmap.io import save_json, write_atomic
 STANDARDISE_WINDOW = 1000
 #: A feature whose standard deviation is below this is constant up to float32 rounding.
 NUMERICALLY_CONSTANT = 1e-7
+COVARIANCE_TYPES = ("full", "diag")
+STANDARDISATIONS = ("pooled", "per_run")
+RESTART_RULES = ("best", "mean")
+INITIALISATIONS = ("sticky", "hmmlearn")
+
+
+def check_choice(key: str, value: Any, allowed: Sequence[str]) -> None:
+    """Raise ValueError naming ``key``, the bad ``value`` and the allowed values."""
+    if value not in allowed:
+        raise ValueError(f"{key}: {value!r} is not allowed; choose one of {', '.join(allowed)}")
 
 
 def standardise(values: np.ndarray, window: int = STANDARDISE_WINDOW) -> tuple[np.ndarray, ...]:
@@ -55,12 +83,23 @@ def standardise(values: np.ndarray, window: int = STANDARDISE_WINDOW) -> tuple[n
     return (values - mean) / std, mean, std
 
 
+def pooled_statistics(
+    tables: Sequence[np.ndarray], window: int = STANDARDISE_WINDOW
+) -> tuple[np.ndarray, np.ndarray]:
+    """Mean and standard deviation of every run's first ``window`` rows, pooled."""
+    head = np.concatenate([values[:window] for values in tables])
+    return head.mean(axis=0), head.std(axis=0)
+
+
 def restart_seed(random_state: int, n_states: int, restart: int) -> int:
     """The seed of one restart: a function of the estimator's seed, K and the restart index."""
     return int(np.random.SeedSequence([random_state, n_states, restart]).generate_state(1)[0])
 
 
-def _holdout_split(run_ids: Sequence[str], holdout: float, random_state: int) -> tuple[list, list]:
+def holdout_split(
+    run_ids: Sequence[str], holdout: float, random_state: int
+) -> tuple[list[str], list[str]]:
+    """``(train, heldout)``: a seeded split of the sorted run ids (independent of input order)."""
     ordered = sorted(run_ids)
     if len(ordered) < 2:
         raise ValueError(
@@ -72,68 +111,191 @@ def _holdout_split(run_ids: Sequence[str], holdout: float, random_state: int) ->
     return [run for run in ordered if run not in heldout], heldout
 
 
-def _stack(sequences: Sequence[np.ndarray]) -> tuple[np.ndarray, list[int]]:
+def stack(sequences: Sequence[np.ndarray]) -> tuple[np.ndarray, list[int]]:
+    """Concatenated observations and their lengths (hmmlearn's ``X, lengths``)."""
     return np.concatenate(sequences), [len(sequence) for sequence in sequences]
 
 
-def _fit_one_k(
-    n_states: int,
-    train: tuple[np.ndarray, list[int]],
-    heldout: tuple[np.ndarray, list[int]],
-    settings: dict[str, Any],
-) -> dict[str, Any]:
-    """The best of R seeded restarts at K = ``n_states``, scored on the held-out runs.
+def make_model(n_states: int, settings: Mapping[str, Any], n_observations: int, **kw: Any) -> Any:
+    """An unfitted :class:`BatchedGaussianHMM` with the estimator's EM settings."""
+    from trainmap.dynamics.batched_hmm import BatchedGaussianHMM
 
-    BLAS runs single-threaded here, so the sums come out bit-identical whether K values are fitted
-    one after another or in parallel processes.
-    """
-    from hmmlearn.hmm import GaussianHMM
-    from threadpoolctl import threadpool_limits
+    return BatchedGaussianHMM(
+        n_components=n_states,
+        covariance_type=settings["covariance_type"],
+        n_iter=settings["n_iter"],
+        # hmmlearn's tol is on the total log-likelihood; ours is per observation.
+        tol=settings["tol"] * n_observations,
+        min_covar=settings["min_covar"],
+        **kw,
+    )
 
-    # hmmlearn logs every EM step that lowers the likelihood by rounding; the fits are judged by
+
+def fit_quietly(model: Any, train: tuple[np.ndarray, list[int]]) -> float | None:
+    """Fit ``model``; its training log-likelihood, or None if EM broke down."""
+    # hmmlearn logs every EM step that lowers the likelihood by rounding; fits are judged by
     # their final likelihood instead.
     logging.getLogger("hmmlearn").setLevel(logging.ERROR)
-    with threadpool_limits(limits=1):
-        return _best_restart(GaussianHMM, n_states, train, heldout, settings)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # hmmlearn's convergence and degenerate-fit chatter
+        try:
+            model.fit(*train)
+            train_ll = model.score(*train)
+        except ValueError:  # EM left a state without mass (NaN parameters)
+            return None
+    return float(train_ll) if np.isfinite(train_ll) else None
 
 
-def _best_restart(
-    model_class: Any,
+def n_free_parameters(model: Any) -> int:
+    """The free parameters hmmlearn's ``bic`` counts for ``model`` (start, transitions, means,
+    covariances of its covariance type)."""
+    per_parameter = model._get_n_fit_scalars_per_param()
+    return int(sum(per_parameter[name] for name in model.params))
+
+
+def information_criteria(log_likelihood: float, n_parameters: int, n_observations: int) -> dict:
+    """BIC = -2 log L + p log n and AIC = -2 log L + 2 p (hmmlearn's definitions)."""
+    return {
+        "heldout_log_likelihood": float(log_likelihood),
+        "bic": float(-2 * log_likelihood + n_parameters * math.log(n_observations)),
+        "aic": float(-2 * log_likelihood + 2 * n_parameters),
+    }
+
+
+def score_heldout(
+    model: Any, heldout: tuple[np.ndarray, list[int]], weights: Any = None
+) -> dict[str, float]:
+    """Held-out log-likelihood, BIC and AIC of a fitted model (one forward pass; ``weights``
+    counts each held-out run that many times, as a bootstrap draw does). Callers limit BLAS to one
+    thread around it (:func:`_fit_restart`, the bootstrap's chunks)."""
+    if weights is None:
+        log_likelihood, n_observations = model.score(*heldout), len(heldout[0])
+    else:
+        log_likelihood = model.score_weighted(*heldout, weights)
+        n_observations = int(np.asarray(weights) @ np.asarray(heldout[1]))
+    return information_criteria(log_likelihood, n_free_parameters(model), n_observations)
+
+
+def initialise(model: Any, train: tuple[np.ndarray, list[int]], seed: int) -> Any:
+    """Start EM from k-means means (one seeded k-means run per restart), the pooled covariance,
+    uniform start probabilities and a *sticky* transition matrix.
+
+    hmmlearn's default draws the transition matrix from Dirichlet(1/K), which is nearly one-hot:
+    a run then "must" jump every step, and EM often stays in that basin. Training runs stay in a
+    state for many checkpoints, so each state starts with self-transition 1 - K / T (T: the mean
+    run length, i.e. K states visited per run) and the rest spread evenly. hmmlearn's k-means takes
+    the best of 10 inits by inertia, which makes every restart start from nearly the same means; one
+    k-means run per restart, seeded by the restart, makes the restarts differ.
+    """
+    from sklearn.cluster import KMeans
+
+    x, lengths = train
+    n_states = model.n_components
+    model.means_ = KMeans(n_clusters=n_states, n_init=1, random_state=seed).fit(x).cluster_centers_
+    model.startprob_ = np.full(n_states, 1.0 / n_states)
+    if n_states == 1:
+        model.transmat_ = np.ones((1, 1))
+    else:
+        stay = max(0.5, 1.0 - n_states / float(np.mean(lengths)))
+        model.transmat_ = np.full((n_states, n_states), (1.0 - stay) / (n_states - 1))
+        np.fill_diagonal(model.transmat_, stay)
+    model.init_params = "c"  # hmmlearn sets the covariances from the data; the rest is set here
+    return model
+
+
+def _fit_restart(
     n_states: int,
+    restart: int,
     train: tuple[np.ndarray, list[int]],
     heldout: tuple[np.ndarray, list[int]],
     settings: dict[str, Any],
 ) -> dict[str, Any]:
-    best, best_ll = None, -math.inf
-    for restart in range(settings["restarts"]):
-        model = model_class(
-            n_components=n_states,
-            covariance_type=settings["covariance_type"],
-            n_iter=settings["n_iter"],
-            tol=settings["tol"],
-            min_covar=settings["min_covar"],
-            random_state=restart_seed(settings["random_state"], n_states, restart),
-        )
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # hmmlearn's per-restart convergence chatter
-                model.fit(*train)
-            train_ll = model.score(*train)
-        except ValueError:  # EM left a state without mass (NaN parameters): a failed restart
-            continue
-        if np.isfinite(train_ll) and train_ll > best_ll:
-            best, best_ll = model, train_ll
-    if best is None:  # every restart failed: this K cannot be selected
-        return {"n_states": n_states, "model": None, "train_log_likelihood": math.nan,
+    """One seeded restart at K = ``n_states``, scored on the held-out runs.
+
+    BLAS runs single-threaded: the matrices are small (threads only add synchronisation), and the
+    sums come out the same whether restarts run one after another or in parallel processes.
+    """
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(limits=1):
+        return _fit_restart_single_threaded(n_states, restart, train, heldout, settings)
+
+
+def _fit_restart_single_threaded(
+    n_states: int,
+    restart: int,
+    train: tuple[np.ndarray, list[int]],
+    heldout: tuple[np.ndarray, list[int]],
+    settings: dict[str, Any],
+) -> dict[str, Any]:
+    seed = restart_seed(settings["random_state"], n_states, restart)
+    if n_states > len(train[0]):  # more states than training observations: nothing to fit
+        return {"n_states": n_states, "restart": restart, "iterations": 0, "converged": False,
+                "model": None, "train_log_likelihood": math.nan,
                 "heldout_log_likelihood": math.nan, "bic": math.inf, "aic": math.inf}  # fmt: skip
-    return {
-        "n_states": n_states,
-        "model": best,
-        "train_log_likelihood": best_ll,
-        "heldout_log_likelihood": best.score(*heldout),
-        "bic": best.bic(*heldout),
-        "aic": best.aic(*heldout),
-    }
+    model = make_model(n_states, settings, len(train[0]), random_state=seed)
+    if settings["init"] == "sticky":
+        model = initialise(model, train, seed)
+    train_ll = fit_quietly(model, train)
+    row = {"n_states": n_states, "restart": restart, "iterations": int(model.monitor_.iter),
+           "converged": bool(model.monitor_.converged and model.monitor_.iter < model.n_iter)}  # fmt: skip
+    failed = {"model": None, "train_log_likelihood": math.nan,
+              "heldout_log_likelihood": math.nan, "bic": math.inf, "aic": math.inf}  # fmt: skip
+    if train_ll is None:
+        return row | failed
+    try:
+        scores = score_heldout(model, heldout)
+    except ValueError:  # EM left a state that is never entered (a transition row of zeros)
+        return row | failed
+    return row | {"model": model, "train_log_likelihood": train_ll} | scores
+
+
+def fit_restarts(
+    tasks: Sequence[tuple[int, int]],
+    train: tuple[np.ndarray, list[int]],
+    heldout: tuple[np.ndarray, list[int]],
+    settings: dict[str, Any],
+    n_jobs: int,
+) -> list[dict[str, Any]]:
+    """Every (K, restart) fit, serially or in parallel processes (the same numbers either way)."""
+    # Larger K take longest: start them first so the parallel workers finish together.
+    order = sorted(tasks, key=lambda task: (-task[0], task[1]))
+    if n_jobs == 1:
+        fits = [_fit_restart(k, r, train, heldout, settings) for k, r in order]
+    else:
+        from joblib import Parallel, delayed
+
+        fits = Parallel(n_jobs=n_jobs)(
+            delayed(_fit_restart)(k, r, train, heldout, settings) for k, r in order
+        )
+    return sorted(fits, key=lambda fit: (fit["n_states"], fit["restart"]))
+
+
+def selection_curve(fits: Sequence[dict[str, Any]], restart_rule: str) -> pd.DataFrame:
+    """One row per K: the best restart's scores, the BIC over restarts, and K's criterion ``bic``.
+
+    ``restart_rule="best"``: K's BIC is that of its best restart by training log-likelihood;
+    ``"mean"``: the mean held-out BIC over its restarts (the authors' script).
+    """
+    rows = []
+    for n_states in sorted({fit["n_states"] for fit in fits}):
+        group = [fit for fit in fits if fit["n_states"] == n_states]
+        usable = [fit for fit in group if fit["model"] is not None]
+        bics = np.array([fit["bic"] for fit in usable])
+        row = {"n_states": n_states, "train_log_likelihood": math.nan,
+               "heldout_log_likelihood": math.nan, "bic": math.inf, "aic": math.inf,
+               "bic_best_restart": math.inf, "bic_mean": float(bics.mean()) if len(bics) else math.inf,
+               "bic_sd": float(bics.std()) if len(bics) else math.nan,
+               "restarts_ok": len(usable), "restarts_converged": sum(f["converged"] for f in group),
+               "restart": -1}  # fmt: skip
+        if usable:
+            best = max(usable, key=lambda fit: fit["train_log_likelihood"])
+            row |= {key: best[key] for key in ("train_log_likelihood", "heldout_log_likelihood",
+                                               "aic", "restart")}  # fmt: skip
+            row["bic_best_restart"] = best["bic"]
+            row["bic"] = best["bic"] if restart_rule == "best" else row["bic_mean"]
+        rows.append(row)
+    return pd.DataFrame(rows)
 
 
 class TrainingHMM:
@@ -141,8 +303,9 @@ class TrainingHMM:
 
     ``fit(runs)`` takes a mapping run id -> metrics table (columns named by ``features``); after
     fitting: ``n_states_``, ``features_`` (used), ``dropped_features_``, ``train_runs_``,
-    ``heldout_runs_``, ``selection_`` (a DataFrame), ``standardisation_`` (per run mean and std) and
-    the hmmlearn model ``model_``.
+    ``heldout_runs_``, ``selection_`` (one row per K), ``restarts_`` (one row per fit),
+    ``at_ceiling_``, ``standardisation_``, the hmmlearn model ``model_`` and every K's best model
+    ``models_``.
     """
 
     def __init__(
@@ -150,22 +313,34 @@ class TrainingHMM:
         k_max: int = 8,
         restarts: int = 5,
         holdout: float = 0.2,
-        covariance_type: str = "diag",
-        n_iter: int = 200,
-        tol: float = 1e-2,
+        covariance_type: str = "full",
+        standardisation: str = "pooled",
+        restart_rule: str = "best",
+        init: str = "sticky",
+        n_iter: int = 500,
+        tol: float = 1e-3,
         min_covar: float = 1e-3,
         random_state: int = 0,
         n_jobs: int = 1,
         features: Sequence[str] = METRIC_NAMES,
     ) -> None:
-        if k_max < 1:
-            raise ValueError(f"k_max must be >= 1, got {k_max}")
-        if restarts < 1:
-            raise ValueError(f"restarts must be >= 1, got {restarts}")
+        if not isinstance(k_max, int) or k_max < 1:
+            raise ValueError(f"k_max: {k_max!r} is not allowed; it must be an integer >= 1")
+        if not isinstance(restarts, int) or restarts < 1:
+            raise ValueError(f"restarts: {restarts!r} is not allowed; it must be an integer >= 1")
         if not 0 < holdout < 1:
-            raise ValueError(f"holdout must be in (0, 1), got {holdout}")
+            raise ValueError(f"holdout: {holdout!r} is not allowed; it must be in (0, 1)")
+        if not isinstance(n_iter, int) or n_iter < 1:
+            raise ValueError(f"n_iter: {n_iter!r} is not allowed; it must be an integer >= 1")
+        if not tol > 0:
+            raise ValueError(f"tol: {tol!r} is not allowed; it must be > 0")
+        check_choice("covariance_type", covariance_type, COVARIANCE_TYPES)
+        check_choice("standardisation", standardisation, STANDARDISATIONS)
+        check_choice("restart_rule", restart_rule, RESTART_RULES)
+        check_choice("init", init, INITIALISATIONS)
         self.k_max, self.restarts, self.holdout = k_max, restarts, holdout
-        self.covariance_type, self.n_iter, self.tol = covariance_type, n_iter, tol
+        self.covariance_type, self.standardisation = covariance_type, standardisation
+        self.restart_rule, self.init, self.n_iter, self.tol = restart_rule, init, n_iter, tol
         self.min_covar, self.random_state, self.n_jobs = min_covar, random_state, n_jobs
         self.features = tuple(features)
 
@@ -174,36 +349,47 @@ class TrainingHMM:
     def fit(self, runs: Mapping[str, pd.DataFrame]) -> TrainingHMM:
         """Standardise, split, select K by held-out BIC and keep the chosen model."""
         self.features_, self.dropped_features_ = self._usable_features(runs)
-        self.train_runs_, self.heldout_runs_ = _holdout_split(
+        self.train_runs_, self.heldout_runs_ = holdout_split(
             list(runs), self.holdout, self.random_state
         )
-        self.standardisation_ = {}
-        standardised = {run: self._standardise_new(run, table) for run, table in runs.items()}
-        train = _stack([standardised[run] for run in self.train_runs_])
-        heldout = _stack([standardised[run] for run in self.heldout_runs_])
-        settings = self._settings()
-        candidates = range(1, self.k_max + 1)
-        if self.n_jobs == 1:
-            fits = [_fit_one_k(k, train, heldout, settings) for k in candidates]
-        else:
-            from joblib import Parallel, delayed
-
-            fits = Parallel(n_jobs=self.n_jobs)(
-                delayed(_fit_one_k)(k, train, heldout, settings) for k in candidates
-            )
-        self.selection_ = pd.DataFrame([{k: v for k, v in f.items() if k != "model"} for f in fits])
-        usable = [fit for fit in fits if fit["model"] is not None]
-        if not usable:
+        self._set_standardisation(runs)
+        standardised = {run: self.transform(table) for run, table in runs.items()}
+        train = stack([standardised[run] for run in self.train_runs_])
+        heldout = stack([standardised[run] for run in self.heldout_runs_])
+        tasks = [(k, r) for k in range(1, self.k_max + 1) for r in range(self.restarts)]
+        fits = fit_restarts(tasks, train, heldout, self.settings(), self.n_jobs)
+        self.restarts_ = pd.DataFrame([{k: v for k, v in f.items() if k != "model"} for f in fits])
+        self.selection_ = selection_curve(fits, self.restart_rule)
+        self.models_ = {}
+        for row in self.selection_.itertuples():
+            if row.restart >= 0:
+                self.models_[row.n_states] = next(
+                    f["model"] for f in fits
+                    if f["n_states"] == row.n_states and f["restart"] == row.restart
+                )  # fmt: skip
+        if not self.models_:
             raise ValueError("every HMM fit failed (EM lost all states); the runs may be too short "
                              "or the features degenerate")  # fmt: skip
-        chosen = min(usable, key=lambda fit: (fit["bic"], fit["n_states"]))
-        self.n_states_, self.model_ = chosen["n_states"], chosen["model"]
+        self.n_states_ = choose_k(self.selection_)
+        self.model_ = self.models_[self.n_states_]
+        self.at_ceiling_ = bool(self.k_max > 1 and self.n_states_ == self.k_max)
+        if self.at_ceiling_:
+            warnings.warn(self.ceiling_message(), stacklevel=2)
         return self
 
-    def _settings(self) -> dict[str, Any]:
+    def ceiling_message(self) -> str:
+        """What a selection that chose K_max means, and the fix."""
+        return (
+            f"held-out BIC is still falling at K_max = {self.k_max}: K = {self.k_max} is a "
+            "ceiling, not a minimum; raise analysis.k_max (and check covariance_type and "
+            "standardisation) before reading the map's states"
+        )
+
+    def settings(self) -> dict[str, Any]:
+        """The EM and selection settings every fit uses (plain values, picklable)."""
         return {
-            "restarts": self.restarts,
             "covariance_type": self.covariance_type,
+            "init": self.init,
             "n_iter": self.n_iter,
             "tol": self.tol,
             "min_covar": self.min_covar,
@@ -216,17 +402,14 @@ class TrainingHMM:
             raise ValueError(f"metric tables lack the feature columns {missing}")
         used, dropped = [], []
         for feature in self.features:
-            bad = [
-                run
-                for run, table in runs.items()
-                if not self._standardisable(table[feature].to_numpy(dtype=float))
-            ]
+            columns = {run: table[feature].to_numpy(dtype=float) for run, table in runs.items()}
+            bad = self._unstandardisable(columns)
             if bad:
                 dropped.append(feature)
                 warnings.warn(
-                    f"feature {feature!r} is constant or not finite in run(s) {bad[:3]}"
+                    f"feature {feature!r} is constant or not finite in {bad[:3]}"
                     f"{' ...' if len(bad) > 3 else ''}; dropped from the HMM (it cannot be "
-                    "standardised per run)",
+                    f"standardised {self.standardisation.replace('_', ' ')})",
                     stacklevel=3,
                 )
             else:
@@ -235,23 +418,45 @@ class TrainingHMM:
             raise ValueError(f"no usable feature: all of {list(self.features)} were dropped")
         return used, dropped
 
-    @staticmethod
-    def _standardisable(values: np.ndarray) -> bool:
-        """Finite, and varying by more than float32 rounding (metrics come from float32 weights:
-        e.g. the mean classifier bias under cross-entropy moves only by ~1e-9 of rounding)."""
-        head = values[:STANDARDISE_WINDOW]
-        return bool(np.isfinite(values).all() and head.std() > NUMERICALLY_CONSTANT)
+    def _unstandardisable(self, columns: Mapping[str, np.ndarray]) -> list[str]:
+        """Runs (or ``"all runs"``) where a feature is not finite or does not vary.
 
-    def _standardise_new(self, run: str, table: pd.DataFrame) -> np.ndarray:
-        z, mean, std = standardise(table[self.features_].to_numpy(dtype=float))
-        self.standardisation_[run] = {"mean": mean.tolist(), "std": std.tolist()}
-        return z
+        Variation must exceed float32 rounding (metrics come from float32 weights: e.g. the mean
+        classifier bias under cross-entropy moves only by ~1e-9 of rounding).
+        """
+        not_finite = [run for run, values in columns.items() if not np.isfinite(values).all()]
+        if not_finite:
+            return not_finite
+        if self.standardisation == "per_run":
+            return [run for run, values in columns.items()
+                    if values[:STANDARDISE_WINDOW].std() <= NUMERICALLY_CONSTANT]  # fmt: skip
+        _, std = pooled_statistics(list(columns.values()))
+        return [] if std > NUMERICALLY_CONSTANT else ["all runs"]
+
+    def _set_standardisation(self, runs: Mapping[str, pd.DataFrame]) -> None:
+        if self.standardisation == "pooled":
+            mean, std = pooled_statistics(
+                [table[self.features_].to_numpy(dtype=float) for table in runs.values()]
+            )
+            self.standardisation_ = {"kind": "pooled", "window": STANDARDISE_WINDOW,
+                                     "mean": mean.tolist(), "std": std.tolist()}  # fmt: skip
+            return
+        per_run = {}
+        for run, table in runs.items():
+            _, mean, std = standardise(table[self.features_].to_numpy(dtype=float))
+            per_run[run] = {"mean": mean.tolist(), "std": std.tolist()}
+        self.standardisation_ = {"kind": "per_run", "window": STANDARDISE_WINDOW, "runs": per_run}
 
     # --- using a fitted model ------------------------------------------------------------------
 
     def transform(self, table: pd.DataFrame) -> np.ndarray:
-        """A run's observations z~_1:T, standardised with that run's own first checkpoints."""
+        """A run's observations z~_1:T: standardised with the pooled statistics of the fitted runs,
+        or (``per_run``) with the run's own first checkpoints."""
         values = table[self.features_].to_numpy(dtype=float)
+        if self.standardisation_["kind"] == "pooled":
+            mean = np.asarray(self.standardisation_["mean"])
+            std = np.asarray(self.standardisation_["std"])
+            return (values - mean) / std
         z, _, std = standardise(values)
         if not (np.isfinite(z).all() and (std > 0).all()):
             bad = [f for f, s in zip(self.features_, std, strict=True) if not s > 0]
@@ -260,7 +465,10 @@ class TrainingHMM:
 
     def predict(self, table: pd.DataFrame) -> np.ndarray:
         """The Viterbi state sequence of one run."""
-        return self.model_.predict(self.transform(table))
+        from threadpoolctl import threadpool_limits
+
+        with threadpool_limits(limits=1):  # tiny matrices: BLAS threads only add overhead
+            return self.model_.predict(self.transform(table))
 
     def decode(self, runs: Mapping[str, pd.DataFrame]) -> dict[str, np.ndarray]:
         """Viterbi state sequences of many runs."""
@@ -271,7 +479,9 @@ class TrainingHMM:
         covars = self.model_.covars_  # full matrices for every covariance type
         return np.column_stack(
             [
-                multivariate_normal(self.model_.means_[k], covars[k]).logpdf(z)
+                # allow_singular: a tiny group (fewer checkpoints than features) fits a singular
+                # full covariance; scipy then uses the pseudo-determinant and pseudo-inverse.
+                multivariate_normal(self.model_.means_[k], covars[k], allow_singular=True).logpdf(z)
                 for k in range(self.n_states_)
             ]
         ).reshape(len(z), self.n_states_)
@@ -290,7 +500,7 @@ class TrainingHMM:
 
     def precisions(self) -> np.ndarray:
         """Sigma_k^-1 of every state, [K, d, d]."""
-        return np.linalg.inv(self.model_.covars_)
+        return np.linalg.pinv(self.model_.covars_, hermitian=True)  # = inv when not singular
 
     def feature_importance(self, z: np.ndarray, state: int, t: int) -> np.ndarray:
         """|d log p(s_t = k | z_1:t) / d z_t| (appendix A, the vector form):
@@ -320,6 +530,24 @@ class TrainingHMM:
 
     # --- persistence ---------------------------------------------------------------------------
 
+    def estimator_settings(self) -> dict[str, Any]:
+        """The constructor arguments (JSON-ready): ``TrainingHMM(**settings)`` is this estimator."""
+        return {
+            "k_max": self.k_max,
+            "restarts": self.restarts,
+            "holdout": self.holdout,
+            "covariance_type": self.covariance_type,
+            "standardisation": self.standardisation,
+            "restart_rule": self.restart_rule,
+            "init": self.init,
+            "n_iter": self.n_iter,
+            "tol": self.tol,
+            "min_covar": self.min_covar,
+            "random_state": self.random_state,
+            "n_jobs": self.n_jobs,
+            "features": list(self.features),
+        }
+
     def save(self, npz_path: str | os.PathLike, json_path: str | os.PathLike) -> None:
         """Parameters as arrays (npz) and everything else as JSON; no pickle."""
         arrays = {
@@ -330,36 +558,29 @@ class TrainingHMM:
         }
         write_atomic(npz_path, lambda tmp: _save_npz(tmp, arrays))
         meta = {
-            "estimator": {
-                "k_max": self.k_max,
-                "restarts": self.restarts,
-                "holdout": self.holdout,
-                "covariance_type": self.covariance_type,
-                "n_iter": self.n_iter,
-                "tol": self.tol,
-                "min_covar": self.min_covar,
-                "random_state": self.random_state,
-                "features": list(self.features),
-            },
+            "estimator": self.estimator_settings(),
             "n_states": self.n_states_,
+            "selection_at_ceiling": self.at_ceiling_,
+            "selection_note": self.ceiling_message() if self.at_ceiling_ else None,
             "features": self.features_,
             "dropped_features": self.dropped_features_,
             "train_runs": self.train_runs_,
             "heldout_runs": self.heldout_runs_,
             "standardisation": self.standardisation_,
             "selection": self.selection_.to_dict(orient="records"),
+            "restarts": self.restarts_.to_dict(orient="records"),
         }
         save_json(meta, json_path)
 
     @classmethod
     def load(cls, npz_path: str | os.PathLike, json_path: str | os.PathLike) -> TrainingHMM:
         """Rebuild a fitted estimator saved by :meth:`save`; predictions are identical."""
-        from hmmlearn.hmm import GaussianHMM
+        from trainmap.dynamics.batched_hmm import BatchedGaussianHMM
 
         meta = json.loads(Path(json_path).read_text())
         estimator = cls(**meta["estimator"])
         with np.load(npz_path, allow_pickle=False) as arrays:
-            model = GaussianHMM(
+            model = BatchedGaussianHMM(
                 n_components=meta["n_states"],
                 covariance_type=estimator.covariance_type,
                 min_covar=estimator.min_covar,
@@ -367,17 +588,29 @@ class TrainingHMM:
             model.startprob_ = arrays["startprob"]
             model.transmat_ = arrays["transmat"]
             model.means_ = arrays["means"]
-            model.covars_ = arrays["covars"]
+            # As fitted (hmmlearn's M-step sets _covars_ directly): a state of a tiny group may be
+            # singular to rounding, which the public setter would refuse.
+            model._covars_ = arrays["covars"]
             model.n_features = arrays["means"].shape[1]
         estimator.model_, estimator.n_states_ = model, meta["n_states"]
-        estimator.features_, estimator.dropped_features_ = (
-            meta["features"],
-            meta["dropped_features"],
-        )
+        estimator.models_ = {meta["n_states"]: model}
+        estimator.at_ceiling_ = meta["selection_at_ceiling"]
+        estimator.features_ = meta["features"]
+        estimator.dropped_features_ = meta["dropped_features"]
         estimator.train_runs_, estimator.heldout_runs_ = meta["train_runs"], meta["heldout_runs"]
         estimator.standardisation_ = meta["standardisation"]
         estimator.selection_ = pd.DataFrame(meta["selection"])
+        estimator.restarts_ = pd.DataFrame(meta["restarts"])
         return estimator
+
+
+def choose_k(selection: pd.DataFrame) -> int:
+    """The K with the lowest criterion ``bic`` (the smaller K on a tie)."""
+    finite = selection[np.isfinite(selection["bic"])]
+    if finite.empty:
+        raise ValueError("no K could be scored: every restart of every K failed")
+    best = finite.sort_values(["bic", "n_states"], kind="stable").iloc[0]
+    return int(best["n_states"])
 
 
 def _covars_in_own_shape(model: Any) -> np.ndarray:
@@ -419,14 +652,18 @@ def kmeans_bic(centres: np.ndarray, x: np.ndarray, weights: np.ndarray, variance
     return float(-2 * log_likelihood + n_parameters * math.log(n))
 
 
-def kmeans_selection(hmm: TrainingHMM, runs: Mapping[str, pd.DataFrame]) -> pd.DataFrame:
-    """k-means with K = 1..K_max on the HMM's standardised training runs, BIC on its held-out runs."""
+def kmeans_selection(
+    hmm: TrainingHMM, runs: Mapping[str, pd.DataFrame], k_max: int | None = None
+) -> pd.DataFrame:
+    """k-means with K = 1..k_max (default the HMM's K_max) on the HMM's standardised training
+    runs, BIC on its held-out runs."""
     from sklearn.cluster import KMeans
 
     train = np.concatenate([hmm.transform(runs[run]) for run in hmm.train_runs_])
     heldout = np.concatenate([hmm.transform(runs[run]) for run in hmm.heldout_runs_])
     rows = []
-    for k in range(1, hmm.k_max + 1):
+    # k-means needs at least K training observations (a tiny smoke run can have fewer than 16).
+    for k in range(1, min(k_max or hmm.k_max, len(train)) + 1):
         kmeans = KMeans(n_clusters=k, n_init=hmm.restarts, random_state=hmm.random_state)
         labels = kmeans.fit_predict(train)
         weights = np.maximum(np.bincount(labels, minlength=k) / len(labels), 1e-12)
@@ -437,25 +674,19 @@ def kmeans_selection(hmm: TrainingHMM, runs: Mapping[str, pd.DataFrame]) -> pd.D
 
 
 def baseline_table(
-    hmm: TrainingHMM, runs: Mapping[str, pd.DataFrame], l2_feature: str = "l2"
+    hmm: TrainingHMM,
+    runs: Mapping[str, pd.DataFrame],
+    l2_feature: str = "l2",
+    k_max: int | None = None,
 ) -> tuple[pd.DataFrame, dict[str, pd.DataFrame]]:
     """Appendix C, table 4's form: components and held-out BIC chosen by k-means, HMM-1 and HMM.
 
+    The baselines search K = 1..``k_max`` (default the HMM's K_max; the paper let them reach 16).
     Returns the table and the selection curves of the two baselines.
     """
-    curves = {"k-means": kmeans_selection(hmm, runs)}
-    hmm1 = TrainingHMM(
-        k_max=hmm.k_max,
-        restarts=hmm.restarts,
-        holdout=hmm.holdout,
-        covariance_type=hmm.covariance_type,
-        n_iter=hmm.n_iter,
-        tol=hmm.tol,
-        min_covar=hmm.min_covar,
-        random_state=hmm.random_state,
-        n_jobs=hmm.n_jobs,
-        features=(l2_feature,),
-    )
+    k_max = k_max or hmm.k_max
+    curves = {"k-means": kmeans_selection(hmm, runs, k_max)}
+    hmm1 = TrainingHMM(**(hmm.estimator_settings() | {"features": (l2_feature,), "k_max": k_max}))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         hmm1.fit(runs)

@@ -11,17 +11,26 @@ states, and the study's question can be read off directly:
 * per group, the convergence-step distribution (and diverged / never-converged counts);
 * a regression of convergence step on the state distribution plus group indicators (the first group
   is the reference): a group's coefficient is the shift in convergence step the states alone do
-  not explain.
+  not explain;
+* the verdict table (:func:`trainmap.dynamics.certainty.compare_methods`): for every pair of groups,
+  the effect on each state's occupancy, on the time in detour states and on the convergence step,
+  with a bootstrap interval, a Holm-corrected permutation p-value and a verdict in words, "not
+  enough runs" included. The runs are not refitted: their decoded states are relabelled.
+
+Groups are compared in the order they first appear in ``groups`` (the grid's order: the first
+method listed is the reference).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from trainmap.dynamics.certainty import compare_methods, run_quantities, verdict_markdown
 from trainmap.dynamics.hmm import TrainingHMM
 from trainmap.dynamics.regression import (
     DetourRegression,
@@ -44,6 +53,12 @@ class JointComparison:
     visit_rates: dict[str, float]
     convergence: pd.DataFrame  # run, group, convergence_step, status
     dissimilarity: dict[str, float]
+    verdicts: pd.DataFrame
+    settings: dict
+
+    def verdict_markdown(self) -> str:
+        """The verdict table as Markdown."""
+        return verdict_markdown(self.verdicts, self.settings["confidence"])
 
     def summary(self) -> dict:
         """JSON-ready: per-group occupancy, detour visit rates, convergence and the regressions."""
@@ -66,8 +81,17 @@ class JointComparison:
             }
         return {
             "n_states": self.hmm.n_states_,
+            "selection_at_ceiling": self.hmm.at_ceiling_,
             "groups": per_group,
             "detour_states": self.detours.detour_states,
+            "dissimilarity_ground_metric": self.settings["dissimilarity"],
+            "verdicts": [
+                {
+                    key: (None if isinstance(v, float) and not np.isfinite(v) else v)
+                    for key, v in row.items()
+                }
+                for row in self.verdicts.to_dict(orient="records")
+            ],  # fmt: skip
             "regression": self.detours.to_dict(),
             "regression_with_groups": self.with_groups.to_dict(),
         }
@@ -79,18 +103,27 @@ def compare_groups(
     convergence: Mapping[str, int | None],
     status: Mapping[str, str],
     hmm: TrainingHMM,
+    settings: Mapping[str, Any] | None = None,
 ) -> JointComparison:
-    """Fit ``hmm`` (unfitted, configured) on the pooled runs and compare the groups."""
+    """Fit ``hmm`` (unfitted, configured) on the pooled runs and compare the groups.
+
+    ``settings``: the analysis settings used here (``alpha``, ``dissimilarity``, ``permutations``,
+    ``confidence``, ``seed``; :data:`trainmap.dynamics.pipeline.ANALYSIS_DEFAULTS` fills the rest).
+    """
+    from trainmap.dynamics.pipeline import with_defaults
+
+    settings = with_defaults(settings or {})
     hmm.fit(runs)
     states = hmm.decode(runs)
     distributions = {run: state_distribution(s, hmm.n_states_) for run, s in states.items()}
-    detours = regress_detours(distributions, convergence, status)
-    order = list(dict.fromkeys(groups[run] for run in sorted(runs)))
+    detours = regress_detours(distributions, convergence, status, alpha=settings["alpha"])
+    order = list(dict.fromkeys(groups[run] for run in groups))
     indicators = pd.DataFrame(
         {f"group:{g}": [float(groups[run] == g) for run in runs] for g in order[1:]},
         index=list(runs),
     )
-    with_groups = regress_detours(distributions, convergence, status, extra=indicators)
+    with_groups = regress_detours(distributions, convergence, status, extra=indicators,
+                                  alpha=settings["alpha"])  # fmt: skip
     occupancy = pd.DataFrame(
         [np.mean([distributions[r] for r in runs if groups[r] == g], axis=0) for g in order],
         index=order,
@@ -112,8 +145,16 @@ def compare_groups(
         }
     )
     dissimilarity = {
-        g: trajectory_dissimilarity({r: distributions[r] for r in runs if groups[r] == g})
+        g: trajectory_dissimilarity(
+            {r: distributions[r] for r in runs if groups[r] == g}, settings["dissimilarity"]
+        )  # fmt: skip
         for g in order
     }
+    quantities = run_quantities(states, hmm.n_states_, convergence, status, detours.detour_states)
+    ordered_groups = {run: groups[run] for g in order for run in groups if groups[run] == g}
+    verdicts = compare_methods(quantities.loc[list(ordered_groups)], ordered_groups,
+                               n_permutations=settings["permutations"],
+                               confidence=settings["confidence"], alpha=settings["alpha"],
+                               seed=settings["seed"])  # fmt: skip
     return JointComparison(hmm, states, dict(groups), detours, with_groups, occupancy,
-                           visit_rates, table, dissimilarity)  # fmt: skip
+                           visit_rates, table, dissimilarity, verdicts, dict(settings))  # fmt: skip

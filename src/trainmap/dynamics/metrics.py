@@ -1,43 +1,66 @@
 """The 14 weight metrics of a checkpoint (Hu et al., "Latent state models of training dynamics",
 appendix B), computed for every checkpoint of a run's trajectory.
 
-Which tensors count (one place, :func:`weight_matrices`):
+Two conventions (``convention``; params.yaml ``analysis.metrics``):
 
-* ``nn.Linear`` weights, as (out, in) matrices, and their biases;
-* attention (``trainmap.models.MultiHeadAttention``): the query, key and value projections count one
-  (d_head, d_model) matrix per head, as the authors did; the output projection counts whole;
-* ``nn.Conv2d`` kernels as (out, in/groups * kh * kw) matrices, and their biases. The authors'
-  code took only L1/L2 of 3x3 slices of conv kernels; a kernel reshaped to the map from an input
-  patch to an output channel gives every metric (norms, trace, singular values) a meaning, so all
-  14 are computed on it;
-* embeddings and normalisation layers (BatchNorm, LayerNorm) are ignored, as in the paper (sec. 3:
-  "we ignore embedding matrices and layer norms").
+``paper`` (default): the authors' conventions, which the paper describes, plus two corrections
+    the paper itself asks for. Checked against a re-implementation of the authors' per-layer loop
+    (``get_matrix_metrics`` / ``get_tensor_metrics`` / ``get_distribution_stats`` of
+    michahu/modeling-training, ``src/metrics.py``) on MLP, transformer and CNN checkpoints
+    (tests/test_dynamics_metrics.py; bench/metrics_cost.py):
 
-The metrics of one checkpoint, over its K matrices W_k (appendix B; variances without Bessel's
-correction):
+    (a) Singular-value statistics per matrix, then averaged over matrices. Paper sec. 2.1: "the
+        means and variances of each weight matrix's singular values"; the code averages each
+        matrix's ``mean_singular_value`` / ``var_singular_value`` over matrices.
+    (b) Convolution kernels: only L1, L2 and L1/L2, each the mean over the kernel's (out, in)
+        kh x kw slices (the code's ``get_tensor_metrics``: norms over dims (2, 3), averaged); those
+        enter the L1, L2 and L1/L2 averages beside the Linear matrices. Trace, spectral norm, their
+        ratio and the singular-value statistics come from Linear matrices only (the code computes
+        ``get_matrix_metrics`` only for Linear layers). Conv kernels still count in the weight
+        mean/median/variance, and conv biases in the bias statistics.
+    (c) Embedding matrices are ignored (paper sec. 3: "we ignore embedding matrices and layer
+        norms"), the unembedding (a token model's readout Linear) included: the authors'
+        transformer metrics take W_K, W_Q, W_V per head, W_O, W_in and W_out, never W_U.
+
+    and trainmap's two corrections, which keep the numbers the paper defines:
+
+    (d) variances without Bessel's correction, as appendix B states ("sample variance ... without
+        Bessel's correction"; the code's ``torch.var`` divides by n - 1);
+    (e) the median is the usual one (mean of the two middle values), not ``torch.median``'s lower
+        middle value.
+
+``extended``: trainmap's earlier convention. Every Linear and Conv2d weight (a conv kernel as the
+    (out, in * kh * kw) map from an input patch to an output channel) gets all matrix metrics;
+    the singular values of all matrices are pooled for ``sv_mean`` / ``sv_var``; a token model's
+    readout is counted. Values differ from the paper's by 22-66 % (sv statistics) and by 40x
+    (l1 of a CNN).
+
+Both conventions: ``nn.Linear`` weights are (out, in) matrices; attention
+(``trainmap.models.MultiHeadAttention``) counts one (d_head, d_model) matrix per head for the
+query, key and value projections (as the authors did) and the output projection whole; embeddings
+and normalisation layers (BatchNorm, LayerNorm) are ignored. Each matrix's singular values are
+computed once per checkpoint (batched over the trajectory with ``torch.linalg.svdvals`` in
+float64); singular values below 1e-5 count as 0 (the authors' code). A matrix with a NaN or Inf
+entry at a checkpoint is skipped there (the code returns None for it) and counted in
+``skipped_matrices``; a ratio of an all-zero matrix or slice is left out of that ratio's mean; a
+model without biases gets NaN bias metrics (the HMM then drops those features with a warning).
 
 =================  ====================================================================
-``l1``             (1/K) sum_k ||W_k||_1 (entry-wise)
-``l2``             (1/K) sum_k ||W_k||_2 (Frobenius)
+``l1``             (1/K) sum_k ||W_k||_1 (entry-wise; paper: a conv kernel's mean slice L1)
+``l2``             (1/K) sum_k ||W_k||_2 (Frobenius; paper: a conv kernel's mean slice L2)
 ``l1_l2``          (1/K) sum_k ||W_k||_1 / ||W_k||_2 (dispersion; lower is sparser)
 ``trace``          (1/K) sum_k tr(W_k) (sum of the main diagonal, also for rectangular W_k)
 ``spectral``       (1/K) sum_k ||W_k||_2,op (largest singular value)
 ``trace_spectral`` (1/K) sum_k tr(W_k) / ||W_k||_2,op
-``sv_mean``        mean of the singular values of all matrices, pooled
-``sv_var``         variance of the singular values of all matrices, pooled
-``w_mean``         mean of all weights (every entry of every counted matrix)
+``sv_mean``        paper: (1/K) sum_k mean(sigma(W_k)); extended: mean of all sigma, pooled
+``sv_var``         paper: (1/K) sum_k var(sigma(W_k)); extended: variance of all sigma, pooled
+``w_mean``         mean of all weights (every entry of every counted matrix or kernel)
 ``w_median``       median of all weights
 ``w_var``          variance of all weights
 ``b_mean``         mean of all biases of the counted layers
 ``b_median``       median of all biases
 ``b_var``          variance of all biases
 =================  ====================================================================
-
-Each matrix's singular values are computed once per checkpoint (batched over the trajectory with
-``torch.linalg.svdvals`` in float64) and reused for the spectral norm and the singular-value
-statistics; singular values below 1e-5 count as 0 (the authors' code). A matrix with a NaN or Inf
-entry at a checkpoint is skipped there and counted in ``skipped_matrices``; a model without biases
-gets NaN bias metrics (the HMM then drops those features with a warning).
 
 The per-run table (:func:`collect_run_metrics`, written as ``metrics.csv`` by the workflow) has one
 row per checkpoint: ``step``, the 14 metric columns in :data:`METRIC_NAMES` order,
@@ -73,20 +96,52 @@ METRIC_NAMES = (
 )
 HISTORY_COLUMNS = ("train_loss", "train_acc", "test_loss", "test_acc")
 SINGULAR_VALUE_FLOOR = 1e-5
+CONVENTIONS = ("paper", "extended")
+#: Metrics that are means over matrices; the rest are statistics of pooled values.
+MATRIX_MEANS = {
+    "paper": ("l1", "l2", "l1_l2", "trace", "spectral", "trace_spectral", "sv_mean", "sv_var"),
+    "extended": ("l1", "l2", "l1_l2", "trace", "spectral", "trace_spectral"),
+}
+#: Ratios and their denominators: a zero denominator leaves the matrix out of that mean.
+RATIOS = {"l1_l2": "l2", "trace_spectral": "spectral"}
+
+
+def check_convention(convention: str) -> None:
+    """Raise ValueError naming the bad convention and the allowed ones."""
+    if convention not in CONVENTIONS:
+        raise ValueError(f"analysis.metrics: {convention!r} is not a metric convention; choose "
+                         f"one of {', '.join(CONVENTIONS)}")  # fmt: skip
 
 
 @dataclass(frozen=True)
 class MatrixSlice:
-    """One counted matrix: rows ``rows`` of the state entry ``name``, reshaped to 2-D."""
+    """One counted matrix: rows ``rows`` of the state entry ``name``, reshaped to 2-D.
+
+    ``kind`` is ``"linear"`` (a Linear weight or one attention head's slice of it) or ``"conv"``.
+    """
 
     name: str
     rows: slice | None = None
+    kind: str = "linear"
 
 
-def weight_matrices(model: nn.Module) -> tuple[list[MatrixSlice], list[str]]:
+def unembedding(model: nn.Module) -> str | None:
+    """The readout Linear of a token model (one with an ``nn.Embedding``): the unembedding, which
+    the paper's convention ignores with the embeddings. ``None`` for other models."""
+    if not any(isinstance(module, nn.Embedding) for module in model.modules()):
+        return None
+    linears = [name for name, module in model.named_modules() if isinstance(module, nn.Linear)]
+    return linears[-1] if linears else None
+
+
+def weight_matrices(
+    model: nn.Module, convention: str = "paper"
+) -> tuple[list[MatrixSlice], list[str]]:
     """The counted weight matrices and the counted bias entries of ``model``'s state dict."""
     from trainmap.models import MultiHeadAttention
 
+    check_convention(convention)
+    skipped = unembedding(model) if convention == "paper" else None
     matrices: list[MatrixSlice] = []
     biases: list[str] = []
     per_head: set[str] = set()
@@ -98,41 +153,82 @@ def weight_matrices(model: nn.Module) -> tuple[list[MatrixSlice], list[str]]:
                 for head in range(module.n_heads):
                     rows = slice(head * module.d_head, (head + 1) * module.d_head)
                     matrices.append(MatrixSlice(f"{prefix}{projection}.weight", rows))
-        elif isinstance(module, nn.Linear | nn.Conv2d) and name not in per_head:
-            matrices.append(MatrixSlice(f"{prefix}weight"))
+        elif isinstance(module, nn.Linear | nn.Conv2d) and name not in per_head and name != skipped:
+            kind = "conv" if isinstance(module, nn.Conv2d) else "linear"
+            matrices.append(MatrixSlice(f"{prefix}weight", kind=kind))
             if module.bias is not None:
                 biases.append(f"{prefix}bias")
     return matrices, biases
 
 
 def _stacked_matrix(state: Mapping[str, torch.Tensor], matrix: MatrixSlice) -> torch.Tensor:
-    """``[n_checkpoints, rows, cols]`` in float64 (conv kernels flattened per output channel)."""
+    """In float64: ``[n_checkpoints, rows, cols]`` for a Linear matrix (or head),
+    ``[n_checkpoints, out, in, kh * kw]`` for a conv kernel."""
     tensor = state[matrix.name].to(torch.float64)
-    stacked = tensor.reshape(tensor.shape[0], tensor.shape[1], -1)
-    return stacked if matrix.rows is None else stacked[:, matrix.rows]
+    if matrix.kind == "conv":
+        return tensor.reshape(*tensor.shape[:3], -1)
+    return tensor if matrix.rows is None else tensor[:, matrix.rows]
 
 
-def _matrix_statistics(stacked: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Per-checkpoint statistics of one matrix over the trajectory; one SVD per checkpoint."""
+def _matrix_statistics(stacked: torch.Tensor, kind: str, convention: str) -> dict:
+    """Per-checkpoint statistics of one matrix over the trajectory; one SVD per checkpoint.
+
+    Under ``paper`` a conv kernel (``kind="conv"``) gets only its mean slice L1, L2 and L1/L2;
+    under ``extended`` it is the (out, in * kh * kw) matrix.
+    """
     finite = torch.isfinite(stacked).flatten(1).all(dim=1)
-    clean = torch.where(finite[:, None, None], stacked, torch.zeros_like(stacked))
-    singular = torch.linalg.svdvals(clean)
+    clean = stacked
+    if not bool(finite.all()):  # zero the non-finite checkpoints (skipped, but kept in shape)
+        clean = torch.where(finite.view(-1, *[1] * (stacked.dim() - 1)), stacked,
+                            torch.zeros_like(stacked))  # fmt: skip
+    stats: dict = {"finite": finite, "entries": clean.flatten(1)}
+    if kind == "conv" and convention == "paper":
+        return stats | _conv_slice_statistics(clean)
+    matrix = clean.reshape(clean.shape[0], clean.shape[1], -1)
+    singular = torch.linalg.svdvals(matrix)
     singular = torch.where(singular < SINGULAR_VALUE_FLOOR, torch.zeros_like(singular), singular)
-    l1 = clean.abs().flatten(1).sum(dim=1)
-    l2 = clean.flatten(1).norm(dim=1)
-    trace = torch.diagonal(clean, dim1=1, dim2=2).sum(dim=1)
+    l1 = matrix.abs().flatten(1).sum(dim=1)
+    l2 = matrix.flatten(1).norm(dim=1)
+    trace = torch.diagonal(matrix, dim1=1, dim2=2).sum(dim=1)
     spectral = singular[:, 0]
+    stats |= {"l1": l1, "l2": l2, "l1_l2": l1 / l2, "trace": trace, "spectral": spectral,
+              "trace_spectral": trace / spectral, "singular": singular}  # fmt: skip
+    if convention == "paper":  # convention (a), variance without Bessel (d)
+        stats |= {"sv_mean": singular.mean(dim=1), "sv_var": singular.var(dim=1, correction=0)}
+    return stats
+
+
+def _conv_slice_statistics(kernel: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Convention (b): the mean over a kernel's (out, in) slices of their L1 and L2 norms and of
+    L1/L2 (slices that are all zero left out of the ratio); ``kernel`` is [n, out, in, kh * kw]."""
+    l1 = kernel.abs().sum(dim=3)
+    l2 = kernel.square().sum(dim=3).sqrt()
+    nonzero = l2 > 0
+    ratio = torch.where(nonzero, l1 / torch.where(nonzero, l2, torch.ones_like(l2)), 0.0)
+    counts = nonzero.flatten(1).sum(dim=1)
     return {
-        "finite": finite,
-        "l1": l1,
-        "l2": l2,
-        "l1_l2": l1 / l2,
-        "trace": trace,
-        "spectral": spectral,
-        "trace_spectral": trace / spectral,
-        "singular": singular,
-        "entries": clean.flatten(1),
+        "l1": l1.flatten(1).mean(dim=1),
+        "l2": l2.flatten(1).mean(dim=1),
+        "l1_l2": torch.where(
+            counts > 0, ratio.flatten(1).sum(dim=1) / counts.clamp(min=1), torch.nan
+        ),  # fmt: skip
     }
+
+
+def _mean_over_matrices(stats: list[dict], key: str) -> np.ndarray:
+    """(1/K) sum over the matrices that have ``key`` and are finite (and, for a ratio, have a
+    non-zero denominator) at each checkpoint; NaN where none does."""
+    having = [s for s in stats if key in s]
+    if not having:
+        n = len(stats[0]["finite"])
+        return np.full(n, np.nan)
+    values = torch.stack([s[key] for s in having])
+    used = torch.stack([s["finite"] for s in having]) & torch.isfinite(values)
+    if key in RATIOS:
+        used &= torch.stack([s[RATIOS[key]] for s in having]) > 0
+    summed = torch.where(used, values, torch.zeros_like(values)).sum(dim=0)
+    counts = used.sum(dim=0)
+    return torch.where(counts > 0, summed / counts.clamp(min=1), torch.nan).numpy()
 
 
 def _pooled(values: list[np.ndarray]) -> tuple[float, float, float]:
@@ -148,72 +244,80 @@ def _pooled(values: list[np.ndarray]) -> tuple[float, float, float]:
 def _pooled_rows(parts: list[torch.Tensor], n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per checkpoint (row): mean, median and variance of the ``[n, k_i]`` parts side by side;
     NaN where there are no values (a model without biases)."""
-    if sum(part.shape[1] for part in parts) == 0:
+    width = sum(part.shape[1] for part in parts)
+    if width == 0:
         return (np.full(n, np.nan),) * 3
     pooled = torch.cat(parts, dim=1).numpy()
-    return pooled.mean(axis=1), np.median(pooled, axis=1), pooled.var(axis=1)
+    mean, variance = pooled.mean(axis=1), pooled.var(axis=1)
+    # The usual median (convention (e)) by one in-place partition of this fresh copy (np.median
+    # would copy the [n, width] block again).
+    middle = [(width - 1) // 2, width // 2]
+    pooled.partition(middle, axis=1)
+    return mean, pooled[:, middle].mean(axis=1), variance
 
 
-def trajectory_metrics(state: Mapping[str, torch.Tensor], model: nn.Module) -> pd.DataFrame:
+def trajectory_metrics(
+    state: Mapping[str, torch.Tensor], model: nn.Module, convention: str = "paper"
+) -> pd.DataFrame:
     """The 14 metrics (appendix B) of every checkpoint of a stacked trajectory ``state``.
 
     ``state`` maps state-dict names to ``[n_checkpoints, *shape]`` tensors; ``model`` only tells
-    which entries are Linear/Conv/attention tensors (:func:`weight_matrices`).
+    which entries are Linear/Conv/attention tensors (:func:`weight_matrices`); ``convention`` is
+    ``"paper"`` or ``"extended"`` (module docstring).
     """
-    matrices, bias_names = weight_matrices(model)
+    matrices, bias_names = weight_matrices(model, convention)
     if not matrices:
         raise ValueError("the model has no Linear or Conv2d weight to compute metrics on")
-    stats = [_matrix_statistics(_stacked_matrix(state, matrix)) for matrix in matrices]
+    stats = [_matrix_statistics(_stacked_matrix(state, m), m.kind, convention) for m in matrices]
     n_checkpoints = next(iter(state.values())).shape[0]
-    finite = torch.stack([s["finite"] for s in stats])  # [K, n]
-    counts = finite.sum(dim=0)
-    table: dict[str, np.ndarray] = {}
-    # A ratio of an all-zero matrix (FixUp's zero-initialised layers) is undefined: such matrices
-    # are left out of that ratio's mean, not turned into NaN.
-    denominators = {"l1_l2": "l2", "trace_spectral": "spectral"}
-    for key in ("l1", "l2", "l1_l2", "trace", "spectral", "trace_spectral"):
-        values = torch.stack([s[key] for s in stats])
-        used = finite
-        if key in denominators:
-            used = finite & (torch.stack([s[denominators[key]] for s in stats]) > 0)
-        summed = torch.where(used, values, torch.zeros_like(values)).sum(dim=0)
-        table[key] = (summed / used.sum(dim=0)).numpy()
-    rows = {name: [] for name in ("sv_mean", "sv_var", "w_mean", "w_median", "w_var",
-                                  "b_mean", "b_median", "b_var")}  # fmt: skip
+    table = {key: _mean_over_matrices(stats, key) for key in MATRIX_MEANS[convention]}
+    pooled_keys = ["w_mean", "w_median", "w_var", "b_mean", "b_median", "b_var"]
+    if convention == "extended":
+        pooled_keys = ["sv_mean", "sv_var", *pooled_keys]
     biases = [state[name].to(torch.float64).reshape(n_checkpoints, -1) for name in bias_names]
+    finite = torch.stack([s["finite"] for s in stats])  # [K, n]
     clean = finite.all(dim=0)
     for bias in biases:
         clean &= torch.isfinite(bias).all(dim=1)
     # Checkpoints where every matrix and bias is finite (all, in a healthy run): pooled over all
     # checkpoints at once; the others one at a time, leaving out the non-finite tensors.
-    sv_mean, _, sv_var = _pooled_rows([s["singular"] for s in stats], n_checkpoints)
-    w_mean, w_median, w_var = _pooled_rows([s["entries"] for s in stats], n_checkpoints)
-    b_mean, b_median, b_var = _pooled_rows(biases, n_checkpoints)
-    batched = dict(zip(rows, (sv_mean, sv_var, w_mean, w_median, w_var, b_mean, b_median, b_var),
-                       strict=True))  # fmt: skip
-    for t in range(n_checkpoints):
-        if bool(clean[t]):
-            for key, values in batched.items():
-                rows[key].append(float(values[t]))
-            continue
+    batched = {}
+    if convention == "extended":
+        batched["sv_mean"], _, batched["sv_var"] = _pooled_rows(
+            [s["singular"] for s in stats], n_checkpoints
+        )
+    batched["w_mean"], batched["w_median"], batched["w_var"] = _pooled_rows(
+        [s["entries"] for s in stats], n_checkpoints
+    )
+    batched["b_mean"], batched["b_median"], batched["b_var"] = _pooled_rows(biases, n_checkpoints)
+    for t in np.flatnonzero(~clean.numpy()):
         valid = [s for s in stats if bool(s["finite"][t])]
-        singular = [s["singular"][t].numpy() for s in valid]
-        sv_mean, _, sv_var = _pooled(singular)
-        w_mean, w_median, w_var = _pooled([s["entries"][t].numpy() for s in valid])
+        fallback = {}
+        if convention == "extended":
+            fallback["sv_mean"], _, fallback["sv_var"] = _pooled(
+                [s["singular"][t].numpy() for s in valid]
+            )
+        fallback["w_mean"], fallback["w_median"], fallback["w_var"] = _pooled(
+            [s["entries"][t].numpy() for s in valid]
+        )
         at_t = [bias[t].numpy() for bias in biases]
-        b_mean, b_median, b_var = _pooled([b for b in at_t if np.isfinite(b).all()])
-        for key, value in zip(rows, (sv_mean, sv_var, w_mean, w_median, w_var,
-                                     b_mean, b_median, b_var), strict=True):  # fmt: skip
-            rows[key].append(value)
-    table.update({key: np.asarray(values) for key, values in rows.items()})
+        fallback["b_mean"], fallback["b_median"], fallback["b_var"] = _pooled(
+            [b for b in at_t if np.isfinite(b).all()]
+        )
+        for key, value in fallback.items():
+            batched[key][t] = value
+    table.update({key: np.asarray(batched[key], dtype=float) for key in pooled_keys})
     frame = pd.DataFrame({name: table[name] for name in METRIC_NAMES})
     frame["n_matrices"] = len(matrices)
-    frame["skipped_matrices"] = len(matrices) - counts.numpy()
+    frame["skipped_matrices"] = len(matrices) - finite.sum(dim=0).numpy()
     return frame
 
 
 def collect_run_metrics(
-    trajectory: Mapping[str, object], model: nn.Module, history: pd.DataFrame
+    trajectory: Mapping[str, object],
+    model: nn.Module,
+    history: pd.DataFrame,
+    convention: str = "paper",
 ) -> pd.DataFrame:
     """The per-run metrics table: one row per checkpoint (see the module docstring for columns).
 
@@ -221,7 +325,7 @@ def collect_run_metrics(
     the run's ``history.csv`` (same steps).
     """
     steps = trajectory["step"].tolist()
-    frame = trajectory_metrics(trajectory["state"], model)
+    frame = trajectory_metrics(trajectory["state"], model, convention)
     frame.insert(0, "step", steps)
     by_step = history.set_index("step")
     missing = sorted(set(steps) - set(by_step.index))

@@ -4,24 +4,30 @@ Each step reads per-run metric tables (the format of :mod:`trainmap.dynamics.met
 fixed set of files into one directory:
 
 ``fit_group`` (rule ``fit_hmm``)
-    ``hmm.npz`` + ``hmm.json`` (the fitted model), ``selection.csv`` (K, train/held-out
-    log-likelihood, BIC, AIC), ``baselines.csv`` (appendix C, table 4 form: k-means, HMM-1, HMM),
-    ``selection.png``, ``states.csv`` (run, step, state: every run's Viterbi sequence),
-    ``state_means.csv`` (per state, z-units and original units), ``states.png``.
+    ``hmm.npz`` + ``hmm.json`` (the fitted model; ``selection_at_ceiling`` when the BIC was still
+    falling at K_max), ``selection.csv`` (per K: train/held-out log-likelihood, BIC of the best
+    restart, mean and SD over restarts, AIC), ``baselines.csv`` (appendix C, table 4 form:
+    k-means, HMM-1, HMM), ``selection.png``, ``states.csv`` (run, step, state: every run's Viterbi
+    sequence), ``state_means.csv`` (per state, z-units and original units), ``states.png``, and the
+    bootstrap over runs (:mod:`trainmap.dynamics.certainty`): ``bootstrap.json``, ``bootstrap.png``.
 ``map_group`` (rule ``training_map``)
     ``map.json``, ``map.png``, ``map.svg``.
 ``regress_group`` (rule ``regress_detours``)
-    ``detours.json`` (R^2, F-test p, detour states, dissimilarity, excluded runs),
-    ``coefficients.csv``, ``coefficients.png``, ``convergence.png``.
+    ``detours.json`` (R^2 and adjusted R^2, F-test p, or why no regression was fitted; detour
+    states with how often the bootstrap finds each again; dissimilarity and its ground metric;
+    excluded runs), ``coefficients.csv``, ``coefficients.png``, ``convergence.png``.
 ``joint_group`` (rule ``joint_comparison``)
-    ``joint.json``, ``occupancy.png``, ``convergence.png``, ``map.png``, ``map.svg``, ``regression.csv``,
-    and the shared model (``hmm.npz``, ``hmm.json``, ``states.csv``).
+    ``verdicts.csv`` / ``verdicts.md`` / ``verdicts.png`` (per method pair: effect, interval, p,
+    verdict), ``joint.json``, ``occupancy.png``, ``convergence.png``, ``map.png``, ``map.svg``,
+    ``regression.csv``, ``bootstrap.json`` and the shared model (``hmm.npz``, ``hmm.json``,
+    ``states.csv``).
 
 Every step returns the captions of the figures it drew (figure name -> caption).
 """
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -32,9 +38,11 @@ import numpy as np
 import pandas as pd
 
 from trainmap.dynamics import plots
+from trainmap.dynamics.certainty import BootstrapResult, bootstrap_map
 from trainmap.dynamics.hmm import TrainingHMM, baseline_table
 from trainmap.dynamics.joint import compare_groups
 from trainmap.dynamics.regression import (
+    DetourRegression,
     regress_detours,
     state_distribution,
     trajectory_dissimilarity,
@@ -42,8 +50,28 @@ from trainmap.dynamics.regression import (
 from trainmap.dynamics.training_map import build_training_map, draw_training_map
 from trainmap.io import save_json, write_atomic
 
-HMM_SETTINGS = ("k_max", "restarts", "holdout", "covariance_type", "n_iter", "tol", "min_covar",
-                "n_jobs", "features")  # fmt: skip
+HMM_SETTINGS = ("k_max", "restarts", "holdout", "covariance_type", "standardisation",
+                "restart_rule", "init", "n_iter", "tol", "min_covar", "n_jobs", "features")  # fmt: skip
+#: The analysis settings and their defaults (params.yaml ``analysis`` documents each).
+ANALYSIS_DEFAULTS = {
+    "k_max": 8,
+    "restarts": 5,
+    "holdout": 0.2,
+    "seed": 0,
+    "covariance_type": "full",
+    "standardisation": "pooled",
+    "restart_rule": "best",
+    "init": "sticky",
+    "n_iter": 500,
+    "tol": 1e-3,
+    "baseline_k_max": 16,
+    "alpha": 0.05,
+    "dissimilarity": "total_variation",
+    "bootstrap": 200,
+    "bootstrap_iter": 10,
+    "permutations": 2000,
+    "confidence": 0.95,
+}
 
 
 @dataclass
@@ -54,10 +82,16 @@ class Outcomes:
     status: dict[str, str]
 
 
+def with_defaults(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """``settings`` completed with :data:`ANALYSIS_DEFAULTS`."""
+    return ANALYSIS_DEFAULTS | dict(settings)
+
+
 def make_hmm(settings: Mapping[str, Any]) -> TrainingHMM:
     """An unfitted :class:`TrainingHMM` from analysis settings (``seed`` is the random state)."""
+    settings = with_defaults(settings)
     kwargs = {key: settings[key] for key in HMM_SETTINGS if key in settings}
-    return TrainingHMM(random_state=settings.get("seed", 0), **kwargs)
+    return TrainingHMM(random_state=settings["seed"], **kwargs)
 
 
 def convergence_from_tables(
@@ -92,14 +126,15 @@ def read_states(path: str | os.PathLike) -> dict[str, np.ndarray]:
 
 def fit_group(
     runs: Mapping[str, pd.DataFrame], outcomes: Outcomes, settings: Mapping[str, Any],
-    out_dir: str | os.PathLike, title: str = "",
+    out_dir: str | os.PathLike, title: str = "", n_jobs: int = 1,
 ) -> dict[str, str]:  # fmt: skip
-    """Fit the training-map HMM of one group and write its files (module docstring)."""
+    """Fit the training-map HMM of one group, its baselines and its bootstrap (module docstring)."""
+    settings = with_defaults(settings)
     out = Path(out_dir)
-    hmm = make_hmm(settings).fit(runs)
+    hmm = make_hmm(settings | {"n_jobs": n_jobs}).fit(runs)
     hmm.save(out / "hmm.npz", out / "hmm.json")
     _write_csv(hmm.selection_, out / "selection.csv")
-    table, curves = baseline_table(hmm, runs)
+    table, curves = baseline_table(hmm, runs, k_max=settings["baseline_k_max"])
     curves["HMM"] = hmm.selection_
     _write_csv(table, out / "baselines.csv")
     states = hmm.decode(runs)
@@ -107,15 +142,39 @@ def fit_group(
     z_means = hmm.state_means().add_suffix("_z")
     raw_means = hmm.state_means_original(runs, states)
     _write_csv(pd.concat([z_means, raw_means], axis=1).reset_index(), out / "state_means.csv")
+    detours = _regression(hmm, states, outcomes, settings)
+    bootstrap = run_bootstrap(hmm, runs, outcomes, detours, settings, n_jobs)
+    save_json(bootstrap.to_dict(), out / "bootstrap.json")
     steps = {run: table["step"].to_numpy() for run, table in runs.items()}
     return {
         "selection.png": plots.plot_selection(
-            curves, hmm.n_states_, out / "selection.png", title=title
+            curves, hmm.n_states_, out / "selection.png", title=title, at_ceiling=hmm.at_ceiling_
         ),  # fmt: skip
         "states.png": plots.plot_state_sequences(
             states, steps, outcomes.convergence, hmm.n_states_, out / "states.png", title=title
         ),  # fmt: skip
+        "bootstrap.png": plots.plot_bootstrap(bootstrap, out / "bootstrap.png", title=title),
     }
+
+
+def _regression(
+    hmm: TrainingHMM, states: Mapping[str, np.ndarray], outcomes: Outcomes,
+    settings: Mapping[str, Any],
+) -> DetourRegression:  # fmt: skip
+    distributions = {run: state_distribution(s, hmm.n_states_) for run, s in states.items()}
+    return regress_detours(distributions, outcomes.convergence, outcomes.status,
+                           alpha=settings["alpha"])  # fmt: skip
+
+
+def run_bootstrap(
+    hmm: TrainingHMM, runs: Mapping[str, pd.DataFrame], outcomes: Outcomes,
+    detours: DetourRegression, settings: Mapping[str, Any], n_jobs: int,
+) -> BootstrapResult:  # fmt: skip
+    """The bootstrap over runs with the analysis settings (``bootstrap`` resamples, 0 = none)."""
+    return bootstrap_map(hmm, runs, outcomes.convergence, outcomes.status, detours.detour_states,
+                         n_resamples=settings["bootstrap"], alpha=settings["alpha"],
+                         seed=settings["seed"], n_jobs=n_jobs,
+                         max_iter=settings["bootstrap_iter"])  # fmt: skip
 
 
 def load_fit(directory: str | os.PathLike) -> tuple[TrainingHMM, dict[str, np.ndarray]]:
@@ -140,23 +199,38 @@ def map_group(
 
 
 def regress_group(
-    outcomes: Outcomes, fit_dir: str | os.PathLike, out_dir: str | os.PathLike, title: str = ""
-) -> dict[str, str]:
-    """Detour regression and trajectory dissimilarity of a fitted group."""
+    outcomes: Outcomes, fit_dir: str | os.PathLike, out_dir: str | os.PathLike, title: str = "",
+    settings: Mapping[str, Any] | None = None,
+) -> dict[str, str]:  # fmt: skip
+    """Detour regression and trajectory dissimilarity of a fitted group; each detour carries how
+    often the bootstrap (``bootstrap.json`` beside the fit) finds it again."""
+    settings = with_defaults(settings or {})
     out = Path(out_dir)
     hmm, states = load_fit(fit_dir)
     distributions = {run: state_distribution(s, hmm.n_states_) for run, s in states.items()}
-    result = regress_detours(distributions, outcomes.convergence, outcomes.status)
+    result = regress_detours(distributions, outcomes.convergence, outcomes.status,
+                             alpha=settings["alpha"])  # fmt: skip
+    bootstrap_path = Path(fit_dir) / "bootstrap.json"
+    found_again = {}
+    if bootstrap_path.exists():
+        found = json.loads(bootstrap_path.read_text())["detour_found"]
+        found_again = {str(d): found.get(str(d)) for d in result.detour_states}
     summary = result.to_dict() | {
         "n_states": hmm.n_states_,
-        "dissimilarity": trajectory_dissimilarity(distributions),
+        "selection_at_ceiling": bool(getattr(hmm, "at_ceiling_", False)),
+        "detours_found_again": found_again,
+        "dissimilarity": trajectory_dissimilarity(distributions, settings["dissimilarity"]),
+        "dissimilarity_ground_metric": settings["dissimilarity"],
         "forking": bool(result.detour_states) or _forks(states),
     }
     save_json(summary, out / "detours.json")
     _write_csv(result.coefficients, out / "coefficients.csv")
     return {
         "coefficients.png": plots.plot_coefficients(
-            result.coefficients, out / "coefficients.png", title=title
+            result.coefficients,
+            out / "coefficients.png",
+            title=title,
+            note=result.not_fitted,
         ),  # fmt: skip
         "convergence.png": plots.plot_convergence_histogram(
             outcomes.convergence, outcomes.status, out / "convergence.png", title=title
@@ -176,18 +250,26 @@ def _forks(states: Mapping[str, np.ndarray]) -> bool:
 
 def joint_group(
     runs: Mapping[str, pd.DataFrame], groups: Mapping[str, str], outcomes: Outcomes,
-    settings: Mapping[str, Any], out_dir: str | os.PathLike, title: str = "",
+    settings: Mapping[str, Any], out_dir: str | os.PathLike, title: str = "", n_jobs: int = 1,
 ) -> dict[str, str]:  # fmt: skip
-    """One shared HMM over several groups' runs, and the comparison of the groups."""
+    """One shared HMM over several groups' runs, the comparison of the groups and its verdicts."""
+    settings = with_defaults(settings)
     out = Path(out_dir)
     result = compare_groups(runs, groups, outcomes.convergence, outcomes.status,
-                            make_hmm(settings))  # fmt: skip
+                            make_hmm(settings | {"n_jobs": n_jobs}), settings)  # fmt: skip
     result.hmm.save(out / "hmm.npz", out / "hmm.json")
     _write_csv(states_table(result.states, runs), out / "states.csv")
-    save_json(result.summary(), out / "joint.json")
+    bootstrap = run_bootstrap(result.hmm, runs, outcomes, result.detours, settings, n_jobs)
+    save_json(bootstrap.to_dict(), out / "bootstrap.json")
+    _write_csv(result.verdicts, out / "verdicts.csv")
+    write_atomic(out / "verdicts.md", lambda tmp: tmp.write_text(result.verdict_markdown()))
+    save_json(result.summary() | {"bootstrap": bootstrap.to_dict()}, out / "joint.json")
     _write_csv(result.with_groups.coefficients, out / "regression.csv")
     training_map = build_training_map(result.hmm, runs, result.states, outcomes.convergence)
     return {
+        "verdicts.png": plots.plot_verdicts(
+            result.verdicts, settings["confidence"], out / "verdicts.png", title=title
+        ),  # fmt: skip
         "occupancy.png": plots.plot_occupancy(
             result.occupancy, result.detours.detour_states, out / "occupancy.png", title=title
         ),  # fmt: skip

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from typing import Any
 
 import matplotlib
 
@@ -21,24 +22,102 @@ def _save(figure: plt.Figure, path: str | os.PathLike) -> None:
 
 
 def plot_selection(
-    curves: Mapping[str, pd.DataFrame], chosen: int, path: str | os.PathLike, title: str = ""
-) -> str:
-    """BIC against K for the HMM and the baselines (one panel each: BICs are not comparable)."""
+    curves: Mapping[str, pd.DataFrame], chosen: int, path: str | os.PathLike, title: str = "",
+    at_ceiling: bool = False,
+) -> str:  # fmt: skip
+    """BIC against K for the HMM and the baselines (one panel each: BICs are not comparable).
+
+    The HMM panel shades the spread of the BIC over restarts; ``at_ceiling`` marks a selection
+    whose BIC was still falling at K_max.
+    """
     figure, axes = plt.subplots(1, len(curves), figsize=(3.6 * len(curves), 3.2), squeeze=False)
     for axis, (name, curve) in zip(axes[0], curves.items(), strict=True):
-        axis.plot(curve["n_states"], curve["bic"], "o-", label="BIC (held out)")
-        if "aic" in curve:
-            axis.plot(curve["n_states"], curve["aic"], "s--", alpha=0.6, label="AIC (held out)")
-        best = curve.loc[curve["bic"].idxmin()]
+        finite = curve[np.isfinite(curve["bic"])]
+        axis.plot(finite["n_states"], finite["bic"], "o-", label="BIC (held out)")
+        if "bic_mean" in finite and "bic_sd" in finite:
+            axis.fill_between(finite["n_states"], finite["bic_mean"] - finite["bic_sd"],
+                              finite["bic_mean"] + finite["bic_sd"], alpha=0.2,
+                              label="restarts: mean ± SD")  # fmt: skip
+        if "aic" in finite:
+            axis.plot(finite["n_states"], finite["aic"], "s--", alpha=0.6, label="AIC (held out)")
+        best = finite.loc[finite["bic"].idxmin()]
         axis.axvline(best["n_states"], color="C3", lw=0.8, ls=":")
-        axis.set(title=f"{name}: K = {int(best['n_states'])}", xlabel="hidden states K",
-                 ylabel="criterion")  # fmt: skip
+        label = f"{name}: K = {int(best['n_states'])}"
+        if int(best["n_states"]) == int(finite["n_states"].max()):
+            label += " (ceiling)"
+        axis.set(title=label, xlabel="hidden states K", ylabel="criterion")
         axis.legend(fontsize=7)
-    figure.suptitle(title or f"model selection (HMM: K = {chosen})", fontsize=10)
+    heading = title or "model selection"
+    heading += f" (HMM: K = {chosen})"
+    if at_ceiling:
+        heading += ": BIC still falling at K_max, raise analysis.k_max"
+    figure.suptitle(heading, fontsize=10, color="C3" if at_ceiling else "black")
     _save(figure, path)
     return (
         "Held-out BIC (and AIC) against the number of hidden states for the HMM and the appendix C "
-        "baselines; the dotted line marks each model's minimum, the chosen K."
+        "baselines; the dotted line marks each model's minimum, the chosen K, and the band the "
+        "spread of the BIC over restarts. A panel marked '(ceiling)' chose its largest K: its BIC "
+        "was still falling, so K is a lower bound, not an estimate."
+    )
+
+
+def plot_bootstrap(bootstrap: Any, path: str | os.PathLike, title: str = "") -> str:
+    """Bootstrap over runs: the distribution of the selected K, and how often each state (and
+    each detour, as a detour) of the full map is found again."""
+    figure, (left, right) = plt.subplots(1, 2, figsize=(8.5, 3.2))
+    if bootstrap.k_counts:
+        ks = sorted(bootstrap.k_counts)
+        counts = [bootstrap.k_counts[k] / bootstrap.n_resamples for k in ks]
+        colours = ["C3" if k == bootstrap.n_states else "0.6" for k in ks]
+        left.bar(ks, counts, color=colours)
+    left.set(xlabel="K selected in a resample", ylabel="fraction of resamples",
+             title=f"K over {bootstrap.n_resamples} resamples (full data: K = "
+             f"{bootstrap.n_states})")  # fmt: skip
+    states = np.arange(bootstrap.n_states)
+    right.bar(states - 0.2, bootstrap.state_found, width=0.4, color="#8fb3d9",
+              label="state found again")  # fmt: skip
+    detours = [bootstrap.detour_found.get(int(k), np.nan) for k in states]
+    right.bar(states + 0.2, detours, width=0.4, color="#e8a33d", label="detour found again")
+    right.set(xlabel="state of the full map", ylabel="fraction of resamples", ylim=(0, 1.05),
+              title="states and detours found again")  # fmt: skip
+    right.set_xticks(states)
+    right.legend(fontsize=7)
+    figure.suptitle(title or "bootstrap over runs", fontsize=10)
+    _save(figure, path)
+    return (
+        "Bootstrap over runs (seeds resampled, the map refitted, K reselected): left, how often "
+        "each K is selected (red: the full data's K); right, for each state of the full map, how "
+        "often a state with nearly the same emission mean is found again, and for detour states how "
+        "often it is again a significant detour. Low fractions mean another draw of seeds could "
+        "tell a different story."
+    )
+
+
+def plot_verdicts(
+    verdicts: pd.DataFrame, confidence: float, path: str | os.PathLike, title: str = ""
+) -> str:
+    """Effects with intervals per method pair and quantity, coloured by verdict."""
+    rows = verdicts.reset_index(drop=True)
+    figure, axes = plt.subplots(1, 2, figsize=(9, 0.9 + 0.32 * max(len(rows), 1)),
+                                gridspec_kw={"width_ratios": [3, 1]})  # fmt: skip
+    for axis, is_step in zip(axes, (False, True), strict=True):
+        part = rows[rows["quantity"].eq("convergence step") == is_step]
+        for position, row in enumerate(part.itertuples()):
+            colour = ("0.6" if row.verdict == "not enough runs" else
+                      "C2" if "higher" in row.verdict or "lower" in row.verdict else "C0")  # fmt: skip
+            axis.plot([row.low, row.high], [position] * 2, color=colour, lw=2)
+            axis.plot([row.effect], [position], "o", color=colour)
+        axis.axvline(0, color="0.3", lw=0.8)
+        axis.set_yticks(range(len(part)), [f"{r.second} vs {r.first}: {r.quantity}\n{r.verdict}"
+                                           for r in part.itertuples()], fontsize=7)  # fmt: skip
+        axis.invert_yaxis()
+        axis.set_xlabel("convergence step difference" if is_step else "occupancy difference")
+    figure.suptitle(title or "verdicts", fontsize=10)
+    _save(figure, path)
+    return (
+        f"Verdicts per method pair: the difference of means (second method minus first) with its "
+        f"{confidence:.0%} bootstrap interval; green: significant after Holm's correction "
+        "(permutation test), blue: no evidence of a difference, grey: not enough runs to tell."
     )
 
 
@@ -72,10 +151,16 @@ def plot_state_sequences(
     return "Viterbi states of every run against step; black ticks mark convergence steps."
 
 
-def plot_coefficients(table: pd.DataFrame, path: str | os.PathLike, title: str = "") -> str:
-    """Regression coefficients per state with 95 % intervals; detour states highlighted."""
+def plot_coefficients(
+    table: pd.DataFrame, path: str | os.PathLike, title: str = "", note: str | None = None
+) -> str:
+    """Regression coefficients per state with 95 % intervals; detour states highlighted. ``note``
+    (why no regression was fitted) replaces the bars when there is no fit."""
     rows = table.dropna(subset=["coefficient"])
     figure, axis = plt.subplots(figsize=(max(4.0, 0.7 * len(rows) + 2), 3.2))
+    if note:
+        axis.text(0.5, 0.5, "no regression fitted:\n" + note, ha="center", va="center",
+                  wrap=True, fontsize=8, transform=axis.transAxes)  # fmt: skip
     colours = ["#e8a33d" if detour else "#8fb3d9" for detour in rows["detour"]]
     positions = np.arange(len(rows))
     axis.bar(positions, rows["coefficient"], yerr=1.96 * rows["std_error"], color=colours,

@@ -14,18 +14,29 @@ Which runs the regression uses: runs that completed and converged (a convergence
 Diverged runs and runs that never reached the threshold are counted and listed in the result
 (``excluded``), never dropped silently.
 
-A detour state (sec. 2.3): positive coefficient, and not visited by every included run.
+A detour state (sec. 2.3): positive coefficient and not visited by every included run, and, as
+the paper recommends ("only interpreting the coefficients when they are statistically
+significant"), a coefficient significant at ``alpha`` (default 0.05) after a Holm correction across
+the states' tests (statsmodels' ``multipletests``). The authors' criterion without the test marked
+states as detours at p = 0.41. The regression is not fitted when the runs leave fewer than three
+residual degrees of freedom (runs <= regressors + 2): R^2 is then 1 or nearly so by construction
+(0.9996 on 7 runs and 6 regressors), so the result says why instead of giving numbers. Adjusted
+R^2 is reported beside R^2.
 
-Trajectory dissimilarity, eq. (1): E[W(p, q)] = 2 / (N (N - 1)) sum_i sum_{j<i} W(p_i, p_j), the 1-D
-Wasserstein distance between two runs' state distributions over the state indices 0..K-1
-(``scipy.stats.wasserstein_distance``), averaged over all pairs of decoded runs.
+Trajectory dissimilarity, eq. (1): E[W(p, q)] = 2 / (N (N - 1)) sum_i sum_{j<i} W(p_i, p_j), the
+Wasserstein distance between two runs' state distributions, averaged over all pairs of decoded runs.
+Its ground metric (``ground``) is ``"total_variation"`` by default: distance 1 between any two
+different states, so W = (1/2) sum_k |p_k - q_k| and the value does not depend on how the HMM
+happened to number its states. ``"state_index"`` is eq. (1) as the paper computes it, the 1-D
+Wasserstein distance over the state indices 0..K-1 (``scipy.stats.wasserstein_distance``): state
+numbers are arbitrary, so swapping two labels changes it (1.333 -> 1.0 on a hand example).
 """
 
 from __future__ import annotations
 
 import itertools
 import warnings
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -38,17 +49,34 @@ def state_distribution(states: np.ndarray, n_states: int) -> np.ndarray:
     return np.bincount(np.asarray(states), minlength=n_states) / len(states)
 
 
-def trajectory_dissimilarity(distributions: Mapping[str, np.ndarray]) -> float:
-    """E[W(p, q)] over all pairs of runs (eq. 1); NaN with fewer than two runs."""
+GROUND_METRICS = ("total_variation", "state_index")
+
+
+def trajectory_dissimilarity(
+    distributions: Mapping[str, np.ndarray], ground: str = "total_variation"
+) -> float:
+    """E[W(p, q)] over all pairs of runs (eq. 1) under the ``ground`` metric between states (module
+    docstring); NaN with fewer than two runs."""
+    if ground not in GROUND_METRICS:
+        raise ValueError(f"analysis.dissimilarity: {ground!r} is not a ground metric; choose one "
+                         f"of {', '.join(GROUND_METRICS)}")  # fmt: skip
     runs = list(distributions.values())
     if len(runs) < 2:
         return float("nan")
+    if ground == "total_variation":
+        matrix = np.array(runs)
+        distances = [0.5 * np.abs(matrix[i] - matrix[j]).sum()
+                     for i, j in itertools.combinations(range(len(runs)), 2)]  # fmt: skip
+        return float(np.mean(distances))
     support = np.arange(len(runs[0]))
     distances = [
         wasserstein_distance(support, support, u_weights=p, v_weights=q)
         for p, q in itertools.combinations(runs, 2)
     ]
     return float(np.mean(distances))
+
+
+DEFAULT_ALPHA = 0.05
 
 
 @dataclass
@@ -62,24 +90,46 @@ class DetourRegression:
     intercept: float
     excluded: dict[str, list[str]] = field(default_factory=dict)
     rank_deficient: bool = False
+    r2_adjusted: float = float("nan")
+    alpha: float = DEFAULT_ALPHA
+    not_fitted: str | None = None  # why there is no regression, when there is none
+
+    @property
+    def fitted(self) -> bool:
+        """Whether the regression was fitted (:attr:`not_fitted` says why not)."""
+        return self.not_fitted is None
 
     @property
     def detour_states(self) -> list[int]:
-        """States with a positive coefficient that some included run never visits."""
+        """Optional states with a positive coefficient significant after Holm's correction."""
         return [int(s) for s in self.coefficients.loc[self.coefficients["detour"], "state"]]
 
     def to_dict(self) -> dict:
-        """A JSON-ready summary."""
+        """A JSON-ready summary (NaN as null)."""
         return {
-            "r2": self.r2,
-            "f_pvalue": self.f_pvalue,
+            "fitted": self.fitted,
+            "not_fitted": self.not_fitted,
+            "r2": _finite_or_none(self.r2),
+            "r2_adjusted": _finite_or_none(self.r2_adjusted),
+            "f_pvalue": _finite_or_none(self.f_pvalue),
             "n_runs": self.n_runs,
-            "intercept": self.intercept,
+            "intercept": _finite_or_none(self.intercept),
+            "alpha": self.alpha,
+            "correction": "holm",
             "detour_states": self.detour_states,
             "excluded": self.excluded,
             "rank_deficient": self.rank_deficient,
-            "coefficients": self.coefficients.to_dict(orient="records"),
+            "coefficients": [
+                {key: _finite_or_none(value) for key, value in row.items()}
+                for row in self.coefficients.to_dict(orient="records")
+            ],
         }
+
+
+def _finite_or_none(value: object) -> object:
+    if isinstance(value, float | np.floating) and not np.isfinite(value):
+        return None
+    return value.item() if isinstance(value, np.generic) else value
 
 
 def included_runs(
@@ -97,14 +147,18 @@ def regress_detours(
     convergence: Mapping[str, int | None],
     status: Mapping[str, str] | None = None,
     extra: pd.DataFrame | None = None,
+    alpha: float = DEFAULT_ALPHA,
 ) -> DetourRegression:
     """OLS of convergence step on state distributions with effect coding (module docstring).
 
     ``extra`` (index = run ids) adds covariates, e.g. method indicators for a joint comparison;
-    their coefficients are appended to the table with ``state`` = their column name.
+    their coefficients are appended to the table with ``state`` = their column name. A detour's
+    coefficient must be significant at ``alpha`` after Holm's correction across the states.
     """
     import statsmodels.api as sm
 
+    if not 0 < alpha < 1:
+        raise ValueError(f"analysis.alpha: {alpha!r} is not allowed; it must be in (0, 1)")
     used, excluded = included_runs(convergence, status or {})
     n_states = len(next(iter(distributions.values())))
     shares = np.array([distributions[run] for run in used]) if used else np.zeros((0, n_states))
@@ -112,18 +166,19 @@ def regress_detours(
     present = [k for k in range(n_states) if visited[k] > 0]
     y = np.array([convergence[run] for run in used], dtype=float)
     rows = [_state_row(k, visited[k], len(used)) for k in range(n_states)]
-    result = DetourRegression(pd.DataFrame(rows), float("nan"), float("nan"), len(used),
-                              float("nan"), excluded)  # fmt: skip
-    n_covariates = len(present) - 1 + (0 if extra is None else extra.shape[1])
-    if (len(present) < 2 and extra is None) or len(used) <= n_covariates + 1:
-        return result  # nothing to regress on, or no residual degrees of freedom
+    n_regressors = len(present) - 1 + (0 if extra is None else extra.shape[1])
+    reason = _not_fitted_reason(len(used), len(present), n_regressors, extra is not None)
+    if reason is not None:
+        return DetourRegression(pd.DataFrame(rows), float("nan"), float("nan"), len(used),
+                                float("nan"), excluded, alpha=alpha, not_fitted=reason)  # fmt: skip
     reference = present[-1]
     columns = [shares[:, k] - shares[:, reference] for k in present[:-1]]
     names = [f"state{k}" for k in present[:-1]]
     if extra is not None:
         columns += [extra.loc[used, column].to_numpy(dtype=float) for column in extra.columns]
         names += list(extra.columns)
-    design = sm.add_constant(np.column_stack(columns), has_constant="add")
+    design = sm.add_constant(np.column_stack(columns) if columns else np.zeros((len(used), 0)),
+                             has_constant="add")  # fmt: skip
     rank_deficient = bool(np.linalg.matrix_rank(design) < design.shape[1])
     if rank_deficient:
         warnings.warn(
@@ -139,29 +194,68 @@ def regress_detours(
     for position, k in enumerate(present[:-1]):
         _fill(rows[k], fitted.params[1 + position], fitted.bse[1 + position],
               fitted.tvalues[1 + position], fitted.pvalues[1 + position])  # fmt: skip
-    contrast = np.zeros(design.shape[1])
-    contrast[1 : 1 + n_state_terms] = -1.0
-    last = fitted.t_test(contrast)
-    _fill(rows[reference], float(np.squeeze(last.effect)), float(np.squeeze(last.sd)),
-          float(np.squeeze(last.tvalue)), float(np.squeeze(last.pvalue)))  # fmt: skip
+    if len(present) > 1:
+        contrast = np.zeros(design.shape[1])
+        contrast[1 : 1 + n_state_terms] = -1.0
+        last = fitted.t_test(contrast)
+        _fill(rows[reference], float(np.squeeze(last.effect)), float(np.squeeze(last.sd)),
+              float(np.squeeze(last.tvalue)), float(np.squeeze(last.pvalue)))  # fmt: skip
+    _holm(rows)
     for position, name in enumerate(names[n_state_terms:], start=1 + n_state_terms):
         rows.append({"state": name, "coefficient": fitted.params[position],
                      "std_error": fitted.bse[position], "t": fitted.tvalues[position],
-                     "p_value": fitted.pvalues[position], "visited_by": None,
+                     "p_value": fitted.pvalues[position], "p_holm": np.nan, "visited_by": None,
                      "visited_by_all": None, "detour": False})  # fmt: skip
     table = pd.DataFrame(rows)
     table["detour"] = [
         bool(isinstance(r["state"], int | np.integer) and r["coefficient"] > 0
-             and not r["visited_by_all"] and r["visited_by"] > 0)
+             and not r["visited_by_all"] and r["visited_by"] > 0 and r["p_holm"] < alpha)
         for r in rows
     ]  # fmt: skip
     return DetourRegression(table, float(fitted.rsquared), float(fitted.f_pvalue), len(used),
-                            float(fitted.params[0]), excluded, rank_deficient)  # fmt: skip
+                            float(fitted.params[0]), excluded, rank_deficient,
+                            float(fitted.rsquared_adj), alpha)  # fmt: skip
+
+
+def _not_fitted_reason(
+    n_runs: int, n_present: int, n_regressors: int, has_extra: bool
+) -> str | None:
+    """Why the regression cannot be trusted, or None: it needs >= 3 residual degrees of freedom."""
+    n_regressors = max(n_regressors, 0)
+    if n_runs <= n_regressors + 2:
+        return (f"{n_runs} included runs for {n_regressors} regressors and an intercept: a fit "
+                f"needs at least {n_regressors + 3} runs (with fewer, R^2 is near 1 by "
+                "construction); included runs are those that converged and did not diverge; "
+                "add seeds")  # fmt: skip
+    if n_present < 2 and not has_extra:
+        return (f"every one of the {n_runs} included runs stays in a single state: there is "
+                "nothing to regress convergence on")  # fmt: skip
+    return None
+
+
+def holm(p_values: Sequence[float]) -> np.ndarray:
+    """Holm's step-down adjusted p-values (Holm 1979): the i-th smallest of m is multiplied by
+    m - i + 1, made non-decreasing in that order, and capped at 1. (statsmodels' ``multipletests``
+    gives the same numbers, tests/test_dynamics_regression.py checks, but costs 0.5 s per call in
+    a garbage collection, which the bootstrap cannot afford 200 times.)"""
+    p = np.asarray(p_values, dtype=float)
+    order = np.argsort(p, kind="stable")
+    scaled = p[order] * (len(p) - np.arange(len(p)))
+    adjusted = np.empty_like(p)
+    adjusted[order] = np.minimum(np.maximum.accumulate(scaled), 1.0)
+    return adjusted
+
+
+def _holm(rows: list[dict]) -> None:
+    """Holm-adjusted p-values across the states that have a coefficient (``p_holm``)."""
+    tested = [row for row in rows if np.isfinite(row["p_value"])]
+    for row, p in zip(tested, holm([row["p_value"] for row in tested]), strict=True):
+        row["p_holm"] = float(p)
 
 
 def _state_row(state: int, visited_by: int, n_runs: int) -> dict:
     return {"state": state, "coefficient": np.nan, "std_error": np.nan, "t": np.nan,
-            "p_value": np.nan, "visited_by": int(visited_by),
+            "p_value": np.nan, "p_holm": np.nan, "visited_by": int(visited_by),
             "visited_by_all": bool(n_runs > 0 and visited_by == n_runs), "detour": False}  # fmt: skip
 
 

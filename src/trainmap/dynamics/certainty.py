@@ -1,0 +1,449 @@
+"""How sure a training map is: the bootstrap over runs, and permutation tests between methods.
+
+None of the anchor papers states its uncertainty. A training map rests on a sample of seeds, so
+trainmap asks what another draw of seeds would have said:
+
+**Bootstrap over runs** (:func:`bootstrap_map`; Efron & Tibshirani 1993, ch. 6). Each resample
+draws a fresh 80/20 split of the run ids, then draws runs with replacement within each part (a
+held-out copy of a training run would flatter the fit), re-standardises (pooled statistics of the
+drawn runs), refits every K = 1..K_max and selects K by held-out BIC exactly as the full fit does;
+it then decodes the drawn runs and reruns the detour regression. Each refit starts from the full
+fit's model at that K (its parameters re-expressed in the resample's standard units) with one EM
+run instead of R fresh restarts: the full fit already found the basin, and a resample's optimum
+lies close to it. The refit runs at most ``max_iter`` EM iterations (a k-step bootstrap, Andrews
+2002): on the paper's sparse-parity setting (40 runs x 321 checkpoints) refits to convergence took
+3-63 iterations (1.3 CPU s per resample); capped at 10 the distribution of K over 40 resamples was
+the same within resampling noise ({1: 2, 3: 3, 4: 9, 5: 3, 6: 16, 7: 6, 8: 1} against
+{1: 2, 3: 4, 4: 10, 5: 3, 6: 15, 7: 6}) at half the time. Reported: the distribution of the selected K; per state of the full map how often
+a state with nearly the same emission mean is found again (Hungarian matching of emission means,
+accepted when closer than half the distance to the nearest other state of the full map); per
+detour state how often that state is found again *as a detour*. Resamples are seeded
+(``SeedSequence([seed, b])``) and run in parallel; the result does not depend on ``n_jobs``.
+
+**Permutation tests between methods** (:func:`compare_methods`; Good 2005, ch. 3). In a joint
+comparison all runs share one map, so each run's state occupancy (fraction of checkpoints in each
+state), its time in detour states and its convergence step are numbers that can be compared
+between two methods without refitting: the effect is the difference of the group means (second
+method minus first), its interval a percentile bootstrap interval (runs resampled within each
+method), its p-value two-sided from random relabellings of the two methods' runs,
+p = (1 + #{|effect*| >= |effect|}) / (1 + P). p-values are Holm-corrected within each method pair.
+A verdict is "not enough runs" when even a perfect separation of the two methods could not reach
+significance: the smallest p-value any relabelling test can give, 1/C(n_A + n_B, n_A) (doubled for
+equal sizes, whose mirror image is as extreme), exceeds Holm's first threshold alpha / m for the m
+tests of the pair, or a method has fewer than 2 runs with the quantity.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from trainmap.dynamics.hmm import (
+    TrainingHMM,
+    make_model,
+    pooled_statistics,
+    score_heldout,
+    stack,
+)
+from trainmap.dynamics.regression import holm, regress_detours, state_distribution
+
+NOT_ENOUGH_RUNS = "not enough runs"
+NO_EVIDENCE = "no evidence of a difference"
+
+
+# --- bootstrap over runs -----------------------------------------------------------------------
+
+
+@dataclass
+class BootstrapResult:
+    """What the resamples say about the full map (module docstring)."""
+
+    n_resamples: int
+    n_states: int
+    k_counts: dict[int, int]
+    state_found: list[float]
+    detour_states: list[int]
+    detour_found: dict[int, float]
+    seconds: float
+    ks: list[int] = field(default_factory=list)
+
+    @property
+    def k_same(self) -> float:
+        """Fraction of resamples that select the full map's K."""
+        return self.k_counts.get(self.n_states, 0) / max(self.n_resamples, 1)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready."""
+        summary = asdict(self)
+        summary["k_counts"] = {str(k): v for k, v in sorted(self.k_counts.items())}
+        summary["detour_found"] = {str(k): v for k, v in self.detour_found.items()}
+        summary["k_same"] = self.k_same
+        return summary
+
+
+def _model_parameters(hmm: TrainingHMM) -> dict[int, dict[str, np.ndarray]]:
+    from trainmap.dynamics.hmm import _covars_in_own_shape
+
+    return {
+        k: {"startprob": m.startprob_, "transmat": m.transmat_, "means": m.means_,
+            "covars": _covars_in_own_shape(m)}
+        for k, m in hmm.models_.items()
+    }  # fmt: skip
+
+
+def bootstrap_map(
+    hmm: TrainingHMM,
+    runs: Mapping[str, pd.DataFrame],
+    convergence: Mapping[str, int | None],
+    status: Mapping[str, str],
+    detour_states: Sequence[int],
+    n_resamples: int = 200,
+    alpha: float = 0.05,
+    seed: int = 0,
+    n_jobs: int = 1,
+    max_iter: int | None = None,
+) -> BootstrapResult:
+    """Refit the map on ``n_resamples`` bootstrap resamples of the runs (module docstring).
+
+    ``hmm`` is the fitted full map (with ``models_`` for every K); ``detour_states`` its detours;
+    ``max_iter`` caps the EM iterations of each warm-started refit (default: the fit's ``n_iter``).
+    """
+    started = time.perf_counter()
+    payload = {
+        "raw": {run: table[hmm.features_].to_numpy(dtype=float) for run, table in runs.items()},
+        "n_heldout": len(hmm.heldout_runs_),
+        "standardisation": hmm.standardisation_,
+        "models": _model_parameters(hmm),
+        "settings": hmm.settings() | ({"n_iter": max_iter} if max_iter else {}),
+        "convergence": dict(convergence),
+        "status": dict(status),
+        "alpha": alpha,
+        "seed": seed,
+        "full_means": hmm.model_.means_,
+    }
+    chunks = [list(range(i, n_resamples, max(n_jobs, 1))) for i in range(max(n_jobs, 1))]
+    if n_jobs == 1:
+        results = [_resample_chunk(chunks[0], payload)]
+    else:
+        from joblib import Parallel, delayed
+
+        results = Parallel(n_jobs=n_jobs)(
+            delayed(_resample_chunk)(chunk, payload) for chunk in chunks if chunk
+        )
+    outcomes = sorted((item for chunk in results for item in chunk), key=lambda r: r["b"])
+    ks = [r["k"] for r in outcomes]
+    n_states = hmm.n_states_
+    found = np.zeros(n_states)
+    detour_found = dict.fromkeys(detour_states, 0)
+    for outcome in outcomes:
+        for full_state, state in outcome["matched"].items():
+            found[full_state] += 1
+            if full_state in detour_found and state in outcome["detours"]:
+                detour_found[full_state] += 1
+    total = max(len(outcomes), 1)
+    return BootstrapResult(
+        n_resamples=len(outcomes),
+        n_states=n_states,
+        k_counts={int(k): ks.count(k) for k in sorted(set(ks))},
+        state_found=(found / total).tolist(),
+        detour_states=[int(d) for d in detour_states],
+        detour_found={int(d): count / total for d, count in detour_found.items()},
+        seconds=time.perf_counter() - started,
+        ks=ks,
+    )
+
+
+def _resample_chunk(indices: list[int], payload: dict[str, Any]) -> list[dict[str, Any]]:
+    from threadpoolctl import threadpool_limits
+
+    # Small matrices: BLAS threads only add synchronisation (and the result must not depend on
+    # how many there are).
+    with threadpool_limits(limits=1):
+        return [_one_resample(b, payload) for b in indices]
+
+
+def _standardise_resample(
+    raw: Mapping[str, np.ndarray], drawn: Sequence[str], standardisation: dict[str, Any]
+) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
+    """z-scores of the drawn runs, and the (shift, scale) that map the full fit's units to them:
+    z_resample = (z_full - shift) / scale."""
+    if standardisation["kind"] == "per_run":
+        per_run = standardisation["runs"]
+        z = {run: (raw[run] - per_run[run]["mean"]) / np.asarray(per_run[run]["std"])
+             for run in set(drawn)}  # fmt: skip
+        d = next(iter(raw.values())).shape[1]
+        return z, np.zeros(d), np.ones(d)
+    full_mean = np.asarray(standardisation["mean"])
+    full_std = np.asarray(standardisation["std"])
+    mean, std = pooled_statistics([raw[run] for run in drawn])
+    std = np.where(std > 0, std, full_std)
+    z = {run: (raw[run] - mean) / std for run in set(drawn)}
+    return z, (mean - full_mean) / full_std, std / full_std
+
+
+def _warm_model(parameters: dict[str, np.ndarray], shift: np.ndarray, scale: np.ndarray,
+                settings: dict[str, Any], n_observations: int) -> Any:  # fmt: skip
+    """The full fit's model at one K, in the resample's units, ready to continue EM."""
+    n_states = len(parameters["startprob"])
+    model = make_model(n_states, settings, n_observations, init_params="")
+    model.startprob_ = parameters["startprob"].copy()
+    model.transmat_ = parameters["transmat"].copy()
+    model.means_ = (parameters["means"] - shift) / scale
+    covars = parameters["covars"]
+    if settings["covariance_type"] == "full":
+        covars = covars / scale[None, :, None] / scale[None, None, :]
+    else:
+        covars = covars / scale[None, :] ** 2
+    # As hmmlearn's M-step does: the full fit's covariances may be singular to rounding (a state
+    # of K_max holding a handful of checkpoints), which the public setter would refuse.
+    model._covars_ = covars
+    model.n_features = covars.shape[-1]
+    return model
+
+
+def _draw(ids: Sequence[str], size: int, rng: np.random.Generator) -> tuple[list[str], np.ndarray]:
+    """``size`` runs drawn with replacement: the distinct runs drawn and how often each was."""
+    drawn = rng.choice(np.asarray(ids, dtype=object), size=size, replace=True)
+    unique, counts = np.unique(drawn.astype(str), return_counts=True)
+    return list(unique), counts.astype(float)
+
+
+def _refit(model: Any, data: tuple[np.ndarray, list[int]], weights: np.ndarray) -> bool:
+    """Continue EM on the drawn runs (weighted by how often each was drawn); False if EM broke."""
+    import logging
+
+    logging.getLogger("hmmlearn").setLevel(logging.ERROR)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            model.fit_weighted(*data, weights)
+        except ValueError:
+            return False
+    return bool(np.isfinite(model.means_).all())
+
+
+def _one_resample(b: int, payload: dict[str, Any]) -> dict[str, Any]:
+    rng = np.random.default_rng(np.random.SeedSequence([payload["seed"], b]))
+    ids = sorted(payload["raw"])
+    order = rng.permutation(len(ids))
+    heldout = [ids[i] for i in order[: payload["n_heldout"]]]
+    train = [ids[i] for i in order[payload["n_heldout"] :]]
+    train_runs, train_counts = _draw(train, len(train), rng)
+    heldout_runs, heldout_counts = _draw(heldout, len(heldout), rng)
+    drawn = [run for run, c in zip(train_runs, train_counts, strict=True) for _ in range(int(c))]
+    drawn += [run for run, c in zip(heldout_runs, heldout_counts, strict=True)
+              for _ in range(int(c))]  # fmt: skip
+    z, shift, scale = _standardise_resample(payload["raw"], drawn, payload["standardisation"])
+    train_data = stack([z[run] for run in train_runs])
+    heldout_data = stack([z[run] for run in heldout_runs])
+    n_train = int(train_counts @ np.asarray(train_data[1]))
+    best_k, best_bic, best_model = None, math.inf, None
+    for k, parameters in sorted(payload["models"].items()):
+        model = _warm_model(parameters, shift, scale, payload["settings"], n_train)
+        try:
+            if not _refit(model, train_data, train_counts):
+                continue
+            bic = score_heldout(model, heldout_data, heldout_counts)["bic"]
+        except ValueError:  # a state EM never enters any more (a transition row of zeros)
+            continue
+        if bic < best_bic:
+            best_k, best_bic, best_model = k, bic, model
+    if best_model is None:
+        return {"b": b, "k": -1, "matched": {}, "detours": [], "iterations": 0}
+    decoded = {run: best_model.predict(z[run]) for run in set(drawn)}
+    keys = [f"{run}#{i}" for i, run in enumerate(drawn)]
+    distributions = {key: state_distribution(decoded[run], best_k)
+                     for key, run in zip(keys, drawn, strict=True)}  # fmt: skip
+    convergence = {key: payload["convergence"].get(run) for key, run in zip(keys, drawn,
+                                                                             strict=True)}  # fmt: skip
+    status = {key: payload["status"].get(run, "completed") for key, run in zip(keys, drawn,
+                                                                                strict=True)}  # fmt: skip
+    with warnings.catch_warnings():
+        warnings.simplefilter(
+            "ignore"
+        )  # e.g. statsmodels on a resample whose runs all converge alike
+        detours = regress_detours(distributions, convergence, status, alpha=payload["alpha"])
+    means_in_full_units = best_model.means_ * scale + shift
+    return {"b": b, "k": int(best_k), "detours": detours.detour_states,
+            "matched": match_by_means(payload["full_means"], means_in_full_units)}  # fmt: skip
+
+
+def match_by_means(full_means: np.ndarray, means: np.ndarray) -> dict[int, int]:
+    """Full-map state -> resample state with nearly the same emission mean: the Hungarian matching
+    of Euclidean distances, a pair kept when closer than half the distance from the full state to
+    its nearest other full state."""
+    from scipy.optimize import linear_sum_assignment
+    from scipy.spatial.distance import cdist
+
+    distances = cdist(full_means, means)
+    rows, columns = linear_sum_assignment(distances)
+    between = cdist(full_means, full_means)
+    np.fill_diagonal(between, np.inf)
+    radius = 0.5 * between.min(axis=1)
+    return {int(r): int(c) for r, c in zip(rows, columns, strict=True)
+            if distances[r, c] < radius[r]}  # fmt: skip
+
+
+# --- permutation tests between methods ---------------------------------------------------------
+
+
+def _permutation_test(
+    values: np.ndarray, in_first: np.ndarray, n_permutations: int, rng: np.random.Generator
+) -> tuple[float, np.ndarray]:
+    """Two-sided p-values of mean(second) - mean(first) for each column of ``values`` [n, q]."""
+    n_first = int(in_first.sum())
+    observed = values[~in_first].mean(axis=0) - values[in_first].mean(axis=0)
+    masks = np.zeros((n_permutations, len(values)), dtype=bool)
+    for row in range(n_permutations):
+        masks[row, rng.permutation(len(values))[:n_first]] = True
+    first = masks.astype(float) @ values / n_first
+    second = (~masks).astype(float) @ values / (len(values) - n_first)
+    extreme = (np.abs(second - first) >= np.abs(observed) - 1e-12).sum(axis=0)
+    return observed, (1 + extreme) / (1 + n_permutations)
+
+
+def _bootstrap_interval(
+    first: np.ndarray, second: np.ndarray, n_resamples: int, confidence: float,
+    rng: np.random.Generator,
+) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """Percentile interval of mean(second) - mean(first), runs resampled within each group."""
+    a = first[rng.integers(0, len(first), (n_resamples, len(first)))].mean(axis=1)
+    b = second[rng.integers(0, len(second), (n_resamples, len(second)))].mean(axis=1)
+    tail = (1 - confidence) / 2
+    return np.quantile(b - a, tail, axis=0), np.quantile(b - a, 1 - tail, axis=0)
+
+
+def smallest_p(n_first: int, n_second: int, n_permutations: int) -> float:
+    """The smallest p-value a two-sided relabelling test of these group sizes can give."""
+    assignments = math.comb(n_first + n_second, n_first)
+    exact = (2 if n_first == n_second else 1) / assignments
+    return max(exact, 1 / (1 + n_permutations))
+
+
+def compare_methods(
+    quantities: pd.DataFrame,
+    groups: Mapping[str, str],
+    n_permutations: int = 2000,
+    confidence: float = 0.95,
+    alpha: float = 0.05,
+    seed: int = 0,
+) -> pd.DataFrame:
+    """The verdict table: every pair of methods x every quantity (module docstring).
+
+    ``quantities`` has one row per run (index = run ids) and one column per quantity (NaN where a
+    run has none, e.g. the convergence step of a run that never converged); ``groups`` maps runs to
+    methods, in the order the methods should be compared (the first is the reference).
+    """
+    order = list(dict.fromkeys(groups[run] for run in groups))
+    rows = []
+    for i, first in enumerate(order):
+        for second in order[i + 1 :]:
+            pair = _compare_pair(quantities, groups, first, second, n_permutations, confidence,
+                                 seed + 1000 * len(rows))  # fmt: skip
+            tested = [row for row in pair if np.isfinite(row["p"])]
+            for row, p in zip(tested, holm([row["p"] for row in tested]), strict=True):
+                row["p_holm"] = float(p)
+            threshold = alpha / max(len(pair), 1)
+            for row in pair:
+                row["verdict"] = _verdict(row, threshold, alpha, n_permutations)
+            rows += pair
+    columns = ["first", "second", "quantity", "effect", "low", "high", "p", "p_holm", "n_first",
+               "n_second", "verdict"]  # fmt: skip
+    return pd.DataFrame(rows, columns=columns)
+
+
+def _compare_pair(
+    quantities: pd.DataFrame, groups: Mapping[str, str], first: str, second: str,
+    n_permutations: int, confidence: float, seed: int,
+) -> list[dict[str, Any]]:  # fmt: skip
+    rng = np.random.default_rng(seed)
+    rows = []
+    # Columns with the same missing runs are tested together (one matrix product for all).
+    for mask, columns in _columns_by_availability(quantities, groups, first, second):
+        subset = quantities.loc[mask, columns]
+        in_first = np.array([groups[run] == first for run in subset.index], dtype=bool)
+        n_first, n_second = int(in_first.sum()), int((~in_first).sum())
+        values = subset.to_numpy(dtype=float)
+        if n_first < 2 or n_second < 2:
+            effect = p = low = high = np.full(len(columns), np.nan)
+            if n_first and n_second:
+                effect = values[~in_first].mean(axis=0) - values[in_first].mean(axis=0)
+        else:
+            effect, p = _permutation_test(values, in_first, n_permutations, rng)
+            low, high = _bootstrap_interval(values[in_first], values[~in_first], n_permutations,
+                                            confidence, rng)  # fmt: skip
+        for j, column in enumerate(columns):
+            rows.append({"first": first, "second": second, "quantity": column,
+                         "effect": float(effect[j]), "low": float(low[j]), "high": float(high[j]),
+                         "p": float(p[j]), "p_holm": float("nan"), "n_first": n_first,
+                         "n_second": n_second})  # fmt: skip
+    order = list(quantities.columns)
+    return sorted(rows, key=lambda row: order.index(row["quantity"]))
+
+
+def _columns_by_availability(
+    quantities: pd.DataFrame, groups: Mapping[str, str], first: str, second: str
+) -> list[tuple[pd.Series, list[str]]]:
+    in_pair = np.array([groups[run] in (first, second) for run in quantities.index])
+    found: dict[tuple, list[str]] = {}
+    for column in quantities.columns:
+        available = tuple(in_pair & quantities[column].notna().to_numpy())
+        found.setdefault(available, []).append(column)
+    return [(pd.Series(mask, index=quantities.index).to_numpy(), columns)
+            for mask, columns in found.items()]  # fmt: skip
+
+
+def _verdict(row: dict[str, Any], threshold: float, alpha: float, n_permutations: int) -> str:
+    n_first, n_second = row["n_first"], row["n_second"]
+    if n_first < 2 or n_second < 2 or smallest_p(n_first, n_second, n_permutations) > threshold:
+        return NOT_ENOUGH_RUNS
+    if row["p_holm"] < alpha:
+        return f"{row['second']} {'higher' if row['effect'] > 0 else 'lower'}"
+    return NO_EVIDENCE
+
+
+def run_quantities(
+    states: Mapping[str, np.ndarray],
+    n_states: int,
+    convergence: Mapping[str, int | None],
+    status: Mapping[str, str],
+    detour_states: Sequence[int],
+) -> pd.DataFrame:
+    """Per run: occupancy of each state, time in detour states (when there are detours) and the
+    convergence step (NaN for runs that never converged or diverged)."""
+    rows = {}
+    for run, sequence in states.items():
+        occupancy = state_distribution(sequence, n_states)
+        row = {f"occupancy of state {k}": occupancy[k] for k in range(n_states)}
+        if detour_states:
+            row["time in detour states"] = float(occupancy[list(detour_states)].sum())
+        step = convergence.get(run)
+        converged = step is not None and status.get(run, "completed") != "diverged"
+        row["convergence step"] = float(step) if converged else np.nan
+        rows[run] = row
+    return pd.DataFrame.from_dict(rows, orient="index")
+
+
+def verdict_markdown(verdicts: pd.DataFrame, confidence: float) -> str:
+    """The verdict table as Markdown (one line per method pair and quantity)."""
+    lines = [f"| pair | quantity | effect | {confidence:.0%} interval | p (Holm) | runs | verdict |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+    for row in verdicts.itertuples():
+        interval = "" if not np.isfinite(row.low) else f"[{_number(row.low)}, {_number(row.high)}]"
+        p = "" if not np.isfinite(row.p_holm) else f"{row.p_holm:.3g}"
+        lines.append(f"| {row.second} vs {row.first} | {row.quantity} | {_number(row.effect)} | "
+                     f"{interval} | {p} | {row.n_second} vs {row.n_first} | {row.verdict} |")  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def _number(value: float) -> str:
+    if not np.isfinite(value):
+        return ""
+    return f"{value:+.0f}" if abs(value) >= 100 else f"{value:+.3f}"

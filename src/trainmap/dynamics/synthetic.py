@@ -1,0 +1,151 @@
+"""Runs with a known answer: metric tables sampled from a left-to-right Gaussian HMM.
+
+Training runs move through phases in order and spend different times in each; the 14 weight
+metrics move together (L1, L2 and the spectral norm all grow with the weights' scale). The sampler
+reproduces both, so model selection, decoding and the training map can be checked against the truth:
+
+* hidden states 0 -> 1 -> ... -> K-1, each run starts in 0 and moves one state right with
+  probability 1/dwell per checkpoint (geometric times per state, so runs differ in how long they
+  stay, and some never reach the last state); the last state absorbs;
+* the states' factor means lie on a path of steps of length ``separation`` (in units of the
+  factors' within-state standard deviation, about 1), each within 60 degrees of one main direction;
+* emissions are Gaussian in a few shared factors plus small feature-specific noise:
+  x = loadings @ f + e, f ~ N(m_k, C_k), e ~ N(0, diag(psi)); so every state's covariance
+  loadings C_k loadings^T + diag(psi) is full and the features are strongly correlated;
+* the features come in raw units: each has its own offset and a scale between 1e-3 and 1e3, as
+  real metrics do (a bias variance near 1e-4 beside an L1 norm near 600).
+
+:func:`sample_runs` returns metric tables named like the real ones (``step``, :data:`METRIC_NAMES`,
+``test_acc``), the true state sequences and the true model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+from hmmlearn.hmm import GaussianHMM
+
+from trainmap.dynamics.metrics import METRIC_NAMES
+
+
+@dataclass
+class KnownHMM:
+    """The true model behind sampled runs: an hmmlearn model in standard units, and raw units."""
+
+    model: GaussianHMM
+    scale: np.ndarray
+    offset: np.ndarray
+
+    @property
+    def n_states(self) -> int:
+        """The true number of hidden states."""
+        return self.model.n_components
+
+    def true_edges(self) -> set[tuple[int, int]]:
+        """The non-zero transitions between different states."""
+        transmat = self.model.transmat_
+        n = self.n_states
+        return {(j, k) for j in range(n) for k in range(n) if j != k and transmat[j, k] > 0}
+
+
+def left_to_right_hmm(
+    n_states: int,
+    n_features: int = len(METRIC_NAMES),
+    n_factors: int = 2,
+    length: int = 200,
+    separation: float = 8.0,
+    seed: int = 0,
+) -> KnownHMM:
+    """A left-to-right Gaussian HMM whose features share ``n_factors`` factors (module docstring).
+
+    Consecutive states' factor means are ``separation`` apart; the mean time in each non-final
+    state is ``length / (n_states + 1)`` checkpoints.
+    """
+    rng = np.random.default_rng(seed)
+    loadings = rng.normal(0.0, 1.0, (n_features, n_factors))
+    # Training drifts: every step leaves in a direction within 60 degrees of one main direction,
+    # so the path never folds back onto an earlier state.
+    main = rng.normal(0.0, 1.0, n_factors)
+    main /= np.linalg.norm(main)
+    directions = []
+    while len(directions) < n_states - 1:
+        candidate = rng.normal(0.0, 1.0, n_factors)
+        candidate /= np.linalg.norm(candidate)
+        if candidate @ main >= 0.5:
+            directions.append(candidate)
+    directions = np.array(directions).reshape(n_states - 1, n_factors)
+    factor_means = np.vstack([np.zeros(n_factors), np.cumsum(separation * directions, axis=0)])
+    covars = []
+    for _ in range(n_states):
+        mixing = rng.normal(0.0, 0.5, (n_factors, n_factors))
+        factor_covariance = mixing @ mixing.T + 0.5 * np.eye(n_factors)
+        specific = rng.uniform(0.05, 0.2, n_features)
+        covars.append(loadings @ factor_covariance @ loadings.T + np.diag(specific))
+    stay = 1.0 - (n_states + 1) / length
+    transmat = np.zeros((n_states, n_states))
+    for k in range(n_states - 1):
+        transmat[k, k], transmat[k, k + 1] = stay, 1.0 - stay
+    transmat[-1, -1] = 1.0
+    model = GaussianHMM(n_components=n_states, covariance_type="full")
+    model.startprob_ = np.eye(n_states)[0]
+    model.transmat_ = transmat
+    model.means_ = factor_means @ loadings.T
+    model.covars_ = np.array(covars)
+    model.n_features = n_features
+    scale = 10.0 ** rng.uniform(-3, 3, n_features)
+    offset = rng.normal(0.0, 5.0, n_features) * scale
+    return KnownHMM(model, scale, offset)
+
+
+def sample_runs(
+    n_states: int, n_runs: int = 40, length: int = 200, seed: int = 0, **options: float
+) -> tuple[dict[str, pd.DataFrame], dict[str, np.ndarray], KnownHMM]:
+    """``n_runs`` metric tables of ``length`` checkpoints from :func:`left_to_right_hmm`.
+
+    Returns ``(runs, states, truth)``: run id -> table (``step``, the metric columns in raw units,
+    ``test_acc`` = 1.0 from the last state on, else 0.0), run id -> true state sequence, the model.
+    """
+    truth = left_to_right_hmm(n_states, length=length, seed=seed, **options)
+    names = list(METRIC_NAMES[: truth.model.n_features])
+    runs, states = {}, {}
+    for index in range(n_runs):
+        values, hidden = truth.model.sample(length, random_state=seed * 1000 + index + 1)
+        table = pd.DataFrame(values * truth.scale + truth.offset, columns=names)
+        table.insert(0, "step", np.arange(length) * 10)
+        table["test_acc"] = (hidden == n_states - 1).astype(float)
+        runs[f"run{index:02d}"] = table
+        states[f"run{index:02d}"] = hidden
+    return runs, states, truth
+
+
+def match_states(decoded: dict[str, np.ndarray], truth: dict[str, np.ndarray]) -> dict[int, int]:
+    """Decoded state -> true state, the relabelling that agrees on the most checkpoints
+    (Hungarian algorithm on the confusion matrix); decoded states left over map to nothing."""
+    from scipy.optimize import linear_sum_assignment
+
+    predicted = np.concatenate([decoded[run] for run in sorted(truth)])
+    actual = np.concatenate([truth[run] for run in sorted(truth)])
+    confusion = np.zeros((predicted.max() + 1, actual.max() + 1))
+    np.add.at(confusion, (predicted, actual), 1)
+    rows, columns = linear_sum_assignment(-confusion)
+    return {int(row): int(column) for row, column in zip(rows, columns, strict=True)}
+
+
+def known_answer_scores(
+    decoded: dict[str, np.ndarray], edges: set[tuple[int, int]], states: dict[str, np.ndarray],
+    truth: KnownHMM,
+) -> dict[str, object]:  # fmt: skip
+    """How a fitted map compares with the truth: the fraction of checkpoints decoded right up to
+    relabelling, and whether the map's kept edges (relabelled) are exactly the true transitions."""
+    mapping = match_states(decoded, states)
+    predicted = np.concatenate([decoded[run] for run in sorted(states)])
+    actual = np.concatenate([states[run] for run in sorted(states)])
+    relabelled = np.array([mapping.get(int(label), -1) for label in predicted])
+    kept = {(mapping.get(j, -1), mapping.get(k, -1)) for j, k in edges}
+    return {
+        "accuracy": float(np.mean(relabelled == actual)),
+        "edges": sorted(kept),
+        "edges_match": kept == truth.true_edges(),
+    }
