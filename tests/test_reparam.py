@@ -149,3 +149,42 @@ def test_to_deploy_leaves_the_model_untouched_and_round_trips(tmp_path):
     assert torch.equal(loaded(inputs), deploy(inputs))
     check = check_equivalence(model, loaded, inputs)
     assert check["predictions_identical"] and check["max_abs_logit_diff"] < 1e-4
+
+
+def test_deploy_trajectory_fuses_every_checkpoint_into_one_weight_space_for_both_archs():
+    """analysis.repvgg_weights: deploy. Each fused checkpoint computes its training-time checkpoint
+    exactly (eq. 3), and a RepVGG and its plain ablation get metric tables over the same matrices."""
+    from trainmap.dynamics.metrics import trajectory_metrics
+    from trainmap.reparam import deploy_trajectory
+
+    inputs = torch.randn(4, 1, 8, 8, dtype=torch.float64)
+    tables = {}
+    for arch in ("repvgg", "repvgg_plain"):
+        torch.manual_seed(4)
+        model = build_model(arch, DIGITS)
+        checkpoints = []
+        for seed in range(3):  # three "checkpoints" with different BN statistics and weights
+            randomise_bn(model, seed=seed)
+            with torch.no_grad():
+                for parameter in model.parameters():
+                    parameter.add_(0.01 * torch.randn_like(parameter))
+            checkpoints.append({k: v.clone() for k, v in model.state_dict().items()})
+        state = {name: torch.stack([c[name] for c in checkpoints]) for name in checkpoints[0]}
+        fused, deploy = deploy_trajectory(state, model)
+        assert all(value.shape[0] == 3 for value in fused.values())
+        for index, checkpoint in enumerate(checkpoints):
+            reference = build_model(arch, DIGITS).double().eval()
+            reference.load_state_dict({k: v.double() if v.is_floating_point() else v
+                                       for k, v in checkpoint.items()})  # fmt: skip
+            deploy.load_state_dict({name: value[index] for name, value in fused.items()})
+            assert relative_error(reference(inputs), deploy(inputs)) <= 1e-12
+        tables[arch] = trajectory_metrics(fused, deploy)
+        deploy_layers = [m for m in deploy.modules() if isinstance(m, nn.Conv2d | nn.Linear)]
+        assert (tables[arch]["n_matrices"] == len(deploy_layers)).all()
+    assert (tables["repvgg"]["n_matrices"] == tables["repvgg_plain"]["n_matrices"]).all()
+    # Unfused, a RepVGG's metrics also see its 1x1 branches: more matrices than its deploy form.
+    model = build_model("repvgg", DIGITS)
+    unfused = trajectory_metrics({k: v.unsqueeze(0) for k, v in model.state_dict().items()}, model)
+    assert unfused["n_matrices"].iloc[0] > tables["repvgg"]["n_matrices"].iloc[0]
+    with pytest.raises(TypeError, match="RepVGG"):
+        deploy_trajectory(state, nn.Linear(2, 2))

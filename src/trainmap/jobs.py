@@ -287,21 +287,32 @@ def collect_metrics_job(
     config: dict,
     *,
     convention: str = "paper",
+    repvgg_weights: str = "train",
     threads: int = 1,
 ) -> pd.DataFrame:
     """Rule ``collect_metrics``: the 14 weight metrics of every checkpoint of one run, in the
-    ``analysis.metrics`` convention (``paper`` or ``extended``; trainmap.dynamics.metrics)."""
+    ``analysis.metrics`` convention (``paper`` or ``extended``; trainmap.dynamics.metrics).
+
+    ``repvgg_weights`` (``analysis.repvgg_weights``): a RepVGG run's metrics come from its
+    training-time branches (``train``, what the authors' metric loop would see) or from its deploy
+    form at every checkpoint (``deploy``; trainmap.reparam.deploy_trajectory), the one weight space a
+    RepVGG shares with its plain ablation."""
     from trainmap.dynamics.metrics import collect_run_metrics
     from trainmap.models import build_model
+    from trainmap.reparam import RepVGG, deploy_trajectory
 
     cell = Cell.of(cell)
     torch.set_num_threads(threads)
     saved = load_torch(model_path)
     structure = build_model(saved["arch"], saved["meta"], **saved["model_options"])
-    with rule_run(config, "collect_metrics", cell=cell,
-                  params={"metrics": convention}) as run:  # fmt: skip
-        table = collect_run_metrics(load_trajectory(trajectory_path), structure,
-                                    pd.read_csv(history_path), convention)  # fmt: skip
+    trajectory = load_trajectory(trajectory_path)
+    fused = repvgg_weights == "deploy" and isinstance(structure, RepVGG)
+    if fused:
+        state, structure = deploy_trajectory(trajectory["state"], structure)
+        trajectory = {"step": trajectory["step"], "state": state}
+    params = {"metrics": convention, "weights": "deploy" if fused else "train"}
+    with rule_run(config, "collect_metrics", cell=cell, params=params) as run:
+        table = collect_run_metrics(trajectory, structure, pd.read_csv(history_path), convention)
         write_atomic(output, lambda tmp: table.to_csv(tmp, index=False))
         run.log_metrics({"checkpoints": len(table),
                          "skipped_matrices": int(table["skipped_matrices"].sum())})  # fmt: skip
@@ -311,10 +322,10 @@ def collect_metrics_job(
 
 def collect_metrics_block_job(
     block: Block | dict, run_manifest: str | Path, manifest: str | Path, config: dict,
-    *, convention: str = "paper", threads: int = 1,
+    *, convention: str = "paper", repvgg_weights: str = "train", threads: int = 1,
 ) -> None:  # fmt: skip
     """Rule ``collect_metrics`` for a block: the metric table of every cell's trajectory, in the
-    ``analysis.metrics`` convention."""
+    ``analysis.metrics`` convention (RepVGG runs: ``analysis.repvgg_weights``)."""
     block = Block.of(block)
 
     def collect(cell: Cell) -> dict[str, Any]:
@@ -322,7 +333,7 @@ def collect_metrics_block_job(
             cell, cell_file(run_manifest, cell, "trajectory.pt"),
             cell_file(run_manifest, cell, "model.pt"), cell_file(run_manifest, cell, "history.csv"),
             seed_dir(manifest, cell) / "metrics.csv", config, convention=convention,
-            threads=threads,
+            repvgg_weights=repvgg_weights, threads=threads,
         )  # fmt: skip
         return {"checkpoints": len(table)}
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import copy
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -160,6 +160,32 @@ def to_deploy(model: RepVGG) -> nn.Sequential:
         layers += list(block.to_deploy())
     layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(start_dim=1), copy.deepcopy(model.classifier)]
     return nn.Sequential(*layers).eval()
+
+
+def deploy_trajectory(
+    state: Mapping[str, torch.Tensor], model: RepVGG
+) -> tuple[dict[str, torch.Tensor], nn.Sequential]:
+    """The trajectory of ``model``'s deploy form: every checkpoint of a stacked training-time
+    trajectory (``[n_checkpoints, *shape]`` per state-dict entry) fused by eq. 3 and the branch sums,
+    in float64, and the deploy structure the fused entries belong to.
+
+    A RepVGG and its plain ablation (``repvgg_plain``) have the same deploy structure, so their
+    fused trajectories live in one weight space (params.yaml ``analysis.repvgg_weights: deploy``).
+    """
+    if not isinstance(model, RepVGG):
+        raise TypeError(f"deploy_trajectory needs a RepVGG model, got {type(model).__name__}")
+    model = copy.deepcopy(model).to(torch.float64).eval()
+    n_checkpoints = next(iter(state.values())).shape[0]
+    fused: list[dict[str, torch.Tensor]] = []
+    deploy = None
+    for index in range(n_checkpoints):
+        checkpoint = {name: value[index] for name, value in state.items()}
+        model.load_state_dict({name: value.to(torch.float64) if value.is_floating_point() else value
+                               for name, value in checkpoint.items()})  # fmt: skip
+        deploy = to_deploy(model)
+        fused.append({name: value.detach() for name, value in deploy.state_dict().items()})
+    stacked = {name: torch.stack([entry[name] for entry in fused]) for name in fused[0]}
+    return stacked, deploy
 
 
 # --- the deploy checkpoint (format "deploy"): plain modules only -------------------------------

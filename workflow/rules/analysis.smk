@@ -21,6 +21,8 @@ rule collect_metrics:
         block=metric_block,
         # paper (the authors' conventions) or extended: trainmap.dynamics.metrics
         convention=grid.analysis_settings(config).get("metrics", "paper"),
+        # RepVGG runs: metrics of the training-time branches (train) or of the deploy form (deploy)
+        repvgg_weights=grid.analysis_settings(config).get("repvgg_weights", "train"),
     script:
         "../scripts/collect_metrics.py"
 

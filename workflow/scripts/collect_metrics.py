@@ -10,5 +10,6 @@ run_job(
     manifest=snakemake.output.manifest,
     config=snakemake.config,
     convention=snakemake.params.convention,
+    repvgg_weights=snakemake.params.repvgg_weights,
     threads=snakemake.threads,
 )
