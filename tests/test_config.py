@@ -98,6 +98,22 @@ def test_default_config_loads_and_expands(repo_root: Path, base_config: dict) ->
     )
 
 
+def test_default_study_has_at_least_32_seeds_per_method_in_every_joint_comparison(
+    base_config: dict,
+) -> None:
+    """Issue 15: the default study's answers rest on enough seeds (the paper: 40 per setting)."""
+    from trainmap.config import joint_groups
+
+    joints = joint_groups(base_config)
+    assert set(joints) == {spec["name"] for spec in base_config["analysis"]["joint"]}
+    for name, cells in joints.items():
+        per_method: dict[tuple[str, str], int] = {}
+        for cell in cells:
+            per_method[cell.arch, cell.method] = per_method.get((cell.arch, cell.method), 0) + 1
+        assert len(per_method) >= 2, f"{name} compares nothing"
+        assert min(per_method.values()) >= 32, f"{name}: {per_method}"
+
+
 def test_smoke_config_loads_and_expands(repo_root: Path) -> None:
     config = load_config(
         repo_root / PARAMS, repo_root / GRID, repo_root / SMOKE, check_paths_from=repo_root
@@ -755,6 +771,33 @@ def test_joint_groups_the_grid_cannot_fill_are_skipped_with_a_warning(config: di
         check_config(config)
     groups = joint_groups(config)
     assert list(groups) == ["ok"] and len(groups["ok"]) == 16
+
+
+@pytest.mark.parametrize(
+    ("group_maps", "expected"),
+    [
+        ("all", ["digits/resnet_bn/kaiming", "digits/vgg_bn/kaiming", "sparse_parity/mlp/kaiming"]),
+        ("outside_joint", ["digits/resnet_bn/kaiming", "sparse_parity/mlp/kaiming"]),
+        ("none", []),
+    ],
+)  # fmt: skip
+def test_group_maps_chooses_which_groups_get_a_map_of_their_own(
+    config: dict, group_maps: str, expected: list[str]
+) -> None:
+    from trainmap.config import analysis_groups
+
+    config["analysis"]["group_maps"] = group_maps
+    config["analysis"]["joint"] = [
+        {"name": "bn", "task": "digits", "archs": ["vgg_bn"], "methods": ["kaiming"]}
+    ]
+    check_config(config)
+    assert sorted(analysis_groups(config)) == expected
+
+
+def test_group_maps_rejects_an_unknown_choice(config: dict) -> None:
+    config["analysis"]["group_maps"] = "joint_only"
+    with pytest.raises(ConfigError, match=r"analysis.group_maps.*'joint_only'.*outside_joint"):
+        validate_schema(config)
 
 
 @pytest.mark.parametrize(

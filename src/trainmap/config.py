@@ -538,11 +538,21 @@ def quantized_schemes(config: dict, cell: Cell) -> list[str]:
 def analysis_groups(config: dict) -> dict[str, list[Cell]]:
     """Training-map groups: one per (task, arch, method) with at least two trajectories.
 
-    Cells without a trajectory (one-shot pruning) have no training path to map.
+    Cells without a trajectory (one-shot pruning) have no training path to map. ``analysis.group_maps``
+    chooses which groups get a map of their own: ``all`` (default), ``outside_joint`` (only groups no
+    joint comparison contains: a joint map already maps their runs, with states shared across the
+    compared methods) or ``none`` (joint maps only).
     """
+    analysis = config.get("analysis", {})
+    which = analysis.get("group_maps", "all")
+    if which == "none":
+        return {}
+    mapped_jointly = set()
+    if which == "outside_joint":
+        mapped_jointly = {cell for cells in joint_groups(config).values() for cell in cells}
     groups: dict[str, list[Cell]] = {}
     for cell in expand_grid(config):
-        if retrains(cell):
+        if retrains(cell) and cell not in mapped_jointly:
             groups.setdefault(f"{cell.task}/{cell.arch}/{cell.method}", []).append(cell)
     return {name: cells for name, cells in groups.items() if len(cells) >= MIN_RUNS_PER_GROUP}
 
