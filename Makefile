@@ -13,6 +13,9 @@ UV := $(shell command -v uv 2>/dev/null || echo $(HOME)/.local/bin/uv)
 RUN := $(UV) run --locked --quiet
 SNAKEMAKE := $(RUN) snakemake
 DVC := $(RUN) dvc
+# Each dvc.yaml stage creates its output directories first (a grid may leave one empty, e.g. no
+# per-group maps); `make run` does the same before `dvc commit`, from the stages' own commands.
+DVC_MKDIRS = $(RUN) python -c "import yaml; print('\n'.join(s['cmd'].split(' && ')[0] for s in yaml.safe_load(open('dvc.yaml'))['stages'].values() if s['cmd'].startswith('mkdir -p ')))" | sh
 DVC_CONFIG = $(shell $(RUN) python -c "import yaml; print(yaml.safe_load(open('params.yaml'))['dvc']['configfile'])")
 
 # bench: BENCH_ARGS=--quick for a fast pass (each script's --help says what it measures).
@@ -47,7 +50,7 @@ run: setup dvc-remote  ## the study on CONFIG (default: the embedded grid); vers
 	$(SNAKEMAKE) --cores $(CORES) --configfile $(CONFIG) --rerun-incomplete
 	@if [ "$(CONFIG)" = "$(DVC_CONFIG)" ]; then \
 	    echo "Recording data and checkpoints in DVC (dvc commit; dvc push to $(DVC_REMOTE))"; \
-	    $(DVC) commit --force --quiet && $(DVC) push --quiet; \
+	    $(DVC_MKDIRS) && $(DVC) commit --force --quiet && $(DVC) push --quiet; \
 	else \
 	    echo "Not versioned by DVC: dvc.yaml runs $(DVC_CONFIG) (params.yaml: dvc.configfile)"; \
 	fi
