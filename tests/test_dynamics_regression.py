@@ -152,6 +152,18 @@ def test_too_few_runs_for_the_regressors_are_not_fitted_and_say_why():
     assert enough.fitted and enough.not_fitted is None
 
 
+def test_runs_that_all_converge_at_one_step_are_not_fitted_and_say_why():
+    """E.g. sparse retraining from a converged teacher: every run is past the threshold at step 0.
+    With method indicators (a joint comparison) the fit would otherwise report R^2 of 0/0."""
+    distributions, convergence, _ = detour_case()
+    same = dict.fromkeys(convergence, 0)
+    extra = pd.DataFrame({"method_b": [i % 2 for i in range(len(same))]}, index=list(same))
+    for result in (regress_detours(distributions, same),
+                   regress_detours(distributions, same, extra=extra)):  # fmt: skip
+        assert not result.fitted
+        assert "converges at step 0: there is no variation" in result.not_fitted
+
+
 def test_adjusted_r2_is_reported():
     distributions, convergence, _ = detour_case()
     result = regress_detours(distributions, convergence)

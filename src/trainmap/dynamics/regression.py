@@ -167,7 +167,7 @@ def regress_detours(
     y = np.array([convergence[run] for run in used], dtype=float)
     rows = [_state_row(k, visited[k], len(used)) for k in range(n_states)]
     n_regressors = len(present) - 1 + (0 if extra is None else extra.shape[1])
-    reason = _not_fitted_reason(len(used), len(present), n_regressors, extra is not None)
+    reason = _not_fitted_reason(len(used), len(present), n_regressors, extra is not None, y)
     if reason is not None:
         return DetourRegression(pd.DataFrame(rows), float("nan"), float("nan"), len(used),
                                 float("nan"), excluded, alpha=alpha, not_fitted=reason)  # fmt: skip
@@ -218,9 +218,10 @@ def regress_detours(
 
 
 def _not_fitted_reason(
-    n_runs: int, n_present: int, n_regressors: int, has_extra: bool
+    n_runs: int, n_present: int, n_regressors: int, has_extra: bool, steps: np.ndarray
 ) -> str | None:
-    """Why the regression cannot be trusted, or None: it needs >= 3 residual degrees of freedom."""
+    """Why the regression cannot be trusted, or None: it needs >= 3 residual degrees of freedom
+    and convergence steps that differ between runs."""
     n_regressors = max(n_regressors, 0)
     if n_runs <= n_regressors + 2:
         return (f"{n_runs} included runs for {n_regressors} regressors and an intercept: a fit "
@@ -230,6 +231,9 @@ def _not_fitted_reason(
     if n_present < 2 and not has_extra:
         return (f"every one of the {n_runs} included runs stays in a single state: there is "
                 "nothing to regress convergence on")  # fmt: skip
+    if np.ptp(steps) == 0:
+        return (f"every one of the {n_runs} included runs converges at step {steps[0]:.0f}: "
+                "there is no variation in convergence to explain")  # fmt: skip
     return None
 
 
