@@ -7,7 +7,9 @@ file checks), and prints
 
     overhead ratio = wall time / (sum of the jobs' compute time / cores)      (target <= 1.15)
 
-1.0 would mean the cores never waited and no job paid any start-up cost. With ``--compare`` it also
+A job's compute time is its own wall time times the cores Snakemake gave it (``threads``): fit_hmm
+and joint_comparison run their EM fits and bootstrap refits on 2 processes. 1.0 would mean the cores
+never waited and no job paid any start-up cost. With ``--compare`` it also
 runs the same grid with the job server off (``TRAINMAP_WORKER=off``: every job a fresh Python
 process importing torch, pandas and MLflow), side by side.
 
@@ -59,16 +61,21 @@ def run_grid(configfile: str, cores: int, worker: bool) -> dict:
         jobs = [json.loads(line) for line in times_file.read_text().splitlines()]
     per_rule: dict[str, list[float]] = defaultdict(list)
     for job in jobs:
-        per_rule[job["function"].split(":")[1].removesuffix("_job")].append(job["seconds"])
+        per_rule[job["function"].split(":")[1].removesuffix("_job")].append(core_seconds(job))
     return {"wall": wall, "jobs": jobs, "per_rule": per_rule}
 
 
+def core_seconds(job: dict) -> float:
+    """A job's compute: its wall time on each of the cores it was given."""
+    return job["seconds"] * job.get("threads", 1)
+
+
 def report(label: str, run: dict, cores: int) -> float:
-    compute = sum(job["seconds"] for job in run["jobs"])
+    compute = sum(core_seconds(job) for job in run["jobs"])
     ratio = run["wall"] / (compute / cores)
     print(f"\n{label}: {len(run['jobs'])} jobs, wall {run['wall']:.1f} s, jobs' own compute "
           f"{compute:.1f} s over {cores} cores -> ratio {ratio:.3f}")  # fmt: skip
-    print(f"  {'rule':18}{'jobs':>6}{'compute s':>11}{'mean s':>9}")
+    print(f"  {'rule':18}{'jobs':>6}{'core s':>11}{'mean s':>9}")
     for rule, values in sorted(run["per_rule"].items(), key=lambda item: -sum(item[1])):
         print(f"  {rule:18}{len(values):>6}{sum(values):>11.1f}{sum(values) / len(values):>9.2f}")
     return ratio

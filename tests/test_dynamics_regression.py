@@ -250,3 +250,23 @@ def test_joint_comparison_shares_states_and_finds_the_group_with_detours():
             > summary["groups"]["fast"]["convergence_step_mean"])  # fmt: skip
     names = list(result.with_groups.coefficients["state"])
     assert "group:slow" in names or "group:fast" in names
+    # Time in the detour sets each slow run's delay: the state explains more than the group does.
+    assert summary["detours_explained_by_group"] == []
+
+
+def test_a_detour_only_one_group_visits_is_flagged_when_the_group_explains_the_delay():
+    """The slow group converges 300 steps later whatever time it spends in state 3: the pooled
+    regression calls state 3 a detour, the regression with group indicators does not, and the
+    joint comparison says so (joint.json and verdicts.md)."""
+    _, _, sequences = detour_case(n_runs=16)
+    runs = fake_runs(sequences)
+    groups = {run: "slow" if int(run[-2:]) % 2 else "fast" for run in runs}
+    rng = np.random.default_rng(1)
+    convergence = {run: int(1000 + 300 * (groups[run] == "slow") + rng.normal(0, 20))
+                   for run in runs}  # fmt: skip
+    status = {run: "completed" for run in runs}
+    hmm = TrainingHMM(k_max=4, restarts=2, random_state=0, features=("a", "b", "c"))
+    result = compare_groups(runs, groups, convergence, status, hmm)
+    assert len(result.detours.detour_states) == 1 and result.with_groups.detour_states == []
+    assert result.summary()["detours_explained_by_group"] == result.detours.detour_states
+    assert "not a detour once the group indicators enter" in result.verdict_markdown()

@@ -81,6 +81,11 @@ class TrainHooks:
         """Remember the block the loop trains (called once, before the first step)."""
         self.block = block
 
+    @property
+    def adds_loss(self) -> bool:
+        """Whether :meth:`extra_loss` is overridden (the loop then calls it every step)."""
+        return type(self).extra_loss is not TrainHooks.extra_loss
+
     def extra_loss(
         self, logits: torch.Tensor, inputs: torch.Tensor, targets: torch.Tensor
     ) -> torch.Tensor | None:
@@ -177,13 +182,12 @@ class BatchSampler:
 
     def next_indices(self) -> torch.Tensor:
         """Indices of the next batch; reshuffles when the epoch is used up."""
-        size = min(self.batch_size, self.n_examples)
-        if self.position + size > self.order.shape[0]:
+        start, size = self.position, min(self.batch_size, self.n_examples)
+        if start + size > len(self.order):
             self.order = torch.randperm(self.n_examples, generator=self.generator)
-            self.position = 0
-        batch = self.order[self.position : self.position + size]
-        self.position += size
-        return batch
+            start = 0
+        self.position = start + size
+        return self.order[start : start + size]
 
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to continue the same batch sequence."""
@@ -392,20 +396,18 @@ class RunningMeans:
         """Add the losses and correct predictions of the steps since the last call, in step order."""
         if not self.pending:
             return
-        hits = torch.stack([(logits.argmax(dim=-1) == targets).sum(dim=1)
-                            for _, _, logits, targets in self.pending]).cpu()  # fmt: skip
-        losses = torch.tensor([losses for _, losses, _, _ in self.pending], dtype=torch.float64)
-        mask = torch.zeros(losses.shape, dtype=torch.bool)
-        for row, (active, _, _, _) in enumerate(self.pending):
-            mask[row, active] = True
-        size = self.pending[0][3].shape[1]
-        loss_sum = torch.tensor(self.loss_sum, dtype=torch.float64)
-        for row in range(len(self.pending)):  # sequential, as the steps came
-            loss_sum += torch.where(mask[row], losses[row] * size, 0.0)
-        self.loss_sum = loss_sum.tolist()
-        correct = torch.where(mask, hits, 0).sum(dim=0) + torch.tensor(self.correct)
-        self.correct = correct.tolist()
-        self.seen = (mask.sum(dim=0) * size + torch.tensor(self.seen)).tolist()
+        steps = len(self.pending)
+        # (steps, S, B, ...) for any block; a block of one records (B, ...) tensors
+        logits = torch.stack([logits for _, _, logits, _ in self.pending])
+        targets = torch.stack([targets for _, _, _, targets in self.pending])
+        logits = logits.reshape(steps, self.size, -1, logits.shape[-1])
+        hits = (logits.argmax(dim=-1) == targets.reshape(steps, self.size, -1)).sum(dim=2).tolist()
+        size = self.pending[0][3].numel() // self.size  # examples per seed and step
+        for row, (active, losses, _, _) in enumerate(self.pending):  # sequential, as steps came
+            for index in active:
+                self.loss_sum[index] += losses[index] * size  # float64, as Python floats are
+                self.correct[index] += hits[row][index]
+                self.seen[index] += size
         self.pending = []
 
     def pop(self, index: int) -> tuple[float, float]:
@@ -554,20 +556,24 @@ def train_block(
     active = active_seeds()
     while step < cfg.steps and active:
         # --- the step (every seed of the block at once) ------------------------------------------
-        indices = torch.stack([sampler.next_indices() for sampler in samplers])
-        if on_accelerator:
-            indices = indices.to(device)
-        inputs, targets = data.x_train[indices], data.y_train[indices]
-        logits = block(inputs)
-        losses = task_losses = seed_cross_entropy(logits, targets)
-        extra = hooks.extra_loss(logits, inputs, targets)  # hook: e.g. distillation
-        if extra is not None:
-            losses = task_losses + extra
+        logits, inputs, targets, task_losses = _forward_step(
+            block, samplers, data, device if on_accelerator else None
+        )
+        scalar_loss = task_losses if size == 1 else None  # a block of one: (B, ...) tensors
+        extra = None
+        if hooks.adds_loss:  # hook: e.g. distillation, on (S, B, ...) tensors
+            if size == 1:
+                logits, inputs, targets = logits[None], inputs[None], targets[None]
+                task_losses = task_losses.reshape(1)
+            extra = hooks.extra_loss(logits, inputs, targets)
+        losses = task_losses if extra is None else task_losses + extra
         if extra is None:
-            task_values = loss_values = task_losses.tolist()
+            task_values = loss_values = [task_losses.item()] if size == 1 else task_losses.tolist()
         else:
             task_values, loss_values = torch.stack([task_losses, losses]).tolist()
-        if not math.isfinite(sum(loss_values[i] + task_values[i] for i in active)):
+        finite = (math.isfinite(loss_values[0] + task_values[0]) if size == 1
+                  else math.isfinite(sum(loss_values[i] + task_values[i] for i in active)))  # fmt: skip
+        if not finite:
             for index in active:
                 if not (math.isfinite(task_values[index]) and math.isfinite(loss_values[index])):
                     _freeze(records[index], block, index, step)  # diverged at this step, frozen
@@ -578,7 +584,9 @@ def train_block(
         if lr_varies:  # the schedule is a function of the step: nothing to save for resume
             for group in optimizer.param_groups:
                 group["lr"] = cfg.lr * lr_factor(step, cfg)
-        if len(active) == size:
+        if extra is None and scalar_loss is not None:
+            scalar_loss.backward()  # a block of one without an extra loss: the plain loop's graph
+        elif len(active) == size:
             losses.sum().backward()
         else:  # frozen seeds add nothing (their NaN must not reach the sum)
             mask = torch.zeros(size, dtype=torch.bool, device=losses.device)
@@ -634,6 +642,32 @@ def train_block(
                        records[index].history, summaries[index], infos[index], hooks)  # fmt: skip
     resume_path.unlink(missing_ok=True)
     return summaries
+
+
+def _forward_step(
+    block: SeedBlock, samplers: Sequence[BatchSampler], data: TaskData, device: torch.device | None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One training batch per seed and the block's forward pass: logits, inputs, targets and the
+    loss. A block of S > 1 gives ``(S, B, ...)`` tensors and each seed's mean cross-entropy
+    ``(S,)``; a block of one gives the plain loop's ``(B, ...)`` tensors and its scalar loss, so its
+    graph is the plain loop's (model, cross-entropy, nothing else to differentiate)."""
+    if block.size == 1:
+        indices = samplers[0].next_indices()
+        if device is not None:
+            indices = indices.to(device)
+        inputs, targets = data.x_train[indices], data.y_train[indices]
+        output = block.module(inputs)
+        if output.dim() == 2:
+            return output, inputs, targets, F.cross_entropy(output, targets)
+        classes = output.shape[-1]  # per-token logits
+        loss = F.cross_entropy(output.reshape(-1, classes), targets.reshape(-1))
+        return output, inputs, targets, loss
+    indices = torch.stack([sampler.next_indices() for sampler in samplers])
+    if device is not None:
+        indices = indices.to(device)
+    inputs, targets = data.x_train[indices], data.y_train[indices]
+    logits = block(inputs)
+    return logits, inputs, targets, seed_cross_entropy(logits, targets)
 
 
 def _freeze(record: SeedRecord, block: SeedBlock, index: int, step: int) -> None:

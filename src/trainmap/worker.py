@@ -124,13 +124,13 @@ def call_timed(
     function: str, log: str, kwargs: dict[str, Any], run: Callable[..., Any] | None = None
 ) -> None:
     """Call the job (``run``, else the function ``function`` names); with ``$TRAINMAP_JOB_TIMES``
-    set, append its own wall time to that file."""
+    set, append its own wall time and the cores it was given (``threads``) to that file."""
     started = time.perf_counter()
     (run or resolve(function))(**kwargs)
     path = os.environ.get(TIMES_ENV)
     if path:
         line = json.dumps({"function": function, "seconds": time.perf_counter() - started,
-                           "log": str(log)})  # fmt: skip
+                           "threads": int(kwargs.get("threads", 1)), "log": str(log)})  # fmt: skip
         with open(path, "a") as stream:  # one short line per write: appends do not interleave
             stream.write(line + "\n")
 

@@ -56,9 +56,25 @@ class JointComparison:
     verdicts: pd.DataFrame
     settings: dict
 
+    @property
+    def detours_explained_by_group(self) -> list[int]:
+        """Detour states of the pooled regression that are no detours once the group indicators
+        enter it: the group (method or architecture) predicts the slower convergence as well as
+        the state does, so the state may be the group's own version of a shared phase."""
+        if not self.with_groups.fitted:
+            return []
+        return [d for d in self.detours.detour_states if d not in self.with_groups.detour_states]
+
     def verdict_markdown(self) -> str:
-        """The verdict table as Markdown."""
-        return verdict_markdown(self.verdicts, self.settings["confidence"])
+        """The verdict table as Markdown, and a line on detours the group explains as well."""
+        text = verdict_markdown(self.verdicts, self.settings["confidence"])
+        explained = self.detours_explained_by_group
+        if explained:
+            text += (f"\nDetour state(s) {', '.join(map(str, explained))}: not a detour once the "
+                     "group indicators enter the regression (regression_with_groups in joint.json): "
+                     "the group predicts the slower convergence as well as the state does, so read "
+                     "the state as that group's own version of a phase, not as a path it avoids.\n")  # fmt: skip
+        return text
 
     def summary(self) -> dict:
         """JSON-ready: per-group occupancy, detour visit rates, convergence and the regressions."""
@@ -84,6 +100,7 @@ class JointComparison:
             "selection_at_ceiling": self.hmm.at_ceiling_,
             "groups": per_group,
             "detour_states": self.detours.detour_states,
+            "detours_explained_by_group": self.detours_explained_by_group,
             "dissimilarity_ground_metric": self.settings["dissimilarity"],
             "verdicts": [
                 {
