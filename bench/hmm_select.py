@@ -48,6 +48,10 @@ from trainmap.dynamics.hmm import TrainingHMM
 from trainmap.dynamics.synthetic import known_answer_scores, sample_runs
 from trainmap.dynamics.training_map import transitions
 
+#: The authors' script's settings other than its covariance type (diag by default, full for the
+#: models behind their reported K).
+AUTHORS_SCRIPT = {"standardisation": "per_run", "restart_rule": "mean", "init": "hmmlearn",
+                  "n_iter": 10, "tol": 1e-6}  # fmt: skip
 #: Settings that differ from the defaults, one cause at a time, then whole configurations.
 VARIANTS: dict[str, dict[str, Any]] = {
     "default (full, pooled, best, sticky)": {},
@@ -59,19 +63,9 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "tight convergence (tol 1e-5/obs)": {"tol": 1e-5},
     "authors' script (diag, per run, mean, hmmlearn start, 10 iterations)": {
         "covariance_type": "diag",
-        "standardisation": "per_run",
-        "restart_rule": "mean",
-        "init": "hmmlearn",
-        "n_iter": 10,
-        "tol": 1e-6,
-    },  # fmt: skip
-    "authors' script with full covariances": {
-        "standardisation": "per_run",
-        "restart_rule": "mean",
-        "init": "hmmlearn",
-        "n_iter": 10,
-        "tol": 1e-6,
-    },  # fmt: skip
+        **AUTHORS_SCRIPT,
+    },
+    "authors' script with full covariances": AUTHORS_SCRIPT,
     "trainmap before (diag, per run, best, hmmlearn start, 200 iterations)": {
         "covariance_type": "diag",
         "standardisation": "per_run",

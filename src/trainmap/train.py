@@ -650,24 +650,19 @@ def _forward_step(
     """One training batch per seed and the block's forward pass: logits, inputs, targets and the
     loss. A block of S > 1 gives ``(S, B, ...)`` tensors and each seed's mean cross-entropy
     ``(S,)``; a block of one gives the plain loop's ``(B, ...)`` tensors and its scalar loss, so its
-    graph is the plain loop's (model, cross-entropy, nothing else to differentiate)."""
+    graph is the plain loop's (model, cross-entropy; ``flatten`` is a no-op on 2-D logits)."""
     if block.size == 1:
         indices = samplers[0].next_indices()
-        if device is not None:
-            indices = indices.to(device)
-        inputs, targets = data.x_train[indices], data.y_train[indices]
-        output = block.module(inputs)
-        if output.dim() == 2:
-            return output, inputs, targets, F.cross_entropy(output, targets)
-        classes = output.shape[-1]  # per-token logits
-        loss = F.cross_entropy(output.reshape(-1, classes), targets.reshape(-1))
-        return output, inputs, targets, loss
-    indices = torch.stack([sampler.next_indices() for sampler in samplers])
+    else:
+        indices = torch.stack([sampler.next_indices() for sampler in samplers])
     if device is not None:
         indices = indices.to(device)
     inputs, targets = data.x_train[indices], data.y_train[indices]
-    logits = block(inputs)
-    return logits, inputs, targets, seed_cross_entropy(logits, targets)
+    if block.size > 1:
+        logits = block(inputs)
+        return logits, inputs, targets, seed_cross_entropy(logits, targets)
+    output = block.module(inputs)
+    return output, inputs, targets, F.cross_entropy(output.flatten(0, -2), targets.flatten())
 
 
 def _freeze(record: SeedRecord, block: SeedBlock, index: int, step: int) -> None:

@@ -25,6 +25,8 @@ The override relies on hmmlearn's internal statistics layout (``nobs``, ``start`
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -141,17 +143,20 @@ class BatchedGaussianHMM(GaussianHMM):
 
     def fit_weighted(self, X: np.ndarray, lengths: Any, weights: Any) -> BatchedGaussianHMM:
         """``fit`` where run i (in ``lengths`` order) counts ``weights[i]`` times."""
-        self._run_weights = np.asarray(weights, dtype=float)
-        try:
+        with self._weighted_runs(weights):
             return self.fit(X, lengths)
-        finally:
-            self._run_weights = None
 
     def score_weighted(self, X: np.ndarray, lengths: Any, weights: Any) -> float:
         """``score`` where run i (in ``lengths`` order) counts ``weights[i]`` times."""
+        with self._weighted_runs(weights):
+            return self.score(X, lengths)
+
+    @contextmanager
+    def _weighted_runs(self, weights: Any) -> Iterator[None]:
+        """Run weights for the E- and M-steps inside the block; none after it."""
         self._run_weights = np.asarray(weights, dtype=float)
         try:
-            return self.score(X, lengths)
+            yield
         finally:
             self._run_weights = None
 
