@@ -559,21 +559,18 @@ def train_block(
         logits, inputs, targets, task_losses = _forward_step(
             block, samplers, data, device if on_accelerator else None
         )
-        scalar_loss = task_losses if size == 1 else None  # a block of one: (B, ...) tensors
         extra = None
         if hooks.adds_loss:  # hook: e.g. distillation, on (S, B, ...) tensors
-            if size == 1:
+            if size == 1:  # a block of one steps on (B, ...) tensors and a scalar loss
                 logits, inputs, targets = logits[None], inputs[None], targets[None]
                 task_losses = task_losses.reshape(1)
             extra = hooks.extra_loss(logits, inputs, targets)
         losses = task_losses if extra is None else task_losses + extra
         if extra is None:
-            task_values = loss_values = [task_losses.item()] if size == 1 else task_losses.tolist()
+            task_values = loss_values = task_losses.reshape(-1).tolist()
         else:
             task_values, loss_values = torch.stack([task_losses, losses]).tolist()
-        finite = (math.isfinite(loss_values[0] + task_values[0]) if size == 1
-                  else math.isfinite(sum(loss_values[i] + task_values[i] for i in active)))  # fmt: skip
-        if not finite:
+        if not math.isfinite(sum(loss_values[i] + task_values[i] for i in active)):
             for index in active:
                 if not (math.isfinite(task_values[index]) and math.isfinite(loss_values[index])):
                     _freeze(records[index], block, index, step)  # diverged at this step, frozen
@@ -584,10 +581,8 @@ def train_block(
         if lr_varies:  # the schedule is a function of the step: nothing to save for resume
             for group in optimizer.param_groups:
                 group["lr"] = cfg.lr * lr_factor(step, cfg)
-        if extra is None and scalar_loss is not None:
-            scalar_loss.backward()  # a block of one without an extra loss: the plain loop's graph
-        elif len(active) == size:
-            losses.sum().backward()
+        if len(active) == size:  # a block of one's scalar loss is the plain loop's graph
+            (losses if losses.dim() == 0 else losses.sum()).backward()
         else:  # frozen seeds add nothing (their NaN must not reach the sum)
             mask = torch.zeros(size, dtype=torch.bool, device=losses.device)
             mask[active] = True
