@@ -37,7 +37,7 @@ from pathlib import Path
 import torch
 
 from trainmap.data import make_task_data
-from trainmap.train import TrainConfig, TrainPaths, build_cell_model, train_block, train_model
+from trainmap.train import TrainConfig, TrainPaths, build_cell_model, train_block
 
 TARGETS = {"mlp": 8.0, "cnn": 3.0, "transformer": 3.0}
 
@@ -70,18 +70,16 @@ WORKLOADS = {
 
 
 def seconds(workload: Workload, data, size: int, cfg: TrainConfig, directory: Path) -> float:
-    """Wall time of one training of ``size`` seeds (a block; the one-seed loop when size is 0)."""
-    seeds = list(range(max(size, 1)))
+    """Wall time of one training of ``size`` seeds as a block (a block of one: the one-seed loop,
+    which is what ``train_model`` runs)."""
+    seeds = list(range(size))
     models = [build_cell_model(workload.arch, "kaiming", s, data.meta, workload.options)
               for s in seeds]  # fmt: skip
     paths = [TrainPaths.in_directory(directory / f"seed{s}") for s in seeds]
     started = time.perf_counter()
     with redirect_stderr(StringIO()):
-        if size == 0:
-            train_model(models[0], data, cfg, 0, paths[0], progress=False)
-        else:
-            train_block(models, data, cfg, seeds, paths, resume_path=directory / "resume.pt",
-                        progress=False)  # fmt: skip
+        train_block(models, data, cfg, seeds, paths, resume_path=directory / "resume.pt",
+                    progress=False)  # fmt: skip
     return time.perf_counter() - started
 
 
@@ -94,12 +92,12 @@ def measure(name: str, sizes: list[int], rounds: int, quick: bool, device: str) 
     data = make_task_data(workload.task, workload.data)
     speedups = {}
     with tempfile.TemporaryDirectory(prefix="seed-batch-") as tmp:
-        seconds(workload, data, 0, replace(cfg, steps=cfg.checkpoint_every), Path(tmp) / "warm")
+        seconds(workload, data, 1, replace(cfg, steps=cfg.checkpoint_every), Path(tmp) / "warm")
         seconds(workload, data, 2, replace(cfg, steps=cfg.checkpoint_every), Path(tmp) / "warm")
         for size in sizes:
             alone, block = [], []
             for index in range(rounds):
-                alone.append(seconds(workload, data, 0, cfg, Path(tmp) / f"a{size}{index}"))
+                alone.append(seconds(workload, data, 1, cfg, Path(tmp) / f"a{size}{index}"))
                 block.append(seconds(workload, data, size, cfg, Path(tmp) / f"b{size}{index}"))
             one = cfg.steps / statistics.median(alone)
             many = size * cfg.steps / statistics.median(block)

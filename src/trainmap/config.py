@@ -60,11 +60,6 @@ class Cell:
     seed: int
 
     @classmethod
-    def from_wildcards(cls, wildcards: Any) -> Cell:
-        """The cell a Snakemake job's ``{task}/{arch}/{method}/seed{seed}`` wildcards name."""
-        return cls(wildcards.task, wildcards.arch, wildcards.method, int(wildcards.seed))
-
-    @classmethod
     def of(cls, value: Cell | Mapping[str, Any]) -> Cell:
         """A cell from a Cell or a mapping with task, arch, method and seed (e.g. JSON)."""
         if isinstance(value, Cell):

@@ -25,9 +25,9 @@ from typing import Any
 import pandas as pd
 import torch
 
-from trainmap.checkpoints import load_model
+from trainmap.checkpoints import load_model, model_from_checkpoint
 from trainmap.config import Block, Cell, cell_hash, is_sparse
-from trainmap.data import load_task_data, make_task_data, save_task_data
+from trainmap.data import TaskData, load_task_data, make_task_data, save_task_data
 from trainmap.evaluate import compression_table, evaluate_run, group_metrics, summarise
 from trainmap.io import load_json, load_torch, save_json, write_atomic
 from trainmap.models import count_parameters
@@ -85,6 +85,12 @@ def _over_cells(block: Block, description: str, work: Callable[[Cell], dict]) ->
     from tqdm.auto import tqdm
 
     return [work(cell) for cell in tqdm(block.cells, desc=description, mininterval=5)]
+
+
+def _task_data(data: str | Path | TaskData) -> TaskData:
+    """The dataset: as given when a block job loaded it once for all its cells, else read (and
+    verified) from its path."""
+    return data if isinstance(data, TaskData) else load_task_data(data)
 
 
 def train_block_job(
@@ -146,7 +152,7 @@ def evaluate_job(
     model_path: str | Path,
     history_path: str | Path,
     train_summary_path: str | Path,
-    data_path: str | Path,
+    data_path: str | Path | TaskData,
     settings: dict[str, Any],
     output: str | Path,
     config: dict,
@@ -169,7 +175,7 @@ def evaluate_job(
             model_path,
             pd.read_csv(history_path),
             load_json(train_summary_path),
-            load_task_data(data_path),
+            _task_data(data_path),
             threshold=settings["threshold"],
             latency_batch=settings.get("latency_batch", 256),
             latency_repeats=settings.get("latency_repeats", 20),
@@ -204,12 +210,13 @@ def evaluate_block_job(
     """Rule ``evaluate`` for a block: :func:`evaluate_job` of every cell (its run's final model and
     its deploy and quantised forms when it has them)."""
     block = Block.of(block)
+    data = load_task_data(data_path)  # once for every cell
 
     def evaluate_cell(cell: Cell) -> dict[str, Any]:
         return evaluate_job(
             cell, cell_file(run_manifest, cell, "model.pt"),
             cell_file(run_manifest, cell, "history.csv"),
-            cell_file(run_manifest, cell, "train.json"), data_path, settings,
+            cell_file(run_manifest, cell, "train.json"), data, settings,
             seed_dir(manifest, cell) / "evaluation.json", config,
             deploy_path=deploy_manifest and cell_file(deploy_manifest, cell, "deploy.pt"),
             quantized_manifest=quantize_manifest
@@ -506,7 +513,7 @@ def joint_comparison_job(
 
 def gradinit_job(
     cell: Cell | dict,
-    data_path: str | Path,
+    data_path: str | Path | TaskData,
     model_options: dict[str, Any],
     settings: dict[str, Any],
     options: dict[str, Any],
@@ -536,7 +543,7 @@ def gradinit_job(
     cell = Cell.of(cell)
     torch.set_num_threads(threads)
     cfg = check_settings(settings)
-    data = load_task_data(data_path)
+    data = _task_data(data_path)
     model = build_cell_model(cell.arch, cell.method, cell.seed, data.meta, model_options)
     objective = options["objective"]
     diagnostic_seed = derive_seed(cell.seed, "gradinit-diagnostics")
@@ -606,12 +613,13 @@ def gradinit_block_job(
     from trainmap.gradinit import check_settings, plot_block
 
     block = Block.of(block)
+    data = load_task_data(data_path)  # once for every cell
 
     def rescale(cell: Cell) -> dict[str, Any]:
         outputs = {
             key: str(seed_dir(manifest, cell) / name) for key, name in GRADINIT_FILES.items()
         }
-        return gradinit_job(cell, data_path, model_options, settings, options, outputs, config,
+        return gradinit_job(cell, data, model_options, settings, options, outputs, config,
                             threads=threads, progress=False)  # fmt: skip
 
     summaries = _over_cells(block, f"{options['objective']} {block.id}", rescale)
@@ -628,7 +636,7 @@ def gradinit_block_job(
 def reparam_job(
     cell: Cell | dict,
     model_path: str | Path,
-    data_path: str | Path,
+    data_path: str | Path | TaskData,
     deploy_path: str | Path,
     check_path: str | Path,
     config: dict,
@@ -636,7 +644,6 @@ def reparam_job(
     threads: int = 1,
 ) -> dict[str, Any]:
     """Rule ``reparam``: fuse a trained RepVGG into its deploy form and check it on the test set."""
-    from trainmap.checkpoints import model_from_checkpoint
     from trainmap.reparam import check_equivalence, save_deploy, to_deploy
 
     cell = Cell.of(cell)
@@ -647,7 +654,7 @@ def reparam_job(
     with rule_run(config, "reparam", cell=cell) as run:
         deploy = to_deploy(trained)
         save_deploy(deploy, deploy_path, **info)
-        data = load_task_data(data_path)
+        data = _task_data(data_path)
         check = check_equivalence(trained, load_model(deploy_path), data.x_test)
         check |= {
             "train_params": count_parameters(trained),
@@ -668,10 +675,11 @@ def reparam_block_job(
 ) -> None:  # fmt: skip
     """Rule ``reparam`` for a block: :func:`reparam_job` of every cell."""
     block = Block.of(block)
+    data = load_task_data(data_path)  # once for every cell
 
     def fuse(cell: Cell) -> dict[str, Any]:
         out = seed_dir(manifest, cell)
-        check = reparam_job(cell, cell_file(train_manifest, cell, "model.pt"), data_path,
+        check = reparam_job(cell, cell_file(train_manifest, cell, "model.pt"), data,
                             out / "deploy.pt", out / "equivalence.json", config, threads=threads)  # fmt: skip
         return {"predictions_identical": bool(check["predictions_identical"])}
 
@@ -701,8 +709,9 @@ def sparse_block_job(
     torch.set_num_threads(threads)
     cfg = check_settings(settings)
     teacher_paths = [cell_file(teacher_manifest, cell, "model.pt") for cell in cells]
-    teachers = [load_model(path) for path in teacher_paths]
-    model_options = load_torch(teacher_paths[0])["model_options"]
+    saved = [load_torch(path) for path in teacher_paths]
+    teachers = [model_from_checkpoint(checkpoint) for checkpoint in saved]
+    model_options = saved[0]["model_options"]
     data = load_task_data(data_path)
     infos = [{"arch": c.arch, "method": c.method, "seed": c.seed, "model_options": model_options,
               "meta": data.meta} for c in cells]  # fmt: skip
@@ -742,7 +751,7 @@ def sparse_block_job(
 def quantize_job(
     cell: Cell | dict,
     model_path: str | Path,
-    data_path: str | Path,
+    data_path: str | Path | TaskData,
     schemes: list[str],
     manifest_path: str | Path,
     config: dict,
@@ -752,14 +761,13 @@ def quantize_job(
 ) -> dict[str, Any]:
     """Rule ``quantize``: every scheme's quantised checkpoint and packed file of the cell's final
     model; the manifest lists the forms ``evaluate`` measures (bytes on disk = the packed file)."""
-    from trainmap.checkpoints import model_from_checkpoint
     from trainmap.quantize import quantize_model, save_packed, save_quantized
 
     cell = Cell.of(cell)
     torch.set_num_threads(threads)
     source = load_torch(model_path)
     model = model_from_checkpoint(source)
-    data = load_task_data(data_path)
+    data = _task_data(data_path)
     calibration = data.x_train[:calibration_batch]
     out_dir = Path(manifest_path).parent
     forms, notes = [], {}
@@ -783,9 +791,10 @@ def quantize_block_job(
 ) -> None:  # fmt: skip
     """Rule ``quantize`` for a block: :func:`quantize_job` of every cell."""
     block = Block.of(block)
+    data = load_task_data(data_path)  # once for every cell
 
     def quantize(cell: Cell) -> dict[str, Any]:
-        quantize_job(cell, cell_file(run_manifest, cell, "model.pt"), data_path, schemes,
+        quantize_job(cell, cell_file(run_manifest, cell, "model.pt"), data, schemes,
                      seed_dir(manifest, cell) / "quantize.json", config, threads=threads)  # fmt: skip
         return {"schemes": list(schemes)}
 

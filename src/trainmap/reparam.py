@@ -180,10 +180,9 @@ def deploy_trajectory(
     deploy = None
     for index in range(n_checkpoints):
         checkpoint = {name: value[index] for name, value in state.items()}
-        model.load_state_dict({name: value.to(torch.float64) if value.is_floating_point() else value
-                               for name, value in checkpoint.items()})  # fmt: skip
+        model.load_state_dict(checkpoint)  # copied into the float64 model
         deploy = to_deploy(model)
-        fused.append({name: value.detach() for name, value in deploy.state_dict().items()})
+        fused.append(deploy.state_dict())
     stacked = {name: torch.stack([entry[name] for entry in fused]) for name in fused[0]}
     return stacked, deploy
 

@@ -397,11 +397,12 @@ class RunningMeans:
         if not self.pending:
             return
         steps = len(self.pending)
-        # (steps, S, B, ...) for any block; a block of one records (B, ...) tensors
-        logits = torch.stack([logits for _, _, logits, _ in self.pending])
+        # (steps, S, B, ...) for any block; a block of one records (B, ...) tensors. Predictions
+        # are stacked, not logits (a transformer's would be vocabulary-times larger).
+        predicted = torch.stack([logits.argmax(dim=-1) for _, _, logits, _ in self.pending])
         targets = torch.stack([targets for _, _, _, targets in self.pending])
-        logits = logits.reshape(steps, self.size, -1, logits.shape[-1])
-        hits = (logits.argmax(dim=-1) == targets.reshape(steps, self.size, -1)).sum(dim=2).tolist()
+        correct = predicted.reshape(steps, self.size, -1) == targets.reshape(steps, self.size, -1)
+        hits = correct.sum(dim=2).tolist()
         size = self.pending[0][3].numel() // self.size  # examples per seed and step
         for row, (active, losses, _, _) in enumerate(self.pending):  # sequential, as steps came
             for index in active:
@@ -722,10 +723,8 @@ def _save_resume(path: Path, fingerprint: str, step: int, block: SeedBlock,
 
 
 def _load_resume(path: Path, fingerprint: str) -> dict[str, Any] | None:
-    if not path.exists():
-        return None
-    saved = load_resume_or_none(path) or {}  # a damaged file is deleted: start from step 0
-    if saved.get("fingerprint") != fingerprint or "block" not in saved:
+    saved = load_resume_or_none(path)  # none, or a damaged file (deleted): start from step 0
+    if saved is None or saved.get("fingerprint") != fingerprint or "block" not in saved:
         # A different configuration, or a resume file of an older trainmap (one seed, no block
         # state): start over; the file is replaced later.
         return None
