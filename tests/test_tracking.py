@@ -444,7 +444,7 @@ def test_cell_parent_runs_carry_headline_metrics_comparable_by_method(
     for cell, record in records.items():
         with rule_run(config, "evaluate", cell=cell) as run:
             run.log_cell_metrics(headline_metrics(record))
-        log_cell_metrics(config, cell, {"map.occupancy.state0": 0.25, "map.detour_visited": 1.0})
+        log_cell_metrics(config, {cell: {"map.occupancy.state0": 0.25, "map.detour_visited": 1.0}})
 
     client = MlflowClient(tracking_uri=shared_uri)
     experiment = client.get_experiment_by_name("headline").experiment_id

@@ -446,6 +446,7 @@ def _log_occupancy(
 
     from trainmap.tracking import log_cell_metrics
 
+    metrics_by_cell = {}
     for cell, label in zip(cells, labels, strict=True):
         sequence = states[label]
         occupancy = np.bincount(sequence, minlength=n_states) / len(sequence)
@@ -454,7 +455,8 @@ def _log_occupancy(
         metrics |= {f"{prefix}.detour_share": float(in_detours.mean()),
                     f"{prefix}.detour_visited": float(in_detours.any()),
                     f"{prefix}.n_states": float(n_states)}  # fmt: skip
-        log_cell_metrics(config, Cell.of(cell), metrics)
+        metrics_by_cell[Cell.of(cell)] = metrics
+    log_cell_metrics(config, metrics_by_cell)
 
 
 def training_map_job(

@@ -258,16 +258,20 @@ def _cell_parent_run(
     return parent.info.run_id
 
 
-def log_cell_metrics(config: Mapping, cell: Cell, metrics: Mapping[str, float | None]) -> None:
-    """Log ``metrics`` on ``cell``'s parent run (at its current config hash), from a rule that
-    spans many cells (a training map's group or joint comparison)."""
+def log_cell_metrics(
+    config: Mapping, metrics_by_cell: Mapping[Cell, Mapping[str, float | None]]
+) -> None:
+    """Log each cell's metrics on its parent run (at its current config hash), from a rule that
+    spans many cells (a training map's group or joint comparison): one client and one tracking
+    set-up for all of them."""
     from mlflow import MlflowClient
 
     uri = tracking_uri(config)
     client = MlflowClient(tracking_uri=uri)
     experiment_id = init_tracking(uri, experiment_name(config))
-    tags = _run_tags("cell", cell, None, cell_hash(config, cell))
-    _log_now(client, _cell_parent_run(client, experiment_id, cell, tags), metrics)
+    for cell, metrics in metrics_by_cell.items():
+        tags = _run_tags("cell", cell, None, cell_hash(config, cell))
+        _log_now(client, _cell_parent_run(client, experiment_id, cell, tags), metrics)
 
 
 def _log_now(client: MlflowClient, run_id: str, metrics: Mapping[str, float | None]) -> None:
