@@ -5,6 +5,7 @@
 # job writes each seed's files in its own directory (results/<rule>/<task>/<arch>/<method>/seed<n>/)
 # and, as its declared output, the block's manifest beside them (.../seeds0-31.json). Rules depend on
 # manifests; the per-seed paths they read are passed as params.
+import dataclasses
 import inspect
 
 from snakemake.common import overwrite_function_params
@@ -102,52 +103,34 @@ def manifest(rule_dir, block):
 
 def block_with_method(block, method):
     """The block of the same task, arch and seed range under another method (its teacher)."""
-    return grid.Block(
-        block.task, block.arch, method, block.first, block.last, block.seeds
-    )
+    return dataclasses.replace(block, method=method)
 
 
 def run_dir_of(block):
     """Where a block's final models, histories and trajectories are: its sparse or train run."""
-    return "sparse" if grid.method_of(block.cells[0]).has_stage("sparse") else "train"
+    return run_dir_of_cell(block.cells[0])
 
 
 # --- block params (the block itself, as JSON) ----------------------------------------------------
 
 
-@input_function
-def gradinit_block(wildcards):
-    return GRADINIT_BLOCKS[block_id(wildcards)].to_dict()
+def block_param(blocks):
+    """A params function giving a block job its block of ``blocks`` as JSON."""
+
+    @input_function
+    def block_of_job(wildcards):
+        return blocks[block_id(wildcards)].to_dict()
+
+    return block_of_job
 
 
-@input_function
-def train_block(wildcards):
-    return TRAIN_BLOCKS[block_id(wildcards)].to_dict()
-
-
-@input_function
-def sparse_block(wildcards):
-    return SPARSE_BLOCKS[block_id(wildcards)].to_dict()
-
-
-@input_function
-def grid_block(wildcards):
-    return GRID_BLOCKS[block_id(wildcards)].to_dict()
-
-
-@input_function
-def reparam_block(wildcards):
-    return REPARAM_BLOCKS[block_id(wildcards)].to_dict()
-
-
-@input_function
-def quantize_block(wildcards):
-    return QUANTIZE_BLOCKS[block_id(wildcards)].to_dict()
-
-
-@input_function
-def metric_block(wildcards):
-    return METRIC_BLOCKS[block_id(wildcards)].to_dict()
+gradinit_block = block_param(GRADINIT_BLOCKS)
+train_block = block_param(TRAIN_BLOCKS)
+sparse_block = block_param(SPARSE_BLOCKS)
+grid_block = block_param(GRID_BLOCKS)
+reparam_block = block_param(REPARAM_BLOCKS)
+quantize_block = block_param(QUANTIZE_BLOCKS)
+metric_block = block_param(METRIC_BLOCKS)
 
 
 @input_function
@@ -301,13 +284,26 @@ def retrained_sparse_cells():
     return [c.to_dict() for c in CELLS if grid.is_sparse(c) and grid.retrains(c)]
 
 
+def by_cell(blocks):
+    """Each cell's block of ``blocks``, built once so that group jobs need not scan every block."""
+    return {cell: block for block in blocks.values() for cell in block.cells}
+
+
+SPARSE_BLOCK_OF_CELL = by_cell(SPARSE_BLOCKS)
+METRIC_BLOCK_OF_CELL = by_cell(METRIC_BLOCKS)
+GRID_BLOCK_OF_CELL = by_cell(GRID_BLOCKS)
+
+
+def manifests_of_cells(rule_dir, block_of_cell, cells):
+    """The manifests of the blocks holding ``cells``, once each, in block order (that of
+    ``blocks_of``: task, arch, method, first seed); cells in no block are left out."""
+    found = {block_of_cell[c] for c in cells if c in block_of_cell}
+    return [manifest(rule_dir, block) for block in sorted(found)]
+
+
 def retrained_sparse_manifests():
-    retraining = {grid.Cell.of(c) for c in retrained_sparse_cells()}
-    return [
-        manifest("sparse", block)
-        for block in SPARSE_BLOCKS.values()
-        if any(cell in retraining for cell in block.cells)
-    ]
+    retraining = [grid.Cell.of(c) for c in retrained_sparse_cells()]
+    return manifests_of_cells("sparse", SPARSE_BLOCK_OF_CELL, retraining)
 
 
 def flips_of_grid():
@@ -326,21 +322,11 @@ def summary_figures():
 
 
 def metric_manifests_of_cells(cells):
-    wanted = set(cells)
-    return [
-        manifest("metrics", block)
-        for block in METRIC_BLOCKS.values()
-        if any(cell in wanted for cell in block.cells)
-    ]
+    return manifests_of_cells("metrics", METRIC_BLOCK_OF_CELL, cells)
 
 
 def evaluation_manifests_of_cells(cells):
-    wanted = set(cells)
-    return [
-        manifest("evaluate", block)
-        for block in GRID_BLOCKS.values()
-        if any(cell in wanted for cell in block.cells)
-    ]
+    return manifests_of_cells("evaluate", GRID_BLOCK_OF_CELL, cells)
 
 
 def group_cells(wildcards):
