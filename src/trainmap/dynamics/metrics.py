@@ -231,29 +231,16 @@ def _mean_over_matrices(stats: list[dict], key: str) -> np.ndarray:
     return torch.where(counts > 0, summed / counts.clamp(min=1), torch.nan).numpy()
 
 
-def _pooled(values: list[np.ndarray]) -> tuple[float, float, float]:
-    """Mean, median and variance (no Bessel) of concatenated values; NaN when there are none."""
-    if not values:
-        return float("nan"), float("nan"), float("nan")
-    pooled = np.concatenate(values)
-    if pooled.size == 0:
-        return float("nan"), float("nan"), float("nan")
-    return float(pooled.mean()), float(np.median(pooled)), float(pooled.var())
-
-
 def _pooled_rows(parts: list[torch.Tensor], n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per checkpoint (row): mean, median and variance of the ``[n, k_i]`` parts side by side;
-    NaN where there are no values (a model without biases)."""
+    """Per checkpoint (row): mean, median and variance (no Bessel) of the ``[n, k_i]`` parts side
+    by side; NaN where there are no values (a model without biases)."""
     width = sum(part.shape[1] for part in parts)
     if width == 0:
-        return (np.full(n, np.nan),) * 3
+        return np.full(n, np.nan), np.full(n, np.nan), np.full(n, np.nan)
     pooled = torch.cat(parts, dim=1).numpy()
     mean, variance = pooled.mean(axis=1), pooled.var(axis=1)
-    # The usual median (convention (e)) by one in-place partition of this fresh copy (np.median
-    # would copy the [n, width] block again).
-    middle = [(width - 1) // 2, width // 2]
-    pooled.partition(middle, axis=1)
-    return mean, pooled[:, middle].mean(axis=1), variance
+    # The usual median (convention (e)), partitioning this fresh copy in place.
+    return mean, np.median(pooled, axis=1, overwrite_input=True), variance
 
 
 def trajectory_metrics(
@@ -271,42 +258,37 @@ def trajectory_metrics(
     stats = [_matrix_statistics(_stacked_matrix(state, m), m.kind, convention) for m in matrices]
     n_checkpoints = next(iter(state.values())).shape[0]
     table = {key: _mean_over_matrices(stats, key) for key in MATRIX_MEANS[convention]}
-    pooled_keys = ["w_mean", "w_median", "w_var", "b_mean", "b_median", "b_var"]
-    if convention == "extended":
-        pooled_keys = ["sv_mean", "sv_var", *pooled_keys]
     biases = [state[name].to(torch.float64).reshape(n_checkpoints, -1) for name in bias_names]
     finite = torch.stack([s["finite"] for s in stats])  # [K, n]
     clean = finite.all(dim=0)
     for bias in biases:
         clean &= torch.isfinite(bias).all(dim=1)
+
+    def pooled(
+        rows: slice, n: int, matrix_stats: list[dict], bias_rows: list[torch.Tensor]
+    ) -> dict:
+        """The pooled statistics of ``rows`` (checkpoints) over the given matrices and biases."""
+        values = {}
+        if convention == "extended":
+            values["sv_mean"], _, values["sv_var"] = _pooled_rows(
+                [s["singular"][rows] for s in matrix_stats], n
+            )
+        values["w_mean"], values["w_median"], values["w_var"] = _pooled_rows(
+            [s["entries"][rows] for s in matrix_stats], n
+        )
+        values["b_mean"], values["b_median"], values["b_var"] = _pooled_rows(bias_rows, n)
+        return values
+
     # Checkpoints where every matrix and bias is finite (all, in a healthy run): pooled over all
     # checkpoints at once; the others one at a time, leaving out the non-finite tensors.
-    batched = {}
-    if convention == "extended":
-        batched["sv_mean"], _, batched["sv_var"] = _pooled_rows(
-            [s["singular"] for s in stats], n_checkpoints
-        )
-    batched["w_mean"], batched["w_median"], batched["w_var"] = _pooled_rows(
-        [s["entries"] for s in stats], n_checkpoints
-    )
-    batched["b_mean"], batched["b_median"], batched["b_var"] = _pooled_rows(biases, n_checkpoints)
+    batched = pooled(slice(None), n_checkpoints, stats, biases)
     for t in np.flatnonzero(~clean.numpy()):
+        row = slice(t, t + 1)
         valid = [s for s in stats if bool(s["finite"][t])]
-        fallback = {}
-        if convention == "extended":
-            fallback["sv_mean"], _, fallback["sv_var"] = _pooled(
-                [s["singular"][t].numpy() for s in valid]
-            )
-        fallback["w_mean"], fallback["w_median"], fallback["w_var"] = _pooled(
-            [s["entries"][t].numpy() for s in valid]
-        )
-        at_t = [bias[t].numpy() for bias in biases]
-        fallback["b_mean"], fallback["b_median"], fallback["b_var"] = _pooled(
-            [b for b in at_t if np.isfinite(b).all()]
-        )
-        for key, value in fallback.items():
-            batched[key][t] = value
-    table.update({key: np.asarray(batched[key], dtype=float) for key in pooled_keys})
+        finite_biases = [b[row] for b in biases if bool(torch.isfinite(b[t]).all())]
+        for key, value in pooled(row, 1, valid, finite_biases).items():
+            batched[key][t] = value[0]
+    table.update(batched)
     frame = pd.DataFrame({name: table[name] for name in METRIC_NAMES})
     frame["n_matrices"] = len(matrices)
     frame["skipped_matrices"] = len(matrices) - finite.sum(dim=0).numpy()
