@@ -47,12 +47,13 @@ import pandas as pd
 
 from trainmap.dynamics.hmm import (
     TrainingHMM,
+    fit_quietly,
     make_model,
     pooled_statistics,
     score_heldout,
     stack,
 )
-from trainmap.dynamics.regression import holm, regress_detours, state_distribution
+from trainmap.dynamics.regression import fill_holm, regress_detours, state_distribution
 
 NOT_ENOUGH_RUNS = "not enough runs"
 NO_EVIDENCE = "no evidence of a difference"
@@ -215,20 +216,6 @@ def _draw(ids: Sequence[str], size: int, rng: np.random.Generator) -> tuple[list
     return list(unique), counts.astype(float)
 
 
-def _refit(model: Any, data: tuple[np.ndarray, list[int]], weights: np.ndarray) -> bool:
-    """Continue EM on the drawn runs (weighted by how often each was drawn); False if EM broke."""
-    import logging
-
-    logging.getLogger("hmmlearn").setLevel(logging.ERROR)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        try:
-            model.fit_weighted(*data, weights)
-        except ValueError:
-            return False
-    return bool(np.isfinite(model.means_).all())
-
-
 def _one_resample(b: int, payload: dict[str, Any]) -> dict[str, Any]:
     rng = np.random.default_rng(np.random.SeedSequence([payload["seed"], b]))
     ids = sorted(payload["raw"])
@@ -248,7 +235,8 @@ def _one_resample(b: int, payload: dict[str, Any]) -> dict[str, Any]:
     for k, parameters in sorted(payload["models"].items()):
         model = _warm_model(parameters, shift, scale, payload["settings"], n_train)
         try:
-            if not _refit(model, train_data, train_counts):
+            # Continue EM on the drawn runs, weighted by how often each was drawn.
+            if fit_quietly(model, train_data, train_counts, score=False) is None:
                 continue
             bic = score_heldout(model, heldout_data, heldout_counts)["bic"]
         except ValueError:  # a state EM never enters any more (a transition row of zeros)
@@ -256,7 +244,7 @@ def _one_resample(b: int, payload: dict[str, Any]) -> dict[str, Any]:
         if bic < best_bic:
             best_k, best_bic, best_model = k, bic, model
     if best_model is None:
-        return {"b": b, "k": -1, "matched": {}, "detours": [], "iterations": 0}
+        return {"b": b, "k": -1, "matched": {}, "detours": []}
     decoded = {run: best_model.predict(z[run]) for run in set(drawn)}
     keys = [f"{run}#{i}" for i, run in enumerate(drawn)]
     distributions = {key: state_distribution(decoded[run], best_k)
@@ -347,9 +335,7 @@ def compare_methods(
         for second in order[i + 1 :]:
             pair = _compare_pair(quantities, groups, first, second, n_permutations, confidence,
                                  seed + 1000 * len(rows))  # fmt: skip
-            tested = [row for row in pair if np.isfinite(row["p"])]
-            for row, p in zip(tested, holm([row["p"] for row in tested]), strict=True):
-                row["p_holm"] = float(p)
+            fill_holm(pair, key="p")
             threshold = alpha / max(len(pair), 1)
             for row in pair:
                 row["verdict"] = _verdict(row, threshold, alpha, n_permutations)

@@ -131,15 +131,27 @@ def make_model(n_states: int, settings: Mapping[str, Any], n_observations: int, 
     )
 
 
-def fit_quietly(model: Any, train: tuple[np.ndarray, list[int]]) -> float | None:
-    """Fit ``model``; its training log-likelihood, or None if EM broke down."""
+def fit_quietly(
+    model: Any, train: tuple[np.ndarray, list[int]], weights: Any = None, score: bool = True
+) -> float | None:
+    """Fit ``model``; its training log-likelihood, or None if EM broke down.
+
+    ``weights``: run i of ``train`` counts ``weights[i]`` times (``fit_weighted``, as a bootstrap
+    draw does). ``score=False`` skips the scoring pass over ``train``: the result is then NaN for a
+    fit whose means are finite, None otherwise.
+    """
     # hmmlearn logs every EM step that lowers the likelihood by rounding; fits are judged by
     # their final likelihood instead.
     logging.getLogger("hmmlearn").setLevel(logging.ERROR)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # hmmlearn's convergence and degenerate-fit chatter
         try:
-            model.fit(*train)
+            if weights is None:
+                model.fit(*train)
+            else:
+                model.fit_weighted(*train, weights)
+            if not score:
+                return math.nan if np.isfinite(model.means_).all() else None
             train_ll = model.score(*train)
         except ValueError:  # EM left a state without mass (NaN parameters)
             return None
@@ -221,6 +233,11 @@ def _fit_restart(
         return _fit_restart_single_threaded(n_states, restart, train, heldout, settings)
 
 
+# The scores of a restart that fitted nothing (no model; it never wins a selection).
+_FAILED_FIT = {"model": None, "train_log_likelihood": math.nan,
+               "heldout_log_likelihood": math.nan, "bic": math.inf, "aic": math.inf}  # fmt: skip
+
+
 def _fit_restart_single_threaded(
     n_states: int,
     restart: int,
@@ -230,23 +247,20 @@ def _fit_restart_single_threaded(
 ) -> dict[str, Any]:
     seed = restart_seed(settings["random_state"], n_states, restart)
     if n_states > len(train[0]):  # more states than training observations: nothing to fit
-        return {"n_states": n_states, "restart": restart, "iterations": 0, "converged": False,
-                "model": None, "train_log_likelihood": math.nan,
-                "heldout_log_likelihood": math.nan, "bic": math.inf, "aic": math.inf}  # fmt: skip
+        return {"n_states": n_states, "restart": restart, "iterations": 0,
+                "converged": False} | _FAILED_FIT  # fmt: skip
     model = make_model(n_states, settings, len(train[0]), random_state=seed)
     if settings["init"] == "sticky":
         model = initialise(model, train, seed)
     train_ll = fit_quietly(model, train)
     row = {"n_states": n_states, "restart": restart, "iterations": int(model.monitor_.iter),
            "converged": bool(model.monitor_.converged and model.monitor_.iter < model.n_iter)}  # fmt: skip
-    failed = {"model": None, "train_log_likelihood": math.nan,
-              "heldout_log_likelihood": math.nan, "bic": math.inf, "aic": math.inf}  # fmt: skip
     if train_ll is None:
-        return row | failed
+        return row | _FAILED_FIT
     try:
         scores = score_heldout(model, heldout)
     except ValueError:  # EM left a state that is never entered (a transition row of zeros)
-        return row | failed
+        return row | _FAILED_FIT
     return row | {"model": model, "train_log_likelihood": train_ll} | scores
 
 

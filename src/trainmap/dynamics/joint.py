@@ -102,13 +102,7 @@ class JointComparison:
             "detour_states": self.detours.detour_states,
             "detours_explained_by_group": self.detours_explained_by_group,
             "dissimilarity_ground_metric": self.settings["dissimilarity"],
-            "verdicts": [
-                {
-                    key: (None if isinstance(v, float) and not np.isfinite(v) else v)
-                    for key, v in row.items()
-                }
-                for row in self.verdicts.to_dict(orient="records")
-            ],  # fmt: skip
+            "verdicts": self.verdicts.to_dict(orient="records"),
             "regression": self.detours.to_dict(),
             "regression_with_groups": self.with_groups.to_dict(),
         }

@@ -27,7 +27,6 @@ Every step returns the captions of the figures it drew (figure name -> caption).
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -48,7 +47,7 @@ from trainmap.dynamics.regression import (
     trajectory_dissimilarity,
 )
 from trainmap.dynamics.training_map import build_training_map, draw_training_map
-from trainmap.io import save_json, write_atomic
+from trainmap.io import load_json, save_json, write_atomic
 
 HMM_SETTINGS = ("k_max", "restarts", "holdout", "covariance_type", "standardisation",
                 "restart_rule", "init", "n_iter", "tol", "min_covar", "n_jobs", "features")  # fmt: skip
@@ -207,13 +206,12 @@ def regress_group(
     settings = with_defaults(settings or {})
     out = Path(out_dir)
     hmm, states = load_fit(fit_dir)
+    result = _regression(hmm, states, outcomes, settings)
     distributions = {run: state_distribution(s, hmm.n_states_) for run, s in states.items()}
-    result = regress_detours(distributions, outcomes.convergence, outcomes.status,
-                             alpha=settings["alpha"])  # fmt: skip
     bootstrap_path = Path(fit_dir) / "bootstrap.json"
     found_again = {}
     if bootstrap_path.exists():
-        found = json.loads(bootstrap_path.read_text())["detour_found"]
+        found = load_json(bootstrap_path)["detour_found"]
         found_again = {str(d): found.get(str(d)) for d in result.detour_states}
     summary = result.to_dict() | {
         "n_states": hmm.n_states_,
