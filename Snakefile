@@ -2,22 +2,35 @@
 # This file only wires: configuration, validation, the rule families and the default target.
 from snakemake.utils import min_version
 
-from trainmap.config import check_config_files, validate_schema
+from trainmap.config import (
+    check_config,
+    check_config_files,
+    config_problems_reported,
+    validate_schema,
+)
 
 min_version("9.20")
 
+# A configuration problem prints its message only, first line leading with the key, and stops
+# before any job (TRAINMAP_VERBOSE=1 or --verbose adds the traceback).
+VERBOSE = workflow.output_settings.verbose
+
 # YAML syntax errors (file and line) and repeated keys, before Snakemake merges the files.
-check_config_files(
-    ["params.yaml", "config/config.yaml", *workflow.overwrite_configfiles]
-)
+with config_problems_reported(VERBOSE):
+    check_config_files(
+        ["params.yaml", "config/config.yaml", *workflow.overwrite_configfiles]
+    )
 
 
 configfile: "params.yaml"
 configfile: "config/config.yaml"
 
 
-# workflow/schemas/config.schema.yaml; an error's first line reads `config key <path>: ...`.
-validate_schema(config)
+# workflow/schemas/config.schema.yaml, then what a schema cannot express (trainmap.config);
+# an error's first line reads `config key <path>: ...`.
+with config_problems_reported(VERBOSE):
+    validate_schema(config)
+    check_config(config, base_dir=Path(workflow.basedir))
 
 
 report: "workflow/report/workflow.rst"
@@ -40,3 +53,4 @@ rule all:
         "results/summary/learning_curves.png",
         summary_figures(),
         analysis_outputs(),
+        unfinished_manifests(),

@@ -11,7 +11,6 @@ from __future__ import annotations
 import copy
 import itertools
 import os
-import re
 import subprocess
 import sys
 from collections.abc import Callable
@@ -32,6 +31,7 @@ from trainmap.config import (
     read_config_file,
     validate_schema,
 )
+from trainmap.data import missing_data_files
 from trainmap.io import copy_workflow
 
 PARAMS = "params.yaml"
@@ -203,6 +203,8 @@ def test_override_file_replaces_grid(repo_root: Path, tmp_path: Path) -> None:
 def test_reader_kind_with_existing_path_is_accepted(config: dict, tmp_path: Path) -> None:
     """Positive control of the data-path check: a relative path resolves against base_dir."""
     (tmp_path / "data" / "mnist").mkdir(parents=True)
+    for name in missing_data_files("mnist", tmp_path / "data" / "mnist"):  # the reader's files
+        (tmp_path / "data" / "mnist" / name).touch()
     del config["dvc"]  # dvc.configfile also resolves against base_dir (tested on its own below)
     config["grid"].append({"task": "mnist", "archs": ["mlp"], "methods": ["kaiming"], "seeds": [0]})
     config["data"]["mnist"] = {"kind": "mnist", "path": "data/mnist"}
@@ -727,11 +729,14 @@ def snakemake_dry_run(workdir: Path, tmp_path: Path, *args: str) -> str:
 
 
 def error_first_line(output: str) -> str:
-    """The first line of the error message Snakemake prints after ``XError in file ...:``."""
+    """The first line of trainmap's configuration error in Snakemake's output: the message alone,
+    leading with ``config key`` or ``config file``, with no Python traceback after it."""
     lines = output.splitlines()
     for index, line in enumerate(lines):
-        if re.match(r"^\w+Error in file .*:$", line):
-            return lines[index + 1]
+        if line.startswith(("config key ", "config file ")):
+            assert not any(rest.lstrip().startswith('File "') for rest in lines[index:]), output
+            assert "Error in file" not in output, output
+            return line
     raise AssertionError(f"no error in the output:\n{output[-3000:]}")
 
 

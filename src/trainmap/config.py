@@ -23,12 +23,16 @@ import difflib
 import functools
 import hashlib
 import importlib
+import importlib.util
 import json
+import math
 import os
 import sys
+import traceback
 import warnings
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -154,13 +158,13 @@ def read_config_file(path: str | os.PathLike) -> dict:
     keep the last value) is refused naming both lines. A file with ``__use_yte__: true`` is
     rendered by YTE like Snakemake does (it runs the file's Python: trust it like a Snakefile).
     """
-    text = Path(path).read_text(encoding="utf-8")
+    text = _read_text(path)
     try:
         data = json.loads(text, object_pairs_hook=lambda pairs: _json_mapping(path, pairs))
     except json.JSONDecodeError:
         data = _read_yaml(path, text)
     if data is None:
-        return {}
+        raise ConfigError(_empty_file_message(path))
     if not isinstance(data, dict):
         raise ConfigError(
             f"config file {path}: the top level is a {type(data).__name__}, not a mapping of keys "
@@ -183,11 +187,35 @@ def check_config_files(paths: Iterable[str | os.PathLike]) -> None:
 
 
 def _check_yaml_or_json(path: str | os.PathLike) -> None:
-    text = Path(path).read_text(encoding="utf-8")
+    text = _read_text(path)
     try:
         json.loads(text, object_pairs_hook=lambda pairs: _json_mapping(path, pairs))
     except json.JSONDecodeError:
-        _read_yaml(path, text, construct=False)
+        node = _read_yaml(path, text, construct=False)
+        if node is None or (isinstance(node, yaml.ScalarNode) and node.tag.endswith(":null")):
+            raise ConfigError(_empty_file_message(path)) from None
+
+
+def _read_text(path: str | os.PathLike) -> str:
+    """The file's text; a file that is not UTF-8 is refused naming the first bad byte's place."""
+    raw = Path(path).read_bytes()
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        line = raw[: error.start].count(b"\n") + 1
+        raise ConfigError(
+            f"config file {path}, line {line}: not UTF-8 text (byte 0x{raw[error.start]:02x} at "
+            f"offset {error.start}); save the file as UTF-8"
+        ) from None
+
+
+def _empty_file_message(path: str | os.PathLike) -> str:
+    # Snakemake refuses such a file too ("Config file must be given as JSON or YAML with keys at
+    # top level"): one verdict in every entry point.
+    return (
+        f"config file {path}: empty (no keys, only blank lines or comments); a config file sets "
+        "at least one key (e.g. grid:), or leave the file out"
+    )
 
 
 def _json_mapping(path: str | os.PathLike, pairs: list[tuple[str, Any]]) -> dict:
@@ -208,7 +236,7 @@ def _read_yaml(path: str | os.PathLike, text: str, construct: bool = True) -> An
         if node is None:
             return None
         _refuse_duplicate_keys(path, node, ())
-        return loader.construct_document(node) if construct else None
+        return loader.construct_document(node) if construct else node
     except yaml.MarkedYAMLError as error:
         mark = error.problem_mark or error.context_mark
         where = f", line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -278,6 +306,7 @@ def validate_schema(config: dict) -> None:
     errors = sorted(_schema_validator().iter_errors(config), key=_error_order)
     if errors and not errors[0].absolute_path:
         raise ConfigError(_schema_message(errors[0]))
+    _refuse_non_finite(config, [])
     _check_task_names(config)
     if errors:
         raise ConfigError(_schema_message(errors[0]))
@@ -286,6 +315,25 @@ def validate_schema(config: dict) -> None:
 #: At one key, an unknown key is reported before a missing one (``grdi:`` is why ``grid`` is
 #: missing), and both before a bad value.
 _ERROR_RANK = {"additionalProperties": 0, "required": 1}
+
+
+def _refuse_non_finite(value: Any, path: list) -> None:
+    """NaN and infinity anywhere in the config (``.nan``, ``.inf`` in YAML): every range check
+    compares false with NaN, so they would pass and reach the arithmetic."""
+    if isinstance(value, float) and not math.isfinite(value):
+        hint = ""
+        if path and path[-1] == "grad_clip" and value > 0:
+            hint = "; for no gradient clipping write grad_clip: null"
+        raise ConfigError(
+            f"config key {_key(path)}: {value!r} is not a finite number; allowed: a finite "
+            f"number within the key's range{hint}"
+        )
+    if isinstance(value, dict):
+        for key, item in value.items():
+            _refuse_non_finite(item, [*path, key])
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            _refuse_non_finite(item, [*path, index])
 
 
 def _error_order(error: jsonschema.ValidationError) -> tuple:
@@ -378,18 +426,64 @@ def check_config(config: dict, base_dir: Path | None = None) -> None:
             _validate_stage_settings(config, stage, task)
     _check_quantize(config)
     _check_joint_groups(config)
+    _check_features(config)
+    _check_sparsifiable(config)
+    _check_tracking_uri(config)
+
+
+#: Set to 1 to see the Python traceback of a configuration error (its message is always shown).
+VERBOSE_ENV = "TRAINMAP_VERBOSE"
+
+
+@contextmanager
+def config_problems_reported(verbose: bool = False) -> Iterator[None]:
+    """Entry points' handling of configuration problems: a :class:`ConfigError` prints its message
+    alone (first line: the key) and exits with status 1, its traceback only with ``verbose`` (or
+    ``$TRAINMAP_VERBOSE=1``); a warning prints as ``warning: <message>``, not Python's
+    ``file.py:380: UserWarning`` form."""
+    verbose = verbose or os.environ.get(VERBOSE_ENV) == "1"
+
+    def show(message: Warning | str, *_: Any, **__: Any) -> None:
+        print(f"warning: {message}", file=sys.stderr)
+
+    with warnings.catch_warnings():
+        warnings.showwarning = show
+        try:
+            yield
+        except ConfigError as error:
+            if verbose:
+                traceback.print_exc(file=sys.stderr)
+            print(error, file=sys.stderr)
+            if not verbose:
+                print(f"(stopped before any job ran; {VERBOSE_ENV}=1 shows where in the code)",
+                      file=sys.stderr)  # fmt: skip
+            raise SystemExit(1) from None
 
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m trainmap.config [FILE ...]``: check params.yaml, config/config.yaml and the
     given config files (as ``--configfile`` would merge them) without starting Snakemake."""
-    files = list(sys.argv[1:] if argv is None else argv)
-    paths = ["params.yaml", "config/config.yaml", *files]
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="python -m trainmap.config",
+        description="Check a trainmap configuration as the workflow will, before any job runs: "
+        "params.yaml, then config/config.yaml, then each FILE (as snakemake --configfile merges "
+        "them). Exit status 0: ok; 1: the first problem, its line leading with the config key.",
+    )
+    parser.add_argument("files", nargs="*", metavar="FILE", help="config files to merge on top")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help=f"show the traceback of an error (or set {VERBOSE_ENV}=1)")  # fmt: skip
+    args = parser.parse_args(argv)
+    paths = ["params.yaml", "config/config.yaml", *args.files]
     try:
-        config = load_config(*paths)
-    except (ConfigError, OSError) as error:
-        print(error, file=sys.stderr)
-        return 1
+        with config_problems_reported(args.verbose):
+            try:
+                config = load_config(*paths)
+            except OSError as error:
+                raise ConfigError(f"config file {error.filename}: {error.strerror}") from None
+    except SystemExit as stop:
+        return int(stop.code or 0)
     print(f"ok: {' + '.join(map(str, paths))} define {len(expand_grid(config))} grid cells")
     return 0
 
@@ -686,6 +780,13 @@ def _check_data_path(task: str, kind: str, path: Any, base_dir: Path) -> None:
             f"config key data.{task}.path: directory {str(path)!r} does not exist "
             f"(looked in {resolved}); put the {kind} files there or fix the path"
         )
+    missing = data_module.missing_data_files(kind, resolved)
+    if missing:
+        raise ConfigError(
+            f"config key data.{task}.path: directory {str(path)!r} lacks the {kind} file(s) "
+            f"{', '.join(missing)} (looked in {resolved}); put the standard {kind} files there "
+            "or fix the path"
+        )
 
 
 def _check_seeds(where: str, seeds: list[int]) -> None:
@@ -800,6 +901,7 @@ def _check_joint_groups(config: dict) -> None:
                 except ValueError as error:
                     raise ConfigError(f"config key {where}.{key}[{position}]: {error}"
                                       f"{did_you_mean(name, registry)}") from None  # fmt: skip
+        _check_joint_against_grid(config, where, spec)
         if spec["name"] not in filled:
             found = sum(1 for cell in cells if _in_joint(cell, spec))
             warnings.warn(
@@ -808,6 +910,121 @@ def _check_joint_groups(config: dict) -> None:
                 f"least {MIN_RUNS_PER_GROUP}, so it is skipped",
                 stacklevel=2,
             )
+
+
+def _check_joint_against_grid(config: dict, where: str, spec: Mapping[str, Any]) -> None:
+    """A joint comparison compares what the grid runs: each named method must have a training
+    trajectory, and once the grid runs any of the comparison's groups it must run every named
+    method and arch of its task (else the "comparison" would silently shrink, e.g. to one
+    method). A comparison none of whose groups the grid runs (a grid file that replaces the
+    default grid) is skipped with a warning instead (:func:`_check_joint_groups`)."""
+    for position, method in enumerate(spec.get("methods", [])):
+        if not retrains(Cell(spec["task"], "", method, 0)):
+            raise ConfigError(
+                f"config key {where}.methods[{position}]: method {method!r} has no training "
+                "trajectory (it prunes without retraining), so it has no path on a training map; "
+                f"remove it from {where}.methods (its retraining twin, e.g. 'oneshot_ft', has one)"
+            )
+    in_task = [cell for cell in expand_grid(config) if cell.task == spec["task"]]
+    if not any(_in_joint(cell, spec) for cell in in_task):
+        return
+    for key, ran in (
+        ("archs", {c.arch for c in in_task}),
+        ("methods", {c.method for c in in_task}),
+    ):
+        for position, name in enumerate(spec.get(key, [])):
+            if name not in ran:
+                raise ConfigError(
+                    f"config key {where}.{key}[{position}]: the grid runs no {key[:-1]} {name!r} "
+                    f"on task {spec['task']!r} ({key} it runs there: {', '.join(sorted(ran))}), "
+                    f"so joint comparison {spec['name']!r} would silently compare fewer groups; "
+                    f"add {name!r} to the grid's {key} for {spec['task']!r} or remove it here "
+                    "(a config file can replace the whole list: analysis: {joint: [...]})"
+                )
+
+
+def _check_features(config: dict) -> None:
+    """``analysis.features`` names metrics that collect_metrics computes."""
+    from trainmap.dynamics.metrics import METRIC_NAMES
+
+    for position, name in enumerate(config.get("analysis", {}).get("features", [])):
+        if name not in METRIC_NAMES:
+            raise ConfigError(
+                f"config key analysis.features[{position}]: unknown metric {name!r}; allowed: "
+                f"{', '.join(METRIC_NAMES)}{did_you_mean(name, METRIC_NAMES)}"
+            )
+
+
+def _check_sparsifiable(config: dict) -> None:
+    """Each (task, arch) with a sparse method in the grid has a layer the N:M pattern fits, with
+    the configured ``dense_layers`` (else sparse retraining would fail in its first job)."""
+    from trainmap import sparse
+
+    pairs = dict.fromkeys((c.task, c.arch) for c in expand_grid(config) if is_sparse(c))
+    for task, arch in pairs:
+        cfg = sparse.check_settings(config["sparse"][task])
+        meta = data_module.model_meta(config["data"][task]["kind"], data_settings(config, task))
+        model = models.build_model(arch, meta, **model_settings(config, task, arch))
+        if sparse.sparsifiable_layers(model, cfg["m"], cfg["dense_layers"], cfg["conv_groups"]):
+            continue
+        sizes = list(sparse.grouped_input_sizes(model, cfg["conv_groups"]).values())
+        where, pattern = f"config key sparse.{task}", f"{cfg['n']}:{cfg['m']}"
+        if cfg["dense_layers"] == "first_last" and len(sizes) <= 2:
+            raise ConfigError(
+                f"{where}.dense_layers: 'first_last' keeps all {len(sizes)} weight layers of "
+                f"architecture {arch!r} on task {task!r} dense, so no layer is left to make "
+                f"{pattern} sparse; set sparse.{task}.dense_layers: none"
+            )
+        candidates = sizes[1:-1] if cfg["dense_layers"] == "first_last" else sizes
+        raise ConfigError(
+            f"{where}.m: the {pattern} pattern fits no layer of architecture {arch!r} on task "
+            f"{task!r}: the grouped input sizes of the layers it may sparsify "
+            f"(dense_layers: {cfg['dense_layers']}) are {', '.join(map(str, candidates))}, none "
+            f"divisible by m = {cfg['m']}; choose an m that divides one of them (e.g. 4)"
+        )
+
+
+#: Tracking URI schemes MLflow serves (mlflow's tracking-store registry; a test compares them),
+#: and the Python module each database scheme's default SQLAlchemy driver needs. MLflow 3 refuses
+#: its file store (plain paths, ``file:``): it is in maintenance mode.
+TRACKING_SCHEMES = ("http", "https", "sqlite", "postgresql", "mysql", "mssql", "databricks")
+DATABASE_DRIVERS = {"postgresql": "psycopg2", "mysql": "MySQLdb", "mssql": "pyodbc"}
+
+
+def tracking_uri_problem(uri: str) -> str | None:
+    """Why MLflow cannot serve tracking URI ``uri`` (and the fix), or None when it can."""
+    from urllib.parse import urlsplit
+
+    scheme = urlsplit(uri).scheme if "://" in uri else ""
+    dialect, _, driver = scheme.partition("+")
+    example = "e.g. sqlite:///mlflow.db or http://127.0.0.1:5000"
+    if not scheme:
+        return (f"{uri!r} is not a URI (no scheme://); MLflow 3 no longer serves plain "
+                f"directories: write a tracking URI, {example}")  # fmt: skip
+    if dialect not in TRACKING_SCHEMES:
+        return (f"MLflow cannot serve scheme {scheme!r} ({uri!r}); allowed schemes: "
+                f"{', '.join(TRACKING_SCHEMES)}, {example}")  # fmt: skip
+    if dialect == "sqlite" and not uri.startswith("sqlite:///"):
+        return (f"{uri!r} is not an SQLite URI MLflow reads: write sqlite:///relative/path.db "
+                "or sqlite:////absolute/path.db (three or four slashes)")  # fmt: skip
+    module = driver or DATABASE_DRIVERS.get(dialect)
+    if module and importlib.util.find_spec(module) is None:
+        return (f"{uri!r} needs the database driver module {module!r}, which is not installed in "
+                "this environment; install it (add it to pyproject.toml) or use another URI")  # fmt: skip
+    return None
+
+
+def _check_tracking_uri(config: dict) -> None:
+    """``mlflow.tracking_uri`` (or ``$MLFLOW_TRACKING_URI`` where it is null) names a store MLflow
+    can serve: checked here, not inside the first job's MLflow exception."""
+    configured = config.get("mlflow", {}).get("tracking_uri")
+    uri, where = configured, "config key mlflow.tracking_uri"
+    if not configured and os.environ.get("MLFLOW_TRACKING_URI"):
+        uri = os.environ["MLFLOW_TRACKING_URI"]
+        where = "environment variable MLFLOW_TRACKING_URI (config key mlflow.tracking_uri is null)"
+    problem = tracking_uri_problem(uri) if uri else None
+    if problem:
+        raise ConfigError(f"{where}: {problem}")
 
 
 def _check_train(where: str, settings: dict) -> None:

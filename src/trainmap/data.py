@@ -537,6 +537,46 @@ def _kind_function(kind: str) -> Callable[..., TaskData]:
     return DATA_KINDS[kind]
 
 
+#: What a model builder reads from ``meta``, per kind, known from the options alone (no data is
+#: built or read): the config checks build a grid's models from it before any job runs. A test
+#: compares it with the ``meta`` of the data each generator makes.
+MODEL_META: dict[str, Callable[[Mapping[str, Any]], dict[str, Any]]] = {
+    "sparse_parity": lambda o: {"input_shape": [o["n_bits"]], "num_classes": 2},
+    "modular_addition": lambda o: {
+        "input_shape": [3], "num_classes": o["p"], "vocab_size": o["p"] + 1,
+    },
+    "digits": lambda o: {"input_shape": [1, 8, 8], "num_classes": 10},
+    "mnist": lambda o: {"input_shape": [1, 28, 28], "num_classes": 10},
+    "cifar10": lambda o: {"input_shape": [3, 32, 32], "num_classes": 10},
+    "cifar100": lambda o: {"input_shape": [3, 32, 32], "num_classes": 100},
+}  # fmt: skip
+
+
+def model_meta(kind: str, options: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """``kind``, ``input_kind``, ``input_shape``, ``num_classes`` (and ``vocab_size`` for tokens)
+    of data ``kind`` with ``options`` (omitted options take their defaults), without the data."""
+    resolved = {**data_kind_options(kind), **(options or {})}
+    return {"kind": kind, "input_kind": input_kind_of(kind), **MODEL_META[kind](resolved)}
+
+
+def missing_data_files(kind: str, path: str | os.PathLike) -> list[str]:
+    """The files a reader kind needs that ``path`` (a directory) lacks; ``[]`` for generated kinds.
+
+    MNIST: the four IDX files, each plain or gzipped. CIFAR: the python-version batches, in
+    ``path`` or in the archive's folder below it (``cifar-10-batches-py``, ``cifar-100-python``).
+    """
+    directory = Path(path)
+    if kind == "mnist":
+        return [name for name in _MNIST_FILES.values()
+                if not any((directory / f).is_file() for f in (name, f"{name}.gz"))]  # fmt: skip
+    if kind in ("cifar10", "cifar100"):
+        layout = _CIFAR_LAYOUT[10 if kind == "cifar10" else 100]
+        folder = _cifar_directory(directory, layout["folder"])
+        names = [*layout["train"], *layout["test"]]
+        return [name for name in names if not (folder / name).is_file()]
+    return []
+
+
 def data_kind_options(kind: str) -> dict[str, object]:
     """Option names of ``kind`` mapped to their defaults; required ones map to REQUIRED_OPTION."""
     parameters = inspect.signature(_kind_function(kind)).parameters

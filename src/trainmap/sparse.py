@@ -258,11 +258,16 @@ def sparsifiable_layers(model: nn.Module, m: int, dense_layers: str = "first_las
     """Names of the Linear/Conv2d layers to make N:M sparse: grouped input size (in ``layout``)
     divisible by M, and (with ``dense_layers="first_last"``) not the first weight layer nor the
     classifier (kept dense, as most N:M works on CNNs do)."""
-    layers = [n for n, mod in model.named_modules() if isinstance(mod, nn.Linear | nn.Conv2d)]
-    if dense_layers == "first_last":
-        layers = layers[1:-1]
-    modules = dict(model.named_modules())
-    return [n for n in layers if grouped_axis_size(modules[n].weight.shape, layout) % m == 0]
+    sizes = grouped_input_sizes(model, layout)
+    names = list(sizes)[1:-1] if dense_layers == "first_last" else list(sizes)
+    return [name for name in names if sizes[name] % m == 0]
+
+
+def grouped_input_sizes(model: nn.Module, layout: str = "input_channels") -> dict[str, int]:
+    """Each Linear/Conv2d layer's input size along which N:M groups run (``layout``), in order."""
+    return {name: grouped_axis_size(module.weight.shape, layout)
+            for name, module in model.named_modules()
+            if isinstance(module, nn.Linear | nn.Conv2d)}  # fmt: skip
 
 
 def _replace(model: nn.Module, name: str, layer: nn.Module) -> None:
