@@ -7,14 +7,16 @@
 # manifests; the per-seed paths they read are passed as params.
 import dataclasses
 import inspect
+import os
+import sys
 
 from snakemake.common import overwrite_function_params
 
 from trainmap import config as grid
 from trainmap.tracking import experiment_name, init_tracking, tracking_uri
+from trainmap.unfinished import UnfinishedScan, find_unfinished
 from trainmap.worker import start_server, stop_server
 
-grid.check_config(config, base_dir=Path(workflow.basedir))
 CELLS = grid.expand_grid(config)
 TASKS = grid.grid_tasks(config)
 
@@ -76,6 +78,48 @@ REPARAM_BLOCKS = blocks_by_id(
 )
 QUANTIZE_BLOCKS = blocks_by_id(c for c in CELLS if grid.quantized_schemes(config, c))
 METRIC_BLOCKS = blocks_by_id(c for c in CELLS if grid.retrains(c))
+
+
+# --- blocks a killed job left unfinished (trainmap.unfinished, issue 19) ---------------------------
+
+
+def rerun_command():
+    """A plain run's command line as the user gave it: its cores and config files."""
+    cores = workflow.resource_settings.cores
+    command = ["snakemake", "--cores", str(cores) if cores else "all"]
+    for path in workflow.overwrite_configfiles:
+        command += ["--configfile", os.path.relpath(path)]
+    return command
+
+
+# A block whose manifest is missing while its resume file or seed directories remain: one directory
+# listing per (rule, task, arch, method), in the main process only (not in a cluster job).
+UNFINISHED = (
+    find_unfinished(
+        "results",
+        {
+            "gradinit": GRADINIT_BLOCKS.values(),
+            "train": TRAIN_BLOCKS.values(),
+            "sparse": SPARSE_BLOCKS.values(),
+            "reparam": REPARAM_BLOCKS.values(),
+            "quantize": QUANTIZE_BLOCKS.values(),
+            "evaluate": GRID_BLOCKS.values(),
+            "metrics": METRIC_BLOCKS.values(),
+        },
+        rerun_command(),
+    )
+    if workflow.is_main_process
+    else UnfinishedScan()
+)
+for line in UNFINISHED.messages():
+    print(line, file=sys.stderr)
+
+
+def unfinished_manifests():
+    """The manifests of unfinished blocks, inputs of the default target. Snakemake reruns a job
+    whose output is missing only when a job that needs it runs; as targets, the next plain run
+    finishes them (and, by their new mtimes, what depends on them)."""
+    return UNFINISHED.manifests
 
 
 def input_function(func):
