@@ -54,3 +54,6 @@ rule all:
         summary_figures(),
         analysis_outputs(),
         unfinished_manifests(),
+        # Every dataset is a target too: a killed (forced) data job's missing file is remade by
+        # the next plain run, and what depends on it reruns (issue 19).
+        datasets_of_grid(),

@@ -299,3 +299,20 @@ def test_plain_rerun_remakes_a_killed_block_without_resume_file(
     assert (workdir / EVALUATION).exists()
     assert summary.stat().st_mtime > summarised_before
     assert (workdir / MANIFEST).stat().st_mtime == trained_before  # training did not rerun
+
+
+@pytest.mark.parametrize(
+    ("deleted", "rule"),
+    [("results/data/sparse_parity/dataset.pt", "data"),
+     ("results/hmm/sparse_parity/mlp/kaiming/hmm.npz", "fit_hmm")],
+)  # fmt: skip
+def test_a_killed_data_or_fit_job_is_redone_by_a_plain_run(
+    finished_run: Path, tmp_path: Path, deleted: str, rule: str
+) -> None:
+    """Outputs of jobs that are not seed blocks are targets of rule all: a missing one (its forced
+    job killed) is remade, with what depends on it, instead of "Nothing to be done"."""
+    workdir = copy_of(finished_run, tmp_path / "run")
+    (workdir / deleted).unlink()
+    dry = snakemake("-n", *RUN, cwd=workdir)
+    output = dry.stdout + dry.stderr
+    assert "Nothing to be done" not in output and f"rule {rule}:" in output, output[-3000:]

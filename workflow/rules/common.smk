@@ -443,6 +443,11 @@ def analysis_outputs():
     regressions and joint comparisons."""
     files = manifests("metrics", METRIC_BLOCKS)
     for group in HMM_GROUPS:
-        files += [f"results/hmm/{group}/map.json", f"results/hmm/{group}/detours.json"]
+        # hmm.npz too: a killed (forced) fit's missing model is refitted by a plain run, and the
+        # map and regression after it (else Snakemake keeps the old ones: issue 19).
+        files += [
+            f"results/hmm/{group}/{name}"
+            for name in ("hmm.npz", "map.json", "detours.json")
+        ]
     files += [f"results/joint/{name}/joint.json" for name in JOINT_GROUPS]
     return files
