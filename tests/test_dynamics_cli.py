@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 
 from trainmap.dynamics.metrics import METRIC_NAMES
+from trainmap.dynamics.tables import REGENERATE
 
 
 def write_tables(directory: Path, n_runs: int = 8, seed: int = 0) -> None:
@@ -70,3 +71,30 @@ def test_cli_help_and_bad_input(tmp_path):
          str(tmp_path / "o"), "--threshold", "0.9"], capture_output=True, text=True,
     )  # fmt: skip
     assert missing.returncode != 0 and "neither a metrics CSV nor a directory" in missing.stderr
+
+
+def test_cli_stops_at_a_damaged_table_and_names_it(tmp_path):
+    """A NaN metric in a run not named by --diverged, or a missing column: the error names the
+    file, the column, the step and the fix before anything is fitted."""
+    tables = tmp_path / "metrics"
+    write_tables(tables, n_runs=3)
+    path = tables / "seed1" / "metrics.csv"
+    table = pd.read_csv(path)
+    table.loc[3, "l2"] = np.nan
+    table.to_csv(path, index=False)
+    command = [sys.executable, "-m", "trainmap.dynamics", str(tables), "--out",
+               str(tmp_path / "out"), "--threshold", "0.9"]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1
+    assert result.stderr.strip().endswith(
+        f"error: {path}: column 'l2' is NaN at step 30, but the run did not diverge; "
+        f"{REGENERATE}; if the run diverged, name it with --diverged"
+    )
+    assert not (tmp_path / "out").exists()
+    unknown = subprocess.run([*command, "--diverged", "seed7"], capture_output=True, text=True)
+    assert unknown.returncode == 1
+    assert "error: --diverged names runs without a table: ['seed7']" in unknown.stderr
+    table.drop(columns="test_acc").to_csv(path, index=False)  # the CLI's convergence needs it
+    missing = subprocess.run([*command, "--diverged", "seed1"], capture_output=True, text=True)
+    assert missing.returncode == 1
+    assert f"error: {path}: column 'test_acc' is missing; {REGENERATE}" in missing.stderr

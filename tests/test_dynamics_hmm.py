@@ -118,7 +118,10 @@ def test_constant_feature_is_dropped_with_a_warning(synthetic):
     with_constant = {run: table.assign(flat=3.0) for run, table in list(runs.items())[:10]}
     with pytest.warns(UserWarning, match="'flat' is constant"):
         hmm = TrainingHMM(k_max=2, restarts=1, features=(*FEATURES, "flat")).fit(with_constant)
-    assert hmm.dropped_features_ == ["flat"] and "flat" not in hmm.features_
+    assert hmm.dropped_features_ == {
+        "flat": "constant over the first 1000 checkpoints of every run (pooled standardisation)"
+    }
+    assert "flat" not in hmm.features_
     assert np.isfinite(hmm.model_.means_).all()
 
 

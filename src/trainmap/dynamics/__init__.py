@@ -2,6 +2,8 @@
 training dynamics"), implemented reproducibly.
 
 * :mod:`~trainmap.dynamics.metrics`: the 14 weight metrics of every checkpoint of a run.
+* :mod:`~trainmap.dynamics.tables`: reading a run's metric table strictly (a damaged one stops the
+  analysis, naming the file, the column and the step).
 * :mod:`~trainmap.dynamics.hmm`: the Gaussian HMM over many runs, selected by held-out BIC, and the
   appendix C baselines (k-means, HMM-1).
 * :mod:`~trainmap.dynamics.training_map`: states, the transitions runs take, their labels, the figure.
@@ -21,12 +23,14 @@ from trainmap.dynamics.regression import (
     state_distribution,
     trajectory_dissimilarity,
 )
+from trainmap.dynamics.tables import MetricTableError, read_metric_table
 from trainmap.dynamics.training_map import TrainingMap, build_training_map, draw_training_map
 
 __all__ = [
     "METRIC_NAMES",
     "DetourRegression",
     "JointComparison",
+    "MetricTableError",
     "TrainingHMM",
     "TrainingMap",
     "baseline_table",
@@ -34,6 +38,7 @@ __all__ = [
     "collect_run_metrics",
     "compare_groups",
     "draw_training_map",
+    "read_metric_table",
     "regress_detours",
     "state_distribution",
     "trajectory_dissimilarity",

@@ -3,6 +3,9 @@
 Reads one CSV per run in the format of :mod:`trainmap.dynamics.metrics` (``step``, the 14 metric
 columns, ``test_acc``; the workflow writes them as ``results/metrics/<cell>/metrics.csv``), fits the
 HMM, draws the training map, runs the detour regression and, with ``--groups``, the joint comparison.
+Tables are read strictly (:func:`trainmap.dynamics.tables.read_metric_table`): a missing column, text
+in a numeric cell or a NaN/Inf metric in a run not named by ``--diverged`` stops it with an error
+naming the file, the column and the step.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from trainmap.dynamics.pipeline import (
     map_group,
     regress_group,
 )
+from trainmap.dynamics.tables import REGENERATE, MetricTableError, read_metric_table
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -49,6 +53,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0, help="random state (default 0)")
     parser.add_argument("--features", nargs="+", default=list(METRIC_NAMES),
                         help="metric columns to model (default: the 14 metrics)")  # fmt: skip
+    parser.add_argument("--diverged", nargs="+", default=[], metavar="RUN",
+                        help="runs that diverged: their metrics may be NaN or infinite, and the "
+                        "regression leaves them out (default: none)")  # fmt: skip
     parser.add_argument(
         "--covariance-type",
         choices=COVARIANCE_TYPES,
@@ -115,9 +122,19 @@ def _run_id(file: Path, parent: Path) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     files = find_tables(args.tables)
-    runs = {run: pd.read_csv(path) for run, path in files.items()}
+    unknown = sorted(set(args.diverged) - set(files))
+    if unknown:
+        raise SystemExit(f"error: --diverged names runs without a table: {unknown[:5]}")
+    fix = f"{REGENERATE}; if the run diverged, name it with --diverged"
+    try:
+        runs = {run: read_metric_table(path, [*args.features, "test_acc"],
+                                       diverged=run in args.diverged, fix=fix)
+                for run, path in files.items()}  # fmt: skip
+    except MetricTableError as error:
+        raise SystemExit(f"error: {error}") from error
     convergence = convergence_from_tables(runs, args.threshold)
-    outcomes = Outcomes(convergence, {run: "completed" for run in runs})
+    outcomes = Outcomes(convergence, {run: "diverged" if run in args.diverged else "completed"
+                                      for run in runs})  # fmt: skip
     settings = {"k_max": args.k_max, "restarts": args.restarts, "holdout": args.holdout,
                 "seed": args.seed, "features": args.features, "bootstrap": args.bootstrap,
                 "alpha": args.alpha, "covariance_type": args.covariance_type,

@@ -11,7 +11,11 @@ and bench/hmm_select.py):
    in runs that spend different times in it (a run that stays long in its first state has its mean
    there), so the HMM needs extra states to cover the copies: on the known-answer data (3 true
    states) per-run z-scoring selects too many or too few states where pooled recovers K.
-   A feature that is constant (or not finite) cannot be standardised; it is dropped with a warning.
+   A feature that is constant, or not finite in some run, cannot be standardised; it is dropped
+   with a warning and named with the reason (``dropped_features_``, ``hmm.json``). Tables come
+   through :func:`trainmap.dynamics.tables.read_metric_table`, which stops at a damaged one, so a
+   non-finite feature here has a reason a healthy group can have: a model without biases (NaN
+   bias metrics in every run), a ratio of all-zero weights, a diverged run.
 2. Hold out 20 % of the runs, chosen by a seeded permutation of the sorted run ids (the authors'
    split depended on file order).
 3. For K = 1..K_max fit R restarts of a Gaussian HMM (hmmlearn's Baum-Welch; E-step vectorised
@@ -59,6 +63,7 @@ from scipy.special import logsumexp
 from scipy.stats import multivariate_normal
 
 from trainmap.dynamics.metrics import METRIC_NAMES
+from trainmap.dynamics.tables import UNDEFINED_BY_ARCHITECTURE
 from trainmap.io import save_json, write_atomic
 
 STANDARDISE_WINDOW = 1000
@@ -316,10 +321,10 @@ class TrainingHMM:
     """A Gaussian HMM over standardised per-checkpoint metrics of many runs (see module docstring).
 
     ``fit(runs)`` takes a mapping run id -> metrics table (columns named by ``features``); after
-    fitting: ``n_states_``, ``features_`` (used), ``dropped_features_``, ``train_runs_``,
-    ``heldout_runs_``, ``selection_`` (one row per K), ``restarts_`` (one row per fit),
-    ``at_ceiling_``, ``standardisation_``, the hmmlearn model ``model_`` and every K's best model
-    ``models_``.
+    fitting: ``n_states_``, ``features_`` (used), ``dropped_features_`` (feature -> why it was
+    left out), ``train_runs_``, ``heldout_runs_``, ``selection_`` (one row per K), ``restarts_``
+    (one row per fit), ``at_ceiling_``, ``standardisation_``, the hmmlearn model ``model_`` and
+    every K's best model ``models_``.
     """
 
     def __init__(
@@ -410,42 +415,73 @@ class TrainingHMM:
             "random_state": self.random_state,
         }
 
-    def _usable_features(self, runs: Mapping[str, pd.DataFrame]) -> tuple[list[str], list[str]]:
+    def _usable_features(
+        self, runs: Mapping[str, pd.DataFrame]
+    ) -> tuple[list[str], dict[str, str]]:
+        """The features the HMM can use, and every other one with the reason it is left out."""
         missing = [f for f in self.features if any(f not in table for table in runs.values())]
         if missing:
-            raise ValueError(f"metric tables lack the feature columns {missing}")
-        used, dropped = [], []
+            raise ValueError(f"metric tables lack the feature columns {missing}; read them with "
+                             "trainmap.dynamics.tables.read_metric_table, which names the file")  # fmt: skip
+        used, dropped = [], {}
         for feature in self.features:
-            columns = {run: table[feature].to_numpy(dtype=float) for run, table in runs.items()}
-            bad = self._unstandardisable(columns)
-            if bad:
-                dropped.append(feature)
-                warnings.warn(
-                    f"feature {feature!r} is constant or not finite in {bad[:3]}"
-                    f"{' ...' if len(bad) > 3 else ''}; dropped from the HMM (it cannot be "
-                    f"standardised {self.standardisation.replace('_', ' ')})",
-                    stacklevel=3,
-                )
-            else:
+            reason = self._why_unusable(feature, runs)
+            if reason is None:
                 used.append(feature)
+                continue
+            dropped[feature] = reason
+            warnings.warn(f"feature {feature!r} is {reason}; dropped from the HMM", stacklevel=3)
         if not used:
-            raise ValueError(f"no usable feature: all of {list(self.features)} were dropped")
+            reasons = "; ".join(f"{feature}: {reason}" for feature, reason in dropped.items())
+            raise ValueError(f"no usable feature: every feature was dropped ({reasons})")
         return used, dropped
 
-    def _unstandardisable(self, columns: Mapping[str, np.ndarray]) -> list[str]:
-        """Runs (or ``"all runs"``) where a feature is not finite or does not vary.
+    def _why_unusable(self, feature: str, runs: Mapping[str, pd.DataFrame]) -> str | None:
+        """Why ``feature`` cannot be standardised over ``runs``, or None when it can.
 
-        Variation must exceed float32 rounding (metrics come from float32 weights: e.g. the mean
-        classifier bias under cross-entropy moves only by ~1e-9 of rounding).
+        Not finite: in whole runs (an architecture without the metric) or at some checkpoints (a
+        diverged run, a ratio of all-zero weights). Constant: variation below float32 rounding
+        (metrics come from float32 weights: e.g. the mean classifier bias under cross-entropy
+        moves only by ~1e-9 of rounding).
         """
-        not_finite = [run for run, values in columns.items() if not np.isfinite(values).all()]
-        if not_finite:
-            return not_finite
+        columns = {run: table[feature].to_numpy(dtype=float) for run, table in runs.items()}
+        undefined = [run for run, values in columns.items() if np.isnan(values).all()]
+        if undefined:
+            why = UNDEFINED_BY_ARCHITECTURE.get(feature, "")
+            where = "every run" if len(undefined) == len(runs) else _some_runs(undefined, len(runs))
+            return f"NaN at every checkpoint of {where}" + (f" ({why})" if why else "")
+        first_bad = {}
+        for run, values in columns.items():
+            bad = np.flatnonzero(~np.isfinite(values))
+            if len(bad):
+                table = runs[run]
+                first_bad[run] = (f"step {table['step'].iloc[bad[0]]}" if "step" in table
+                                  else f"row {bad[0]}")  # fmt: skip
+        if first_bad:
+            examples = [f"{run} from {where}" for run, where in first_bad.items()]
+            return (f"not finite at some checkpoints of {_some_runs(examples, len(runs))} (a "
+                    "diverged run, or a ratio where every weight is zero)")  # fmt: skip
         if self.standardisation == "per_run":
-            return [run for run, values in columns.items()
+            flat = [run for run, values in columns.items()
                     if values[:STANDARDISE_WINDOW].std() <= NUMERICALLY_CONSTANT]  # fmt: skip
+            if flat:
+                return (f"constant over the first {STANDARDISE_WINDOW} checkpoints of "
+                        f"{_some_runs(flat, len(runs))} (per-run standardisation)")  # fmt: skip
+            return None
         _, std = pooled_statistics(list(columns.values()))
-        return [] if std > NUMERICALLY_CONSTANT else ["all runs"]
+        if std > NUMERICALLY_CONSTANT:
+            return None
+        return (
+            f"constant over the first {STANDARDISE_WINDOW} checkpoints of every run (pooled "
+            "standardisation)"
+        )
+
+    def dropped_note(self) -> str:
+        """A sentence naming the features left out and why ("" when none was)."""
+        if not self.dropped_features_:
+            return ""
+        reasons = "; ".join(f"{f}: {why}" for f, why in self.dropped_features_.items())
+        return f"Features left out of the HMM: {reasons}."
 
     def _set_standardisation(self, runs: Mapping[str, pd.DataFrame]) -> None:
         if self.standardisation == "pooled":
@@ -605,12 +641,20 @@ class TrainingHMM:
         estimator.models_ = {meta["n_states"]: model}
         estimator.at_ceiling_ = meta["selection_at_ceiling"]
         estimator.features_ = meta["features"]
-        estimator.dropped_features_ = meta["dropped_features"]
+        dropped = meta["dropped_features"]  # a list before the reasons were recorded
+        estimator.dropped_features_ = (dict.fromkeys(dropped, "reason not recorded")
+                                       if isinstance(dropped, list) else dropped)  # fmt: skip
         estimator.train_runs_, estimator.heldout_runs_ = meta["train_runs"], meta["heldout_runs"]
         estimator.standardisation_ = meta["standardisation"]
         estimator.selection_ = pd.DataFrame(meta["selection"])
         estimator.restarts_ = pd.DataFrame(meta["restarts"])
         return estimator
+
+
+def _some_runs(runs: Sequence[str], total: int) -> str:
+    """``runs a, b, c ... (7 of 40)``: a few of the runs a reason names, and how many."""
+    shown = ", ".join(runs[:3]) + (" ..." if len(runs) > 3 else "")
+    return f"run{'s' * (len(runs) > 1)} {shown} ({len(runs)} of {total})"
 
 
 def choose_k(selection: pd.DataFrame) -> int:

@@ -66,8 +66,11 @@ class JointComparison:
         return [d for d in self.detours.detour_states if d not in self.with_groups.detour_states]
 
     def verdict_markdown(self) -> str:
-        """The verdict table as Markdown, and a line on detours the group explains as well."""
+        """The verdict table as Markdown, a line naming the features the shared map leaves out
+        (and why), and a line on detours the group explains as well."""
         text = verdict_markdown(self.verdicts, self.settings["confidence"])
+        if self.hmm.dropped_features_:
+            text += f"\n{self.hmm.dropped_note()}\n"
         explained = self.detours_explained_by_group
         if explained:
             text += (f"\nDetour state(s) {', '.join(map(str, explained))}: not a detour once the "
@@ -98,6 +101,8 @@ class JointComparison:
         return {
             "n_states": self.hmm.n_states_,
             "selection_at_ceiling": self.hmm.at_ceiling_,
+            "features": list(self.hmm.features_),
+            "dropped_features": dict(self.hmm.dropped_features_),
             "groups": per_group,
             "detour_states": self.detours.detour_states,
             "detours_explained_by_group": self.detours_explained_by_group,

@@ -22,7 +22,11 @@ fixed set of files into one directory:
     ``regression.csv``, ``bootstrap.json`` and the shared model (``hmm.npz``, ``hmm.json``,
     ``states.csv``).
 
-Every step returns the captions of the figures it drew (figure name -> caption).
+Every step returns the captions of the figures it drew (figure name -> caption). A feature the HMM
+leaves out (a model without biases has no bias metrics) is named with the reason in ``hmm.json`` and
+``joint.json`` (``dropped_features``), in ``verdicts.md`` and in the captions of the selection
+figure and the maps. The steps take metric tables as read by
+:func:`trainmap.dynamics.tables.read_metric_table`, which stops at a damaged one.
 """
 
 from __future__ import annotations
@@ -145,10 +149,10 @@ def fit_group(
     bootstrap = run_bootstrap(hmm, runs, outcomes, detours, settings, n_jobs)
     save_json(bootstrap.to_dict(), out / "bootstrap.json")
     steps = {run: table["step"].to_numpy() for run, table in runs.items()}
+    selection = plots.plot_selection(curves, hmm.n_states_, out / "selection.png", title=title,
+                                     at_ceiling=hmm.at_ceiling_)  # fmt: skip
     return {
-        "selection.png": plots.plot_selection(
-            curves, hmm.n_states_, out / "selection.png", title=title, at_ceiling=hmm.at_ceiling_
-        ),  # fmt: skip
+        "selection.png": _with_note(selection, hmm),
         "states.png": plots.plot_state_sequences(
             states, steps, outcomes.convergence, hmm.n_states_, out / "states.png", title=title
         ),  # fmt: skip
@@ -194,7 +198,12 @@ def map_group(
     training_map.save(out / "map.json")
     caption = draw_training_map(training_map, out / "map.png", out / "map.svg", title=title,
                                 detour_states=detour_states)  # fmt: skip
-    return {"map.png": caption}
+    return {"map.png": _with_note(caption, hmm)}
+
+
+def _with_note(caption: str, hmm: TrainingHMM) -> str:
+    """``caption`` and the sentence naming the features the HMM left out, if any."""
+    return f"{caption} {hmm.dropped_note()}".rstrip()
 
 
 def regress_group(
@@ -264,6 +273,8 @@ def joint_group(
     save_json(result.summary() | {"bootstrap": bootstrap.to_dict()}, out / "joint.json")
     _write_csv(result.with_groups.coefficients, out / "regression.csv")
     training_map = build_training_map(result.hmm, runs, result.states, outcomes.convergence)
+    map_caption = draw_training_map(training_map, out / "map.png", out / "map.svg", title=title,
+                                    detour_states=result.detours.detour_states)  # fmt: skip
     return {
         "verdicts.png": plots.plot_verdicts(
             result.verdicts, settings["confidence"], out / "verdicts.png", title=title
@@ -274,11 +285,5 @@ def joint_group(
         "convergence.png": plots.plot_group_convergence(
             result.convergence, result.visit_rates, out / "convergence.png", title=title
         ),
-        "map.png": draw_training_map(
-            training_map,
-            out / "map.png",
-            out / "map.svg",
-            title=title,
-            detour_states=result.detours.detour_states,
-        ),  # fmt: skip
+        "map.png": _with_note(map_caption, result.hmm),
     }
