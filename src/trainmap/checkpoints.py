@@ -16,8 +16,9 @@ Every model file trainmap writes is a ``torch.save`` dict of tensors and plain c
 
 Files are written and read through :func:`trainmap.io.save_torch` / :func:`trainmap.io.load_torch`,
 so each carries a SHA-256 of its content that every load verifies (a damaged file raises
-:class:`trainmap.io.DamagedFileError` naming it). :func:`load_model` reads the key and calls the
-loader of that form. Loaders are named here as
+:class:`trainmap.io.DamagedFileError` naming it), and the same content is the same bytes wherever
+it is saved (DVC sees a retrained model with unchanged weights as no change). :func:`load_model`
+reads the key and calls the loader of that form. Loaders are named here as
 ``module:function`` and imported on first use, so reading a dense model never imports the methods'
 code, and a deploy model loads without any RepVGG block code.
 """

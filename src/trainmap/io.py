@@ -14,6 +14,17 @@ file is still an ordinary checkpoint that plain ``torch.load`` reads. It covers 
 the comment. Files written before checksums existed (no comment) load unverified with a warning
 naming the file: results in existing trees stay usable, and deleting such a file and rerunning
 gives a verified one.
+
+Same content, same bytes: DVC versions results by content, so a rerun that recomputes a result
+must write the same file, or every rerun adds a copy to the cache and the remote and ``dvc status``
+reports changes that are none. So :func:`save_torch` hands ``torch.save`` an open file, never a
+path (given a path, ``torch.save`` names the archive's inner folder after it, and the path here is a
+random temporary name), and :func:`save_json` writes sorted keys. Measured times
+(:data:`TIMING_KEYS`: wall time, speed, latency) are never the same twice, so they never go into a
+result file: ``save_json`` and :func:`save_table` write them to a **timing sidecar** beside it
+(``train.json`` -> ``train.timing.json``, ``evaluation.csv`` -> ``evaluation.timing.csv``;
+:func:`timing_path`), a file pattern ``.dvcignore`` lists, and :func:`load_json` merges them back
+in when the sidecar is there. MLflow gets the times as metrics and the sidecars as artifacts.
 """
 
 from __future__ import annotations
@@ -102,11 +113,14 @@ def remedy(path: str | os.PathLike) -> str:
 
 
 def save_torch(obj: Any, path: str | os.PathLike) -> None:
-    """``torch.save`` to ``path`` atomically, with the SHA-256 of the content in the archive."""
+    """``torch.save`` to ``path`` atomically, with the SHA-256 of the content in the archive; the
+    same ``obj`` gives the same bytes whatever the path."""
 
     def write(tmp: Path) -> None:
-        torch.save(obj, tmp)
-        with open(tmp, "r+b") as stream:
+        with open(tmp, "w+b") as stream:
+            # An open file, not the (random, temporary) path: torch.save names the archive's inner
+            # folder after a path it is given, and "archive" for a stream.
+            torch.save(obj, stream)
             size = stream.seek(0, os.SEEK_END)
             stream.seek(size - _END_RECORD_SIZE)
             if stream.read(4) != _END_RECORD:  # never for torch's zip writer; fail loudly if so
@@ -201,15 +215,112 @@ def _sha256(stream: Any, length: int) -> str:
     return digest.hexdigest()
 
 
+#: Keys (at any depth of a JSON record, or columns of a table) whose values are measured times,
+#: different on every run: save_json and save_table write them to the timing sidecar instead.
+TIMING_KEYS = frozenset({"wall_time_s", "steps_per_s", "train_wall_time_s", "latency_ms",
+                         "seconds", "elapsed_s"})  # fmt: skip
+TIMING_INFIX = ".timing"
+
+
+def timing_path(path: str | os.PathLike) -> Path:
+    """Where the measured times of ``path`` go: ``train.json`` -> ``train.timing.json``,
+    ``evaluation.csv`` -> ``evaluation.timing.csv``, ``seeds0-1.resume.pt`` ->
+    ``seeds0-1.resume.timing.json``."""
+    path = Path(path)
+    suffix = ".csv" if path.suffix == ".csv" else ".json"
+    return path.with_name(f"{path.stem}{TIMING_INFIX}{suffix}")
+
+
 def save_json(obj: Any, path: str | os.PathLike) -> None:
-    """Write pretty, key-sorted JSON atomically (NaN is written as null: JSON has no NaN)."""
+    """Write pretty, key-sorted JSON atomically (NaN is written as null: JSON has no NaN). Entries
+    named in :data:`TIMING_KEYS` go to :func:`timing_path` instead (same nesting; list items keep
+    their positions), so the file itself holds only what a rerun reproduces byte for byte."""
+    content, timing = split_timing(_json_safe(obj))
+    if timing is None:
+        timing_path(path).unlink(missing_ok=True)  # a sidecar of an earlier version of the file
+    else:
+        save_timing(timing, path)
+    _write_json(content, path)
+
+
+def load_json(path: str | os.PathLike, timing: bool = True) -> Any:
+    """Read a JSON file, with the entries of its timing sidecar merged back in when it has one
+    (``timing=False``: the file alone)."""
+    content = json.loads(Path(path).read_text())
+    if not timing:
+        return content
+    try:
+        return merge_timing(content, load_timing(path))
+    except ValueError:  # a sidecar left from another version of the file
+        warnings.warn(f"{timing_path(path)} does not fit {path}: its times are left out",
+                      stacklevel=2)  # fmt: skip
+        return content
+
+
+def save_timing(timing: dict[str, Any], path: str | os.PathLike) -> None:
+    """Write the measured times of ``path`` to its :func:`timing_path`, as they are."""
+    _write_json(timing, timing_path(path))
+
+
+def load_timing(path: str | os.PathLike) -> dict[str, Any]:
+    """The measured times of ``path`` (its timing sidecar; empty when it has none)."""
+    sidecar = timing_path(path)
+    return json.loads(sidecar.read_text()) if sidecar.exists() else {}
+
+
+def split_timing(obj: Any) -> tuple[Any, Any]:
+    """``(content, timing)``: ``obj`` without its :data:`TIMING_KEYS` entries, and those entries
+    alone in the same nesting (None when there are none; a list's items keep their positions)."""
+    if isinstance(obj, dict):
+        content, timing = {}, {}
+        for key, value in obj.items():
+            if key in TIMING_KEYS:
+                timing[key] = value
+                continue
+            content[key], inner = split_timing(value)
+            if inner is not None:
+                timing[key] = inner
+        return content, timing or None
+    if isinstance(obj, list):
+        pairs = [split_timing(item) for item in obj]
+        if all(inner is None for _, inner in pairs):
+            return [item for item, _ in pairs], None
+        return [item for item, _ in pairs], [inner or {} for _, inner in pairs]
+    return obj, None
+
+
+def merge_timing(content: Any, timing: Any) -> Any:
+    """The inverse of :func:`split_timing`; ValueError when ``timing`` does not fit ``content``."""
+    if not timing:
+        return content
+    if isinstance(content, dict) and isinstance(timing, dict):
+        merged = dict(content)
+        for key, value in timing.items():
+            merged[key] = merge_timing(content[key], value) if key in content else value
+        return merged
+    if isinstance(content, list) and isinstance(timing, list) and len(content) == len(timing):
+        return [merge_timing(item, inner) for item, inner in zip(content, timing, strict=True)]
+    raise ValueError("the times do not fit the record")
+
+
+def save_table(frame: Any, path: str | os.PathLike, keys: tuple[str, ...] = ()) -> None:
+    """Write a pandas table as CSV atomically; its :data:`TIMING_KEYS` columns go, with the
+    ``keys`` columns that name each row, to its timing sidecar instead (``evaluation.csv`` ->
+    ``evaluation.timing.csv``)."""
+    timed = [column for column in frame.columns if column in TIMING_KEYS]
+    sidecar = timing_path(path)
+    if timed:
+        times = frame[[*keys, *timed]]
+        write_atomic(sidecar, lambda tmp: times.to_csv(tmp, index=False))
+    else:
+        sidecar.unlink(missing_ok=True)
+    content = frame.drop(columns=timed)
+    write_atomic(path, lambda tmp: content.to_csv(tmp, index=False))
+
+
+def _write_json(obj: Any, path: str | os.PathLike) -> None:
     text = json.dumps(_json_safe(obj), indent=2, sort_keys=True) + "\n"
     write_atomic(path, lambda tmp: tmp.write_text(text))
-
-
-def load_json(path: str | os.PathLike) -> Any:
-    """Read a JSON file."""
-    return json.loads(Path(path).read_text())
 
 
 def save_text(text: str, path: str | os.PathLike) -> None:

@@ -29,7 +29,14 @@ from trainmap.checkpoints import load_model, model_from_checkpoint
 from trainmap.config import Block, Cell, cell_hash, is_sparse
 from trainmap.data import TaskData, load_task_data, make_task_data, save_task_data
 from trainmap.evaluate import compression_table, evaluate_run, group_metrics, summarise
-from trainmap.io import load_json, load_torch, save_json, write_atomic
+from trainmap.io import (
+    block_manifest_of,
+    load_json,
+    load_torch,
+    save_json,
+    save_table,
+    write_atomic,
+)
 from trainmap.models import count_parameters
 from trainmap.plots import plot_compression, plot_learning_curves
 from trainmap.tracking import rule_run
@@ -259,8 +266,9 @@ def summary_job(
     frame = summarise(records)
     forms = compression_table(records)
     with rule_run(config, "summary", params={"runs": len(frame)}, config_hash="grid") as run:
-        write_atomic(table_path, lambda tmp: frame.to_csv(tmp, index=False))
-        write_atomic(forms_path, lambda tmp: forms.to_csv(tmp, index=False))
+        # Latency and wall time go to evaluation.timing.csv / compression.timing.csv beside them.
+        save_table(frame, table_path, keys=("task", "arch", "method", "seed"))
+        save_table(forms, forms_path, keys=("task", "arch", "method", "seed", "form"))
         save_json(group_metrics(frame), metrics_path)
         histories = {
             tuple(record[key] for key in ("task", "arch", "method", "seed")): pd.read_csv(path)
@@ -354,9 +362,25 @@ def collect_metrics_block_job(
 def _group_inputs(
     cells: list[dict], metrics_paths: list[str], evaluation_paths: list[str], labels: list[str]
 ) -> tuple[dict[str, pd.DataFrame], Any]:
-    """Metric tables and outcomes (convergence step, status) keyed by run label."""
-    runs = {label: pd.read_csv(path) for label, path in zip(labels, metrics_paths, strict=True)}
-    return runs, _group_outcomes(evaluation_paths, labels)
+    """Metric tables and outcomes (convergence step, status) keyed by run label. Tables are read
+    strictly (trainmap.dynamics.tables): NaN or Inf metrics only in a run whose evaluation says it
+    diverged; a damaged table stops the job naming the file, column, step and the block manifest
+    to delete."""
+    from trainmap.dynamics.tables import read_metric_table
+
+    outcomes = _group_outcomes(evaluation_paths, labels)
+
+    def rerun_collect_metrics(path: str) -> str:
+        manifest = block_manifest_of(path) or Path(path).parent
+        return (f"rerun collect_metrics for this block: delete its manifest {manifest} and run "
+                "the workflow again")  # fmt: skip
+
+    runs = {
+        label: read_metric_table(path, diverged=outcomes.status[label] == "diverged",
+                                 fix=rerun_collect_metrics(path))
+        for label, path in zip(labels, metrics_paths, strict=True)
+    }  # fmt: skip
+    return runs, outcomes
 
 
 def _group_outcomes(evaluation_paths: list[str], labels: list[str]) -> Any:

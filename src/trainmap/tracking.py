@@ -180,8 +180,14 @@ class RuleRun:
             self.client.set_tag(self.run_id, key, str(value))
 
     def log_artifact(self, path: str | os.PathLike, artifact_path: str | None = None) -> None:
-        """Upload one file to the run's artifacts."""
+        """Upload one file to the run's artifacts, with its timing sidecar when it has one (the
+        measured times the file itself leaves out: ``trainmap.io.timing_path``)."""
+        from trainmap.io import timing_path  # imports torch: only once a job logs a file
+
         self.client.log_artifact(self.run_id, str(path), artifact_path)
+        sidecar = timing_path(path)
+        if sidecar.exists():
+            self.client.log_artifact(self.run_id, str(sidecar), artifact_path)
 
 
 @contextmanager

@@ -19,8 +19,13 @@ checkpoint.
 
 Resume: every ``resume_every`` steps the whole training state of the block (stacked model and
 optimiser state, every seed's batch order, RNG, trajectories so far) is written atomically to one
-resume file. A rerun after a kill continues from it and ends with weights bit-identical (CPU) to an
-uninterrupted run. The file is removed once the block's outputs are written.
+resume file (the wall time so far beside it, in its timing sidecar: ``trainmap.io.timing_path``). A
+rerun after a kill continues from it and ends with weights bit-identical (CPU) to an uninterrupted
+run. The file is removed once the block's outputs are written.
+
+Every output is the same bytes when its content is: the summary's wall time and steps/s go to
+``train.timing.json`` beside ``train.json`` (``trainmap.io.save_json``), so rerunning a cell rewrites
+trajectory, model, history and summary byte for byte.
 
 Divergence, per seed: a seed whose loss turns NaN/inf is recorded as ``diverged`` at that step and
 frozen (its weights and statistics stay those of the step it diverged at; it no longer contributes
@@ -51,7 +56,16 @@ from tqdm.auto import tqdm
 from trainmap.blocks import SeedBlock
 from trainmap.checkpoints import save_dense
 from trainmap.data import TaskData
-from trainmap.io import load_resume_or_none, load_torch, save_json, save_torch, write_atomic
+from trainmap.io import (
+    load_resume_or_none,
+    load_timing,
+    load_torch,
+    save_json,
+    save_timing,
+    save_torch,
+    timing_path,
+    write_atomic,
+)
 from trainmap.methods import check_method
 from trainmap.models import build_model, count_parameters
 
@@ -523,7 +537,7 @@ def train_block(
         records = [SeedRecord(**record) for record in saved["records"]]
         hooks.load_state_dict(saved["hooks"])
         start_step = resumed_from = saved["step"]
-        elapsed_before = saved["elapsed_s"]
+        elapsed_before = saved["elapsed_s"]  # from the resume file's timing sidecar
 
     def active_seeds() -> list[int]:
         return [index for index, record in enumerate(records) if record.active]
@@ -637,6 +651,7 @@ def train_block(
         _write_outputs(paths[index], block.model_of(index), trajectory.of_seed(index),
                        records[index].history, summaries[index], infos[index], hooks)  # fmt: skip
     resume_path.unlink(missing_ok=True)
+    timing_path(resume_path).unlink(missing_ok=True)
     return summaries
 
 
@@ -703,6 +718,9 @@ def _save_resume(path: Path, fingerprint: str, step: int, block: SeedBlock,
                  optimizer: torch.optim.Optimizer, samplers: list[BatchSampler],
                  trajectory: Trajectory, running: RunningMeans, records: list[SeedRecord],
                  hooks: TrainHooks, elapsed: float) -> None:  # fmt: skip
+    # The time so far goes beside the file (seeds0-31.resume.timing.json), so the resume file of
+    # a step is the same bytes in every run, like every other file trainmap writes.
+    save_timing({"elapsed_s": elapsed}, path)
     save_torch(
         {
             "fingerprint": fingerprint,
@@ -716,7 +734,6 @@ def _save_resume(path: Path, fingerprint: str, step: int, block: SeedBlock,
             "running": running.state_dict(),
             "records": [vars(record) for record in records],
             "hooks": hooks.state_dict(),
-            "elapsed_s": elapsed,
         },
         path,
     )
@@ -728,6 +745,9 @@ def _load_resume(path: Path, fingerprint: str) -> dict[str, Any] | None:
         # A different configuration, or a resume file of an older trainmap (one seed, no block
         # state): start over; the file is replaced later.
         return None
+    # Resume files of an older trainmap held the time themselves; a missing sidecar costs only
+    # the reported wall time of the part before the resume.
+    saved.setdefault("elapsed_s", load_timing(path).get("elapsed_s", 0.0))
     return saved
 
 

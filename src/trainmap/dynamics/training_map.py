@@ -26,7 +26,8 @@ import numpy as np
 import pandas as pd
 
 from trainmap.dynamics.hmm import TrainingHMM
-from trainmap.io import save_json, write_atomic
+from trainmap.io import save_json
+from trainmap.plots import save_figure
 
 TOP_FEATURES = 3
 X_SPACING, Y_SPACING = 2.0, 1.6
@@ -230,10 +231,10 @@ def draw_training_map(
     axis.set_title(title or f"training map: {training_map.n_states} states, "
                    f"{training_map.n_runs} runs", fontsize=10)  # fmt: skip
     figure.tight_layout()
-    write_atomic(png_path, lambda tmp: figure.savefig(tmp, format="png", dpi=130))
+    # trainmap.plots writes the same bytes for the same figure (no SVG date, fixed SVG ids).
+    save_figure(figure, png_path, "png", dpi=130, close=svg_path is None)
     if svg_path is not None:
-        write_atomic(svg_path, lambda tmp: figure.savefig(tmp, format="svg"))
-    plt.close(figure)
+        save_figure(figure, svg_path, "svg", dpi=figure.dpi)
     return (
         "Training map: hidden states (circles, with how many runs visit them; orange = detour) "
         "from left to right by when runs first reach them, and an arrow wherever a decoded run "
