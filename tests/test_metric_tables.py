@@ -17,14 +17,14 @@ import pytest
 import torch
 from torch import nn
 
-from trainmap.config import Cell
 from trainmap.dynamics.hmm import TrainingHMM
 from trainmap.dynamics.joint import compare_groups
 from trainmap.dynamics.metrics import METRIC_NAMES, trajectory_metrics
 from trainmap.dynamics.synthetic import sample_runs
 from trainmap.dynamics.tables import REGENERATE, MetricTableError, read_metric_table
+from trainmap.grid import Cell
 from trainmap.io import save_json
-from trainmap.jobs import _group_inputs
+from trainmap.jobs.analysis import _group_inputs
 
 BIASES = ("b_mean", "b_median", "b_var")
 NO_BIASES = "NaN at every checkpoint of every run (the model has no biases)"

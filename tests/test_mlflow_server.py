@@ -7,7 +7,7 @@ import time
 import pytest
 from conftest import MlflowServer, free_port
 
-from trainmap.config import Cell
+from trainmap.grid import Cell
 from trainmap.tracking import TrackingUnavailable, rule_run
 
 pytestmark = pytest.mark.integration

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from mlflow import MlflowClient
 
-from trainmap.config import Cell, cell_hash, load_config
+from trainmap.grid import Cell, cell_hash, load_config
 from trainmap.tracking import (
     DEFAULT_TRACKING_URI,
     METRICS_PER_BATCH,
@@ -70,14 +70,14 @@ def runs_of(client: MlflowClient, experiment: str) -> list:
 # One launcher process (a fresh interpreter) imports what a rule job's tracking needs, then forks the
 # 16 jobs: separate processes, each opening its own SQLite connection, as Snakemake's jobs do; only
 # the imports (about 4 s of CPU per interpreter, over a minute for 16 on 2 cores) are paid once. No
-# MLflow client or database connection exists before the fork. trainmap.config imports the data and
+# MLflow client or database connection exists before the fork. trainmap.grid imports the data and
 # model registries (and torch); cell_hash and rule_run do not use them, so they are stubbed out. The
 # forked jobs block on a pipe until every one exists, then all open the database at the same moment.
 LAUNCHER = textwrap.dedent(
     """
     import json, os, sys, traceback
     from pathlib import Path
-    from trainmap.config import Cell
+    from trainmap.grid import Cell
     from trainmap.tracking import rule_run
     import mlflow.store.tracking.sqlalchemy_store  # imports only: no engine, no connection
 
@@ -429,7 +429,7 @@ def test_cell_parent_runs_carry_headline_metrics_comparable_by_method(
 ) -> None:
     """evaluate's headline numbers and the training map's occupancy land on each cell's parent
     run, whose method tag lets the MLflow UI group cells by method."""
-    from trainmap.jobs import headline_metrics
+    from trainmap.jobs.evaluate import headline_metrics
     from trainmap.tracking import log_cell_metrics
 
     config = make_config(study_config, shared_uri, "headline")

@@ -1,7 +1,7 @@
 # Grid expansion, input functions and the one-time tracking set-up. No rule lives here.
 #
 # Per-seed rules run one *block* per job, i.e. the seeds of one (task, arch, method) in an
-# aligned range of train.<task>.seed_block seeds (trainmap.config.Block), e.g. seeds0-31. A block
+# aligned range of train.<task>.seed_block seeds (trainmap.grid.SeedRange), e.g. seeds0-31. A block
 # job writes each seed's files in its own directory (results/<rule>/<task>/<arch>/<method>/seed<n>/)
 # and, as its declared output, the block's manifest beside them (.../seeds0-31.json). Rules depend on
 # manifests; the per-seed paths they read are passed as params.
@@ -12,7 +12,7 @@ import sys
 
 from snakemake.common import overwrite_function_params
 
-from trainmap import config as grid
+from trainmap import grid
 from trainmap.tracking import experiment_name, init_tracking, tracking_uri
 from trainmap.unfinished import UnfinishedScan, find_unfinished
 from trainmap.worker import start_server, stop_server
@@ -63,7 +63,7 @@ JOINT_GROUPS = grid.joint_groups(config)
 
 
 def blocks_by_id(cells):
-    return {block.id: block for block in grid.blocks_of(config, cells)}
+    return {block.id: block for block in grid.seed_ranges_of(config, cells)}
 
 
 # The blocks of each rule family, by id ("task/arch/method/seedsF-L").
@@ -340,7 +340,7 @@ GRID_BLOCK_OF_CELL = by_cell(GRID_BLOCKS)
 
 def manifests_of_cells(rule_dir, block_of_cell, cells):
     """The manifests of the blocks holding ``cells``, once each, in block order (that of
-    ``blocks_of``: task, arch, method, first seed); cells in no block are left out."""
+    ``seed_ranges_of``: task, arch, method, first seed); cells in no block are left out."""
     found = {block_of_cell[c] for c in cells if c in block_of_cell}
     return [manifest(rule_dir, block) for block in sorted(found)]
 

@@ -5,7 +5,7 @@ from pathlib import Path
 from trainmap.worker import run_job
 
 run_job(
-    "trainmap.jobs:fit_hmm_job",
+    "trainmap.jobs.analysis:fit_hmm_job",
     log=snakemake.log[0],
     group=snakemake.params.group,
     cells=snakemake.params.cells,

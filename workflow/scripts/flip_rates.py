@@ -3,7 +3,7 @@
 from trainmap.worker import run_job
 
 run_job(
-    "trainmap.jobs:flip_rates_job",
+    "trainmap.jobs.sparse:flip_rates_job",
     log=snakemake.log[0],
     cells=snakemake.params.cells,
     flips_paths=list(snakemake.params.flips),

@@ -3,7 +3,7 @@
 from trainmap.worker import run_job
 
 run_job(
-    "trainmap.jobs:gradinit_block_job",
+    "trainmap.jobs.gradinit:gradinit_block_job",
     log=snakemake.log[0],
     block=snakemake.params.block,
     data_path=snakemake.input.dataset,

@@ -5,7 +5,7 @@ from pathlib import Path
 from trainmap.worker import run_job
 
 run_job(
-    "trainmap.jobs:joint_comparison_job",
+    "trainmap.jobs.analysis:joint_comparison_job",
     log=snakemake.log[0],
     name=snakemake.wildcards.name,
     cells=snakemake.params.cells,

@@ -3,7 +3,7 @@
 from trainmap.worker import run_job
 
 run_job(
-    "trainmap.jobs:data_job",
+    "trainmap.jobs.data:data_job",
     log=snakemake.log[0],
     task=snakemake.wildcards.task,
     settings=snakemake.params.settings,

@@ -3,7 +3,7 @@
 from trainmap.worker import run_job
 
 run_job(
-    "trainmap.jobs:quantize_block_job",
+    "trainmap.jobs.quantize:quantize_block_job",
     log=snakemake.log[0],
     block=snakemake.params.block,
     run_manifest=snakemake.input.run,

@@ -5,7 +5,7 @@ from pathlib import Path
 from trainmap.worker import run_job
 
 run_job(
-    "trainmap.jobs:regress_detours_job",
+    "trainmap.jobs.analysis:regress_detours_job",
     log=snakemake.log[0],
     group=snakemake.params.group,
     cells=snakemake.params.cells,

@@ -4,7 +4,7 @@ ablations, the baselines), retrained as one vectorised model."""
 from trainmap.worker import run_job
 
 run_job(
-    "trainmap.jobs:sparse_block_job",
+    "trainmap.jobs.sparse:sparse_block_job",
     log=snakemake.log[0],
     block=snakemake.params.block,
     teacher_manifest=snakemake.input.teacher,

@@ -3,7 +3,7 @@
 from trainmap.worker import run_job
 
 run_job(
-    "trainmap.jobs:summary_job",
+    "trainmap.jobs.evaluate:summary_job",
     log=snakemake.log[0],
     evaluation_paths=list(snakemake.params.evaluations),
     history_paths=list(snakemake.params.histories),

@@ -5,7 +5,7 @@ from pathlib import Path
 from trainmap.worker import run_job
 
 run_job(
-    "trainmap.jobs:training_map_job",
+    "trainmap.jobs.analysis:training_map_job",
     log=snakemake.log[0],
     group=snakemake.params.group,
     cells=snakemake.params.cells,

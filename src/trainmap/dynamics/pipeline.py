@@ -101,7 +101,7 @@ def convergence_from_tables(
     runs: Mapping[str, pd.DataFrame], threshold: float
 ) -> dict[str, int | None]:
     """First step whose ``test_acc`` reaches ``threshold``, per run (None: never)."""
-    from trainmap.evaluate import convergence_step
+    from trainmap.evaluation import convergence_step
 
     return {run: convergence_step(table, threshold) for run, table in runs.items()}
 

@@ -550,7 +550,7 @@ def diagnostics_table(
 
 def plot_diagnostics(table: pd.DataFrame, path: str | os.PathLike, title: str = "") -> str:
     """Weight magnitude, gradient std and scale per layer, before vs after (figures 4-8 style)."""
-    from trainmap.plots import plt, save_png
+    from trainmap.figures import plt, save_png
 
     figure, axes = plt.subplots(1, 3, figsize=(14, 3.6))
     layers = table["layer"]
@@ -581,7 +581,7 @@ def plot_history(
     history: pd.DataFrame, gamma: float, path: str | os.PathLike, title: str = ""
 ) -> str:
     """||g|| and the objective over the iterations; constraint steps marked."""
-    from trainmap.plots import plt, save_png
+    from trainmap.figures import plt, save_png
 
     figure, axes = plt.subplots(1, 2, figsize=(10, 3.4))
     axes[0].semilogy(history["iteration"], history["grad_norm"], lw=1)
@@ -608,7 +608,7 @@ def plot_block(
     title: str = "",
 ) -> str:
     """A block of seeds: each seed's learned scale per tensor, and ||g|| over the iterations."""
-    from trainmap.plots import plt, save_png
+    from trainmap.figures import plt, save_png
 
     figure, axes = plt.subplots(1, 2, figsize=(11, 3.6))
     names = list(summaries[0]["scales"]) if summaries else []

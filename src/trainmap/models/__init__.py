@@ -27,7 +27,7 @@ Families (variants of one family differ only in their default switches):
     The GradInit appendix's no-BN networks: FixUp's ResNet with its own init, and deep VGG/ResNet
     without normalisation, sized for small images.
 ``repvgg``, ``repvgg_idonly``, ``repvgg_1x1only``, ``repvgg_plain``, ``repvgg_a0`` .. ``repvgg_b3g4``
-    RepVGG and its ablations (registered by :mod:`trainmap.reparam`, which owns their fusion).
+    RepVGG and its ablations (registered by :mod:`trainmap.models.repvgg`, which owns their fusion).
 
 Later work registers more with a single :func:`register_architecture` call.
 """
@@ -731,8 +731,8 @@ register_architecture(
 )
 
 
-# RepVGG's architectures live with their fusion in trainmap.reparam; importing it registers them.
-from trainmap import reparam as _reparam  # noqa: E402, F401
+# RepVGG's architectures live with their fusion in trainmap.models.repvgg; importing it registers them.
+from trainmap.models import repvgg as _reparam  # noqa: E402, F401
 
 
 @torch.no_grad()
