@@ -42,6 +42,7 @@ include: "workflow/rules/gradinit.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/reparam.smk"
 include: "workflow/rules/sparse.smk"
+include: "workflow/rules/quantize.smk"
 include: "workflow/rules/evaluate.smk"
 include: "workflow/rules/analysis.smk"
 

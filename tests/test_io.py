@@ -292,3 +292,19 @@ def test_a_damaged_file_in_a_seed_block_names_the_blocks_manifest(tmp_path):
     first_line = str(caught.value).splitlines()[0]
     assert first_line.startswith(f"damaged file {path}: ")
     assert f"delete it and its block's manifest {method_dir / 'seeds32-63.json'}" in first_line
+
+
+@pytest.mark.parametrize("text", ["", '{"status": "compl', "\x00\x01binary"])
+def test_a_damaged_json_record_is_named_with_the_remedy(tmp_path, text):
+    """A cut-off or foreign evaluation.json stops its reader naming the file and the block manifest
+    to delete, not with a bare JSONDecodeError."""
+    seed_dir = tmp_path / "evaluate" / "digits" / "mlp" / "kaiming" / "seed3"
+    seed_dir.mkdir(parents=True)
+    (seed_dir.parent / "seeds0-7.json").write_text("{}")
+    damaged = seed_dir / "evaluation.json"
+    damaged.write_text(text)
+    with pytest.raises(DamagedFileError) as caught:
+        load_json(damaged)
+    message = str(caught.value)
+    assert message.startswith(f"damaged file {damaged}: not valid JSON"), message
+    assert f"its block's manifest {seed_dir.parent / 'seeds0-7.json'}" in message

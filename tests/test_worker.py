@@ -194,7 +194,7 @@ def test_job_function_allows_trainmap_jobs_only():
 
     scripts = Path(__file__).resolve().parents[1] / "workflow" / "scripts"
     named = {name for script in scripts.glob("*.py")
-             for name in re.findall(r'"(trainmap\.jobs:\w+)"', script.read_text())}  # fmt: skip
+             for name in re.findall(r'"(trainmap\.jobs\.\w+:\w+)"', script.read_text())}  # fmt: skip
     assert len(named) >= 10, named
     for name in named:  # every job the workflow's scripts submit is allowed
         assert worker.job_function(name).__name__ == name.split(":")[1]

@@ -78,7 +78,8 @@ _CHUNK = 1 << 20
 
 
 class DamagedFileError(OSError):
-    """A checkpoint that cannot be trusted: its first line names the file and says to remake it."""
+    """A result file that cannot be trusted (a checkpoint, a JSON record): its first line names the
+    file and says how to remake it."""
 
     def __init__(self, path: str | os.PathLike, problem: str) -> None:
         super().__init__(f"damaged file {path}: {problem}; {remedy(path)}")
@@ -246,7 +247,10 @@ def save_json(obj: Any, path: str | os.PathLike) -> None:
 def load_json(path: str | os.PathLike, timing: bool = True) -> Any:
     """Read a JSON file, with the entries of its timing sidecar merged back in when it has one
     (``timing=False``: the file alone)."""
-    content = json.loads(Path(path).read_text())
+    try:
+        content = json.loads(Path(path).read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise DamagedFileError(path, f"not valid JSON ({error})") from None
     if not timing:
         return content
     try:

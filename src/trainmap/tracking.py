@@ -26,10 +26,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trainmap.grid import Cell
-
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # trainmap.grid imports torch: the workflow's scripts import this module
     from mlflow import MlflowClient
+
+    from trainmap.grid import Cell
 
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 # A server that is down should fail a job in seconds, not after minutes of HTTP retries.

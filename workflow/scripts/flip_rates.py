@@ -1,5 +1,6 @@
 """Rule flip_rates: the mask flip rates of every sparse retraining, compared across methods."""
 
+from trainmap.tracking import tracking_settings
 from trainmap.worker import run_job
 
 run_job(
@@ -9,5 +10,5 @@ run_job(
     flips_paths=list(snakemake.params.flips),
     table_path=snakemake.output.table,
     plot_path=snakemake.output.plot,
-    config=snakemake.config,
+    tracking=tracking_settings(snakemake.config),
 )

@@ -1,5 +1,6 @@
 """Rule data: generate or read one task's data set."""
 
+from trainmap.tracking import tracking_settings
 from trainmap.worker import run_job
 
 run_job(
@@ -8,5 +9,5 @@ run_job(
     task=snakemake.wildcards.task,
     settings=snakemake.params.settings,
     output=snakemake.output[0],
-    config=snakemake.config,
+    tracking=tracking_settings(snakemake.config),
 )

@@ -1,5 +1,6 @@
 """Rule quantize: round-to-nearest and AWQ quantisation of a block's final models, packed on disk."""
 
+from trainmap.tracking import tracking_settings
 from trainmap.worker import run_job
 
 run_job(
@@ -10,6 +11,7 @@ run_job(
     data_path=snakemake.input.dataset,
     schemes=list(snakemake.params.schemes),
     manifest=snakemake.output.manifest,
-    config=snakemake.config,
+    tracking=tracking_settings(snakemake.config),
+    cell_hashes=snakemake.params.cell_hashes,
     threads=snakemake.threads,
 )

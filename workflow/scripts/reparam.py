@@ -1,5 +1,6 @@
 """Rule reparam: fuse a block's trained RepVGGs into plain 3x3 convs, checked on the test set."""
 
+from trainmap.tracking import tracking_settings
 from trainmap.worker import run_job
 
 run_job(
@@ -9,6 +10,7 @@ run_job(
     train_manifest=snakemake.input.run,
     data_path=snakemake.input.dataset,
     manifest=snakemake.output.manifest,
-    config=snakemake.config,
+    tracking=tracking_settings(snakemake.config),
+    cell_hashes=snakemake.params.cell_hashes,
     threads=snakemake.threads,
 )

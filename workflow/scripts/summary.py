@@ -1,5 +1,6 @@
 """Rule summary: the evaluation table, the compression view, DVC metrics and figures."""
 
+from trainmap.tracking import tracking_settings
 from trainmap.worker import run_job
 
 run_job(
@@ -12,5 +13,5 @@ run_job(
     metrics_path=snakemake.output.metrics,
     curves_path=snakemake.output.curves,
     compression_path=snakemake.output.compression,
-    config=snakemake.config,
+    tracking=tracking_settings(snakemake.config),
 )

@@ -2,6 +2,7 @@
 
 from pathlib import Path
 
+from trainmap.tracking import tracking_settings
 from trainmap.worker import run_job
 
 run_job(
@@ -12,5 +13,5 @@ run_job(
     metrics_paths=list(snakemake.params.metrics),
     evaluation_paths=list(snakemake.params.evaluations),
     out_dir=str(Path(snakemake.output[0]).parent),
-    config=snakemake.config,
+    tracking=tracking_settings(snakemake.config),
 )

@@ -1,14 +1,14 @@
-"""One function per workflow rule: read inputs, call the library, write outputs, log to MLflow.
+"""What the job modules share: a seed range's job (:class:`SeedRangeJob`: its cells, their MLflow
+runs, their directories and its manifest), the files an upstream job wrote, settings hashes and
+job logs.
 
-The Snakemake scripts in ``workflow/scripts/`` only unpack ``snakemake.input/params/output`` and call
-one of these, so every rule can also run from Python without Snakemake.
-
-Per-seed rules run a **block** of seeds per job (``trainmap.grid.Block``): ``train`` and
-``sparse_retrain`` train the block as one vectorised model, the others loop over its cells. Every
-seed still gets its own files in its own directory (``results/<rule>/<task>/<arch>/<method>/seed<n>/``)
-and its own MLflow run under its cell's parent run; the job's declared output is the block's
-**manifest** beside them (``.../seeds<first>-<last>.json``), which lists the cells and their files.
-Snakemake tracks manifests, so a 40,000-seed grid is a DAG of a few thousand jobs.
+Per-seed rules run a **seed range** of one (task, arch, method) per job
+(``trainmap.grid.SeedRange``): ``train`` and ``sparse_retrain`` train its cells as one vectorised
+model, the others loop over them. Every seed still gets its own files in its own directory
+(``results/<rule>/<task>/<arch>/<method>/seed<n>/``) and its own MLflow run under its cell's parent
+run; the job's declared output is the range's **manifest** beside them
+(``.../seeds<first>-<last>.json``), which lists the cells and what each wrote. Snakemake tracks
+manifests, so a 40,000-seed grid is a DAG of a few thousand jobs.
 """
 
 from __future__ import annotations
@@ -16,16 +16,24 @@ from __future__ import annotations
 import hashlib
 import json
 import traceback
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager, redirect_stderr, redirect_stdout
-from pathlib import Path
-from typing import Any
-
-from trainmap.data import TaskData, load_task_data
-from trainmap.grid import Cell, SeedRange
-from trainmap.io import (
-    save_json,
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import (
+    AbstractContextManager,
+    ExitStack,
+    contextmanager,
+    redirect_stderr,
+    redirect_stdout,
 )
+from pathlib import Path
+from typing import Any, TypeVar
+
+from tqdm.auto import tqdm
+
+from trainmap.grid import Cell, SeedRange
+from trainmap.io import save_json
+from trainmap.tracking import RuleRun, rule_run
+
+Result = TypeVar("Result")
 
 
 def settings_hash(settings: Any) -> str:
@@ -33,7 +41,73 @@ def settings_hash(settings: Any) -> str:
     return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:12]
 
 
-# --- blocks and their manifests -------------------------------------------------------------------
+class SeedRangeJob:
+    """The job of a per-seed rule for one seed range: each cell's MLflow run (nested under the
+    cell's parent run at its config hash, ``cell_hashes[cell.id]``), each cell's directory beside
+    the ``manifest``, and the manifest itself, written last.
+
+    A looping job calls :meth:`for_each_cell`; a vectorised one opens every cell's run at once
+    (:meth:`runs`) around the one call that trains them all. Both end with :meth:`write_manifest`.
+    """
+
+    def __init__(
+        self,
+        rule: str,
+        seed_range: SeedRange | Mapping[str, Any],
+        manifest: str | Path,
+        tracking: Mapping[str, str],
+        cell_hashes: Mapping[str, str],
+    ) -> None:
+        self.rule = rule
+        self.seed_range = SeedRange.of(seed_range)
+        self.manifest = Path(manifest)
+        self.tracking = tracking
+        self.cell_hashes = cell_hashes
+
+    @property
+    def cells(self) -> list[Cell]:
+        """The range's cells, in seed order."""
+        return self.seed_range.cells
+
+    def seed_dir(self, cell: Cell) -> Path:
+        """Where ``cell``'s files go: beside the manifest (``.../seeds0-31.json`` -> ``.../seed3``)."""
+        return seed_dir(self.manifest, cell)
+
+    def run(self, cell: Cell, params: Mapping | None = None) -> AbstractContextManager[RuleRun]:
+        """``cell``'s MLflow run of this rule."""
+        return rule_run(self.tracking, self.rule, cell=cell, params=params,
+                        config_hash=self.cell_hashes[cell.id])  # fmt: skip
+
+    def for_each_cell(
+        self,
+        work: Callable[[Cell, RuleRun], Result],
+        *,
+        params: Mapping | None = None,
+        description: str | None = None,
+    ) -> list[Result]:
+        """``work(cell, run)`` for each cell in seed order, inside the cell's own run, with a
+        progress bar in the job's log; the results in seed order."""
+        cells = tqdm(self.cells, desc=description or f"{self.rule} {self.seed_range.id}",
+                     mininterval=5)  # fmt: skip
+        results = []
+        for cell in cells:
+            with self.run(cell, params) as run:
+                results.append(work(cell, run))
+        return results
+
+    @contextmanager
+    def runs(self, params: Mapping | None = None) -> Iterator[list[RuleRun]]:
+        """Every cell's run, open together (in seed order) while the range trains as one model."""
+        with ExitStack() as stack:
+            yield [stack.enter_context(self.run(cell, params)) for cell in self.cells]
+
+    def write_manifest(self, entries: Iterable[Mapping[str, Any]], **extra: Any) -> None:
+        """The job's declared output: its cells, each with its ``entries`` item (what it wrote,
+        its status), in seed order."""
+        write_manifest(self.manifest, self.rule, self.seed_range, list(entries), **extra)
+
+
+# --- seed ranges' files and manifests -------------------------------------------------------------
 
 
 def seed_dir(manifest: str | Path, cell: Cell) -> Path:
@@ -52,24 +126,11 @@ def cell_file(manifest: str | Path, cell: Cell, name: str) -> Path:
     return path
 
 
-def write_manifest(path: str | Path, rule: str, block: SeedRange, files: list[dict[str, Any]],
+def write_manifest(path: str | Path, rule: str, block: SeedRange, files: list[Mapping[str, Any]],
                    **extra: Any) -> None:  # fmt: skip
     """The block's declared output: its cells and, per cell, the files it wrote (and a status)."""
     cells = [{"cell": cell.id, **entry} for cell, entry in zip(block.cells, files, strict=True)]
     save_json({"rule": rule, "block": block.to_dict(), "cells": cells, **extra}, path)
-
-
-def _over_cells(block: SeedRange, description: str, work: Callable[[Cell], dict]) -> list[dict]:
-    """``work(cell)`` for every cell of the block, with a progress bar in the job's log."""
-    from tqdm.auto import tqdm
-
-    return [work(cell) for cell in tqdm(block.cells, desc=description, mininterval=5)]
-
-
-def _task_data(data: str | Path | TaskData) -> TaskData:
-    """The dataset: as given when a block job loaded it once for all its cells, else read (and
-    verified) from its path."""
-    return data if isinstance(data, TaskData) else load_task_data(data)
 
 
 @contextmanager

@@ -2,79 +2,22 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 import torch
 
-from trainmap.data import TaskData, load_task_data
+from trainmap.data import load_task_data
 from trainmap.evaluation import compression_table, evaluate_run, group_metrics, summarise
 from trainmap.evaluation.plots import plot_compression, plot_learning_curves
 from trainmap.grid import Cell, SeedRange, is_sparse
-from trainmap.io import (
-    load_json,
-    save_json,
-    save_table,
-)
-from trainmap.jobs.common import (
-    _over_cells,
-    _task_data,
-    cell_file,
-    seed_dir,
-    write_manifest,
-)
-from trainmap.tracking import rule_run
+from trainmap.io import load_json, save_json, save_table
+from trainmap.jobs.common import SeedRangeJob, cell_file
+from trainmap.tracking import RuleRun, rule_run
 
 FORM_METRICS = ("test_acc", "bytes_on_disk", "latency_ms", "nonzero_weights")
-
-
-def evaluate_job(
-    cell: Cell | dict,
-    model_path: str | Path,
-    history_path: str | Path,
-    train_summary_path: str | Path,
-    data_path: str | Path | TaskData,
-    settings: dict[str, Any],
-    output: str | Path,
-    config: dict,
-    *,
-    deploy_path: str | Path | None = None,
-    quantized_manifest: str | Path | None = None,
-    threads: int = 1,
-) -> dict[str, Any]:
-    """Rule ``evaluate``: one JSON with accuracy, convergence, size and latency of a run's final
-    model, and of its deploy (RepVGG) and quantised forms when the cell has them."""
-    cell = Cell.of(cell)
-    torch.set_num_threads(threads)
-    other_forms = []
-    if deploy_path:
-        other_forms.append({"form": "deploy", "model_path": deploy_path})
-    if quantized_manifest:
-        other_forms += load_json(quantized_manifest)["forms"]
-    with rule_run(config, "evaluate", cell=cell, params={"evaluate": settings}) as run:
-        record = evaluate_run(
-            model_path,
-            pd.read_csv(history_path),
-            load_json(train_summary_path),
-            _task_data(data_path),
-            threshold=settings["threshold"],
-            latency_batch=settings.get("latency_batch", 256),
-            latency_repeats=settings.get("latency_repeats", 20),
-            form="sparse" if is_sparse(cell) else "trained",
-            other_forms=other_forms,
-        )
-        record = {"task": cell.task, "arch": cell.arch, "method": cell.method,
-                  "seed": cell.seed} | record  # fmt: skip
-        save_json(record, output)
-        numeric = {k: v for k, v in record.items() if isinstance(v, int | float) and k != "seed"}
-        run.log_metrics(numeric)
-        for form in record["forms"][1:]:
-            run.log_metrics({f"{form['form']}.{key}": form[key] for key in FORM_METRICS})
-        run.set_tags({"status": record["status"], "converged": record["converged"]})
-        run.log_cell_metrics(headline_metrics(record))
-        run.log_artifact(output)
-    return record
 
 
 def evaluate_block_job(
@@ -83,32 +26,54 @@ def evaluate_block_job(
     data_path: str | Path,
     settings: dict[str, Any],
     manifest: str | Path,
-    config: dict,
+    tracking: Mapping[str, str],
+    cell_hashes: Mapping[str, str],
     *,
     deploy_manifest: str | Path | None = None,
     quantize_manifest: str | Path | None = None,
     threads: int = 1,
 ) -> list[dict[str, Any]]:
-    """Rule ``evaluate`` for a block: :func:`evaluate_job` of every cell (its run's final model and
-    its deploy and quantised forms when it has them)."""
-    block = SeedRange.of(block)
-    data = load_task_data(data_path)  # once for every cell
+    """Rule ``evaluate``: per cell one JSON (``evaluation.json``) with accuracy, convergence, size
+    and latency of its run's final model, and of its deploy (RepVGG) and quantised forms when it
+    has them (``deploy_manifest``, ``quantize_manifest``)."""
+    job = SeedRangeJob("evaluate", block, manifest, tracking, cell_hashes)
+    torch.set_num_threads(threads)
+    data = load_task_data(data_path)
 
-    def evaluate_cell(cell: Cell) -> dict[str, Any]:
-        return evaluate_job(
-            cell, cell_file(run_manifest, cell, "model.pt"),
-            cell_file(run_manifest, cell, "history.csv"),
-            cell_file(run_manifest, cell, "train.json"), data, settings,
-            seed_dir(manifest, cell) / "evaluation.json", config,
-            deploy_path=deploy_manifest and cell_file(deploy_manifest, cell, "deploy.pt"),
-            quantized_manifest=quantize_manifest
-            and cell_file(quantize_manifest, cell, "quantize.json"),
-            threads=threads,
-        )  # fmt: skip
+    def evaluate(cell: Cell, run: RuleRun) -> dict[str, Any]:
+        other_forms = []
+        if deploy_manifest:
+            other_forms.append(
+                {"form": "deploy", "model_path": cell_file(deploy_manifest, cell, "deploy.pt")}
+            )
+        if quantize_manifest:
+            other_forms += load_json(cell_file(quantize_manifest, cell, "quantize.json"))["forms"]
+        record = evaluate_run(
+            cell_file(run_manifest, cell, "model.pt"),
+            pd.read_csv(cell_file(run_manifest, cell, "history.csv")),
+            load_json(cell_file(run_manifest, cell, "train.json")),
+            data,
+            threshold=settings["threshold"],
+            latency_batch=settings.get("latency_batch", 256),
+            latency_repeats=settings.get("latency_repeats", 20),
+            form="sparse" if is_sparse(cell) else "trained",
+            other_forms=other_forms,
+        )
+        record = {"task": cell.task, "arch": cell.arch, "method": cell.method,
+                  "seed": cell.seed} | record  # fmt: skip
+        output = job.seed_dir(cell) / "evaluation.json"
+        save_json(record, output)
+        numeric = {k: v for k, v in record.items() if isinstance(v, int | float) and k != "seed"}
+        run.log_metrics(numeric)
+        for form in record["forms"][1:]:
+            run.log_metrics({f"{form['form']}.{key}": form[key] for key in FORM_METRICS})
+        run.set_tags({"status": record["status"], "converged": record["converged"]})
+        run.log_cell_metrics(headline_metrics(record))
+        run.log_artifact(output)
+        return record
 
-    records = _over_cells(block, f"evaluate {block.id}", evaluate_cell)
-    write_manifest(manifest, "evaluate", block,
-                   [{"status": r["status"], "converged": r["converged"]} for r in records])  # fmt: skip
+    records = job.for_each_cell(evaluate, params={"evaluate": settings})
+    job.write_manifest({"status": r["status"], "converged": r["converged"]} for r in records)
     return records
 
 
@@ -133,14 +98,14 @@ def summary_job(
     metrics_path: str | Path,
     curves_path: str | Path,
     compression_path: str | Path,
-    config: dict,
+    tracking: Mapping[str, str],
 ) -> pd.DataFrame:
     """Rule ``summary``: the grid-wide evaluation table, the compression view (every form of every
     run), DVC metrics, learning curves and accuracy against bytes."""
     records = [load_json(path) for path in evaluation_paths]
     frame = summarise(records)
     forms = compression_table(records)
-    with rule_run(config, "summary", params={"runs": len(frame)}, config_hash="grid") as run:
+    with rule_run(tracking, "summary", params={"runs": len(frame)}, config_hash="grid") as run:
         # Latency and wall time go to evaluation.timing.csv / compression.timing.csv beside them.
         save_table(frame, table_path, keys=("task", "arch", "method", "seed"))
         save_table(forms, forms_path, keys=("task", "arch", "method", "seed", "form"))

@@ -2,46 +2,47 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from trainmap.data import TaskData, load_task_data
+from trainmap.data import load_task_data
 from trainmap.grid import Cell, SeedRange
-from trainmap.io import (
-    load_torch,
-    save_json,
-)
-from trainmap.jobs.common import _over_cells, _task_data, cell_file, seed_dir, write_manifest
-from trainmap.tracking import rule_run
+from trainmap.io import load_torch, save_json
+from trainmap.jobs.common import SeedRangeJob, cell_file
+from trainmap.methods.quantize import quantize_model, save_packed, save_quantized
+from trainmap.tracking import RuleRun
 from trainmap.training.checkpoints import model_from_checkpoint
 
 
-def quantize_job(
-    cell: Cell | dict,
-    model_path: str | Path,
-    data_path: str | Path | TaskData,
+def quantize_block_job(
+    block: SeedRange | dict,
+    run_manifest: str | Path,
+    data_path: str | Path,
     schemes: list[str],
-    manifest_path: str | Path,
-    config: dict,
+    manifest: str | Path,
+    tracking: Mapping[str, str],
+    cell_hashes: Mapping[str, str],
     *,
     calibration_batch: int = 256,
     threads: int = 1,
-) -> dict[str, Any]:
-    """Rule ``quantize``: every scheme's quantised checkpoint and packed file of the cell's final
-    model; the manifest lists the forms ``evaluate`` measures (bytes on disk = the packed file)."""
-    from trainmap.methods.quantize import quantize_model, save_packed, save_quantized
-
-    cell = Cell.of(cell)
+) -> list[dict[str, Any]]:
+    """Rule ``quantize``: per cell, every scheme's quantised checkpoint (``<scheme>.pt``) and
+    packed file (``<scheme>.packed``) of the run's final model, and ``quantize.json``, which lists
+    the forms ``evaluate`` measures (bytes on disk = the packed file)."""
+    job = SeedRangeJob("quantize", block, manifest, tracking, cell_hashes)
     torch.set_num_threads(threads)
-    source = load_torch(model_path)
-    model = model_from_checkpoint(source)
-    data = _task_data(data_path)
+    data = load_task_data(data_path)
     calibration = data.x_train[:calibration_batch]
-    out_dir = Path(manifest_path).parent
-    forms, notes = [], {}
-    with rule_run(config, "quantize", cell=cell, params={"schemes": schemes}) as run:
+
+    def quantize(cell: Cell, run: RuleRun) -> dict[str, Any]:
+        model_path = cell_file(run_manifest, cell, "model.pt")
+        source = load_torch(model_path)
+        model = model_from_checkpoint(source)
+        out_dir = job.seed_dir(cell)
+        forms, notes = [], {}
         for scheme in schemes:
             quantized, notes[scheme] = quantize_model(model, scheme, calibration)
             save_quantized(quantized, out_dir / f"{scheme}.pt", scheme, source)
@@ -50,23 +51,11 @@ def quantize_job(
                           "bytes_path": str(out_dir / f"{scheme}.packed")})  # fmt: skip
             notes[scheme] = {"layers": notes[scheme], "packed_bytes": sizes}
             run.log_metrics({f"{scheme}.{key}": value for key, value in sizes.items()})
-        save_json({"source": str(model_path), "forms": forms, "notes": notes}, manifest_path)
-        run.log_artifact(manifest_path)
-    return {"forms": forms}
+        listing = out_dir / "quantize.json"
+        save_json({"source": str(model_path), "forms": forms, "notes": notes}, listing)
+        run.log_artifact(listing)
+        return {"forms": forms}
 
-
-def quantize_block_job(
-    block: SeedRange | dict, run_manifest: str | Path, data_path: str | Path, schemes: list[str],
-    manifest: str | Path, config: dict, *, threads: int = 1,
-) -> None:  # fmt: skip
-    """Rule ``quantize`` for a block: :func:`quantize_job` of every cell."""
-    block = SeedRange.of(block)
-    data = load_task_data(data_path)  # once for every cell
-
-    def quantize(cell: Cell) -> dict[str, Any]:
-        quantize_job(cell, cell_file(run_manifest, cell, "model.pt"), data, schemes,
-                     seed_dir(manifest, cell) / "quantize.json", config, threads=threads)  # fmt: skip
-        return {"schemes": list(schemes)}
-
-    write_manifest(manifest, "quantize", block,
-                   _over_cells(block, f"quantize {block.id}", quantize))  # fmt: skip
+    results = job.for_each_cell(quantize, params={"schemes": schemes})
+    job.write_manifest({"schemes": list(schemes)} for _ in results)
+    return results

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from contextlib import ExitStack
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -10,12 +10,10 @@ import pandas as pd
 import torch
 
 from trainmap.data import load_task_data
-from trainmap.grid import Cell, SeedRange, cell_hash
-from trainmap.io import (
-    load_torch,
-    write_atomic,
-)
-from trainmap.jobs.common import cell_file, seed_dir, settings_hash, write_manifest
+from trainmap.grid import Cell, SeedRange
+from trainmap.io import load_torch, write_atomic
+from trainmap.jobs.common import SeedRangeJob, cell_file, settings_hash
+from trainmap.methods.sparse import check_settings, plot_flip_rates, run_sparse_block
 from trainmap.tracking import rule_run
 from trainmap.training.checkpoints import model_from_checkpoint
 
@@ -28,7 +26,8 @@ def sparse_block_job(
     options: dict[str, Any],
     manifest: str | Path,
     block_plot: str | Path,
-    config: dict,
+    tracking: Mapping[str, str],
+    cell_hashes: Mapping[str, str],
     *,
     threads: int = 1,
     progress: bool = True,
@@ -36,33 +35,28 @@ def sparse_block_job(
     """Rule ``sparse_retrain``: N:M sparsity for a block of seeds, each from its own dense teacher
     (the kaiming cell of the same seed) by the block's sparse method, retrained as one vectorised
     model; per seed the sparse run's files, its flip-rate figure and an MLflow run."""
-    from trainmap.methods.sparse import check_settings, plot_flip_rates, run_sparse_block
-
-    block = SeedRange.of(block)
-    cells = block.cells
+    job = SeedRangeJob("sparse_retrain", block, manifest, tracking, cell_hashes)
+    cells = job.cells
     torch.set_num_threads(threads)
     cfg = check_settings(settings)
-    teacher_paths = [cell_file(teacher_manifest, cell, "model.pt") for cell in cells]
-    saved = [load_torch(path) for path in teacher_paths]
+    saved = [load_torch(cell_file(teacher_manifest, cell, "model.pt")) for cell in cells]
     teachers = [model_from_checkpoint(checkpoint) for checkpoint in saved]
     model_options = saved[0]["model_options"]
     data = load_task_data(data_path)
     infos = [{"arch": c.arch, "method": c.method, "seed": c.seed, "model_options": model_options,
               "meta": data.meta} for c in cells]  # fmt: skip
-    out_dirs = [seed_dir(manifest, cell) for cell in cells]
+    out_dirs = [job.seed_dir(cell) for cell in cells]
     params = {"sparse": cfg, "method_options": options, "seed_block": len(cells)}
-    with ExitStack() as stack:
-        runs = [stack.enter_context(rule_run(config, "sparse_retrain", cell=c, params=params))
-                for c in cells]  # fmt: skip
+    flips = {}
+    with job.runs(params) as runs:
         summaries = run_sparse_block(
-            teachers, data, options, cfg, list(block.seeds), out_dirs,
-            resume_path=Path(manifest).with_suffix(".resume.pt"),
+            teachers, data, options, cfg, list(job.seed_range.seeds), out_dirs,
+            resume_path=job.manifest.with_suffix(".resume.pt"),
             log_metrics=lambda index, metrics, step: runs[index].log_metrics(metrics, step),
             progress=progress,
-            fingerprint=settings_hash([cell_hash(config, cell) for cell in cells]),
-            description=block.id, model_info=infos,
+            fingerprint=settings_hash([cell_hashes[cell.id] for cell in cells]),
+            description=job.seed_range.id, model_info=infos,
         )  # fmt: skip
-        flips = {}
         for cell, run, summary, out in zip(cells, runs, summaries, out_dirs, strict=True):
             flips[f"seed{cell.seed}"] = pd.read_csv(out / "flips.csv")
             caption = plot_flip_rates({cell.method: flips[f"seed{cell.seed}"]},
@@ -72,24 +66,21 @@ def sparse_block_job(
             for name in ("history.csv", "train.json", "flips.csv"):
                 run.log_artifact(out / name)
             run.log_artifact(out / "flips.png", "figures")
-    plot_flip_rates(flips, block_plot, title=f"{block.id}: mask flips per seed")
+    plot_flip_rates(flips, block_plot, title=f"{job.seed_range.id}: mask flips per seed")
     invalid = [cell.id for cell, s in zip(cells, summaries, strict=True) if not s["nm_valid"]]
     if invalid:
         raise RuntimeError(f"{invalid}: the sparse model is not {cfg['n']}:{cfg['m']}")
-    write_manifest(manifest, "sparse_retrain", block,
-                   [{"status": s["status"], "diverged_step": s["diverged_step"]}
-                    for s in summaries])  # fmt: skip
+    job.write_manifest({"status": s["status"], "diverged_step": s["diverged_step"]}
+                       for s in summaries)  # fmt: skip
     return summaries
 
 
 def flip_rates_job(
     cells: list[dict], flips_paths: list[str], table_path: str | Path, plot_path: str | Path,
-    config: dict,
+    tracking: Mapping[str, str],
 ) -> pd.DataFrame:  # fmt: skip
     """Rule ``flip_rates``: every sparse retraining's mask flips in one table, and the mean flip
     rate and initial flip rate per method against step (AST fig. 4: static vs annealed SR-STE)."""
-    from trainmap.methods.sparse import plot_flip_rates
-
     frames = []
     for cell, path in zip(cells, flips_paths, strict=True):
         flips = pd.read_csv(path)
@@ -99,7 +90,7 @@ def flip_rates_job(
     table = (
         pd.concat(frames, ignore_index=True)[columns] if frames else pd.DataFrame(columns=columns)
     )
-    with rule_run(config, "flip_rates", params={"runs": len(cells)}, config_hash="grid") as run:
+    with rule_run(tracking, "flip_rates", params={"runs": len(cells)}, config_hash="grid") as run:
         write_atomic(table_path, lambda tmp: table.to_csv(tmp, index=False))
         means = {
             f"{task}/{arch}/{method}": group.groupby("step", as_index=False)[

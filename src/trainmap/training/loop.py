@@ -145,8 +145,6 @@ class TrainConfig:
     checkpoint_every: int = 25
     resume_every: int = 1000
     device: str = "cpu"
-    #: Seeds trained together in one job (the workflow's blocks); not part of a run's arithmetic.
-    seed_block: int = 1
 
     @classmethod
     def from_dict(cls, settings: dict[str, Any]) -> TrainConfig:
