@@ -456,7 +456,7 @@ def test_every_setting_the_code_takes_is_in_the_schema() -> None:
     the analysis passes on) must be schema properties. Extend the schema when adding one."""
     from dataclasses import fields
 
-    from trainmap import gradinit, sparse
+    from trainmap.methods import gradinit, sparse
     from trainmap.dynamics.pipeline import HMM_SETTINGS
     from trainmap.grid import SCHEMA_PATH
     from trainmap.training.loop import TrainConfig
@@ -477,11 +477,15 @@ def test_every_setting_the_code_takes_is_in_the_schema() -> None:
 def test_seed_blocks_second_order_and_conv_groups_are_accepted(config: dict, repo_root) -> None:
     """train.<task>.seed_block, gradinit.<task>.second_order, sparse.<task>.conv_groups."""
     config["train"]["digits"]["seed_block"] = 8
-    config["sparse"]["digits"]["train"]["seed_block"] = 4
     config["gradinit"]["digits"]["second_order"] = True
     for choice in ("input_channels", "flattened"):
         config["sparse"]["digits"]["conv_groups"] = choice
         validate_schema(config)
+        check_config(config, base_dir=repo_root)
+    # Seed ranges come from train.<task>.seed_block for every rule: one under sparse.<task>.train
+    # would be silently unused, so it is refused.
+    config["sparse"]["digits"]["train"]["seed_block"] = 4
+    with pytest.raises(ConfigError, match=r"^config key sparse.digits: .*'seed_block'"):
         check_config(config, base_dir=repo_root)
 
 
