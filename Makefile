@@ -46,7 +46,7 @@ setup: .venv/.bytecode  ## install uv if missing, then the locked environment (f
 
 run: setup dvc-remote  ## the study on CONFIG (default: the embedded grid); versions it with DVC
 	@# Snakemake reads --configfile files before the Snakefile: this check names a YAML error's line.
-	$(RUN) python -m trainmap.config $(CONFIG)
+	$(RUN) python -m trainmap.grid $(CONFIG)
 	$(SNAKEMAKE) --cores $(CORES) --configfile $(CONFIG) --rerun-incomplete
 	@if [ "$(CONFIG)" = "$(DVC_CONFIG)" ]; then \
 	    echo "Recording data and checkpoints in DVC (dvc commit; dvc push to $(DVC_REMOTE))"; \

@@ -2,7 +2,7 @@
 # This file only wires: configuration, validation, the rule families and the default target.
 from snakemake.utils import min_version
 
-from trainmap.config import (
+from trainmap.grid import (
     check_config,
     check_config_files,
     config_problems_reported,
@@ -26,7 +26,7 @@ configfile: "params.yaml"
 configfile: "config/config.yaml"
 
 
-# workflow/schemas/config.schema.yaml, then what a schema cannot express (trainmap.config);
+# workflow/schemas/config.schema.yaml, then what a schema cannot express (trainmap.grid);
 # an error's first line reads `config key <path>: ...`.
 with config_problems_reported(VERBOSE):
     validate_schema(config)
@@ -42,6 +42,7 @@ include: "workflow/rules/gradinit.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/reparam.smk"
 include: "workflow/rules/sparse.smk"
+include: "workflow/rules/quantize.smk"
 include: "workflow/rules/evaluate.smk"
 include: "workflow/rules/analysis.smk"
 

@@ -5,7 +5,7 @@ CIFAR-10; 2000 on ImageNet, less than half an epoch). Each GradInit iteration co
 training step: two forward passes (S and S~) and a second-order backward pass. This benchmark times,
 alternately over a few rounds, on the digits data with a deep no-BN CNN (``vgg_deep``) at batch 128:
 
-* one training epoch of ``trainmap.train``'s SGD step (forward, backward, optimiser step), and
+* one training epoch of ``trainmap.training.loop``'s SGD step (forward, backward, optimiser step), and
 * GradInit (and MetaInit) iterations with the workflow's settings (``params.yaml: gradinit.digits``),
 
 and prints the per-iteration cost ratio (GradInit iteration / training step), the ratio at one epoch
@@ -31,8 +31,8 @@ import torch.nn.functional as F
 import yaml
 
 from trainmap.data import make_task_data
-from trainmap.gradinit import batch_draws, check_settings, gradinit
-from trainmap.train import build_cell_model
+from trainmap.methods.gradinit import batch_draws, check_settings, gradinit
+from trainmap.training.loop import build_cell_model
 
 
 def time_training_steps(model: torch.nn.Module, data, batch: int, steps: int) -> float:

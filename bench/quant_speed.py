@@ -1,7 +1,7 @@
 """fp32 vs int8 CPU inference throughput of the same Linear-heavy model, side by side, per batch size.
 
 An MLP 64-2048-2048-2048-10 is trained briefly on the 8x8 digits (so accuracy means something), then
-timed in fp32 and through ``trainmap.quantize.int8_inference_model`` (torch's dynamic int8
+timed in fp32 and through ``trainmap.methods.quantize.int8_inference_model`` (torch's dynamic int8
 quantisation of every Linear: int8 weights, activations quantised per batch, int8 GEMMs), alternating,
 after warm-up, at several batch sizes (default 1, 16 and 256). Prints images/s of both forms and
 their ratio per batch size (target >= 1.5x), and the test accuracy of both forms.
@@ -32,8 +32,14 @@ import time
 import torch
 
 from trainmap.data import make_task_data
-from trainmap.quantize import int8_inference_model
-from trainmap.train import TrainConfig, TrainPaths, build_cell_model, evaluate_split, train_model
+from trainmap.methods.quantize import int8_inference_model
+from trainmap.training.loop import (
+    TrainConfig,
+    TrainPaths,
+    build_cell_model,
+    evaluate_split,
+    train_model,
+)
 
 TARGET = 1.5
 

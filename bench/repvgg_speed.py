@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from trainmap.models import build_model, count_parameters
-from trainmap.reparam import to_deploy
+from trainmap.models.repvgg import to_deploy
 
 TARGET = 1.5
 

@@ -1,6 +1,6 @@
 """Seeds per second of seed-batched training against the one-seed loop, measured side by side.
 
-For each workload, a block of S seeds (S = 1, 8, 32, 128) trains with ``trainmap.train.train_block``,
+For each workload, a block of S seeds (S = 1, 8, 32, 128) trains with ``trainmap.training.loop.train_block``,
 the loop the workflow's ``train`` rule runs (trajectory capture and test evaluation at every
 checkpoint included, outputs written), for the same number of steps as the one-seed loop
 (``train_model``: a block of one, the module itself, no vmap). Throughput is seeds x steps per second
@@ -37,7 +37,7 @@ from pathlib import Path
 import torch
 
 from trainmap.data import make_task_data
-from trainmap.train import TrainConfig, TrainPaths, build_cell_model, train_block
+from trainmap.training.loop import TrainConfig, TrainPaths, build_cell_model, train_block
 
 TARGETS = {"mlp": 8.0, "cnn": 3.0, "transformer": 3.0}
 

@@ -63,10 +63,10 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 
-from trainmap.config import Cell, cell_hash  # noqa: E402
 from trainmap.data import TaskData, make_task_data  # noqa: E402
-from trainmap.tracking import init_tracking, rule_run  # noqa: E402
-from trainmap.train import (  # noqa: E402
+from trainmap.grid import Cell, cell_hash  # noqa: E402
+from trainmap.tracking import init_tracking, rule_run, tracking_settings  # noqa: E402
+from trainmap.training.loop import (  # noqa: E402
     TrainConfig,
     TrainPaths,
     build_cell_model,
@@ -176,7 +176,13 @@ class Bench:
         params = {"model": self.workload.model, "train": asdict(cfg), "threads": 1}
         fingerprint = cell_hash(self.config, self.cell)
         with (
-            rule_run(self.config, "train", cell=self.cell, params=params) as run,
+            rule_run(
+                tracking_settings(self.config),
+                "train",
+                cell=self.cell,
+                params=params,
+                config_hash=fingerprint,
+            ) as run,
             open(out_dir / "train.log", "w", buffering=1) as log,
             redirect_stderr(log),
         ):

@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from trainmap.config import (
+from trainmap.data import missing_data_files
+from trainmap.grid import (
     Cell,
     ConfigError,
     check_config,
@@ -31,7 +32,6 @@ from trainmap.config import (
     read_config_file,
     validate_schema,
 )
-from trainmap.data import missing_data_files
 from trainmap.io import copy_workflow
 
 PARAMS = "params.yaml"
@@ -102,7 +102,7 @@ def test_default_study_has_at_least_32_seeds_per_method_in_every_joint_compariso
     base_config: dict,
 ) -> None:
     """Issue 15: the default study's answers rest on enough seeds (the paper: 40 per setting)."""
-    from trainmap.config import joint_groups
+    from trainmap.grid import joint_groups
 
     joints = joint_groups(base_config)
     assert set(joints) == {spec["name"] for spec in base_config["analysis"]["joint"]}
@@ -456,10 +456,10 @@ def test_every_setting_the_code_takes_is_in_the_schema() -> None:
     the analysis passes on) must be schema properties. Extend the schema when adding one."""
     from dataclasses import fields
 
-    from trainmap import gradinit, sparse
-    from trainmap.config import SCHEMA_PATH
+    from trainmap.methods import gradinit, sparse
     from trainmap.dynamics.pipeline import HMM_SETTINGS
-    from trainmap.train import TrainConfig
+    from trainmap.grid import SCHEMA_PATH
+    from trainmap.training.loop import TrainConfig
 
     schema = read_yaml(SCHEMA_PATH)
     defs, sections = schema["$defs"], schema["properties"]
@@ -477,11 +477,15 @@ def test_every_setting_the_code_takes_is_in_the_schema() -> None:
 def test_seed_blocks_second_order_and_conv_groups_are_accepted(config: dict, repo_root) -> None:
     """train.<task>.seed_block, gradinit.<task>.second_order, sparse.<task>.conv_groups."""
     config["train"]["digits"]["seed_block"] = 8
-    config["sparse"]["digits"]["train"]["seed_block"] = 4
     config["gradinit"]["digits"]["second_order"] = True
     for choice in ("input_channels", "flattened"):
         config["sparse"]["digits"]["conv_groups"] = choice
         validate_schema(config)
+        check_config(config, base_dir=repo_root)
+    # Seed ranges come from train.<task>.seed_block for every rule: one under sparse.<task>.train
+    # would be silently unused, so it is refused.
+    config["sparse"]["digits"]["train"]["seed_block"] = 4
+    with pytest.raises(ConfigError, match=r"^config key sparse.digits: .*'seed_block'"):
         check_config(config, base_dir=repo_root)
 
 
@@ -635,9 +639,9 @@ def test_a_config_file_using_yte_runs_python(tmp_path: Path, repo_root: Path) ->
 def test_check_command_reports_a_bad_file(
     repo_root: Path, tmp_path: Path, monkeypatch, capsys
 ) -> None:
-    """`python -m trainmap.config FILE`: a check without Snakemake (which reads --configfile files
+    """`python -m trainmap.grid FILE`: a check without Snakemake (which reads --configfile files
     before the Snakefile, so their syntax errors get its message: use this for file and line)."""
-    from trainmap.config import main
+    from trainmap.grid.validate import main
 
     monkeypatch.chdir(repo_root)
     assert main([SMOKE]) == 0
@@ -766,7 +770,7 @@ def test_snakemake_names_file_and_line_of_a_yaml_syntax_error(
 
 
 def test_joint_groups_the_grid_cannot_fill_are_skipped_with_a_warning(config: dict) -> None:
-    from trainmap.config import joint_groups
+    from trainmap.grid import joint_groups
 
     config["analysis"]["joint"] = [
         {"name": "ok", "task": "digits", "archs": ["vgg_bn", "resnet_bn"], "methods": ["kaiming"]},
@@ -789,7 +793,7 @@ def test_joint_groups_the_grid_cannot_fill_are_skipped_with_a_warning(config: di
 def test_group_maps_chooses_which_groups_get_a_map_of_their_own(
     config: dict, group_maps: str, expected: list[str]
 ) -> None:
-    from trainmap.config import analysis_groups
+    from trainmap.grid import analysis_groups
 
     config["analysis"]["group_maps"] = group_maps
     config["analysis"]["joint"] = [

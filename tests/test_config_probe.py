@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from trainmap.config import ConfigError, check_config, load_config, validate_schema
+from trainmap.grid import ConfigError, check_config, load_config, validate_schema
 
 BAD_VALUES = [float("nan"), float("inf"), float("-inf"), "text", True, None, [1]]
 #: (key, value) pairs that are valid settings although they replace a number.

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from trainmap.config import (
+from trainmap.data import make_task_data, model_meta
+from trainmap.grid import (
     TRACKING_SCHEMES,
     ConfigError,
     check_config,
@@ -27,7 +28,6 @@ from trainmap.config import (
     tracking_uri_problem,
     validate_schema,
 )
-from trainmap.data import make_task_data, model_meta
 from trainmap.io import copy_workflow
 
 
@@ -280,7 +280,7 @@ def test_a_non_utf8_config_file_is_named_in_one_line(tmp_path: Path) -> None:
 
 
 def run_check_command(repo_root: Path, *args: str, env: dict | None = None):
-    return subprocess.run([sys.executable, "-m", "trainmap.config", *args], cwd=repo_root,
+    return subprocess.run([sys.executable, "-m", "trainmap.grid", *args], cwd=repo_root,
                           capture_output=True, text=True, timeout=120,
                           env={**os.environ, **(env or {})})  # fmt: skip
 

@@ -1,7 +1,7 @@
 """Issue 14 case 11: a damaged resume.pt no longer fails its cell on every rerun.
 
 Snakemake does not track resume files, so it never remakes a damaged one; before, its cell failed
-at load on every rerun. Now the training loop (trainmap.train via trainmap.io.load_resume_or_none)
+at load on every rerun. Now the training loop (trainmap.training.loop via trainmap.io.load_resume_or_none)
 verifies it like a checkpoint, warns, deletes it and trains from the start.
 """
 
@@ -14,7 +14,7 @@ import torch
 
 from trainmap.data import make_task_data
 from trainmap.io import load_torch
-from trainmap.train import TrainConfig, TrainPaths, build_cell_model, train_model
+from trainmap.training.loop import TrainConfig, TrainPaths, build_cell_model, train_model
 
 CONFIG = TrainConfig(optimizer="sgd", lr=0.1, batch_size=32, steps=60, checkpoint_every=10,
                      resume_every=25)  # fmt: skip

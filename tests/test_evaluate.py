@@ -1,4 +1,4 @@
-"""Tests for run evaluation and the grid summary (trainmap.evaluate)."""
+"""Tests for run evaluation and the grid summary (trainmap.evaluation)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,8 @@ import pandas as pd
 import pytest
 import torch
 
-from trainmap.checkpoints import load_model
 from trainmap.data import TaskData, make_task_data
-from trainmap.evaluate import (
+from trainmap.evaluation import (
     convergence_step,
     evaluate_run,
     group_metrics,
@@ -21,7 +20,8 @@ from trainmap.evaluate import (
 )
 from trainmap.io import load_json
 from trainmap.models import count_parameters
-from trainmap.train import TrainConfig, TrainPaths, build_cell_model, train_model
+from trainmap.training.checkpoints import load_model
+from trainmap.training.loop import TrainConfig, TrainPaths, build_cell_model, train_model
 
 MODEL_OPTIONS = {"hidden": [32]}
 

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from trainmap.models import FixupBlock, build_model
-from trainmap.train import build_cell_model
+from trainmap.training.loop import build_cell_model
 
 DIGITS = {"input_kind": "image", "input_shape": [1, 8, 8], "num_classes": 10}
 CIFAR = {"input_kind": "image", "input_shape": [3, 32, 32], "num_classes": 10}

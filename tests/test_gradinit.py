@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from trainmap.data import make_task_data
-from trainmap.gradinit import (
+from trainmap.methods.gradinit import (
     ScaleAdam,
     ScaledParameters,
     check_settings,
@@ -23,7 +23,7 @@ from trainmap.gradinit import (
     split_overlapping,
     update_direction,
 )
-from trainmap.train import build_cell_model
+from trainmap.training.loop import build_cell_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -95,7 +95,7 @@ def test_first_order_scale_gradient_is_the_detached_step_gradient(variant):
     of alpha -> L(S~; theta(alpha) - eta A[g]) / eta with A[g] held at its value (finite
     differences, every parameter stepped, the zero-initialised biases included); with the SGD
     variant it differs from the second-order gradient (with Adam's sign(g) they coincide)."""
-    from trainmap.gradinit import _forward_loss
+    from trainmap.methods.gradinit import _forward_loss
 
     model = tiny_model()
     scaled = ScaledParameters.of(model, 0.01, 0.0)
@@ -198,7 +198,7 @@ def test_gradinit_matches_an_independent_loop_over_every_parameter(digits, arch,
     """A small CNN (no BN / BN) from Kaiming init, zero biases and BN beta included: ||g|| per
     iteration and the learned scales equal the independent computation in float64 (issue 13:
     leaving the zero-initialised tensors out of g made ||g|| 11-14 % too small)."""
-    from trainmap.gradinit import batch_draws
+    from trainmap.methods.gradinit import batch_draws
 
     options = {"widths": [4, 8], "convs_per_stage": [2, 1]}
     models = [build_cell_model(arch, "gradinit", 0, digits.meta, options).double()
@@ -238,7 +238,7 @@ def test_one_iteration_of_each_variant_steps_by_its_direction():
     scaled = ScaledParameters.of(model, 0.01, 0.0)
     s, s_tilde = split_overlapping(tiny_batch(12), batch_size=8, overlap=0.5)
     alphas = {n: torch.tensor(1.0, dtype=torch.float64) for n in scaled.initial}
-    from trainmap.gradinit import _forward_loss
+    from trainmap.methods.gradinit import _forward_loss
 
     for variant in ("sgd", "adam"):
         value, norm, _ = gradinit_objective(model, scaled, alphas, s, s_tilde, variant=variant,
@@ -419,7 +419,7 @@ def test_gradinit_is_deterministic(digits):
 
 
 def test_layer_diagnostics_leave_the_model_unchanged(digits):
-    from trainmap.gradinit import draws_for
+    from trainmap.methods.gradinit import draws_for
 
     model = build_cell_model("vgg_bn", "kaiming", 0, digits.meta,
                              {"widths": [8, 16], "convs_per_stage": [1, 1]})  # fmt: skip

@@ -187,9 +187,9 @@ def test_every_saved_checkpoint_carries_a_checksum_that_plain_torch_load_ignores
 
 def test_flipped_bytes_in_model_and_trajectory_are_caught(tmp_path):
     """Case 9: 64 flipped bytes inside model.pt and trajectory.pt loaded silently before."""
-    from trainmap.checkpoints import load_model, save_dense
     from trainmap.models import build_model
-    from trainmap.train import load_trajectory
+    from trainmap.training.checkpoints import load_model, save_dense
+    from trainmap.training.loop import load_trajectory
 
     meta = {"input_kind": "vector", "input_shape": [40], "num_classes": 2}
     model = build_model("mlp", meta, hidden=[128])

@@ -7,8 +7,8 @@ import time
 import pytest
 from conftest import MlflowServer, free_port
 
-from trainmap.config import Cell
-from trainmap.tracking import TrackingUnavailable, rule_run
+from trainmap.grid import Cell
+from trainmap.tracking import TrackingUnavailable, rule_run, tracking_settings
 
 pytestmark = pytest.mark.integration
 
@@ -29,7 +29,7 @@ def test_a_rule_run_logs_over_http(server, tmp_path):
     cell = Cell("parity", "mlp", "kaiming", 0)
     artifact = tmp_path / "note.txt"
     artifact.write_text("hello")
-    with rule_run(config, "evaluate", cell=cell, config_hash="h1") as run:
+    with rule_run(tracking_settings(config), "evaluate", cell=cell, config_hash="h1") as run:
         run.log_params({"evaluate": {"threshold": 0.9}})
         for step in range(5):
             run.log_metrics({"test_acc": step / 10}, step)
@@ -49,7 +49,7 @@ def test_an_unreachable_server_fails_fast_with_a_clear_message():
               "data": {}, "model": {}, "train": {}}  # fmt: skip
     started = time.monotonic()
     with pytest.raises(TrackingUnavailable, match=rf"127\.0\.0\.1:{port} is unreachable"):
-        with rule_run(config, "train", task="parity", config_hash="h"):
+        with rule_run(tracking_settings(config), "train", task="parity", config_hash="h"):
             pytest.fail("the job body must not run without tracking")
     assert time.monotonic() - started < 15
 

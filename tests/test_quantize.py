@@ -1,4 +1,4 @@
-"""Quantisation (trainmap.quantize): error bounds, AWQ, packed N:M + 4-bit storage, table 1."""
+"""Quantisation (trainmap.methods.quantize): error bounds, AWQ, packed N:M + 4-bit storage, table 1."""
 
 from __future__ import annotations
 
@@ -8,8 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from trainmap.checkpoints import load_model
-from trainmap.quantize import (
+from trainmap.methods.quantize import (
     compression_ratio,
     dequantize_rows,
     index_bits,
@@ -23,7 +22,8 @@ from trainmap.quantize import (
     save_quantized,
     unpack_nm,
 )
-from trainmap.sparse import nm_mask, save_sparse, sparsify
+from trainmap.methods.sparse import nm_mask, save_sparse, sparsify
+from trainmap.training.checkpoints import load_model
 
 TABLE_1 = {1: 7.81, 2: 8.33, 4: 8.66, 8: 8.93, 16: 9.10, 32: 9.22}  # %, Huffman
 
@@ -79,7 +79,7 @@ def test_awq_beats_round_to_nearest_int4_on_outlier_channels():
 
 
 def test_awq_with_alpha_zero_is_round_to_nearest(monkeypatch):
-    import trainmap.quantize as quantize
+    import trainmap.methods.quantize as quantize
 
     model, inputs = outlier_layer(1)
     monkeypatch.setattr(quantize, "AWQ_GRID", (0.0,))
@@ -156,7 +156,7 @@ def test_packed_large_layer_is_within_one_percent_of_the_formula(tmp_path):
 
 @pytest.mark.parametrize("slorb_k", [None, 16])
 def test_sparse_quantised_checkpoint_and_packed_file_round_trip(tmp_path, slorb_k):
-    from trainmap.train import build_cell_model
+    from trainmap.training.loop import build_cell_model
 
     meta = {"input_kind": "image", "input_shape": [1, 8, 8], "num_classes": 10}
     dense = build_cell_model("vgg_bn", "kaiming", 0, meta, {"widths": [8, 16],

@@ -1,4 +1,4 @@
-"""RepVGG (trainmap.reparam): exact fusion, identity placement with groups, deploy structure."""
+"""RepVGG (trainmap.models.repvgg): exact fusion, identity placement with groups, deploy structure."""
 
 from __future__ import annotations
 
@@ -6,15 +6,15 @@ import pytest
 import torch
 from torch import nn
 
-from trainmap.checkpoints import load_model
 from trainmap.models import build_model, count_parameters
-from trainmap.reparam import (
+from trainmap.models.repvgg import (
     RepVGGBlock,
     check_equivalence,
     identity_kernel,
     save_deploy,
     to_deploy,
 )
+from trainmap.training.checkpoints import load_model
 
 IMAGENET = {"input_kind": "image", "input_shape": [3, 224, 224], "num_classes": 1000}
 DIGITS = {"input_kind": "image", "input_shape": [1, 8, 8], "num_classes": 10}
@@ -155,7 +155,7 @@ def test_deploy_trajectory_fuses_every_checkpoint_into_one_weight_space_for_both
     """analysis.repvgg_weights: deploy. Each fused checkpoint computes its training-time checkpoint
     exactly (eq. 3), and a RepVGG and its plain ablation get metric tables over the same matrices."""
     from trainmap.dynamics.metrics import trajectory_metrics
-    from trainmap.reparam import deploy_trajectory
+    from trainmap.models.repvgg import deploy_trajectory
 
     inputs = torch.randn(4, 1, 8, 8, dtype=torch.float64)
     tables = {}

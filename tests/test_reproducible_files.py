@@ -22,6 +22,7 @@ import yaml
 from conftest import REPO_ROOT, copy_workflow, run_command, snakemake
 
 from trainmap.data import make_task_data
+from trainmap.figures import save_figure, save_png
 from trainmap.io import (
     CHECKSUM_PREFIX,
     TIMING_KEYS,
@@ -34,8 +35,7 @@ from trainmap.io import (
     timing_path,
     verify_checksum,
 )
-from trainmap.plots import save_figure, save_png
-from trainmap.train import TrainConfig, TrainPaths, build_cell_model, train_block
+from trainmap.training.loop import TrainConfig, TrainPaths, build_cell_model, train_block
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -161,7 +161,7 @@ def test_a_figure_saved_twice_is_the_same_bytes(tmp_path, fmt):
 
 
 def test_an_svg_saved_without_save_figure_is_the_same_bytes_too(tmp_path):
-    """The training map's SVG is written with a plain savefig: trainmap.plots fixes the salt of its
+    """The training map's SVG is written with a plain savefig: trainmap.figures fixes the salt of its
     element ids and (SOURCE_DATE_EPOCH) its date."""
     for name in ("a.svg", "b.svg"):
         figure = draw()

@@ -1,4 +1,4 @@
-"""Seed blocks (trainmap.blocks, trainmap.train.train_block): many seeds trained as one vectorised
+"""Seed blocks (trainmap.training.seed_block, trainmap.training.loop.train_block): many seeds trained as one vectorised
 model must equal each seed trained alone, resume bit-identically, and diverge seed by seed."""
 
 from __future__ import annotations
@@ -14,10 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainmap.blocks import SeedBlock
 from trainmap.data import TaskData, make_task_data
 from trainmap.io import load_json
-from trainmap.train import (
+from trainmap.training.loop import (
     TrainConfig,
     TrainPaths,
     build_cell_model,
@@ -25,6 +24,7 @@ from trainmap.train import (
     train_block,
     train_model,
 )
+from trainmap.training.seed_block import SeedBlock
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -211,7 +211,7 @@ from pathlib import Path
 import torch
 torch.set_num_threads(1)
 from trainmap.data import make_task_data
-from trainmap.train import TrainConfig, TrainPaths, build_cell_model, train_block
+from trainmap.training.loop import TrainConfig, TrainPaths, build_cell_model, train_block
 
 out, delay = Path(sys.argv[1]), float(sys.argv[2])
 data = make_task_data("sparse_parity", {"n_bits": 10, "k": 2, "n_train": 100, "n_test": 64})

@@ -1,4 +1,4 @@
-"""AST sparse retraining (trainmap.sparse): N:M masks, STE, SR-STE, distillation, SLoRB, resume."""
+"""AST sparse retraining (trainmap.methods.sparse): N:M masks, STE, SR-STE, distillation, SLoRB, resume."""
 
 from __future__ import annotations
 
@@ -7,12 +7,10 @@ import pytest
 import torch
 from torch import nn
 
-from trainmap.blocks import SeedBlock
-from trainmap.checkpoints import load_model
 from trainmap.data import make_task_data
 from trainmap.methods import METHODS
-from trainmap.nm import from_nm_groups, nm_groups
-from trainmap.sparse import (
+from trainmap.methods.nm import from_nm_groups, nm_groups
+from trainmap.methods.sparse import (
     SparseHooks,
     SparseLinear,
     check_nm,
@@ -26,7 +24,15 @@ from trainmap.sparse import (
     srste_lambda,
     wanda_scores,
 )
-from trainmap.train import TrainConfig, TrainPaths, build_cell_model, load_trajectory, train_model
+from trainmap.training.checkpoints import load_model
+from trainmap.training.loop import (
+    TrainConfig,
+    TrainPaths,
+    build_cell_model,
+    load_trajectory,
+    train_model,
+)
+from trainmap.training.seed_block import SeedBlock
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -344,7 +350,7 @@ def test_sparse_checkpoint_round_trip(teacher, parity, tmp_path):
 def test_conv_sparse_checkpoint_keeps_its_group_layout(tmp_path, layout):
     """A sparse CNN saved and rebuilt keeps its conv group layout; a checkpoint written before the
     layout was recorded is read as the flattened layout it was made with."""
-    from trainmap.sparse import model_from_sparse, save_sparse
+    from trainmap.methods.sparse import model_from_sparse, save_sparse
 
     meta = {"input_kind": "image", "input_shape": [1, 8, 8], "num_classes": 10}
     options = {"widths": [8, 16], "convs_per_stage": [2, 2]}
@@ -384,7 +390,7 @@ def test_sparse_retraining_in_a_block_equals_each_seed_alone(tmp_path, method):
     """A block of three seeds of a BatchNorm CNN (each distilled from its own teacher, its own masks
     refreshed every 5 steps, SR-STE, SLoRB): every seed's trajectory, masks and flip rates equal
     its retraining alone (float64, 1e-10)."""
-    from trainmap.sparse import run_sparse_block
+    from trainmap.methods.sparse import run_sparse_block
 
     data = make_task_data("digits", {})
     data = type(data)(data.x_train.double(), data.y_train, data.x_test.double(), data.y_test,

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from mlflow import MlflowClient
 
-from trainmap.config import Cell, cell_hash, load_config
+from trainmap.grid import Cell, cell_hash, load_config
 from trainmap.tracking import (
     DEFAULT_TRACKING_URI,
     METRICS_PER_BATCH,
@@ -28,6 +28,7 @@ from trainmap.tracking import (
     flatten_params,
     init_tracking,
     rule_run,
+    tracking_settings,
     tracking_uri,
 )
 
@@ -70,15 +71,15 @@ def runs_of(client: MlflowClient, experiment: str) -> list:
 # One launcher process (a fresh interpreter) imports what a rule job's tracking needs, then forks the
 # 16 jobs: separate processes, each opening its own SQLite connection, as Snakemake's jobs do; only
 # the imports (about 4 s of CPU per interpreter, over a minute for 16 on 2 cores) are paid once. No
-# MLflow client or database connection exists before the fork. trainmap.config imports the data and
+# MLflow client or database connection exists before the fork. trainmap.grid imports the data and
 # model registries (and torch); cell_hash and rule_run do not use them, so they are stubbed out. The
 # forked jobs block on a pipe until every one exists, then all open the database at the same moment.
 LAUNCHER = textwrap.dedent(
     """
     import json, os, sys, traceback
     from pathlib import Path
-    from trainmap.config import Cell
-    from trainmap.tracking import rule_run
+    from trainmap.grid import Cell, cell_hash
+    from trainmap.tracking import rule_run, tracking_settings
     import mlflow.store.tracking.sqlalchemy_store  # imports only: no engine, no connection
 
     workdir, n_jobs, steps = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
@@ -87,7 +88,8 @@ LAUNCHER = textwrap.dedent(
     def job(seed):
         cell = Cell("digits", "vgg_bn", "kaiming", seed)
         params = {"train": config["train"]["digits"]}
-        with rule_run(config, "train", cell=cell, params=params) as run:
+        with rule_run(tracking_settings(config), "train", cell=cell, params=params,
+                      config_hash=cell_hash(config, cell)) as run:
             for step in range(steps):
                 run.log_metrics({"loss": 1.0 / (step + 1), "seed": float(seed)}, step=step)
 
@@ -185,7 +187,8 @@ def test_rule_run_tags_params_and_metric_history(
     params = {"train": config["train"]["sparse_parity"], "model": {"hidden": [128]}, "extra": extra}
     n_steps = 450  # 3 metrics x 450 steps = 1350 points: more than one batch of METRICS_PER_BATCH
     assert 3 * n_steps > METRICS_PER_BATCH
-    with rule_run(config, "train", cell=cell, params=params) as run:
+    with rule_run(tracking_settings(config), "train", cell=cell, params=params,
+                  config_hash=cell_hash(config, cell)) as run:  # fmt: skip
         run_id = run.run_id
         for step in range(n_steps):
             run.log_metrics(
@@ -240,7 +243,7 @@ def test_git_commit_is_unknown_outside_a_checkout(
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path.parent))
     config = make_config(study_config, shared_uri, "no-git")
-    with rule_run(config, "summary", task="digits", config_hash="grid") as run:
+    with rule_run(tracking_settings(config), "summary", task="digits", config_hash="grid") as run:
         run_id = run.run_id
     tags = MlflowClient(tracking_uri=shared_uri).get_run(run_id).data.tags
     assert tags["git_commit"] == "unknown"
@@ -266,19 +269,22 @@ def test_rules_of_a_cell_share_a_parent_until_its_config_changes(
     config = make_config(study_config, shared_uri, "parents")
     cell = Cell("digits", "resnet_bn", "kaiming", 1)
     ids = {}
-    with rule_run(config, "train", cell=cell) as run:
+    tracking = tracking_settings(config)
+    with rule_run(tracking, "train", cell=cell, config_hash=cell_hash(config, cell)) as run:
         ids["train"] = run.run_id
-    with rule_run(config, "evaluate", cell=cell, params={"evaluate": {"threshold": 0.9}}) as run:
+    with rule_run(tracking, "evaluate", cell=cell, params={"evaluate": {"threshold": 0.9}},
+                  config_hash=cell_hash(config, cell)) as run:  # fmt: skip
         ids["evaluate"] = run.run_id
     other_cell = Cell("digits", "resnet_bn", "kaiming", 2)
-    with rule_run(config, "train", cell=other_cell) as run:
+    with rule_run(tracking, "train", cell=other_cell,
+                  config_hash=cell_hash(config, other_cell)) as run:  # fmt: skip
         ids["other"] = run.run_id
     changed = copy.deepcopy(config)
     changed["train"]["digits"]["lr"] = config["train"]["digits"]["lr"] / 2
     assert cell_hash(changed, cell) != cell_hash(config, cell)
-    with rule_run(changed, "train", cell=cell) as run:
+    with rule_run(tracking, "train", cell=cell, config_hash=cell_hash(changed, cell)) as run:
         ids["retrain"] = run.run_id
-    with rule_run(changed, "evaluate", cell=cell) as run:
+    with rule_run(tracking, "evaluate", cell=cell, config_hash=cell_hash(changed, cell)) as run:
         ids["reevaluate"] = run.run_id
 
     client = MlflowClient(tracking_uri=shared_uri)
@@ -312,7 +318,8 @@ def test_failing_block_reraises_and_marks_run_failed(
     cell = Cell("digits", "vgg_bn", "kaiming", 5)
     n_steps = 1200  # more than one batch: some were sent during the block, the rest at the failure
     with pytest.raises(type(error)):
-        with rule_run(config, "train", cell=cell, params={"train": {"lr": 0.05}}) as run:
+        with rule_run(tracking_settings(config), "train", cell=cell, params={"train": {"lr": 0.05}},
+                      config_hash=cell_hash(config, cell)) as run:  # fmt: skip
             run_id = run.run_id
             for step in range(n_steps):
                 run.log_metrics({"loss": float(step)}, step=step)
@@ -326,7 +333,8 @@ def test_failing_block_reraises_and_marks_run_failed(
     history = sorted(client.get_metric_history(run_id, "loss"), key=lambda m: m.step)
     assert [(m.step, m.value) for m in history] == [(s, float(s)) for s in range(n_steps)]
     # A rerun after the failure logs a new FINISHED run under the same cell parent.
-    with rule_run(config, "train", cell=cell) as rerun:
+    with rule_run(tracking_settings(config), "train", cell=cell,
+                  config_hash=cell_hash(config, cell)) as rerun:  # fmt: skip
         rerun_id = rerun.run_id
     rerun_tags = client.get_run(rerun_id).data.tags
     assert client.get_run(rerun_id).info.status == "FINISHED"
@@ -362,7 +370,7 @@ def test_rule_run_follows_env_uri_when_config_has_none(
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{database}")
     monkeypatch.chdir(tmp_path)
     config = make_config(study_config, None, "env-uri")
-    with rule_run(config, "data", task="digits") as run:
+    with rule_run(tracking_settings(config), "data", task="digits") as run:
         run_id = run.run_id
     assert database.exists() and not (tmp_path / "mlflow.db").exists()
     client = MlflowClient(tracking_uri=f"sqlite:///{database}")
@@ -383,7 +391,9 @@ def test_sqlite_artifacts_land_beside_the_database(
     config = make_config(study_config, uri, "artifacts")
     source = tmp_path / "report.json"
     source.write_text('{"ok": true}')
-    with rule_run(config, "evaluate", cell=Cell("digits", "vgg_bn", "kaiming", 0)) as run:
+    cell = Cell("digits", "vgg_bn", "kaiming", 0)
+    with rule_run(tracking_settings(config), "evaluate", cell=cell,
+                  config_hash=cell_hash(config, cell)) as run:  # fmt: skip
         run.log_artifact(source)
         run.log_artifact(source, artifact_path="nested")
         run_id = run.run_id
@@ -417,7 +427,7 @@ def test_relative_sqlite_uri_puts_artifacts_beside_it(
     config = make_config(study_config, None, "relative")
     source = tmp_path / "note.txt"
     source.write_text("hello")
-    with rule_run(config, "summary", config_hash="grid") as run:
+    with rule_run(tracking_settings(config), "summary", config_hash="grid") as run:
         run.log_artifact(source)
     assert (tmp_path / "mlflow.db").is_file()
     assert [path.read_text() for path in (tmp_path / "mlartifacts").rglob("note.txt")] == ["hello"]
@@ -429,7 +439,7 @@ def test_cell_parent_runs_carry_headline_metrics_comparable_by_method(
 ) -> None:
     """evaluate's headline numbers and the training map's occupancy land on each cell's parent
     run, whose method tag lets the MLflow UI group cells by method."""
-    from trainmap.jobs import headline_metrics
+    from trainmap.jobs.evaluate import headline_metrics
     from trainmap.tracking import log_cell_metrics
 
     config = make_config(study_config, shared_uri, "headline")
@@ -441,10 +451,13 @@ def test_cell_parent_runs_carry_headline_metrics_comparable_by_method(
             "best_test_acc": 0.6, "convergence_step": None, "converged": False,
             "diverged_step": 1200, "bytes_on_disk": 23000},
     }  # fmt: skip
+    tracking = tracking_settings(config)
     for cell, record in records.items():
-        with rule_run(config, "evaluate", cell=cell) as run:
+        hashes = {cell.id: cell_hash(config, cell)}
+        with rule_run(tracking, "evaluate", cell=cell, config_hash=hashes[cell.id]) as run:
             run.log_cell_metrics(headline_metrics(record))
-        log_cell_metrics(config, {cell: {"map.occupancy.state0": 0.25, "map.detour_visited": 1.0}})
+        log_cell_metrics(tracking, {cell: {"map.occupancy.state0": 0.25, "map.detour_visited": 1.0}},
+                         hashes)  # fmt: skip
 
     client = MlflowClient(tracking_uri=shared_uri)
     experiment = client.get_experiment_by_name("headline").experiment_id

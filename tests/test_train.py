@@ -1,4 +1,4 @@
-"""Tests for the training loop (trainmap.train): learning, determinism, resume, divergence."""
+"""Tests for the training loop (trainmap.training.loop): learning, determinism, resume, divergence."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from torch import nn
 from trainmap.data import TaskData, make_task_data
 from trainmap.io import load_json
 from trainmap.models import count_parameters
-from trainmap.train import (
+from trainmap.training.loop import (
     TrainConfig,
     TrainPaths,
     build_cell_model,
@@ -232,7 +232,7 @@ import sys, time
 import torch
 torch.set_num_threads(1)
 from trainmap.data import make_task_data
-from trainmap.train import TrainConfig, TrainPaths, build_cell_model, train_model
+from trainmap.training.loop import TrainConfig, TrainPaths, build_cell_model, train_model
 
 out, delay = sys.argv[1], float(sys.argv[2])
 data = make_task_data("sparse_parity", {"n_bits": 10, "k": 2, "n_train": 100, "n_test": 64})

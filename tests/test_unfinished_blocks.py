@@ -23,12 +23,12 @@ import pytest
 from conftest import copy_workflow, snakemake, workflow_env
 
 from trainmap import unfinished
-from trainmap.config import Block
+from trainmap.grid import SeedRange
 from trainmap.unfinished import find_unfinished
 
 
-def block(method: str = "kaiming", first: int = 0, last: int = 1) -> Block:
-    return Block("parity", "mlp", method, first, last, tuple(range(first, last + 1)))
+def block(method: str = "kaiming", first: int = 0, last: int = 1) -> SeedRange:
+    return SeedRange("parity", "mlp", method, first, last, tuple(range(first, last + 1)))
 
 
 def make_files(results: Path, *paths: str) -> None:

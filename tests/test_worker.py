@@ -194,11 +194,11 @@ def test_job_function_allows_trainmap_jobs_only():
 
     scripts = Path(__file__).resolve().parents[1] / "workflow" / "scripts"
     named = {name for script in scripts.glob("*.py")
-             for name in re.findall(r'"(trainmap\.jobs:\w+)"', script.read_text())}  # fmt: skip
+             for name in re.findall(r'"(trainmap\.jobs\.\w+:\w+)"', script.read_text())}  # fmt: skip
     assert len(named) >= 10, named
     for name in named:  # every job the workflow's scripts submit is allowed
         assert worker.job_function(name).__name__ == name.split(":")[1]
-    for name in ("os:system", "trainmap.jobs:logged_to", "trainmap.jobs:settings_hash",
+    for name in ("os:system", "trainmap.jobs.common:logged_to", "trainmap.jobs.common:settings_hash",
                  "trainmap.io:save_torch_job", "builtins:exec"):  # fmt: skip
         with pytest.raises(worker.RefusedJobError, match="refused to run"):
             worker.job_function(name)

@@ -11,7 +11,7 @@ import pytest
 from conftest import copy_workflow, snakemake
 from mlflow import MlflowClient
 
-from trainmap.config import expand_grid, is_sparse, load_config, retrains
+from trainmap.grid import expand_grid, is_sparse, load_config, retrains
 
 pytestmark = pytest.mark.integration
 

@@ -26,10 +26,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trainmap.config import Cell, cell_hash
-
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # trainmap.grid imports torch: the workflow's scripts import this module
     from mlflow import MlflowClient
+
+    from trainmap.grid import Cell
 
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 # A server that is down should fail a job in seconds, not after minutes of HTTP retries.
@@ -42,6 +42,13 @@ DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 METRICS_PER_BATCH = 1000  # MLflow's log_batch limit
 PARAMS_PER_BATCH = 100
 PARAM_VALUE_LIMIT = 6000
+
+
+def tracking_settings(config: Mapping) -> dict[str, str]:
+    """What a job needs to log: ``{"uri", "experiment"}`` (:func:`tracking_uri`,
+    :func:`experiment_name`). The workflow's scripts pass it to every job, outside the rules'
+    params, so pointing MLflow elsewhere never reruns a job."""
+    return {"uri": tracking_uri(config), "experiment": experiment_name(config)}
 
 
 def tracking_uri(config: Mapping) -> str:
@@ -192,7 +199,7 @@ class RuleRun:
 
 @contextmanager
 def rule_run(
-    config: Mapping,
+    tracking: Mapping[str, str],
     rule: str,
     *,
     cell: Cell | None = None,
@@ -200,13 +207,15 @@ def rule_run(
     params: Mapping | None = None,
     config_hash: str | None = None,
 ) -> Iterator[RuleRun]:
-    """Open the MLflow run of one rule invocation; cell rules nest under the cell's parent run."""
+    """Open the MLflow run of one rule invocation (``tracking``: :func:`tracking_settings`); cell
+    rules nest under the cell's parent run at ``config_hash`` (the cell's
+    :func:`trainmap.grid.cell_hash`)."""
     from mlflow import MlflowClient
 
-    uri = tracking_uri(config)
+    uri = tracking["uri"]
     client = MlflowClient(tracking_uri=uri)
-    experiment_id = init_tracking(uri, experiment_name(config))
-    config_hash = config_hash or (cell_hash(config, cell) if cell else "none")
+    experiment_id = init_tracking(uri, tracking["experiment"])
+    config_hash = config_hash or "none"
     tags = _run_tags(rule, cell, task, config_hash)
     if cell is not None:
         tags["mlflow.parentRunId"] = _cell_parent_run(client, experiment_id, cell, tags)
@@ -265,18 +274,20 @@ def _cell_parent_run(
 
 
 def log_cell_metrics(
-    config: Mapping, metrics_by_cell: Mapping[Cell, Mapping[str, float | None]]
+    tracking: Mapping[str, str],
+    metrics_by_cell: Mapping[Cell, Mapping[str, float | None]],
+    cell_hashes: Mapping[str, str],
 ) -> None:
-    """Log each cell's metrics on its parent run (at its current config hash), from a rule that
-    spans many cells (a training map's group or joint comparison): one client and one tracking
-    set-up for all of them."""
+    """Log each cell's metrics on its parent run (at its config hash, ``cell_hashes[cell.id]``),
+    from a rule that spans many cells (a training map's group or joint comparison): one client and
+    one tracking set-up for all of them."""
     from mlflow import MlflowClient
 
-    uri = tracking_uri(config)
+    uri = tracking["uri"]
     client = MlflowClient(tracking_uri=uri)
-    experiment_id = init_tracking(uri, experiment_name(config))
+    experiment_id = init_tracking(uri, tracking["experiment"])
     for cell, metrics in metrics_by_cell.items():
-        tags = _run_tags("cell", cell, None, cell_hash(config, cell))
+        tags = _run_tags("cell", cell, None, cell_hashes[cell.id])
         _log_now(client, _cell_parent_run(client, experiment_id, cell, tags), metrics)
 
 

@@ -24,11 +24,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainmap.config import Block
+from trainmap.grid import SeedRange
 
 #: The suffix of a block's resume file beside its manifest (trainmap.jobs: ``.with_suffix``).
 RESUME_SUFFIX = ".resume.pt"
-#: A block's manifest name, e.g. ``seeds0-31.json`` (trainmap.config.Block.name).
+#: A block's manifest name, e.g. ``seeds0-31.json`` (trainmap.grid.SeedRange.name).
 BLOCK_MANIFEST = re.compile(r"seeds(\d+)-(\d+)\.json")
 
 
@@ -121,7 +121,7 @@ class UnfinishedScan:
 
 def find_unfinished(
     results: str | os.PathLike,
-    blocks_of_rule: Mapping[str, Iterable[Block]],
+    blocks_of_rule: Mapping[str, Iterable[SeedRange]],
     command: Sequence[str] = ("snakemake", "--cores", "all"),
 ) -> UnfinishedScan:
     """The blocks of ``blocks_of_rule`` (rule directory -> the grid's blocks of that rule) whose
@@ -138,7 +138,7 @@ def find_unfinished(
         listings = _listings(results / rule_dir)
         if not listings:  # a fresh run: nothing of this rule on disk
             continue
-        by_dir: dict[str, list[Block]] = {}
+        by_dir: dict[str, list[SeedRange]] = {}
         for block in blocks:
             by_dir.setdefault(f"{block.task}/{block.arch}/{block.method}", []).append(block)
         for group, names in listings.items():
@@ -150,7 +150,7 @@ def find_unfinished(
 
 
 def _scan_directory(
-    base: str, rule_dir: str, group: str, names: frozenset[str], grid_blocks: list[Block]
+    base: str, rule_dir: str, group: str, names: frozenset[str], grid_blocks: list[SeedRange]
 ) -> tuple[list[UnfinishedBlock], list[LeftoverResume]]:
     """The unfinished blocks and left-over resume files of one directory ``base`` (``group`` is
     its ``<task>/<arch>/<method>``), given its entries ``names`` and the grid's blocks there."""

@@ -22,7 +22,7 @@ Safety:
 
 Access: the socket is created 0600 inside a fresh 0700 directory (``tempfile.mkdtemp``), whatever
 the umask, and the server only answers clients of its own user (``SO_PEERCRED``). It runs only job
-functions: public functions named ``*_job`` defined in :data:`JOB_MODULES` (``trainmap.jobs``); any
+functions: public functions named ``*_job`` defined in :data:`JOB_MODULES` (``trainmap.jobs.*``); any
 other ``module:function`` a client names (``os:mkdir``) is refused before anything runs.
 """
 
@@ -47,6 +47,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from trainmap.jobs import JOB_MODULES
+
 SOCKET_ENV = "TRAINMAP_WORKER_SOCKET"
 SWITCH_ENV = "TRAINMAP_WORKER"  # "off" disables the server
 #: When set, every job appends {"function", "seconds", "log"} (its own compute time) to this file.
@@ -61,16 +63,14 @@ WARM_MODULES = (
     "hmmlearn.hmm",
     "statsmodels.api",
     "sklearn.cluster",
-    "trainmap.jobs",
-    "trainmap.gradinit",
-    "trainmap.reparam",
-    "trainmap.sparse",
-    "trainmap.quantize",
+    *JOB_MODULES,
+    "trainmap.methods.gradinit",
+    "trainmap.models.repvgg",
+    "trainmap.methods.sparse",
+    "trainmap.methods.quantize",
     "trainmap.dynamics.pipeline",
 )
 START_TIMEOUT_S = 120
-#: The modules whose job functions (public, named ``*_job``) the server runs.
-JOB_MODULES = ("trainmap.jobs",)
 SOCKET_DIR_PREFIX = "trainmap-worker-"
 
 
@@ -111,7 +111,7 @@ def run_job(function: str, log: str, **kwargs: Any) -> None:
     """
     status = _submit(function, log, kwargs)
     if status is None:  # no server: run in this process
-        from trainmap.jobs import logged_to
+        from trainmap.jobs.common import logged_to
 
         with logged_to(log):
             call_timed(function, log, kwargs)

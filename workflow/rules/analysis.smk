@@ -18,7 +18,8 @@ rule collect_metrics:
         mem_mb=4000,
         runtime=minutes_of_block,
     params:
-        block=metric_block,
+        block=seed_range_of_job,
+        cell_hashes=cell_hashes_of_block,
         # paper (the authors' conventions) or extended: trainmap.dynamics.metrics
         convention=grid.analysis_settings(config).get("metrics", "paper"),
         # RepVGG runs: metrics of the training-time branches (train) or of the deploy form (deploy)
@@ -82,6 +83,7 @@ rule fit_hmm:
 rule training_map:
     input:
         model=f"results/hmm/{GROUP}/hmm.npz",
+        meta=f"results/hmm/{GROUP}/hmm.json",
         states=f"results/hmm/{GROUP}/states.csv",
         detours=f"results/hmm/{GROUP}/detours.json",
         metrics=metrics_of_group,
@@ -116,7 +118,10 @@ rule training_map:
 rule regress_detours:
     input:
         model=f"results/hmm/{GROUP}/hmm.npz",
+        meta=f"results/hmm/{GROUP}/hmm.json",
         states=f"results/hmm/{GROUP}/states.csv",
+        # how often the bootstrap finds each detour again
+        bootstrap=f"results/hmm/{GROUP}/bootstrap.json",
         evaluations=evaluations_of_group,
     output:
         detours=f"results/hmm/{GROUP}/detours.json",
@@ -153,6 +158,8 @@ rule regress_detours:
         settings=grid.analysis_settings(config),
         group=GROUP,
         cells=cells_of_group,
+        # each cell's parent MLflow run gets its state occupancy
+        cell_hashes=cell_hashes_of_group,
         evaluations=evaluation_files_of_group,
     script:
         "../scripts/regress_detours.py"
@@ -223,6 +230,8 @@ rule joint_comparison:
         settings=grid.analysis_settings(config),
         groups=groups_of_joint,
         cells=cells_of_joint,
+        # each cell's parent MLflow run gets its occupancy of the shared states
+        cell_hashes=cell_hashes_of_joint,
         metrics=metric_tables_of_joint,
         evaluations=evaluation_files_of_joint,
     script:

@@ -1,19 +1,21 @@
 # Grid expansion, input functions and the one-time tracking set-up. No rule lives here.
 #
 # Per-seed rules run one *block* per job, i.e. the seeds of one (task, arch, method) in an
-# aligned range of train.<task>.seed_block seeds (trainmap.config.Block), e.g. seeds0-31. A block
+# aligned range of train.<task>.seed_block seeds (trainmap.grid.SeedRange), e.g. seeds0-31. A block
 # job writes each seed's files in its own directory (results/<rule>/<task>/<arch>/<method>/seed<n>/)
 # and, as its declared output, the block's manifest beside them (.../seeds0-31.json). Rules depend on
 # manifests; the per-seed paths they read are passed as params.
 import dataclasses
+import functools
 import inspect
 import os
 import sys
 
 from snakemake.common import overwrite_function_params
 
-from trainmap import config as grid
-from trainmap.tracking import experiment_name, init_tracking, tracking_uri
+from trainmap import grid
+from trainmap.methods import check_method
+from trainmap.tracking import init_tracking, tracking_settings
 from trainmap.unfinished import UnfinishedScan, find_unfinished
 from trainmap.worker import start_server, stop_server
 
@@ -35,12 +37,13 @@ JOB_SERVER = {}
 onstart:
     # Create the tracking database and experiment once, before parallel jobs (FACTS.md: a fresh
     # SQLite database migrated by 8 jobs at once lost 7 of their runs).
-    init_tracking(tracking_uri(config), experiment_name(config))
+    tracking = tracking_settings(config)
+    init_tracking(tracking["uri"], tracking["experiment"])
     # Jobs on this machine fork from one warm process instead of importing torch and MLflow each
     # (trainmap.worker); cluster jobs run in their own processes.
     if workflow.local_exec:
         JOB_SERVER["process"] = start_server(
-            ".snakemake/trainmap", (tracking_uri(config),)
+            ".snakemake/trainmap", (tracking["uri"],)
         )
 
 
@@ -63,7 +66,7 @@ JOINT_GROUPS = grid.joint_groups(config)
 
 
 def blocks_by_id(cells):
-    return {block.id: block for block in grid.blocks_of(config, cells)}
+    return {block.id: block for block in grid.seed_ranges_of(config, cells)}
 
 
 # The blocks of each rule family, by id ("task/arch/method/seedsF-L").
@@ -155,26 +158,51 @@ def run_dir_of(block):
     return run_dir_of_cell(block.cells[0])
 
 
-# --- block params (the block itself, as JSON) ----------------------------------------------------
+# --- block params: the job's seed range and its cells' hashes ------------------------------------
+
+#: Each block rule's seed ranges, by the results directory its manifests go to. One (task, arch,
+#: method, range) can hold other seeds in another rule: train's also hold the dense teachers that
+#: sparse cells of the grid retrain from.
+BLOCKS_OF_RULE_DIR = {
+    "gradinit": GRADINIT_BLOCKS,
+    "train": TRAIN_BLOCKS,
+    "sparse": SPARSE_BLOCKS,
+    "reparam": REPARAM_BLOCKS,
+    "quantize": QUANTIZE_BLOCKS,
+    "evaluate": GRID_BLOCKS,
+    "metrics": METRIC_BLOCKS,
+}
 
 
-def block_param(blocks):
-    """A params function giving a block job its block of ``blocks`` as JSON."""
-
-    @input_function
-    def block_of_job(wildcards):
-        return blocks[block_id(wildcards)].to_dict()
-
-    return block_of_job
+def seed_range_of_manifest(path):
+    """The seed range whose manifest is ``path``, ``.../<rule dir>/<task>/<arch>/<method>/seedsF-L.json``."""
+    rule_dir, *block = Path(path).with_suffix("").parts[-5:]
+    return BLOCKS_OF_RULE_DIR[rule_dir]["/".join(block)]
 
 
-gradinit_block = block_param(GRADINIT_BLOCKS)
-train_block = block_param(TRAIN_BLOCKS)
-sparse_block = block_param(SPARSE_BLOCKS)
-grid_block = block_param(GRID_BLOCKS)
-reparam_block = block_param(REPARAM_BLOCKS)
-quantize_block = block_param(QUANTIZE_BLOCKS)
-metric_block = block_param(METRIC_BLOCKS)
+@input_function
+def seed_range_of_job(wildcards, output):
+    """A block job's seed range (as JSON): the one whose manifest it writes (``output.manifest``)."""
+    return seed_range_of_manifest(output.manifest).to_dict()
+
+
+@functools.cache
+def cell_hash_of(cell):
+    """trainmap.grid.cell_hash of ``cell``: the config hash its MLflow runs nest under (one parent
+    run per cell and hash). Computed once per cell, whichever rules need it."""
+    return grid.cell_hash(config, cell)
+
+
+def cell_hashes(cells):
+    """``{cell id: cell hash}``: a job's cells' hashes, a params entry (a job reruns when one of its
+    cells' settings changes, as it would for the settings themselves)."""
+    return {cell.id: cell_hash_of(cell) for cell in cells}
+
+
+@input_function
+def cell_hashes_of_block(wildcards, output):
+    """The cell hashes of a block job's seed range (that of ``output.manifest``)."""
+    return cell_hashes(seed_range_of_manifest(output.manifest).cells)
 
 
 @input_function
@@ -240,7 +268,7 @@ def sparse_settings_of_task(wildcards):
 
 @input_function
 def method_options_of_cell(wildcards):
-    return grid.methods.check_method(wildcards.method).options
+    return check_method(wildcards.method).options
 
 
 # --- inputs: the manifests a block job reads ------------------------------------------------------
@@ -340,7 +368,8 @@ GRID_BLOCK_OF_CELL = by_cell(GRID_BLOCKS)
 
 def manifests_of_cells(rule_dir, block_of_cell, cells):
     """The manifests of the blocks holding ``cells``, once each, in block order (that of
-    ``blocks_of``: task, arch, method, first seed); cells in no block are left out."""
+    ``seed_ranges_of``: task, arch, method, first seed); cells in no block are left out.
+    """
     found = {block_of_cell[c] for c in cells if c in block_of_cell}
     return [manifest(rule_dir, block) for block in sorted(found)]
 
@@ -386,6 +415,18 @@ def cells_of_group(wildcards):
 @input_function
 def cells_of_joint(wildcards):
     return [cell.to_dict() for cell in JOINT_GROUPS[wildcards.name]]
+
+
+@input_function
+def cell_hashes_of_group(wildcards):
+    """The cell hashes of one training-map group's cells (their parent runs get its metrics)."""
+    return cell_hashes(group_cells(wildcards))
+
+
+@input_function
+def cell_hashes_of_joint(wildcards):
+    """The cell hashes of one joint comparison's cells."""
+    return cell_hashes(JOINT_GROUPS[wildcards.name])
 
 
 @input_function

@@ -12,7 +12,8 @@ rule evaluate:
         mem_mb=2000,
         runtime=minutes_of_block,
     params:
-        block=grid_block,
+        block=seed_range_of_job,
+        cell_hashes=cell_hashes_of_block,
         settings=evaluate_settings_of_task,
     script:
         "../scripts/evaluate.py"

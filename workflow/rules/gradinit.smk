@@ -21,7 +21,8 @@ rule gradinit:
         mem_mb=4000,
         runtime=minutes_of_block,
     params:
-        block=gradinit_block,
+        block=seed_range_of_job,
+        cell_hashes=cell_hashes_of_block,
         model=model_settings_of_cell,
         settings=gradinit_settings_of_task,
         options=method_options_of_cell,

@@ -15,6 +15,7 @@ rule reparam:
         mem_mb=2000,
         runtime=10,
     params:
-        block=reparam_block,
+        block=seed_range_of_job,
+        cell_hashes=cell_hashes_of_block,
     script:
         "../scripts/reparam.py"

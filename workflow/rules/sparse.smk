@@ -22,32 +22,12 @@ rule sparse_retrain:
         mem_mb=memory_mb_of_block,
         runtime=120,
     params:
-        block=sparse_block,
+        block=seed_range_of_job,
+        cell_hashes=cell_hashes_of_block,
         settings=sparse_settings_of_task,
         options=method_options_of_cell,
     script:
         "../scripts/sparse_retrain.py"
-
-
-rule quantize:
-    input:
-        dataset=DATASET,
-        run=run_manifest_of_block,
-    output:
-        manifest=f"results/quantize/{BLOCK}.json",
-    log:
-        f"logs/quantize/{BLOCK}.log",
-    conda:
-        "../envs/trainmap.yaml"
-    threads: 1
-    resources:
-        mem_mb=2000,
-        runtime=minutes_of_block,
-    params:
-        block=quantize_block,
-        schemes=QUANT_SCHEMES,
-    script:
-        "../scripts/quantize.py"
 
 
 rule flip_rates:

@@ -15,7 +15,8 @@ rule train:
         runtime=120,
         gpu=gpus_of_task,
     params:
-        block=train_block,
+        block=seed_range_of_job,
+        cell_hashes=cell_hashes_of_block,
         model=model_settings_of_cell,
         train=train_settings_of_task,
     script:

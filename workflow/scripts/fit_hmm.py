@@ -2,10 +2,11 @@
 
 from pathlib import Path
 
+from trainmap.tracking import tracking_settings
 from trainmap.worker import run_job
 
 run_job(
-    "trainmap.jobs:fit_hmm_job",
+    "trainmap.jobs.analysis:fit_hmm_job",
     log=snakemake.log[0],
     group=snakemake.params.group,
     cells=snakemake.params.cells,
@@ -13,6 +14,6 @@ run_job(
     evaluation_paths=list(snakemake.params.evaluations),
     settings=snakemake.params.settings,
     out_dir=str(Path(snakemake.output[0]).parent),
-    config=snakemake.config,
+    tracking=tracking_settings(snakemake.config),
     threads=snakemake.threads,
 )

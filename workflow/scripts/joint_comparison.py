@@ -2,10 +2,11 @@
 
 from pathlib import Path
 
+from trainmap.tracking import tracking_settings
 from trainmap.worker import run_job
 
 run_job(
-    "trainmap.jobs:joint_comparison_job",
+    "trainmap.jobs.analysis:joint_comparison_job",
     log=snakemake.log[0],
     name=snakemake.wildcards.name,
     cells=snakemake.params.cells,
@@ -14,6 +15,7 @@ run_job(
     evaluation_paths=list(snakemake.params.evaluations),
     settings=snakemake.params.settings,
     out_dir=str(Path(snakemake.output[0]).parent),
-    config=snakemake.config,
+    tracking=tracking_settings(snakemake.config),
+    cell_hashes=snakemake.params.cell_hashes,
     threads=snakemake.threads,
 )

@@ -1,10 +1,11 @@
 """Rule sparse_retrain: N:M sparsity for a block of seeds from their dense teachers (AST, its
 ablations, the baselines), retrained as one vectorised model."""
 
+from trainmap.tracking import tracking_settings
 from trainmap.worker import run_job
 
 run_job(
-    "trainmap.jobs:sparse_block_job",
+    "trainmap.jobs.sparse:sparse_block_job",
     log=snakemake.log[0],
     block=snakemake.params.block,
     teacher_manifest=snakemake.input.teacher,
@@ -13,6 +14,7 @@ run_job(
     options=snakemake.params.options,
     manifest=snakemake.output.manifest,
     block_plot=snakemake.output.plot,
-    config=snakemake.config,
+    tracking=tracking_settings(snakemake.config),
+    cell_hashes=snakemake.params.cell_hashes,
     threads=snakemake.threads,
 )

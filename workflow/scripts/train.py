@@ -1,9 +1,10 @@
 """Rule train: a block of seeds, each seeded by its method, trained as one vectorised model."""
 
+from trainmap.tracking import tracking_settings
 from trainmap.worker import run_job
 
 run_job(
-    "trainmap.jobs:train_block_job",
+    "trainmap.jobs.train:train_block_job",
     log=snakemake.log[0],
     block=snakemake.params.block,
     data_path=snakemake.input.dataset,
@@ -11,6 +12,7 @@ run_job(
     model_options=snakemake.params.model,
     train_settings=snakemake.params.train,
     manifest=snakemake.output.manifest,
-    config=snakemake.config,
+    tracking=tracking_settings(snakemake.config),
+    cell_hashes=snakemake.params.cell_hashes,
     threads=snakemake.threads,
 )

@@ -141,17 +141,16 @@ def main(argv: list[str] | None = None) -> int:
                 "standardisation": args.standardisation}  # fmt: skip
     args.out.mkdir(parents=True, exist_ok=True)
     print(f"{len(runs)} runs; fitting K = 1..{args.k_max} with {args.restarts} restarts each")
-    fit_group(runs, outcomes, settings, args.out, n_jobs=args.jobs)
-    regress_group(outcomes, args.out, args.out, settings=settings)
-    import json
-
-    detours = json.loads((args.out / "detours.json").read_text())
-    map_group(runs, outcomes, args.out, args.out, detour_states=detours["detour_states"])
-    regression = (f"R^2 = {detours['r2']:.3f} (adjusted {detours['r2_adjusted']:.3f}), F-test p = "
-                  f"{detours['f_pvalue']:.3g}" if detours["fitted"]
-                  else f"no regression: {detours['not_fitted']}")  # fmt: skip
+    fit = fit_group(runs, outcomes, settings, args.out, n_jobs=args.jobs)
+    regression = regress_group(fit, outcomes, settings, regression=fit.regression,
+                               bootstrap=fit.bootstrap, out_dir=args.out)  # fmt: skip
+    map_group(fit, runs, outcomes, detour_states=regression.detour_states, out_dir=args.out)
+    detours = regression.summary
+    fitted = (f"R^2 = {detours['r2']:.3f} (adjusted {detours['r2_adjusted']:.3f}), F-test p = "
+              f"{detours['f_pvalue']:.3g}" if detours["fitted"]
+              else f"no regression: {detours['not_fitted']}")  # fmt: skip
     ceiling = " (BIC still falling at K_max: a ceiling)" if detours["selection_at_ceiling"] else ""
-    print(f"K = {detours['n_states']}{ceiling}, {regression}, detour states = "
+    print(f"K = {detours['n_states']}{ceiling}, {fitted}, detour states = "
           f"{detours['detour_states']}, dissimilarity = {detours['dissimilarity']:.3f}")  # fmt: skip
     if args.groups:
         table = pd.read_csv(args.groups, dtype={"run": str, "group": str})
@@ -159,8 +158,8 @@ def main(argv: list[str] | None = None) -> int:
         unknown = sorted(set(runs) - set(groups))
         if unknown:
             raise SystemExit(f"error: --groups has no group for runs {unknown[:5]}")
-        joint_group(runs, groups, outcomes, settings, args.out / "joint", n_jobs=args.jobs)
-        print((args.out / "joint" / "verdicts.md").read_text())
+        joint = joint_group(runs, groups, outcomes, settings, args.out / "joint", n_jobs=args.jobs)
+        print(joint.comparison.verdict_markdown())
         print(f"joint comparison written to {args.out / 'joint'}")
     print(f"outputs in {args.out}")
     return 0

@@ -6,8 +6,10 @@ trainmap asks what another draw of seeds would have said:
 **Bootstrap over runs** (:func:`bootstrap_map`; Efron & Tibshirani 1993, ch. 6). Each resample
 draws a fresh 80/20 split of the run ids, then draws runs with replacement within each part (a
 held-out copy of a training run would flatter the fit), re-standardises (pooled statistics of the
-drawn runs), refits every K = 1..K_max and selects K by held-out BIC exactly as the full fit does;
-it then decodes the drawn runs and reruns the detour regression. Each refit starts from the full
+drawn runs), refits every K = 1..K_max and selects K by held-out BIC with the full fit's own
+functions (:func:`refit_resample`: :func:`~trainmap.dynamics.hmm.standardise_runs`,
+:func:`~trainmap.dynamics.hmm.select_model`, each run weighted by how often it was drawn); it then
+decodes the drawn runs and reruns the detour regression. Each refit starts from the full
 fit's model at that K (its parameters re-expressed in the resample's standard units) with one EM
 run instead of R fresh restarts: the full fit already found the basin, and a resample's optimum
 lies close to it. The refit runs at most ``max_iter`` EM iterations (a k-step bootstrap, Andrews
@@ -36,6 +38,7 @@ tests of the pair, or a method has fewer than 2 runs with the quantity.
 from __future__ import annotations
 
 import math
+import os
 import time
 import warnings
 from collections.abc import Mapping, Sequence
@@ -46,14 +49,18 @@ import numpy as np
 import pandas as pd
 
 from trainmap.dynamics.hmm import (
+    ModelSelection,
+    SelectionFailed,
     TrainingHMM,
-    fit_quietly,
-    make_model,
-    pooled_statistics,
-    score_heldout,
+    in_units,
+    model_parameters,
+    select_model,
     stack,
+    standardise_runs,
+    unit_change,
 )
 from trainmap.dynamics.regression import fill_holm, regress_detours, state_distribution
+from trainmap.io import load_json
 
 NOT_ENOUGH_RUNS = "not enough runs"
 NO_EVIDENCE = "no evidence of a difference"
@@ -88,15 +95,24 @@ class BootstrapResult:
         summary["k_same"] = self.k_same
         return summary
 
+    @classmethod
+    def from_dict(cls, summary: Mapping[str, Any]) -> BootstrapResult:
+        """The result :meth:`to_dict` describes (``seconds`` NaN when the times are not there)."""
+        return cls(
+            n_resamples=summary["n_resamples"],
+            n_states=summary["n_states"],
+            k_counts={int(k): v for k, v in summary["k_counts"].items()},
+            state_found=list(summary["state_found"]),
+            detour_states=list(summary["detour_states"]),
+            detour_found={int(k): v for k, v in summary["detour_found"].items()},
+            seconds=summary.get("seconds", math.nan),
+            ks=list(summary.get("ks", [])),
+        )
 
-def _model_parameters(hmm: TrainingHMM) -> dict[int, dict[str, np.ndarray]]:
-    from trainmap.dynamics.hmm import _covars_in_own_shape
-
-    return {
-        k: {"startprob": m.startprob_, "transmat": m.transmat_, "means": m.means_,
-            "covars": _covars_in_own_shape(m)}
-        for k, m in hmm.models_.items()
-    }  # fmt: skip
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> BootstrapResult:
+        """The result saved as ``bootstrap.json`` (with its timing sidecar, when there)."""
+        return cls.from_dict(load_json(path))
 
 
 def bootstrap_map(
@@ -110,19 +126,20 @@ def bootstrap_map(
     seed: int = 0,
     n_jobs: int = 1,
     max_iter: int | None = None,
+    warm_start: bool = True,
 ) -> BootstrapResult:
     """Refit the map on ``n_resamples`` bootstrap resamples of the runs (module docstring).
 
     ``hmm`` is the fitted full map (with ``models_`` for every K); ``detour_states`` its detours;
     ``max_iter`` caps the EM iterations of each warm-started refit (default: the fit's ``n_iter``).
+    ``warm_start=False`` refits every resample as the full fit does (its restarts, from fresh
+    seeded starts): slower, for checking what the warm starts change.
     """
     started = time.perf_counter()
     payload = {
         "raw": {run: table[hmm.features_].to_numpy(dtype=float) for run, table in runs.items()},
         "n_heldout": len(hmm.heldout_runs_),
-        "standardisation": hmm.standardisation_,
-        "models": _model_parameters(hmm),
-        "settings": hmm.settings() | ({"n_iter": max_iter} if max_iter else {}),
+        "refit": Refit.of(hmm, max_iter, warm_start),
         "convergence": dict(convergence),
         "status": dict(status),
         "alpha": alpha,
@@ -161,6 +178,73 @@ def bootstrap_map(
     )
 
 
+@dataclass
+class Refit:
+    """How a resample is refitted: the full fit's standardisation, EM settings and selection, and
+    (warm starts) its model of every K. Plain values and arrays: it travels to worker processes."""
+
+    standardisation: dict[str, Any]  # the full fit's statistics (TrainingHMM.standardisation_)
+    settings: dict[str, Any]  # EM settings (TrainingHMM.settings(), n_iter capped for warm starts)
+    ks: list[int]
+    restarts: int
+    restart_rule: str
+    starts: dict[int, dict[str, np.ndarray]] | None  # K -> the full fit's parameters, or None
+
+    @classmethod
+    def of(cls, hmm: TrainingHMM, max_iter: int | None = None, warm_start: bool = True) -> Refit:
+        """The refit of ``hmm``'s resamples: warm-started from its model of every K for at most
+        ``max_iter`` EM iterations, or (``warm_start=False``) its own restarts from fresh starts."""
+        if not warm_start:
+            return cls(hmm.standardisation_, hmm.settings(), list(range(1, hmm.k_max + 1)),
+                       hmm.restarts, hmm.restart_rule, None)  # fmt: skip
+        starts = {k: model_parameters(model) for k, model in hmm.models_.items()}
+        settings = hmm.settings() | ({"n_iter": max_iter} if max_iter else {})
+        return cls(hmm.standardisation_, settings, sorted(starts), 1, hmm.restart_rule, starts)
+
+
+@dataclass
+class RefitResult:
+    """One refitted resample: its selection and its units relative to the full fit's."""
+
+    selection: ModelSelection
+    drawn: list[str]  # the runs as drawn (training, then held-out), each as often as drawn
+    z: dict[str, np.ndarray]  # the drawn runs, standardised as the resample is
+    shift: np.ndarray  # z_resample = (z_full - shift) / scale
+    scale: np.ndarray
+
+
+def refit_resample(
+    raw: Mapping[str, np.ndarray],
+    train: Mapping[str, float],
+    heldout: Mapping[str, float],
+    refit: Refit,
+) -> RefitResult:
+    """Refit a resample of the runs exactly as the full fit selects its model: standardise
+    (:func:`~trainmap.dynamics.hmm.standardise_runs`, pooled over the runs as drawn), fit every K
+    and choose K (:func:`~trainmap.dynamics.hmm.select_model`), each run of ``train`` and
+    ``heldout`` (run -> times drawn) weighted by how often it was drawn. Raises
+    :class:`~trainmap.dynamics.hmm.SelectionFailed` when no K fits."""
+    drawn = [run for part in (train, heldout) for run, count in part.items()
+             for _ in range(int(count))]  # fmt: skip
+    full = refit.standardisation
+    fallback = np.asarray(full["std"]) if full["kind"] == "pooled" else None
+    z, statistics = standardise_runs({run: raw[run] for run in set(drawn)}, full["kind"],
+                                     pooled_over=drawn, fallback_std=fallback)  # fmt: skip
+    shift, scale = unit_change(full, statistics)
+    starts = None
+    if refit.starts is not None:
+        covariance_type = refit.settings["covariance_type"]
+        starts = {k: in_units(parameters, shift, scale, covariance_type)
+                  for k, parameters in refit.starts.items()}  # fmt: skip
+    selection = select_model(
+        stack([z[run] for run in train]), stack([z[run] for run in heldout]), refit.settings,
+        refit.ks, restarts=refit.restarts, restart_rule=refit.restart_rule,
+        weights=(np.fromiter(train.values(), float), np.fromiter(heldout.values(), float)),
+        starts=starts, score_train=starts is None,
+    )  # fmt: skip
+    return RefitResult(selection, drawn, z, shift, scale)
+
+
 def _resample_chunk(indices: list[int], payload: dict[str, Any]) -> list[dict[str, Any]]:
     from threadpoolctl import threadpool_limits
 
@@ -170,50 +254,11 @@ def _resample_chunk(indices: list[int], payload: dict[str, Any]) -> list[dict[st
         return [_one_resample(b, payload) for b in indices]
 
 
-def _standardise_resample(
-    raw: Mapping[str, np.ndarray], drawn: Sequence[str], standardisation: dict[str, Any]
-) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
-    """z-scores of the drawn runs, and the (shift, scale) that map the full fit's units to them:
-    z_resample = (z_full - shift) / scale."""
-    if standardisation["kind"] == "per_run":
-        per_run = standardisation["runs"]
-        z = {run: (raw[run] - per_run[run]["mean"]) / np.asarray(per_run[run]["std"])
-             for run in set(drawn)}  # fmt: skip
-        d = next(iter(raw.values())).shape[1]
-        return z, np.zeros(d), np.ones(d)
-    full_mean = np.asarray(standardisation["mean"])
-    full_std = np.asarray(standardisation["std"])
-    mean, std = pooled_statistics([raw[run] for run in drawn])
-    std = np.where(std > 0, std, full_std)
-    z = {run: (raw[run] - mean) / std for run in set(drawn)}
-    return z, (mean - full_mean) / full_std, std / full_std
-
-
-def _warm_model(parameters: dict[str, np.ndarray], shift: np.ndarray, scale: np.ndarray,
-                settings: dict[str, Any], n_observations: int) -> Any:  # fmt: skip
-    """The full fit's model at one K, in the resample's units, ready to continue EM."""
-    n_states = len(parameters["startprob"])
-    model = make_model(n_states, settings, n_observations, init_params="")
-    model.startprob_ = parameters["startprob"].copy()
-    model.transmat_ = parameters["transmat"].copy()
-    model.means_ = (parameters["means"] - shift) / scale
-    covars = parameters["covars"]
-    if settings["covariance_type"] == "full":
-        covars = covars / scale[None, :, None] / scale[None, None, :]
-    else:
-        covars = covars / scale[None, :] ** 2
-    # As hmmlearn's M-step does: the full fit's covariances may be singular to rounding (a state
-    # of K_max holding a handful of checkpoints), which the public setter would refuse.
-    model._covars_ = covars
-    model.n_features = covars.shape[-1]
-    return model
-
-
-def _draw(ids: Sequence[str], size: int, rng: np.random.Generator) -> tuple[list[str], np.ndarray]:
-    """``size`` runs drawn with replacement: the distinct runs drawn and how often each was."""
+def _draw(ids: Sequence[str], size: int, rng: np.random.Generator) -> dict[str, float]:
+    """``size`` runs drawn with replacement: each distinct run drawn and how often it was."""
     drawn = rng.choice(np.asarray(ids, dtype=object), size=size, replace=True)
     unique, counts = np.unique(drawn.astype(str), return_counts=True)
-    return list(unique), counts.astype(float)
+    return dict(zip(unique.tolist(), counts.astype(float).tolist(), strict=True))
 
 
 def _one_resample(b: int, payload: dict[str, Any]) -> dict[str, Any]:
@@ -222,30 +267,14 @@ def _one_resample(b: int, payload: dict[str, Any]) -> dict[str, Any]:
     order = rng.permutation(len(ids))
     heldout = [ids[i] for i in order[: payload["n_heldout"]]]
     train = [ids[i] for i in order[payload["n_heldout"] :]]
-    train_runs, train_counts = _draw(train, len(train), rng)
-    heldout_runs, heldout_counts = _draw(heldout, len(heldout), rng)
-    drawn = [run for run, c in zip(train_runs, train_counts, strict=True) for _ in range(int(c))]
-    drawn += [run for run, c in zip(heldout_runs, heldout_counts, strict=True)
-              for _ in range(int(c))]  # fmt: skip
-    z, shift, scale = _standardise_resample(payload["raw"], drawn, payload["standardisation"])
-    train_data = stack([z[run] for run in train_runs])
-    heldout_data = stack([z[run] for run in heldout_runs])
-    n_train = int(train_counts @ np.asarray(train_data[1]))
-    best_k, best_bic, best_model = None, math.inf, None
-    for k, parameters in sorted(payload["models"].items()):
-        model = _warm_model(parameters, shift, scale, payload["settings"], n_train)
-        try:
-            # Continue EM on the drawn runs, weighted by how often each was drawn.
-            if fit_quietly(model, train_data, train_counts, score=False) is None:
-                continue
-            bic = score_heldout(model, heldout_data, heldout_counts)["bic"]
-        except ValueError:  # a state EM never enters any more (a transition row of zeros)
-            continue
-        if bic < best_bic:
-            best_k, best_bic, best_model = k, bic, model
-    if best_model is None:
+    train_counts = _draw(train, len(train), rng)
+    heldout_counts = _draw(heldout, len(heldout), rng)
+    try:
+        refit = refit_resample(payload["raw"], train_counts, heldout_counts, payload["refit"])
+    except SelectionFailed:
         return {"b": b, "k": -1, "matched": {}, "detours": []}
-    decoded = {run: best_model.predict(z[run]) for run in set(drawn)}
+    best_k, best_model, drawn = refit.selection.n_states, refit.selection.model, refit.drawn
+    decoded = {run: best_model.predict(refit.z[run]) for run in set(drawn)}
     keys = [f"{run}#{i}" for i, run in enumerate(drawn)]
     distributions = {key: state_distribution(decoded[run], best_k)
                      for key, run in zip(keys, drawn, strict=True)}  # fmt: skip
@@ -258,7 +287,7 @@ def _one_resample(b: int, payload: dict[str, Any]) -> dict[str, Any]:
             "ignore"
         )  # e.g. statsmodels on a resample whose runs all converge alike
         detours = regress_detours(distributions, convergence, status, alpha=payload["alpha"])
-    means_in_full_units = best_model.means_ * scale + shift
+    means_in_full_units = best_model.means_ * refit.scale + refit.shift
     return {"b": b, "k": int(best_k), "detours": detours.detour_states,
             "matched": match_by_means(payload["full_means"], means_in_full_units)}  # fmt: skip
 

@@ -34,6 +34,10 @@ and bench/hmm_select.py):
    that is K_max the BIC was still falling, which the fit reports (``at_ceiling_``, a warning, the
    JSON and the selection figure). All (K, restart) fits run in parallel with ``n_jobs`` and give
    the same numbers as serially (BLAS single-threaded inside each fit).
+   Steps 1 and 3 are one path, :func:`standardise_runs` then :func:`select_model` (which ends in
+   :func:`choose_k`): the full fit and every bootstrap refit
+   (:func:`trainmap.dynamics.certainty.refit_resample`) call them, a refit with its resample's
+   draw counts as weights and, by default, warm starts from the full fit's models.
 4. Decode runs with Viterbi; filtered posteriors p(s_t | z_1:t) come from the forward algorithm
    (:meth:`TrainingHMM.filtered_posteriors`), as appendix A's feature importance needs.
 
@@ -54,6 +58,7 @@ import math
 import os
 import warnings
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -94,6 +99,52 @@ def pooled_statistics(
     """Mean and standard deviation of every run's first ``window`` rows, pooled."""
     head = np.concatenate([values[:window] for values in tables])
     return head.mean(axis=0), head.std(axis=0)
+
+
+def standardise_runs(
+    raw: Mapping[str, np.ndarray],
+    kind: str,
+    pooled_over: Sequence[str] | None = None,
+    fallback_std: np.ndarray | None = None,
+) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """``(z, statistics)``: the z-scores of every run of ``raw`` (run -> values [T, d]) and the
+    statistics used, in the form of :attr:`TrainingHMM.standardisation_` (saved in ``hmm.json``).
+
+    The one standardisation of the full fit and of every refit (:func:`trainmap.dynamics.certainty.
+    refit_resample`). ``kind="pooled"``: one mean and SD over the first :data:`STANDARDISE_WINDOW`
+    rows of the runs ``pooled_over``, in that order (default: every run of ``raw`` once; a bootstrap
+    draw names a run as often as it was drawn), a zero SD (a feature constant in a draw) replaced by
+    ``fallback_std``. ``kind="per_run"``: each run's own first rows.
+    """
+    check_choice("standardisation", kind, STANDARDISATIONS)
+    if kind == "per_run":
+        z, per_run = {}, {}
+        for run, values in raw.items():
+            z[run], mean, std = standardise(values)
+            per_run[run] = {"mean": mean.tolist(), "std": std.tolist()}
+        return z, {"kind": "per_run", "window": STANDARDISE_WINDOW, "runs": per_run}
+    pooled_over = list(raw) if pooled_over is None else pooled_over
+    mean, std = pooled_statistics([raw[run] for run in pooled_over])
+    if fallback_std is not None:
+        std = np.where(std > 0, std, fallback_std)
+    z = {run: (values - mean) / std for run, values in raw.items()}
+    statistics = {"kind": "pooled", "window": STANDARDISE_WINDOW, "mean": mean.tolist(),
+                  "std": std.tolist()}  # fmt: skip
+    return z, statistics
+
+
+def unit_change(
+    reference: Mapping[str, Any], statistics: Mapping[str, Any]
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(shift, scale)`` between two standardisations of the same features (the statistics of
+    :func:`standardise_runs`): z = (z_reference - shift) / scale. Per-run z-scores of a run do not
+    depend on the other runs: no change."""
+    if reference["kind"] == "per_run":
+        d = len(next(iter(reference["runs"].values()))["mean"])
+        return np.zeros(d), np.ones(d)
+    reference_mean, reference_std = np.asarray(reference["mean"]), np.asarray(reference["std"])
+    mean, std = np.asarray(statistics["mean"]), np.asarray(statistics["std"])
+    return (mean - reference_mean) / reference_std, std / reference_std
 
 
 def restart_seed(random_state: int, n_states: int, restart: int) -> int:
@@ -141,9 +192,9 @@ def fit_quietly(
 ) -> float | None:
     """Fit ``model``; its training log-likelihood, or None if EM broke down.
 
-    ``weights``: run i of ``train`` counts ``weights[i]`` times (``fit_weighted``, as a bootstrap
-    draw does). ``score=False`` skips the scoring pass over ``train``: the result is then NaN for a
-    fit whose means are finite, None otherwise.
+    ``weights``: run i of ``train`` counts ``weights[i]`` times (``fit_weighted`` and the weighted
+    score, as a bootstrap draw does). ``score=False`` skips the scoring pass over ``train``: the
+    result is then NaN for a fit whose means are finite, None otherwise.
     """
     # hmmlearn logs every EM step that lowers the likelihood by rounding; fits are judged by
     # their final likelihood instead.
@@ -157,7 +208,10 @@ def fit_quietly(
                 model.fit_weighted(*train, weights)
             if not score:
                 return math.nan if np.isfinite(model.means_).all() else None
-            train_ll = model.score(*train)
+            if weights is None:
+                train_ll = model.score(*train)
+            else:
+                train_ll = model.score_weighted(*train, weights)
         except ValueError:  # EM left a state without mass (NaN parameters)
             return None
     return float(train_ll) if np.isfinite(train_ll) else None
@@ -220,22 +274,56 @@ def initialise(model: Any, train: tuple[np.ndarray, list[int]], seed: int) -> An
     return model
 
 
+def model_parameters(model: Any) -> dict[str, np.ndarray]:
+    """A fitted model's parameters as plain arrays (covariances in their own shape)."""
+    return {"startprob": model.startprob_, "transmat": model.transmat_, "means": model.means_,
+            "covars": covars_in_own_shape(model)}  # fmt: skip
+
+
+def in_units(
+    parameters: Mapping[str, np.ndarray], shift: np.ndarray, scale: np.ndarray, covariance_type: str
+) -> dict[str, np.ndarray]:
+    """``parameters`` re-expressed in other standard units, z = (z_reference - shift) / scale
+    (:func:`unit_change`)."""
+    covars = parameters["covars"]
+    if covariance_type == "full":
+        covars = covars / scale[None, :, None] / scale[None, None, :]
+    else:
+        covars = covars / scale[None, :] ** 2
+    return {"startprob": parameters["startprob"].copy(), "transmat": parameters["transmat"].copy(),
+            "means": (parameters["means"] - shift) / scale, "covars": covars}  # fmt: skip
+
+
+def start_from(model: Any, parameters: Mapping[str, np.ndarray]) -> Any:
+    """``model`` (made with ``init_params=""``) set to ``parameters``, ready to continue EM."""
+    model.startprob_ = parameters["startprob"]
+    model.transmat_ = parameters["transmat"]
+    model.means_ = parameters["means"]
+    # As hmmlearn's M-step does: a fitted model's covariances may be singular to rounding (a state
+    # of K_max holding a handful of checkpoints), which the public setter would refuse.
+    model._covars_ = parameters["covars"]
+    model.n_features = parameters["covars"].shape[-1]
+    return model
+
+
+Data = tuple[np.ndarray, list[int]]
+
+
 def _fit_restart(
-    n_states: int,
-    restart: int,
-    train: tuple[np.ndarray, list[int]],
-    heldout: tuple[np.ndarray, list[int]],
-    settings: dict[str, Any],
-) -> dict[str, Any]:
-    """One seeded restart at K = ``n_states``, scored on the held-out runs.
+    n_states: int, restart: int, train: Data, heldout: Data, settings: dict[str, Any],
+    weights: tuple[Any, Any], start: Mapping[str, np.ndarray] | None, score_train: bool,
+) -> dict[str, Any]:  # fmt: skip
+    """One fit at K = ``n_states``, scored on the held-out runs: seeded restart ``restart`` from
+    :func:`initialise` (or hmmlearn's start), or EM continued from ``start`` (a warm start).
 
     BLAS runs single-threaded: the matrices are small (threads only add synchronisation), and the
-    sums come out the same whether restarts run one after another or in parallel processes.
+    sums come out the same whether fits run one after another or in parallel processes.
     """
     from threadpoolctl import threadpool_limits
 
     with threadpool_limits(limits=1):
-        return _fit_restart_single_threaded(n_states, restart, train, heldout, settings)
+        return _fit_restart_single_threaded(n_states, restart, train, heldout, settings, weights,
+                                            start, score_train)  # fmt: skip
 
 
 # The scores of a restart that fitted nothing (no model; it never wins a selection).
@@ -244,26 +332,30 @@ _FAILED_FIT = {"model": None, "train_log_likelihood": math.nan,
 
 
 def _fit_restart_single_threaded(
-    n_states: int,
-    restart: int,
-    train: tuple[np.ndarray, list[int]],
-    heldout: tuple[np.ndarray, list[int]],
-    settings: dict[str, Any],
-) -> dict[str, Any]:
+    n_states: int, restart: int, train: Data, heldout: Data, settings: dict[str, Any],
+    weights: tuple[Any, Any], start: Mapping[str, np.ndarray] | None, score_train: bool,
+) -> dict[str, Any]:  # fmt: skip
     seed = restart_seed(settings["random_state"], n_states, restart)
     if n_states > len(train[0]):  # more states than training observations: nothing to fit
         return {"n_states": n_states, "restart": restart, "iterations": 0,
                 "converged": False} | _FAILED_FIT  # fmt: skip
-    model = make_model(n_states, settings, len(train[0]), random_state=seed)
-    if settings["init"] == "sticky":
-        model = initialise(model, train, seed)
-    train_ll = fit_quietly(model, train)
+    train_weights, heldout_weights = weights
+    n_observations = (len(train[0]) if train_weights is None
+                      else int(np.asarray(train_weights) @ np.asarray(train[1])))  # fmt: skip
+    if start is not None:
+        model = start_from(make_model(n_states, settings, n_observations, random_state=seed,
+                                      init_params=""), start)  # fmt: skip
+    else:
+        model = make_model(n_states, settings, n_observations, random_state=seed)
+        if settings["init"] == "sticky":
+            model = initialise(model, train, seed)
+    train_ll = fit_quietly(model, train, train_weights, score=score_train)
     row = {"n_states": n_states, "restart": restart, "iterations": int(model.monitor_.iter),
            "converged": bool(model.monitor_.converged and model.monitor_.iter < model.n_iter)}  # fmt: skip
     if train_ll is None:
         return row | _FAILED_FIT
     try:
-        scores = score_heldout(model, heldout)
+        scores = score_heldout(model, heldout, heldout_weights)
     except ValueError:  # EM left a state that is never entered (a transition row of zeros)
         return row | _FAILED_FIT
     return row | {"model": model, "train_log_likelihood": train_ll} | scores
@@ -271,22 +363,28 @@ def _fit_restart_single_threaded(
 
 def fit_restarts(
     tasks: Sequence[tuple[int, int]],
-    train: tuple[np.ndarray, list[int]],
-    heldout: tuple[np.ndarray, list[int]],
+    train: Data,
+    heldout: Data,
     settings: dict[str, Any],
     n_jobs: int,
+    weights: tuple[Any, Any] = (None, None),
+    starts: Mapping[int, Mapping[str, np.ndarray]] | None = None,
+    score_train: bool = True,
 ) -> list[dict[str, Any]]:
     """Every (K, restart) fit, serially or in parallel processes (the same numbers either way)."""
     # Larger K take longest: start them first so the parallel workers finish together.
     order = sorted(tasks, key=lambda task: (-task[0], task[1]))
+    arguments = [(k, r, train, heldout, settings, weights, starts[k] if starts else None,
+                  score_train) for k, r in order]  # fmt: skip
     if n_jobs == 1:
-        fits = [_fit_restart(k, r, train, heldout, settings) for k, r in order]
+        from threadpoolctl import threadpool_limits
+
+        with threadpool_limits(limits=1):  # once: entering the limits costs ~2 ms
+            fits = [_fit_restart_single_threaded(*args) for args in arguments]
     else:
         from joblib import Parallel, delayed
 
-        fits = Parallel(n_jobs=n_jobs)(
-            delayed(_fit_restart)(k, r, train, heldout, settings) for k, r in order
-        )
+        fits = Parallel(n_jobs=n_jobs)(delayed(_fit_restart)(*args) for args in arguments)
     return sorted(fits, key=lambda fit: (fit["n_states"], fit["restart"]))
 
 
@@ -315,6 +413,80 @@ def selection_curve(fits: Sequence[dict[str, Any]], restart_rule: str) -> pd.Dat
             row["bic"] = best["bic"] if restart_rule == "best" else row["bic_mean"]
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+class SelectionFailed(ValueError):
+    """No K could be fitted and scored (every fit lost its states, or none could be scored)."""
+
+
+def choose_k(selection: pd.DataFrame) -> int:
+    """The K with the lowest criterion ``bic`` (the smaller K on a tie)."""
+    finite = selection[np.isfinite(selection["bic"])]
+    if finite.empty:
+        raise SelectionFailed("no K could be scored: every restart of every K failed")
+    best = finite.sort_values(["bic", "n_states"], kind="stable").iloc[0]
+    return int(best["n_states"])
+
+
+@dataclass
+class ModelSelection:
+    """What :func:`select_model` found: every fit, the selection curve, each K's model, the K."""
+
+    restarts: pd.DataFrame  # one row per (K, restart) fit, without its model
+    curve: pd.DataFrame  # one row per K (selection_curve)
+    models: dict[int, Any]  # K -> its best restart's model
+    n_states: int  # the chosen K
+
+    @property
+    def model(self) -> Any:
+        """The chosen K's model."""
+        return self.models[self.n_states]
+
+
+def select_model(
+    train: Data,
+    heldout: Data,
+    settings: dict[str, Any],
+    ks: Sequence[int],
+    *,
+    restarts: int = 1,
+    restart_rule: str = "best",
+    n_jobs: int = 1,
+    weights: tuple[Any, Any] = (None, None),
+    starts: Mapping[int, Mapping[str, np.ndarray]] | None = None,
+    score_train: bool = True,
+) -> ModelSelection:
+    """Fit every K of ``ks`` on the standardised training runs, score each on the held-out runs and
+    choose K by held-out BIC: the one selection of the full fit (:meth:`TrainingHMM.fit`) and of
+    every bootstrap refit (:func:`trainmap.dynamics.certainty.refit_resample`).
+
+    ``restarts`` seeded restarts per K, K's model its best by training log-likelihood and K's score
+    by ``restart_rule`` (:func:`selection_curve`); ``weights`` = (training, held-out) counts per
+    run (a bootstrap draw; None: each run once). ``starts`` (K -> parameters in the standard units
+    of ``train``) warm-starts each K from those parameters with one EM run instead of fresh
+    restarts; ``score_train=False`` then skips the training log-likelihood, which only picks among
+    restarts. Raises :class:`SelectionFailed` when no K could be fitted and scored.
+    """
+    if starts is not None and (restarts != 1 or set(ks) - set(starts)):
+        raise ValueError("a warm-started selection runs one EM fit per K and needs a start for "
+                         "every K")  # fmt: skip
+    if not score_train and restarts > 1:
+        raise ValueError("choosing among restarts needs their training log-likelihood")
+    tasks = [(k, r) for k in ks for r in range(restarts)]
+    fits = fit_restarts(tasks, train, heldout, settings, n_jobs, weights, starts, score_train)
+    curve = selection_curve(fits, restart_rule)
+    models = {}
+    for row in curve.itertuples():
+        if row.restart >= 0:
+            models[row.n_states] = next(
+                f["model"] for f in fits
+                if f["n_states"] == row.n_states and f["restart"] == row.restart
+            )  # fmt: skip
+    if not models:
+        raise SelectionFailed("every HMM fit failed (EM lost all states); the runs may be too "
+                              "short or the features degenerate")  # fmt: skip
+    table = pd.DataFrame([{k: v for k, v in f.items() if k != "model"} for f in fits])
+    return ModelSelection(table, curve, models, choose_k(curve))
 
 
 class TrainingHMM:
@@ -371,26 +543,17 @@ class TrainingHMM:
         self.train_runs_, self.heldout_runs_ = holdout_split(
             list(runs), self.holdout, self.random_state
         )
-        self._set_standardisation(runs)
-        standardised = {run: self.transform(table) for run, table in runs.items()}
-        train = stack([standardised[run] for run in self.train_runs_])
-        heldout = stack([standardised[run] for run in self.heldout_runs_])
-        tasks = [(k, r) for k in range(1, self.k_max + 1) for r in range(self.restarts)]
-        fits = fit_restarts(tasks, train, heldout, self.settings(), self.n_jobs)
-        self.restarts_ = pd.DataFrame([{k: v for k, v in f.items() if k != "model"} for f in fits])
-        self.selection_ = selection_curve(fits, self.restart_rule)
-        self.models_ = {}
-        for row in self.selection_.itertuples():
-            if row.restart >= 0:
-                self.models_[row.n_states] = next(
-                    f["model"] for f in fits
-                    if f["n_states"] == row.n_states and f["restart"] == row.restart
-                )  # fmt: skip
-        if not self.models_:
-            raise ValueError("every HMM fit failed (EM lost all states); the runs may be too short "
-                             "or the features degenerate")  # fmt: skip
-        self.n_states_ = choose_k(self.selection_)
-        self.model_ = self.models_[self.n_states_]
+        raw = {run: table[self.features_].to_numpy(dtype=float) for run, table in runs.items()}
+        standardised, self.standardisation_ = standardise_runs(raw, self.standardisation)
+        selection = select_model(
+            stack([standardised[run] for run in self.train_runs_]),
+            stack([standardised[run] for run in self.heldout_runs_]),
+            self.settings(), range(1, self.k_max + 1), restarts=self.restarts,
+            restart_rule=self.restart_rule, n_jobs=self.n_jobs,
+        )  # fmt: skip
+        self.restarts_, self.selection_ = selection.restarts, selection.curve
+        self.models_, self.n_states_ = selection.models, selection.n_states
+        self.model_ = selection.model
         self.at_ceiling_ = bool(self.k_max > 1 and self.n_states_ == self.k_max)
         if self.at_ceiling_:
             warnings.warn(self.ceiling_message(), stacklevel=2)
@@ -482,20 +645,6 @@ class TrainingHMM:
             return ""
         reasons = "; ".join(f"{f}: {why}" for f, why in self.dropped_features_.items())
         return f"Features left out of the HMM: {reasons}."
-
-    def _set_standardisation(self, runs: Mapping[str, pd.DataFrame]) -> None:
-        if self.standardisation == "pooled":
-            mean, std = pooled_statistics(
-                [table[self.features_].to_numpy(dtype=float) for table in runs.values()]
-            )
-            self.standardisation_ = {"kind": "pooled", "window": STANDARDISE_WINDOW,
-                                     "mean": mean.tolist(), "std": std.tolist()}  # fmt: skip
-            return
-        per_run = {}
-        for run, table in runs.items():
-            _, mean, std = standardise(table[self.features_].to_numpy(dtype=float))
-            per_run[run] = {"mean": mean.tolist(), "std": std.tolist()}
-        self.standardisation_ = {"kind": "per_run", "window": STANDARDISE_WINDOW, "runs": per_run}
 
     # --- using a fitted model ------------------------------------------------------------------
 
@@ -599,7 +748,7 @@ class TrainingHMM:
             "startprob": self.model_.startprob_,
             "transmat": self.model_.transmat_,
             "means": self.model_.means_,
-            "covars": _covars_in_own_shape(self.model_),
+            "covars": covars_in_own_shape(self.model_),
         }
         write_atomic(npz_path, lambda tmp: _save_npz(tmp, arrays))
         meta = {
@@ -657,16 +806,7 @@ def _some_runs(runs: Sequence[str], total: int) -> str:
     return f"run{'s' * (len(runs) > 1)} {shown} ({len(runs)} of {total})"
 
 
-def choose_k(selection: pd.DataFrame) -> int:
-    """The K with the lowest criterion ``bic`` (the smaller K on a tie)."""
-    finite = selection[np.isfinite(selection["bic"])]
-    if finite.empty:
-        raise ValueError("no K could be scored: every restart of every K failed")
-    best = finite.sort_values(["bic", "n_states"], kind="stable").iloc[0]
-    return int(best["n_states"])
-
-
-def _covars_in_own_shape(model: Any) -> np.ndarray:
+def covars_in_own_shape(model: Any) -> np.ndarray:
     """The covariances in the shape the ``covars_`` setter of the covariance type takes."""
     full = model.covars_  # hmmlearn's getter always returns [K, d, d]
     kind = model.covariance_type

@@ -38,6 +38,7 @@ from trainmap.dynamics.regression import (
     state_distribution,
     trajectory_dissimilarity,
 )
+from trainmap.dynamics.settings import with_defaults
 
 
 @dataclass
@@ -124,10 +125,8 @@ def compare_groups(
     """Fit ``hmm`` (unfitted, configured) on the pooled runs and compare the groups.
 
     ``settings``: the analysis settings used here (``alpha``, ``dissimilarity``, ``permutations``,
-    ``confidence``, ``seed``; :data:`trainmap.dynamics.pipeline.ANALYSIS_DEFAULTS` fills the rest).
+    ``confidence``, ``seed``; :data:`trainmap.dynamics.settings.ANALYSIS_DEFAULTS` fills the rest).
     """
-    from trainmap.dynamics.pipeline import with_defaults
-
     settings = with_defaults(settings or {})
     hmm.fit(runs)
     states = hmm.decode(runs)

@@ -1,39 +1,46 @@
-"""The analysis steps on files: what the workflow's rules and the command line both run.
+"""The analysis steps: what the workflow's rules and the command line both run.
 
-Each step reads per-run metric tables (the format of :mod:`trainmap.dynamics.metrics`) and writes a
-fixed set of files into one directory:
+Each step takes per-run metric tables (the format of :mod:`trainmap.dynamics.metrics`, read by
+:func:`trainmap.dynamics.tables.read_metric_table`, which stops at a damaged one) and returns one
+result object (after statsmodels' results classes). Its ``write(out_dir, title)`` writes a fixed set
+of files into one directory, draws the figures and keeps their captions (``captions``: figure name
+-> caption); a step given ``out_dir`` writes its result there. Jobs log from the result, never from
+the files it just wrote.
 
-``fit_group`` (rule ``fit_hmm``)
+:func:`fit_group` -> :class:`GroupFit` (rule ``fit_hmm``)
+    the fitted HMM and every run's decoded states, the appendix C baselines, the detour regression
+    of the full map and the bootstrap over runs (:mod:`trainmap.dynamics.certainty`). Writes
     ``hmm.npz`` + ``hmm.json`` (the fitted model; ``selection_at_ceiling`` when the BIC was still
     falling at K_max), ``selection.csv`` (per K: train/held-out log-likelihood, BIC of the best
-    restart, mean and SD over restarts, AIC), ``baselines.csv`` (appendix C, table 4 form:
-    k-means, HMM-1, HMM), ``selection.png``, ``states.csv`` (run, step, state: every run's Viterbi
-    sequence), ``state_means.csv`` (per state, z-units and original units), ``states.png``, and the
-    bootstrap over runs (:mod:`trainmap.dynamics.certainty`): ``bootstrap.json``, ``bootstrap.png``.
-``map_group`` (rule ``training_map``)
-    ``map.json``, ``map.png``, ``map.svg``.
-``regress_group`` (rule ``regress_detours``)
+    restart, mean and SD over restarts, AIC), ``baselines.csv`` (appendix C, table 4 form: k-means,
+    HMM-1, HMM), ``selection.png``, ``states.csv`` (run, step, state: every run's Viterbi sequence),
+    ``state_means.csv`` (per state, z-units and original units), ``states.png``,
+    ``bootstrap.json``, ``bootstrap.png``.
+:func:`regress_group` -> :class:`GroupRegression` (rule ``regress_detours``)
     ``detours.json`` (R^2 and adjusted R^2, F-test p, or why no regression was fitted; detour
     states with how often the bootstrap finds each again; dissimilarity and its ground metric;
     excluded runs), ``coefficients.csv``, ``coefficients.png``, ``convergence.png``.
-``joint_group`` (rule ``joint_comparison``)
+:func:`map_group` -> :class:`GroupMap` (rule ``training_map``)
+    ``map.json``, ``map.png``, ``map.svg``.
+:func:`joint_group` -> :class:`JointResult` (rule ``joint_comparison``)
     ``verdicts.csv`` / ``verdicts.md`` / ``verdicts.png`` (per method pair: effect, interval, p,
     verdict), ``joint.json``, ``occupancy.png``, ``convergence.png``, ``map.png``, ``map.svg``,
     ``regression.csv``, ``bootstrap.json`` and the shared model (``hmm.npz``, ``hmm.json``,
     ``states.csv``).
 
-Every step returns the captions of the figures it drew (figure name -> caption). A feature the HMM
-leaves out (a model without biases has no bias metrics) is named with the reason in ``hmm.json`` and
-``joint.json`` (``dropped_features``), in ``verdicts.md`` and in the captions of the selection
-figure and the maps. The steps take metric tables as read by
-:func:`trainmap.dynamics.tables.read_metric_table`, which stops at a damaged one.
+The later steps of a group build on its fit: the command line passes :func:`fit_group`'s result on
+in memory (its regression and bootstrap included); a workflow rule reads what the fit rule wrote
+(:meth:`FittedMap.load`, :meth:`~trainmap.dynamics.certainty.BootstrapResult.load`). A feature the
+HMM leaves out (a model without biases has no bias metrics) is named with the reason in ``hmm.json``
+and ``joint.json`` (``dropped_features``), in ``verdicts.md`` and in the captions of the selection
+figure and the maps.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -43,38 +50,36 @@ import pandas as pd
 from trainmap.dynamics import plots
 from trainmap.dynamics.certainty import BootstrapResult, bootstrap_map
 from trainmap.dynamics.hmm import TrainingHMM, baseline_table
-from trainmap.dynamics.joint import compare_groups
+from trainmap.dynamics.joint import JointComparison, compare_groups
 from trainmap.dynamics.regression import (
     DetourRegression,
     regress_detours,
     state_distribution,
     trajectory_dissimilarity,
 )
-from trainmap.dynamics.training_map import build_training_map, draw_training_map
-from trainmap.io import load_json, save_json, write_atomic
+from trainmap.dynamics.settings import ANALYSIS_DEFAULTS, HMM_SETTINGS, make_hmm, with_defaults
+from trainmap.dynamics.training_map import TrainingMap, build_training_map, draw_training_map
+from trainmap.io import save_json, write_atomic
 
-HMM_SETTINGS = ("k_max", "restarts", "holdout", "covariance_type", "standardisation",
-                "restart_rule", "init", "n_iter", "tol", "min_covar", "n_jobs", "features")  # fmt: skip
-#: The analysis settings and their defaults (params.yaml ``analysis`` documents each).
-ANALYSIS_DEFAULTS = {
-    "k_max": 8,
-    "restarts": 5,
-    "holdout": 0.2,
-    "seed": 0,
-    "covariance_type": "full",
-    "standardisation": "pooled",
-    "restart_rule": "best",
-    "init": "sticky",
-    "n_iter": 500,
-    "tol": 1e-3,
-    "baseline_k_max": 16,
-    "alpha": 0.05,
-    "dissimilarity": "total_variation",
-    "bootstrap": 200,
-    "bootstrap_iter": 10,
-    "permutations": 2000,
-    "confidence": 0.95,
-}
+__all__ = [
+    "ANALYSIS_DEFAULTS",
+    "HMM_SETTINGS",
+    "FittedMap",
+    "GroupFit",
+    "GroupMap",
+    "GroupRegression",
+    "JointResult",
+    "Outcomes",
+    "convergence_from_tables",
+    "fit_group",
+    "joint_group",
+    "make_hmm",
+    "map_group",
+    "read_states",
+    "regress_group",
+    "states_table",
+    "with_defaults",
+]
 
 
 @dataclass
@@ -85,23 +90,11 @@ class Outcomes:
     status: dict[str, str]
 
 
-def with_defaults(settings: Mapping[str, Any]) -> dict[str, Any]:
-    """``settings`` completed with :data:`ANALYSIS_DEFAULTS`."""
-    return ANALYSIS_DEFAULTS | dict(settings)
-
-
-def make_hmm(settings: Mapping[str, Any]) -> TrainingHMM:
-    """An unfitted :class:`TrainingHMM` from analysis settings (``seed`` is the random state)."""
-    settings = with_defaults(settings)
-    kwargs = {key: settings[key] for key in HMM_SETTINGS if key in settings}
-    return TrainingHMM(random_state=settings["seed"], **kwargs)
-
-
 def convergence_from_tables(
     runs: Mapping[str, pd.DataFrame], threshold: float
 ) -> dict[str, int | None]:
     """First step whose ``test_acc`` reaches ``threshold``, per run (None: never)."""
-    from trainmap.evaluate import convergence_step
+    from trainmap.evaluation import convergence_step
 
     return {run: convergence_step(table, threshold) for run, table in runs.items()}
 
@@ -110,15 +103,12 @@ def _write_csv(frame: pd.DataFrame, path: Path) -> None:
     write_atomic(path, lambda tmp: frame.to_csv(tmp, index=False))
 
 
-def states_table(
-    states: Mapping[str, np.ndarray], runs: Mapping[str, pd.DataFrame]
-) -> pd.DataFrame:
-    """Long format: run, step, state."""
+def states_table(states: Mapping[str, np.ndarray], steps: Mapping[str, np.ndarray]) -> pd.DataFrame:
+    """Long format: run, step, state (``steps``: run -> its checkpoints' steps)."""
     return pd.concat(
-        [pd.DataFrame({"run": run, "step": runs[run]["step"].to_numpy(), "state": s})
-         for run, s in states.items()],
+        [pd.DataFrame({"run": run, "step": steps[run], "state": s}) for run, s in states.items()],
         ignore_index=True,
-    )  # fmt: skip
+    )
 
 
 def read_states(path: str | os.PathLike) -> dict[str, np.ndarray]:
@@ -127,46 +117,105 @@ def read_states(path: str | os.PathLike) -> dict[str, np.ndarray]:
     return {run: group["state"].to_numpy() for run, group in frame.groupby("run", sort=False)}
 
 
+def _steps(runs: Mapping[str, pd.DataFrame]) -> dict[str, np.ndarray]:
+    return {run: table["step"].to_numpy() for run, table in runs.items()}
+
+
+def _with_note(caption: str, hmm: TrainingHMM) -> str:
+    """``caption`` and the sentence naming the features the HMM left out, if any."""
+    return f"{caption} {hmm.dropped_note()}".rstrip()
+
+
+def _detour_regression(
+    hmm: TrainingHMM, states: Mapping[str, np.ndarray], outcomes: Outcomes, alpha: float
+) -> DetourRegression:
+    distributions = {run: state_distribution(s, hmm.n_states_) for run, s in states.items()}
+    return regress_detours(distributions, outcomes.convergence, outcomes.status, alpha=alpha)
+
+
+# --- one group: fit, regression, map ----------------------------------------------------------
+
+
+@dataclass
+class FittedMap:
+    """A group's fitted HMM and every run's decoded states: what its later steps build on."""
+
+    hmm: TrainingHMM
+    states: dict[str, np.ndarray]
+
+    @classmethod
+    def load(cls, directory: str | os.PathLike) -> FittedMap:
+        """The fit :class:`GroupFit` wrote to ``directory`` (``hmm.npz``, ``hmm.json``,
+        ``states.csv``): a later rule's input."""
+        directory = Path(directory)
+        hmm = TrainingHMM.load(directory / "hmm.npz", directory / "hmm.json")
+        return cls(hmm, read_states(directory / "states.csv"))
+
+
+@dataclass(kw_only=True)
+class GroupFit(FittedMap):
+    """:func:`fit_group`'s result: the fitted map, its baselines, the detour regression of the full
+    map (whose detours the bootstrap looks for) and the bootstrap over runs."""
+
+    steps: dict[str, np.ndarray]  # run -> its checkpoints' steps
+    convergence: dict[str, int | None]
+    baselines: pd.DataFrame  # appendix C, table 4 form
+    baseline_curves: dict[str, pd.DataFrame]  # model -> its selection curve
+    state_means: pd.DataFrame  # per state, z-units and original units
+    regression: DetourRegression
+    bootstrap: BootstrapResult
+    captions: dict[str, str] = field(default_factory=dict)
+
+    def write(self, out_dir: str | os.PathLike, title: str = "") -> dict[str, str]:
+        """Write the fit's files and figures to ``out_dir`` (module docstring); the captions."""
+        out, hmm = Path(out_dir), self.hmm
+        hmm.save(out / "hmm.npz", out / "hmm.json")
+        _write_csv(hmm.selection_, out / "selection.csv")
+        _write_csv(self.baselines, out / "baselines.csv")
+        _write_csv(states_table(self.states, self.steps), out / "states.csv")
+        _write_csv(self.state_means, out / "state_means.csv")
+        save_json(self.bootstrap.to_dict(), out / "bootstrap.json")
+        selection = plots.plot_selection(self.baseline_curves, hmm.n_states_, out / "selection.png",
+                                         title=title, at_ceiling=hmm.at_ceiling_)  # fmt: skip
+        self.captions = {
+            "selection.png": _with_note(selection, hmm),
+            "states.png": plots.plot_state_sequences(
+                self.states,
+                self.steps,
+                self.convergence,
+                hmm.n_states_,
+                out / "states.png",
+                title=title,
+            ),
+            "bootstrap.png": plots.plot_bootstrap(
+                self.bootstrap, out / "bootstrap.png", title=title
+            ),
+        }
+        return self.captions
+
+
 def fit_group(
     runs: Mapping[str, pd.DataFrame], outcomes: Outcomes, settings: Mapping[str, Any],
-    out_dir: str | os.PathLike, title: str = "", n_jobs: int = 1,
-) -> dict[str, str]:  # fmt: skip
-    """Fit the training-map HMM of one group, its baselines and its bootstrap (module docstring)."""
+    out_dir: str | os.PathLike | None = None, title: str = "", n_jobs: int = 1,
+) -> GroupFit:  # fmt: skip
+    """Fit the training-map HMM of one group, its baselines, its detour regression and its
+    bootstrap (module docstring); written to ``out_dir`` when given."""
     settings = with_defaults(settings)
-    out = Path(out_dir)
     hmm = make_hmm(settings | {"n_jobs": n_jobs}).fit(runs)
-    hmm.save(out / "hmm.npz", out / "hmm.json")
-    _write_csv(hmm.selection_, out / "selection.csv")
-    table, curves = baseline_table(hmm, runs, k_max=settings["baseline_k_max"])
+    baselines, curves = baseline_table(hmm, runs, k_max=settings["baseline_k_max"])
     curves["HMM"] = hmm.selection_
-    _write_csv(table, out / "baselines.csv")
     states = hmm.decode(runs)
-    _write_csv(states_table(states, runs), out / "states.csv")
     z_means = hmm.state_means().add_suffix("_z")
     raw_means = hmm.state_means_original(runs, states)
-    _write_csv(pd.concat([z_means, raw_means], axis=1).reset_index(), out / "state_means.csv")
-    detours = _regression(hmm, states, outcomes, settings)
-    bootstrap = run_bootstrap(hmm, runs, outcomes, detours, settings, n_jobs)
-    save_json(bootstrap.to_dict(), out / "bootstrap.json")
-    steps = {run: table["step"].to_numpy() for run, table in runs.items()}
-    selection = plots.plot_selection(curves, hmm.n_states_, out / "selection.png", title=title,
-                                     at_ceiling=hmm.at_ceiling_)  # fmt: skip
-    return {
-        "selection.png": _with_note(selection, hmm),
-        "states.png": plots.plot_state_sequences(
-            states, steps, outcomes.convergence, hmm.n_states_, out / "states.png", title=title
-        ),  # fmt: skip
-        "bootstrap.png": plots.plot_bootstrap(bootstrap, out / "bootstrap.png", title=title),
-    }
-
-
-def _regression(
-    hmm: TrainingHMM, states: Mapping[str, np.ndarray], outcomes: Outcomes,
-    settings: Mapping[str, Any],
-) -> DetourRegression:  # fmt: skip
-    distributions = {run: state_distribution(s, hmm.n_states_) for run, s in states.items()}
-    return regress_detours(distributions, outcomes.convergence, outcomes.status,
-                           alpha=settings["alpha"])  # fmt: skip
+    state_means = pd.concat([z_means, raw_means], axis=1).reset_index()
+    regression = _detour_regression(hmm, states, outcomes, settings["alpha"])
+    bootstrap = run_bootstrap(hmm, runs, outcomes, regression, settings, n_jobs)
+    result = GroupFit(hmm, states, steps=_steps(runs), convergence=dict(outcomes.convergence),
+                      baselines=baselines, baseline_curves=curves, state_means=state_means,
+                      regression=regression, bootstrap=bootstrap)  # fmt: skip
+    if out_dir is not None:
+        result.write(out_dir, title)
+    return result
 
 
 def run_bootstrap(
@@ -180,69 +229,71 @@ def run_bootstrap(
                          max_iter=settings["bootstrap_iter"])  # fmt: skip
 
 
-def load_fit(directory: str | os.PathLike) -> tuple[TrainingHMM, dict[str, np.ndarray]]:
-    """The fitted HMM and the decoded states written by :func:`fit_group`."""
-    directory = Path(directory)
-    hmm = TrainingHMM.load(directory / "hmm.npz", directory / "hmm.json")
-    return hmm, read_states(directory / "states.csv")
+@dataclass
+class GroupRegression:
+    """:func:`regress_group`'s result: the detour regression, and ``summary`` (``detours.json``:
+    the regression with K, the detours the bootstrap finds again, the dissimilarity, forking)."""
 
+    regression: DetourRegression
+    summary: dict[str, Any]
+    outcomes: Outcomes
+    captions: dict[str, str] = field(default_factory=dict)
 
-def map_group(
-    runs: Mapping[str, pd.DataFrame], outcomes: Outcomes, fit_dir: str | os.PathLike,
-    out_dir: str | os.PathLike, title: str = "", detour_states: list[int] | None = None,
-) -> dict[str, str]:  # fmt: skip
-    """Build and draw the training map of a fitted group."""
-    out = Path(out_dir)
-    hmm, states = load_fit(fit_dir)
-    training_map = build_training_map(hmm, runs, states, outcomes.convergence)
-    training_map.save(out / "map.json")
-    caption = draw_training_map(training_map, out / "map.png", out / "map.svg", title=title,
-                                detour_states=detour_states)  # fmt: skip
-    return {"map.png": _with_note(caption, hmm)}
+    @property
+    def detour_states(self) -> list[int]:
+        """The detour states of the group's map."""
+        return self.regression.detour_states
 
-
-def _with_note(caption: str, hmm: TrainingHMM) -> str:
-    """``caption`` and the sentence naming the features the HMM left out, if any."""
-    return f"{caption} {hmm.dropped_note()}".rstrip()
+    def write(self, out_dir: str | os.PathLike, title: str = "") -> dict[str, str]:
+        """Write ``detours.json``, ``coefficients.csv`` and the figures; the captions."""
+        out = Path(out_dir)
+        save_json(self.summary, out / "detours.json")
+        _write_csv(self.regression.coefficients, out / "coefficients.csv")
+        self.captions = {
+            "coefficients.png": plots.plot_coefficients(
+                self.regression.coefficients,
+                out / "coefficients.png",
+                title=title,
+                note=self.regression.not_fitted,
+            ),
+            "convergence.png": plots.plot_convergence_histogram(
+                self.outcomes.convergence,
+                self.outcomes.status,
+                out / "convergence.png",
+                title=title,
+            ),
+        }
+        return self.captions
 
 
 def regress_group(
-    outcomes: Outcomes, fit_dir: str | os.PathLike, out_dir: str | os.PathLike, title: str = "",
-    settings: Mapping[str, Any] | None = None,
-) -> dict[str, str]:  # fmt: skip
+    fit: FittedMap, outcomes: Outcomes, settings: Mapping[str, Any] | None = None, *,
+    regression: DetourRegression | None = None, bootstrap: BootstrapResult | None = None,
+    out_dir: str | os.PathLike | None = None, title: str = "",
+) -> GroupRegression:  # fmt: skip
     """Detour regression and trajectory dissimilarity of a fitted group; each detour carries how
-    often the bootstrap (``bootstrap.json`` beside the fit) finds it again."""
+    often ``bootstrap`` finds it again. ``regression``: the fit's own (:attr:`GroupFit.regression`),
+    else it is fitted here on the decoded states (a workflow rule after the fit's)."""
     settings = with_defaults(settings or {})
-    out = Path(out_dir)
-    hmm, states = load_fit(fit_dir)
-    result = _regression(hmm, states, outcomes, settings)
+    hmm, states = fit.hmm, fit.states
+    if regression is None:
+        regression = _detour_regression(hmm, states, outcomes, settings["alpha"])
     distributions = {run: state_distribution(s, hmm.n_states_) for run, s in states.items()}
-    bootstrap_path = Path(fit_dir) / "bootstrap.json"
     found_again = {}
-    if bootstrap_path.exists():
-        found = load_json(bootstrap_path)["detour_found"]
-        found_again = {str(d): found.get(str(d)) for d in result.detour_states}
-    summary = result.to_dict() | {
+    if bootstrap is not None:
+        found_again = {str(d): bootstrap.detour_found.get(d) for d in regression.detour_states}
+    summary = regression.to_dict() | {
         "n_states": hmm.n_states_,
         "selection_at_ceiling": bool(getattr(hmm, "at_ceiling_", False)),
         "detours_found_again": found_again,
         "dissimilarity": trajectory_dissimilarity(distributions, settings["dissimilarity"]),
         "dissimilarity_ground_metric": settings["dissimilarity"],
-        "forking": bool(result.detour_states) or _forks(states),
+        "forking": bool(regression.detour_states) or _forks(states),
     }
-    save_json(summary, out / "detours.json")
-    _write_csv(result.coefficients, out / "coefficients.csv")
-    return {
-        "coefficients.png": plots.plot_coefficients(
-            result.coefficients,
-            out / "coefficients.png",
-            title=title,
-            note=result.not_fitted,
-        ),  # fmt: skip
-        "convergence.png": plots.plot_convergence_histogram(
-            outcomes.convergence, outcomes.status, out / "convergence.png", title=title
-        ),
-    }
+    result = GroupRegression(regression, summary, outcomes)
+    if out_dir is not None:
+        result.write(out_dir, title)
+    return result
 
 
 def _forks(states: Mapping[str, np.ndarray]) -> bool:
@@ -255,35 +306,119 @@ def _forks(states: Mapping[str, np.ndarray]) -> bool:
     return any(len(targets) > 1 for targets in successors.values())
 
 
+@dataclass
+class GroupMap:
+    """:func:`map_group`'s result: the training map and the detour states it highlights."""
+
+    training_map: TrainingMap
+    detour_states: list[int] | None
+    dropped_note: str  # the features the HMM left out, and why ("" when none was)
+    captions: dict[str, str] = field(default_factory=dict)
+
+    def write(self, out_dir: str | os.PathLike, title: str = "") -> dict[str, str]:
+        """Write ``map.json`` and draw ``map.png`` / ``map.svg``; the captions."""
+        out = Path(out_dir)
+        self.training_map.save(out / "map.json")
+        caption = draw_training_map(self.training_map, out / "map.png", out / "map.svg",
+                                    title=title, detour_states=self.detour_states)  # fmt: skip
+        self.captions = {"map.png": f"{caption} {self.dropped_note}".rstrip()}
+        return self.captions
+
+
+def map_group(
+    fit: FittedMap, runs: Mapping[str, pd.DataFrame], outcomes: Outcomes,
+    detour_states: list[int] | None = None, out_dir: str | os.PathLike | None = None,
+    title: str = "",
+) -> GroupMap:  # fmt: skip
+    """The training map of a fitted group, ``detour_states`` highlighted."""
+    training_map = build_training_map(fit.hmm, runs, fit.states, outcomes.convergence)
+    result = GroupMap(training_map, detour_states, fit.hmm.dropped_note())
+    if out_dir is not None:
+        result.write(out_dir, title)
+    return result
+
+
+# --- joint comparison --------------------------------------------------------------------------
+
+
+@dataclass
+class JointResult:
+    """:func:`joint_group`'s result: the comparison on the shared map (fit, states, regressions,
+    verdicts), its bootstrap and the shared training map."""
+
+    comparison: JointComparison
+    bootstrap: BootstrapResult
+    training_map: TrainingMap
+    steps: dict[str, np.ndarray]  # run -> its checkpoints' steps
+    captions: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def hmm(self) -> TrainingHMM:
+        """The shared HMM."""
+        return self.comparison.hmm
+
+    @property
+    def states(self) -> dict[str, np.ndarray]:
+        """Every run's decoded states on the shared map."""
+        return self.comparison.states
+
+    @property
+    def detour_states(self) -> list[int]:
+        """The detour states of the pooled regression."""
+        return self.comparison.detours.detour_states
+
+    def summary(self) -> dict[str, Any]:
+        """``joint.json``: the comparison's summary and the bootstrap."""
+        return self.comparison.summary() | {"bootstrap": self.bootstrap.to_dict()}
+
+    def write(self, out_dir: str | os.PathLike, title: str = "") -> dict[str, str]:
+        """Write the comparison's files and figures to ``out_dir`` (module docstring); the
+        captions."""
+        out, comparison = Path(out_dir), self.comparison
+        comparison.hmm.save(out / "hmm.npz", out / "hmm.json")
+        _write_csv(states_table(comparison.states, self.steps), out / "states.csv")
+        save_json(self.bootstrap.to_dict(), out / "bootstrap.json")
+        _write_csv(comparison.verdicts, out / "verdicts.csv")
+        write_atomic(out / "verdicts.md", lambda tmp: tmp.write_text(comparison.verdict_markdown()))
+        save_json(self.summary(), out / "joint.json")
+        _write_csv(comparison.with_groups.coefficients, out / "regression.csv")
+        map_caption = draw_training_map(self.training_map, out / "map.png", out / "map.svg",
+                                        title=title, detour_states=self.detour_states)  # fmt: skip
+        self.captions = {
+            "verdicts.png": plots.plot_verdicts(
+                comparison.verdicts,
+                comparison.settings["confidence"],
+                out / "verdicts.png",
+                title=title,
+            ),
+            "occupancy.png": plots.plot_occupancy(
+                comparison.occupancy, self.detour_states, out / "occupancy.png", title=title
+            ),
+            "convergence.png": plots.plot_group_convergence(
+                comparison.convergence,
+                comparison.visit_rates,
+                out / "convergence.png",
+                title=title,
+            ),
+            "map.png": _with_note(map_caption, comparison.hmm),
+        }
+        return self.captions
+
+
 def joint_group(
     runs: Mapping[str, pd.DataFrame], groups: Mapping[str, str], outcomes: Outcomes,
-    settings: Mapping[str, Any], out_dir: str | os.PathLike, title: str = "", n_jobs: int = 1,
-) -> dict[str, str]:  # fmt: skip
-    """One shared HMM over several groups' runs, the comparison of the groups and its verdicts."""
+    settings: Mapping[str, Any], out_dir: str | os.PathLike | None = None, title: str = "",
+    n_jobs: int = 1,
+) -> JointResult:  # fmt: skip
+    """One shared HMM over several groups' runs, the comparison of the groups, its verdicts, its
+    bootstrap and its map; written to ``out_dir`` when given."""
     settings = with_defaults(settings)
-    out = Path(out_dir)
-    result = compare_groups(runs, groups, outcomes.convergence, outcomes.status,
-                            make_hmm(settings | {"n_jobs": n_jobs}), settings)  # fmt: skip
-    result.hmm.save(out / "hmm.npz", out / "hmm.json")
-    _write_csv(states_table(result.states, runs), out / "states.csv")
-    bootstrap = run_bootstrap(result.hmm, runs, outcomes, result.detours, settings, n_jobs)
-    save_json(bootstrap.to_dict(), out / "bootstrap.json")
-    _write_csv(result.verdicts, out / "verdicts.csv")
-    write_atomic(out / "verdicts.md", lambda tmp: tmp.write_text(result.verdict_markdown()))
-    save_json(result.summary() | {"bootstrap": bootstrap.to_dict()}, out / "joint.json")
-    _write_csv(result.with_groups.coefficients, out / "regression.csv")
-    training_map = build_training_map(result.hmm, runs, result.states, outcomes.convergence)
-    map_caption = draw_training_map(training_map, out / "map.png", out / "map.svg", title=title,
-                                    detour_states=result.detours.detour_states)  # fmt: skip
-    return {
-        "verdicts.png": plots.plot_verdicts(
-            result.verdicts, settings["confidence"], out / "verdicts.png", title=title
-        ),  # fmt: skip
-        "occupancy.png": plots.plot_occupancy(
-            result.occupancy, result.detours.detour_states, out / "occupancy.png", title=title
-        ),  # fmt: skip
-        "convergence.png": plots.plot_group_convergence(
-            result.convergence, result.visit_rates, out / "convergence.png", title=title
-        ),
-        "map.png": _with_note(map_caption, result.hmm),
-    }
+    comparison = compare_groups(runs, groups, outcomes.convergence, outcomes.status,
+                                make_hmm(settings | {"n_jobs": n_jobs}), settings)  # fmt: skip
+    bootstrap = run_bootstrap(comparison.hmm, runs, outcomes, comparison.detours, settings, n_jobs)
+    training_map = build_training_map(comparison.hmm, runs, comparison.states,
+                                      outcomes.convergence)  # fmt: skip
+    result = JointResult(comparison, bootstrap, training_map, _steps(runs))
+    if out_dir is not None:
+        result.write(out_dir, title)
+    return result

@@ -13,7 +13,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from trainmap.plots import save_png  # noqa: E402
+from trainmap.figures import save_png  # noqa: E402
 
 
 def _save(figure: plt.Figure, path: str | os.PathLike) -> None:

@@ -26,8 +26,8 @@ import numpy as np
 import pandas as pd
 
 from trainmap.dynamics.hmm import TrainingHMM
+from trainmap.figures import save_figure
 from trainmap.io import save_json
-from trainmap.plots import save_figure
 
 TOP_FEATURES = 3
 X_SPACING, Y_SPACING = 2.0, 1.6
@@ -231,7 +231,7 @@ def draw_training_map(
     axis.set_title(title or f"training map: {training_map.n_states} states, "
                    f"{training_map.n_runs} runs", fontsize=10)  # fmt: skip
     figure.tight_layout()
-    # trainmap.plots writes the same bytes for the same figure (no SVG date, fixed SVG ids).
+    # trainmap.figures writes the same bytes for the same figure (no SVG date, fixed SVG ids).
     save_figure(figure, png_path, "png", dpi=130, close=svg_path is None)
     if svg_path is not None:
         save_figure(figure, svg_path, "svg", dpi=figure.dpi)

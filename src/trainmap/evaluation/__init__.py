@@ -19,10 +19,10 @@ import pandas as pd
 import torch
 from torch import nn
 
-from trainmap.checkpoints import load_model
 from trainmap.data import TaskData
 from trainmap.models import count_parameters
-from trainmap.train import evaluate_split
+from trainmap.training.checkpoints import load_model
+from trainmap.training.loop import evaluate_split
 
 GROUP_KEYS = ["task", "arch", "method"]
 

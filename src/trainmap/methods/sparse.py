@@ -7,7 +7,7 @@ Huang et al., "Pruning Large Language Models with Semi-Structural Adaptive Spars
   with the largest score (|W| for magnitude, |W| * ||x_j||_2 for Wanda). Ties keep the lower index.
   Conv kernels group M consecutive input channels at each kernel position by default (setting
   ``conv_groups: input_channels``, the SR-STE authors' sparse conv and the layout N:M tensor cores
-  accelerate); ``conv_groups: flattened`` groups the (out, in*kh*kw) rows instead (``trainmap.nm``).
+  accelerate); ``conv_groups: flattened`` groups the (out, in*kh*kw) rows instead (``trainmap.methods.nm``).
 * Straight-through estimator (sec. 3.2): the forward pass uses W * m, the backward pass hands the
   gradient with respect to W * m to all of W unmasked.
 * SR-STE (sec. 3.2): the update of W uses g + lambda_W * (1 - m) * W, so pruned weights decay while
@@ -33,7 +33,7 @@ Huang et al., "Pruning Large Language Models with Semi-Structural Adaptive Spars
 Methods (``trainmap.methods``): ``ast`` (annealed SR-STE + distillation, AST-Naive), ``ast_slorb``
 (AST-Boosted), ``ast_static`` (static lambda), ``oneshot`` (magnitude, no retraining), ``oneshot_ft``
 (magnitude, then fine-tuning with the mask frozen) and ``wanda`` (Wanda scores, no retraining).
-Retraining runs through ``trainmap.train.train_block`` with :class:`SparseHooks`, a block of seeds at
+Retraining runs through ``trainmap.training.loop.train_block`` with :class:`SparseHooks`, a block of seeds at
 once (each seed with its own masks and its own teacher); its trajectory records every layer's
 effective weight under the dense architecture's names.
 """
@@ -52,12 +52,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trainmap.blocks import SeedBlock
 from trainmap.data import TaskData
 from trainmap.io import save_json, save_torch, write_atomic
+from trainmap.methods.nm import (
+    GROUP_LAYOUTS,
+    LEGACY_LAYOUT,
+    from_nm_groups,
+    grouped_axis_size,
+    nm_groups,
+)
 from trainmap.models import eval_forward_with_hooks
-from trainmap.nm import GROUP_LAYOUTS, LEGACY_LAYOUT, from_nm_groups, grouped_axis_size, nm_groups
-from trainmap.train import (
+from trainmap.training.loop import (
     BlockCheckpointHook,
     TrainConfig,
     TrainHooks,
@@ -65,6 +70,7 @@ from trainmap.train import (
     evaluate_split,
     train_block,
 )
+from trainmap.training.seed_block import SeedBlock
 
 #: Defaults of the ``sparse.<task>`` settings. srste_lambda is far above the LLM values (1e-4 with
 #: Adam over 40k steps): with SGD the decay shrinks a pruned weight by lr * lambda per step, and a
@@ -121,7 +127,7 @@ def nm_mask_from_scores(
 ) -> torch.Tensor:
     """Keep the N highest scores in every group of M consecutive inputs of each output row.
 
-    ``scores`` has the weight's shape; groups follow ``layout`` (:mod:`trainmap.nm`: a conv's M
+    ``scores`` has the weight's shape; groups follow ``layout`` (:mod:`trainmap.methods.nm`: a conv's M
     consecutive input channels at each kernel position, or its flattened rows). Ties keep the lower
     index (a stable sort). Returns a 0/1 mask of the scores' shape and dtype.
     """
@@ -698,7 +704,7 @@ def _prune_without_training(
 def plot_flip_rates(histories: Mapping[str, pd.DataFrame], path: str | os.PathLike,
                     title: str = "") -> str:  # fmt: skip
     """Flip rate and initial flip rate against step, one line per run/method (AST fig. 4)."""
-    from trainmap.plots import plt, save_png
+    from trainmap.figures import plt, save_png
 
     figure, axes = plt.subplots(1, 2, figsize=(10, 3.4))
     for label, history in histories.items():

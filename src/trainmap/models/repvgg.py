@@ -19,6 +19,8 @@ B1 (2, 4), B2 (2.5, 5), B3 (3, 5); g2/g4 set 2 or 4 groups on layers 2, 4, ..., 
 paper's 3rd, 5th, ..., 27th). Small-input variants stride only while the map is at least 4 pixels,
 so 8x8 digits keep a 2x2 final map. Table 6's ablations drop the identity and/or the 1x1 branch; with
 neither, the training-time model is the plain VGG-style baseline with the same deploy structure.
+Registered here: ``repvgg``, ``repvgg_idonly``, ``repvgg_1x1only``, ``repvgg_plain`` (small images)
+and ``repvgg_a0`` .. ``repvgg_b3g4`` (Table 3).
 
 A deploy model is a plain ``nn.Sequential`` of Conv2d (with bias), ReLU, AdaptiveAvgPool2d, Flatten
 and Linear, saved with a list of its layers (checkpoint format ``deploy``), so loading it needs no
@@ -36,8 +38,14 @@ import torch
 from torch import nn
 
 from trainmap.io import save_torch
-from trainmap.models import ArchSpec, _check_flag, _check_positive, _check_sizes, _image_shape
-from trainmap.models import register_architecture as _register
+from trainmap.models.registry import (
+    ArchSpec,
+    check_flag,
+    check_positive,
+    check_sizes,
+    image_shape,
+    register_architecture,
+)
 
 #: (a, b) width multipliers of Table 3.
 FAMILY_MULTIPLIERS = {
@@ -287,7 +295,7 @@ def build_repvgg(
                            "groups": groups, "group_layers": group_layers,
                            "identity_branch": identity_branch,
                            "conv1x1_branch": conv1x1_branch})  # fmt: skip
-    channels, height, width = _image_shape(meta)
+    channels, height, width = image_shape(meta)
     strides = list(strides) if strides is not None else _auto_strides(depths, height, width)
     blocks, index = [], 0
     for depth, stage_width, stride in zip(depths, widths, strides, strict=True):
@@ -301,17 +309,17 @@ def build_repvgg(
 
 
 def _check_repvgg_options(options: dict) -> None:
-    _check_sizes("depths", options["depths"])
-    _check_sizes("widths", options["widths"])
+    check_sizes("depths", options["depths"])
+    check_sizes("widths", options["widths"])
     if len(options["depths"]) != len(options["widths"]):
         raise ValueError("options 'depths' and 'widths' must have one entry per stage")
     if options["strides"] is not None:
-        _check_sizes("strides", options["strides"])
+        check_sizes("strides", options["strides"])
         if len(options["strides"]) != len(options["depths"]):
             raise ValueError("option 'strides' must have one entry per stage (or be null)")
-    _check_positive("groups", options["groups"])
-    _check_flag("identity_branch", options["identity_branch"])
-    _check_flag("conv1x1_branch", options["conv1x1_branch"])
+    check_positive("groups", options["groups"])
+    check_flag("identity_branch", options["identity_branch"])
+    check_flag("conv1x1_branch", options["conv1x1_branch"])
 
 
 def family_options(name: str, groups: int = 1) -> dict[str, Any]:
@@ -339,12 +347,22 @@ _FAMILIES = {f"repvgg_{name}": family_options(name) for name in FAMILY_MULTIPLIE
 _FAMILIES |= {f"repvgg_{name}g{g}": family_options(name, g) for name in ("b1", "b2", "b3")
               for g in (2, 4)}  # fmt: skip
 
+
+def _register_repvgg(name: str, options: dict[str, Any], description: str) -> None:
+    register_architecture(
+        ArchSpec(
+            name=name,
+            builder=build_repvgg,
+            defaults={**_BASE, **options},
+            input_kinds=frozenset({"image"}),
+            description=description,
+            check_options=_check_repvgg_options,
+            deploy_form=True,
+        )
+    )
+
+
 for _name, (_changes, _description) in _SMALL.items():
-    _register(ArchSpec(name=_name, builder=build_repvgg, defaults={**_BASE, **_changes},
-                       input_kinds=frozenset({"image"}), description=_description,
-                       check_options=_check_repvgg_options, deploy_form=True))  # fmt: skip
+    _register_repvgg(_name, _changes, _description)
 for _name, _options in _FAMILIES.items():
-    _register(ArchSpec(name=_name, builder=build_repvgg, defaults={**_BASE, **_options},
-                       input_kinds=frozenset({"image"}),
-                       description=f"RepVGG-{_name[7:].upper()} (Table 3, 224-pixel inputs)",
-                       check_options=_check_repvgg_options, deploy_form=True))  # fmt: skip
+    _register_repvgg(_name, _options, f"RepVGG-{_name[7:].upper()} (Table 3, 224-pixel inputs)")

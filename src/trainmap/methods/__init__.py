@@ -9,13 +9,13 @@ through besides ``train`` and ``evaluate``:
     layers start at gamma = 1, beta = 0, embeddings keep their N(0, 1) default. Zero biases matter
     later: GradInit skips tensors of zero norm (NOTES.md, GradInit). An architecture with an
     initialisation of its own (FixUp) defines ``standard_init(generator)``, which ``kaiming`` calls.
-``gradinit`` / ``metainit`` (stage ``gradinit``, ``trainmap.gradinit``)
+``gradinit`` / ``metainit`` (stage ``gradinit``, ``trainmap.methods.gradinit``)
     Kaiming init of every layer (non-zero, as GradInit's appendix does for FixUp networks too),
     then one learned scale per parameter tensor: GradInit's objective (Algorithm 1) or MetaInit's
     gradient quotient (appendix D). ``train`` starts from the rescaled model.
 ``ast``, ``ast_slorb``, ``ast_static``, ``oneshot``, ``oneshot_ft``, ``wanda`` (stage ``sparse``)
     N:M sparsity from the dense model that the ``kaiming`` cell of the same task, architecture and
-    seed trained (``trainmap.sparse``): AST's annealed SR-STE retraining with distillation (+ SLoRB),
+    seed trained (``trainmap.methods.sparse``): AST's annealed SR-STE retraining with distillation (+ SLoRB),
     the static-lambda SR-STE comparison, and the one-shot baselines (magnitude, magnitude with
     frozen-mask fine-tuning, Wanda). The cell's trajectory is its sparse retraining.
 

@@ -18,22 +18,17 @@ is allowed, and is raised at parse time, before any job starts.
 
 from __future__ import annotations
 
-import copy
-import difflib
 import functools
-import hashlib
 import importlib
 import importlib.util
-import json
 import math
 import os
 import sys
 import traceback
 import warnings
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -42,95 +37,23 @@ import yaml
 
 from trainmap import data as data_module
 from trainmap import methods, models
+from trainmap.grid.cells import (
+    MIN_RUNS_PER_GROUP,
+    Cell,
+    data_settings,
+    expand_grid,
+    in_joint,
+    is_sparse,
+    joint_groups,
+    model_settings,
+    retrains,
+)
+from trainmap.grid.errors import ConfigError, did_you_mean, key_path
+from trainmap.grid.files import YAML_LOADER, merge_config, read_config_file
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 SCHEMA_PATH = REPO_ROOT / "workflow" / "schemas" / "config.schema.yaml"
 READER_KINDS = {"mnist", "cifar10", "cifar100"}
-#: A training map needs runs to fit on and at least one to hold out.
-MIN_RUNS_PER_GROUP = 2
-
-
-class ConfigError(ValueError):
-    """A configuration value that cannot run; the message names key, value and the fix."""
-
-
-@dataclass(frozen=True, order=True)
-class Cell:
-    """One grid cell: a task trained with one architecture, method and seed."""
-
-    task: str
-    arch: str
-    method: str
-    seed: int
-
-    @classmethod
-    def of(cls, value: Cell | Mapping[str, Any]) -> Cell:
-        """A cell from a Cell or a mapping with task, arch, method and seed (e.g. JSON)."""
-        if isinstance(value, Cell):
-            return value
-        return cls(value["task"], value["arch"], value["method"], int(value["seed"]))
-
-    def to_dict(self) -> dict[str, Any]:
-        """``{"task", "arch", "method", "seed"}``: the JSON form :meth:`of` reads back."""
-        return {"task": self.task, "arch": self.arch, "method": self.method, "seed": self.seed}
-
-    @property
-    def id(self) -> str:
-        """The cell's path below a rule's results directory, e.g. ``digits/vgg_bn/kaiming/seed3``."""
-        return f"{self.task}/{self.arch}/{self.method}/seed{self.seed}"
-
-
-@dataclass(frozen=True, order=True)
-class Block:
-    """Seeds of one (task, arch, method) that run as one job: those of an aligned range of
-    ``train.<task>.seed_block`` seeds, [k S, (k + 1) S - 1] (e.g. ``seeds0-31``). Aligned ranges
-    keep a block's seeds fixed when seeds are added to or removed from other ranges."""
-
-    task: str
-    arch: str
-    method: str
-    first: int
-    last: int
-    seeds: tuple[int, ...]
-
-    @classmethod
-    def of(cls, value: Block | Mapping[str, Any]) -> Block:
-        """A block from a Block or its JSON form (:meth:`to_dict`)."""
-        if isinstance(value, Block):
-            return value
-        return cls(value["task"], value["arch"], value["method"], int(value["first"]),
-                   int(value["last"]), tuple(int(seed) for seed in value["seeds"]))  # fmt: skip
-
-    def to_dict(self) -> dict[str, Any]:
-        """The JSON form :meth:`of` reads back."""
-        return {"task": self.task, "arch": self.arch, "method": self.method,
-                "first": self.first, "last": self.last, "seeds": list(self.seeds)}  # fmt: skip
-
-    @property
-    def name(self) -> str:
-        """The block's wildcard value, e.g. ``seeds0-31``."""
-        return f"seeds{self.first}-{self.last}"
-
-    @property
-    def id(self) -> str:
-        """The block's path below a rule's results directory, e.g. ``digits/vgg_bn/ast/seeds0-31``."""
-        return f"{self.task}/{self.arch}/{self.method}/{self.name}"
-
-    @property
-    def cells(self) -> list[Cell]:
-        """The block's cells, in seed order."""
-        return [Cell(self.task, self.arch, self.method, seed) for seed in self.seeds]
-
-
-def merge_config(base: dict, override: dict) -> dict:
-    """Snakemake's merge: mappings merge recursively, every other value (lists too) is replaced."""
-    merged = copy.deepcopy(base)
-    for key, value in override.items():
-        if isinstance(value, dict) and isinstance(merged.get(key), dict):
-            merged[key] = merge_config(merged[key], value)
-        else:
-            merged[key] = copy.deepcopy(value)
-    return merged
 
 
 def load_config(*paths: str | os.PathLike, check_paths_from: Path | None = None) -> dict:
@@ -141,139 +64,6 @@ def load_config(*paths: str | os.PathLike, check_paths_from: Path | None = None)
     validate_schema(config)
     check_config(config, base_dir=check_paths_from or Path.cwd())
     return config
-
-
-# --- config files -------------------------------------------------------------------------------
-
-#: Snakemake reads YAML config files with PyYAML's FullLoader (through YTE): the same here, so a file
-#: is accepted exactly when Snakemake accepts it, in C where PyYAML was built with libyaml.
-_YAML_LOADER = getattr(yaml, "CFullLoader", yaml.FullLoader)
-_YAML_MERGE_TAG = "tag:yaml.org,2002:merge"
-
-
-def read_config_file(path: str | os.PathLike) -> dict:
-    """Read a JSON or YAML config file as Snakemake does, but strictly.
-
-    A syntax error names the file and the line; a key repeated in one mapping (YAML would silently
-    keep the last value) is refused naming both lines. A file with ``__use_yte__: true`` is
-    rendered by YTE like Snakemake does (it runs the file's Python: trust it like a Snakefile).
-    """
-    text = _read_text(path)
-    try:
-        data = json.loads(text, object_pairs_hook=lambda pairs: _json_mapping(path, pairs))
-    except json.JSONDecodeError:
-        data = _read_yaml(path, text)
-    if data is None:
-        raise ConfigError(_empty_file_message(path))
-    if not isinstance(data, dict):
-        raise ConfigError(
-            f"config file {path}: the top level is a {type(data).__name__}, not a mapping of keys "
-            "(grid:, train:, ...)"
-        )
-    if data.get("__use_yte__") is True:
-        import yte
-
-        data = yte.process_yaml(text, require_use_yte=True)
-    return data
-
-
-def check_config_files(paths: Iterable[str | os.PathLike]) -> None:
-    """:func:`read_config_file` every existing file of ``paths`` (the Snakefile's ``configfile:``
-    files and ``--configfile`` ones), so a syntax error or a repeated key stops the workflow naming
-    the file and line; missing files are left to Snakemake's own message."""
-    for path in paths:
-        if os.path.exists(path):
-            _check_yaml_or_json(path)
-
-
-def _check_yaml_or_json(path: str | os.PathLike) -> None:
-    text = _read_text(path)
-    try:
-        json.loads(text, object_pairs_hook=lambda pairs: _json_mapping(path, pairs))
-    except json.JSONDecodeError:
-        node = _read_yaml(path, text, construct=False)
-        if node is None or (isinstance(node, yaml.ScalarNode) and node.tag.endswith(":null")):
-            raise ConfigError(_empty_file_message(path)) from None
-
-
-def _read_text(path: str | os.PathLike) -> str:
-    """The file's text; a file that is not UTF-8 is refused naming the first bad byte's place."""
-    raw = Path(path).read_bytes()
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as error:
-        line = raw[: error.start].count(b"\n") + 1
-        raise ConfigError(
-            f"config file {path}, line {line}: not UTF-8 text (byte 0x{raw[error.start]:02x} at "
-            f"offset {error.start}); save the file as UTF-8"
-        ) from None
-
-
-def _empty_file_message(path: str | os.PathLike) -> str:
-    # Snakemake refuses such a file too ("Config file must be given as JSON or YAML with keys at
-    # top level"): one verdict in every entry point.
-    return (
-        f"config file {path}: empty (no keys, only blank lines or comments); a config file sets "
-        "at least one key (e.g. grid:), or leave the file out"
-    )
-
-
-def _json_mapping(path: str | os.PathLike, pairs: list[tuple[str, Any]]) -> dict:
-    keys = [key for key, _ in pairs]
-    repeated = sorted(key for key, count in Counter(keys).items() if count > 1)
-    if repeated:
-        raise ConfigError(
-            f"config file {path}: duplicate key {repeated[0]!r} in one JSON mapping; JSON would "
-            "keep only the last value: each key may appear once per mapping"
-        )
-    return dict(pairs)
-
-
-def _read_yaml(path: str | os.PathLike, text: str, construct: bool = True) -> Any:
-    loader = _YAML_LOADER(text)
-    try:
-        node = loader.get_single_node()
-        if node is None:
-            return None
-        _refuse_duplicate_keys(path, node, ())
-        return loader.construct_document(node) if construct else node
-    except yaml.MarkedYAMLError as error:
-        mark = error.problem_mark or error.context_mark
-        where = f", line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        context = ""
-        if error.context and error.context_mark:
-            context = f" ({error.context} at line {error.context_mark.line + 1})"
-        raise ConfigError(
-            f"config file {path}{where}: not valid YAML: {error.problem}{context}"
-        ) from None
-    except yaml.YAMLError as error:
-        raise ConfigError(f"config file {path}: not valid YAML: {error}") from None
-    finally:
-        loader.dispose()
-
-
-def _refuse_duplicate_keys(path: str | os.PathLike, node: yaml.Node, where: tuple) -> None:
-    """Walk the composed YAML and refuse a key repeated within one mapping (before YAML drops all
-    but its last value). YTE's control keys (``?if``, ``?else``, ...) may repeat."""
-    if isinstance(node, yaml.MappingNode):
-        seen: dict[tuple[str, str], int] = {}
-        for key_node, value_node in node.value:
-            if isinstance(key_node, yaml.ScalarNode) and key_node.tag != _YAML_MERGE_TAG:
-                key = (key_node.tag, key_node.value)
-                line = key_node.start_mark.line + 1
-                if key in seen and not key_node.value.startswith("?"):
-                    raise ConfigError(
-                        f"config key {_key([*where, key_node.value])} ({path}, line {line}): "
-                        f"duplicate key {key_node.value!r}, already set at line {seen[key]}; YAML "
-                        "would keep only the last value: each key may appear once per mapping"
-                    )
-                seen[key] = line
-                _refuse_duplicate_keys(path, value_node, (*where, key_node.value))
-            else:
-                _refuse_duplicate_keys(path, value_node, where)
-    elif isinstance(node, yaml.SequenceNode):
-        for index, item in enumerate(node.value):
-            _refuse_duplicate_keys(path, item, (*where, index))
 
 
 # --- the schema ---------------------------------------------------------------------------------
@@ -293,7 +83,7 @@ _VALIDATOR = jsonschema.validators.extend(
 
 @functools.cache
 def _schema_validator() -> jsonschema.protocols.Validator:
-    return _VALIDATOR(yaml.load(SCHEMA_PATH.read_text(), Loader=_YAML_LOADER))
+    return _VALIDATOR(yaml.load(SCHEMA_PATH.read_text(), Loader=YAML_LOADER))
 
 
 def validate_schema(config: dict) -> None:
@@ -325,7 +115,7 @@ def _refuse_non_finite(value: Any, path: list) -> None:
         if path and path[-1] == "grad_clip" and value > 0:
             hint = "; for no gradient clipping write grad_clip: null"
         raise ConfigError(
-            f"config key {_key(path)}: {value!r} is not a finite number; allowed: a finite "
+            f"config key {key_path(path)}: {value!r} is not a finite number; allowed: a finite "
             f"number within the key's range{hint}"
         )
     if isinstance(value, dict):
@@ -348,18 +138,18 @@ def _schema_message(error: jsonschema.ValidationError) -> str:
         allowed = sorted(error.schema.get("properties", {}))
         unknown = sorted(set(error.instance) - set(allowed), key=str)
         level = "top-level key" if not path else "key"
-        inside = f" in {_key(path)}" if path else ""
+        inside = f" in {key_path(path)}" if path else ""
         return (
-            f"config key {_key([*path, unknown[0]])}: unknown {level} {unknown[0]!r}{inside}; "
+            f"config key {key_path([*path, unknown[0]])}: unknown {level} {unknown[0]!r}{inside}; "
             f"allowed: {', '.join(allowed)}{did_you_mean(str(unknown[0]), allowed)}{source}"
         )
     if error.validator == "required" and isinstance(error.instance, dict):
         missing = [key for key in error.validator_value if key not in error.instance]
         return (
-            f"config key {_key([*path, missing[0]])}: missing; {_key(path) or 'the top level'} "
+            f"config key {key_path([*path, missing[0]])}: missing; {key_path(path) or 'the top level'} "
             f"requires {', '.join(map(repr, missing))}{source}"
         )
-    message = f"config key {_key(path) or '(top level)'}: {error.message}"
+    message = f"config key {key_path(path) or '(top level)'}: {error.message}"
     if error.validator == "type" and isinstance(error.instance, str) and _is_number(error.instance):
         message += (
             f" (YAML read {error.instance!r} as text: write numbers without quotes, and an exponent "
@@ -376,12 +166,6 @@ def _is_number(text: str) -> bool:
     except ValueError:
         return False
     return True
-
-
-def did_you_mean(word: str, choices: Iterable[str]) -> str:
-    """``"; did you mean 'x'?"`` for the choice closest to ``word`` (difflib), or ``""``."""
-    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
-    return f"; did you mean {close[0]!r}?" if close else ""
 
 
 #: Sections keyed by task; a task is defined by its ``data`` entry.
@@ -461,12 +245,12 @@ def config_problems_reported(verbose: bool = False) -> Iterator[None]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m trainmap.config [FILE ...]``: check params.yaml, config/config.yaml and the
+    """``python -m trainmap.grid [FILE ...]``: check params.yaml, config/config.yaml and the
     given config files (as ``--configfile`` would merge them) without starting Snakemake."""
     import argparse
 
     parser = argparse.ArgumentParser(
-        prog="python -m trainmap.config",
+        prog="python -m trainmap.grid",
         description="Check a trainmap configuration as the workflow will, before any job runs: "
         "params.yaml, then config/config.yaml, then each FILE (as snakemake --configfile merges "
         "them). Exit status 0: ok; 1: the first problem, its line leading with the config key.",
@@ -486,198 +270,6 @@ def main(argv: list[str] | None = None) -> int:
         return int(stop.code or 0)
     print(f"ok: {' + '.join(map(str, paths))} define {len(expand_grid(config))} grid cells")
     return 0
-
-
-def expand_grid(config: dict) -> list[Cell]:
-    """Every (task, arch, method, seed) cell of the grid, in grid order."""
-    return [
-        Cell(entry["task"], arch, method, seed)
-        for entry in config["grid"]
-        for arch in entry["archs"]
-        for method in entry["methods"]
-        for seed in entry["seeds"]
-    ]
-
-
-def grid_tasks(config: dict) -> list[str]:
-    """The tasks of the grid, each once, in grid order."""
-    return list(dict.fromkeys(entry["task"] for entry in config["grid"]))
-
-
-def canonical(settings: Any) -> Any:
-    """``settings`` with every mapping's keys sorted (recursively; lists keep their order).
-
-    Snakemake compares a job's params with the last run's by their text, and the order of keys
-    depends on how config files were merged (``configfile:`` directives, then ``--configfile``):
-    sorted keys make the same settings look the same, so nothing reruns for nothing.
-    """
-    if isinstance(settings, Mapping):
-        return {key: canonical(settings[key]) for key in sorted(settings)}
-    if isinstance(settings, list | tuple):
-        return [canonical(item) for item in settings]
-    return settings
-
-
-def data_settings(config: dict, task: str) -> dict:
-    """The data kind and options of ``task``."""
-    return canonical(config["data"][task])
-
-
-def model_settings(config: dict, task: str, arch: str) -> dict:
-    """Builder options of ``arch`` on ``task`` (empty: the registry's defaults)."""
-    return canonical(config["model"].get(task, {}).get(arch, {}))
-
-
-def train_settings(config: dict, task: str) -> dict:
-    """The training hyperparameters of ``task``: everything that determines a run's arithmetic.
-    ``seed_block`` (how many seeds share a job) is left out: it never changes a run's result, so
-    changing it must not make a run look different (see :func:`seed_block`)."""
-    settings = canonical(config["train"][task])
-    settings.pop("seed_block", None)
-    return settings
-
-
-def seed_block(config: dict, task: str) -> int:
-    """How many seeds of ``task`` train together as one job (``train.<task>.seed_block``)."""
-    return int(config["train"][task].get("seed_block", 1))
-
-
-def blocks_of(config: dict, cells: Iterable[Cell]) -> list[Block]:
-    """``cells`` grouped into :class:`Block` s: per (task, arch, method), the seeds of each aligned
-    range of ``seed_block`` seeds; in (task, arch, method, first seed) order."""
-    seeds: dict[tuple[str, str, str, int], list[int]] = {}
-    for cell in set(cells):
-        size = seed_block(config, cell.task)
-        first = cell.seed - cell.seed % size
-        seeds.setdefault((cell.task, cell.arch, cell.method, first), []).append(cell.seed)
-    return [
-        Block(task, arch, method, first, first + seed_block(config, task) - 1, tuple(sorted(found)))
-        for (task, arch, method, first), found in sorted(seeds.items())
-    ]
-
-
-def trained_cells(config: dict) -> list[Cell]:
-    """Every dense cell the grid trains: its dense cells and the teachers of its sparse cells."""
-    cells = expand_grid(config)
-    dense = {teacher_cell(cell) if is_sparse(cell) else cell for cell in cells}
-    return sorted(dense)
-
-
-def evaluate_settings(config: dict, task: str) -> dict:
-    """The evaluation settings of ``task``."""
-    return canonical(config["evaluate"][task])
-
-
-def analysis_settings(config: dict) -> dict:
-    """The training-map settings (``analysis``)."""
-    return canonical(config.get("analysis", {}))
-
-
-def stage_settings(config: dict, stage: str, task: str) -> dict:
-    """The hyperparameters of a method stage (``gradinit`` or ``sparse``) on ``task``."""
-    return canonical(config.get(stage, {}).get(task, {}))
-
-
-def method_of(cell: Cell) -> methods.MethodSpec:
-    """The registry entry of the cell's method."""
-    return methods.check_method(cell.method)
-
-
-def is_sparse(cell: Cell) -> bool:
-    """Whether the cell's model comes from the ``sparse`` stage (retraining a dense teacher)."""
-    return method_of(cell).has_stage("sparse")
-
-
-def retrains(cell: Cell) -> bool:
-    """Whether the cell trains at all, i.e. has a trajectory (one-shot pruning does not)."""
-    spec = method_of(cell)
-    return not spec.has_stage("sparse") or bool(spec.options.get("retrain"))
-
-
-def methods_with_stage(stage: str) -> str:
-    """A regex matching exactly the methods that have ``stage`` (for wildcard constraints)."""
-    return "|".join(name for name, spec in methods.METHODS.items() if spec.has_stage(stage))
-
-
-def methods_without_stage(stage: str) -> str:
-    """A regex matching exactly the methods that do not have ``stage``."""
-    return "|".join(name for name, spec in methods.METHODS.items() if not spec.has_stage(stage))
-
-
-def teacher_cell(cell: Cell) -> Cell:
-    """The dense cell whose trained model a sparse cell starts from (same task, arch and seed)."""
-    return Cell(cell.task, cell.arch, methods.DENSE_BASE_METHOD, cell.seed)
-
-
-def has_deploy_form(arch: str) -> bool:
-    """Whether ``arch`` is re-parameterised into a deploy form after training (RepVGG)."""
-    return bool(getattr(models.ARCHITECTURES[arch], "deploy_form", False))
-
-
-def quantized_schemes(config: dict, cell: Cell) -> list[str]:
-    """The quantisation schemes applied to the cell's final model: the configured schemes when its
-    method is in ``quantize.methods`` and (if given) its arch in ``quantize.archs``; else none."""
-    settings = config.get("quantize", {})
-    selected = cell.method in settings.get("methods", []) and (
-        "archs" not in settings or cell.arch in settings["archs"]
-    )
-    return list(settings.get("schemes", [])) if selected else []
-
-
-def analysis_groups(config: dict) -> dict[str, list[Cell]]:
-    """Training-map groups: one per (task, arch, method) with at least two trajectories.
-
-    Cells without a trajectory (one-shot pruning) have no training path to map. ``analysis.group_maps``
-    chooses which groups get a map of their own: ``all`` (default), ``outside_joint`` (only groups no
-    joint comparison contains: a joint map already maps their runs, with states shared across the
-    compared methods) or ``none`` (joint maps only).
-    """
-    analysis = config.get("analysis", {})
-    which = analysis.get("group_maps", "all")
-    if which == "none":
-        return {}
-    mapped_jointly = set()
-    if which == "outside_joint":
-        mapped_jointly = {cell for cells in joint_groups(config).values() for cell in cells}
-    groups: dict[str, list[Cell]] = {}
-    for cell in expand_grid(config):
-        if retrains(cell) and cell not in mapped_jointly:
-            groups.setdefault(f"{cell.task}/{cell.arch}/{cell.method}", []).append(cell)
-    return {name: cells for name, cells in groups.items() if len(cells) >= MIN_RUNS_PER_GROUP}
-
-
-def _in_joint(cell: Cell, spec: Mapping[str, Any]) -> bool:
-    return (
-        cell.task == spec["task"]
-        and cell.arch in spec.get("archs", [cell.arch])
-        and cell.method in spec.get("methods", [cell.method])
-    )
-
-
-def joint_groups(config: dict) -> dict[str, list[Cell]]:
-    """Joint comparisons (``analysis.joint``): the pooled trained cells of several archs/methods of
-    one task; groups with fewer than two runs in the grid are left out (check_config warns)."""
-    cells = [cell for cell in expand_grid(config) if retrains(cell)]
-    joint = {}
-    for spec in config.get("analysis", {}).get("joint", []):
-        pooled = [cell for cell in cells if _in_joint(cell, spec)]
-        if len(pooled) >= MIN_RUNS_PER_GROUP:
-            joint[spec["name"]] = pooled
-    return joint
-
-
-def cell_hash(config: dict, cell: Cell) -> str:
-    """A short hash of everything that determines a cell's trained model (data, model, training,
-    and the settings of the cell's method stages)."""
-    payload = {
-        "cell": cell.id,
-        "data": data_settings(config, cell.task),
-        "model": model_settings(config, cell.task, cell.arch),
-        "train": train_settings(config, cell.task),
-    }
-    for stage in method_of(cell).stages:
-        payload[stage] = stage_settings(config, stage, cell.task)
-    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:12]
 
 
 def _check_grid_entry(config: dict, index: int, entry: dict, base_dir: Path) -> None:
@@ -819,8 +411,8 @@ def _check_unique_cells(config: dict) -> None:
 
 #: The function that validates (and completes with defaults) each method stage's settings.
 STAGE_VALIDATORS = {
-    "gradinit": "trainmap.gradinit:check_settings",
-    "sparse": "trainmap.sparse:check_settings",
+    "gradinit": "trainmap.methods.gradinit:check_settings",
+    "sparse": "trainmap.methods.sparse:check_settings",
 }
 
 
@@ -847,13 +439,13 @@ def _train_defaults() -> dict:
     """What an omitted training setting of a stage's retraining takes (TrainConfig's defaults)."""
     from dataclasses import asdict
 
-    from trainmap.train import TrainConfig
+    from trainmap.training.loop import TrainConfig
 
     return asdict(TrainConfig())
 
 
 def _check_quantize(config: dict) -> None:
-    from trainmap.quantize import SCHEMES
+    from trainmap.methods.quantize import SCHEMES
 
     settings = config.get("quantize", {})
     for position, method in enumerate(settings.get("methods", [])):
@@ -903,7 +495,7 @@ def _check_joint_groups(config: dict) -> None:
                                       f"{did_you_mean(name, registry)}") from None  # fmt: skip
         _check_joint_against_grid(config, where, spec)
         if spec["name"] not in filled:
-            found = sum(1 for cell in cells if _in_joint(cell, spec))
+            found = sum(1 for cell in cells if in_joint(cell, spec))
             warnings.warn(
                 f"config key {where} ({spec['name']!r}): the grid has {found} trained run(s) of "
                 f"task {spec['task']!r} with these archs/methods; a joint training map needs at "
@@ -926,7 +518,7 @@ def _check_joint_against_grid(config: dict, where: str, spec: Mapping[str, Any])
                 f"remove it from {where}.methods (its retraining twin, e.g. 'oneshot_ft', has one)"
             )
     in_task = [cell for cell in expand_grid(config) if cell.task == spec["task"]]
-    if not any(_in_joint(cell, spec) for cell in in_task):
+    if not any(in_joint(cell, spec) for cell in in_task):
         return
     for key, ran in (
         ("archs", {c.arch for c in in_task}),
@@ -958,7 +550,7 @@ def _check_features(config: dict) -> None:
 def _check_sparsifiable(config: dict) -> None:
     """Each (task, arch) with a sparse method in the grid has a layer the N:M pattern fits, with
     the configured ``dense_layers`` (else sparse retraining would fail in its first job)."""
-    from trainmap import sparse
+    from trainmap.methods import sparse
 
     pairs = dict.fromkeys((c.task, c.arch) for c in expand_grid(config) if is_sparse(c))
     for task, arch in pairs:
@@ -1051,14 +643,3 @@ def _check_dvc(config: dict, base_dir: Path) -> None:
             f"config key dvc.configfile: file {path!r} does not exist (looked in "
             f"{base_dir / path}); allowed: a config file of this project, e.g. config/config.yaml"
         )
-
-
-def _key(path: Any) -> str:
-    parts = []
-    for part in path:
-        parts.append(f"[{part}]" if isinstance(part, int) else f".{part}")
-    return "".join(parts).lstrip(".")
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,58 +1,16 @@
-"""Figures of the study (matplotlib, Agg backend; written atomically as PNG or SVG).
-
-The same figure is the same bytes (DVC versions figures by content, like every result). An Agg PNG
-carries no date. An SVG would carry two things that change on every save: its date and the random
-ids of its clip paths. So this module fixes the ids' salt (``svg.hashsalt``) and registers, for the
-"svg" format, matplotlib's SVG canvas with no date unless a caller gives one: every SVG a process
-that imported trainmap.plots saves is reproducible, through :func:`save_figure` or a plain
-``savefig`` (the training map's SVG; a job server's jobs inherit both settings by fork).
-"""
+"""Figures of the evaluation: every run's learning curves, and accuracy against bytes on disk for
+every model form (written through :func:`trainmap.figures.save_png`)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
 
-import matplotlib
+import pandas as pd
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
-from matplotlib.backend_bases import register_backend  # noqa: E402
-from matplotlib.backends.backend_svg import FigureCanvasSVG  # noqa: E402
-
-from trainmap.io import write_atomic  # noqa: E402
+from trainmap.figures import plt, save_png
 
 RunKey = tuple[str, str, str, int]  # task, arch, method, seed
-
-
-class DatelessSVGCanvas(FigureCanvasSVG):
-    """matplotlib's SVG canvas, writing no ``dc:date`` unless ``metadata`` names one."""
-
-    def print_svg(self, filename, *, bbox_inches_restore=None, metadata=None, **_):
-        # savefig hands a print method outside matplotlib every renderer's keywords (dpi,
-        # facecolor, ...); matplotlib's own SVG method takes only these two (the figure carries
-        # the rest).
-        return super().print_svg(filename, bbox_inches_restore=bbox_inches_restore,
-                                 metadata={"Date": None, **(metadata or {})})  # fmt: skip
-
-
-matplotlib.rcParams["svg.hashsalt"] = "trainmap"
-register_backend("svg", DatelessSVGCanvas, "Scalable Vector Graphics")
-
-
-def save_figure(figure: plt.Figure, path: str | Path, format: str = "png", dpi: int = 110,
-                close: bool = True) -> None:  # fmt: skip
-    """Write ``figure`` to ``path`` atomically as ``format`` ("png", "svg"), the same bytes for
-    the same figure; then free it unless ``close`` is False (to save it in another format too)."""
-    write_atomic(path, lambda tmp: figure.savefig(tmp, format=format, dpi=dpi))
-    if close:
-        plt.close(figure)
-
-
-def save_png(figure: plt.Figure, path: str | Path, dpi: int = 110) -> None:
-    """Write ``figure`` to ``path`` as PNG atomically, then free it."""
-    save_figure(figure, path, "png", dpi)
 
 
 def plot_learning_curves(histories: Mapping[RunKey, pd.DataFrame], path: str | Path) -> None:

@@ -8,11 +8,11 @@ Every model file trainmap writes is a ``torch.save`` dict of tensors and plain c
     ``arch``, ``model_options``, ``meta`` (the data description) and the cell's ``method``/``seed``.
     Files from before the key existed are read as ``dense``.
 ``deploy``
-    A RepVGG model fused into plain convolutions (``trainmap.reparam``).
+    A RepVGG model fused into plain convolutions (``trainmap.models.repvgg``).
 ``sparse``
-    An N:M sparse network (``trainmap.sparse``).
+    An N:M sparse network (``trainmap.methods.sparse``).
 ``quantized``
-    Integer weights with per-channel scales (``trainmap.quantize``).
+    Integer weights with per-channel scales (``trainmap.methods.quantize``).
 
 Files are written and read through :func:`trainmap.io.save_torch` / :func:`trainmap.io.load_torch`,
 so each carries a SHA-256 of its content that every load verifies (a damaged file raises
@@ -35,10 +35,10 @@ from trainmap.io import load_torch, save_torch
 
 FORMAT_KEY = "format"
 LOADERS = {
-    "dense": "trainmap.checkpoints:model_from_dense",
-    "deploy": "trainmap.reparam:model_from_deploy",
-    "sparse": "trainmap.sparse:model_from_sparse",
-    "quantized": "trainmap.quantize:model_from_quantized",
+    "dense": "trainmap.training.checkpoints:model_from_dense",
+    "deploy": "trainmap.models.repvgg:model_from_deploy",
+    "sparse": "trainmap.methods.sparse:model_from_sparse",
+    "quantized": "trainmap.methods.quantize:model_from_quantized",
 }
 
 

@@ -49,6 +49,8 @@ marked ``finite: False`` in the history, instead of writing NaN into the network
 
 :func:`layer_diagnostics` gives the appendix's figures 4-8 per layer: the averaged per-dimension
 weight magnitude ||W_i|| / d_i and the standard deviation of the gradient over minibatches.
+:func:`rescale_with_diagnostics` rescales one model and measures it before and after (the gradinit
+rule's work); its :class:`GradInitReport` holds the run, the diagnostics and the summary.
 """
 
 from __future__ import annotations
@@ -67,6 +69,7 @@ from torch import nn
 from torch.func import functional_call
 
 from trainmap.data import TaskData
+from trainmap.training.loop import derive_seed
 
 #: Defaults of the ``gradinit.<task>`` settings: the paper's CIFAR-10 setting (SGD variant,
 #: eta 0.1, gamma 1, batch 128, r = 0.5, T = one epoch of iterations at batch 128).
@@ -548,9 +551,61 @@ def diagnostics_table(
     return table
 
 
+@dataclass
+class GradInitReport:
+    """One model rescaled by GradInit or MetaInit (:func:`rescale_with_diagnostics`): the run and
+    its layer diagnostics before and after, on the same minibatches."""
+
+    objective: str
+    result: GradInitResult
+    diagnostics: pd.DataFrame  # :func:`diagnostics_table`: each layer before, after, its scale
+
+    @property
+    def history(self) -> pd.DataFrame:
+        """Per iteration: ``iteration``, ``grad_norm``, ``objective``, ``constraint``, ``finite``."""
+        return self.result.history
+
+    @functools.cached_property
+    def summary(self) -> dict[str, Any]:
+        """The run in numbers (the gradinit rule's ``scales.json``): the learned scales, the
+        tensors left unscaled, iterations, constraint and non-finite steps, and ||g|| at the first
+        and the last iteration."""
+        history = self.result.history
+        return {
+            "objective": self.objective,
+            "scales": self.result.scales,
+            "skipped": self.result.skipped,
+            "iterations": len(history),
+            "constraint_steps": self.result.constraint_steps,
+            "non_finite_steps": int((~history["finite"]).sum()),
+            "initial_grad_norm": float(history["grad_norm"].iloc[0]),
+            "final_grad_norm": float(history["grad_norm"].iloc[-1]),
+        }
+
+
+def rescale_with_diagnostics(
+    model: nn.Module,
+    data: TaskData,
+    settings: Mapping[str, Any],
+    seed: int,
+    objective: str = "gradinit",
+    progress: bool = False,
+) -> GradInitReport:
+    """:func:`run_gradinit` on ``model`` (rescaled in place), with :func:`layer_diagnostics` on the
+    same seeded minibatches before and after. ``seed`` is the grid cell's: GradInit's draws and the
+    diagnostics' each get a seed of their own derived from it."""
+    cfg = check_settings(settings)
+    probe = draws_for(data, cfg["batch_size"], derive_seed(seed, "gradinit-diagnostics"))
+    before = layer_diagnostics(model, probe(), cfg["diagnostic_batches"])
+    result = run_gradinit(model, data, cfg, derive_seed(seed, "gradinit"), objective,
+                          progress=progress)  # fmt: skip
+    after = layer_diagnostics(model, probe(), cfg["diagnostic_batches"])
+    return GradInitReport(objective, result, diagnostics_table(before, after, result.scales))
+
+
 def plot_diagnostics(table: pd.DataFrame, path: str | os.PathLike, title: str = "") -> str:
     """Weight magnitude, gradient std and scale per layer, before vs after (figures 4-8 style)."""
-    from trainmap.plots import plt, save_png
+    from trainmap.figures import plt, save_png
 
     figure, axes = plt.subplots(1, 3, figsize=(14, 3.6))
     layers = table["layer"]
@@ -581,7 +636,7 @@ def plot_history(
     history: pd.DataFrame, gamma: float, path: str | os.PathLike, title: str = ""
 ) -> str:
     """||g|| and the objective over the iterations; constraint steps marked."""
-    from trainmap.plots import plt, save_png
+    from trainmap.figures import plt, save_png
 
     figure, axes = plt.subplots(1, 2, figsize=(10, 3.4))
     axes[0].semilogy(history["iteration"], history["grad_norm"], lw=1)
@@ -608,7 +663,7 @@ def plot_block(
     title: str = "",
 ) -> str:
     """A block of seeds: each seed's learned scale per tensor, and ||g|| over the iterations."""
-    from trainmap.plots import plt, save_png
+    from trainmap.figures import plt, save_png
 
     figure, axes = plt.subplots(1, 2, figsize=(11, 3.6))
     names = list(summaries[0]["scales"]) if summaries else []

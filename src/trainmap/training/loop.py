@@ -2,7 +2,7 @@
 
 ``train_block`` trains a **block of seeds** of one grid cell family (task, arch, method) at once: S
 networks whose state is stacked along a leading seed dimension and run as one vectorised model
-(:class:`trainmap.blocks.SeedBlock`: ``torch.func.vmap`` over ``functional_call``). A tiny network is
+(:class:`trainmap.training.seed_block.SeedBlock`: ``torch.func.vmap`` over ``functional_call``). A tiny network is
 bound by per-operation overhead, so S seeds cost little more than one. Each seed keeps everything a
 run alone has: its own initialisation, its own batch order (its own seeded sampler), its own
 BatchNorm statistics, its own gradient clipping (each run's own norm), its own outputs. A single
@@ -53,8 +53,6 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm.auto import tqdm
 
-from trainmap.blocks import SeedBlock
-from trainmap.checkpoints import save_dense
 from trainmap.data import TaskData
 from trainmap.io import (
     load_resume_or_none,
@@ -68,6 +66,8 @@ from trainmap.io import (
 )
 from trainmap.methods import check_method
 from trainmap.models import build_model, count_parameters
+from trainmap.training.checkpoints import save_dense
+from trainmap.training.seed_block import SeedBlock
 
 CheckpointHook = Callable[[dict[str, float], int], None]  # (metrics, step) of one run
 BlockCheckpointHook = Callable[[int, dict[str, float], int], None]  # (seed index, metrics, step)
@@ -145,8 +145,6 @@ class TrainConfig:
     checkpoint_every: int = 25
     resume_every: int = 1000
     device: str = "cpu"
-    #: Seeds trained together in one job (the workflow's blocks); not part of a run's arithmetic.
-    seed_block: int = 1
 
     @classmethod
     def from_dict(cls, settings: dict[str, Any]) -> TrainConfig:

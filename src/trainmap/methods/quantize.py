@@ -16,7 +16,7 @@
   Huffman-coded for equally likely patterns. Per-channel scales are stored separately (fp32) and
   counted separately. C_n = (4n + ceil(log2 C(2n, n))) / (2n * 32) of dense fp32 (sec. 5; with
   Huffman, table 1: 7.81, 8.33, 8.66, 8.93, 9.10, 9.22 %). Groups are stored in the order of the
-  layer's N:M group layout (``trainmap.nm``), named in each entry's header as ``group_layout``: for
+  layer's N:M group layout (``trainmap.methods.nm``), named in each entry's header as ``group_layout``: for
   a conv kernel by default ``input_channels``, i.e. the M consecutive input channels at each kernel
   position, groups ordered (out, kh, kw, in // M); ``flattened`` stores groups along the
   (out, in*kh*kw) rows. Linear weights have one layout (groups along each row).
@@ -56,8 +56,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from trainmap.io import save_torch, write_atomic
+from trainmap.methods.nm import LEGACY_LAYOUT, from_nm_groups, nm_groups
 from trainmap.models import eval_forward_with_hooks
-from trainmap.nm import LEGACY_LAYOUT, from_nm_groups, nm_groups
 
 SCHEMES = {"int8": (8, False), "int4": (4, False), "awq_int8": (8, True), "awq_int4": (4, True)}
 AWQ_GRID = tuple(i / 20 for i in range(21))
@@ -114,10 +114,10 @@ class QuantizedLayer:
         if self.input_divisor is not None:
             weight = weight / _column_scale(self.input_divisor, weight)
         if self.slorb_qweight is not None:
-            # Imported here: trainmap.sparse brings the training stack (pandas, trainmap.train),
-            # which the config check's `from trainmap.quantize import SCHEMES` must not load at
+            # Imported here: trainmap.methods.sparse brings the training stack (pandas, trainmap.training.loop),
+            # which the config check's `from trainmap.methods.quantize import SCHEMES` must not load at
             # every Snakefile parse (+0.6 s).
-            from trainmap.sparse import expand_slorb
+            from trainmap.methods.sparse import expand_slorb
 
             slorb = dequantize_rows(self.slorb_qweight, self.slorb_scale)
             weight = weight + expand_slorb(slorb, self.slorb_k, weight.shape)
@@ -351,7 +351,7 @@ def _skeleton(source_format: str, source: Mapping[str, Any]) -> nn.Module:
     """The source form's network structure (weights not loaded). Every Linear/Conv is replaced by
     its quantised layer, so a sparse source needs only its dense architecture."""
     if source_format == "deploy":
-        from trainmap.reparam import deploy_skeleton
+        from trainmap.models.repvgg import deploy_skeleton
 
         return deploy_skeleton(source["layers"])
     from trainmap.models import build_model
@@ -484,7 +484,7 @@ class PackedLayer:
 def pack_nm(q: torch.Tensor, mask: torch.Tensor, n: int, m: int, bits: int = 4,
             huffman: bool = False, layout: str = "input_channels") -> PackedLayer:  # fmt: skip
     """Pack an N:M quantised weight: kept values (nibbles at 4 bits, bytes at 8) in group order of
-    ``layout`` (``trainmap.nm.nm_groups``), and each group's pattern index (fixed-width bits or
+    ``layout`` (``trainmap.methods.nm.nm_groups``), and each group's pattern index (fixed-width bits or
     canonical Huffman codes)."""
     rows = nm_groups(q, m, layout).numpy().astype(np.int16)
     groups_keep = nm_groups(mask, m, layout).numpy().reshape(-1, m) > 0

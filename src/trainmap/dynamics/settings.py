@@ -1,0 +1,48 @@
+"""The analysis settings (``params.yaml`` ``analysis:``, checked by the config schema), their
+defaults, and the :class:`~trainmap.dynamics.hmm.TrainingHMM` they configure.
+
+Its own module so that every analysis step (:mod:`~trainmap.dynamics.pipeline`,
+:mod:`~trainmap.dynamics.joint`) reads the same defaults without importing another step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from trainmap.dynamics.hmm import TrainingHMM
+
+HMM_SETTINGS = ("k_max", "restarts", "holdout", "covariance_type", "standardisation",
+                "restart_rule", "init", "n_iter", "tol", "min_covar", "n_jobs", "features")  # fmt: skip
+#: The analysis settings and their defaults (params.yaml ``analysis`` documents each).
+ANALYSIS_DEFAULTS = {
+    "k_max": 8,
+    "restarts": 5,
+    "holdout": 0.2,
+    "seed": 0,
+    "covariance_type": "full",
+    "standardisation": "pooled",
+    "restart_rule": "best",
+    "init": "sticky",
+    "n_iter": 500,
+    "tol": 1e-3,
+    "baseline_k_max": 16,
+    "alpha": 0.05,
+    "dissimilarity": "total_variation",
+    "bootstrap": 200,
+    "bootstrap_iter": 10,
+    "permutations": 2000,
+    "confidence": 0.95,
+}
+
+
+def with_defaults(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """``settings`` completed with :data:`ANALYSIS_DEFAULTS`."""
+    return ANALYSIS_DEFAULTS | dict(settings)
+
+
+def make_hmm(settings: Mapping[str, Any]) -> TrainingHMM:
+    """An unfitted :class:`TrainingHMM` from analysis settings (``seed`` is the random state)."""
+    settings = with_defaults(settings)
+    kwargs = {key: settings[key] for key in HMM_SETTINGS if key in settings}
+    return TrainingHMM(random_state=settings["seed"], **kwargs)

@@ -1,0 +1,278 @@
+"""The grid model: cells (task x arch x method x seed), the seed ranges that run as one job, and the
+settings each cell's stages read (``cell_hash`` fingerprints them). Built from a validated config
+(:mod:`trainmap.grid.validate`); nothing here reads files or checks values."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from trainmap import methods, models
+
+#: A training map needs runs to fit on and at least one to hold out.
+MIN_RUNS_PER_GROUP = 2
+
+
+@dataclass(frozen=True, order=True)
+class Cell:
+    """One grid cell: a task trained with one architecture, method and seed."""
+
+    task: str
+    arch: str
+    method: str
+    seed: int
+
+    @classmethod
+    def of(cls, value: Cell | Mapping[str, Any]) -> Cell:
+        """A cell from a Cell or a mapping with task, arch, method and seed (e.g. JSON)."""
+        if isinstance(value, Cell):
+            return value
+        return cls(value["task"], value["arch"], value["method"], int(value["seed"]))
+
+    def to_dict(self) -> dict[str, Any]:
+        """``{"task", "arch", "method", "seed"}``: the JSON form :meth:`of` reads back."""
+        return {"task": self.task, "arch": self.arch, "method": self.method, "seed": self.seed}
+
+    @property
+    def id(self) -> str:
+        """The cell's path below a rule's results directory, e.g. ``digits/vgg_bn/kaiming/seed3``."""
+        return f"{self.task}/{self.arch}/{self.method}/seed{self.seed}"
+
+
+@dataclass(frozen=True, order=True)
+class SeedRange:
+    """Seeds of one (task, arch, method) that run as one job: those of an aligned range of
+    ``train.<task>.seed_block`` seeds, [k S, (k + 1) S - 1] (e.g. ``seeds0-31``). Aligned ranges
+    keep a block's seeds fixed when seeds are added to or removed from other ranges."""
+
+    task: str
+    arch: str
+    method: str
+    first: int
+    last: int
+    seeds: tuple[int, ...]
+
+    @classmethod
+    def of(cls, value: SeedRange | Mapping[str, Any]) -> SeedRange:
+        """A block from a SeedRange or its JSON form (:meth:`to_dict`)."""
+        if isinstance(value, SeedRange):
+            return value
+        return cls(value["task"], value["arch"], value["method"], int(value["first"]),
+                   int(value["last"]), tuple(int(seed) for seed in value["seeds"]))  # fmt: skip
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form :meth:`of` reads back."""
+        return {"task": self.task, "arch": self.arch, "method": self.method,
+                "first": self.first, "last": self.last, "seeds": list(self.seeds)}  # fmt: skip
+
+    @property
+    def name(self) -> str:
+        """The block's wildcard value, e.g. ``seeds0-31``."""
+        return f"seeds{self.first}-{self.last}"
+
+    @property
+    def id(self) -> str:
+        """The block's path below a rule's results directory, e.g. ``digits/vgg_bn/ast/seeds0-31``."""
+        return f"{self.task}/{self.arch}/{self.method}/{self.name}"
+
+    @property
+    def cells(self) -> list[Cell]:
+        """The block's cells, in seed order."""
+        return [Cell(self.task, self.arch, self.method, seed) for seed in self.seeds]
+
+
+def expand_grid(config: dict) -> list[Cell]:
+    """Every (task, arch, method, seed) cell of the grid, in grid order."""
+    return [
+        Cell(entry["task"], arch, method, seed)
+        for entry in config["grid"]
+        for arch in entry["archs"]
+        for method in entry["methods"]
+        for seed in entry["seeds"]
+    ]
+
+
+def grid_tasks(config: dict) -> list[str]:
+    """The tasks of the grid, each once, in grid order."""
+    return list(dict.fromkeys(entry["task"] for entry in config["grid"]))
+
+
+def canonical(settings: Any) -> Any:
+    """``settings`` with every mapping's keys sorted (recursively; lists keep their order).
+
+    Snakemake compares a job's params with the last run's by their text, and the order of keys
+    depends on how config files were merged (``configfile:`` directives, then ``--configfile``):
+    sorted keys make the same settings look the same, so nothing reruns for nothing.
+    """
+    if isinstance(settings, Mapping):
+        return {key: canonical(settings[key]) for key in sorted(settings)}
+    if isinstance(settings, list | tuple):
+        return [canonical(item) for item in settings]
+    return settings
+
+
+def data_settings(config: dict, task: str) -> dict:
+    """The data kind and options of ``task``."""
+    return canonical(config["data"][task])
+
+
+def model_settings(config: dict, task: str, arch: str) -> dict:
+    """Builder options of ``arch`` on ``task`` (empty: the registry's defaults)."""
+    return canonical(config["model"].get(task, {}).get(arch, {}))
+
+
+def train_settings(config: dict, task: str) -> dict:
+    """The training hyperparameters of ``task``: everything that determines a run's arithmetic.
+    ``seed_block`` (how many seeds share a job) is left out: it never changes a run's result, so
+    changing it must not make a run look different (see :func:`seed_block`)."""
+    settings = canonical(config["train"][task])
+    settings.pop("seed_block", None)
+    return settings
+
+
+def seed_block(config: dict, task: str) -> int:
+    """How many seeds of ``task`` train together as one job (``train.<task>.seed_block``)."""
+    return int(config["train"][task].get("seed_block", 1))
+
+
+def seed_ranges_of(config: dict, cells: Iterable[Cell]) -> list[SeedRange]:
+    """``cells`` grouped into :class:`Block` s: per (task, arch, method), the seeds of each aligned
+    range of ``seed_block`` seeds; in (task, arch, method, first seed) order."""
+    seeds: dict[tuple[str, str, str, int], list[int]] = {}
+    for cell in set(cells):
+        size = seed_block(config, cell.task)
+        first = cell.seed - cell.seed % size
+        seeds.setdefault((cell.task, cell.arch, cell.method, first), []).append(cell.seed)
+    return [
+        SeedRange(
+            task, arch, method, first, first + seed_block(config, task) - 1, tuple(sorted(found))
+        )
+        for (task, arch, method, first), found in sorted(seeds.items())
+    ]
+
+
+def trained_cells(config: dict) -> list[Cell]:
+    """Every dense cell the grid trains: its dense cells and the teachers of its sparse cells."""
+    cells = expand_grid(config)
+    dense = {teacher_cell(cell) if is_sparse(cell) else cell for cell in cells}
+    return sorted(dense)
+
+
+def evaluate_settings(config: dict, task: str) -> dict:
+    """The evaluation settings of ``task``."""
+    return canonical(config["evaluate"][task])
+
+
+def analysis_settings(config: dict) -> dict:
+    """The training-map settings (``analysis``)."""
+    return canonical(config.get("analysis", {}))
+
+
+def stage_settings(config: dict, stage: str, task: str) -> dict:
+    """The hyperparameters of a method stage (``gradinit`` or ``sparse``) on ``task``."""
+    return canonical(config.get(stage, {}).get(task, {}))
+
+
+def method_of(cell: Cell) -> methods.MethodSpec:
+    """The registry entry of the cell's method."""
+    return methods.check_method(cell.method)
+
+
+def is_sparse(cell: Cell) -> bool:
+    """Whether the cell's model comes from the ``sparse`` stage (retraining a dense teacher)."""
+    return method_of(cell).has_stage("sparse")
+
+
+def retrains(cell: Cell) -> bool:
+    """Whether the cell trains at all, i.e. has a trajectory (one-shot pruning does not)."""
+    spec = method_of(cell)
+    return not spec.has_stage("sparse") or bool(spec.options.get("retrain"))
+
+
+def methods_with_stage(stage: str) -> str:
+    """A regex matching exactly the methods that have ``stage`` (for wildcard constraints)."""
+    return "|".join(name for name, spec in methods.METHODS.items() if spec.has_stage(stage))
+
+
+def methods_without_stage(stage: str) -> str:
+    """A regex matching exactly the methods that do not have ``stage``."""
+    return "|".join(name for name, spec in methods.METHODS.items() if not spec.has_stage(stage))
+
+
+def teacher_cell(cell: Cell) -> Cell:
+    """The dense cell whose trained model a sparse cell starts from (same task, arch and seed)."""
+    return Cell(cell.task, cell.arch, methods.DENSE_BASE_METHOD, cell.seed)
+
+
+def has_deploy_form(arch: str) -> bool:
+    """Whether ``arch`` is re-parameterised into a deploy form after training (RepVGG)."""
+    return bool(getattr(models.ARCHITECTURES[arch], "deploy_form", False))
+
+
+def quantized_schemes(config: dict, cell: Cell) -> list[str]:
+    """The quantisation schemes applied to the cell's final model: the configured schemes when its
+    method is in ``quantize.methods`` and (if given) its arch in ``quantize.archs``; else none."""
+    settings = config.get("quantize", {})
+    selected = cell.method in settings.get("methods", []) and (
+        "archs" not in settings or cell.arch in settings["archs"]
+    )
+    return list(settings.get("schemes", [])) if selected else []
+
+
+def analysis_groups(config: dict) -> dict[str, list[Cell]]:
+    """Training-map groups: one per (task, arch, method) with at least two trajectories.
+
+    Cells without a trajectory (one-shot pruning) have no training path to map. ``analysis.group_maps``
+    chooses which groups get a map of their own: ``all`` (default), ``outside_joint`` (only groups no
+    joint comparison contains: a joint map already maps their runs, with states shared across the
+    compared methods) or ``none`` (joint maps only).
+    """
+    analysis = config.get("analysis", {})
+    which = analysis.get("group_maps", "all")
+    if which == "none":
+        return {}
+    mapped_jointly = set()
+    if which == "outside_joint":
+        mapped_jointly = {cell for cells in joint_groups(config).values() for cell in cells}
+    groups: dict[str, list[Cell]] = {}
+    for cell in expand_grid(config):
+        if retrains(cell) and cell not in mapped_jointly:
+            groups.setdefault(f"{cell.task}/{cell.arch}/{cell.method}", []).append(cell)
+    return {name: cells for name, cells in groups.items() if len(cells) >= MIN_RUNS_PER_GROUP}
+
+
+def in_joint(cell: Cell, spec: Mapping[str, Any]) -> bool:
+    return (
+        cell.task == spec["task"]
+        and cell.arch in spec.get("archs", [cell.arch])
+        and cell.method in spec.get("methods", [cell.method])
+    )
+
+
+def joint_groups(config: dict) -> dict[str, list[Cell]]:
+    """Joint comparisons (``analysis.joint``): the pooled trained cells of several archs/methods of
+    one task; groups with fewer than two runs in the grid are left out (check_config warns)."""
+    cells = [cell for cell in expand_grid(config) if retrains(cell)]
+    joint = {}
+    for spec in config.get("analysis", {}).get("joint", []):
+        pooled = [cell for cell in cells if in_joint(cell, spec)]
+        if len(pooled) >= MIN_RUNS_PER_GROUP:
+            joint[spec["name"]] = pooled
+    return joint
+
+
+def cell_hash(config: dict, cell: Cell) -> str:
+    """A short hash of everything that determines a cell's trained model (data, model, training,
+    and the settings of the cell's method stages)."""
+    payload = {
+        "cell": cell.id,
+        "data": data_settings(config, cell.task),
+        "model": model_settings(config, cell.task, cell.arch),
+        "train": train_settings(config, cell.task),
+    }
+    for stage in method_of(cell).stages:
+        payload[stage] = stage_settings(config, stage, cell.task)
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:12]

@@ -1,0 +1,193 @@
+"""The analysis rules: training maps, detour regressions and joint comparisons (trainmap.dynamics).
+
+Each job reads its inputs, runs one step of :mod:`trainmap.dynamics.pipeline`, which writes its
+result, and logs to MLflow from that result object (never from the files the step just wrote). A
+rule after ``fit_hmm`` reads what ``fit_hmm`` wrote (its input files). ``tracking`` is
+:func:`trainmap.tracking.tracking_settings` of the workflow's config; ``cell_hashes`` (``{cell id:
+cell hash}``, a rule param) names the parent run of each cell whose metrics a job logs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from trainmap.dynamics.certainty import BootstrapResult
+from trainmap.dynamics.pipeline import (
+    FittedMap,
+    Outcomes,
+    fit_group,
+    joint_group,
+    map_group,
+    regress_group,
+)
+from trainmap.dynamics.tables import read_metric_table
+from trainmap.grid import Cell
+from trainmap.io import block_manifest_of, load_json
+from trainmap.jobs.common import settings_hash
+from trainmap.tracking import RuleRun, log_cell_metrics, rule_run
+
+
+def _group_inputs(
+    metrics_paths: list[str], evaluation_paths: list[str], labels: list[str]
+) -> tuple[dict[str, pd.DataFrame], Outcomes]:
+    """Metric tables and outcomes (convergence step, status) keyed by run label. Tables are read
+    strictly (trainmap.dynamics.tables): NaN or Inf metrics only in a run whose evaluation says it
+    diverged; a damaged table stops the job naming the file, column, step and the block manifest
+    to delete."""
+    outcomes = _group_outcomes(evaluation_paths, labels)
+
+    def rerun_collect_metrics(path: str) -> str:
+        manifest = block_manifest_of(path) or Path(path).parent
+        return (f"rerun collect_metrics for this block: delete its manifest {manifest} and run "
+                "the workflow again")  # fmt: skip
+
+    runs = {
+        label: read_metric_table(path, diverged=outcomes.status[label] == "diverged",
+                                 fix=rerun_collect_metrics(path))
+        for label, path in zip(labels, metrics_paths, strict=True)
+    }  # fmt: skip
+    return runs, outcomes
+
+
+def _group_outcomes(evaluation_paths: list[str], labels: list[str]) -> Outcomes:
+    """Outcomes (convergence step, status) keyed by run label, from the runs' evaluations."""
+    evaluations = [load_json(path) for path in evaluation_paths]
+    return Outcomes(
+        convergence={label: e["convergence_step"] for label, e in zip(labels, evaluations,
+                                                                      strict=True)},
+        status={label: e["status"] for label, e in zip(labels, evaluations, strict=True)},
+    )  # fmt: skip
+
+
+def _seed_labels(cells: list[dict]) -> list[str]:
+    return [f"seed{Cell.of(cell).seed}" for cell in cells]
+
+
+def _log_figures(run: RuleRun, captions: Mapping[str, str], out_dir: Path) -> None:
+    for name, caption in captions.items():
+        run.log_artifact(out_dir / name, "figures")
+        run.set_tags({f"caption.{name}": caption})
+
+
+def _log_occupancy(
+    tracking: Mapping[str, str], cell_hashes: Mapping[str, str], cells: list[dict],
+    labels: list[str], states: Mapping[str, np.ndarray], n_states: int, detour_states: list[int],
+    prefix: str,
+) -> None:  # fmt: skip
+    """Each cell's state occupancy and detour visits, on its MLflow parent run."""
+    metrics_by_cell = {}
+    for cell, label in zip(cells, labels, strict=True):
+        sequence = states[label]
+        occupancy = np.bincount(sequence, minlength=n_states) / len(sequence)
+        in_detours = np.isin(sequence, detour_states)
+        metrics = {f"{prefix}.occupancy.state{k}": occupancy[k] for k in range(n_states)}
+        metrics |= {f"{prefix}.detour_share": float(in_detours.mean()),
+                    f"{prefix}.detour_visited": float(in_detours.any()),
+                    f"{prefix}.n_states": float(n_states)}  # fmt: skip
+        metrics_by_cell[Cell.of(cell)] = metrics
+    log_cell_metrics(tracking, metrics_by_cell, cell_hashes)
+
+
+def fit_hmm_job(
+    group: str, cells: list[dict], metrics_paths: list[str], evaluation_paths: list[str],
+    settings: dict, out_dir: str | Path, tracking: Mapping[str, str], *, threads: int = 1,
+) -> None:  # fmt: skip
+    """Rule ``fit_hmm``: the training-map HMM of one group (task/arch/method) of runs, its
+    baselines and its bootstrap over runs (``threads`` parallel processes)."""
+    out_dir = Path(out_dir)
+    runs, outcomes = _group_inputs(metrics_paths, evaluation_paths, _seed_labels(cells))
+    task = Cell.of(cells[0]).task
+    with rule_run(tracking, "fit_hmm", task=task, params={"analysis": settings, "group": group},
+                  config_hash=settings_hash([settings, group])) as run:  # fmt: skip
+        fit = fit_group(runs, outcomes, settings, out_dir, title=group, n_jobs=threads)
+        hmm = fit.hmm
+        if hmm.at_ceiling_:
+            print(f"warning: {group}: {hmm.ceiling_message()}")
+        run.set_tags({"group": group, "n_states": hmm.n_states_,
+                      "selection_at_ceiling": hmm.at_ceiling_})  # fmt: skip
+        run.log_metrics({"n_states": hmm.n_states_, "runs": len(runs),
+                         "bootstrap_k_same": fit.bootstrap.k_same})  # fmt: skip
+        _log_figures(run, fit.captions, out_dir)
+        for name in ("selection.csv", "baselines.csv", "hmm.json", "bootstrap.json"):
+            run.log_artifact(out_dir / name)
+
+
+def regress_detours_job(
+    group: str, cells: list[dict], evaluation_paths: list[str], out_dir: str | Path,
+    tracking: Mapping[str, str], cell_hashes: Mapping[str, str], settings: dict | None = None,
+) -> None:  # fmt: skip
+    """Rule ``regress_detours``: detour states and trajectory dissimilarity of one group, from the
+    fit ``fit_hmm`` wrote (its model, decoded states and bootstrap) and the runs' convergence steps
+    (the metric tables are not needed). Each cell's parent MLflow run gets its state occupancy and
+    detour visits."""
+    out_dir = Path(out_dir)
+    labels = _seed_labels(cells)
+    outcomes = _group_outcomes(evaluation_paths, labels)
+    fit = FittedMap.load(out_dir)
+    bootstrap = BootstrapResult.load(out_dir / "bootstrap.json")
+    with rule_run(tracking, "regress_detours", task=Cell.of(cells[0]).task,
+                  params={"group": group},
+                  config_hash=settings_hash([settings, group])) as run:  # fmt: skip
+        result = regress_group(fit, outcomes, settings, bootstrap=bootstrap, out_dir=out_dir,
+                               title=group)  # fmt: skip
+        regression = result.regression
+        run.set_tags({"group": group, "detour_states": result.detour_states,
+                      "regression": "fitted" if regression.fitted else regression.not_fitted})  # fmt: skip
+        run.log_metrics({key: result.summary[key] for key in ("r2", "r2_adjusted", "f_pvalue",
+                         "dissimilarity") if result.summary[key] is not None})  # fmt: skip
+        _log_figures(run, result.captions, out_dir)
+        run.log_artifact(out_dir / "detours.json")
+        run.log_artifact(out_dir / "coefficients.csv")
+    _log_occupancy(tracking, cell_hashes, cells, labels, fit.states, fit.hmm.n_states_,
+                   result.detour_states, prefix="map")  # fmt: skip
+
+
+def training_map_job(
+    group: str, cells: list[dict], metrics_paths: list[str], evaluation_paths: list[str],
+    out_dir: str | Path, tracking: Mapping[str, str],
+) -> None:  # fmt: skip
+    """Rule ``training_map``: the map of one fitted group, its detour states (``detours.json`` of
+    rule ``regress_detours``) highlighted."""
+    out_dir = Path(out_dir)
+    runs, outcomes = _group_inputs(metrics_paths, evaluation_paths, _seed_labels(cells))
+    fit = FittedMap.load(out_dir)
+    detours = load_json(out_dir / "detours.json")["detour_states"]
+    with rule_run(tracking, "training_map", task=Cell.of(cells[0]).task, params={"group": group},
+                  config_hash=settings_hash(group)) as run:  # fmt: skip
+        result = map_group(fit, runs, outcomes, detour_states=detours, out_dir=out_dir,
+                           title=group)  # fmt: skip
+        run.set_tags({"group": group})
+        _log_figures(run, result.captions, out_dir)
+        run.log_artifact(out_dir / "map.svg", "figures")
+        run.log_artifact(out_dir / "map.json")
+
+
+def joint_comparison_job(
+    name: str, cells: list[dict], labels: list[str], metrics_paths: list[str],
+    evaluation_paths: list[str], settings: dict, out_dir: str | Path,
+    tracking: Mapping[str, str], cell_hashes: Mapping[str, str], *, threads: int = 1,
+) -> None:  # fmt: skip
+    """Rule ``joint_comparison``: one shared map for the runs of several methods/archs, and the
+    verdict table; each cell's parent MLflow run gets its occupancy of the shared states."""
+    out_dir = Path(out_dir)
+    run_ids = [f"{label}/seed{Cell.of(cell).seed}" for label, cell in zip(labels, cells,
+                                                                          strict=True)]  # fmt: skip
+    runs, outcomes = _group_inputs(metrics_paths, evaluation_paths, run_ids)
+    groups = dict(zip(run_ids, labels, strict=True))
+    with rule_run(tracking, "joint_comparison", task=Cell.of(cells[0]).task,
+                  params={"analysis": settings, "joint": name},
+                  config_hash=settings_hash([settings, name, run_ids])) as run:  # fmt: skip
+        result = joint_group(runs, groups, outcomes, settings, out_dir, title=name,
+                             n_jobs=threads)  # fmt: skip
+        run.set_tags({"joint": name, "detour_states": result.detour_states})
+        for group, rate in result.comparison.visit_rates.items():
+            run.log_metrics({f"{group}.detour_visit_rate": rate})
+        _log_figures(run, result.captions, out_dir)
+        for artifact in ("joint.json", "regression.csv", "verdicts.csv", "verdicts.md"):
+            run.log_artifact(out_dir / artifact)
+    _log_occupancy(tracking, cell_hashes, cells, run_ids, result.states, result.hmm.n_states_,
+                   result.detour_states, prefix=f"joint.{name}")  # fmt: skip

@@ -1,0 +1,106 @@
+"""The package's import graph has no cycle (issue 20): every import between trainmap's modules, at
+module level or inside a function (a deferred import hides a cycle, it does not remove it), read
+from the source with ``ast``. ``if TYPE_CHECKING:`` imports are left out: they never run."""
+
+from __future__ import annotations
+
+import ast
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "src" / "trainmap"
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def is_type_checking_block(node: ast.AST) -> bool:
+    return isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+
+
+def imported_modules(tree: ast.AST, module: str, is_package: bool, known: set[str]) -> set[str]:
+    """The trainmap modules ``module`` imports (``from a import b`` counts module ``a.b`` when it
+    is one, else ``a``)."""
+    found: set[str] = set()
+
+    def visit(node: ast.AST) -> None:
+        if is_type_checking_block(node):
+            return
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = module.split(".") if is_package else module.split(".")[:-1]
+                anchor = anchor[: len(anchor) - (node.level - 1)]
+                base = ".".join([*anchor, *([base] if base else [])])
+            for alias in node.names:
+                candidate = f"{base}.{alias.name}"
+                found.add(candidate if candidate in known else base)
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(tree)
+    return {name for name in found if name in known and name != module}
+
+
+Graph = dict[str, set[str]]
+
+
+def import_graph() -> Graph:
+    """Module -> the trainmap modules it imports. A submodule that imports its own package (``from
+    trainmap.models import x`` inside ``trainmap.models.repvgg``) while the package imports it is a
+    cycle like any other: the package is half initialised when the submodule runs."""
+    paths = sorted(PACKAGE.rglob("*.py"))
+    known = {module_name(path) for path in paths}
+    graph: Graph = defaultdict(set)
+    for path in paths:
+        module = module_name(path)
+        tree = ast.parse(path.read_text(), filename=str(path))
+        graph[module] |= imported_modules(tree, module, path.name == "__init__.py", known)
+    return graph
+
+
+def find_cycle(graph: Graph) -> list[str] | None:
+    """One cycle of ``graph`` (depth-first search), or None."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for target in sorted(graph.get(node, ())):
+            if state.get(target) == 1:
+                return path[path.index(target) :] + [target]
+            if target not in state and (cycle := visit(target)):
+                return cycle
+        state[node] = 2
+        path.pop()
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (cycle := visit(node)):
+            return cycle
+    return None
+
+
+def test_the_graph_is_read_from_the_source() -> None:
+    graph = import_graph()
+    assert len(graph) > 30
+    assert "trainmap.training.loop" in graph["trainmap.jobs.train"]
+
+
+def test_a_cycle_is_found_when_there_is_one() -> None:
+    """Positive control: the search finds a cycle, and none in a chain."""
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": {"c"}}) is None
+
+
+def test_no_import_cycle_in_trainmap() -> None:
+    cycle = find_cycle(import_graph())
+    if cycle:
+        pytest.fail(f"an import cycle in src/trainmap: {' -> '.join(cycle)}")
