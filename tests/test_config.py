@@ -456,9 +456,9 @@ def test_every_setting_the_code_takes_is_in_the_schema() -> None:
     the analysis passes on) must be schema properties. Extend the schema when adding one."""
     from dataclasses import fields
 
-    from trainmap.methods import gradinit, sparse
     from trainmap.dynamics.pipeline import HMM_SETTINGS
     from trainmap.grid import SCHEMA_PATH
+    from trainmap.methods import gradinit, sparse
     from trainmap.training.loop import TrainConfig
 
     schema = read_yaml(SCHEMA_PATH)
