@@ -8,6 +8,7 @@ from trainmap.grid import (
     config_problems_reported,
     validate_schema,
 )
+from trainmap.plugins import load_plugins
 
 min_version("9.20")
 
@@ -26,9 +27,11 @@ configfile: "params.yaml"
 configfile: "config/config.yaml"
 
 
-# workflow/schemas/config.schema.yaml, then what a schema cannot express (trainmap.grid);
-# an error's first line reads `config key <path>: ...`.
+# Plugins (config key plugins, installed trainmap.plugins entry points) register their
+# architectures, data kinds and methods first; then workflow/schemas/config.schema.yaml and what a
+# schema cannot express (trainmap.grid). An error's first line reads `config key <path>: ...`.
 with config_problems_reported(VERBOSE):
+    load_plugins(config.get("plugins"), workflow.basedir)
     validate_schema(config)
     check_config(config, base_dir=Path(workflow.basedir))
 

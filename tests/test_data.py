@@ -344,6 +344,7 @@ def test_registry_and_options():
         "mnist",
         "cifar10",
         "cifar100",
+        "arrays",
     }
     assert data_kind_options("sparse_parity") == {
         "n_bits": 40,

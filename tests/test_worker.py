@@ -218,3 +218,13 @@ def _alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+def test_the_job_client_imports_neither_torch_nor_mlflow():
+    """Each workflow script imports trainmap.worker to hand its job to the server: importing torch
+    there would cost every job about a second (plugins load in the server and the job, not here)."""
+    code = "import sys, trainmap.worker; print(sorted({'torch', 'mlflow'} & set(sys.modules)))"
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    )
+    assert result.stdout.strip() == "[]", result.stdout

@@ -50,6 +50,7 @@ import json
 import os
 import pickle
 import struct
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -503,6 +504,118 @@ def _read_cifar_batch(
 
 
 # --------------------------------------------------------------------------------------------------
+# A local file of arrays (the user's own data, no code)
+
+ARRAY_NAMES = ("x_train", "y_train", "x_test", "y_test")
+ARRAY_SUFFIXES = (".npz", ".pt", ".pth")
+INPUT_KIND_CHOICES = ("vector", "image", "tokens")
+
+
+def read_arrays(
+    path: str | os.PathLike,
+    input_kind: str | None = None,
+    num_classes: int | None = None,
+    n_train: int | None = None,
+    seed: int = 0,
+) -> TaskData:
+    """Train/test data from one local file: an ``.npz`` (``numpy.savez``, read without pickle) or a
+    ``torch.save`` dict of tensors (``.pt``, read with ``weights_only=True``) holding ``x_train``,
+    ``y_train``, ``x_test`` and ``y_test``.
+
+    Inputs are float (vectors, images) or integer token ids; labels are integer class indices in
+    ``[0, num_classes)`` (default: the largest label + 1). ``input_kind`` defaults to what the inputs
+    are: integers -> ``tokens``; per example 1-D -> ``vector``, 2-D (H, W) -> ``image`` with one
+    channel, 3-D (C, H, W) -> ``image``. Every check names the file and the array.
+    """
+    arrays = _load_arrays(Path(path))
+    x_train, y_train, x_test, y_test = (arrays[name] for name in ARRAY_NAMES)
+    kind = _array_input_kind(path, x_train, input_kind)
+    for split, x, y in (("train", x_train, y_train), ("test", x_test, y_test)):
+        _check(
+            y.dim() == 1, f"{path}: y_{split} must be 1-D class labels, got shape {list(y.shape)}"
+        )
+        _check(len(x) == len(y), f"{path}: x_{split} has {len(x)} examples but y_{split} {len(y)}")
+        _check(len(x) > 0, f"{path}: x_{split} is empty")
+        if x.is_floating_point():
+            bad = int((~torch.isfinite(x)).sum())
+            _check(bad == 0, f"{path}: x_{split} holds {bad} NaN or infinite value(s)")
+    _check(x_train.shape[1:] == x_test.shape[1:],
+           f"{path}: x_train examples are {list(x_train.shape[1:])} but x_test examples "
+           f"{list(x_test.shape[1:])}")  # fmt: skip
+    classes = num_classes or int(max(y_train.max(), y_test.max())) + 1
+    for split, y in (("train", y_train), ("test", y_test)):
+        outside = y[(y < 0) | (y >= classes)]
+        _check(outside.numel() == 0, f"{path}: y_{split} holds labels {outside[:5].tolist()} "
+               f"outside [0, {classes}) (num_classes = {classes})")  # fmt: skip
+    if kind == "image" and x_train.dim() == 3:  # (N, H, W): one channel
+        x_train, x_test = x_train.unsqueeze(1), x_test.unsqueeze(1)
+    extra: dict[str, Any] = {}
+    if kind == "tokens":
+        extra["vocab_size"] = int(max(x_train.max(), x_test.max())) + 1
+    else:
+        x_train, x_test = x_train.float(), x_test.float()
+    x_train, y_train = _subsample_train(x_train, y_train, n_train, seed)
+    return _task_data(x_train, y_train, x_test, y_test, kind="arrays", input_kind=kind,
+                      num_classes=classes, path=str(path), subsampled=n_train is not None,
+                      seed=seed, **extra)  # fmt: skip
+
+
+def _load_arrays(path: Path) -> dict[str, torch.Tensor]:
+    """The four arrays of ``path`` as tensors (labels int64); errors name the file and array."""
+    _check(path.suffix in ARRAY_SUFFIXES, f"{path}: an array file ends in "
+           f"{', '.join(ARRAY_SUFFIXES)} (numpy.savez or torch.save of a dict of tensors)")  # fmt: skip
+    _check(path.is_file(), f"{path}: no such file")
+    if path.suffix == ".npz":
+        try:
+            with np.load(path, allow_pickle=False) as stored:
+                found = {name: stored[name] for name in stored.files}
+        except (ValueError, OSError) as error:
+            raise ValueError(f"{path}: not a readable .npz file ({error})") from None
+    else:
+        found = torch.load(path, weights_only=True, map_location="cpu")
+        _check(isinstance(found, dict), f"{path}: holds a {type(found).__name__}, not a dict of "
+               f"tensors named {', '.join(ARRAY_NAMES)}")  # fmt: skip
+    missing = [name for name in ARRAY_NAMES if name not in found]
+    _check(not missing, f"{path}: lacks the array(s) {', '.join(missing)}; it needs "
+           f"{', '.join(ARRAY_NAMES)}")  # fmt: skip
+    arrays = {}
+    for name in ARRAY_NAMES:
+        value = found[name]
+        tensor = torch.as_tensor(np.asarray(value)) if not torch.is_tensor(value) else value
+        if name.startswith("y"):
+            _check(not tensor.is_floating_point() and tensor.dtype != torch.bool,
+                   f"{path}: {name} must hold integer class labels, not {tensor.dtype}")  # fmt: skip
+            tensor = tensor.long()
+        else:
+            _check(tensor.is_floating_point() or tensor.dtype in _INTEGER_DTYPES,
+                   f"{path}: {name} must hold numbers (float inputs or integer token ids), not "
+                   f"{tensor.dtype}")  # fmt: skip
+        arrays[name] = tensor
+    return arrays
+
+
+_INTEGER_DTYPES = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
+
+
+def _array_input_kind(path: str | os.PathLike, x: torch.Tensor, input_kind: str | None) -> str:
+    """``input_kind`` as given (checked against the inputs), or what the inputs are."""
+    per_example = x.dim() - 1
+    inferred = ("tokens" if not x.is_floating_point()
+                else {1: "vector", 2: "image", 3: "image"}.get(per_example))  # fmt: skip
+    kind = input_kind or inferred
+    _check(kind in INPUT_KIND_CHOICES, f"{path}: x_train examples of shape {list(x.shape[1:])} "
+           f"and dtype {x.dtype} fit no input kind; give input_kind "
+           f"({', '.join(INPUT_KIND_CHOICES)})")  # fmt: skip
+    if kind == "image":
+        _check(per_example in (2, 3), f"{path}: input_kind image needs x_train examples of shape "
+               f"(H, W) or (C, H, W), got {list(x.shape[1:])}")  # fmt: skip
+    if kind == "tokens":
+        _check(not x.is_floating_point(), f"{path}: input_kind tokens needs integer token ids in "
+               f"x_train, got {x.dtype}")  # fmt: skip
+    return kind
+
+
+# --------------------------------------------------------------------------------------------------
 # Registry and dispatch
 
 DATA_KINDS: dict[str, Callable[..., TaskData]] = {
@@ -512,6 +625,7 @@ DATA_KINDS: dict[str, Callable[..., TaskData]] = {
     "mnist": read_mnist,
     "cifar10": read_cifar10,
     "cifar100": read_cifar100,
+    "arrays": read_arrays,
 }
 
 # What each kind feeds a model, known without building the data (config checks use it).
@@ -525,9 +639,12 @@ INPUT_KINDS: dict[str, str] = {
 }
 
 
-def input_kind_of(kind: str) -> str:
-    """``"vector"``, ``"image"`` or ``"tokens"``: the input kind of data ``kind``."""
+def input_kind_of(kind: str, options: Mapping[str, Any] | None = None) -> str:
+    """``"vector"``, ``"image"`` or ``"tokens"``: the input kind of data ``kind`` (for ``arrays``,
+    its ``input_kind`` option, else what the file's inputs are)."""
     _kind_function(kind)
+    if kind == "arrays":
+        return model_meta(kind, options)["input_kind"]
     return INPUT_KINDS[kind]
 
 
@@ -549,13 +666,58 @@ MODEL_META: dict[str, Callable[[Mapping[str, Any]], dict[str, Any]]] = {
     "mnist": lambda o: {"input_shape": [1, 28, 28], "num_classes": 10},
     "cifar10": lambda o: {"input_shape": [3, 32, 32], "num_classes": 10},
     "cifar100": lambda o: {"input_shape": [3, 32, 32], "num_classes": 100},
+    # The user's file decides: read it (once per process and options).
+    "arrays": lambda o: _array_model_meta(json.dumps(o, sort_keys=True, default=str)),
 }  # fmt: skip
+
+
+@functools.cache
+def _array_model_meta(options_json: str) -> dict[str, Any]:
+    options = json.loads(options_json)
+    meta = read_arrays(options["path"], options.get("input_kind"), options.get("num_classes")).meta
+    keys = ("input_kind", "input_shape", "num_classes", "vocab_size")
+    return {key: meta[key] for key in keys if key in meta}
+
+
+#: The module that registered each kind with :func:`register_data_kind` (built-ins: this one).
+_KIND_SOURCES: dict[str, str] = {}
+
+
+def register_data_kind(
+    name: str,
+    function: Callable[..., TaskData],
+    input_kind: str,
+    model_meta: Callable[[Mapping[str, Any]], dict[str, Any]],
+) -> Callable[..., TaskData]:
+    """Add data kind ``name`` (a user's or a plugin's): ``function(**options) -> TaskData``, whose
+    keyword parameters are the kind's options (checked like a built-in's, defaults from the
+    signature); ``input_kind`` (``"vector"``, ``"image"`` or ``"tokens"``); ``model_meta(options)``
+    -> ``input_shape``, ``num_classes`` (and ``vocab_size``), known without building the data.
+    A name may be registered once: a second registration is an error naming both modules."""
+    source = sys._getframe(1).f_globals.get("__name__", "?")
+    if name in DATA_KINDS:
+        raise ValueError(
+            f"data kind {name!r} is already registered by {_KIND_SOURCES.get(name, __name__)}; "
+            f"{source} registers it again (rename one of them)"
+        )
+    if input_kind not in ("vector", "image", "tokens"):
+        raise ValueError(
+            f"data kind {name!r}: unknown input kind {input_kind!r}; known: image, tokens, vector"
+        )
+    DATA_KINDS[name] = function
+    INPUT_KINDS[name] = input_kind
+    MODEL_META[name] = model_meta
+    _KIND_SOURCES[name] = source
+    return function
 
 
 def model_meta(kind: str, options: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """``kind``, ``input_kind``, ``input_shape``, ``num_classes`` (and ``vocab_size`` for tokens)
     of data ``kind`` with ``options`` (omitted options take their defaults), without the data."""
     resolved = {**data_kind_options(kind), **(options or {})}
+    resolved.pop("kind", None)
+    if kind == "arrays":
+        return {"kind": kind, **MODEL_META[kind](resolved)}
     return {"kind": kind, "input_kind": input_kind_of(kind), **MODEL_META[kind](resolved)}
 
 

@@ -112,7 +112,9 @@ def run_job(function: str, log: str, **kwargs: Any) -> None:
     status = _submit(function, log, kwargs)
     if status is None:  # no server: run in this process
         from trainmap.jobs.common import logged_to
+        from trainmap.plugins import load_exported_plugins  # deferred: the client stays torch-free
 
+        load_exported_plugins()  # the workflow's plugins, as the server would have them
         with logged_to(log):
             call_timed(function, log, kwargs)
         return
@@ -179,6 +181,11 @@ def serve(
     _check_private_directory(Path(path).parent)
     for module in WARM_MODULES:
         importlib.import_module(module)
+    # The workflow's plugins ($TRAINMAP_PLUGINS, inherited from Snakemake), before any fork: every
+    # job sees the architectures, data kinds and methods the config check saw.
+    from trainmap.plugins import load_exported_plugins  # deferred: clients import this module
+
+    load_exported_plugins()
     _open_tracking_stores(tracking_uris)
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     Path(path).unlink(missing_ok=True)

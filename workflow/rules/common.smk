@@ -234,6 +234,13 @@ def data_settings_of_task(wildcards):
     return grid.data_settings(config, wildcards.task)
 
 
+def data_files_of_task(wildcards):
+    """The user's file of an ``arrays`` task: an input, so editing it remakes the data and all
+    that follows."""
+    settings = grid.data_settings(config, wildcards.task)
+    return [settings["path"]] if settings["kind"] == "arrays" else []
+
+
 @input_function
 def model_settings_of_cell(wildcards):
     return grid.model_settings(config, wildcards.task, wildcards.arch)

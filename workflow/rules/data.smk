@@ -1,4 +1,6 @@
 rule data:
+    input:
+        data_files_of_task,
     output:
         "results/data/{task}/dataset.pt",
     log:

@@ -36,7 +36,7 @@ import jsonschema
 import yaml
 
 from trainmap import data as data_module
-from trainmap import methods, models
+from trainmap import methods, models, plugins
 from trainmap.grid.cells import (
     MIN_RUNS_PER_GROUP,
     Cell,
@@ -53,14 +53,16 @@ from trainmap.grid.files import YAML_LOADER, merge_config, read_config_file
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 SCHEMA_PATH = REPO_ROOT / "workflow" / "schemas" / "config.schema.yaml"
-READER_KINDS = {"mnist", "cifar10", "cifar100"}
+READER_KINDS = {"mnist", "cifar10", "cifar100", "arrays"}
 
 
 def load_config(*paths: str | os.PathLike, check_paths_from: Path | None = None) -> dict:
-    """Merge YAML files left to right (params.yaml first), validate and return the config."""
+    """Merge YAML files left to right (params.yaml first), load the config's ``plugins`` (files
+    relative to ``check_paths_from``, the project directory), validate and return the config."""
     config: dict = {}
     for path in paths:
         config = merge_config(config, read_config_file(path))
+    plugins.load_plugins(config.get("plugins"), check_paths_from or Path.cwd())
     validate_schema(config)
     check_config(config, base_dir=check_paths_from or Path.cwd())
     return config
@@ -211,7 +213,7 @@ def check_config(config: dict, base_dir: Path | None = None) -> None:
     _check_quantize(config)
     _check_joint_groups(config)
     _check_features(config)
-    _check_sparsifiable(config)
+    _check_sparsifiable(config, base_dir)
     _check_tracking_uri(config)
 
 
@@ -286,7 +288,7 @@ def _check_grid_entry(config: dict, index: int, entry: dict, base_dir: Path) -> 
     kind = config["data"][task]["kind"]
     if kind in READER_KINDS:
         _check_data_path(task, kind, config["data"][task].get("path"), base_dir)
-    input_kind = data_module.input_kind_of(kind)
+    input_kind = _input_kind(config, task, base_dir)
     _check_seeds(where, entry["seeds"])
     for position, arch in enumerate(entry["archs"]):
         try:
@@ -360,7 +362,40 @@ def _check_data(config: dict, task: str) -> None:
             )
 
 
+def _data_options(config: dict, task: str, base_dir: Path) -> dict:
+    """``data.<task>``'s options with a relative ``path`` resolved against the workflow directory."""
+    options = data_settings(config, task)
+    if options.get("path") and not Path(options["path"]).is_absolute():
+        options["path"] = str(base_dir / options["path"])
+    return options
+
+
+def _check_array_file(task: str, path: Any, base_dir: Path) -> None:
+    """``data.<task>.path`` of kind ``arrays`` names an existing file (its content is checked by
+    :func:`_input_kind`, which reads it)."""
+    resolved = Path(path) if Path(path).is_absolute() else base_dir / path
+    if not resolved.is_file():
+        raise ConfigError(
+            f"config key data.{task}.path: file {str(path)!r} does not exist (looked in "
+            f"{resolved}); an .npz or .pt file holding {', '.join(data_module.ARRAY_NAMES)}"
+        )
+
+
+def _input_kind(config: dict, task: str, base_dir: Path) -> str:
+    """The task's input kind; for an ``arrays`` file this reads it, once per process, with every
+    check of :func:`trainmap.data.read_arrays` (shapes, dtypes, label range, NaN), which name the
+    file and the array."""
+    kind = config["data"][task]["kind"]
+    try:
+        return data_module.input_kind_of(kind, _data_options(config, task, base_dir))
+    except ValueError as error:
+        raise ConfigError(f"config key data.{task}.path: {error}") from None
+
+
 def _check_data_path(task: str, kind: str, path: Any, base_dir: Path) -> None:
+    if kind == "arrays" and path:
+        _check_array_file(task, path, base_dir)
+        return
     if not path:
         raise ConfigError(
             f"config key data.{task}.path: data kind {kind!r} reads local files and needs a path "
@@ -547,7 +582,7 @@ def _check_features(config: dict) -> None:
             )
 
 
-def _check_sparsifiable(config: dict) -> None:
+def _check_sparsifiable(config: dict, base_dir: Path) -> None:
     """Each (task, arch) with a sparse method in the grid has a layer the N:M pattern fits, with
     the configured ``dense_layers`` (else sparse retraining would fail in its first job)."""
     from trainmap.methods import sparse
@@ -555,7 +590,8 @@ def _check_sparsifiable(config: dict) -> None:
     pairs = dict.fromkeys((c.task, c.arch) for c in expand_grid(config) if is_sparse(c))
     for task, arch in pairs:
         cfg = sparse.check_settings(config["sparse"][task])
-        meta = data_module.model_meta(config["data"][task]["kind"], data_settings(config, task))
+        meta = data_module.model_meta(config["data"][task]["kind"],
+                                      _data_options(config, task, base_dir))  # fmt: skip
         model = models.build_model(arch, meta, **model_settings(config, task, arch))
         if sparse.sparsifiable_layers(model, cfg["m"], cfg["dense_layers"], cfg["conv_groups"]):
             continue

@@ -25,6 +25,7 @@ hyperparameters per task live in ``params.yaml`` (``gradinit.<task>``, ``sparse.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -53,16 +54,24 @@ class MethodSpec:
 
 
 METHODS: dict[str, MethodSpec] = {}
+#: The module that registered each method, named when another module reuses the name.
+_SOURCES: dict[str, str] = {}
 
 
 def register_method(spec: MethodSpec) -> MethodSpec:
-    """Add a method to the registry (a name may be registered once)."""
+    """Add a method to the registry (a name may be registered once: a second registration, e.g. a
+    plugin reusing a built-in name, is an error naming both modules)."""
+    source = sys._getframe(1).f_globals.get("__name__", "?")
     if spec.name in METHODS:
-        raise ValueError(f"method {spec.name!r} is already registered")
+        raise ValueError(
+            f"method {spec.name!r} is already registered by {_SOURCES.get(spec.name, '?')}; "
+            f"{source} registers it again (rename one of them)"
+        )
     unknown = sorted(set(spec.stages) - set(STAGES))
     if unknown:
         raise ValueError(f"method {spec.name!r} names unknown stages {unknown}; known: {STAGES}")
     METHODS[spec.name] = spec
+    _SOURCES[spec.name] = source
     return spec
 
 

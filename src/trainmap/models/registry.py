@@ -17,6 +17,7 @@ built-in one. This module imports no family.
 from __future__ import annotations
 
 import copy
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -46,12 +47,19 @@ class ArchSpec:
 
 
 ARCHITECTURES: dict[str, ArchSpec] = {}
+#: The module that registered each architecture, named when another module reuses the name.
+_SOURCES: dict[str, str] = {}
 
 
 def register_architecture(spec: ArchSpec) -> ArchSpec:
-    """Add an architecture to the registry (a name may be registered once)."""
+    """Add an architecture to the registry (a name may be registered once: a second registration,
+    e.g. a plugin reusing a built-in name, is an error naming both modules)."""
+    source = sys._getframe(1).f_globals.get("__name__", "?")
     if spec.name in ARCHITECTURES:
-        raise ValueError(f"architecture {spec.name!r} is already registered")
+        raise ValueError(
+            f"architecture {spec.name!r} is already registered by {_SOURCES.get(spec.name, '?')}; "
+            f"{source} registers it again (rename one of them)"
+        )
     unknown_kinds = spec.input_kinds - INPUT_KINDS
     if unknown_kinds:
         raise ValueError(
@@ -59,6 +67,7 @@ def register_architecture(spec: ArchSpec) -> ArchSpec:
             f"known: {', '.join(sorted(INPUT_KINDS))}"
         )
     ARCHITECTURES[spec.name] = spec
+    _SOURCES[spec.name] = source
     return spec
 
 

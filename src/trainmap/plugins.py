@@ -1,0 +1,153 @@
+"""Plugins: a user's architectures, data kinds and init methods, imported before the config is checked.
+
+A plugin is a Python module that registers into the public registries at import time
+(:func:`trainmap.models.register_architecture`, :func:`trainmap.data.register_data_kind`,
+:func:`trainmap.methods.register_method`), exactly as the built-ins do, so the configuration check
+treats its names and options as strictly as a built-in's. Two sources:
+
+* the installed packages' entry points of group :data:`ENTRY_POINT_GROUP` (``trainmap.plugins``),
+  each naming a module to import (``my_net = my_lab.trainmap_plugin``);
+* the config key ``plugins``: importable module names (``my_lab.trainmap_plugin``) or Python files
+  inside the project directory (``plugins/my_net.py``).
+
+They are loaded by every entry point before the config is validated: the Snakefile (at parse time,
+so also in every cluster job, which re-parses it), ``python -m trainmap.grid``
+(:func:`trainmap.grid.load_config`), the job server before it forks its jobs, and a job that runs in
+its own process (both from :data:`PLUGINS_ENV`, which :func:`load_plugins` sets for the processes
+Snakemake starts). A plugin is code: it runs with the workflow's rights, like a Snakefile.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.metadata
+import importlib.util
+import json
+import os
+import re
+import sys
+from pathlib import Path
+
+from trainmap.grid.errors import ConfigError
+
+ENTRY_POINT_GROUP = "trainmap.plugins"
+#: ``{"names": [...], "base_dir": "..."}`` of the last :func:`load_plugins`, for job processes.
+PLUGINS_ENV = "TRAINMAP_PLUGINS"
+_MODULE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+
+
+def load_plugins(names: object, base_dir: str | os.PathLike) -> list[str]:
+    """Import the installed entry-point plugins, then each plugin ``names`` lists (the config key
+    ``plugins``; files relative to ``base_dir``, the project directory); return the modules imported.
+
+    Importing a plugin twice in one process is a no-op. Raises :class:`ConfigError` (first line
+    ``config key plugins[i]: ...``) for a value that is not a module name or a ``.py`` file inside
+    the project, a missing file, or a plugin whose import fails (a registration under a name
+    already taken included), naming the plugin and the exception. Records the list in
+    :data:`PLUGINS_ENV` so that the jobs Snakemake starts load the same plugins.
+    """
+    names = _plugin_names(names)
+    base = Path(base_dir).resolve()
+    loaded = [_load_entry_point(entry_point) for entry_point in _entry_points()]
+    for index, name in enumerate(names):
+        loaded.append(_load_named(index, name, base))
+    os.environ[PLUGINS_ENV] = json.dumps({"names": names, "base_dir": str(base)})
+    return loaded
+
+
+def load_exported_plugins() -> list[str]:
+    """In a job process: load the plugins the workflow loaded (:data:`PLUGINS_ENV`), if any."""
+    exported = os.environ.get(PLUGINS_ENV)
+    if not exported:
+        return []
+    settings = json.loads(exported)
+    return load_plugins(settings["names"], settings["base_dir"])
+
+
+def _plugin_names(names: object) -> list[str]:
+    # Loaded before the schema check, so the key's type is checked here.
+    if names is None:
+        return []
+    if not isinstance(names, list):
+        raise ConfigError(
+            f"config key plugins: {names!r} is not a list; allowed: a list of module names "
+            "(my_lab.trainmap_plugin) or .py files inside the project (plugins/my_net.py)"
+        )
+    for index, name in enumerate(names):
+        if not isinstance(name, str) or not name:
+            raise ConfigError(
+                f"config key plugins[{index}]: {name!r} is not a module name or a .py file; "
+                "allowed: my_lab.trainmap_plugin, plugins/my_net.py"
+            )
+    return list(names)
+
+
+def _entry_points() -> list[importlib.metadata.EntryPoint]:
+    return sorted(importlib.metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name)
+
+
+def _load_entry_point(entry_point: importlib.metadata.EntryPoint) -> str:
+    try:
+        entry_point.load()
+    except Exception as error:  # noqa: BLE001 - any failure of user code is reported the same way
+        raise ConfigError(
+            f"config key plugins: installed plugin {entry_point.name} = {entry_point.value} "
+            f"(entry point group {ENTRY_POINT_GROUP}) failed to import: "
+            f"{type(error).__name__}: {error}"
+        ) from error
+    return entry_point.module
+
+
+def _load_named(index: int, name: str, base: Path) -> str:
+    where = f"config key plugins[{index}]"
+    is_file = name.endswith(".py") or "/" in name or os.sep in name
+    if not is_file and not _MODULE_NAME.match(name):
+        raise ConfigError(
+            f"{where}: {name!r} is neither a module name nor a .py file; allowed: a dotted module "
+            "name (my_lab.trainmap_plugin) or a .py file inside the project (plugins/my_net.py)"
+        )
+    try:
+        if is_file:
+            return _import_file(name, _plugin_path(where, name, base))
+        importlib.import_module(name)
+        return name
+    except ConfigError:
+        raise
+    except Exception as error:  # noqa: BLE001 - any failure of user code is reported the same way
+        raise ConfigError(
+            f"{where}: plugin {name!r} failed to import: {type(error).__name__}: {error}"
+        ) from error
+
+
+def _plugin_path(where: str, name: str, base: Path) -> Path:
+    path = (base / name).resolve()
+    if not path.is_relative_to(base):
+        raise ConfigError(
+            f"{where}: plugin file {name!r} lies outside the project directory {base} (it resolves "
+            f"to {path}); allowed: a .py file inside the project"
+        )
+    if path.suffix != ".py" or not path.is_file():
+        raise ConfigError(
+            f"{where}: plugin file {name!r} does not exist (looked for {path}); allowed: a .py "
+            "file inside the project"
+        )
+    return path
+
+
+def _import_file(name: str, path: Path) -> str:
+    # One module per file (a hash of its path keeps two projects' plugins/net.py apart); a name
+    # the module can be found under (sys.modules) before it runs, as dataclasses need.
+    stem = re.sub(r"\W", "_", Path(name).with_suffix("").as_posix())
+    module_name = f"trainmap_plugin_{stem}_{hashlib.sha256(str(path).encode()).hexdigest()[:8]}"
+    if module_name in sys.modules:
+        return module_name
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[module_name]
+        raise
+    return module_name

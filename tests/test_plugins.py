@@ -1,0 +1,230 @@
+"""Plugins (issue 21): a config's ``plugins`` register architectures, data kinds and methods before
+the config is checked, as strictly as built-ins; a bad plugin is refused before any job."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import REPO_ROOT, copy_workflow, snakemake
+
+from trainmap import data, methods, models, plugins
+from trainmap.grid import ConfigError, load_config
+from trainmap.methods import MethodSpec, kaiming_init
+from trainmap.models import registry
+
+TINY_NET = """
+from torch import nn
+
+from trainmap.models.registry import ArchSpec, check_positive, register_architecture
+
+
+def build_tiny_net(meta, width=8):
+    return nn.Sequential(nn.Flatten(), nn.Linear(meta["input_shape"][0], width), nn.ReLU(),
+                         nn.Linear(width, meta["num_classes"]))
+
+
+register_architecture(ArchSpec(
+    name="tiny_net", builder=build_tiny_net, defaults={"width": 8},
+    input_kinds=frozenset({"vector"}), description="a plugin's one-hidden-layer net",
+    check_options=lambda options: check_positive("width", options["width"]),
+))
+"""
+
+GRID = """
+plugins: [{plugin}]
+dvc: {{configfile: grid.yaml}}
+grid:
+  - {{task: sparse_parity, archs: [tiny_net], methods: [kaiming], seeds: [0, 1]}}
+model:
+  sparse_parity:
+    tiny_net: {{width: {width}}}
+analysis: {{joint: []}}
+"""
+
+
+@pytest.fixture(autouse=True)
+def fresh_registries():
+    """Each test's plugins registered into the registries, removed again afterwards (in place:
+    ``trainmap.models`` and ``trainmap.grid`` hold the same dicts)."""
+    registries = (models.ARCHITECTURES, registry._SOURCES, methods.METHODS, methods._SOURCES,
+                  data.DATA_KINDS, data.INPUT_KINDS, data.MODEL_META, data._KIND_SOURCES)  # fmt: skip
+    saved = [dict(registry_) for registry_ in registries]
+    modules = set(sys.modules)
+    exported = os.environ.get(plugins.PLUGINS_ENV)
+    yield
+    for registry_, before in zip(registries, saved, strict=True):
+        registry_.clear()
+        registry_.update(before)
+    for name in set(sys.modules) - modules:
+        if name.startswith("trainmap_plugin_") or name.startswith("lab_"):
+            del sys.modules[name]
+    os.environ.pop(plugins.PLUGINS_ENV, None)
+    if exported is not None:
+        os.environ[plugins.PLUGINS_ENV] = exported
+
+
+def project(tmp_path: Path, plugin_source: str = TINY_NET, width: object = 16,
+            plugin: str = "plugins/tiny_net.py") -> Path:  # fmt: skip
+    """A project directory with ``plugins/tiny_net.py`` and ``grid.yaml`` running it."""
+    (tmp_path / "plugins").mkdir(parents=True, exist_ok=True)
+    (tmp_path / "plugins" / "tiny_net.py").write_text(plugin_source)
+    (tmp_path / "grid.yaml").write_text(GRID.format(plugin=plugin, width=width))
+    return tmp_path
+
+
+def load(project_dir: Path) -> dict:
+    return load_config(REPO_ROOT / "params.yaml", REPO_ROOT / "config/config.yaml",
+                       project_dir / "grid.yaml", check_paths_from=project_dir)  # fmt: skip
+
+
+def first_line(error: pytest.ExceptionInfo) -> str:
+    return str(error.value).splitlines()[0]
+
+
+def test_plugin_architecture_is_accepted_and_its_options_checked(tmp_path: Path) -> None:
+    config = load(project(tmp_path))
+    assert config["plugins"] == ["plugins/tiny_net.py"]
+    assert "tiny_net" in models.ARCHITECTURES
+    model = models.build_model("tiny_net", data.model_meta("sparse_parity", {"n_bits": 40}),
+                               **config["model"]["sparse_parity"]["tiny_net"])  # fmt: skip
+    assert model[1].out_features == 16
+    # The plugin's declared option is type-checked like a built-in's, and unknown ones refused.
+    with pytest.raises(ConfigError) as bad_value:
+        load(project(tmp_path, width="'wide'"))
+    assert first_line(bad_value).startswith("config key model.sparse_parity.tiny_net:")
+    assert "'wide' is not a positive int" in first_line(bad_value)
+
+
+def test_plugin_unknown_option_is_refused(tmp_path: Path) -> None:
+    root = project(tmp_path)
+    (root / "grid.yaml").write_text((root / "grid.yaml").read_text().replace("width:", "widht:"))
+    with pytest.raises(ConfigError) as error:
+        load(root)
+    assert first_line(error).startswith("config key model.sparse_parity.tiny_net:")
+    assert "did you mean 'width'" in first_line(error)
+
+
+def test_name_collision_names_both_modules(tmp_path: Path) -> None:
+    root = project(tmp_path, TINY_NET.replace('name="tiny_net"', 'name="mlp"'))
+    with pytest.raises(ConfigError) as error:
+        load(root)
+    line = first_line(error)
+    assert line.startswith("config key plugins[0]: plugin 'plugins/tiny_net.py' failed to import")
+    assert "already registered by trainmap.models.mlp" in line
+    assert "trainmap_plugin_plugins_tiny_net" in line
+
+
+def test_register_collisions_in_every_registry() -> None:
+    with pytest.raises(ValueError, match="'kaiming' is already registered by trainmap.methods; "
+                                         "test_plugins registers it again"):  # fmt: skip
+        methods.register_method(MethodSpec("kaiming", "again", kaiming_init))
+    with pytest.raises(ValueError, match="'digits' is already registered by trainmap.data; "
+                                         "test_plugins registers it again"):  # fmt: skip
+        data.register_data_kind("digits", data.make_digits, "image", lambda o: {})
+
+
+def test_plugin_data_kind_is_checked_like_a_built_in(tmp_path: Path) -> None:
+    def make_ones(n: int = 4, seed: int = 0) -> data.TaskData:
+        raise NotImplementedError
+
+    data.register_data_kind("ones", make_ones, "vector",
+                            lambda o: {"input_shape": [o["n"]], "num_classes": 2})  # fmt: skip
+    assert data.model_meta("ones", {"n": 3}) == {
+        "kind": "ones", "input_kind": "vector", "input_shape": [3], "num_classes": 2,
+    }  # fmt: skip
+    with pytest.raises(ValueError, match="unknown input kind 'pixels'"):
+        data.register_data_kind("ones2", make_ones, "pixels", lambda o: {})
+
+
+@pytest.mark.parametrize(
+    ("plugin", "message"),
+    [
+        ("plugins/absent.py", "plugin file 'plugins/absent.py' does not exist"),
+        ("../outside.py", "plugin file '../outside.py' lies outside the project directory"),
+        ("/etc/passwd.py", "plugin file '/etc/passwd.py' lies outside the project directory"),
+        ("lab_no_such_module", "plugin 'lab_no_such_module' failed to import: ModuleNotFound"),
+        ("not a module", "'not a module' is neither a module name nor a .py file"),
+    ],
+)
+def test_bad_plugin_is_refused(tmp_path: Path, plugin: str, message: str) -> None:
+    root = project(tmp_path / "project", plugin=plugin)
+    (tmp_path / "outside.py").write_text(TINY_NET)
+    with pytest.raises(ConfigError) as error:
+        load(root)
+    assert first_line(error).startswith(f"config key plugins[0]: {message}")
+    assert "tiny_net" not in models.ARCHITECTURES
+
+
+def test_plugin_raising_on_import_is_refused(tmp_path: Path) -> None:
+    root = project(tmp_path, "raise RuntimeError('no GPU driver here')\n")
+    with pytest.raises(ConfigError) as error:
+        load(root)
+    assert first_line(error) == (
+        "config key plugins[0]: plugin 'plugins/tiny_net.py' failed to import: "
+        "RuntimeError: no GPU driver here"
+    )
+    # A fixed plugin loads on the next try (the failed module was not kept).
+    (root / "plugins" / "tiny_net.py").write_text(TINY_NET)
+    load(root)
+
+
+def test_plugins_key_must_be_a_list_of_strings(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"^config key plugins: 'plugins/x.py' is not a list"):
+        plugins.load_plugins("plugins/x.py", tmp_path)
+    with pytest.raises(ConfigError, match=r"^config key plugins\[1\]: 3 is not a module name"):
+        plugins.load_plugins(["json", 3], tmp_path)
+
+
+def test_jobs_load_the_exported_plugins(tmp_path: Path) -> None:
+    root = project(tmp_path)
+    plugins.load_plugins(["plugins/tiny_net.py"], root)
+    models.ARCHITECTURES.pop("tiny_net")
+    registry._SOURCES.pop("tiny_net")
+    for name in [name for name in sys.modules if name.startswith("trainmap_plugin_")]:
+        del sys.modules[name]  # as in a fresh job process
+    assert plugins.load_exported_plugins()[-1].startswith("trainmap_plugin_plugins_tiny_net")
+    assert "tiny_net" in models.ARCHITECTURES
+
+
+def test_installed_entry_point_plugins_load_first(tmp_path: Path, monkeypatch) -> None:
+    (tmp_path / "lab_tiny_net.py").write_text(TINY_NET)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    entry_point = importlib.metadata.EntryPoint("tiny", "lab_tiny_net", plugins.ENTRY_POINT_GROUP)
+    monkeypatch.setattr(importlib.metadata, "entry_points",
+                        lambda group: [entry_point] if group == plugins.ENTRY_POINT_GROUP else [])  # fmt: skip
+    assert plugins.load_plugins([], tmp_path) == ["lab_tiny_net"]
+    assert "tiny_net" in models.ARCHITECTURES
+    # Installed once and listed in the config too: the second registration is refused.
+    root = project(tmp_path / "project")
+    with pytest.raises(ConfigError, match=r"^config key plugins\[0\]: .*'tiny_net' is already "
+                                          r"registered by lab_tiny_net; trainmap_plugin_"):  # fmt: skip
+        load(root)
+
+
+def test_failing_entry_point_plugin_is_refused(monkeypatch) -> None:
+    entry_point = importlib.metadata.EntryPoint("gone", "lab_gone", plugins.ENTRY_POINT_GROUP)
+    monkeypatch.setattr(importlib.metadata, "entry_points", lambda group: [entry_point])
+    with pytest.raises(ConfigError, match=r"^config key plugins: installed plugin gone = lab_gone "
+                                          r"\(entry point group trainmap.plugins\) failed to import: "
+                                          "ModuleNotFoundError"):  # fmt: skip
+        plugins.load_plugins([], ".")
+
+
+@pytest.mark.integration
+def test_dry_run_with_a_plugin_architecture(tmp_path: Path) -> None:
+    workdir = copy_workflow(tmp_path / "workflow")
+    project(workdir)
+    result = snakemake("-n", "--cores", "1", "--configfile", "grid.yaml", cwd=workdir,
+                       MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path / 'mlflow.db'}", timeout=120)  # fmt: skip
+    assert "results/train/sparse_parity/tiny_net/kaiming/" in result.stdout
+    # Refused before any job: a plugin that fails to import.
+    (workdir / "plugins" / "tiny_net.py").write_text("import no_such_module_here\n")
+    failed = snakemake("-n", "--cores", "1", "--configfile", "grid.yaml", cwd=workdir,
+                       check=False, timeout=120)  # fmt: skip
+    assert failed.returncode != 0
+    assert "config key plugins[0]: plugin 'plugins/tiny_net.py' failed to import: " \
+           "ModuleNotFoundError" in failed.stderr + failed.stdout  # fmt: skip
