@@ -113,3 +113,42 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(previous)
+
+
+GIT_IDENTITY = {
+    "GIT_AUTHOR_NAME": "trainmap-test",
+    "GIT_AUTHOR_EMAIL": "test@trainmap.invalid",
+    "GIT_COMMITTER_NAME": "trainmap-test",
+    "GIT_COMMITTER_EMAIL": "test@trainmap.invalid",
+}
+
+
+def dvc(*args: str, cwd: Path, **kwargs) -> subprocess.CompletedProcess:
+    """``dvc ARGS`` from this environment, with a git identity for the commits DVC makes."""
+    return run_command([str(Path(sys.executable).parent / "dvc"), *args], cwd=cwd, **GIT_IDENTITY,
+                       **kwargs)  # fmt: skip
+
+
+def git(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return run_command(["git", *args], cwd=cwd, **GIT_IDENTITY)
+
+
+def dvc_smoke_project(destination: Path) -> Path:
+    """A git + DVC copy of the workflow whose params.yaml points `dvc repro` at the smoke grid,
+    committed, not yet reproduced."""
+    import shutil
+
+    import yaml
+
+    workdir = copy_workflow(destination)
+    (workdir / ".dvc").mkdir()
+    for name in ("config", ".gitignore"):
+        shutil.copy2(REPO_ROOT / ".dvc" / name, workdir / ".dvc" / name)
+    shutil.copy2(REPO_ROOT / ".gitignore", workdir / ".gitignore")
+    params = yaml.safe_load((workdir / "params.yaml").read_text())
+    params["dvc"]["configfile"] = "config/smoke.yaml"
+    (workdir / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    git("init", "-q", "-b", "main", cwd=workdir)
+    git("add", "-A", cwd=workdir)
+    git("commit", "-qm", "workflow", cwd=workdir)
+    return workdir

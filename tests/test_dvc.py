@@ -5,30 +5,13 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
-from conftest import REPO_ROOT, copy_workflow, run_command
+from conftest import dvc, dvc_smoke_project
 
 pytestmark = pytest.mark.integration
-
-GIT_IDENTITY = {
-    "GIT_AUTHOR_NAME": "trainmap-test",
-    "GIT_AUTHOR_EMAIL": "test@trainmap.invalid",
-    "GIT_COMMITTER_NAME": "trainmap-test",
-    "GIT_COMMITTER_EMAIL": "test@trainmap.invalid",
-}
-
-
-def dvc(*args: str, cwd: Path, **kwargs):
-    return run_command([str(Path(sys.executable).parent / "dvc"), *args], cwd=cwd, **GIT_IDENTITY,
-                       **kwargs)  # fmt: skip
-
-
-def git(*args: str, cwd: Path):
-    return run_command(["git", *args], cwd=cwd, **GIT_IDENTITY)
 
 
 def md5(path: Path) -> str:
@@ -38,17 +21,7 @@ def md5(path: Path) -> str:
 @pytest.fixture(scope="module")
 def dvc_project(tmp_path_factory) -> Path:
     """A git + DVC clone of the workflow whose params.yaml points `dvc repro` at the smoke grid."""
-    workdir = copy_workflow(tmp_path_factory.mktemp("dvc"))
-    (workdir / ".dvc").mkdir()
-    for name in ("config", ".gitignore"):
-        shutil.copy2(REPO_ROOT / ".dvc" / name, workdir / ".dvc" / name)
-    shutil.copy2(REPO_ROOT / ".gitignore", workdir / ".gitignore")
-    params = yaml.safe_load((workdir / "params.yaml").read_text())
-    params["dvc"]["configfile"] = "config/smoke.yaml"
-    (workdir / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    git("init", "-q", "-b", "main", cwd=workdir)
-    git("add", "-A", cwd=workdir)
-    git("commit", "-qm", "workflow", cwd=workdir)
+    workdir = dvc_smoke_project(tmp_path_factory.mktemp("dvc"))
     result = dvc("repro", cwd=workdir)
     assert "Running stage 'train'" in result.stdout
     return workdir

@@ -8,7 +8,6 @@ from __future__ import annotations
 import hashlib
 import shutil
 import struct
-import sys
 import time
 import zipfile
 from pathlib import Path
@@ -18,8 +17,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-import yaml
-from conftest import REPO_ROOT, copy_workflow, run_command, snakemake
+from conftest import dvc, dvc_smoke_project, snakemake
 
 from trainmap.data import make_task_data
 from trainmap.figures import save_figure, save_png
@@ -217,17 +215,6 @@ def test_resume_files_and_training_outputs_are_the_same_bytes(tmp_path, one_thre
 
 # --- the workflow, rerun --------------------------------------------------------------------------
 
-GIT_IDENTITY = {
-    "GIT_AUTHOR_NAME": "trainmap-test",
-    "GIT_AUTHOR_EMAIL": "test@trainmap.invalid",
-    "GIT_COMMITTER_NAME": "trainmap-test",
-    "GIT_COMMITTER_EMAIL": "test@trainmap.invalid",
-}
-
-
-def dvc(*args: str, cwd: Path):
-    return run_command([str(Path(sys.executable).parent / "dvc"), *args], cwd=cwd, **GIT_IDENTITY)
-
 
 def is_timing(path: Path) -> bool:
     return path.name.endswith((".timing.json", ".timing.csv"))
@@ -250,16 +237,7 @@ def test_a_forced_rerun_rewrites_every_result_byte_for_byte(tmp_path):
     """The smoke grid through DVC, then every Snakemake job forced to run again: every file under
     results/ but the timing sidecars is the same bytes, `dvc status` is clean, and committing the
     rerun adds nothing to the DVC cache."""
-    workdir = copy_workflow(tmp_path / "project")
-    (workdir / ".dvc").mkdir()
-    for name in ("config", ".gitignore"):
-        shutil.copy2(REPO_ROOT / ".dvc" / name, workdir / ".dvc" / name)
-    shutil.copy2(REPO_ROOT / ".gitignore", workdir / ".gitignore")
-    params = yaml.safe_load((workdir / "params.yaml").read_text())
-    params["dvc"]["configfile"] = "config/smoke.yaml"
-    (workdir / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    for args in (["init", "-q", "-b", "main"], ["add", "-A"], ["commit", "-qm", "workflow"]):
-        run_command(["git", *args], cwd=workdir, **GIT_IDENTITY)
+    workdir = dvc_smoke_project(tmp_path / "project")
     dvc("repro", cwd=workdir)
     before, cache_before = results_digests(workdir), cache_files(workdir)
 
