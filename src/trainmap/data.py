@@ -279,10 +279,15 @@ def read_mnist(path: str | os.PathLike, n_train: int | None = None, seed: int = 
     )
 
 
+def _mnist_file_or_none(directory: Path, name: str) -> Path | None:
+    """The IDX file ``name`` in ``directory``, plain or gzipped, or None."""
+    return next((c for c in (directory / name, directory / f"{name}.gz") if c.is_file()), None)
+
+
 def _find_mnist_file(directory: Path, name: str) -> Path:
-    for candidate in (directory / name, directory / f"{name}.gz"):
-        if candidate.is_file():
-            return candidate
+    found = _mnist_file_or_none(directory, name)
+    if found is not None:
+        return found
     expected = ", ".join(_MNIST_FILES.values())
     raise FileNotFoundError(
         f"MNIST file {name!r} (or {name}.gz) not found in {directory}; expected the files "
@@ -729,8 +734,9 @@ def missing_data_files(kind: str, path: str | os.PathLike) -> list[str]:
     """
     directory = Path(path)
     if kind == "mnist":
-        return [name for name in _MNIST_FILES.values()
-                if not any((directory / f).is_file() for f in (name, f"{name}.gz"))]  # fmt: skip
+        return [
+            name for name in _MNIST_FILES.values() if _mnist_file_or_none(directory, name) is None
+        ]
     if kind in ("cifar10", "cifar100"):
         layout = _CIFAR_LAYOUT[10 if kind == "cifar10" else 100]
         folder = _cifar_directory(directory, layout["folder"])

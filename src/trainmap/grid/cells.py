@@ -188,7 +188,12 @@ def is_sparse(cell: Cell) -> bool:
 
 def retrains(cell: Cell) -> bool:
     """Whether the cell trains at all, i.e. has a trajectory (one-shot pruning does not)."""
-    spec = method_of(cell)
+    return method_retrains(cell.method)
+
+
+def method_retrains(method: str) -> bool:
+    """Whether runs of ``method`` train, i.e. have a trajectory (one-shot pruning does not)."""
+    spec = methods.check_method(method)
     return not spec.has_stage("sparse") or bool(spec.options.get("retrain"))
 
 

@@ -45,6 +45,7 @@ from trainmap.grid.cells import (
     in_joint,
     is_sparse,
     joint_groups,
+    method_retrains,
     model_settings,
     retrains,
 )
@@ -546,7 +547,7 @@ def _check_joint_against_grid(config: dict, where: str, spec: Mapping[str, Any])
     method). A comparison none of whose groups the grid runs (a grid file that replaces the
     default grid) is skipped with a warning instead (:func:`_check_joint_groups`)."""
     for position, method in enumerate(spec.get("methods", [])):
-        if not retrains(Cell(spec["task"], "", method, 0)):
+        if not method_retrains(method):
             raise ConfigError(
                 f"config key {where}.methods[{position}]: method {method!r} has no training "
                 "trajectory (it prunes without retraining), so it has no path on a training map; "
