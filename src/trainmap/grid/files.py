@@ -35,6 +35,7 @@ def merge_config(base: dict, override: dict) -> dict:
 #: is accepted exactly when Snakemake accepts it, in C where PyYAML was built with libyaml.
 YAML_LOADER = getattr(yaml, "CFullLoader", yaml.FullLoader)
 _YAML_MERGE_TAG = "tag:yaml.org,2002:merge"
+_YAML_NULL_TAG = "tag:yaml.org,2002:null"
 
 
 def read_config_file(path: str | os.PathLike) -> dict:
@@ -75,11 +76,11 @@ def check_config_files(paths: Iterable[str | os.PathLike]) -> None:
 def _check_yaml_or_json(path: str | os.PathLike) -> None:
     text = _read_text(path)
     try:
-        json.loads(text, object_pairs_hook=lambda pairs: _json_mapping(path, pairs))
+        data = json.loads(text, object_pairs_hook=lambda pairs: _json_mapping(path, pairs))
     except json.JSONDecodeError:
-        node = _read_yaml(path, text, construct=False)
-        if node is None or (isinstance(node, yaml.ScalarNode) and node.tag.endswith(":null")):
-            raise ConfigError(_empty_file_message(path)) from None
+        data = _read_yaml(path, text, construct=False)
+    if data is None:
+        raise ConfigError(_empty_file_message(path))
 
 
 def _read_text(path: str | os.PathLike) -> str:
@@ -119,7 +120,7 @@ def _read_yaml(path: str | os.PathLike, text: str, construct: bool = True) -> An
     loader = YAML_LOADER(text)
     try:
         node = loader.get_single_node()
-        if node is None:
+        if node is None or node.tag == _YAML_NULL_TAG:  # no document, or only "---" / "null"
             return None
         _refuse_duplicate_keys(path, node, ())
         return loader.construct_document(node) if construct else node
