@@ -9,13 +9,13 @@ traceback, warnings without Python's ``file.py:380: UserWarning`` form.
 from __future__ import annotations
 
 import copy
-import os
 import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from conftest import run_command, snakemake
 
 from trainmap.data import make_task_data, model_meta
 from trainmap.grid import (
@@ -279,10 +279,8 @@ def test_a_non_utf8_config_file_is_named_in_one_line(tmp_path: Path) -> None:
         assert str(caught.value).startswith(message), caught.value
 
 
-def run_check_command(repo_root: Path, *args: str, env: dict | None = None):
-    return subprocess.run([sys.executable, "-m", "trainmap.grid", *args], cwd=repo_root,
-                          capture_output=True, text=True, timeout=120,
-                          env={**os.environ, **(env or {})})  # fmt: skip
+def run_check_command(repo_root: Path, *args: str) -> subprocess.CompletedProcess:
+    return run_command([sys.executable, "-m", "trainmap.grid", *args], cwd=repo_root, check=False)
 
 
 def test_the_check_command_prints_the_message_only(repo_root: Path, tmp_path: Path) -> None:
@@ -317,8 +315,6 @@ def test_snakemake_prints_config_problems_without_traceback(
 ) -> None:
     """A refusal (no traceback, exit 1), a warning (one line), an empty --configfile (refused)."""
     workdir = copy_workflow(repo_root, tmp_path / "workflow")
-    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}",
-           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}  # fmt: skip
     cases = {
         "bad.yaml": "analysis:\n  features: [spectrl]\n",
         "warn.yaml": "grid:\n  - {task: digits, archs: [vgg_bn], methods: [kaiming], seeds: [0]}\n",
@@ -327,11 +323,8 @@ def test_snakemake_prints_config_problems_without_traceback(
     outputs = {}
     for name, text in cases.items():
         (tmp_path / name).write_text(text)
-        result = subprocess.run(
-            [sys.executable, "-m", "snakemake", "-n", "--cores", "1", "--configfile",
-             str(tmp_path / name)], cwd=workdir, env=env, capture_output=True, text=True,
-            timeout=180,
-        )  # fmt: skip
+        result = snakemake("-n", "--cores", "1", "--configfile", str(tmp_path / name), cwd=workdir,
+                           check=False, MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path / 'mlflow.db'}")  # fmt: skip
         outputs[name] = (result.returncode, result.stdout + result.stderr)
     code, output = outputs["bad.yaml"]
     assert code == 1 and "config key analysis.features[0]: unknown metric 'spectrl'" in output
