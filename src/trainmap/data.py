@@ -645,12 +645,12 @@ INPUT_KINDS: dict[str, str] = {
 
 
 def input_kind_of(kind: str, options: Mapping[str, Any] | None = None) -> str:
-    """``"vector"``, ``"image"`` or ``"tokens"``: the input kind of data ``kind`` (for ``arrays``,
-    its ``input_kind`` option, else what the file's inputs are)."""
+    """``"vector"``, ``"image"`` or ``"tokens"``: the input kind of data ``kind``; a kind with no
+    fixed one (``arrays``: its option, else what the file holds) says it in :data:`MODEL_META`."""
     _kind_function(kind)
-    if kind == "arrays":
-        return model_meta(kind, options)["input_kind"]
-    return INPUT_KINDS[kind]
+    if kind in INPUT_KINDS:
+        return INPUT_KINDS[kind]
+    return model_meta(kind, options)["input_kind"]
 
 
 def _kind_function(kind: str) -> Callable[..., TaskData]:
@@ -721,9 +721,7 @@ def model_meta(kind: str, options: Mapping[str, Any] | None = None) -> dict[str,
     of data ``kind`` with ``options`` (omitted options take their defaults), without the data."""
     resolved = {**data_kind_options(kind), **(options or {})}
     resolved.pop("kind", None)
-    if kind == "arrays":
-        return {"kind": kind, **MODEL_META[kind](resolved)}
-    return {"kind": kind, "input_kind": input_kind_of(kind), **MODEL_META[kind](resolved)}
+    return {"kind": kind, "input_kind": INPUT_KINDS.get(kind), **MODEL_META[kind](resolved)}
 
 
 def missing_data_files(kind: str, path: str | os.PathLike) -> list[str]:
