@@ -87,6 +87,10 @@ class DamagedFileError(OSError):
         self.problem = problem
 
 
+#: A seed range's manifest name, e.g. ``seeds0-31.json`` (trainmap.grid.SeedRange.name + ".json").
+SEED_RANGE_MANIFEST = re.compile(r"seeds(\d+)-(\d+)\.json")
+
+
 def block_manifest_of(path: str | os.PathLike) -> Path | None:
     """The manifest of the seed block that wrote ``path`` (``.../seed3/model.pt`` ->
     ``.../seeds0-31.json``, the manifest whose seed range holds 3), or None outside a block."""
@@ -96,7 +100,7 @@ def block_manifest_of(path: str | os.PathLike) -> Path | None:
         return None
     seed = int(match.group(1))
     for manifest in sorted(seed_dir.parent.glob("seeds*-*.json")):
-        bounds = re.fullmatch(r"seeds(\d+)-(\d+)\.json", manifest.name)
+        bounds = SEED_RANGE_MANIFEST.fullmatch(manifest.name)
         if bounds and int(bounds.group(1)) <= seed <= int(bounds.group(2)):
             return manifest
     return None

@@ -18,18 +18,16 @@ belongs to no block of the grid.
 from __future__ import annotations
 
 import os
-import re
 import shlex
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from trainmap.grid import SeedRange
+from trainmap.io import SEED_RANGE_MANIFEST
 
 #: The suffix of a block's resume file beside its manifest (trainmap.jobs: ``.with_suffix``).
 RESUME_SUFFIX = ".resume.pt"
-#: A block's manifest name, e.g. ``seeds0-31.json`` (trainmap.grid.SeedRange.name).
-BLOCK_MANIFEST = re.compile(r"seeds(\d+)-(\d+)\.json")
 
 
 @dataclass(frozen=True)
@@ -158,7 +156,7 @@ def _scan_directory(
     other_manifests = [
         (f"{base}/{name}", range(int(match[1]), int(match[2]) + 1))
         for name in sorted(names)
-        if (match := BLOCK_MANIFEST.fullmatch(name))
+        if (match := SEED_RANGE_MANIFEST.fullmatch(name))
         and name.removesuffix(".json") not in grid_names
     ]
     unfinished, leftover = [], []
