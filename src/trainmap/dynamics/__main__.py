@@ -3,6 +3,9 @@
 Reads one CSV per run in the format of :mod:`trainmap.dynamics.metrics` (``step``, the 14 metric
 columns, ``test_acc``; the workflow writes them as ``results/metrics/<cell>/metrics.csv``), fits the
 HMM, draws the training map, runs the detour regression and, with ``--groups``, the joint comparison.
+Runs trainmap did not train are read from their checkpoints (:mod:`trainmap.dynamics.external`): a
+directory of state dicts named by step plus ``evaluation.csv``; their metric tables are written to
+``--out``/metrics first, so external runs and trainmap's own tables share one map.
 Tables are read strictly (:func:`trainmap.dynamics.tables.read_metric_table`): a missing column, text
 in a numeric cell or a NaN/Inf metric in a run not named by ``--diverged`` stops it with an error
 naming the file, the column and the step.
@@ -11,13 +14,22 @@ naming the file, the column and the step.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
 import pandas as pd
+from tqdm import tqdm
 
+from trainmap.dynamics.external import (
+    CHECKPOINT_SUFFIXES,
+    EVALUATION_FILE,
+    ExternalRunError,
+    external_run_metrics,
+    read_external_run,
+)
 from trainmap.dynamics.hmm import COVARIANCE_TYPES, STANDARDISATIONS
-from trainmap.dynamics.metrics import METRIC_NAMES
+from trainmap.dynamics.metrics import CONVENTIONS, METRIC_NAMES
 from trainmap.dynamics.pipeline import (
     Outcomes,
     convergence_from_tables,
@@ -27,6 +39,7 @@ from trainmap.dynamics.pipeline import (
     regress_group,
 )
 from trainmap.dynamics.tables import REGENERATE, MetricTableError, read_metric_table
+from trainmap.io import write_atomic
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -37,12 +50,56 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "shared map. Writes hmm.npz/json, selection, states, map (PNG/SVG/JSON), detours.json and "
         "figures to --out.",
     )
-    parser.add_argument("tables", nargs="+", type=Path,
-                        help="per-run metric CSV files, or directories searched for metrics.csv "
-                        "(a run is named by its path relative to the common parent)")  # fmt: skip
+    parser.add_argument("tables", nargs="+", type=Path, metavar="RUNS",
+                        help="per-run metric CSV files, directories searched for metrics.csv, "
+                        "or external runs: a directory of checkpoints (step_100.pt, "
+                        "checkpoint-100.safetensors, ...) with evaluation.csv (step, test_acc), "
+                        "or a directory of such run directories (a run is named by its path "
+                        "relative to the common parent)")  # fmt: skip
     parser.add_argument("--out", type=Path, required=True, help="output directory")
-    parser.add_argument("--threshold", type=float, required=True,
-                        help="convergence = first checkpoint whose test_acc >= this")  # fmt: skip
+    parser.add_argument("--threshold", type=float,
+                        help="convergence = first checkpoint whose test_acc >= this (required "
+                        "unless --metrics-only)")  # fmt: skip
+    external = parser.add_argument_group("external runs (checkpoint directories)")
+    external.add_argument("--heads", type=int,
+                          help="attention heads: split query/key/value projections per head, as "
+                          "the paper does (default: whole matrices)")  # fmt: skip
+    external.add_argument(
+        "--convention",
+        choices=CONVENTIONS,
+        default="paper",
+        help="metric convention (trainmap.dynamics.metrics; default paper)",
+    )
+    external.add_argument(
+        "--evaluation",
+        default=EVALUATION_FILE,
+        help=f"each run's evaluation curve (default {EVALUATION_FILE})",
+    )
+    external.add_argument(
+        "--arch",
+        help="read the state dicts through this registered architecture "
+        "(e.g. a plugin's) instead of by name and shape; needs --meta",
+    )
+    external.add_argument("--meta", type=json.loads, default=None,
+                          help='the architecture\'s data description as JSON, e.g. \'{"input_kind": '
+                          '"vector", "input_shape": [40], "num_classes": 2}\'')  # fmt: skip
+    external.add_argument(
+        "--arch-options",
+        type=json.loads,
+        default={},
+        help="the architecture's options as JSON (default {})",
+    )
+    external.add_argument(
+        "--plugins",
+        nargs="+",
+        default=[],
+        help="plugin modules or .py files registering the architecture",
+    )
+    external.add_argument(
+        "--metrics-only",
+        action="store_true",
+        help="write the external runs' metric tables and stop",
+    )
     parser.add_argument("--groups", type=Path,
                         help="CSV with columns run,group: also fit one shared map of all runs and "
                         "compare the groups (joint comparison)")  # fmt: skip
@@ -87,18 +144,37 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def find_tables(paths: list[Path]) -> dict[str, Path]:
     """Run id -> CSV path; directories are searched for ``metrics.csv`` files."""
-    files = []
+    return {run: path for run, path in find_runs(paths).items() if path.is_file()}
+
+
+def find_runs(paths: list[Path]) -> dict[str, Path]:
+    """Run id -> metric CSV or external run directory (:func:`is_external_run`). A directory is an
+    external run, a directory of external runs, or searched for ``metrics.csv`` files."""
+    found = []
     for path in paths:
-        if path.is_dir():
-            files += sorted(path.rglob("metrics.csv"))
+        if is_external_run(path):
+            found.append(path)
+        elif path.is_dir():
+            runs = sorted(d for d in path.iterdir() if is_external_run(d))
+            found += runs or sorted(path.rglob("metrics.csv"))
         elif path.is_file():
-            files.append(path)
+            found.append(path)
         else:
             raise SystemExit(f"error: {path} is neither a metrics CSV nor a directory")
-    if len(files) < 2:
-        raise SystemExit(f"error: found {len(files)} metric table(s); a training map needs >= 2")
-    parent = Path(*_common_parts([f.resolve().parent for f in files]))
-    return {_run_id(f, parent): f for f in files}
+    if len(found) < 2:
+        raise SystemExit(f"error: found {len(found)} run(s) (metric tables or checkpoint "
+                         "directories); a training map needs >= 2")  # fmt: skip
+    parent = Path(*_common_parts([_run_dir(f).resolve().parent for f in found]))
+    return {_run_id(f, parent): f for f in found}
+
+
+def is_external_run(path: Path) -> bool:
+    """Whether ``path`` is a directory holding checkpoint files (an external run)."""
+    return path.is_dir() and any(p.suffix in CHECKPOINT_SUFFIXES for p in path.iterdir())
+
+
+def _run_dir(path: Path) -> Path:
+    return path / "metrics.csv" if path.is_dir() else path
 
 
 def _common_parts(directories: list[Path]) -> tuple[str, ...]:
@@ -114,14 +190,65 @@ def _common_parts(directories: list[Path]) -> tuple[str, ...]:
 
 
 def _run_id(file: Path, parent: Path) -> str:
+    file = _run_dir(file)
     relative = file.resolve().relative_to(parent)
     name = relative.parent.as_posix() if file.name == "metrics.csv" else relative.with_suffix("")
     return str(name) if str(name) not in ("", ".") else file.stem
 
 
+def external_tables(runs: dict[str, Path], args: argparse.Namespace) -> dict[str, Path]:
+    """Metric tables of the external runs among ``runs``, written to ``--out``/metrics/<run>/;
+    every run is read and checked before the first table is written. Runs whose checkpoints hold
+    NaN or infinite weights are added to ``args.diverged``."""
+    external = {run: path for run, path in runs.items() if path.is_dir()}
+    if not external:
+        return runs
+    model = _external_model(args)
+    try:
+        read = {run: read_external_run(path, args.evaluation) for run, path in external.items()}
+        tables = {run: external_run_metrics(r, args.convention, args.heads, model)
+                  for run, r in tqdm(read.items(), desc="external runs", unit="run")}  # fmt: skip
+    except ExternalRunError as error:
+        raise SystemExit(f"error: {error}") from None
+    written = dict(runs)
+    for run, table in tables.items():
+        path = args.out / "metrics" / run / "metrics.csv"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(path, lambda tmp, t=table: t.to_csv(tmp, index=False))
+        written[run] = path
+        if table["skipped_matrices"].any() and run not in args.diverged:
+            print(f"warning: external run {run} has non-finite weights; treated as diverged")
+            args.diverged.append(run)
+    print(f"{len(tables)} external run(s): metric tables in {args.out / 'metrics'}")
+    return written
+
+
+def _external_model(args: argparse.Namespace):
+    """The ``--arch`` model whose layout reads the external state dicts, or None."""
+    if args.arch is None:
+        return None
+    from trainmap.grid import ConfigError
+    from trainmap.models import build_model
+    from trainmap.plugins import load_plugins
+
+    if args.meta is None:
+        raise SystemExit("error: --arch needs --meta, the data description the architecture "
+                         'is built for, e.g. \'{"input_kind": "vector", "input_shape": [40], '
+                         '"num_classes": 2}\'')  # fmt: skip
+    try:
+        load_plugins(args.plugins, Path.cwd())
+        return build_model(args.arch, args.meta, **args.arch_options)
+    except (ConfigError, ValueError, KeyError) as error:
+        raise SystemExit(f"error: --arch {args.arch}: {error}") from None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    files = find_tables(args.tables)
+    if args.threshold is None and not args.metrics_only:
+        raise SystemExit("error: --threshold is required (or --metrics-only)")
+    files = external_tables(find_runs(args.tables), args)
+    if args.metrics_only:
+        return 0
     unknown = sorted(set(args.diverged) - set(files))
     if unknown:
         raise SystemExit(f"error: --diverged names runs without a table: {unknown[:5]}")

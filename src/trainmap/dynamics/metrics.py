@@ -161,6 +161,97 @@ def weight_matrices(
     return matrices, biases
 
 
+#: Name parts of embedding tables in common checkpoints (trainmap's ``embed``/``pos_embed``, GPT-2's
+#: ``wte``/``wpe``, BERT's ``word_embeddings``/``position_embeddings``/``token_type_embeddings``).
+EMBEDDING_NAMES = ("embed", "wte", "wpe", "tok_emb", "pos_emb", "token_type")
+#: Module names of separate query/key/value projections, split per head when the head count is
+#: given (trainmap's ``q``/``k``/``v``, ``q_proj``..., BERT's ``query``/``key``/``value``).
+QKV_NAMES = {"q": "q", "k": "k", "v": "v", "q_proj": "q", "k_proj": "k", "v_proj": "v",
+             "query": "q", "key": "k", "value": "v", "w_q": "q", "w_k": "k", "w_v": "v"}  # fmt: skip
+#: State entries of a fused (3 d, d) query/key/value projection (``nn.MultiheadAttention``).
+FUSED_QKV = ("in_proj_weight", "qkv.weight", "Wqkv.weight")
+
+
+@dataclass(frozen=True)
+class WeightLayout:
+    """Which state entries the metrics count: matrices (and heads), biases, and the entries left
+    out with the reason (``ignored``: name -> why), from a model or from a state dict alone."""
+
+    matrices: tuple[MatrixSlice, ...]
+    biases: tuple[str, ...]
+    ignored: dict[str, str]
+
+
+def state_dict_layout(
+    shapes: Mapping[str, tuple[int, ...]], convention: str = "paper", heads: int | None = None
+) -> WeightLayout:
+    """The counted matrices of a state dict without its model, by name and shape (issue 21).
+
+    Rules, in state-dict order: a 1-D ``weight`` is a normalisation layer's scale (left out with
+    its bias); a 2-D ``weight`` is a Linear (out, in) matrix unless its name holds an embedding
+    part (:data:`EMBEDDING_NAMES`); a 4-D ``weight`` is a Conv2d kernel; other ranks are left out.
+    With ``heads``, a separate query/key/value projection (:data:`QKV_NAMES`) counts one
+    (d_head, d_model) matrix per head and a fused one (:data:`FUSED_QKV`) is split into q, k, v and
+    heads, their biases left out (as :func:`weight_matrices` does for trainmap's attention); without
+    ``heads`` they are whole matrices. Under ``paper`` a token model's readout (the last Linear of
+    a state dict with an embedding) is the unembedding and left out. For trainmap's own models
+    this gives :func:`weight_matrices`'s layout (tests/test_external_runs.py).
+    """
+    check_convention(convention)
+    matrices: list[MatrixSlice] = []
+    biases: list[str] = []
+    ignored: dict[str, str] = {}
+    has_embedding = False
+    for name, shape in shapes.items():
+        module, _, leaf = name.rpartition(".")
+        if any(name == fused or name.endswith(f".{fused}") for fused in FUSED_QKV):
+            if heads is None:
+                matrices.append(MatrixSlice(name))
+            else:
+                matrices += _head_slices(name, shape, heads, parts=3)
+            continue
+        if leaf != "weight":
+            continue
+        projection = QKV_NAMES.get(module.rpartition(".")[2].lower())
+        if len(shape) == 2 and any(part in name.lower() for part in EMBEDDING_NAMES):
+            ignored[name], has_embedding = "embedding", True
+        elif len(shape) == 2 and projection is not None and heads is not None:
+            matrices += _head_slices(name, shape, heads, parts=1)
+        elif len(shape) in (2, 4):
+            kind = "linear" if len(shape) == 2 else "conv"
+            matrices.append(MatrixSlice(name, kind=kind))
+            bias = f"{module}.bias" if module else "bias"
+            if bias in shapes:
+                biases.append(bias)
+        else:
+            ignored[name] = "normalisation scale" if len(shape) == 1 else f"{len(shape)}-D weight"
+    if convention == "paper" and has_embedding:
+        readout = next((m for m in reversed(matrices) if m.kind == "linear" and m.rows is None),
+                       None)  # fmt: skip
+        if readout is not None:
+            matrices.remove(readout)
+            ignored[readout.name] = "unembedding (readout of a token model)"
+            biases = [b for b in biases if b.rpartition(".")[0] != readout.name.rpartition(".")[0]]
+    return WeightLayout(tuple(matrices), tuple(biases), ignored)
+
+
+def _head_slices(name: str, shape: tuple[int, ...], heads: int, parts: int) -> list[MatrixSlice]:
+    """One (d_head, d_model) slice per head of each of ``parts`` stacked projections."""
+    rows = shape[0] // parts
+    if shape[0] % parts or rows % heads:
+        raise ValueError(f"state entry {name} has {shape[0]} rows, which {parts} projection(s) of "
+                         f"{heads} heads cannot split evenly; check the head count")  # fmt: skip
+    d_head = rows // heads
+    return [MatrixSlice(name, slice(start, start + d_head))
+            for start in range(0, shape[0], d_head)]  # fmt: skip
+
+
+def layout_of_model(model: nn.Module, convention: str = "paper") -> WeightLayout:
+    """:func:`weight_matrices` of ``model`` as a :class:`WeightLayout`."""
+    matrices, biases = weight_matrices(model, convention)
+    return WeightLayout(tuple(matrices), tuple(biases), {})
+
+
 def _stacked_matrix(state: Mapping[str, torch.Tensor], matrix: MatrixSlice) -> torch.Tensor:
     """In float64: ``[n_checkpoints, rows, cols]`` for a Linear matrix (or head),
     ``[n_checkpoints, out, in, kh * kw]`` for a conv kernel."""
@@ -244,15 +335,17 @@ def _pooled_rows(parts: list[torch.Tensor], n: int) -> tuple[np.ndarray, np.ndar
 
 
 def trajectory_metrics(
-    state: Mapping[str, torch.Tensor], model: nn.Module, convention: str = "paper"
+    state: Mapping[str, torch.Tensor], model: nn.Module | WeightLayout, convention: str = "paper"
 ) -> pd.DataFrame:
     """The 14 metrics (appendix B) of every checkpoint of a stacked trajectory ``state``.
 
     ``state`` maps state-dict names to ``[n_checkpoints, *shape]`` tensors; ``model`` only tells
-    which entries are Linear/Conv/attention tensors (:func:`weight_matrices`); ``convention`` is
+    which entries are Linear/Conv/attention tensors (:func:`weight_matrices`), or is the layout
+    itself (:func:`state_dict_layout` for checkpoints without their model); ``convention`` is
     ``"paper"`` or ``"extended"`` (module docstring).
     """
-    matrices, bias_names = weight_matrices(model, convention)
+    layout = model if isinstance(model, WeightLayout) else layout_of_model(model, convention)
+    matrices, bias_names = list(layout.matrices), list(layout.biases)
     if not matrices:
         raise ValueError("the model has no Linear or Conv2d weight to compute metrics on")
     stats = [_matrix_statistics(_stacked_matrix(state, m), m.kind, convention) for m in matrices]
@@ -297,7 +390,7 @@ def trajectory_metrics(
 
 def collect_run_metrics(
     trajectory: Mapping[str, object],
-    model: nn.Module,
+    model: nn.Module | WeightLayout,
     history: pd.DataFrame,
     convention: str = "paper",
 ) -> pd.DataFrame:

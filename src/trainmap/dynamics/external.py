@@ -1,0 +1,238 @@
+"""External runs: the 14 metrics of checkpoints trainmap did not train (issue 21).
+
+An external run is one directory holding
+
+* one state dict per checkpoint, named by its step: ``<prefix><step>.pt`` / ``.pth`` (read with
+  ``torch.load(weights_only=True)``; a dict of tensors, or one under ``state_dict``,
+  ``model_state_dict`` or ``model``) or ``<prefix><step>.safetensors``, e.g. ``step_100.pt``,
+  ``checkpoint-100.safetensors``, ``100.pt`` (the prefix holds letters, ``_`` and ``-`` only);
+* its evaluation curve, ``evaluation.csv``: columns ``step`` and ``test_acc`` (convergence is the
+  first checkpoint whose ``test_acc`` reaches the threshold), optionally ``train_loss``,
+  ``train_acc``, ``test_loss``; one row per checkpoint step at least.
+
+:func:`external_run_metrics` gives the run's metric table in the format of
+:func:`trainmap.dynamics.metrics.collect_run_metrics`, so everything after it (maps, regressions,
+joint comparisons, also together with trainmap's own runs) reads external and own runs alike. The
+counted matrices come from the state dict alone (:func:`trainmap.dynamics.metrics.state_dict_layout`:
+names and shapes; attention heads split when ``heads`` is given), or from a model of a registered
+architecture (a plugin's) when exact conventions matter. A damaged or inconsistent run raises
+:class:`ExternalRunError` naming the file and the fix, before any metric is written.
+
+Command line: ``python -m trainmap.dynamics.external RUN_DIR... --out DIR --threshold T`` writes
+``DIR/metrics/<run>/metrics.csv`` and fits the map into ``DIR`` (``--help``).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+from torch import nn
+
+from trainmap.dynamics.metrics import (
+    HISTORY_COLUMNS,
+    WeightLayout,
+    collect_run_metrics,
+    layout_of_model,
+    state_dict_layout,
+)
+
+CHECKPOINT_SUFFIXES = (".pt", ".pth", ".safetensors")
+EVALUATION_FILE = "evaluation.csv"
+#: A checkpoint's file stem: a prefix of letters, ``_`` and ``-``, then the step.
+STEP_NAME = re.compile(r"^[A-Za-z_\-]*?(\d+)$")
+#: Keys under which training scripts commonly nest a state dict in a ``.pt`` file.
+NESTED_STATE_KEYS = ("state_dict", "model_state_dict", "model")
+#: Checkpoints whose metrics are computed in one batch (memory: chunk x one state dict).
+CHUNK = 32
+
+
+class ExternalRunError(ValueError):
+    """An external run trainmap cannot read; the message names the file and the fix."""
+
+
+@dataclass(frozen=True)
+class ExternalRun:
+    """One run directory: its checkpoint files by step and its evaluation curve."""
+
+    directory: Path
+    checkpoints: dict[int, Path]
+    evaluation: pd.DataFrame
+
+
+def step_of(path: Path) -> int:
+    """The step a checkpoint file's name holds (``step_100.pt`` -> 100)."""
+    match = STEP_NAME.match(path.name.removesuffix(path.suffix))
+    if match is None:
+        raise ExternalRunError(
+            f"{path}: the file name holds no integer step; name each checkpoint "
+            "<prefix><step><suffix> with a prefix of letters, '_' or '-', e.g. step_100.pt, "
+            "checkpoint-100.safetensors or 100.pt, and move other checkpoints out of the run"
+        )
+    return int(match.group(1))
+
+
+def find_checkpoints(directory: Path) -> dict[int, Path]:
+    """Step -> checkpoint file of one run directory, in step order."""
+    if not directory.is_dir():
+        raise ExternalRunError(f"{directory}: not a directory; give one directory per run")
+    files = sorted(p for p in directory.iterdir() if p.suffix in CHECKPOINT_SUFFIXES)
+    if not files:
+        raise ExternalRunError(
+            f"{directory}: no checkpoints (files ending {', '.join(CHECKPOINT_SUFFIXES)}); an "
+            "external run is a directory of state dicts named by step, e.g. step_100.pt"
+        )
+    checkpoints: dict[int, Path] = {}
+    for path in files:
+        step = step_of(path)
+        if step in checkpoints:
+            raise ExternalRunError(f"{path} and {checkpoints[step]} both hold step {step}; keep "
+                                   "one checkpoint per step")  # fmt: skip
+        checkpoints[step] = path
+    return dict(sorted(checkpoints.items()))
+
+
+def load_state_dict_file(path: Path) -> dict[str, torch.Tensor]:
+    """A checkpoint's floating-point tensors (``weights_only=True`` for ``.pt``/``.pth``)."""
+    try:
+        if path.suffix == ".safetensors":
+            from safetensors.torch import load_file
+
+            state = load_file(path, device="cpu")
+        else:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:  # noqa: BLE001 - every failure to read is one clear error
+        raise ExternalRunError(
+            f"{path}: damaged or not a state dict ({type(error).__name__}: "
+            f"{str(error).splitlines()[0] if str(error) else ''}); replace the file, or move it "
+            "out of the run directory"
+        ) from None
+    if isinstance(state, Mapping):
+        nested = [key for key in NESTED_STATE_KEYS if isinstance(state.get(key), Mapping)]
+        state = state[nested[0]] if nested else state
+    tensors = {k: v for k, v in state.items() if isinstance(v, torch.Tensor)} \
+        if isinstance(state, Mapping) else {}  # fmt: skip
+    weights = {k: v for k, v in tensors.items() if v.is_floating_point()}
+    if not weights:
+        raise ExternalRunError(
+            f"{path}: holds no floating-point tensors (found {type(state).__name__}); save "
+            "model.state_dict(), or a dict with it under 'state_dict'"
+        )
+    return weights
+
+
+def read_evaluation(path: Path, steps: list[int]) -> pd.DataFrame:
+    """The run's evaluation curve: ``step``, ``test_acc`` and the optional history columns."""
+    if not path.is_file():
+        raise ExternalRunError(f"{path}: missing; each run needs its evaluation curve, a CSV "
+                               "with columns step and test_acc")  # fmt: skip
+    try:
+        table = pd.read_csv(path)
+    except Exception as error:  # noqa: BLE001 - every failure to read is one clear error
+        raise ExternalRunError(f"{path}: not a readable CSV ({type(error).__name__}); write it "
+                               "with columns step and test_acc") from None  # fmt: skip
+    missing = [column for column in ("step", "test_acc") if column not in table]
+    if missing:
+        raise ExternalRunError(
+            f"{path}: no column {' or '.join(missing)}; the evaluation curve "
+            f"needs step and test_acc (it has {', '.join(table.columns)})"
+        )
+    for column in ("step", "test_acc"):
+        values = pd.to_numeric(table[column], errors="coerce")
+        bad = table.index[~np.isfinite(values.to_numpy(dtype=float))]
+        if len(bad):
+            raise ExternalRunError(
+                f"{path}: row {int(bad[0]) + 2} has {column} = "
+                f"{table[column].iloc[bad[0]]!r}, not a finite number"
+            )
+        table[column] = values
+    if not (table["step"] == table["step"].round()).all():
+        raise ExternalRunError(f"{path}: a step is not an integer; steps are whole numbers")
+    table["step"] = table["step"].astype(int)
+    absent = sorted(set(steps) - set(table["step"]))
+    if absent:
+        raise ExternalRunError(f"{path}: no row for checkpoint step(s) {absent[:5]}; evaluate "
+                               "every checkpoint (a row per checkpoint step)")  # fmt: skip
+    columns = ["step", *[c for c in HISTORY_COLUMNS if c in table]]
+    return table[columns].drop_duplicates("step", keep="last")
+
+
+def read_external_run(directory: str | Path, evaluation_file: str = EVALUATION_FILE) -> ExternalRun:
+    """One external run directory, its checkpoints found and its evaluation curve checked."""
+    directory = Path(directory)
+    checkpoints = find_checkpoints(directory)
+    evaluation = read_evaluation(directory / evaluation_file, list(checkpoints))
+    return ExternalRun(directory, checkpoints, evaluation)
+
+
+def run_layout(
+    first: Mapping[str, torch.Tensor], path: Path, convention: str, heads: int | None,
+    model: nn.Module | None,
+) -> WeightLayout:  # fmt: skip
+    """The counted matrices of a run: from ``model`` (a registered architecture) when given, else
+    from the names and shapes of its first checkpoint."""
+    if model is None:
+        try:
+            return state_dict_layout({k: tuple(v.shape) for k, v in first.items()}, convention,
+                                     heads)  # fmt: skip
+        except ValueError as error:
+            raise ExternalRunError(f"{path}: {error}") from None
+    expected = {k: tuple(v.shape) for k, v in model.state_dict().items() if v.is_floating_point()}
+    found = {k: tuple(v.shape) for k, v in first.items()}
+    if expected != found:
+        differ = sorted(set(expected) ^ set(found)) or \
+            sorted(k for k in expected if expected[k] != found[k])  # fmt: skip
+        raise ExternalRunError(
+            f"{path}: the state dict does not fit the given architecture: entries "
+            f"{differ[:5]} differ in name or shape; give the architecture and options the run "
+            "was trained with, or leave them out to read the state dict by name and shape"
+        )
+    return layout_of_model(model, convention)
+
+
+def stacked_states(run: ExternalRun, steps: list[int]) -> dict[str, torch.Tensor]:
+    """The state dicts of ``steps`` stacked ``[n, *shape]``, checking names and shapes agree."""
+    first_step = next(iter(run.checkpoints))
+    first_path = run.checkpoints[first_step]
+    reference = {k: tuple(v.shape) for k, v in load_state_dict_file(first_path).items()}
+    states = []
+    for step in steps:
+        path = run.checkpoints[step]
+        state = load_state_dict_file(path)
+        shapes = {k: tuple(v.shape) for k, v in state.items()}
+        if shapes != reference:
+            differ = sorted(set(shapes) ^ set(reference)) or \
+                sorted(k for k in shapes if shapes[k] != reference[k])  # fmt: skip
+            key = differ[0]
+            raise ExternalRunError(
+                f"{path}: entry {key} has shape {shapes.get(key, 'absent')} at step {step} but "
+                f"{reference.get(key, 'absent')} at step {first_step} ({first_path.name}); every "
+                "checkpoint of a run must hold the same tensors (one architecture per run)"
+            )
+        states.append(state)
+    return {key: torch.stack([state[key] for state in states]) for key in reference}
+
+
+def external_run_metrics(
+    run: ExternalRun, convention: str = "paper", heads: int | None = None,
+    model: nn.Module | None = None,
+) -> pd.DataFrame:  # fmt: skip
+    """The run's metric table (``collect_run_metrics``'s format), :data:`CHUNK` checkpoints at a
+    time (each checkpoint's metrics depend on that checkpoint alone)."""
+    steps = list(run.checkpoints)
+    first = load_state_dict_file(run.checkpoints[steps[0]])
+    layout = run_layout(first, run.checkpoints[steps[0]], convention, heads, model)
+    if not layout.matrices:
+        raise ExternalRunError(f"{run.checkpoints[steps[0]]}: no 2-D or 4-D weight to compute "
+                               f"metrics on (left out: {layout.ignored})")  # fmt: skip
+    tables = []
+    for start in range(0, len(steps), CHUNK):
+        chunk = steps[start : start + CHUNK]
+        trajectory = {"step": torch.tensor(chunk), "state": stacked_states(run, chunk)}
+        tables.append(collect_run_metrics(trajectory, layout, run.evaluation, convention))
+    return pd.concat(tables, ignore_index=True)
