@@ -47,6 +47,7 @@ include: "workflow/rules/reparam.smk"
 include: "workflow/rules/sparse.smk"
 include: "workflow/rules/quantize.smk"
 include: "workflow/rules/evaluate.smk"
+include: "workflow/rules/external.smk"
 include: "workflow/rules/analysis.smk"
 
 

@@ -347,3 +347,73 @@ def test_a_state_dict_that_does_not_fit_the_given_architecture_is_refused(good_r
     model = build_model("mlp", model_meta("sparse_parity", {"n_bits": 40}), hidden=[16])
     with pytest.raises(ExternalRunError, match=r"does not fit the given architecture"):
         external_run_metrics(read_external_run(good_run), model=model)
+
+
+# --- the config section: external sets in the Snakemake DAG, beside the grid's own runs --------
+
+EXTERNAL_GRID = """
+grid:
+  - {task: sparse_parity, archs: [mlp], methods: [kaiming], seeds: [0, 1, 2]}
+model:
+  sparse_parity:
+    mlp: {hidden: [8]}
+train:
+  sparse_parity: {steps: 60, checkpoint_every: 10, resume_every: 30, seed_block: 3}
+external:
+  - {name: plain_slow, runs: ["plain/slow*"], threshold: 0.6}
+  - {name: plain_fast, runs: ["plain/fast*"], threshold: 0.6}
+analysis:
+  group_maps: none
+  k_max: 3
+  restarts: 1
+  bootstrap: 5
+  permutations: 50
+  joint:
+    - {name: own_vs_plain, task: sparse_parity, archs: [mlp], methods: [kaiming],
+       external: [plain_fast]}
+    - {name: plain_lr, external: [plain_slow, plain_fast]}
+mlflow: {experiment: external-test}
+"""
+
+
+def write_plain_runs(root: Path) -> None:
+    inputs, labels = parity_data()
+    for group, lr in (("slow", 0.02), ("fast", 0.3)):
+        for seed in range(3):
+            plain_training_run(PlainMLP(8), inputs, labels, root / f"{group}{seed}", seed, lr,
+                               safetensors=seed == 1)  # fmt: skip
+
+
+@pytest.mark.integration
+def test_external_sets_in_the_workflow(tmp_path: Path) -> None:
+    """snakemake maps external sets on their own, jointly with the grid's runs and with each
+    other; MLflow gets their rules; a damaged run stops the config check before any job."""
+    from conftest import copy_workflow, snakemake
+
+    workdir = copy_workflow(tmp_path / "workflow")
+    write_plain_runs(workdir / "plain")
+    (workdir / "external.yaml").write_text(EXTERNAL_GRID)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    snakemake("--cores", "2", "--configfile", "external.yaml", cwd=workdir,
+              MLFLOW_TRACKING_URI=uri, timeout=900)  # fmt: skip
+    results = workdir / "results"
+    for name in ("plain_slow", "plain_fast"):
+        manifest = json.loads((results / "external" / name / "metrics.json").read_text())
+        assert len(manifest["runs"]) == 3
+        assert (results / "external" / name / "map" / "map.png").stat().st_size > 0
+    own_vs_plain = json.loads((results / "joint/own_vs_plain/joint.json").read_text())
+    assert set(own_vs_plain["groups"]) == {"kaiming", "plain_fast"}
+    plain_lr = json.loads((results / "joint/plain_lr/joint.json").read_text())
+    assert set(plain_lr["groups"]) == {"plain_slow", "plain_fast"}
+    assert "plain_slow" in (results / "joint/plain_lr/verdicts.md").read_text()
+    # The same tables as the command line computes from the same directories.
+    table = pd.read_csv(results / "external/plain_fast/runs/fast0/metrics.csv")
+    direct = external_run_metrics(read_external_run(workdir / "plain" / "fast0"))
+    assert_same_metrics(table, direct)
+    # A damaged checkpoint: refused by the config check, naming key and file; no job runs.
+    (workdir / "plain" / "slow2" / "step_30.pt").write_text("damaged")
+    failed = snakemake("-n", "--cores", "1", "--configfile", "external.yaml", cwd=workdir,
+                       check=False, MLFLOW_TRACKING_URI=uri, timeout=120)  # fmt: skip
+    output = failed.stdout + failed.stderr
+    assert failed.returncode != 0
+    assert "config key external[0].runs: " in output and "slow2/step_30.pt: damaged" in output

@@ -169,6 +169,7 @@ rule joint_comparison:
     input:
         metrics=metrics_of_joint,
         evaluations=evaluations_of_joint,
+        external=external_manifests_of_joint,
     output:
         summary="results/joint/{name}/joint.json",
         verdicts=report(
@@ -234,6 +235,8 @@ rule joint_comparison:
         cell_hashes=cell_hashes_of_joint,
         metrics=metric_tables_of_joint,
         evaluations=evaluation_files_of_joint,
+        # runs of external sets pooled beside the cells (external.smk)
+        external=external_runs_of_joint,
     script:
         "../scripts/joint_comparison.py"
 

@@ -63,6 +63,9 @@ DENSE_METHODS = grid.methods_without_stage("sparse")
 QUANT_SCHEMES = list(config.get("quantize", {}).get("schemes", []))
 HMM_GROUPS = grid.analysis_groups(config)
 JOINT_GROUPS = grid.joint_groups(config)
+JOINT_SPECS = {
+    spec["name"]: spec for spec in grid.analysis_settings(config).get("joint", [])
+}
 
 
 def blocks_by_id(cells):
@@ -488,7 +491,8 @@ def evaluation_files_of_joint(wildcards):
 
 def analysis_outputs():
     """Every trained run's metric tables (as block manifests), and the grid's training maps,
-    regressions and joint comparisons."""
+    regressions and joint comparisons; the external sets' tables and maps (external.smk).
+    """
     files = manifests("metrics", METRIC_BLOCKS)
     for group in HMM_GROUPS:
         # hmm.npz too: a killed (forced) fit's missing model is refitted by a plain run, and the
@@ -498,4 +502,4 @@ def analysis_outputs():
             for name in ("hmm.npz", "map.json", "detours.json")
         ]
     files += [f"results/joint/{name}/joint.json" for name in JOINT_GROUPS]
-    return files
+    return files + external_outputs()

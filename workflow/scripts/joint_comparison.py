@@ -18,4 +18,5 @@ run_job(
     tracking=tracking_settings(snakemake.config),
     cell_hashes=snakemake.params.cell_hashes,
     threads=snakemake.threads,
+    external=list(snakemake.params.external),
 )

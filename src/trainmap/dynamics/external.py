@@ -97,7 +97,7 @@ def find_checkpoints(directory: Path) -> dict[int, Path]:
     return dict(sorted(checkpoints.items()))
 
 
-def load_state_dict_file(path: Path) -> dict[str, torch.Tensor]:
+def load_state_dict_file(path: Path, mmap: bool = False) -> dict[str, torch.Tensor]:
     """A checkpoint's floating-point tensors (``weights_only=True`` for ``.pt``/``.pth``)."""
     try:
         if path.suffix == ".safetensors":
@@ -105,13 +105,9 @@ def load_state_dict_file(path: Path) -> dict[str, torch.Tensor]:
 
             state = load_file(path, device="cpu")
         else:
-            state = torch.load(path, map_location="cpu", weights_only=True)
+            state = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except Exception as error:  # noqa: BLE001 - every failure to read is one clear error
-        raise ExternalRunError(
-            f"{path}: damaged or not a state dict ({type(error).__name__}: "
-            f"{str(error).splitlines()[0] if str(error) else ''}); replace the file, or move it "
-            "out of the run directory"
-        ) from None
+        raise _damaged(path, error) from None
     if isinstance(state, Mapping):
         nested = [key for key in NESTED_STATE_KEYS if isinstance(state.get(key), Mapping)]
         state = state[nested[0]] if nested else state
@@ -124,6 +120,55 @@ def load_state_dict_file(path: Path) -> dict[str, torch.Tensor]:
             "model.state_dict(), or a dict with it under 'state_dict'"
         )
     return weights
+
+
+def checkpoint_shapes(path: Path) -> dict[str, tuple[int, ...]]:
+    """Name -> shape of a checkpoint's floating-point tensors, without reading their values where
+    the format allows (safetensors' header; ``.pt`` memory-mapped): the cheap check of a run
+    before any job (a damaged file raises :class:`ExternalRunError` naming it)."""
+    if path.suffix != ".safetensors":
+        return {k: tuple(v.shape) for k, v in load_state_dict_file(path, mmap=True).items()}
+    try:
+        from safetensors import safe_open
+
+        with safe_open(path, framework="pt") as handle:
+            shapes = {key: tuple(handle.get_slice(key).get_shape()) for key in handle.keys()}
+            dtypes = {key: handle.get_slice(key).get_dtype() for key in handle.keys()}
+    except Exception as error:  # noqa: BLE001 - every failure to read is one clear error
+        raise _damaged(path, error) from None
+    return {key: shape for key, shape in shapes.items() if dtypes[key].startswith(("F", "BF"))}
+
+
+def check_run_shapes(run: ExternalRun) -> None:
+    """Every checkpoint of ``run`` readable, holding the same tensors as its first one."""
+    first_step, first_path = next(iter(run.checkpoints.items()))
+    reference = checkpoint_shapes(first_path)
+    for step, path in run.checkpoints.items():
+        _check_same_shapes(path, step, checkpoint_shapes(path), first_path, first_step, reference)
+
+
+def _check_same_shapes(
+    path: Path, step: int, shapes: dict, first_path: Path, first_step: int, reference: dict
+) -> None:
+    if shapes == reference:
+        return
+    differ = sorted(set(shapes) ^ set(reference)) or sorted(
+        k for k in shapes if shapes[k] != reference[k]
+    )
+    key = differ[0]
+    raise ExternalRunError(
+        f"{path}: entry {key} has shape {shapes.get(key, 'absent')} at step {step} but "
+        f"{reference.get(key, 'absent')} at step {first_step} ({first_path.name}); every "
+        "checkpoint of a run must hold the same tensors (one architecture per run)"
+    )
+
+
+def _damaged(path: Path, error: Exception) -> ExternalRunError:
+    first = str(error).splitlines()[0] if str(error) else ""
+    return ExternalRunError(
+        f"{path}: damaged or not a state dict ({type(error).__name__}: {first}); replace the "
+        "file, or move it out of the run directory"
+    )
 
 
 def read_evaluation(path: Path, steps: list[int]) -> pd.DataFrame:
@@ -199,21 +244,13 @@ def stacked_states(run: ExternalRun, steps: list[int]) -> dict[str, torch.Tensor
     """The state dicts of ``steps`` stacked ``[n, *shape]``, checking names and shapes agree."""
     first_step = next(iter(run.checkpoints))
     first_path = run.checkpoints[first_step]
-    reference = {k: tuple(v.shape) for k, v in load_state_dict_file(first_path).items()}
+    reference = checkpoint_shapes(first_path)
     states = []
     for step in steps:
         path = run.checkpoints[step]
         state = load_state_dict_file(path)
         shapes = {k: tuple(v.shape) for k, v in state.items()}
-        if shapes != reference:
-            differ = sorted(set(shapes) ^ set(reference)) or \
-                sorted(k for k in shapes if shapes[k] != reference[k])  # fmt: skip
-            key = differ[0]
-            raise ExternalRunError(
-                f"{path}: entry {key} has shape {shapes.get(key, 'absent')} at step {step} but "
-                f"{reference.get(key, 'absent')} at step {first_step} ({first_path.name}); every "
-                "checkpoint of a run must hold the same tensors (one architecture per run)"
-            )
+        _check_same_shapes(path, step, shapes, first_path, first_step, reference)
         states.append(state)
     return {key: torch.stack([state[key] for state in states]) for key in reference}
 

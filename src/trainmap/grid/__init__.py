@@ -40,6 +40,12 @@ from trainmap.grid.errors import (
     did_you_mean,
     key_path,
 )
+from trainmap.grid.external import (
+    external_arch,
+    external_runs,
+    external_sets,
+    joint_external_sets,
+)
 from trainmap.grid.files import (
     YAML_LOADER,
     check_config_files,
@@ -87,9 +93,13 @@ __all__ = [
     "did_you_mean",
     "evaluate_settings",
     "expand_grid",
+    "external_arch",
+    "external_runs",
+    "external_sets",
     "grid_tasks",
     "has_deploy_form",
     "in_joint",
+    "joint_external_sets",
     "is_sparse",
     "joint_groups",
     "key_path",

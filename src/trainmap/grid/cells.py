@@ -251,7 +251,7 @@ def analysis_groups(config: dict) -> dict[str, list[Cell]]:
 
 def in_joint(cell: Cell, spec: Mapping[str, Any]) -> bool:
     return (
-        cell.task == spec["task"]
+        cell.task == spec.get("task")
         and cell.arch in spec.get("archs", [cell.arch])
         and cell.method in spec.get("methods", [cell.method])
     )
@@ -259,12 +259,14 @@ def in_joint(cell: Cell, spec: Mapping[str, Any]) -> bool:
 
 def joint_groups(config: dict) -> dict[str, list[Cell]]:
     """Joint comparisons (``analysis.joint``): the pooled trained cells of several archs/methods of
-    one task; groups with fewer than two runs in the grid are left out (check_config warns)."""
+    one task; groups with fewer than two runs in the grid are left out (check_config warns). A
+    comparison that pools external run sets (``external``) is kept with whatever cells it has
+    (none, for external sets alone)."""
     cells = [cell for cell in expand_grid(config) if retrains(cell)]
     joint = {}
     for spec in config.get("analysis", {}).get("joint", []):
         pooled = [cell for cell in cells if in_joint(cell, spec)]
-        if len(pooled) >= MIN_RUNS_PER_GROUP:
+        if len(pooled) >= MIN_RUNS_PER_GROUP or spec.get("external"):
             joint[spec["name"]] = pooled
     return joint
 

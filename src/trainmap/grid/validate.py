@@ -50,6 +50,7 @@ from trainmap.grid.cells import (
     retrains,
 )
 from trainmap.grid.errors import ConfigError, did_you_mean, key_path
+from trainmap.grid.external import check_external
 from trainmap.grid.files import YAML_LOADER, merge_config, read_config_file
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
@@ -213,6 +214,7 @@ def check_config(config: dict, base_dir: Path | None = None) -> None:
             _validate_stage_settings(config, stage, task)
     _check_quantize(config)
     _check_joint_groups(config)
+    check_external(config, base_dir)
     _check_features(config)
     _check_sparsifiable(config, base_dir)
     _check_tracking_uri(config)
@@ -515,6 +517,12 @@ def _check_joint_groups(config: dict) -> None:
             raise ConfigError(f"config key {where}.name: {spec['name']!r} is used twice; names "
                               "must be unique (they name the results/joint/<name> directory)")  # fmt: skip
         seen.add(spec["name"])
+        if "task" not in spec and spec.get("external"):
+            continue  # external run sets alone (trainmap.grid.external checks them)
+        if "task" not in spec:
+            raise ConfigError(f"config key {where}: no task; a joint comparison pools the runs "
+                              "of one task (task: ...) and/or external run sets (external: "
+                              "[...])")  # fmt: skip
         if spec["task"] not in config["data"]:  # a typo, not merely a task absent from the grid
             raise ConfigError(
                 f"config key {where}.task: unknown task {spec['task']!r} (no data.{spec['task']} "

@@ -170,15 +170,25 @@ def joint_comparison_job(
     name: str, cells: list[dict], labels: list[str], metrics_paths: list[str],
     evaluation_paths: list[str], settings: dict, out_dir: str | Path,
     tracking: Mapping[str, str], cell_hashes: Mapping[str, str], *, threads: int = 1,
+    external: list[dict] | None = None,
 ) -> None:  # fmt: skip
     """Rule ``joint_comparison``: one shared map for the runs of several methods/archs, and the
-    verdict table; each cell's parent MLflow run gets its occupancy of the shared states."""
+    verdict table; each cell's parent MLflow run gets its occupancy of the shared states.
+    ``external``: runs of external sets pooled beside the cells (``{"set", "run", "metrics",
+    "evaluation"}`` each; rule ``external_metrics`` wrote their tables), grouped by set."""
     out_dir = Path(out_dir)
+    external = external or []
     run_ids = [f"{label}/seed{Cell.of(cell).seed}" for label, cell in zip(labels, cells,
                                                                           strict=True)]  # fmt: skip
+    own_ids = list(run_ids)
+    run_ids += [f"{run['set']}/{run['run']}" for run in external]
+    labels = [*labels, *(run["set"] for run in external)]
+    metrics_paths = [*metrics_paths, *(run["metrics"] for run in external)]
+    evaluation_paths = [*evaluation_paths, *(run["evaluation"] for run in external)]
     runs, outcomes = _group_inputs(metrics_paths, evaluation_paths, run_ids)
     groups = dict(zip(run_ids, labels, strict=True))
-    with rule_run(tracking, "joint_comparison", task=Cell.of(cells[0]).task,
+    task = Cell.of(cells[0]).task if cells else "external"
+    with rule_run(tracking, "joint_comparison", task=task,
                   params={"analysis": settings, "joint": name},
                   config_hash=settings_hash([settings, name, run_ids])) as run:  # fmt: skip
         result = joint_group(runs, groups, outcomes, settings, out_dir, title=name,
@@ -189,5 +199,5 @@ def joint_comparison_job(
         _log_figures(run, result.captions, out_dir)
         for artifact in ("joint.json", "regression.csv", "verdicts.csv", "verdicts.md"):
             run.log_artifact(out_dir / artifact)
-    _log_occupancy(tracking, cell_hashes, cells, run_ids, result.states, result.hmm.n_states_,
+    _log_occupancy(tracking, cell_hashes, cells, own_ids, result.states, result.hmm.n_states_,
                    result.detour_states, prefix=f"joint.{name}")  # fmt: skip

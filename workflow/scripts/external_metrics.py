@@ -1,0 +1,22 @@
+"""Rule external_metrics: metric tables and evaluation records of one external run set."""
+
+from pathlib import Path
+
+from trainmap.tracking import tracking_settings
+from trainmap.worker import run_job
+
+spec = snakemake.params.spec
+run_job(
+    "trainmap.jobs.external:external_metrics_job",
+    log=snakemake.log[0],
+    name=snakemake.wildcards.external,
+    runs=dict(snakemake.params.runs),
+    out_dir=str(Path(snakemake.output.manifest).parent),
+    manifest=snakemake.output.manifest,
+    tracking=tracking_settings(snakemake.config),
+    threshold=spec["threshold"],
+    heads=spec.get("heads"),
+    evaluation=spec.get("evaluation", "evaluation.csv"),
+    convention=snakemake.params.convention,
+    arch=snakemake.params.arch,
+)
