@@ -417,3 +417,52 @@ def test_external_sets_in_the_workflow(tmp_path: Path) -> None:
     output = failed.stdout + failed.stderr
     assert failed.returncode != 0
     assert "config key external[0].runs: " in output and "slow2/step_30.pt: damaged" in output
+
+
+@pytest.mark.parametrize(
+    ("external", "joint", "message"),
+    [
+        ('[{name: a, runs: ["nothing*"], threshold: 0.6}]', "[]",
+         r"config key external\[0\]\.runs: the patterns \['nothing\*'\] match 0 run directories"),
+        ('[{name: a, runs: ["plain/slow*"], threshold: 0.6}, '
+         '{name: a, runs: ["plain/fast*"], threshold: 0.6}]', "[]",
+         r"config key external\[1\]\.name: 'a' is used twice"),
+        ('[{name: a, runs: ["plain/slow*"], threshold: 0.6}]',
+         "[{name: j, external: [b, a]}]",
+         r"config key analysis\.joint\[0\]\.external\[0\]: no external set 'b'; sets: a"),
+        ('[{name: a, runs: ["plain/slow*"], threshold: 0.6}]', "[{name: j, external: [a]}]",
+         r"config key analysis\.joint\[0\]\.external: a comparison of external sets alone needs "
+         r"at least two sets"),
+        ('[{name: a, runs: ["plain/slow*"], threshold: 0.6, arch: nope, task: sparse_parity}]',
+         "[]", r"config key external\[0\]\.arch: unknown architecture 'nope'"),
+        ('[{name: a, runs: ["plain/slow*"], threshold: 1.5}]', "[]", r"external\[0\]\.threshold"),
+    ],
+)  # fmt: skip
+def test_bad_external_settings_are_refused(tmp_path: Path, external: str, joint: str,
+                                           message: str) -> None:  # fmt: skip
+    from conftest import REPO_ROOT
+
+    from trainmap.grid import ConfigError, load_config
+
+    write_plain_runs(tmp_path / "plain")
+    (tmp_path / "c.yaml").write_text(f"dvc: {{configfile: c.yaml}}\nexternal: {external}\n"
+                                     f"analysis: {{joint: {joint}}}\n")  # fmt: skip
+    with pytest.raises(ConfigError, match=message):
+        load_config(REPO_ROOT / "params.yaml", REPO_ROOT / "config/config.yaml",
+                    tmp_path / "c.yaml", check_paths_from=tmp_path)  # fmt: skip
+
+
+def test_a_good_external_set_with_an_architecture_is_accepted(tmp_path: Path) -> None:
+    from conftest import REPO_ROOT
+
+    from trainmap.grid import load_config
+
+    write_plain_runs(tmp_path / "plain")
+    (tmp_path / "c.yaml").write_text(
+        "dvc: {configfile: c.yaml}\n"
+        'external: [{name: a, runs: ["plain/slow*"], threshold: 0.6, arch: mlp,\n'
+        "            task: sparse_parity, options: {hidden: [8]}}]\n"
+    )
+    config = load_config(REPO_ROOT / "params.yaml", REPO_ROOT / "config/config.yaml",
+                         tmp_path / "c.yaml", check_paths_from=tmp_path)  # fmt: skip
+    assert config["external"][0]["arch"] == "mlp"
