@@ -65,6 +65,25 @@ def load_exported_plugins() -> list[str]:
     return load_plugins(settings["names"], settings["base_dir"])
 
 
+def plugin_sources(names: object, base_dir: str | os.PathLike) -> list[str]:
+    """The source files of the plugins :func:`load_plugins` loads (installed entry points and the
+    config key ``plugins``), for the workflow's rules that build models or data: editing a plugin
+    reruns them, as editing trainmap's own code does. Call after :func:`load_plugins`."""
+    base = Path(base_dir).resolve()
+    sources = []
+    modules = [entry_point.module for entry_point in _entry_points()]
+    for name in _plugin_names(names):
+        if name.endswith(".py") or "/" in name or os.sep in name:
+            sources.append(str((base / name).resolve()))
+        else:
+            modules.append(name)
+    for module in modules:
+        spec = importlib.util.find_spec(module)
+        if spec is not None and spec.origin and spec.origin.endswith(".py"):
+            sources.append(spec.origin)
+    return sorted(dict.fromkeys(sources))
+
+
 def _plugin_names(names: object) -> list[str]:
     # Loaded before the schema check, so the key's type is checked here.
     if names is None:

@@ -15,6 +15,7 @@ from snakemake.common import overwrite_function_params
 
 from trainmap import grid
 from trainmap.methods import check_method
+from trainmap.plugins import plugin_sources
 from trainmap.tracking import init_tracking, tracking_settings
 from trainmap.unfinished import UnfinishedScan, find_unfinished
 from trainmap.worker import start_server, stop_server
@@ -63,6 +64,9 @@ DENSE_METHODS = grid.methods_without_stage("sparse")
 QUANT_SCHEMES = list(config.get("quantize", {}).get("schemes", []))
 HMM_GROUPS = grid.analysis_groups(config)
 JOINT_GROUPS = grid.joint_groups(config)
+# The plugins' source files: an input of every rule that builds data or models, so editing a
+# plugin reruns them (and what follows), as editing trainmap's own code does.
+PLUGIN_FILES = plugin_sources(config.get("plugins"), workflow.basedir)
 JOINT_SPECS = {
     spec["name"]: spec for spec in grid.analysis_settings(config).get("joint", [])
 }

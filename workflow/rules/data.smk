@@ -1,6 +1,7 @@
 rule data:
     input:
         data_files_of_task,
+        plugins=PLUGIN_FILES,
     output:
         "results/data/{task}/dataset.pt",
     log:

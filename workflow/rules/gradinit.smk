@@ -1,6 +1,7 @@
 rule gradinit:
     input:
         dataset=DATASET,
+        plugins=PLUGIN_FILES,
     output:
         manifest=f"results/gradinit/{BLOCK}.json",
         plot=report(

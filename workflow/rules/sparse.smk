@@ -2,6 +2,7 @@ rule sparse_retrain:
     input:
         dataset=DATASET,
         teacher=teacher_manifest_of_block,
+        plugins=PLUGIN_FILES,
     output:
         manifest=f"results/sparse/{BLOCK}.json",
         plot=report(

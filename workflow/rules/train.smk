@@ -1,6 +1,7 @@
 rule train:
     input:
         unpack(train_inputs),
+        plugins=PLUGIN_FILES,
     output:
         manifest=f"results/train/{BLOCK}.json",
     log:
