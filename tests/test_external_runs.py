@@ -466,3 +466,23 @@ def test_a_good_external_set_with_an_architecture_is_accepted(tmp_path: Path) ->
     config = load_config(REPO_ROOT / "params.yaml", REPO_ROOT / "config/config.yaml",
                          tmp_path / "c.yaml", check_paths_from=tmp_path)  # fmt: skip
     assert config["external"][0]["arch"] == "mlp"
+
+
+def test_the_cli_reads_runs_through_a_registered_architecture(tmp_path: Path) -> None:
+    """--arch/--meta/--arch-options: the layout of that model (here trainmap's mlp, whose names the
+    plain runs share), tables only with --metrics-only; a state dict that does not fit is refused."""
+    write_plain_runs(tmp_path / "plain")
+    meta = json.dumps({"input_kind": "vector", "input_shape": [40], "num_classes": 2})
+    command = [sys.executable, "-m", "trainmap.dynamics", str(tmp_path / "plain"), "--out",
+               str(tmp_path / "out"), "--metrics-only", "--arch", "mlp", "--meta", meta]  # fmt: skip
+    result = subprocess.run([*command, "--arch-options", '{"hidden": [8]}'], capture_output=True,
+                            text=True, timeout=300)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    table = pd.read_csv(tmp_path / "out" / "metrics" / "fast1" / "metrics.csv")
+    assert_same_metrics(table, external_run_metrics(read_external_run(tmp_path / "plain/fast1")))
+    assert not (tmp_path / "out" / "hmm.npz").exists()
+    wrong = subprocess.run([*command, "--out", str(tmp_path / "wrong"), "--arch-options",
+                            '{"hidden": [16]}'], capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert wrong.returncode != 0
+    assert "does not fit the given architecture" in wrong.stderr
+    assert not (tmp_path / "wrong" / "metrics").exists()
