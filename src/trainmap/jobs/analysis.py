@@ -38,7 +38,7 @@ def _group_inputs(
     strictly (trainmap.dynamics.tables): NaN or Inf metrics only in a run whose evaluation says it
     diverged; a damaged table stops the job naming the file, column, step and the block manifest
     to delete."""
-    outcomes = _group_outcomes(evaluation_paths, labels)
+    outcomes = group_outcomes(evaluation_paths, labels)
 
     def rerun_collect_metrics(path: str) -> str:
         manifest = block_manifest_of(path) or Path(path).parent
@@ -53,7 +53,7 @@ def _group_inputs(
     return runs, outcomes
 
 
-def _group_outcomes(evaluation_paths: list[str], labels: list[str]) -> Outcomes:
+def group_outcomes(evaluation_paths: list[str], labels: list[str]) -> Outcomes:
     """Outcomes (convergence step, status) keyed by run label, from the runs' evaluations."""
     evaluations = [load_json(path) for path in evaluation_paths]
     return Outcomes(
@@ -126,7 +126,7 @@ def regress_detours_job(
     detour visits."""
     out_dir = Path(out_dir)
     labels = _seed_labels(cells)
-    outcomes = _group_outcomes(evaluation_paths, labels)
+    outcomes = group_outcomes(evaluation_paths, labels)
     fit = FittedMap.load(out_dir)
     bootstrap = BootstrapResult.load(out_dir / "bootstrap.json")
     with rule_run(tracking, "regress_detours", task=Cell.of(cells[0]).task,

@@ -13,10 +13,11 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from trainmap.dynamics.external import external_run_metrics, read_external_run
-from trainmap.dynamics.pipeline import Outcomes, fit_group, map_group, regress_group
+from trainmap.dynamics.pipeline import fit_group, map_group, regress_group
 from trainmap.dynamics.tables import read_metric_table
 from trainmap.evaluation import convergence_step
-from trainmap.io import load_json, save_json, write_atomic
+from trainmap.io import save_json, write_atomic
+from trainmap.jobs.analysis import group_outcomes
 from trainmap.jobs.common import settings_hash
 from trainmap.tracking import rule_run
 
@@ -70,11 +71,7 @@ def external_map_job(
     """Rule ``external_map``: the training map of one external set: fit (with its bootstrap),
     detour regression and map, the steps a group map of the grid's own runs takes."""
     out_dir = Path(out_dir)
-    evaluations = [load_json(path) for path in evaluation_paths]
-    outcomes = Outcomes(
-        convergence={r: e["convergence_step"] for r, e in zip(run_ids, evaluations, strict=True)},
-        status={r: e["status"] for r, e in zip(run_ids, evaluations, strict=True)},
-    )
+    outcomes = group_outcomes(evaluation_paths, run_ids)
     runs = {run: read_metric_table(path, diverged=outcomes.status[run] == "diverged")
             for run, path in zip(run_ids, metrics_paths, strict=True)}  # fmt: skip
     title = f"external/{name}"
