@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -228,3 +229,88 @@ def test_dry_run_with_a_plugin_architecture(tmp_path: Path) -> None:
     assert failed.returncode != 0
     assert "config key plugins[0]: plugin 'plugins/tiny_net.py' failed to import: " \
            "ModuleNotFoundError" in failed.stderr + failed.stdout  # fmt: skip
+
+
+# --- a plugin builder that fails, or options of the wrong type: refused by the config check -------
+
+BUILDER = """
+from torch import nn
+
+from trainmap.models.registry import ArchSpec, register_architecture
+
+
+def build(meta, width=8, bias=True, scale=1.0, hidden=[8], note=None):
+    {body}
+
+
+register_architecture(ArchSpec(
+    name="tiny_net", builder=build,
+    defaults={{"width": 8, "bias": True, "scale": 1.0, "hidden": [8], "note": None}},
+    input_kinds=frozenset({{"vector"}}), description="a plugin's builder under test",
+))
+"""
+BUILDS = 'return nn.Linear(meta["input_shape"][0], meta["num_classes"], bias=bias)'
+
+
+def builder_project(tmp_path: Path, body: str = BUILDS, options: str = "{}") -> Path:
+    """A project whose plugin builder runs ``body``, with ``model.sparse_parity.tiny_net:
+    options`` (YAML)."""
+    root = project(tmp_path, BUILDER.format(body=body))
+    grid = (root / "grid.yaml").read_text().replace("tiny_net: {width: 16}", f"tiny_net: {options}")
+    (root / "grid.yaml").write_text(grid)
+    return root
+
+
+PLUGIN_MODULE = r"trainmap_plugin_plugins_tiny_net_[0-9a-f]{8}"
+
+
+def test_plugin_builder_that_raises_is_refused(tmp_path: Path) -> None:
+    root = builder_project(tmp_path, "raise RuntimeError('layer sizes do not fit\\nsecond line')")
+    with pytest.raises(ConfigError) as error:
+        load(root)
+    assert re.fullmatch(
+        rf"config key model.sparse_parity.tiny_net: architecture 'tiny_net' \(registered by "
+        rf"{PLUGIN_MODULE}\) failed to build: RuntimeError: layer sizes do not fit; fix the "
+        rf"builder in {PLUGIN_MODULE} or the options in model.sparse_parity.tiny_net \(built "
+        r"for \{'kind': 'sparse_parity', 'input_kind': 'vector', 'input_shape': \[40\].*\}\)",
+        first_line(error),
+    ), first_line(error)
+
+
+def test_plugin_builder_that_returns_no_module_is_refused(tmp_path: Path) -> None:
+    root = builder_project(tmp_path, "return {'weight': None}")
+    with pytest.raises(ConfigError) as error:
+        load(root)
+    assert re.fullmatch(
+        rf"config key model.sparse_parity.tiny_net: architecture 'tiny_net' \(registered by "
+        rf"{PLUGIN_MODULE}\) returned a dict, not a torch.nn.Module; its builder in "
+        rf"{PLUGIN_MODULE} must return the model",
+        first_line(error),
+    ), first_line(error)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ("{bias: 'no'}", "option 'bias': 'no' is of type str; expected true or false, as its "
+                         "default True"),
+        ("{bias: 1}", "option 'bias': 1 is of type int; expected true or false"),
+        ("{width: 8.5}", "option 'width': 8.5 is of type float; expected an int, as its default 8"),
+        ("{width: true}", "option 'width': True is of type bool; expected an int"),
+        ("{scale: '2'}", "option 'scale': '2' is of type str; expected a number, as its default 1.0"),
+        ("{hidden: 4}", "option 'hidden': 4 is of type int; expected a list, as its default [8]"),
+    ],
+)  # fmt: skip
+def test_plugin_option_of_the_wrong_type_is_refused(tmp_path, options, message) -> None:
+    with pytest.raises(ConfigError) as error:
+        load(builder_project(tmp_path, options=options))
+    assert first_line(error).startswith(
+        f"config key model.sparse_parity.tiny_net: architecture 'tiny_net': {message}"
+    ), first_line(error)
+
+
+def test_plugin_options_of_the_default_types_are_accepted(tmp_path: Path) -> None:
+    """An int where the default is a float, a list for a list, anything where it is None."""
+    options = "{width: 4, bias: false, scale: 2, hidden: [4, 4], note: {any: thing}}"
+    config = load(builder_project(tmp_path, options=options))
+    assert config["model"]["sparse_parity"]["tiny_net"]["scale"] == 2

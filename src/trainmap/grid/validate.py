@@ -216,6 +216,7 @@ def check_config(config: dict, base_dir: Path | None = None) -> None:
     _check_joint_groups(config)
     check_external(config, base_dir)
     _check_features(config)
+    _check_buildable(config, base_dir)
     _check_sparsifiable(config, base_dir)
     _check_tracking_uri(config)
 
@@ -589,6 +590,37 @@ def _check_features(config: dict) -> None:
                 f"config key analysis.features[{position}]: unknown metric {name!r}; allowed: "
                 f"{', '.join(METRIC_NAMES)}{did_you_mean(name, METRIC_NAMES)}"
             )
+
+
+def _check_buildable(config: dict, base_dir: Path) -> None:
+    """Each (task, arch) of the grid builds for the task's data (torch seeded, its RNG restored
+    after) and gives an ``nn.Module``: a plugin's builder that raises or returns something else is
+    refused here, naming the module that registered it, not in the first training job."""
+    import torch
+
+    from trainmap.models.registry import registered_by
+
+    for task, arch in dict.fromkeys((cell.task, cell.arch) for cell in expand_grid(config)):
+        meta = data_module.model_meta(config["data"][task]["kind"],
+                                      _data_options(config, task, base_dir))  # fmt: skip
+        source = registered_by(arch)
+        where = f"config key model.{task}.{arch}: architecture {arch!r} (registered by {source})"
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            try:
+                model = models.build_model(arch, meta, **model_settings(config, task, arch))
+            except Exception as error:  # a plugin's builder may raise anything
+                line = (str(error).strip().splitlines() or [""])[0]
+                raise ConfigError(
+                    f"{where} failed to build: {type(error).__name__}: {line}; fix the builder "
+                    f"in {source} or the options in model.{task}.{arch} (built for {meta})"
+                ) from None
+        if not isinstance(model, torch.nn.Module):
+            kind, name = type(model), type(model).__qualname__
+            if kind.__module__ != "builtins":
+                name = f"{kind.__module__}.{name}"
+            raise ConfigError(f"{where} returned a {name}, not a torch.nn.Module; its builder in "
+                              f"{source} must return the model")  # fmt: skip
 
 
 def _check_sparsifiable(config: dict, base_dir: Path) -> None:

@@ -57,7 +57,9 @@ def train_block_job(
             description=job.seed_range.id, model_info=infos,
         )  # fmt: skip
         for run, summary, seed_paths in zip(runs, summaries, paths, strict=True):
-            run.set_tags({"status": summary["status"]})
+            # seed_block_trained: 1 when the model could not be vectorised (seeds trained apart)
+            run.set_tags({"status": summary["status"],
+                          "seed_block_trained": summary["seed_block"]})  # fmt: skip
             run.log_metrics({"steps_per_s": summary["steps_per_s"],
                              "n_params": summary["n_params"]})  # fmt: skip
             run.log_artifact(seed_paths.history)

@@ -76,8 +76,15 @@ def arch_names() -> list[str]:
     return sorted(ARCHITECTURES)
 
 
+def registered_by(arch: str) -> str:
+    """The module that registered ``arch`` (a built-in family or a plugin), for error messages."""
+    return _SOURCES.get(arch, "?")
+
+
 def check_arch(arch: str, input_kind: str | None = None, options: dict | None = None) -> None:
-    """Raise a ValueError unless ``arch`` exists, accepts ``input_kind`` and takes ``options``."""
+    """Raise a ValueError unless ``arch`` exists, accepts ``input_kind`` and takes ``options``:
+    each a declared option, passing the family's ``check_options`` and of its default's type
+    (:func:`option_type_problem`)."""
     if arch not in ARCHITECTURES:
         raise ValueError(f"unknown architecture {arch!r}; allowed: {', '.join(arch_names())}")
     spec = ARCHITECTURES[arch]
@@ -93,11 +100,47 @@ def check_arch(arch: str, input_kind: str | None = None, options: dict | None = 
             f"architecture {arch!r} has no option(s) {', '.join(map(repr, unknown_keys))}; "
             f"allowed options: {', '.join(sorted(spec.defaults)) or 'none'}"
         )
+    mistyped = option_type_problem(spec, options)
     if spec.check_options is not None:
         try:
             spec.check_options(_resolve_options(spec, options))
-        except ValueError as error:
+        except ValueError as error:  # the family's own message comes first
             raise ValueError(f"architecture {arch!r}: {error}") from None
+        except TypeError:  # a check tripping over a wrong type: say which option
+            if mistyped is None:
+                raise
+    if mistyped is not None:
+        raise ValueError(f"architecture {arch!r}: {mistyped}")
+
+
+def option_type_problem(spec: ArchSpec, options: dict) -> str | None:
+    """The first of ``options`` whose value is not of its default's type, described, or None.
+
+    A bool option takes only true or false, an int option only an int (a bool is not one), a
+    float option an int or a float, a list option a list or tuple; an option whose default is
+    None takes anything (the family checks it)."""
+    for name, value in options.items():
+        default = spec.defaults[name]
+        if default is None:
+            continue
+        types, expected = _accepted_types(default)
+        if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
+            return (f"option {name!r}: {value!r} is of type {type(value).__name__}; expected "
+                    f"{expected}, as its default {default!r}")  # fmt: skip
+    return None
+
+
+def _accepted_types(default: object) -> tuple[tuple[type, ...], str]:
+    """The types an option with ``default`` takes, and their name in a message."""
+    if isinstance(default, bool):
+        return (bool,), "true or false"
+    if isinstance(default, int):
+        return (int,), "an int"
+    if isinstance(default, float):
+        return (int, float), "a number"
+    if isinstance(default, list | tuple):
+        return (list, tuple), "a list"
+    return (type(default),), f"a {type(default).__name__}"
 
 
 def build_model(arch: str, meta: dict, **options) -> nn.Module:

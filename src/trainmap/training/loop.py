@@ -35,6 +35,15 @@ the workflow completes and analysis can exclude the run visibly.
 Methods that change training itself (AST's distillation, SR-STE decay and mask refresh) plug in
 through :class:`TrainHooks`, called from the places marked ``# hook:`` in the loop; the plain loop
 is the hooks' defaults, which do nothing. Hooks see the block's stacked tensors.
+
+Models vmap cannot vectorise (a user's architecture with data-dependent control flow, ``.item()``,
+dropout, or state vmap does not see): when the block is built, one trial step compares it with each
+seed's own module (:func:`trainmap.training.seed_block.vectorisation_problem`); on a problem the
+block's seeds train one after another, each as a block of one (this same loop), with an
+:class:`~trainmap.training.seed_block.UnvectorisableWarning` naming the architecture and the
+reason. Each seed's files are then those it gives trained alone. A block of one seeds torch's
+global RNG from its seed before its first step, so a model that draws random numbers gives the
+same run alone and in such a block.
 """
 
 from __future__ import annotations
@@ -42,6 +51,7 @@ from __future__ import annotations
 import hashlib
 import math
 import time
+import warnings
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -67,7 +77,7 @@ from trainmap.io import (
 from trainmap.methods import check_method
 from trainmap.models import build_model, count_parameters
 from trainmap.training.checkpoints import save_dense
-from trainmap.training.seed_block import SeedBlock
+from trainmap.training.seed_block import SeedBlock, UnvectorisableWarning, vectorisation_problem
 
 CheckpointHook = Callable[[dict[str, float], int], None]  # (metrics, step) of one run
 BlockCheckpointHook = Callable[[int, dict[str, float], int], None]  # (seed index, metrics, step)
@@ -86,7 +96,8 @@ class TrainHooks:
     ``train_loss`` is the task loss alone. ``step`` is the number of optimiser steps taken before the
     current one (0 for the first), so a schedule reads it as "t". :meth:`snapshot` decides what the
     checkpoint trajectory records. Everything a hook keeps across steps goes in :meth:`state_dict`,
-    so resume stays bit-identical.
+    so resume stays bit-identical. :meth:`for_seed` gives one seed's hooks when a block's model
+    cannot be vectorised and its seeds train one at a time.
     """
 
     block: SeedBlock
@@ -126,6 +137,13 @@ class TrainHooks:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict` when a run resumes."""
+
+    def for_seed(self, index: int) -> TrainHooks | None:
+        """The hooks of seed ``index`` trained on its own, when the block's model cannot be
+        vectorised and its seeds train one at a time; None: these hooks hold per-seed state of
+        the whole block (a subclass, unless it overrides this), so such a block is refused. The
+        plain hooks hold nothing."""
+        return TrainHooks() if type(self) is TrainHooks else None
 
 
 @dataclass(frozen=True)
@@ -501,6 +519,9 @@ def train_block(
     ignored (and replaced), so a changed config never continues a stale run. ``model_info`` (arch,
     options, data meta; one per seed) is stored beside the final weights so each model can be rebuilt
     from its file. ``hooks`` are a method's additions to the loop (see :class:`TrainHooks`).
+
+    A block whose model vmap cannot vectorise (a trial step when the block is built) trains its
+    seeds one after another instead, each as a block of one, with an ``UnvectorisableWarning``.
     """
     size = len(models)
     if not (len(seeds) == len(paths) == size):
@@ -509,15 +530,19 @@ def train_block(
     device = resolve_device(cfg.device)
     block = SeedBlock(models).to(device)
     data = on_device(data, device)
+    problem = None if size == 1 else vectorisation_problem(block, _first_batches(data, cfg, seeds))
+    if problem is not None:
+        del block  # its stacked copy of the seeds' state: each seed trains from its own model
+        return _train_seeds_apart(
+            problem, models, data, cfg, seeds, paths, resume_path=resume_path,
+            on_checkpoint=on_checkpoint, progress=progress, fingerprint=fingerprint,
+            description=description, model_info=model_info, hooks=hooks,
+        )  # fmt: skip
     hooks.attach(block)
     optimizer = make_optimizer(block.parameters.values(), cfg)
     lr_varies = cfg.schedule != "constant" or cfg.warmup_steps > 0
     on_accelerator = device.type != "cpu"
-    samplers = [
-        BatchSampler(len(data.x_train), cfg.batch_size,
-                     torch.Generator().manual_seed(derive_seed(seed, "batches")))
-        for seed in seeds
-    ]  # fmt: skip
+    samplers = [_sampler(len(data.x_train), cfg, seed) for seed in seeds]
     trajectory, running = Trajectory(size), RunningMeans(size)
     records = [SeedRecord() for _ in range(size)]
     start_step, elapsed_before, resumed_from = 0, 0.0, None
@@ -536,6 +561,8 @@ def train_block(
         hooks.load_state_dict(saved["hooks"])
         start_step = resumed_from = saved["step"]
         elapsed_before = saved["elapsed_s"]  # from the resume file's timing sidecar
+    elif size == 1:  # random numbers a model draws (dropout) come from its own seed
+        torch.manual_seed(derive_seed(seeds[0], "train"))
 
     def active_seeds() -> list[int]:
         return [index for index, record in enumerate(records) if record.active]
@@ -651,6 +678,71 @@ def train_block(
     resume_path.unlink(missing_ok=True)
     timing_path(resume_path).unlink(missing_ok=True)
     return summaries
+
+
+def _sampler(n_examples: int, cfg: TrainConfig, seed: int) -> BatchSampler:
+    """Seed ``seed``'s batch order: its own generator, seeded from the seed."""
+    generator = torch.Generator().manual_seed(derive_seed(seed, "batches"))
+    return BatchSampler(n_examples, cfg.batch_size, generator)
+
+
+def _first_batches(data: TaskData, cfg: TrainConfig, seeds: Sequence[int]) -> torch.Tensor:
+    """Each seed's first training batch, ``(S, B, ...)`` (from fresh samplers: the loop's own
+    samplers are not touched)."""
+    indices = [_sampler(len(data.x_train), cfg, seed).next_indices() for seed in seeds]
+    return data.x_train[torch.stack(indices).to(data.x_train.device)]
+
+
+def _train_seeds_apart(
+    problem: str,
+    models: Sequence[nn.Module],
+    data: TaskData,
+    cfg: TrainConfig,
+    seeds: Sequence[int],
+    paths: Sequence[TrainPaths],
+    *,
+    resume_path: Path,
+    on_checkpoint: BlockCheckpointHook | None,
+    description: str,
+    model_info: Sequence[dict[str, Any]] | None,
+    hooks: TrainHooks,
+    **common: Any,
+) -> list[dict[str, Any]]:
+    """A block vmap cannot vectorise (``problem`` says why): its seeds trained one after another,
+    each as a block of one with its resume file in its own directory; the block's summaries."""
+    infos = list(model_info) if model_info is not None else [{} for _ in models]
+    arch = infos[0].get("arch")
+    what = f"architecture {arch!r}" if arch else f"model {type(models[0]).__name__}"
+    seed_hooks = [hooks.for_seed(index) for index in range(len(models))]
+    if None in seed_hooks:
+        raise ValueError(
+            f"{what} cannot be vectorised over the seeds of block {description!r} ({problem}), "
+            f"and the method's training hooks ({type(hooks).__name__}) train a block only as a "
+            "whole; train its seeds one per job (train.<task>.seed_block: 1)"
+        )
+    warnings.warn(
+        f"{what} cannot be vectorised over the seeds of block {description!r} ({problem}); its "
+        f"{len(models)} seeds train one at a time, each as a block of one (the same results, "
+        "without the block's speed-up)",
+        UnvectorisableWarning,
+        stacklevel=3,
+    )
+    summaries = []
+    for index, seed in enumerate(seeds):
+        hook = None if on_checkpoint is None else _for_index(on_checkpoint, index)
+        summaries += train_block(
+            [models[index]], data, cfg, [seed], [paths[index]], resume_path=paths[index].resume,
+            on_checkpoint=hook, description=f"{description} seed {seed}",
+            model_info=[infos[index]], hooks=seed_hooks[index], **common,
+        )  # fmt: skip
+    resume_path.unlink(missing_ok=True)  # one a vectorised run of this block may have left
+    timing_path(resume_path).unlink(missing_ok=True)
+    return summaries
+
+
+def _for_index(hook: BlockCheckpointHook, index: int) -> BlockCheckpointHook:
+    """``hook`` of a block, called by a block of one that trains the block's seed ``index``."""
+    return lambda _, metrics, step: hook(index, metrics, step)
 
 
 def _forward_step(
