@@ -2,75 +2,9 @@
 # train, read into metric tables (external_metrics) and mapped (external_map); analysis.joint
 # comparisons pool them beside the grid's own runs (joint_comparison's external param).
 
-EXTERNAL_SETS = grid.external_sets(config)
-
 
 wildcard_constraints:
     external="[A-Za-z][A-Za-z0-9_]*",
-
-
-EXTERNAL_RUNS = {
-    name: grid.external_runs(spec, workflow.basedir)
-    for name, spec in EXTERNAL_SETS.items()
-}
-
-
-def external_files(wildcards):
-    """Every checkpoint and evaluation file of one set: a changed file reruns its metrics."""
-    spec = EXTERNAL_SETS[wildcards.external]
-    evaluation = spec.get("evaluation", "evaluation.csv")
-    files = []
-    for run_dir in EXTERNAL_RUNS[wildcards.external].values():
-        files += sorted(
-            str(p)
-            for p in Path(run_dir).iterdir()
-            if p.suffix in (".pt", ".pth", ".safetensors") or p.name == evaluation
-        )
-    return files
-
-
-def external_run_files(name, filename):
-    return [
-        f"results/external/{name}/runs/{run}/{filename}" for run in EXTERNAL_RUNS[name]
-    ]
-
-
-@input_function
-def external_runs_of_joint(wildcards):
-    """The external runs a joint comparison pools: set, run id, metric table, evaluation."""
-    spec = JOINT_SPECS[wildcards.name]
-    return [
-        {
-            "set": name,
-            "run": run,
-            "metrics": f"results/external/{name}/runs/{run}/metrics.csv",
-            "evaluation": f"results/external/{name}/runs/{run}/evaluation.json",
-        }
-        for name in grid.joint_external_sets(spec)
-        for run in EXTERNAL_RUNS[name]
-    ]
-
-
-@input_function
-def external_manifests_of_joint(wildcards):
-    return [
-        f"results/external/{name}/metrics.json"
-        for name in grid.joint_external_sets(JOINT_SPECS[wildcards.name])
-    ]
-
-
-def external_outputs():
-    """Each external set's metric manifest and training map."""
-    return [
-        f"results/external/{name}/{filename}"
-        for name in EXTERNAL_SETS
-        for filename in (
-            "metrics.json",
-            "map/hmm.npz",
-            "map/map.json",
-            "map/detours.json",
-        )
-    ]
 
 
 rule external_metrics:
