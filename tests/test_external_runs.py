@@ -486,3 +486,23 @@ def test_the_cli_reads_runs_through_a_registered_architecture(tmp_path: Path) ->
     assert wrong.returncode != 0
     assert "does not fit the given architecture" in wrong.stderr
     assert not (tmp_path / "wrong" / "metrics").exists()
+
+
+def test_the_cheap_check_finds_truncated_and_legacy_files(tmp_path: Path) -> None:
+    """check_run_shapes (the config check's) reads headers only, yet refuses a safetensors file cut
+    short, and reads a legacy (non-zip) torch.save file."""
+    from trainmap.dynamics.external import check_run_shapes
+
+    inputs, labels = parity_data()
+    plain_training_run(PlainMLP(8), inputs, labels, tmp_path / "run", 0, 0.1, safetensors=True)
+    run = read_external_run(tmp_path / "run")
+    check_run_shapes(run)
+    last = run.checkpoints[max(run.checkpoints)]
+    legacy = tmp_path / "run" / "step_60.pt"
+    torch.save(load_file(last), legacy, _use_new_zipfile_serialization=False)
+    pd.concat([run.evaluation, run.evaluation.tail(1).assign(step=60)]).to_csv(
+        tmp_path / "run" / "evaluation.csv", index=False)  # fmt: skip
+    check_run_shapes(read_external_run(tmp_path / "run"))
+    last.write_bytes(last.read_bytes()[:-16])
+    with pytest.raises(ExternalRunError, match=rf"{last.name}: damaged .*ends before its data"):
+        check_run_shapes(read_external_run(tmp_path / "run"))

@@ -24,7 +24,9 @@ Command line: ``python -m trainmap.dynamics.external RUN_DIR... --out DIR --thre
 
 from __future__ import annotations
 
+import json
 import re
+import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -124,19 +126,33 @@ def load_state_dict_file(path: Path, mmap: bool = False) -> dict[str, torch.Tens
 
 def checkpoint_shapes(path: Path) -> dict[str, tuple[int, ...]]:
     """Name -> shape of a checkpoint's floating-point tensors, without reading their values where
-    the format allows (safetensors' header; ``.pt`` memory-mapped): the cheap check of a run
-    before any job (a damaged file raises :class:`ExternalRunError` naming it)."""
-    if path.suffix != ".safetensors":
-        return {k: tuple(v.shape) for k, v in load_state_dict_file(path, mmap=True).items()}
+    the format allows (a safetensors header, its data's length checked against the file's; a
+    ``.pt`` zip memory-mapped): the cheap check of a run before any job (a damaged file raises
+    :class:`ExternalRunError` naming it)."""
+    if path.suffix == ".safetensors":
+        return _safetensors_shapes(path)
     try:
-        from safetensors import safe_open
+        state = load_state_dict_file(path, mmap=True)
+    except ExternalRunError:  # a legacy (non-zip) torch.save file cannot be memory-mapped
+        state = load_state_dict_file(path)
+    return {key: tuple(value.shape) for key, value in state.items()}
 
-        with safe_open(path, framework="pt") as handle:
-            shapes = {key: tuple(handle.get_slice(key).get_shape()) for key in handle.keys()}
-            dtypes = {key: handle.get_slice(key).get_dtype() for key in handle.keys()}
+
+def _safetensors_shapes(path: Path) -> dict[str, tuple[int, ...]]:
+    """The floating-point entries of a safetensors header (format: 8-byte little-endian header
+    length, a JSON header of dtype, shape and data offsets, then the data)."""
+    try:
+        with path.open("rb") as handle:
+            length = struct.unpack("<Q", handle.read(8))[0]
+            header = json.loads(handle.read(length))
+        header.pop("__metadata__", None)
+        end = max((entry["data_offsets"][1] for entry in header.values()), default=0)
+        if path.stat().st_size < 8 + length + end:
+            raise ValueError(f"the file ends before its data ({path.stat().st_size} bytes)")
     except Exception as error:  # noqa: BLE001 - every failure to read is one clear error
         raise _damaged(path, error) from None
-    return {key: shape for key, shape in shapes.items() if dtypes[key].startswith(("F", "BF"))}
+    return {key: tuple(entry["shape"]) for key, entry in header.items()
+            if entry["dtype"].startswith(("F", "BF"))}  # fmt: skip
 
 
 def check_run_shapes(run: ExternalRun) -> None:
