@@ -1,0 +1,464 @@
+"""How many seeds a training map needs: the stability curve over a ladder of seed counts.
+
+A map fitted on N runs says nothing by itself about whether N was enough. :func:`stability_curve`
+asks what the map would have been with fewer: for each n of a ladder (8, 16, 24, ... runs; per
+method in a joint comparison, where n runs are drawn from *each* method) it draws
+``n_subsamples`` subsamples of n runs without replacement, refits each through the full fit's own
+selection path (:func:`~trainmap.dynamics.certainty.refit_resample`: the full fit's
+standardisation, every K, K chosen by held-out BIC; each drawn run counted once, split into
+training and held-out runs in the full fit's held-out fraction, within each method; warm-started
+from the full fit's model of every K, as the bootstrap refits) and records
+
+* the selected K;
+* the agreement of the subsample's map with the full map, label-free: the adjusted Rand index
+  (Hubert & Arabie 1985) between the subsample model's and the full model's Viterbi decodings of
+  *all* runs (each run in the subsample's standard units, z_sub = (z_full - shift) / scale), so
+  state numbers do not matter and the runs left out of the subsample count as well;
+* whether each detour of the full map is found again: a state of the subsample's model with
+  nearly the same emission mean (:func:`~trainmap.dynamics.certainty.match_by_means`, as the
+  bootstrap matches) that is a detour of the subsample's own regression (its runs decoded,
+  :func:`~trainmap.dynamics.regression.regress_detours`).
+
+Targets (:class:`StabilityTargets`) are settings: by default the map is stable at n when >= 90 %
+of its subsamples reach ARI >= 0.9 with the full map and every detour of the full map is found
+again in >= 90 % of them (optionally also: K reproduced in >= 90 %). The curve is "stable from
+n = n*" when n* and every larger n of the ladder meet the targets (a single lucky n below an
+unstable one does not count), otherwise "not stable at n = n_max" (the largest n tried).
+
+**Why the ladder stops at ``max_fraction`` of the runs (default 0.8).** A subsample is compared
+with a map fitted on a superset of its runs. Near n = N the subsample *is* most of the full fit's
+data (at n = N it is all of it), so its agreement with the full map is inflated by overlap, not
+earned by stability: any procedure looks stable there. The ladder therefore only goes up to
+n <= floor(``max_fraction`` x N) per method (``ladder_limit`` in ``stability.json``); an explicit
+ladder beyond it is refused. Even below the limit the agreement at n is an upper bound on how
+alike two maps of n *independent* seeds would be (each subsample shares n / N of the full map's
+runs); the curve answers "from which n does a map reproduce the one we have", a necessary
+condition for "n seeds are enough", not a sufficient one.
+
+Subsamples are seeded (``SeedSequence([seed, n, b])``) and run in parallel (joblib, BLAS single
+threaded); the result does not depend on ``n_jobs``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from trainmap.dynamics.certainty import Refit, match_by_means, refit_resample
+from trainmap.dynamics.hmm import SelectionFailed, TrainingHMM
+from trainmap.dynamics.regression import regress_detours, state_distribution
+
+DEFAULT_STEP = 8
+DEFAULT_MAX_FRACTION = 0.8
+
+
+@dataclass(frozen=True)
+class StabilityTargets:
+    """When a map counts as stable at n: a share ``share`` of its subsamples agree with the full map
+    at ARI >= ``ari``, every detour of the full map is found again in a share >= ``share``, and
+    (``require_k``) the full map's K is selected in a share >= ``share``."""
+
+    ari: float = 0.9
+    share: float = 0.9
+    require_k: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("ari", "share"):
+            value = getattr(self, name)
+            if not (isinstance(value, int | float) and 0 < value <= 1):
+                raise ValueError(f"stability target {name}: {value!r} is not allowed; it must be "
+                                 "in (0, 1]")  # fmt: skip
+
+
+@dataclass
+class StabilityPoint:
+    """The subsamples of one n (runs per method): their K, their agreement with the full map (ARI,
+    NaN where the refit failed) and how often each full detour is found again."""
+
+    n: int
+    n_states: int  # the full map's K
+    ks: list[int]  # per subsample (-1: the refit failed)
+    ari: list[float]  # per subsample (NaN: the refit failed)
+    detour_found: dict[int, float]  # full detour state -> share of subsamples finding it again
+    ari_target: float = 0.9
+
+    @property
+    def n_subsamples(self) -> int:
+        """How many subsamples were drawn at this n."""
+        return len(self.ks)
+
+    @property
+    def failed(self) -> int:
+        """Subsamples whose refit failed (no K could be fitted); they count as disagreeing."""
+        return sum(k < 0 for k in self.ks)
+
+    @property
+    def k_counts(self) -> dict[int, int]:
+        """Selected K -> number of subsamples (failed refits left out)."""
+        return {k: self.ks.count(k) for k in sorted(set(self.ks)) if k >= 0}
+
+    @property
+    def k_same(self) -> float:
+        """Share of subsamples that select the full map's K."""
+        return self.ks.count(self.n_states) / max(self.n_subsamples, 1)
+
+    @property
+    def ari_mean(self) -> float:
+        """Mean ARI over the subsamples that could be refitted (NaN when none could)."""
+        finite = np.asarray(self.ari, float)[np.isfinite(self.ari)]
+        return float(finite.mean()) if len(finite) else math.nan
+
+    @property
+    def ari_p10(self) -> float:
+        """10th percentile of the ARI, a failed refit counting as ARI = 0 (agreement of chance)."""
+        values = np.nan_to_num(np.asarray(self.ari, float), nan=0.0)
+        return float(np.percentile(values, 10)) if len(values) else math.nan
+
+    @property
+    def ari_share(self) -> float:
+        """Share of subsamples with ARI >= the target (a failed refit never is)."""
+        values = np.asarray(self.ari, float)
+        reached = np.isfinite(values) & (np.nan_to_num(values, nan=-1.0) >= self.ari_target)
+        return float(reached.mean()) if len(values) else math.nan
+
+    def meets(self, targets: StabilityTargets) -> bool:
+        """Whether this n meets ``targets`` (module docstring)."""
+        ok = self.ari_share >= targets.share
+        ok &= all(share >= targets.share for share in self.detour_found.values())
+        if targets.require_k:
+            ok &= self.k_same >= targets.share
+        return bool(ok)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready (NaN as null)."""
+        return {
+            "n": self.n,
+            "n_subsamples": self.n_subsamples,
+            "failed": self.failed,
+            "k_counts": {str(k): v for k, v in self.k_counts.items()},
+            "k_same": self.k_same,
+            "ks": list(self.ks),
+            "ari": [_finite_or_none(a) for a in self.ari],
+            "ari_mean": _finite_or_none(self.ari_mean),
+            "ari_p10": _finite_or_none(self.ari_p10),
+            "ari_share": _finite_or_none(self.ari_share),
+            "detour_found": {str(d): v for d, v in self.detour_found.items()},
+        }
+
+
+@dataclass
+class StabilityCurve:
+    """The stability curve of one map (``groups`` None) or one joint comparison (``groups``: the
+    methods, n counted per method); ``stability.json`` is :meth:`to_dict`."""
+
+    points: list[StabilityPoint]
+    targets: StabilityTargets
+    full_n: int  # runs per method available (the smallest method's, in a joint comparison)
+    n_states: int
+    detour_states: list[int]
+    max_fraction: float = DEFAULT_MAX_FRACTION
+    groups: list[str] | None = None
+    seed: int = 0
+    seconds: float = math.nan
+    group_sizes: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def ladder(self) -> list[int]:
+        """The seed counts tried."""
+        return [point.n for point in self.points]
+
+    @property
+    def ladder_limit(self) -> int:
+        """The largest n the ladder may reach: floor(max_fraction x full_n) (module docstring)."""
+        return ladder_limit(self.full_n, self.max_fraction)
+
+    @property
+    def sufficient_n(self) -> int | None:
+        """The smallest n of the ladder from which on every n meets the targets, or None."""
+        found = None
+        for point in sorted(self.points, key=lambda p: p.n, reverse=True):
+            if not point.meets(self.targets):
+                break
+            found = point.n
+        return found
+
+    def line(self) -> str:
+        """One sentence: 'stable from n = ... seeds (per method)' or 'not stable at n = ...'."""
+        unit = "seeds per method" if self.groups else "seeds"
+        criterion = f"ARI >= {self.targets.ari:g} with the full map"
+        if self.detour_states:
+            criterion += ", detours found again"
+        if self.targets.require_k:
+            criterion += f", K = {self.n_states} selected"
+        of = (f"{len(self.points[0].ks) if self.points else 0} subsamples per n, ladder up to "
+              f"{self.ladder_limit} of {self.full_n} runs{' per method' * bool(self.groups)}")  # fmt: skip
+        sufficient = self.sufficient_n
+        if sufficient is not None:
+            return (f"stable from n = {sufficient} {unit} ({criterion} in >= "
+                    f"{self.targets.share:.0%} of subsamples; {of})")  # fmt: skip
+        if not self.points:
+            return f"not stable: no seed count could be tried ({of})"
+        last = max(self.points, key=lambda p: p.n)
+        return (f"not stable at n = {last.n} {unit}: ARI >= {self.targets.ari:g} in "
+                f"{last.ari_share:.0%} of subsamples{self._detour_part(last)} (target "
+                f"{self.targets.share:.0%}; {of})")  # fmt: skip
+
+    def _detour_part(self, point: StabilityPoint) -> str:
+        if not point.detour_found:
+            return ""
+        worst = min(point.detour_found.values())
+        return f", every detour found again in >= {worst:.0%}"
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready (``stability.json``)."""
+        return {
+            "line": self.line(),
+            "sufficient_n": self.sufficient_n,
+            "targets": {
+                "ari": self.targets.ari,
+                "share": self.targets.share,
+                "require_k": self.targets.require_k,
+            },
+            "full_n": self.full_n,
+            "per_method": bool(self.groups),
+            "groups": self.groups,
+            "group_sizes": dict(self.group_sizes),
+            "n_states": self.n_states,
+            "detour_states": list(self.detour_states),
+            "ladder": self.ladder,
+            "max_fraction": self.max_fraction,
+            "ladder_limit": self.ladder_limit,
+            "ladder_note": (
+                f"subsamples of n runs are compared with a map fitted on all {self.full_n} (per "
+                "method); near the full count they are mostly the same runs, so their agreement is "
+                f"inflated: the ladder stops at n <= {self.max_fraction:g} x {self.full_n} = "
+                f"{self.ladder_limit}"
+            ),
+            "seed": self.seed,
+            "seconds": _finite_or_none(self.seconds),
+            "points": [point.to_dict() for point in self.points],
+        }
+
+    @classmethod
+    def from_dict(cls, summary: Mapping[str, Any]) -> StabilityCurve:
+        """The curve :meth:`to_dict` describes."""
+        targets = StabilityTargets(**summary["targets"])
+        points = [
+            StabilityPoint(
+                n=p["n"], n_states=summary["n_states"], ks=list(p["ks"]),
+                ari=[math.nan if a is None else a for a in p["ari"]],
+                detour_found={int(d): v for d, v in p["detour_found"].items()},
+                ari_target=targets.ari,
+            )
+            for p in summary["points"]
+        ]  # fmt: skip
+        seconds = summary.get("seconds")
+        return cls(points, targets, summary["full_n"], summary["n_states"],
+                   list(summary["detour_states"]), summary["max_fraction"], summary["groups"],
+                   summary["seed"], math.nan if seconds is None else seconds,
+                   dict(summary.get("group_sizes", {})))  # fmt: skip
+
+
+def ladder_limit(full_n: int, max_fraction: float = DEFAULT_MAX_FRACTION) -> int:
+    """floor(max_fraction x full_n): the largest n a ladder over ``full_n`` runs may reach."""
+    if not 0 < max_fraction <= 1:
+        raise ValueError(f"max_fraction: {max_fraction!r} is not allowed; it must be in (0, 1]")
+    return int(math.floor(max_fraction * full_n + 1e-9))
+
+
+def default_ladder(
+    n_runs_per_group: int, step: int = DEFAULT_STEP, max_fraction: float = DEFAULT_MAX_FRACTION
+) -> list[int]:
+    """step, 2 step, ... up to floor(max_fraction x n_runs_per_group); when even ``step`` is beyond
+    that limit, the limit alone (if it is at least 2 runs, one to train and one to hold out)."""
+    if not isinstance(step, int) or step < 2:
+        raise ValueError(f"step: {step!r} is not allowed; it must be an integer >= 2")
+    limit = ladder_limit(n_runs_per_group, max_fraction)
+    ladder = list(range(step, limit + 1, step))
+    if not ladder and limit >= 2:
+        ladder = [limit]
+    return ladder
+
+
+def draw_subsample(
+    ids_by_group: Mapping[str, Sequence[str]], n: int, holdout: float, rng: np.random.Generator
+) -> tuple[list[str], list[str]]:
+    """``(train, heldout)``: n runs drawn without replacement from each group (groups and runs in
+    sorted order, so the draw depends on the seed only), each group's draw split as the full fit
+    splits (:func:`~trainmap.dynamics.hmm.holdout_split`'s rule: round(holdout x n) held out, at
+    least one, leaving at least one to train on)."""
+    train, heldout = [], []
+    n_heldout = min(n - 1, max(1, round(holdout * n)))
+    for group in sorted(ids_by_group):
+        ids = sorted(ids_by_group[group])
+        drawn = [ids[i] for i in rng.choice(len(ids), size=n, replace=False)]
+        heldout += drawn[:n_heldout]
+        train += drawn[n_heldout:]
+    return train, heldout
+
+
+def stability_curve(
+    hmm: TrainingHMM,
+    runs: Mapping[str, pd.DataFrame],
+    groups: Mapping[str, str] | None,
+    convergence: Mapping[str, int | None],
+    status: Mapping[str, str],
+    detour_states: Sequence[int],
+    ladder: Sequence[int] | None = None,
+    n_subsamples: int = 20,
+    targets: StabilityTargets | None = None,
+    seed: int = 0,
+    alpha: float = 0.05,
+    n_jobs: int = 1,
+    max_iter: int | None = None,
+    max_fraction: float = DEFAULT_MAX_FRACTION,
+    warm_start: bool = True,
+) -> StabilityCurve:
+    """The stability curve of the fitted map ``hmm`` of ``runs`` (module docstring).
+
+    ``groups`` (run -> method) for a joint comparison, where n counts runs per method; None for
+    one group's map. ``detour_states``: the full map's detours; ``ladder``: the seed counts (default
+    :func:`default_ladder` of the smallest group); ``max_iter`` caps each warm-started refit's EM
+    iterations (default the fit's ``n_iter``), ``warm_start=False`` refits with the full fit's
+    restarts (:class:`~trainmap.dynamics.certainty.Refit`). Raises ValueError for a ladder entry
+    that is not an integer >= 2, exceeds the runs available per method or the ladder limit.
+    """
+    started = time.perf_counter()
+    targets = StabilityTargets() if targets is None else targets
+    if not isinstance(n_subsamples, int) or n_subsamples < 1:
+        raise ValueError(f"n_subsamples: {n_subsamples!r} is not allowed; it must be an integer "
+                         ">= 1")  # fmt: skip
+    ids_by_group = _ids_by_group(runs, groups)
+    group_sizes = {group: len(ids) for group, ids in ids_by_group.items()}
+    full_n = min(group_sizes.values())
+    limit = ladder_limit(full_n, max_fraction)
+    ladder = default_ladder(full_n, max_fraction=max_fraction) if ladder is None else list(ladder)
+    _check_ladder(ladder, full_n, limit, max_fraction, per_method=groups is not None)
+    with _one_thread():
+        z_full = {run: hmm.transform(runs[run]) for run in sorted(runs)}
+        full_labels = np.concatenate([hmm.model_.predict(z) for z in z_full.values()])
+    payload = {
+        "raw": {run: table[hmm.features_].to_numpy(dtype=float) for run, table in runs.items()},
+        "z_full": z_full,
+        "full_labels": full_labels,
+        "ids_by_group": ids_by_group,
+        "holdout": hmm.holdout,
+        "refit": Refit.of(hmm, max_iter, warm_start),
+        "convergence": dict(convergence),
+        "status": dict(status),
+        "alpha": alpha,
+        "seed": seed,
+        "full_means": hmm.model_.means_,
+    }
+    tasks = [(n, b) for n in ladder for b in range(n_subsamples)]
+    workers = max(n_jobs, 1)
+    chunks = [tasks[i::workers] for i in range(workers)]
+    if workers == 1:
+        results = [_subsample_chunk(chunks[0], payload)]
+    else:
+        from joblib import Parallel, delayed
+
+        results = Parallel(n_jobs=workers)(
+            delayed(_subsample_chunk)(chunk, payload) for chunk in chunks if chunk
+        )
+    outcomes = {(r["n"], r["b"]): r for chunk in results for r in chunk}
+    points = []
+    for n in ladder:
+        drawn = [outcomes[(n, b)] for b in range(n_subsamples)]
+        found = {int(d): sum(int(d) in r["found_detours"] for r in drawn) / n_subsamples
+                 for d in detour_states}  # fmt: skip
+        points.append(StabilityPoint(n, hmm.n_states_, [r["k"] for r in drawn],
+                                     [r["ari"] for r in drawn], found, targets.ari))  # fmt: skip
+    return StabilityCurve(
+        points=points, targets=targets, full_n=full_n, n_states=hmm.n_states_,
+        detour_states=[int(d) for d in detour_states], max_fraction=max_fraction,
+        groups=None if groups is None else sorted(ids_by_group), seed=seed,
+        seconds=time.perf_counter() - started, group_sizes=group_sizes,
+    )  # fmt: skip
+
+
+def _ids_by_group(
+    runs: Mapping[str, pd.DataFrame], groups: Mapping[str, str] | None
+) -> dict[str, list[str]]:
+    if groups is None:
+        return {"all": sorted(runs)}
+    missing = sorted(set(runs) - set(groups))
+    if missing:
+        raise ValueError(f"groups: runs {missing[:3]} have no group")
+    by_group: dict[str, list[str]] = {}
+    for run in sorted(runs):
+        by_group.setdefault(groups[run], []).append(run)
+    return by_group
+
+
+def _check_ladder(
+    ladder: Sequence[int], full_n: int, limit: int, max_fraction: float, per_method: bool
+) -> None:
+    per = " per method" if per_method else ""
+    if not ladder:
+        raise ValueError(f"the ladder is empty: {full_n} runs{per} leave no seed count of at least "
+                         f"2 within the ladder limit {limit} (max_fraction {max_fraction:g})")  # fmt: skip
+    if len(set(ladder)) != len(ladder):
+        raise ValueError(f"ladder: {list(ladder)!r} repeats a seed count")
+    for n in ladder:
+        if not isinstance(n, int | np.integer) or isinstance(n, bool) or n < 2:
+            raise ValueError(f"ladder entry {n!r} is not allowed; it must be an integer >= 2 (one "
+                             "run to train on, one to hold out)")  # fmt: skip
+        if n > full_n:
+            raise ValueError(f"ladder entry {n} is more than the {full_n} runs available{per}")
+        if n > limit:
+            raise ValueError(
+                f"ladder entry {n} is above the ladder limit {limit} = floor({max_fraction:g} x "
+                f"{full_n} runs{per}): subsamples that close to the full set agree with the full "
+                "map by overlap (raise max_fraction to try it anyway)"
+            )
+
+
+def _one_thread() -> Any:
+    """BLAS single-threaded (small matrices; results must not depend on the thread count)."""
+    from threadpoolctl import threadpool_limits
+
+    return threadpool_limits(limits=1)
+
+
+def _subsample_chunk(tasks: list[tuple[int, int]], payload: dict[str, Any]) -> list[dict]:
+    with _one_thread():
+        return [_one_subsample(n, b, payload) for n, b in tasks]
+
+
+def _one_subsample(n: int, b: int, payload: dict[str, Any]) -> dict[str, Any]:
+    from sklearn.metrics import adjusted_rand_score
+
+    rng = np.random.default_rng(np.random.SeedSequence([payload["seed"], n, b]))
+    train, heldout = draw_subsample(payload["ids_by_group"], n, payload["holdout"], rng)
+    try:
+        refit = refit_resample(payload["raw"], dict.fromkeys(train, 1.0),
+                               dict.fromkeys(heldout, 1.0), payload["refit"])  # fmt: skip
+    except SelectionFailed:
+        return {"n": n, "b": b, "k": -1, "ari": math.nan, "found_detours": []}
+    k, model = refit.selection.n_states, refit.selection.model
+    labels = np.concatenate([model.predict((z - refit.shift) / refit.scale)
+                             for z in payload["z_full"].values()])  # fmt: skip
+    ari = float(adjusted_rand_score(payload["full_labels"], labels))
+    drawn = train + heldout
+    distributions = {run: state_distribution(model.predict(refit.z[run]), k) for run in drawn}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # e.g. statsmodels on a subsample whose runs converge alike
+        detours = regress_detours(distributions, {run: payload["convergence"].get(run)
+                                                  for run in drawn},
+                                  {run: payload["status"].get(run, "completed") for run in drawn},
+                                  alpha=payload["alpha"]).detour_states  # fmt: skip
+    matched = match_by_means(payload["full_means"], model.means_ * refit.scale + refit.shift)
+    found = [full for full, state in matched.items() if state in detours]
+    return {"n": n, "b": b, "k": int(k), "ari": ari, "found_detours": found}
+
+
+def _finite_or_none(value: float) -> float | None:
+    return float(value) if value is not None and np.isfinite(value) else None

@@ -1,0 +1,244 @@
+"""The stability curve over seed counts (issue 22), checked on runs from known HMMs.
+
+Three known answers, 40 runs x 200-300 checkpoints each, fitted with small settings (K_max 4-5, 2
+restarts; ~0.2 s a fit) and subsampled 10 times per n (~2 s a curve):
+
+* weakly separated states (3 states, steps of 1.5 within-state SDs, 6 features): small subsamples
+  merge two states (K = 2, ARI ~0.75 with the full map), so agreement rises with n and the map is
+  stable only at the top of the ladder;
+* well separated states (steps of 8, 4 features): stable from the smallest n;
+* a map with a detour (a branch a part of the runs takes, converging later): its ARI is high from
+  n = 8 on, but the detour is found again in fewer than 90 % of the 8-run subsamples, so the map is
+  stable from n = 16.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from trainmap.dynamics.hmm import TrainingHMM
+from trainmap.dynamics.metrics import METRIC_NAMES
+from trainmap.dynamics.regression import regress_detours, state_distribution
+from trainmap.dynamics.stability import (
+    StabilityCurve,
+    StabilityTargets,
+    default_ladder,
+    draw_subsample,
+    ladder_limit,
+    stability_curve,
+)
+from trainmap.dynamics.synthetic import left_to_right_hmm, sample_runs
+
+LADDER = [8, 16, 24, 32]
+
+
+def fit(runs: dict[str, pd.DataFrame], n_features: int, k_max: int = 4) -> TrainingHMM:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return TrainingHMM(k_max=k_max, restarts=2, features=METRIC_NAMES[:n_features]).fit(runs)
+
+
+def outcomes(states: dict[str, np.ndarray], last: int) -> tuple[dict, dict]:
+    """Convergence: the first step in the true last state (None: never reached)."""
+    convergence = {run: int(np.argmax(s == last)) * 10 if (s == last).any() else None
+                   for run, s in states.items()}  # fmt: skip
+    return convergence, dict.fromkeys(states, "completed")
+
+
+def known_map(separation: float, n_features: int) -> tuple:
+    runs, states, _ = sample_runs(3, n_runs=40, seed=1, separation=separation,
+                                  n_features=n_features)  # fmt: skip
+    hmm = fit(runs, n_features)
+    assert hmm.n_states_ == 3  # the full map recovers the truth: the curve measures subsamples
+    return hmm, runs, *outcomes(states, 2)
+
+
+@pytest.fixture(scope="module")
+def weak():
+    return known_map(separation=1.5, n_features=6)
+
+
+@pytest.fixture(scope="module")
+def weak_curve(weak):
+    hmm, runs, convergence, status = weak
+    return stability_curve(hmm, runs, None, convergence, status, [], ladder=LADDER,
+                           n_subsamples=10, max_iter=10)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def strong():
+    return known_map(separation=8.0, n_features=4)
+
+
+def detour_runs(n_runs: int = 40, length: int = 300, seed: int = 0) -> tuple:
+    """Four states 0 -> {1 or 2} -> 2 -> 3: half the runs leaving state 0 take the detour 1 first
+    (and so converge later), the others go straight to 2."""
+    truth = left_to_right_hmm(4, n_features=4, length=length, separation=8.0, seed=seed)
+    transmat = truth.model.transmat_.copy()
+    leave = 1.0 - transmat[0, 0]
+    transmat[0, 1], transmat[0, 2] = leave / 2, leave / 2
+    truth.model.transmat_ = transmat
+    runs, states = {}, {}
+    for index in range(n_runs):
+        values, hidden = truth.model.sample(length, random_state=seed * 1000 + index + 1)
+        table = pd.DataFrame(values * truth.scale + truth.offset, columns=list(METRIC_NAMES[:4]))
+        table.insert(0, "step", np.arange(length) * 10)
+        runs[f"run{index:02d}"], states[f"run{index:02d}"] = table, hidden
+    return runs, states
+
+
+def test_stability_rises_with_n_when_states_are_weakly_separated(weak_curve):
+    curve = weak_curve
+    assert curve.ladder == LADDER and curve.n_states == 3
+    points = curve.points
+    means = [point.ari_mean for point in points]
+    shares = [point.ari_share for point in points]
+    # Monotone within subsampling noise (10 subsamples per n), and clearly up from 8 to 32 runs.
+    assert all(later >= earlier - 0.05 for earlier, later in zip(means, means[1:], strict=False))
+    assert means[-1] - means[0] > 0.15, means
+    assert shares[0] <= 0.2 and shares[-1] >= 0.9, shares
+    # Small subsamples merge two of the three states.
+    assert points[0].k_same < 0.5 and points[-1].k_same >= 0.9
+    assert points[0].ari_p10 < 0.8 <= points[-1].ari_p10
+    assert curve.sufficient_n == 32
+    assert curve.line().startswith(
+        "stable from n = 32 seeds (ARI >= 0.9 with the full map in >= 90%"
+    )
+
+
+def test_well_separated_states_are_stable_from_the_smallest_n(strong):
+    hmm, runs, convergence, status = strong
+    curve = stability_curve(hmm, runs, None, convergence, status, [], ladder=[8, 16],
+                            n_subsamples=10, max_iter=10)  # fmt: skip
+    assert [point.ari_share for point in curve.points] == [1.0, 1.0]
+    assert all(point.k_counts == {3: 10} for point in curve.points)
+    assert curve.sufficient_n == 8
+    assert curve.line().startswith("stable from n = 8 seeds (")
+
+
+def test_a_detour_must_be_found_again_too():
+    runs, states = detour_runs()
+    hmm = fit(runs, 4, k_max=5)
+    assert hmm.n_states_ == 4
+    convergence, status = outcomes(states, 3)
+    decoded = hmm.decode(runs)
+    distributions = {run: state_distribution(s, hmm.n_states_) for run, s in decoded.items()}
+    detours = regress_detours(distributions, convergence, status).detour_states
+    assert len(detours) == 1  # the decoded detour state (its number is the fit's)
+    curve = stability_curve(hmm, runs, None, convergence, status, detours, ladder=LADDER,
+                            n_subsamples=10, max_iter=10)  # fmt: skip
+    found = [point.detour_found[detours[0]] for point in curve.points]
+    assert found[0] < 0.9 and found[1:] == [1.0, 1.0, 1.0], found
+    assert curve.points[0].ari_share >= 0.9  # the states agree at n = 8; the detour decides
+    assert curve.sufficient_n == 16
+    assert "detours found again" in curve.line()
+    summary = curve.to_dict()
+    assert summary["detour_states"] == detours
+    assert summary["points"][1]["detour_found"] == {str(detours[0]): 1.0}
+
+
+def test_the_curve_is_seeded_and_does_not_depend_on_processes(weak):
+    hmm, runs, convergence, status = weak
+    kwargs = {"ladder": [8, 16], "n_subsamples": 4, "max_iter": 10, "seed": 5}
+    serial = stability_curve(hmm, runs, None, convergence, status, [], **kwargs)
+    again = stability_curve(hmm, runs, None, convergence, status, [], **kwargs)
+    parallel = stability_curve(hmm, runs, None, convergence, status, [], n_jobs=2, **kwargs)
+
+    def without_time(curve: StabilityCurve) -> dict:
+        return {key: value for key, value in curve.to_dict().items() if key != "seconds"}
+
+    assert without_time(serial) == without_time(again) == without_time(parallel)
+    other = stability_curve(hmm, runs, None, convergence, status, [], **kwargs | {"seed": 6})
+    assert [p.ari for p in other.points] != [p.ari for p in serial.points]
+
+
+def test_the_ladder_stops_short_of_the_full_set(weak):
+    assert default_ladder(40) == [8, 16, 24, 32]
+    assert default_ladder(41) == [8, 16, 24, 32]  # floor(0.8 x 41) = 32
+    assert default_ladder(50, step=10, max_fraction=0.5) == [10, 20]
+    assert default_ladder(10) == [8] and default_ladder(6) == [4]  # below one step: the limit
+    assert default_ladder(2) == [] and ladder_limit(40) == 32
+    hmm, runs, convergence, status = weak
+    curve = stability_curve(hmm, runs, None, convergence, status, [], n_subsamples=1, max_iter=3)
+    assert curve.ladder == [8, 16, 24, 32]
+    summary = curve.to_dict()
+    assert summary["ladder_limit"] == 32 and summary["max_fraction"] == 0.8
+    assert "inflated" in summary["ladder_note"] and summary["full_n"] == 40
+    with pytest.raises(ValueError, match=r"ladder entry 36 is above the ladder limit 32"):
+        stability_curve(hmm, runs, None, convergence, status, [], ladder=[8, 36])
+    # In a joint comparison n counts per method: 20 runs each, so at most 16.
+    groups = {run: "kaiming" if i < 20 else "gradinit" for i, run in enumerate(sorted(runs))}
+    joint = stability_curve(hmm, runs, groups, convergence, status, [], n_subsamples=1,
+                            max_iter=3)  # fmt: skip
+    assert joint.ladder == [8, 16] and joint.ladder_limit == 16
+    assert joint.to_dict()["group_sizes"] == {"gradinit": 20, "kaiming": 20}
+
+
+def test_bad_inputs_are_refused_naming_the_value(weak):
+    hmm, runs, convergence, status = weak
+    groups = {run: "kaiming" if i < 20 else "gradinit" for i, run in enumerate(sorted(runs))}
+    with pytest.raises(ValueError, match="ladder entry 24 is more than the 20 runs available "
+                                         "per method"):  # fmt: skip
+        stability_curve(hmm, runs, groups, convergence, status, [], ladder=[8, 24])
+    with pytest.raises(ValueError, match="ladder entry 48 is more than the 40 runs available"):
+        stability_curve(hmm, runs, None, convergence, status, [], ladder=[48])
+    with pytest.raises(ValueError, match="ladder entry 1 is not allowed"):
+        stability_curve(hmm, runs, None, convergence, status, [], ladder=[1, 8])
+    for name, value in [("ari", 0.0), ("ari", 1.2), ("share", -0.1), ("share", 1.5)]:
+        with pytest.raises(ValueError, match=f"stability target {name}: {value!r} is not allowed"):
+            StabilityTargets(**{name: value})
+    assert StabilityTargets(ari=1.0, share=1.0).share == 1.0
+    with pytest.raises(ValueError, match="max_fraction: 1.5"):
+        default_ladder(40, max_fraction=1.5)
+
+
+def test_the_line_says_not_stable_and_names_the_largest_n(weak, weak_curve):
+    hmm, runs, convergence, status = weak
+    curve = stability_curve(hmm, runs, None, convergence, status, [], ladder=[8, 16],
+                            n_subsamples=10, max_iter=10)  # fmt: skip
+    assert curve.sufficient_n is None
+    assert curve.line().startswith("not stable at n = 16 seeds: ARI >= 0.9 in ")
+    assert "(target 90%; 10 subsamples per n, ladder up to 32 of 40 runs)" in curve.line()
+    # A stricter target moves the verdict: the weak map never reaches ARI >= 0.99 in 100 %.
+    strict = StabilityCurve.from_dict(weak_curve.to_dict() | {"targets": {
+        "ari": 0.99, "share": 1.0, "require_k": True}})  # fmt: skip
+    assert strict.sufficient_n is None and strict.line().startswith("not stable at n = 32 seeds")
+    groups = {run: "kaiming" if i < 20 else "gradinit" for i, run in enumerate(sorted(runs))}
+    joint = stability_curve(hmm, runs, groups, convergence, status, [], ladder=[4],
+                            n_subsamples=2, max_iter=3)  # fmt: skip
+    assert " seeds per method" in joint.line() and "of 20 runs per method" in joint.line()
+
+
+def test_a_stable_n_below_an_unstable_one_does_not_count(weak_curve):
+    summary = weak_curve.to_dict()
+    first = summary["points"][0] | {"ari": [1.0] * 10, "ks": [3] * 10}
+    lucky = StabilityCurve.from_dict(summary | {"points": [first, *summary["points"][1:]]})
+    assert lucky.points[0].meets(lucky.targets) and not lucky.points[1].meets(lucky.targets)
+    assert lucky.sufficient_n == 32
+
+
+def test_to_dict_is_json_and_round_trips(weak_curve):
+    summary = weak_curve.to_dict()
+    text = json.dumps(summary, allow_nan=False)
+    again = StabilityCurve.from_dict(json.loads(text))
+    assert again.to_dict() == summary
+    assert summary["line"] == weak_curve.line() and summary["sufficient_n"] == 32
+    point = summary["points"][0]
+    assert point["n"] == 8 and point["n_subsamples"] == 10 and len(point["ari"]) == 10
+    assert sum(point["k_counts"].values()) == 10
+
+
+def test_subsamples_draw_n_runs_of_every_method_without_replacement():
+    ids = {"a": [f"a{i}" for i in range(20)], "b": [f"b{i}" for i in range(12)]}
+    train, heldout = draw_subsample(ids, 10, 0.2, np.random.default_rng(0))
+    drawn = train + heldout
+    assert len(drawn) == len(set(drawn)) == 20
+    assert sum(run.startswith("a") for run in drawn) == 10
+    # Split within each method as the full fit splits: round(0.2 x 10) = 2 held out of each.
+    assert sorted(run[0] for run in heldout) == ["a", "a", "b", "b"]
+    assert draw_subsample(ids, 2, 0.2, np.random.default_rng(1))[1] != []  # one always held out
