@@ -65,7 +65,7 @@ def test_steps_return_results_and_in_memory_equals_from_files(tables, tmp_path):
         warnings.simplefilter("ignore")
         fit = fit_group(runs, outcomes, SETTINGS, memory, title="g")
     assert isinstance(fit, GroupFit)
-    assert set(fit.captions) == {"selection.png", "states.png", "bootstrap.png"}
+    assert set(fit.captions) == {"selection.png", "states.png", "bootstrap.png", "stability.png"}
     assert fit.bootstrap.n_resamples == 4 and fit.states.keys() == runs.keys()
     assert fit.regression.detour_states == fit.bootstrap.detour_states
     # In memory (the command line): the fit's own regression and bootstrap.
@@ -99,12 +99,18 @@ def test_joint_result(tables, tmp_path):
         warnings.simplefilter("ignore")
         joint = joint_group(runs, groups, outcomes, SETTINGS, tmp_path, title="j")
     assert isinstance(joint, JointResult)
-    assert set(joint.captions) == {"verdicts.png", "occupancy.png", "convergence.png", "map.png"}
+    assert set(joint.captions) == {
+        "verdicts.png",
+        "occupancy.png",
+        "convergence.png",
+        "map.png",
+        "stability.png",
+    }
     written = json.loads((tmp_path / "joint.json").read_text())
     assert written["n_states"] == joint.hmm.n_states_ == joint.comparison.summary()["n_states"]
     assert written["detour_states"] == joint.detour_states
     assert written["bootstrap"]["k_counts"] == joint.bootstrap.to_dict()["k_counts"]
-    assert (tmp_path / "verdicts.md").read_text() == joint.comparison.verdict_markdown()
+    assert (tmp_path / "verdicts.md").read_text() == joint.verdict_markdown()
 
 
 def test_jobs_log_from_the_results(tables, tmp_path):

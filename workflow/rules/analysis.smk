@@ -61,6 +61,14 @@ rule fit_hmm:
             subcategory=GROUP,
             labels={"group": GROUP, "figure": "bootstrap over runs"},
         ),
+        stability=f"results/hmm/{GROUP}/stability.json",
+        stability_plot=report(
+            f"results/hmm/{GROUP}/stability.png",
+            caption="../report/stability.rst",
+            category="Certainty",
+            subcategory=GROUP,
+            labels={"group": GROUP, "figure": "stability over seed counts"},
+        ),
     log:
         f"logs/fit_hmm/{GROUP}.log",
     conda:
@@ -188,6 +196,14 @@ rule joint_comparison:
             labels={"comparison": "{name}", "figure": "verdicts per method pair"},
         ),
         bootstrap="results/joint/{name}/bootstrap.json",
+        stability="results/joint/{name}/stability.json",
+        stability_plot=report(
+            "results/joint/{name}/stability.png",
+            caption="../report/stability.rst",
+            category="Certainty",
+            subcategory="{name}",
+            labels={"comparison": "{name}", "figure": "stability over seed counts"},
+        ),
         occupancy=report(
             "results/joint/{name}/occupancy.png",
             caption="../report/joint_occupancy.rst",

@@ -132,6 +132,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="bootstrap resamples of the runs (default 200; 0: none)",
     )
     parser.add_argument(
+        "--stability",
+        type=int,
+        default=20,
+        help="subsamples per seed count of the stability curve (default 20; 0: none)",
+    )
+    parser.add_argument(
         "--alpha",
         type=float,
         default=0.05,
@@ -264,7 +270,8 @@ def main(argv: list[str] | None = None) -> int:
                                       for run in runs})  # fmt: skip
     settings = {"k_max": args.k_max, "restarts": args.restarts, "holdout": args.holdout,
                 "seed": args.seed, "features": args.features, "bootstrap": args.bootstrap,
-                "alpha": args.alpha, "covariance_type": args.covariance_type,
+                "stability": args.stability, "alpha": args.alpha,
+                "covariance_type": args.covariance_type,
                 "standardisation": args.standardisation}  # fmt: skip
     args.out.mkdir(parents=True, exist_ok=True)
     print(f"{len(runs)} runs; fitting K = 1..{args.k_max} with {args.restarts} restarts each")
@@ -286,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
         if unknown:
             raise SystemExit(f"error: --groups has no group for runs {unknown[:5]}")
         joint = joint_group(runs, groups, outcomes, settings, args.out / "joint", n_jobs=args.jobs)
-        print(joint.comparison.verdict_markdown())
+        print(joint.verdict_markdown())
         print(f"joint comparison written to {args.out / 'joint'}")
     print(f"outputs in {args.out}")
     return 0

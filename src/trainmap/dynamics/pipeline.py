@@ -58,6 +58,7 @@ from trainmap.dynamics.regression import (
     trajectory_dissimilarity,
 )
 from trainmap.dynamics.settings import ANALYSIS_DEFAULTS, HMM_SETTINGS, make_hmm, with_defaults
+from trainmap.dynamics.stability import MapStability, map_stability
 from trainmap.dynamics.training_map import TrainingMap, build_training_map, draw_training_map
 from trainmap.io import save_json, write_atomic
 
@@ -164,11 +165,13 @@ class GroupFit(FittedMap):
     state_means: pd.DataFrame  # per state, z-units and original units
     regression: DetourRegression
     bootstrap: BootstrapResult
+    stability: MapStability
     captions: dict[str, str] = field(default_factory=dict)
 
     def write(self, out_dir: str | os.PathLike, title: str = "") -> dict[str, str]:
         """Write the fit's files and figures to ``out_dir`` (module docstring); the captions."""
         out, hmm = Path(out_dir), self.hmm
+        save_json(self.stability.to_dict(), out / "stability.json")
         hmm.save(out / "hmm.npz", out / "hmm.json")
         _write_csv(hmm.selection_, out / "selection.csv")
         _write_csv(self.baselines, out / "baselines.csv")
@@ -190,6 +193,7 @@ class GroupFit(FittedMap):
             "bootstrap.png": plots.plot_bootstrap(
                 self.bootstrap, out / "bootstrap.png", title=title
             ),
+            "stability.png": plots.plot_stability(self.stability, out / "stability.png", title),
         }
         return self.captions
 
@@ -210,9 +214,11 @@ def fit_group(
     state_means = pd.concat([z_means, raw_means], axis=1).reset_index()
     regression = _detour_regression(hmm, states, outcomes, settings["alpha"])
     bootstrap = run_bootstrap(hmm, runs, outcomes, regression, settings, n_jobs)
+    stability = map_stability(hmm, runs, None, outcomes.convergence, outcomes.status,
+                              regression.detour_states, settings, n_jobs)  # fmt: skip
     result = GroupFit(hmm, states, steps=_steps(runs), convergence=dict(outcomes.convergence),
                       baselines=baselines, baseline_curves=curves, state_means=state_means,
-                      regression=regression, bootstrap=bootstrap)  # fmt: skip
+                      regression=regression, bootstrap=bootstrap, stability=stability)  # fmt: skip
     if out_dir is not None:
         result.write(out_dir, title)
     return result
@@ -348,6 +354,7 @@ class JointResult:
 
     comparison: JointComparison
     bootstrap: BootstrapResult
+    stability: MapStability
     training_map: TrainingMap
     steps: dict[str, np.ndarray]  # run -> its checkpoints' steps
     captions: dict[str, str] = field(default_factory=dict)
@@ -368,8 +375,13 @@ class JointResult:
         return self.comparison.detours.detour_states
 
     def summary(self) -> dict[str, Any]:
-        """``joint.json``: the comparison's summary and the bootstrap."""
-        return self.comparison.summary() | {"bootstrap": self.bootstrap.to_dict()}
+        """``joint.json``: the comparison's summary, the bootstrap and the stability curve."""
+        return self.comparison.summary() | {"bootstrap": self.bootstrap.to_dict(),
+                                            "stability": self.stability.to_dict()}  # fmt: skip
+
+    def verdict_markdown(self) -> str:
+        """``verdicts.md``: the stability line, then the verdict table and its notes."""
+        return f"**Stability:** {self.stability.line}.\n\n{self.comparison.verdict_markdown()}"
 
     def write(self, out_dir: str | os.PathLike, title: str = "") -> dict[str, str]:
         """Write the comparison's files and figures to ``out_dir`` (module docstring); the
@@ -378,8 +390,9 @@ class JointResult:
         comparison.hmm.save(out / "hmm.npz", out / "hmm.json")
         _write_csv(states_table(comparison.states, self.steps), out / "states.csv")
         save_json(self.bootstrap.to_dict(), out / "bootstrap.json")
+        save_json(self.stability.to_dict(), out / "stability.json")
         _write_csv(comparison.verdicts, out / "verdicts.csv")
-        write_atomic(out / "verdicts.md", lambda tmp: tmp.write_text(comparison.verdict_markdown()))
+        write_atomic(out / "verdicts.md", lambda tmp: tmp.write_text(self.verdict_markdown()))
         save_json(self.summary(), out / "joint.json")
         _write_csv(comparison.with_groups.coefficients, out / "regression.csv")
         map_caption = draw_training_map(self.training_map, out / "map.png", out / "map.svg",
@@ -401,6 +414,7 @@ class JointResult:
                 title=title,
             ),
             "map.png": _with_note(map_caption, comparison.hmm),
+            "stability.png": plots.plot_stability(self.stability, out / "stability.png", title),
         }
         return self.captions
 
@@ -416,9 +430,11 @@ def joint_group(
     comparison = compare_groups(runs, groups, outcomes.convergence, outcomes.status,
                                 make_hmm(settings | {"n_jobs": n_jobs}), settings)  # fmt: skip
     bootstrap = run_bootstrap(comparison.hmm, runs, outcomes, comparison.detours, settings, n_jobs)
+    stability = map_stability(comparison.hmm, runs, groups, outcomes.convergence, outcomes.status,
+                              comparison.detours.detour_states, settings, n_jobs)  # fmt: skip
     training_map = build_training_map(comparison.hmm, runs, comparison.states,
                                       outcomes.convergence)  # fmt: skip
-    result = JointResult(comparison, bootstrap, training_map, _steps(runs))
+    result = JointResult(comparison, bootstrap, stability, training_map, _steps(runs))
     if out_dir is not None:
         result.write(out_dir, title)
     return result

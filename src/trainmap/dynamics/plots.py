@@ -93,6 +93,43 @@ def plot_bootstrap(bootstrap: Any, path: str | os.PathLike, title: str = "") -> 
     )
 
 
+def plot_stability(stability: Any, path: str | os.PathLike, title: str = "") -> str:
+    """The stability curve: per seed count n, the share of subsamples whose map agrees with the
+    full map (ARI at the target), the mean ARI, how often K is the full map's and each detour is
+    found again, with the target share."""
+    figure, axis = plt.subplots(figsize=(6, 3.4))
+    curve = stability.curve
+    if curve is None or not curve.points:
+        axis.axis("off")
+        axis.text(0.5, 0.5, stability.line, ha="center", va="center", wrap=True, fontsize=9)
+    else:
+        ns = [point.n for point in curve.points]
+        axis.plot(ns, [p.ari_share for p in curve.points], "o-", color="C0",
+                  label=f"share with ARI >= {curve.targets.ari:g}")  # fmt: skip
+        axis.plot(ns, [p.ari_mean for p in curve.points], "s--", color="C0", alpha=0.6,
+                  label="mean ARI")  # fmt: skip
+        axis.plot(ns, [p.k_same for p in curve.points], "^:", color="0.4",
+                  label=f"share with K = {curve.n_states}")  # fmt: skip
+        for detour in curve.detour_states:
+            axis.plot(ns, [p.detour_found.get(detour, np.nan) for p in curve.points], "d-",
+                      color="#e8a33d", label=f"detour {detour} found again")  # fmt: skip
+        axis.axhline(curve.targets.share, color="C3", lw=0.8, ls="--", label="target share")
+        if curve.sufficient_n is not None:
+            axis.axvline(curve.sufficient_n, color="C2", lw=0.8)
+        axis.set(xlabel="seeds" + (" per method" if curve.groups else "") + " in a subsample",
+                 ylabel="share of subsamples / ARI", ylim=(-0.02, 1.05), xticks=ns)  # fmt: skip
+        axis.legend(fontsize=7, loc="lower right")
+    figure.suptitle(title or "stability over seed counts", fontsize=10)
+    _save(figure, path)
+    return (
+        "Stability curve: subsamples of n seeds (per method) refitted as the full map was; solid "
+        "blue, the share whose decoding of all runs agrees with the full map's (adjusted Rand "
+        "index at the target); dashed, the mean ARI; grey, the share selecting the same K; orange, "
+        "each detour found again. Red dashed: the target share; green: the n from which the map is "
+        f"stable. {stability.line}."
+    )
+
+
 def plot_verdicts(
     verdicts: pd.DataFrame, confidence: float, path: str | os.PathLike, title: str = ""
 ) -> str:

@@ -33,6 +33,11 @@ ANALYSIS_DEFAULTS = {
     "bootstrap_iter": 10,
     "permutations": 2000,
     "confidence": 0.95,
+    "stability": 20,
+    "stability_step": 8,
+    "stability_max_fraction": 0.8,
+    "stability_ari": 0.9,
+    "stability_share": 0.9,
 }
 
 

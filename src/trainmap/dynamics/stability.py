@@ -462,3 +462,53 @@ def _one_subsample(n: int, b: int, payload: dict[str, Any]) -> dict[str, Any]:
 
 def _finite_or_none(value: float) -> float | None:
     return float(value) if value is not None and np.isfinite(value) else None
+
+
+@dataclass
+class MapStability:
+    """A map's stability: its curve, or why none was measured (``stability.json``)."""
+
+    curve: StabilityCurve | None
+    reason: str = ""
+
+    @property
+    def line(self) -> str:
+        """The sentence at the top of ``verdicts.md``."""
+        return (
+            self.curve.line()
+            if self.curve is not None
+            else f"stability not measured: {self.reason}"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        if self.curve is None:
+            return {"measured": False, "line": self.line, "sufficient_n": None}
+        return {"measured": True} | self.curve.to_dict()
+
+
+def map_stability(
+    hmm: TrainingHMM, runs: Mapping[str, pd.DataFrame], groups: Mapping[str, str] | None,
+    convergence: Mapping[str, int | None], status: Mapping[str, str],
+    detour_states: Sequence[int], settings: Mapping[str, Any], n_jobs: int = 1,
+) -> MapStability:  # fmt: skip
+    """The stability curve of a fitted map with the analysis settings (``stability`` subsamples
+    per n, 0: none; ``stability_step``, ``stability_max_fraction``, ``stability_ari``,
+    ``stability_share``; refits capped at ``bootstrap_iter`` EM iterations like the bootstrap's)."""
+    if not settings["stability"]:
+        return MapStability(None, "analysis.stability is 0")
+    sizes = pd.Series(list(groups.values())).value_counts() if groups else pd.Series([len(runs)])
+    ladder = default_ladder(int(sizes.min()), settings["stability_step"],
+                            settings["stability_max_fraction"])  # fmt: skip
+    if not ladder:
+        per = " per method" if groups else ""
+        return MapStability(None, f"{int(sizes.min())} runs{per} leave no seed count to try (a "
+                                  f"subsample needs >= 2 runs{per} and at most "
+                                  f"{settings['stability_max_fraction']:g} of them)")  # fmt: skip
+    targets = StabilityTargets(settings["stability_ari"], settings["stability_share"])
+    curve = stability_curve(
+        hmm, runs, groups, convergence, status, detour_states, ladder=ladder,
+        n_subsamples=settings["stability"], targets=targets, seed=settings["seed"],
+        alpha=settings["alpha"], n_jobs=n_jobs, max_iter=settings["bootstrap_iter"],
+        max_fraction=settings["stability_max_fraction"],
+    )  # fmt: skip
+    return MapStability(curve)

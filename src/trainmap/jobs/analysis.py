@@ -24,6 +24,7 @@ from trainmap.dynamics.pipeline import (
     map_group,
     regress_group,
 )
+from trainmap.dynamics.stability import MapStability
 from trainmap.dynamics.tables import read_metric_table
 from trainmap.grid import Cell
 from trainmap.io import block_manifest_of, load_json
@@ -73,6 +74,14 @@ def _log_figures(run: RuleRun, captions: Mapping[str, str], out_dir: Path) -> No
         run.set_tags({f"caption.{name}": caption})
 
 
+def _log_stability(run: RuleRun, stability: MapStability) -> None:
+    """The stability line as a tag, the seed count it calls sufficient as a metric (when any)."""
+    run.set_tags({"stability": stability.line})
+    sufficient = stability.curve.sufficient_n if stability.curve is not None else None
+    if sufficient is not None:
+        run.log_metrics({"stability_sufficient_n": sufficient})
+
+
 def _log_occupancy(
     tracking: Mapping[str, str], cell_hashes: Mapping[str, str], cells: list[dict],
     labels: list[str], states: Mapping[str, np.ndarray], n_states: int, detour_states: list[int],
@@ -111,8 +120,10 @@ def fit_hmm_job(
                       "selection_at_ceiling": hmm.at_ceiling_})  # fmt: skip
         run.log_metrics({"n_states": hmm.n_states_, "runs": len(runs),
                          "bootstrap_k_same": fit.bootstrap.k_same})  # fmt: skip
+        _log_stability(run, fit.stability)
         _log_figures(run, fit.captions, out_dir)
-        for name in ("selection.csv", "baselines.csv", "hmm.json", "bootstrap.json"):
+        for name in ("selection.csv", "baselines.csv", "hmm.json", "bootstrap.json",
+                     "stability.json"):  # fmt: skip
             run.log_artifact(out_dir / name)
 
 
@@ -194,10 +205,12 @@ def joint_comparison_job(
         result = joint_group(runs, groups, outcomes, settings, out_dir, title=name,
                              n_jobs=threads)  # fmt: skip
         run.set_tags({"joint": name, "detour_states": result.detour_states})
+        _log_stability(run, result.stability)
         for group, rate in result.comparison.visit_rates.items():
             run.log_metrics({f"{group}.detour_visit_rate": rate})
         _log_figures(run, result.captions, out_dir)
-        for artifact in ("joint.json", "regression.csv", "verdicts.csv", "verdicts.md"):
+        for artifact in ("joint.json", "regression.csv", "verdicts.csv", "verdicts.md",
+                         "stability.json"):  # fmt: skip
             run.log_artifact(out_dir / artifact)
     _log_occupancy(tracking, cell_hashes, cells, own_ids, result.states, result.hmm.n_states_,
                    result.detour_states, prefix=f"joint.{name}")  # fmt: skip
