@@ -60,6 +60,12 @@ def test_cli_runs_fit_map_regression_and_joint(tmp_path):
     joint = json.loads((out / "joint" / "joint.json").read_text())
     assert set(joint["groups"]) == {"even", "odd"}
     assert "K = " in result.stdout and "| pair | quantity |" in result.stdout
+    # 4 runs per group: a ladder of one seed count (3 = floor(0.8 x 4)), its sentence on top
+    stability = json.loads((out / "joint" / "stability.json").read_text())
+    assert stability["measured"] and stability["ladder"] == [3]
+    assert (out / "joint" / "verdicts.md").read_text().startswith(
+        f"**Stability:** {stability['line']}.")  # fmt: skip
+    assert json.loads((out / "stability.json").read_text())["ladder"] == [6]
 
 
 def test_cli_help_and_bad_input(tmp_path):
