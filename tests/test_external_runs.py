@@ -436,6 +436,8 @@ def test_external_sets_in_the_workflow(tmp_path: Path) -> None:
         ('[{name: a, runs: ["plain/slow*"], threshold: 0.6, arch: nope, task: sparse_parity}]',
          "[]", r"config key external\[0\]\.arch: unknown architecture 'nope'"),
         ('[{name: a, runs: ["plain/slow*"], threshold: 1.5}]', "[]", r"external\[0\]\.threshold"),
+        ('[{name: kaiming, runs: ["plain/slow*"], threshold: 0.6}]', "[]",
+         r"config key external\[0\]\.name: 'kaiming' is a registered method"),
     ],
 )  # fmt: skip
 def test_bad_external_settings_are_refused(tmp_path: Path, external: str, joint: str,

@@ -63,6 +63,7 @@ def check_external(config: Mapping[str, Any], base_dir: str | Path) -> None:
             raise ConfigError(f"{where}.name: {spec['name']!r} is used twice; set names must be "
                               "unique (they name results/external/<name>)")  # fmt: skip
         seen.add(spec["name"])
+        _check_name_apart(where, spec["name"])
         runs = external_runs(spec, base_dir)
         if len(runs) < MIN_EXTERNAL_RUNS:
             raise ConfigError(
@@ -91,6 +92,18 @@ def check_external(config: Mapping[str, Any], base_dir: str | Path) -> None:
                     f"config key analysis.joint[{index}].external[{position}]: no external set "
                     f"{name!r}; sets: {', '.join(sorted(seen)) or 'none (config key external)'}"
                 )
+
+
+def _check_name_apart(where: str, name: str) -> None:
+    """A set's name labels its runs' group in a joint comparison: not a method or architecture
+    name, which label the grid's own groups there."""
+    from trainmap import methods, models
+
+    for kind, names in (("method", methods.METHODS), ("architecture", models.ARCHITECTURES)):
+        if name in names:
+            raise ConfigError(f"{where}.name: {name!r} is a registered {kind}, which labels the "
+                              "grid's own runs in a joint comparison; name the set apart (e.g. "
+                              f"{name}_external)")  # fmt: skip
 
 
 def external_arch(
