@@ -472,3 +472,21 @@ def test_cell_parent_runs_carry_headline_metrics_comparable_by_method(
     assert "convergence_step" not in by_method["gradinit"]
     found = client.search_runs([experiment], filter_string="metrics.final_test_acc > 0.9")
     assert [run.data.tags["method"] for run in found] == ["kaiming"]
+
+
+def test_runs_table_urls_name_each_experiment_with_runs(tmp_path) -> None:
+    """`make mlflow-ui` prints the runs table's address per experiment (MLflow 3 opens an
+    experiment on its GenAI overview); experiments without runs and a missing store give none."""
+    from mlflow import MlflowClient
+
+    from trainmap.tracking import runs_table_urls
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    assert runs_table_urls(uri, "http://127.0.0.1:5000") == []
+    client = MlflowClient(tracking_uri=uri)
+    used = client.create_experiment("study")
+    client.create_experiment("empty")
+    client.create_run(used)
+    assert runs_table_urls(uri, "http://127.0.0.1:5000/") == [
+        f"study: http://127.0.0.1:5000/#/experiments/{used}/runs"
+    ]

@@ -110,6 +110,20 @@ def init_tracking(uri: str, experiment: str) -> str:
         return client.get_experiment_by_name(experiment).experiment_id
 
 
+def runs_table_urls(uri: str, address: str) -> list[str]:
+    """``<name>: <address>/#/experiments/<id>/runs`` per experiment with runs in the store at
+    ``uri``: MLflow 3's UI opens an experiment on its GenAI overview, and the runs table (what a
+    trainmap study compares) is this address. Empty when the store does not exist yet."""
+    from mlflow import MlflowClient
+
+    if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).exists():
+        return []
+    client = MlflowClient(tracking_uri=uri)
+    return [f"{experiment.name}: {address.rstrip('/')}/#/experiments/{experiment.experiment_id}/runs"
+            for experiment in client.search_experiments()
+            if client.search_runs([experiment.experiment_id], max_results=1)]  # fmt: skip
+
+
 def git_commit(directory: Path | None = None) -> str:
     """The checked-out commit of the workflow directory, or ``unknown`` outside git."""
     try:
