@@ -303,6 +303,11 @@ def test_rules_of_a_cell_share_a_parent_until_its_config_changes(
     for parent in parents:
         assert parent.info.status == "FINISHED"
         assert parent.info.run_id in parent_of.values()
+    # A parent spans its cell's work: from its first rule's start to its latest rule's end.
+    parent = client.get_run(parent_of["train"]).info
+    train, evaluate = (client.get_run(ids[name]).info for name in ("train", "evaluate"))
+    assert parent.start_time <= train.start_time
+    assert parent.end_time >= evaluate.end_time > train.start_time
 
 
 # --------------------------------------------------------------------------------------------------

@@ -243,8 +243,17 @@ def rule_run(
         run.flush()
     except BaseException:
         _end_failed(client, run)
+        _end_parent(client, run, "FAILED")
         raise
     client.set_terminated(run.run_id, "FINISHED")
+    _end_parent(client, run, "FINISHED")
+
+
+def _end_parent(client: MlflowClient, run: RuleRun, status: str) -> None:
+    """A cell's parent run ends when its latest rule does: created by the cell's first rule, it
+    spans the cell's work in the MLflow UI (its status: the latest rule's)."""
+    if run.parent_run_id is not None:
+        client.set_terminated(run.parent_run_id, status)
 
 
 def _run_tags(rule: str, cell: Cell | None, task: str | None, config_hash: str) -> dict[str, str]:
