@@ -41,7 +41,7 @@ import math
 import os
 import time
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -136,26 +136,9 @@ def bootstrap_map(
     seeded starts): slower, for checking what the warm starts change.
     """
     started = time.perf_counter()
-    payload = {
-        "raw": {run: table[hmm.features_].to_numpy(dtype=float) for run, table in runs.items()},
-        "n_heldout": len(hmm.heldout_runs_),
-        "refit": Refit.of(hmm, max_iter, warm_start),
-        "convergence": dict(convergence),
-        "status": dict(status),
-        "alpha": alpha,
-        "seed": seed,
-        "full_means": hmm.model_.means_,
-    }
-    chunks = [list(range(i, n_resamples, max(n_jobs, 1))) for i in range(max(n_jobs, 1))]
-    if n_jobs == 1:
-        results = [_resample_chunk(chunks[0], payload)]
-    else:
-        from joblib import Parallel, delayed
-
-        results = Parallel(n_jobs=n_jobs)(
-            delayed(_resample_chunk)(chunk, payload) for chunk in chunks if chunk
-        )
-    outcomes = sorted((item for chunk in results for item in chunk), key=lambda r: r["b"])
+    payload = refit_payload(hmm, runs, convergence, status, alpha, seed, max_iter, warm_start)
+    payload["n_heldout"] = len(hmm.heldout_runs_)
+    outcomes = run_refits(_one_resample, list(range(n_resamples)), payload, n_jobs)
     ks = [r["k"] for r in outcomes]
     n_states = hmm.n_states_
     found = np.zeros(n_states)
@@ -245,13 +228,75 @@ def refit_resample(
     return RefitResult(selection, drawn, z, shift, scale)
 
 
-def _resample_chunk(indices: list[int], payload: dict[str, Any]) -> list[dict[str, Any]]:
+def refit_payload(
+    hmm: TrainingHMM, runs: Mapping[str, pd.DataFrame], convergence: Mapping[str, int | None],
+    status: Mapping[str, str], alpha: float, seed: int, max_iter: int | None, warm_start: bool,
+) -> dict[str, Any]:  # fmt: skip
+    """What every refit of ``hmm``'s runs needs (the bootstrap's and the stability curve's): the
+    runs' raw features, how to refit (:class:`Refit`), the outcomes the detour regression reads
+    and the full map's emission means the refit's states are matched to. Plain values: it travels
+    to worker processes."""
+    return {
+        "raw": {run: table[hmm.features_].to_numpy(dtype=float) for run, table in runs.items()},
+        "refit": Refit.of(hmm, max_iter, warm_start),
+        "convergence": dict(convergence),
+        "status": dict(status),
+        "alpha": alpha,
+        "seed": seed,
+        "full_means": hmm.model_.means_,
+    }
+
+
+def run_refits(
+    one: Callable[[Any, dict[str, Any]], dict[str, Any]], tasks: Sequence[Any],
+    payload: dict[str, Any], n_jobs: int = 1,
+) -> list[dict[str, Any]]:  # fmt: skip
+    """``one(task, payload)`` for every task, in ``n_jobs`` processes (joblib; ``one`` a module-level
+    function), BLAS single-threaded; the results in task order, independent of ``n_jobs``."""
+    workers = max(n_jobs, 1)
+    indexed = list(enumerate(tasks))
+    chunks = [indexed[i::workers] for i in range(workers)]
+    if workers == 1:
+        results = [_refit_chunk(one, chunks[0], payload)]
+    else:
+        from joblib import Parallel, delayed
+
+        results = Parallel(n_jobs=workers)(
+            delayed(_refit_chunk)(one, chunk, payload) for chunk in chunks if chunk
+        )
+    return [result for _, result in sorted(item for chunk in results for item in chunk)]
+
+
+def _refit_chunk(
+    one: Callable[[Any, dict[str, Any]], dict[str, Any]], indexed: list[tuple[int, Any]],
+    payload: dict[str, Any],
+) -> list[tuple[int, dict[str, Any]]]:  # fmt: skip
     from threadpoolctl import threadpool_limits
 
     # Small matrices: BLAS threads only add synchronisation (and the result must not depend on
     # how many there are).
     with threadpool_limits(limits=1):
-        return [_one_resample(b, payload) for b in indices]
+        return [(index, one(task, payload)) for index, task in indexed]
+
+
+def refit_detours(refit: RefitResult, payload: dict[str, Any]) -> tuple[list[int], dict[int, int]]:
+    """The refit's detour states (its drawn runs decoded by its model, each draw once, and
+    regressed: :func:`~trainmap.dynamics.regression.regress_detours`) and its states matched to the
+    full map's (:func:`match_by_means`): full state -> refit state."""
+    k, model, drawn = refit.selection.n_states, refit.selection.model, refit.drawn
+    decoded = {run: model.predict(refit.z[run]) for run in set(drawn)}
+    keys = [f"{run}#{i}" for i, run in enumerate(drawn)]
+    distributions = {key: state_distribution(decoded[run], k)
+                     for key, run in zip(keys, drawn, strict=True)}  # fmt: skip
+    convergence = {key: payload["convergence"].get(run) for key, run in zip(keys, drawn,
+                                                                             strict=True)}  # fmt: skip
+    status = {key: payload["status"].get(run, "completed") for key, run in zip(keys, drawn,
+                                                                                strict=True)}  # fmt: skip
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # e.g. statsmodels on a refit whose runs converge alike
+        detours = regress_detours(distributions, convergence, status, alpha=payload["alpha"])
+    matched = match_by_means(payload["full_means"], model.means_ * refit.scale + refit.shift)
+    return detours.detour_states, matched
 
 
 def _draw(ids: Sequence[str], size: int, rng: np.random.Generator) -> dict[str, float]:
@@ -272,24 +317,9 @@ def _one_resample(b: int, payload: dict[str, Any]) -> dict[str, Any]:
     try:
         refit = refit_resample(payload["raw"], train_counts, heldout_counts, payload["refit"])
     except SelectionFailed:
-        return {"b": b, "k": -1, "matched": {}, "detours": []}
-    best_k, best_model, drawn = refit.selection.n_states, refit.selection.model, refit.drawn
-    decoded = {run: best_model.predict(refit.z[run]) for run in set(drawn)}
-    keys = [f"{run}#{i}" for i, run in enumerate(drawn)]
-    distributions = {key: state_distribution(decoded[run], best_k)
-                     for key, run in zip(keys, drawn, strict=True)}  # fmt: skip
-    convergence = {key: payload["convergence"].get(run) for key, run in zip(keys, drawn,
-                                                                             strict=True)}  # fmt: skip
-    status = {key: payload["status"].get(run, "completed") for key, run in zip(keys, drawn,
-                                                                                strict=True)}  # fmt: skip
-    with warnings.catch_warnings():
-        warnings.simplefilter(
-            "ignore"
-        )  # e.g. statsmodels on a resample whose runs all converge alike
-        detours = regress_detours(distributions, convergence, status, alpha=payload["alpha"])
-    means_in_full_units = best_model.means_ * refit.scale + refit.shift
-    return {"b": b, "k": int(best_k), "detours": detours.detour_states,
-            "matched": match_by_means(payload["full_means"], means_in_full_units)}  # fmt: skip
+        return {"k": -1, "matched": {}, "detours": []}
+    detours, matched = refit_detours(refit, payload)
+    return {"k": int(refit.selection.n_states), "detours": detours, "matched": matched}
 
 
 def match_by_means(full_means: np.ndarray, means: np.ndarray) -> dict[int, int]:

@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import math
 import time
-import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -51,9 +50,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from trainmap.dynamics.certainty import Refit, match_by_means, refit_resample
+from trainmap.dynamics.certainty import refit_detours, refit_payload, refit_resample, run_refits
 from trainmap.dynamics.hmm import SelectionFailed, TrainingHMM
-from trainmap.dynamics.regression import regress_detours, state_distribution
 
 DEFAULT_STEP = 8
 DEFAULT_MAX_FRACTION = 0.8
@@ -341,34 +339,16 @@ def stability_curve(
     limit = ladder_limit(full_n, max_fraction)
     ladder = default_ladder(full_n, max_fraction=max_fraction) if ladder is None else list(ladder)
     _check_ladder(ladder, full_n, limit, max_fraction, per_method=groups is not None)
-    with _one_thread():
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(limits=1):  # the full map's decoding, as the refits decode
         z_full = {run: hmm.transform(runs[run]) for run in sorted(runs)}
         full_labels = np.concatenate([hmm.model_.predict(z) for z in z_full.values()])
-    payload = {
-        "raw": {run: table[hmm.features_].to_numpy(dtype=float) for run, table in runs.items()},
-        "z_full": z_full,
-        "full_labels": full_labels,
-        "ids_by_group": ids_by_group,
-        "holdout": hmm.holdout,
-        "refit": Refit.of(hmm, max_iter, warm_start),
-        "convergence": dict(convergence),
-        "status": dict(status),
-        "alpha": alpha,
-        "seed": seed,
-        "full_means": hmm.model_.means_,
-    }
+    payload = refit_payload(hmm, runs, convergence, status, alpha, seed, max_iter, warm_start)
+    payload |= {"z_full": z_full, "full_labels": full_labels, "ids_by_group": ids_by_group,
+                "holdout": hmm.holdout}  # fmt: skip
     tasks = [(n, b) for n in ladder for b in range(n_subsamples)]
-    workers = max(n_jobs, 1)
-    chunks = [tasks[i::workers] for i in range(workers)]
-    if workers == 1:
-        results = [_subsample_chunk(chunks[0], payload)]
-    else:
-        from joblib import Parallel, delayed
-
-        results = Parallel(n_jobs=workers)(
-            delayed(_subsample_chunk)(chunk, payload) for chunk in chunks if chunk
-        )
-    outcomes = {(r["n"], r["b"]): r for chunk in results for r in chunk}
+    outcomes = dict(zip(tasks, run_refits(_one_subsample, tasks, payload, n_jobs), strict=True))
     points = []
     for n in ladder:
         drawn = [outcomes[(n, b)] for b in range(n_subsamples)]
@@ -421,43 +401,24 @@ def _check_ladder(
             )
 
 
-def _one_thread() -> Any:
-    """BLAS single-threaded (small matrices; results must not depend on the thread count)."""
-    from threadpoolctl import threadpool_limits
-
-    return threadpool_limits(limits=1)
-
-
-def _subsample_chunk(tasks: list[tuple[int, int]], payload: dict[str, Any]) -> list[dict]:
-    with _one_thread():
-        return [_one_subsample(n, b, payload) for n, b in tasks]
-
-
-def _one_subsample(n: int, b: int, payload: dict[str, Any]) -> dict[str, Any]:
+def _one_subsample(task: tuple[int, int], payload: dict[str, Any]) -> dict[str, Any]:
     from sklearn.metrics import adjusted_rand_score
 
+    n, b = task
     rng = np.random.default_rng(np.random.SeedSequence([payload["seed"], n, b]))
     train, heldout = draw_subsample(payload["ids_by_group"], n, payload["holdout"], rng)
     try:
         refit = refit_resample(payload["raw"], dict.fromkeys(train, 1.0),
                                dict.fromkeys(heldout, 1.0), payload["refit"])  # fmt: skip
     except SelectionFailed:
-        return {"n": n, "b": b, "k": -1, "ari": math.nan, "found_detours": []}
-    k, model = refit.selection.n_states, refit.selection.model
+        return {"k": -1, "ari": math.nan, "found_detours": []}
+    model = refit.selection.model
     labels = np.concatenate([model.predict((z - refit.shift) / refit.scale)
                              for z in payload["z_full"].values()])  # fmt: skip
-    ari = float(adjusted_rand_score(payload["full_labels"], labels))
-    drawn = train + heldout
-    distributions = {run: state_distribution(model.predict(refit.z[run]), k) for run in drawn}
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # e.g. statsmodels on a subsample whose runs converge alike
-        detours = regress_detours(distributions, {run: payload["convergence"].get(run)
-                                                  for run in drawn},
-                                  {run: payload["status"].get(run, "completed") for run in drawn},
-                                  alpha=payload["alpha"]).detour_states  # fmt: skip
-    matched = match_by_means(payload["full_means"], model.means_ * refit.scale + refit.shift)
-    found = [full for full, state in matched.items() if state in detours]
-    return {"n": n, "b": b, "k": int(k), "ari": ari, "found_detours": found}
+    detours, matched = refit_detours(refit, payload)
+    return {"k": int(refit.selection.n_states),
+            "ari": float(adjusted_rand_score(payload["full_labels"], labels)),
+            "found_detours": [full for full, state in matched.items() if state in detours]}  # fmt: skip
 
 
 def _finite_or_none(value: float) -> float | None:
