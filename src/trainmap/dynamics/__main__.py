@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -33,10 +34,8 @@ from trainmap.dynamics.metrics import CONVENTIONS, METRIC_NAMES
 from trainmap.dynamics.pipeline import (
     Outcomes,
     convergence_from_tables,
-    fit_group,
     joint_group,
-    map_group,
-    regress_group,
+    map_runs,
 )
 from trainmap.dynamics.tables import REGENERATE, MetricTableError, read_metric_table
 from trainmap.io import write_atomic
@@ -170,7 +169,7 @@ def find_runs(paths: list[Path]) -> dict[str, Path]:
     if len(found) < 2:
         raise SystemExit(f"error: found {len(found)} run(s) (metric tables or checkpoint "
                          "directories); a training map needs >= 2")  # fmt: skip
-    parent = Path(*_common_parts([_run_dir(f).resolve().parent for f in found]))
+    parent = Path(os.path.commonpath([_run_dir(f).resolve().parent for f in found]))
     return {_run_id(f, parent): f for f in found}
 
 
@@ -181,18 +180,6 @@ def is_external_run(path: Path) -> bool:
 
 def _run_dir(path: Path) -> Path:
     return path / "metrics.csv" if path.is_dir() else path
-
-
-def _common_parts(directories: list[Path]) -> tuple[str, ...]:
-    parts = directories[0].parts
-    for directory in directories[1:]:
-        length = 0
-        for a, b in zip(parts, directory.parts, strict=False):
-            if a != b:
-                break
-            length += 1
-        parts = parts[:length]
-    return parts
 
 
 def _run_id(file: Path, parent: Path) -> str:
@@ -275,10 +262,7 @@ def main(argv: list[str] | None = None) -> int:
                 "standardisation": args.standardisation}  # fmt: skip
     args.out.mkdir(parents=True, exist_ok=True)
     print(f"{len(runs)} runs; fitting K = 1..{args.k_max} with {args.restarts} restarts each")
-    fit = fit_group(runs, outcomes, settings, args.out, n_jobs=args.jobs)
-    regression = regress_group(fit, outcomes, settings, regression=fit.regression,
-                               bootstrap=fit.bootstrap, out_dir=args.out)  # fmt: skip
-    map_group(fit, runs, outcomes, detour_states=regression.detour_states, out_dir=args.out)
+    _, regression, _ = map_runs(runs, outcomes, settings, args.out, n_jobs=args.jobs)
     detours = regression.summary
     fitted = (f"R^2 = {detours['r2']:.3f} (adjusted {detours['r2_adjusted']:.3f}), F-test p = "
               f"{detours['f_pvalue']:.3g}" if detours["fitted"]

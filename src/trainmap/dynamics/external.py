@@ -166,16 +166,21 @@ def check_run_shapes(run: ExternalRun) -> None:
 def _check_same_shapes(
     path: Path, step: int, shapes: dict, first_path: Path, first_step: int, reference: dict
 ) -> None:
-    if shapes == reference:
+    differ = _differing_entries(shapes, reference)
+    if not differ:
         return
-    differ = sorted(set(shapes) ^ set(reference)) or sorted(
-        k for k in shapes if shapes[k] != reference[k]
-    )
     key = differ[0]
     raise ExternalRunError(
         f"{path}: entry {key} has shape {shapes.get(key, 'absent')} at step {step} but "
         f"{reference.get(key, 'absent')} at step {first_step} ({first_path.name}); every "
         "checkpoint of a run must hold the same tensors (one architecture per run)"
+    )
+
+
+def _differing_entries(shapes: Mapping[str, tuple], reference: Mapping[str, tuple]) -> list[str]:
+    """The entries one of two state-dict shape maps lacks, else those whose shapes differ."""
+    return sorted(set(shapes) ^ set(reference)) or sorted(
+        key for key in shapes if shapes[key] != reference[key]
     )
 
 
@@ -232,22 +237,19 @@ def read_external_run(directory: str | Path, evaluation_file: str = EVALUATION_F
 
 
 def run_layout(
-    first: Mapping[str, torch.Tensor], path: Path, convention: str, heads: int | None,
+    shapes: Mapping[str, tuple[int, ...]], path: Path, convention: str, heads: int | None,
     model: nn.Module | None,
 ) -> WeightLayout:  # fmt: skip
-    """The counted matrices of a run: from ``model`` (a registered architecture) when given, else
-    from the names and shapes of its first checkpoint."""
+    """The counted matrices of a run whose checkpoints hold ``shapes`` (its first one, ``path``):
+    from ``model`` (a registered architecture) when given, else from the names and shapes."""
     if model is None:
         try:
-            return state_dict_layout({k: tuple(v.shape) for k, v in first.items()}, convention,
-                                     heads)  # fmt: skip
+            return state_dict_layout(shapes, convention, heads)
         except ValueError as error:
             raise ExternalRunError(f"{path}: {error}") from None
     expected = {k: tuple(v.shape) for k, v in model.state_dict().items() if v.is_floating_point()}
-    found = {k: tuple(v.shape) for k, v in first.items()}
-    if expected != found:
-        differ = sorted(set(expected) ^ set(found)) or \
-            sorted(k for k in expected if expected[k] != found[k])  # fmt: skip
+    differ = _differing_entries(expected, shapes)
+    if differ:
         raise ExternalRunError(
             f"{path}: the state dict does not fit the given architecture: entries "
             f"{differ[:5]} differ in name or shape; give the architecture and options the run "
@@ -256,11 +258,12 @@ def run_layout(
     return layout_of_model(model, convention)
 
 
-def stacked_states(run: ExternalRun, steps: list[int]) -> dict[str, torch.Tensor]:
-    """The state dicts of ``steps`` stacked ``[n, *shape]``, checking names and shapes agree."""
-    first_step = next(iter(run.checkpoints))
-    first_path = run.checkpoints[first_step]
-    reference = checkpoint_shapes(first_path)
+def stacked_states(
+    run: ExternalRun, steps: list[int], reference: Mapping[str, tuple[int, ...]]
+) -> dict[str, torch.Tensor]:
+    """The state dicts of ``steps`` stacked ``[n, *shape]``, each checked to hold the tensors of
+    ``reference`` (the shapes of the run's first checkpoint)."""
+    first_step, first_path = next(iter(run.checkpoints.items()))
     states = []
     for step in steps:
         path = run.checkpoints[step]
@@ -278,14 +281,16 @@ def external_run_metrics(
     """The run's metric table (``collect_run_metrics``'s format), :data:`CHUNK` checkpoints at a
     time (each checkpoint's metrics depend on that checkpoint alone)."""
     steps = list(run.checkpoints)
-    first = load_state_dict_file(run.checkpoints[steps[0]])
-    layout = run_layout(first, run.checkpoints[steps[0]], convention, heads, model)
+    first_path = run.checkpoints[steps[0]]
+    reference = checkpoint_shapes(first_path)
+    layout = run_layout(reference, first_path, convention, heads, model)
     if not layout.matrices:
-        raise ExternalRunError(f"{run.checkpoints[steps[0]]}: no 2-D or 4-D weight to compute "
-                               f"metrics on (left out: {layout.ignored})")  # fmt: skip
+        raise ExternalRunError(f"{first_path}: no 2-D or 4-D weight to compute metrics on (left "
+                               f"out: {layout.ignored})")  # fmt: skip
     tables = []
     for start in range(0, len(steps), CHUNK):
         chunk = steps[start : start + CHUNK]
-        trajectory = {"step": torch.tensor(chunk), "state": stacked_states(run, chunk)}
+        state = stacked_states(run, chunk, reference)
+        trajectory = {"step": torch.tensor(chunk), "state": state}
         tables.append(collect_run_metrics(trajectory, layout, run.evaluation, convention))
     return pd.concat(tables, ignore_index=True)

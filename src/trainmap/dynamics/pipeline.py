@@ -347,6 +347,21 @@ def map_group(
 # --- joint comparison --------------------------------------------------------------------------
 
 
+def map_runs(
+    runs: Mapping[str, pd.DataFrame], outcomes: Outcomes, settings: Mapping[str, Any],
+    out_dir: str | os.PathLike | None = None, title: str = "", n_jobs: int = 1,
+) -> tuple[GroupFit, GroupRegression, GroupMap]:  # fmt: skip
+    """One group's analysis in one step (``python -m trainmap.dynamics``, an external run set):
+    :func:`fit_group`, :func:`regress_group` on the fit's own regression and bootstrap, and
+    :func:`map_group` with its detours highlighted; the workflow runs the three as rules."""
+    fit = fit_group(runs, outcomes, settings, out_dir, title=title, n_jobs=n_jobs)
+    regression = regress_group(fit, outcomes, settings, regression=fit.regression,
+                               bootstrap=fit.bootstrap, out_dir=out_dir, title=title)  # fmt: skip
+    training_map = map_group(fit, runs, outcomes, detour_states=regression.detour_states,
+                             out_dir=out_dir, title=title)  # fmt: skip
+    return fit, regression, training_map
+
+
 @dataclass
 class JointResult:
     """:func:`joint_group`'s result: the comparison on the shared map (fit, states, regressions,

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from trainmap.dynamics.external import external_run_metrics, read_external_run
-from trainmap.dynamics.pipeline import fit_group, map_group, regress_group
+from trainmap.dynamics.pipeline import map_runs
 from trainmap.dynamics.tables import read_metric_table
 from trainmap.evaluation import convergence_step
 from trainmap.io import save_json, write_atomic
@@ -77,11 +77,7 @@ def external_map_job(
     title = f"external/{name}"
     with rule_run(tracking, "external_map", task=title, params={"analysis": settings},
                   config_hash=settings_hash([settings, name, run_ids])) as run:  # fmt: skip
-        fit = fit_group(runs, outcomes, settings, out_dir, title=title, n_jobs=threads)
-        regression = regress_group(fit, outcomes, settings, regression=fit.regression,
-                                   bootstrap=fit.bootstrap, out_dir=out_dir, title=title)  # fmt: skip
-        map_group(fit, runs, outcomes, detour_states=regression.detour_states, out_dir=out_dir,
-                  title=title)  # fmt: skip
+        fit, regression, _ = map_runs(runs, outcomes, settings, out_dir, title, threads)
         run.log_metrics({"n_states": fit.hmm.n_states_, "runs": len(runs)})
         run.set_tags({"external": name, "detour_states": regression.detour_states})
         for artifact in ("hmm.json", "detours.json", "map.json", "map.png"):
