@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from trainmap import methods, models
@@ -164,6 +166,14 @@ def trained_cells(config: dict) -> list[Cell]:
 def evaluate_settings(config: dict, task: str) -> dict:
     """The evaluation settings of ``task``."""
     return canonical(config["evaluate"][task])
+
+
+def data_options(config: dict, task: str, base_dir: str | os.PathLike) -> dict:
+    """``data.<task>``'s options with a relative ``path`` resolved against the workflow directory."""
+    options = data_settings(config, task)
+    if options.get("path") and not Path(options["path"]).is_absolute():
+        options["path"] = str(Path(base_dir) / options["path"])
+    return options
 
 
 def analysis_settings(config: dict) -> dict:

@@ -114,11 +114,9 @@ def external_arch(
     if spec.get("arch") is None:
         return None
     from trainmap import data
-    from trainmap.grid.cells import data_settings
+    from trainmap.grid.cells import data_options
 
-    options = data_settings(config, spec["task"])
-    if options.get("path") and not Path(options["path"]).is_absolute():
-        options["path"] = str(Path(base_dir) / options["path"])
+    options = data_options(config, spec["task"], base_dir)
     meta = data.model_meta(config["data"][spec["task"]]["kind"], options)
     return {"arch": spec["arch"], "meta": meta, "options": dict(spec.get("options", {}))}
 

@@ -40,6 +40,7 @@ from trainmap import methods, models, plugins
 from trainmap.grid.cells import (
     MIN_RUNS_PER_GROUP,
     Cell,
+    data_options,
     data_settings,
     expand_grid,
     in_joint,
@@ -216,8 +217,7 @@ def check_config(config: dict, base_dir: Path | None = None) -> None:
     _check_joint_groups(config)
     check_external(config, base_dir)
     _check_features(config)
-    _check_buildable(config, base_dir)
-    _check_sparsifiable(config, base_dir)
+    _check_sparsifiable(config, _check_buildable(config, base_dir))
     _check_tracking_uri(config)
 
 
@@ -366,14 +366,6 @@ def _check_data(config: dict, task: str) -> None:
             )
 
 
-def _data_options(config: dict, task: str, base_dir: Path) -> dict:
-    """``data.<task>``'s options with a relative ``path`` resolved against the workflow directory."""
-    options = data_settings(config, task)
-    if options.get("path") and not Path(options["path"]).is_absolute():
-        options["path"] = str(base_dir / options["path"])
-    return options
-
-
 def _check_array_file(task: str, path: Any, base_dir: Path) -> None:
     """``data.<task>.path`` of kind ``arrays`` names an existing file (its content is checked by
     :func:`_input_kind`, which reads it)."""
@@ -391,7 +383,7 @@ def _input_kind(config: dict, task: str, base_dir: Path) -> str:
     file and the array."""
     kind = config["data"][task]["kind"]
     try:
-        return data_module.input_kind_of(kind, _data_options(config, task, base_dir))
+        return data_module.input_kind_of(kind, data_options(config, task, base_dir))
     except ValueError as error:
         raise ConfigError(f"config key data.{task}.path: {error}") from None
 
@@ -592,17 +584,22 @@ def _check_features(config: dict) -> None:
             )
 
 
-def _check_buildable(config: dict, base_dir: Path) -> None:
+def _check_buildable(config: dict, base_dir: Path) -> dict[tuple[str, str], Any]:
     """Each (task, arch) of the grid builds for the task's data (torch seeded, its RNG restored
     after) and gives an ``nn.Module``: a plugin's builder that raises or returns something else is
-    refused here, naming the module that registered it, not in the first training job."""
+    refused here, naming the module that registered it, not in the first training job. Returns
+    the models, for the checks that look inside them."""
     import torch
 
     from trainmap.models.registry import registered_by
 
-    for task, arch in dict.fromkeys((cell.task, cell.arch) for cell in expand_grid(config)):
-        meta = data_module.model_meta(config["data"][task]["kind"],
-                                      _data_options(config, task, base_dir))  # fmt: skip
+    pairs = dict.fromkeys((cell.task, cell.arch) for cell in expand_grid(config))
+    metas = {task: data_module.model_meta(config["data"][task]["kind"],
+                                          data_options(config, task, base_dir))
+             for task in dict.fromkeys(task for task, _ in pairs)}  # fmt: skip
+    built = {}
+    for task, arch in pairs:
+        meta = metas[task]
         source = registered_by(arch)
         where = f"config key model.{task}.{arch}: architecture {arch!r} (registered by {source})"
         with torch.random.fork_rng(devices=[]):
@@ -621,19 +618,20 @@ def _check_buildable(config: dict, base_dir: Path) -> None:
                 name = f"{kind.__module__}.{name}"
             raise ConfigError(f"{where} returned a {name}, not a torch.nn.Module; its builder in "
                               f"{source} must return the model")  # fmt: skip
+        built[(task, arch)] = model
+    return built
 
 
-def _check_sparsifiable(config: dict, base_dir: Path) -> None:
+def _check_sparsifiable(config: dict, built: Mapping[tuple[str, str], Any]) -> None:
     """Each (task, arch) with a sparse method in the grid has a layer the N:M pattern fits, with
-    the configured ``dense_layers`` (else sparse retraining would fail in its first job)."""
+    the configured ``dense_layers`` (else sparse retraining would fail in its first job);
+    ``built``: the grid's models (:func:`_check_buildable`)."""
     from trainmap.methods import sparse
 
     pairs = dict.fromkeys((c.task, c.arch) for c in expand_grid(config) if is_sparse(c))
     for task, arch in pairs:
         cfg = sparse.check_settings(config["sparse"][task])
-        meta = data_module.model_meta(config["data"][task]["kind"],
-                                      _data_options(config, task, base_dir))  # fmt: skip
-        model = models.build_model(arch, meta, **model_settings(config, task, arch))
+        model = built[(task, arch)]
         if sparse.sparsifiable_layers(model, cfg["m"], cfg["dense_layers"], cfg["conv_groups"]):
             continue
         sizes = list(sparse.grouped_input_sizes(model, cfg["conv_groups"]).values())
