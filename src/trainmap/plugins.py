@@ -73,7 +73,7 @@ def plugin_sources(names: object, base_dir: str | os.PathLike) -> list[str]:
     sources = []
     modules = [entry_point.module for entry_point in _entry_points()]
     for name in _plugin_names(names):
-        if name.endswith(".py") or "/" in name or os.sep in name:
+        if _is_file_name(name):
             sources.append(str((base / name).resolve()))
         else:
             modules.append(name)
@@ -82,6 +82,11 @@ def plugin_sources(names: object, base_dir: str | os.PathLike) -> list[str]:
         if spec is not None and spec.origin and spec.origin.endswith(".py"):
             sources.append(spec.origin)
     return sorted(dict.fromkeys(sources))
+
+
+def _is_file_name(name: str) -> bool:
+    """Whether a ``plugins`` entry names a file (``plugins/my_net.py``), not a module."""
+    return name.endswith(".py") or "/" in name or os.sep in name
 
 
 def _plugin_names(names: object) -> list[str]:
@@ -120,7 +125,7 @@ def _load_entry_point(entry_point: importlib.metadata.EntryPoint) -> str:
 
 def _load_named(index: int, name: str, base: Path) -> str:
     where = f"config key plugins[{index}]"
-    is_file = name.endswith(".py") or "/" in name or os.sep in name
+    is_file = _is_file_name(name)
     if not is_file and not _MODULE_NAME.match(name):
         raise ConfigError(
             f"{where}: {name!r} is neither a module name nor a .py file; allowed: a dotted module "
