@@ -1,6 +1,6 @@
 """The stability curve over seed counts (issue 22), checked on runs from known HMMs.
 
-Three known answers, 40 runs x 200-300 checkpoints each, fitted with small settings (K_max 4-5, 2
+Four known answers, 40-48 runs x 200-300 checkpoints each, fitted with small settings (K_max 4-5, 2
 restarts; ~0.2 s a fit) and subsampled 10 times per n (~2 s a curve):
 
 * weakly separated states (3 states, steps of 1.5 within-state SDs, 6 features): small subsamples
@@ -9,7 +9,10 @@ restarts; ~0.2 s a fit) and subsampled 10 times per n (~2 s a curve):
 * well separated states (steps of 8, 4 features): stable from the smallest n;
 * a map with a detour (a branch a part of the runs takes, converging later): its ARI is high from
   n = 8 on, but the detour is found again in fewer than 90 % of the 8-run subsamples, so the map is
-  stable from n = 16.
+  stable from n = 16;
+* a joint comparison of two groups on the detour runs: its clear verdict (occupancy of the detour
+  state) holds again from 8 runs per method, a marginal one (convergence step) not at 16, so the
+  answer is not stable although the map is.
 """
 
 from __future__ import annotations
@@ -242,3 +245,49 @@ def test_subsamples_draw_n_runs_of_every_method_without_replacement():
     # Split within each method as the full fit splits: round(0.2 x 10) = 2 held out of each.
     assert sorted(run[0] for run in heldout) == ["a", "a", "b", "b"]
     assert draw_subsample(ids, 2, 0.2, np.random.default_rng(1))[1] != []  # one always held out
+
+
+@pytest.fixture(scope="module")
+def detour_comparison():
+    """A joint comparison of two 'methods' on the detour runs: b holds the runs that take the
+    detour, a the others, so a's occupancy of the detour state is clearly lower (p_holm ~0.01) and
+    a converges sooner, a verdict that only just passes at 23-25 runs per method (p_holm ~0.03)."""
+    from trainmap.dynamics.joint import compare_groups
+
+    runs, states = detour_runs(n_runs=48)
+    convergence, status = outcomes(states, 3)
+    groups = {run: "b" if (states[run] == 1).any() else "a" for run in sorted(runs)}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        hmm = TrainingHMM(k_max=5, restarts=2, features=METRIC_NAMES[:4])
+        comparison = compare_groups(runs, groups, convergence, status, hmm, {"permutations": 500})
+    return runs, groups, convergence, status, comparison
+
+
+def test_each_verdict_of_a_joint_comparison_is_tested_again_on_the_subsamples(detour_comparison):
+    runs, groups, convergence, status, comparison = detour_comparison
+    found = comparison.verdicts[comparison.verdicts["verdict"].str.endswith(("higher", "lower"))]
+    assert len(found) >= 3 and comparison.detours.detour_states == [1]
+    curve = stability_curve(comparison.hmm, runs, groups, convergence, status,
+                            comparison.detours.detour_states, ladder=[4, 8, 16], n_subsamples=10,
+                            max_iter=10, verdicts=comparison.verdicts,
+                            permutations=500)  # fmt: skip
+    # Only the verdicts that found a difference are followed, each named with its direction.
+    assert len(curve.verdicts) == len(found)
+    detour = "a vs b, occupancy of state 1: a lower"
+    step = "a vs b, convergence step: a lower"
+    assert {detour, step} <= set(curve.verdicts)
+    held = {point.n: point.verdict_held for point in curve.points}
+    # 4 runs per method cannot reach significance after Holm; the clear verdict holds from 8 on.
+    assert held[4][detour] == 0.0 and held[8][detour] == held[16][detour] == 1.0
+    # The marginal one does not hold at 16 per method: the map agrees (ARI, detour found again),
+    # yet the answer is not stable, and the line names the verdict that fails.
+    assert held[16][step] < 0.9 and curve.points[-1].ari_share == 1.0
+    assert curve.sufficient_n is None
+    assert f"({step}) (target 90%" in curve.line()
+    again = StabilityCurve.from_dict(json.loads(json.dumps(curve.to_dict(), allow_nan=False)))
+    assert again.to_dict() == curve.to_dict()
+    # Without the verdicts the same map is stable from 4: verdicts are part of the criterion.
+    without = StabilityCurve.from_dict(curve.to_dict() | {"verdicts": [], "points": [
+        p | {"verdict_held": {}} for p in curve.to_dict()["points"]]})  # fmt: skip
+    assert without.sufficient_n == 4

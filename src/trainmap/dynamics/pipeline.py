@@ -446,7 +446,8 @@ def joint_group(
                                 make_hmm(settings | {"n_jobs": n_jobs}), settings)  # fmt: skip
     bootstrap = run_bootstrap(comparison.hmm, runs, outcomes, comparison.detours, settings, n_jobs)
     stability = map_stability(comparison.hmm, runs, groups, outcomes.convergence, outcomes.status,
-                              comparison.detours.detour_states, settings, n_jobs)  # fmt: skip
+                              comparison.detours.detour_states, settings, n_jobs,
+                              verdicts=comparison.verdicts)  # fmt: skip
     training_map = build_training_map(comparison.hmm, runs, comparison.states,
                                       outcomes.convergence)  # fmt: skip
     result = JointResult(comparison, bootstrap, stability, training_map, _steps(runs))

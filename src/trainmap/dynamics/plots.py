@@ -113,6 +113,10 @@ def plot_stability(stability: Any, path: str | os.PathLike, title: str = "") -> 
         for detour in curve.detour_states:
             axis.plot(ns, [p.detour_found.get(detour, np.nan) for p in curve.points], "d-",
                       color="#e8a33d", label=f"detour {detour} found again")  # fmt: skip
+        for index, verdict in enumerate(curve.verdicts):
+            axis.plot(ns, [p.verdict_held.get(verdict, np.nan) for p in curve.points], "v-",
+                      color=plt.cm.Greens(0.5 + 0.4 * index / max(len(curve.verdicts), 1)),
+                      label=f"holds again: {verdict}")  # fmt: skip
         axis.axhline(curve.targets.share, color="C3", lw=0.8, ls="--", label="target share")
         if curve.sufficient_n is not None:
             axis.axvline(curve.sufficient_n, color="C2", lw=0.8)
@@ -125,7 +129,8 @@ def plot_stability(stability: Any, path: str | os.PathLike, title: str = "") -> 
         "Stability curve: subsamples of n seeds (per method) refitted as the full map was; solid "
         "blue, the share whose decoding of all runs agrees with the full map's (adjusted Rand "
         "index at the target); dashed, the mean ARI; grey, the share selecting the same K; orange, "
-        "each detour found again. Red dashed: the target share; green: the n from which the map is "
+        "each detour found again; green triangles, each verdict of the comparison that holds again "
+        "(same direction, significant after Holm). Red dashed: the target share; green: the n from which the map is "
         f"stable. {stability.line}."
     )
 

@@ -17,11 +17,19 @@ from the full fit's model of every K, as the bootstrap refits) and records
 * whether each detour of the full map is found again: a state of the subsample's model with
   nearly the same emission mean (:func:`~trainmap.dynamics.certainty.match_by_means`, as the
   bootstrap matches) that is a detour of the subsample's own regression (its runs decoded,
-  :func:`~trainmap.dynamics.regression.regress_detours`).
+  :func:`~trainmap.dynamics.regression.regress_detours`);
+* in a joint comparison, whether each *verdict* of the full map holds again (same direction, still
+  significant after Holm): the subsample's drawn runs, decoded by its own model, give each run's
+  occupancy of every state matched to a full state, its time in the subsample's own detour states
+  and its convergence step, and :func:`~trainmap.dynamics.certainty.compare_methods` tests them
+  between the methods as the full comparison does. A verdict about a state the subsample's model
+  does not have (no state matched to it) does not hold again. Only verdicts that found a
+  difference are followed: "no evidence" at n runs says nothing about fewer.
 
 Targets (:class:`StabilityTargets`) are settings: by default the map is stable at n when >= 90 %
 of its subsamples reach ARI >= 0.9 with the full map and every detour of the full map is found
-again in >= 90 % of them (optionally also: K reproduced in >= 90 %). The curve is "stable from
+again in >= 90 % of them and (joint comparisons) every verdict of the full map holds again in
+>= 90 % of them (optionally also: K reproduced in >= 90 %). The curve is "stable from
 n = n*" when n* and every larger n of the ladder meet the targets (a single lucky n below an
 unstable one does not count), otherwise "not stable at n = n_max" (the largest n tried).
 
@@ -50,7 +58,17 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from trainmap.dynamics.certainty import refit_detours, refit_payload, refit_resample, run_refits
+from trainmap.dynamics.certainty import (
+    NO_EVIDENCE,
+    NOT_ENOUGH_RUNS,
+    RefitResult,
+    compare_methods,
+    refit_detours,
+    refit_payload,
+    refit_resample,
+    run_quantities,
+)
+from trainmap.dynamics.certainty import run_refits
 from trainmap.dynamics.hmm import SelectionFailed, TrainingHMM
 
 DEFAULT_STEP = 8
@@ -86,6 +104,7 @@ class StabilityPoint:
     ari: list[float]  # per subsample (NaN: the refit failed)
     detour_found: dict[int, float]  # full detour state -> share of subsamples finding it again
     ari_target: float = 0.9
+    verdict_held: dict[str, float] = field(default_factory=dict)  # verdict -> share holding again
 
     @property
     def n_subsamples(self) -> int:
@@ -130,6 +149,7 @@ class StabilityPoint:
         """Whether this n meets ``targets`` (module docstring)."""
         ok = self.ari_share >= targets.share
         ok &= all(share >= targets.share for share in self.detour_found.values())
+        ok &= all(share >= targets.share for share in self.verdict_held.values())
         if targets.require_k:
             ok &= self.k_same >= targets.share
         return bool(ok)
@@ -148,6 +168,7 @@ class StabilityPoint:
             "ari_p10": _finite_or_none(self.ari_p10),
             "ari_share": _finite_or_none(self.ari_share),
             "detour_found": {str(d): v for d, v in self.detour_found.items()},
+            "verdict_held": dict(self.verdict_held),
         }
 
 
@@ -166,6 +187,7 @@ class StabilityCurve:
     seed: int = 0
     seconds: float = math.nan
     group_sizes: dict[str, int] = field(default_factory=dict)
+    verdicts: list[str] = field(default_factory=list)  # the full map's verdicts followed
 
     @property
     def ladder(self) -> list[int]:
@@ -193,6 +215,8 @@ class StabilityCurve:
         criterion = f"ARI >= {self.targets.ari:g} with the full map"
         if self.detour_states:
             criterion += ", detours found again"
+        if self.verdicts:
+            criterion += ", verdicts held again"
         if self.targets.require_k:
             criterion += f", K = {self.n_states} selected"
         of = (f"{len(self.points[0].ks) if self.points else 0} subsamples per n, ladder up to "
@@ -209,10 +233,13 @@ class StabilityCurve:
                 f"{self.targets.share:.0%}; {of})")  # fmt: skip
 
     def _detour_part(self, point: StabilityPoint) -> str:
-        if not point.detour_found:
-            return ""
-        worst = min(point.detour_found.values())
-        return f", every detour found again in >= {worst:.0%}"
+        text = ""
+        if point.detour_found:
+            text += f", every detour found again in >= {min(point.detour_found.values()):.0%}"
+        if point.verdict_held:
+            worst = min(point.verdict_held, key=point.verdict_held.get)
+            text += f", every verdict held again in >= {point.verdict_held[worst]:.0%} ({worst})"
+        return text
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready (``stability.json``)."""
@@ -230,6 +257,7 @@ class StabilityCurve:
             "group_sizes": dict(self.group_sizes),
             "n_states": self.n_states,
             "detour_states": list(self.detour_states),
+            "verdicts": list(self.verdicts),
             "ladder": self.ladder,
             "max_fraction": self.max_fraction,
             "ladder_limit": self.ladder_limit,
@@ -253,7 +281,7 @@ class StabilityCurve:
                 n=p["n"], n_states=summary["n_states"], ks=list(p["ks"]),
                 ari=[math.nan if a is None else a for a in p["ari"]],
                 detour_found={int(d): v for d, v in p["detour_found"].items()},
-                ari_target=targets.ari,
+                ari_target=targets.ari, verdict_held=dict(p.get("verdict_held", {})),
             )
             for p in summary["points"]
         ]  # fmt: skip
@@ -261,7 +289,8 @@ class StabilityCurve:
         return cls(points, targets, summary["full_n"], summary["n_states"],
                    list(summary["detour_states"]), summary["max_fraction"], summary["groups"],
                    summary["seed"], math.nan if seconds is None else seconds,
-                   dict(summary.get("group_sizes", {})))  # fmt: skip
+                   dict(summary.get("group_sizes", {})),
+                   list(summary.get("verdicts", [])))  # fmt: skip
 
 
 def ladder_limit(full_n: int, max_fraction: float = DEFAULT_MAX_FRACTION) -> int:
@@ -318,6 +347,9 @@ def stability_curve(
     max_iter: int | None = None,
     max_fraction: float = DEFAULT_MAX_FRACTION,
     warm_start: bool = True,
+    verdicts: pd.DataFrame | None = None,
+    permutations: int = 2000,
+    confidence: float = 0.95,
 ) -> StabilityCurve:
     """The stability curve of the fitted map ``hmm`` of ``runs`` (module docstring).
 
@@ -325,7 +357,10 @@ def stability_curve(
     one group's map. ``detour_states``: the full map's detours; ``ladder``: the seed counts (default
     :func:`default_ladder` of the smallest group); ``max_iter`` caps each warm-started refit's EM
     iterations (default the fit's ``n_iter``), ``warm_start=False`` refits with the full fit's
-    restarts (:class:`~trainmap.dynamics.certainty.Refit`). Raises ValueError for a ladder entry
+    restarts (:class:`~trainmap.dynamics.certainty.Refit`). ``verdicts``: the joint comparison's
+    verdict table (:func:`~trainmap.dynamics.certainty.compare_methods`, run with
+    ``permutations``, ``confidence``, ``alpha``); its verdicts that found a difference are tested
+    again on every subsample (module docstring). Raises ValueError for a ladder entry
     that is not an integer >= 2, exceeds the runs available per method or the ladder limit.
     """
     started = time.perf_counter()
@@ -345,8 +380,11 @@ def stability_curve(
         z_full = {run: hmm.transform(runs[run]) for run in sorted(runs)}
         full_labels = np.concatenate([hmm.model_.predict(z) for z in z_full.values()])
     payload = refit_payload(hmm, runs, convergence, status, alpha, seed, max_iter, warm_start)
+    followed = followed_verdicts(verdicts, groups)
     payload |= {"z_full": z_full, "full_labels": full_labels, "ids_by_group": ids_by_group,
-                "holdout": hmm.holdout}  # fmt: skip
+                "holdout": hmm.holdout, "groups": groups, "verdicts": followed,
+                "compare": {"n_permutations": permutations, "confidence": confidence,
+                            "alpha": alpha, "seed": seed}}  # fmt: skip
     tasks = [(n, b) for n in ladder for b in range(n_subsamples)]
     outcomes = dict(zip(tasks, run_refits(_one_subsample, tasks, payload, n_jobs), strict=True))
     points = []
@@ -354,13 +392,16 @@ def stability_curve(
         drawn = [outcomes[(n, b)] for b in range(n_subsamples)]
         found = {int(d): sum(int(d) in r["found_detours"] for r in drawn) / n_subsamples
                  for d in detour_states}  # fmt: skip
+        held = {verdict: sum(verdict in r["held_verdicts"] for r in drawn) / n_subsamples
+                for verdict in followed}  # fmt: skip
         points.append(StabilityPoint(n, hmm.n_states_, [r["k"] for r in drawn],
-                                     [r["ari"] for r in drawn], found, targets.ari))  # fmt: skip
+                                     [r["ari"] for r in drawn], found, targets.ari,
+                                     held))  # fmt: skip
     return StabilityCurve(
         points=points, targets=targets, full_n=full_n, n_states=hmm.n_states_,
         detour_states=[int(d) for d in detour_states], max_fraction=max_fraction,
         groups=None if groups is None else sorted(ids_by_group), seed=seed,
-        seconds=time.perf_counter() - started, group_sizes=group_sizes,
+        seconds=time.perf_counter() - started, group_sizes=group_sizes, verdicts=list(followed),
     )  # fmt: skip
 
 
@@ -411,14 +452,54 @@ def _one_subsample(task: tuple[int, int], payload: dict[str, Any]) -> dict[str, 
         refit = refit_resample(payload["raw"], dict.fromkeys(train, 1.0),
                                dict.fromkeys(heldout, 1.0), payload["refit"])  # fmt: skip
     except SelectionFailed:
-        return {"k": -1, "ari": math.nan, "found_detours": []}
+        return {"k": -1, "ari": math.nan, "found_detours": [], "held_verdicts": []}
     model = refit.selection.model
     labels = np.concatenate([model.predict((z - refit.shift) / refit.scale)
                              for z in payload["z_full"].values()])  # fmt: skip
     detours, matched = refit_detours(refit, payload)
     return {"k": int(refit.selection.n_states),
             "ari": float(adjusted_rand_score(payload["full_labels"], labels)),
-            "found_detours": [full for full, state in matched.items() if state in detours]}  # fmt: skip
+            "found_detours": [full for full, state in matched.items() if state in detours],
+            "held_verdicts": _held_verdicts(refit, detours, matched, payload)}  # fmt: skip
+
+
+def verdict_key(row: Any) -> str:
+    """How a verdict is named in ``stability.json``: 'second vs first, quantity: verdict'."""
+    return f"{row['second']} vs {row['first']}, {row['quantity']}: {row['verdict']}"
+
+
+def followed_verdicts(
+    verdicts: pd.DataFrame | None, groups: Mapping[str, str] | None
+) -> list[str]:
+    """The verdicts of a joint comparison the curve tests again: those that found a difference."""
+    if verdicts is None or groups is None or verdicts.empty:
+        return []
+    found = verdicts[~verdicts["verdict"].isin([NOT_ENOUGH_RUNS, NO_EVIDENCE])]
+    return [verdict_key(row) for _, row in found.iterrows()]
+
+
+def _held_verdicts(
+    refit: RefitResult, detours: Sequence[int], matched: Mapping[int, int],
+    payload: dict[str, Any],
+) -> list[str]:  # fmt: skip
+    """The full map's verdicts that hold again on one subsample (module docstring)."""
+    if not payload["verdicts"]:
+        return []
+    model, drawn = refit.selection.model, sorted(set(refit.drawn))
+    decoded = {run: model.predict(refit.z[run]) for run in drawn}
+    quantities = run_quantities(decoded, refit.selection.n_states, payload["convergence"],
+                                payload["status"], detours)  # fmt: skip
+    full_state = {state: full for full, state in matched.items()}
+    renamed = {f"occupancy of state {state}": f"occupancy of state {full_state[state]}"
+               for state in range(refit.selection.n_states) if state in full_state}  # fmt: skip
+    quantities = quantities[[c for c in quantities if not c.startswith("occupancy") or c in renamed]]
+    quantities = quantities.rename(columns=renamed)
+    groups = payload["groups"]
+    order = list(dict.fromkeys(groups[run] for run in groups))
+    ordered = {run: groups[run] for group in order for run in drawn if groups[run] == group}
+    table = compare_methods(quantities.loc[list(ordered)], ordered, **payload["compare"])
+    held = {verdict_key(row) for _, row in table.iterrows()}
+    return [verdict for verdict in payload["verdicts"] if verdict in held]
 
 
 def _finite_or_none(value: float) -> float | None:
@@ -451,10 +532,12 @@ def map_stability(
     hmm: TrainingHMM, runs: Mapping[str, pd.DataFrame], groups: Mapping[str, str] | None,
     convergence: Mapping[str, int | None], status: Mapping[str, str],
     detour_states: Sequence[int], settings: Mapping[str, Any], n_jobs: int = 1,
+    verdicts: pd.DataFrame | None = None,
 ) -> MapStability:  # fmt: skip
     """The stability curve of a fitted map with the analysis settings (``stability`` subsamples
     per n, 0: none; ``stability_step``, ``stability_max_fraction``, ``stability_ari``,
-    ``stability_share``; refits capped at ``bootstrap_iter`` EM iterations like the bootstrap's)."""
+    ``stability_share``; refits capped at ``bootstrap_iter`` EM iterations like the bootstrap's);
+    ``verdicts``, a joint comparison's verdict table, to test its verdicts again."""
     if not settings["stability"]:
         return MapStability(None, "analysis.stability is 0")
     sizes = pd.Series(list(groups.values())).value_counts() if groups else pd.Series([len(runs)])
@@ -470,6 +553,7 @@ def map_stability(
         hmm, runs, groups, convergence, status, detour_states, ladder=ladder,
         n_subsamples=settings["stability"], targets=targets, seed=settings["seed"],
         alpha=settings["alpha"], n_jobs=n_jobs, max_iter=settings["bootstrap_iter"],
-        max_fraction=settings["stability_max_fraction"],
+        max_fraction=settings["stability_max_fraction"], verdicts=verdicts,
+        permutations=settings["permutations"], confidence=settings["confidence"],
     )  # fmt: skip
     return MapStability(curve)
