@@ -23,11 +23,13 @@ from trainmap.tracking import (
     DEFAULT_TRACKING_URI,
     METRICS_PER_BATCH,
     PARAMS_PER_BATCH,
+    RuleRun,
     artifact_root,
     experiment_name,
     flatten_params,
     init_tracking,
     rule_run,
+    summary_run,
     tracking_settings,
     tracking_uri,
 )
@@ -337,6 +339,7 @@ def test_failing_block_reraises_and_marks_run_failed(
     assert failed.data.params == {"train.lr": "0.05"}
     history = sorted(client.get_metric_history(run_id, "loss"), key=lambda m: m.step)
     assert [(m.step, m.value) for m in history] == [(s, float(s)) for s in range(n_steps)]
+    assert client.get_run(failed.data.tags["mlflow.parentRunId"]).info.status == "FAILED"
     # A rerun after the failure logs a new FINISHED run under the same cell parent.
     with rule_run(tracking_settings(config), "train", cell=cell,
                   config_hash=cell_hash(config, cell)) as rerun:  # fmt: skip
@@ -344,6 +347,59 @@ def test_failing_block_reraises_and_marks_run_failed(
     rerun_tags = client.get_run(rerun_id).data.tags
     assert client.get_run(rerun_id).info.status == "FINISHED"
     assert rerun_tags["mlflow.parentRunId"] == failed.data.tags["mlflow.parentRunId"]
+    assert client.get_run(rerun_tags["mlflow.parentRunId"]).info.status == "FINISHED"
+
+
+def test_metrics_go_in_full_batches_then_the_rest_at_the_end() -> None:
+    """Queued metrics leave in batches of METRICS_PER_BATCH while the block runs; the remainder
+    once, when the run ends (not a small batch each time the queue passes the limit)."""
+
+    class Client:
+        def __init__(self) -> None:
+            self.batches: list[int] = []
+
+        def log_batch(self, run_id: str, metrics: list) -> None:
+            self.batches.append(len(metrics))
+
+    client = Client()
+    run = RuleRun(client, "run")  # type: ignore[arg-type]
+    n_steps = 700  # 2100 metrics: two full batches, then 100
+    assert 2 * METRICS_PER_BATCH < 3 * n_steps < 3 * METRICS_PER_BATCH
+    for step in range(n_steps):
+        run.log_metrics({"a": 1.0, "b": 2.0, "c": 3.0}, step=step)
+    assert client.batches == [METRICS_PER_BATCH, METRICS_PER_BATCH]
+    run.flush()
+    assert client.batches == [
+        METRICS_PER_BATCH,
+        METRICS_PER_BATCH,
+        3 * n_steps - 2 * METRICS_PER_BATCH,
+    ]
+
+
+def test_summary_run_tags_description_parent_and_failure(shared_uri: str) -> None:
+    tracking = {"uri": shared_uri, "experiment": "summaries"}
+    with summary_run(tracking, "seeds cmp", {"role": "seed_joint", "n": 3},
+                     description="what it holds") as parent:  # fmt: skip
+        parent.log_metrics({"n_seeds": 4.0}, step=10)
+    with pytest.raises(KeyError):
+        with summary_run(tracking, "seeds cmp: x", {"role": "seed_group"},
+                         parent_run_id=parent.run_id) as child:  # fmt: skip
+            child.log_metrics({"seed_mean/test_acc": 0.5}, step=10)
+            raise KeyError("boom")
+
+    client = MlflowClient(tracking_uri=shared_uri)
+    logged = client.get_run(parent.run_id)
+    assert logged.info.status == "FINISHED"
+    tags = logged.data.tags
+    assert (tags["role"], tags["n"], tags["mlflow.runName"]) == ("seed_joint", "3", "seeds cmp")
+    assert tags["mlflow.note.content"] == "what it holds" and "git_commit" in tags
+    assert [(m.step, m.value) for m in client.get_metric_history(parent.run_id, "n_seeds")] == [
+        (10, 4.0)
+    ]
+    failed = client.get_run(child.run_id)
+    assert failed.info.status == "FAILED"
+    assert failed.data.tags["mlflow.parentRunId"] == parent.run_id
+    assert failed.data.metrics == {"seed_mean/test_acc": 0.5}  # queued metrics still sent
 
 
 # --------------------------------------------------------------------------------------------------

@@ -14,6 +14,9 @@
   steps to divergence and bytes on disk; the training-map rules log the cell's state occupancy
   and detour visits. Parent runs are tagged with task, arch, method and seed, so the MLflow UI's
   "group by method" over the cell runs compares methods.
+* A run that summarises many cells' runs and is no rule's own (a seed group's across-seed means and
+  intervals: :mod:`trainmap.seed_groups`) opens with :func:`summary_run`: the caller's tags, the git
+  commit, a description, optionally a parent; it ends FINISHED or FAILED like a rule's run.
 """
 
 from __future__ import annotations
@@ -183,17 +186,17 @@ class RuleRun:
         for key, value in metrics.items():
             if value is not None:
                 self._pending.append(Metric(key, float(value), timestamp, int(step)))
-        if len(self._pending) >= METRICS_PER_BATCH:
-            self.flush()
+        while len(self._pending) >= METRICS_PER_BATCH:  # full batches now, the rest at flush
+            self._send(METRICS_PER_BATCH)
 
     def flush(self) -> None:
         """Send every queued metric."""
         while self._pending:
-            batch, self._pending = (
-                self._pending[:METRICS_PER_BATCH],
-                self._pending[METRICS_PER_BATCH:],
-            )
-            self.client.log_batch(self.run_id, metrics=batch)
+            self._send(METRICS_PER_BATCH)
+
+    def _send(self, count: int) -> None:
+        batch, self._pending = self._pending[:count], self._pending[count:]
+        self.client.log_batch(self.run_id, metrics=batch)
 
     def set_tags(self, tags: Mapping[str, Any]) -> None:
         """Set run tags (values are stringified)."""
@@ -234,7 +237,55 @@ def rule_run(
     if cell is not None:
         tags["mlflow.parentRunId"] = _cell_parent_run(client, experiment_id, cell, tags)
     name = f"{rule} {cell.id if cell else task or 'all'}"
-    run = RuleRun(client, client.create_run(experiment_id, run_name=name, tags=tags).info.run_id,
+    parent_run_id = tags.get("mlflow.parentRunId")
+    try:
+        with _open_run(client, experiment_id, name, tags, params) as run:
+            yield run
+    except BaseException:
+        _end_parent(client, parent_run_id, "FAILED")
+        raise
+    _end_parent(client, parent_run_id, "FINISHED")
+
+
+@contextmanager
+def summary_run(
+    tracking: Mapping[str, str],
+    name: str,
+    tags: Mapping[str, Any],
+    *,
+    parent_run_id: str | None = None,
+    description: str | None = None,
+    params: Mapping | None = None,
+) -> Iterator[RuleRun]:
+    """Open a run that summarises the runs of many cells (a seed group, :mod:`trainmap.seed_groups`):
+    tagged ``tags`` and the git commit, nested under ``parent_run_id`` when given, with
+    ``description`` as the run's description in the UI. It ends FINISHED, or FAILED and re-raises,
+    as a rule's run does."""
+    from mlflow import MlflowClient
+
+    uri = tracking["uri"]
+    client = MlflowClient(tracking_uri=uri)
+    experiment_id = init_tracking(uri, tracking["experiment"])
+    commit = git_commit()
+    all_tags = {"git_commit": commit} | {key: str(value) for key, value in tags.items()}
+    if commit != "unknown":
+        all_tags["mlflow.source.git.commit"] = commit
+    if parent_run_id is not None:
+        all_tags["mlflow.parentRunId"] = parent_run_id
+    if description is not None:
+        all_tags["mlflow.note.content"] = description  # what the UI shows as the description
+    with _open_run(client, experiment_id, name, all_tags, params) as run:
+        yield run
+
+
+@contextmanager
+def _open_run(
+    client: MlflowClient, experiment_id: str, name: str, tags: Mapping[str, str],
+    params: Mapping | None,
+) -> Iterator[RuleRun]:  # fmt: skip
+    """A new run named ``name``: FINISHED after the block, its queued metrics sent; FAILED when the
+    block raises (re-raised)."""
+    run = RuleRun(client, client.create_run(experiment_id, run_name=name, tags=dict(tags)).info.run_id,
                   tags.get("mlflow.parentRunId"))  # fmt: skip
     try:
         if params:
@@ -243,17 +294,15 @@ def rule_run(
         run.flush()
     except BaseException:
         _end_failed(client, run)
-        _end_parent(client, run, "FAILED")
         raise
     client.set_terminated(run.run_id, "FINISHED")
-    _end_parent(client, run, "FINISHED")
 
 
-def _end_parent(client: MlflowClient, run: RuleRun, status: str) -> None:
+def _end_parent(client: MlflowClient, parent_run_id: str | None, status: str) -> None:
     """A cell's parent run ends when its latest rule does: created by the cell's first rule, it
     spans the cell's work in the MLflow UI (its status: the latest rule's)."""
-    if run.parent_run_id is not None:
-        client.set_terminated(run.parent_run_id, status)
+    if parent_run_id is not None:
+        client.set_terminated(parent_run_id, status)
 
 
 def _run_tags(rule: str, cell: Cell | None, task: str | None, config_hash: str) -> dict[str, str]:
