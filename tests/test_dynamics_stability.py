@@ -291,3 +291,19 @@ def test_each_verdict_of_a_joint_comparison_is_tested_again_on_the_subsamples(de
     without = StabilityCurve.from_dict(curve.to_dict() | {"verdicts": [], "points": [
         p | {"verdict_held": {}} for p in curve.to_dict()["points"]]})  # fmt: skip
     assert without.sufficient_n == 4
+
+
+def test_a_comparison_with_too_few_runs_for_any_verdict_is_not_stable(weak):
+    from trainmap.dynamics.certainty import compare_methods, run_quantities
+
+    hmm, runs, convergence, status = weak
+    few = {run: runs[run] for run in sorted(runs)[:6]}
+    groups = {run: "a" if i < 3 else "b" for i, run in enumerate(sorted(few))}
+    quantities = run_quantities(hmm.decode(few), hmm.n_states_, convergence, status, [])
+    verdicts = compare_methods(quantities, groups, n_permutations=200)
+    assert (verdicts["verdict"] == "not enough runs").all()  # 3 vs 3 runs: p >= 0.1
+    curve = stability_curve(hmm, few, groups, convergence, status, [], ladder=[2],
+                            n_subsamples=2, max_iter=3, verdicts=verdicts)  # fmt: skip
+    assert curve.unanswered and curve.sufficient_n is None
+    assert curve.line().startswith("not stable at n = 3 seeds per method: too few runs")
+    assert StabilityCurve.from_dict(curve.to_dict()).unanswered

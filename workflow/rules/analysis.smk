@@ -173,11 +173,49 @@ rule regress_detours:
         "../scripts/regress_detours.py"
 
 
+# An adaptive joint comparison (analysis.joint[i].adaptive) runs in rounds: round r pools the
+# grid's seeds and r further steps of seeds per method, and decides (round.json) whether the
+# stability target is met or the maximum reached. Each round is a checkpoint: the final
+# joint_comparison job below asks for round r + 1 only once round r has asked for it, and then
+# presents the last round's comparison with the trace of all rounds.
+checkpoint joint_round:
+    input:
+        metrics=metrics_of_joint,
+        evaluations=evaluations_of_joint,
+        external=external_manifests_of_joint,
+    output:
+        summary="results/joint/{name}/rounds/round{round}/joint.json",
+        decision="results/joint/{name}/rounds/round{round}/round.json",
+    log:
+        "logs/joint_round/{name}/round{round}.log",
+    wildcard_constraints:
+        name=ADAPTIVE_NAMES,
+        round=r"\d+",
+    conda:
+        "../envs/trainmap.yaml"
+    threads: 2
+    resources:
+        mem_mb=4000,
+        runtime=60,
+    params:
+        settings=settings_of_round,
+        adaptive=adaptive_round_of_joint,
+        groups=groups_of_joint,
+        cells=cells_of_joint,
+        cell_hashes=cell_hashes_of_joint,
+        metrics=metric_tables_of_joint,
+        evaluations=evaluation_files_of_joint,
+        external=external_runs_of_joint,
+    script:
+        "../scripts/joint_round.py"
+
+
 rule joint_comparison:
     input:
         metrics=metrics_of_joint,
         evaluations=evaluations_of_joint,
         external=external_manifests_of_joint,
+        rounds=rounds_of_joint,
     output:
         summary="results/joint/{name}/joint.json",
         verdicts=report(
@@ -244,6 +282,7 @@ rule joint_comparison:
         mem_mb=4000,
         runtime=60,
     params:
+        adaptive=is_adaptive_joint,
         settings=grid.analysis_settings(config),
         groups=groups_of_joint,
         cells=cells_of_joint,

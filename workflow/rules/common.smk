@@ -14,6 +14,7 @@ import sys
 from snakemake.common import overwrite_function_params
 
 from trainmap import grid
+from trainmap.io import load_json
 from trainmap.methods import check_method
 from trainmap.plugins import plugin_sources
 from trainmap.tracking import init_tracking, tracking_settings
@@ -72,22 +73,57 @@ JOINT_SPECS = {
 }
 
 
-def blocks_by_id(cells):
-    return {block.id: block for block in grid.seed_ranges_of(config, cells)}
+# Adaptive joint comparisons (analysis.joint[i].adaptive): the seeds their later rounds may add.
+# Their blocks exist in every rule family below, but only a round the checkpoint joint_round asks
+# for (analysis.smk) requests them, so a seed trains only when its round is reached.
+ADAPTIVE = grid.adaptive_joints(config)
+ROUND_CELLS = grid.adaptive_cells(config)
+
+
+ROUND_BLOCK_IDS = set()
+
+
+def blocks_by_id(cells, rounds=()):
+    """The blocks of the grid's ``cells`` (aligned seed ranges) and of adaptive rounds' cells
+    ``rounds`` (one range per round), by id."""
+    added = grid.round_ranges(config, rounds)
+    ROUND_BLOCK_IDS.update(block.id for block in added)
+    return {block.id: block for block in grid.seed_ranges_of(config, cells) + added}
+
+
+def of_grid(blocks):
+    """``blocks`` without adaptive rounds' blocks: what the grid itself runs (the targets)."""
+    return {id: block for id, block in blocks.items() if id not in ROUND_BLOCK_IDS}
+
+
+def teachers_and_dense(cells):
+    """The dense cells ``cells`` train: the dense ones and the sparse ones' teachers."""
+    return sorted({grid.teacher_cell(c) if grid.is_sparse(c) else c for c in cells})
+
+
+def with_deploy_form(cell):
+    return grid.has_deploy_form(cell.arch) and not grid.is_sparse(cell)
 
 
 # The blocks of each rule family, by id ("task/arch/method/seedsF-L").
 GRADINIT_BLOCKS = blocks_by_id(
-    c for c in CELLS if grid.method_of(c).has_stage("gradinit")
+    (c for c in CELLS if grid.method_of(c).has_stage("gradinit")),
+    [c for c in ROUND_CELLS if grid.method_of(c).has_stage("gradinit")],
 )
-TRAIN_BLOCKS = blocks_by_id(grid.trained_cells(config))
-SPARSE_BLOCKS = blocks_by_id(c for c in CELLS if grid.is_sparse(c))
-GRID_BLOCKS = blocks_by_id(CELLS)
+TRAIN_BLOCKS = blocks_by_id(grid.trained_cells(config), teachers_and_dense(ROUND_CELLS))
+SPARSE_BLOCKS = blocks_by_id(
+    (c for c in CELLS if grid.is_sparse(c)),
+    [c for c in ROUND_CELLS if grid.is_sparse(c)],
+)
+GRID_BLOCKS = blocks_by_id(CELLS, ROUND_CELLS)
 REPARAM_BLOCKS = blocks_by_id(
-    c for c in CELLS if grid.has_deploy_form(c.arch) and not grid.is_sparse(c)
+    (c for c in CELLS if with_deploy_form(c)),
+    [c for c in ROUND_CELLS if with_deploy_form(c)],
 )
 QUANTIZE_BLOCKS = blocks_by_id(c for c in CELLS if grid.quantized_schemes(config, c))
-METRIC_BLOCKS = blocks_by_id(c for c in CELLS if grid.retrains(c))
+METRIC_BLOCKS = blocks_by_id(
+    (c for c in CELLS if grid.retrains(c)), [c for c in ROUND_CELLS if grid.retrains(c)]
+)
 
 
 # --- blocks a killed job left unfinished (trainmap.unfinished, issue 19) ---------------------------
@@ -359,8 +395,8 @@ def datasets_of_grid():
 def transformed_models_of_grid():
     """Deploy, sparse and quantised models of the grid, as block manifests."""
     return (
-        manifests("reparam", REPARAM_BLOCKS)
-        + manifests("sparse", SPARSE_BLOCKS)
+        manifests("reparam", of_grid(REPARAM_BLOCKS))
+        + manifests("sparse", of_grid(SPARSE_BLOCKS))
         + manifests("quantize", QUANTIZE_BLOCKS)
     )
 
@@ -426,9 +462,70 @@ def cells_of_group(wildcards):
     return [cell.to_dict() for cell in group_cells(wildcards)]
 
 
+def joint_cells(wildcards):
+    """A joint comparison's cells: the grid's, or an adaptive round's (rule joint_round), whose
+    seeds grow by round; none for the final rule of an adaptive comparison (its rounds did the
+    analysis)."""
+    name = wildcards.name
+    if "round" in wildcards.keys():
+        return ADAPTIVE[name].cells(JOINT_GROUPS[name], int(wildcards.round))
+    return [] if name in ADAPTIVE else JOINT_GROUPS[name]
+
+
 @input_function
 def cells_of_joint(wildcards):
-    return [cell.to_dict() for cell in JOINT_GROUPS[wildcards.name]]
+    return [cell.to_dict() for cell in joint_cells(wildcards)]
+
+
+def names_regex(names):
+    """A wildcard constraint matching exactly ``names`` (and nothing when there are none)."""
+    return "|".join(names) or "(?!x)x"
+
+
+ADAPTIVE_NAMES = names_regex(ADAPTIVE)
+STATIC_NAMES = names_regex(name for name in JOINT_GROUPS if name not in ADAPTIVE)
+
+
+@input_function
+def adaptive_round_of_joint(wildcards):
+    """What a round of an adaptive comparison needs to decide whether to stop (rule joint_round)."""
+    joint = ADAPTIVE[wildcards.name]
+    return {
+        "round": int(wildcards.round),
+        "rounds": joint.rounds,
+        "step": joint.step,
+        "task": joint.task,
+        "max": joint.max,
+        "seeds_per_method": joint.seeds_per_method(int(wildcards.round)),
+        "first_seed": joint.first_seed,
+    }
+
+
+@input_function
+def is_adaptive_joint(wildcards):
+    return wildcards.name in ADAPTIVE
+
+
+@input_function
+def settings_of_round(wildcards):
+    """The analysis settings of an adaptive round: its own stability targets."""
+    return grid.analysis_settings(config) | ADAPTIVE[wildcards.name].targets
+
+
+@input_function
+def rounds_of_joint(wildcards):
+    """An adaptive comparison's round decisions, round 0 on, up to the one that stopped: each
+    round is a checkpoint, so Snakemake runs the next only when the last one asked for it.
+    """
+    if wildcards.name not in ADAPTIVE:
+        return []
+    decisions = []
+    for round_ in range(ADAPTIVE[wildcards.name].rounds + 1):
+        job = checkpoints.joint_round.get(name=wildcards.name, round=round_)
+        decisions.append(job.output.decision)
+        if load_json(job.output.decision)["stop"]:
+            break
+    return decisions
 
 
 @input_function
@@ -440,7 +537,7 @@ def cell_hashes_of_group(wildcards):
 @input_function
 def cell_hashes_of_joint(wildcards):
     """The cell hashes of one joint comparison's cells."""
-    return cell_hashes(JOINT_GROUPS[wildcards.name])
+    return cell_hashes(joint_cells(wildcards))
 
 
 @input_function
@@ -467,37 +564,37 @@ def evaluation_files_of_group(wildcards):
 
 @input_function
 def metrics_of_joint(wildcards):
-    return metric_manifests_of_cells(JOINT_GROUPS[wildcards.name])
+    return metric_manifests_of_cells(joint_cells(wildcards))
 
 
 @input_function
 def metric_tables_of_joint(wildcards):
-    return cell_paths("metrics", JOINT_GROUPS[wildcards.name], "metrics.csv")
+    return cell_paths("metrics", joint_cells(wildcards), "metrics.csv")
 
 
 @input_function
 def groups_of_joint(wildcards):
     """Each pooled run's group label (its method, or arch/method when archs differ)."""
-    cells = JOINT_GROUPS[wildcards.name]
+    cells = joint_cells(wildcards)
     several_archs = len({cell.arch for cell in cells}) > 1
     return [f"{c.arch}/{c.method}" if several_archs else c.method for c in cells]
 
 
 @input_function
 def evaluations_of_joint(wildcards):
-    return evaluation_manifests_of_cells(JOINT_GROUPS[wildcards.name])
+    return evaluation_manifests_of_cells(joint_cells(wildcards))
 
 
 @input_function
 def evaluation_files_of_joint(wildcards):
-    return cell_paths("evaluate", JOINT_GROUPS[wildcards.name], "evaluation.json")
+    return cell_paths("evaluate", joint_cells(wildcards), "evaluation.json")
 
 
 def analysis_outputs():
     """Every trained run's metric tables (as block manifests), and the grid's training maps,
     regressions and joint comparisons; the external sets' tables and maps (external.smk).
     """
-    files = manifests("metrics", METRIC_BLOCKS)
+    files = manifests("metrics", of_grid(METRIC_BLOCKS))
     for group in HMM_GROUPS:
         # hmm.npz too: a killed (forced) fit's missing model is refitted by a plain run, and the
         # map and regression after it (else Snakemake keeps the old ones: issue 19).

@@ -21,7 +21,7 @@ rule evaluate:
 
 rule summary:
     input:
-        manifests=manifests("evaluate", GRID_BLOCKS),
+        manifests=manifests("evaluate", of_grid(GRID_BLOCKS)),
     output:
         table=report(
             "results/summary/evaluation.csv",

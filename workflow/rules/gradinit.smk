@@ -33,4 +33,4 @@ rule gradinit:
 
 rule all_gradinit:
     input:
-        manifests("gradinit", GRADINIT_BLOCKS),
+        manifests("gradinit", of_grid(GRADINIT_BLOCKS)),

@@ -26,4 +26,4 @@ rule train:
 
 rule all_train:
     input:
-        manifests("train", TRAIN_BLOCKS),
+        manifests("train", of_grid(TRAIN_BLOCKS)),

@@ -24,7 +24,9 @@ from the full fit's model of every K, as the bootstrap refits) and records
   and its convergence step, and :func:`~trainmap.dynamics.certainty.compare_methods` tests them
   between the methods as the full comparison does. A verdict about a state the subsample's model
   does not have (no state matched to it) does not hold again. Only verdicts that found a
-  difference are followed: "no evidence" at n runs says nothing about fewer.
+  difference are followed: "no evidence" at n runs says nothing about fewer. A comparison whose
+  every verdict is "not enough runs" has no answer to be stable: it is "not stable" whatever its
+  map does.
 
 Targets (:class:`StabilityTargets`) are settings: by default the map is stable at n when >= 90 %
 of its subsamples reach ARI >= 0.9 with the full map and every detour of the full map is found
@@ -67,8 +69,8 @@ from trainmap.dynamics.certainty import (
     refit_payload,
     refit_resample,
     run_quantities,
+    run_refits,
 )
-from trainmap.dynamics.certainty import run_refits
 from trainmap.dynamics.hmm import SelectionFailed, TrainingHMM
 
 DEFAULT_STEP = 8
@@ -188,6 +190,8 @@ class StabilityCurve:
     seconds: float = math.nan
     group_sizes: dict[str, int] = field(default_factory=dict)
     verdicts: list[str] = field(default_factory=list)  # the full map's verdicts followed
+    # a joint comparison whose every verdict is "not enough runs": no answer to be stable
+    unanswered: bool = False
 
     @property
     def ladder(self) -> list[int]:
@@ -201,7 +205,10 @@ class StabilityCurve:
 
     @property
     def sufficient_n(self) -> int | None:
-        """The smallest n of the ladder from which on every n meets the targets, or None."""
+        """The smallest n of the ladder from which on every n meets the targets, or None (also
+        when the comparison gives no answer at all: every verdict "not enough runs")."""
+        if self.unanswered:
+            return None
         found = None
         for point in sorted(self.points, key=lambda p: p.n, reverse=True):
             if not point.meets(self.targets):
@@ -225,6 +232,9 @@ class StabilityCurve:
         if sufficient is not None:
             return (f"stable from n = {sufficient} {unit} ({criterion} in >= "
                     f"{self.targets.share:.0%} of subsamples; {of})")  # fmt: skip
+        if self.unanswered:
+            return (f"not stable at n = {self.full_n} {unit}: too few runs for any verdict to "
+                    "reach significance (every verdict is 'not enough runs')")  # fmt: skip
         if not self.points:
             return f"not stable: no seed count could be tried ({of})"
         last = max(self.points, key=lambda p: p.n)
@@ -258,6 +268,7 @@ class StabilityCurve:
             "n_states": self.n_states,
             "detour_states": list(self.detour_states),
             "verdicts": list(self.verdicts),
+            "unanswered": self.unanswered,
             "ladder": self.ladder,
             "max_fraction": self.max_fraction,
             "ladder_limit": self.ladder_limit,
@@ -290,7 +301,8 @@ class StabilityCurve:
                    list(summary["detour_states"]), summary["max_fraction"], summary["groups"],
                    summary["seed"], math.nan if seconds is None else seconds,
                    dict(summary.get("group_sizes", {})),
-                   list(summary.get("verdicts", [])))  # fmt: skip
+                   list(summary.get("verdicts", [])),
+                   bool(summary.get("unanswered", False)))  # fmt: skip
 
 
 def ladder_limit(full_n: int, max_fraction: float = DEFAULT_MAX_FRACTION) -> int:
@@ -402,6 +414,8 @@ def stability_curve(
         detour_states=[int(d) for d in detour_states], max_fraction=max_fraction,
         groups=None if groups is None else sorted(ids_by_group), seed=seed,
         seconds=time.perf_counter() - started, group_sizes=group_sizes, verdicts=list(followed),
+        unanswered=bool(groups is not None and verdicts is not None and len(verdicts)
+                        and (verdicts["verdict"] == NOT_ENOUGH_RUNS).all()),
     )  # fmt: skip
 
 
@@ -468,9 +482,7 @@ def verdict_key(row: Any) -> str:
     return f"{row['second']} vs {row['first']}, {row['quantity']}: {row['verdict']}"
 
 
-def followed_verdicts(
-    verdicts: pd.DataFrame | None, groups: Mapping[str, str] | None
-) -> list[str]:
+def followed_verdicts(verdicts: pd.DataFrame | None, groups: Mapping[str, str] | None) -> list[str]:
     """The verdicts of a joint comparison the curve tests again: those that found a difference."""
     if verdicts is None or groups is None or verdicts.empty:
         return []
@@ -492,7 +504,9 @@ def _held_verdicts(
     full_state = {state: full for full, state in matched.items()}
     renamed = {f"occupancy of state {state}": f"occupancy of state {full_state[state]}"
                for state in range(refit.selection.n_states) if state in full_state}  # fmt: skip
-    quantities = quantities[[c for c in quantities if not c.startswith("occupancy") or c in renamed]]
+    quantities = quantities[
+        [c for c in quantities if not c.startswith("occupancy") or c in renamed]
+    ]
     quantities = quantities.rename(columns=renamed)
     groups = payload["groups"]
     order = list(dict.fromkeys(groups[run] for run in groups))

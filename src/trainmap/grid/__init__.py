@@ -7,8 +7,11 @@ from __future__ import annotations
 
 from trainmap.grid.cells import (
     MIN_RUNS_PER_GROUP,
+    AdaptiveJoint,
     Cell,
     SeedRange,
+    adaptive_cells,
+    adaptive_joints,
     analysis_groups,
     analysis_settings,
     canonical,
@@ -28,6 +31,7 @@ from trainmap.grid.cells import (
     model_settings,
     quantized_schemes,
     retrains,
+    round_ranges,
     seed_block,
     seed_ranges_of,
     stage_settings,
@@ -69,6 +73,7 @@ from trainmap.grid.validate import (
 )
 
 __all__ = [
+    "AdaptiveJoint",
     "Cell",
     "ConfigError",
     "DATABASE_DRIVERS",
@@ -82,6 +87,8 @@ __all__ = [
     "TRACKING_SCHEMES",
     "VERBOSE_ENV",
     "YAML_LOADER",
+    "adaptive_cells",
+    "adaptive_joints",
     "analysis_groups",
     "analysis_settings",
     "canonical",
@@ -113,6 +120,7 @@ __all__ = [
     "read_config_file",
     "method_retrains",
     "retrains",
+    "round_ranges",
     "seed_block",
     "seed_ranges_of",
     "stage_settings",

@@ -281,6 +281,98 @@ def joint_groups(config: dict) -> dict[str, list[Cell]]:
     return joint
 
 
+@dataclass(frozen=True)
+class AdaptiveJoint:
+    """An adaptive joint comparison (``analysis.joint[i].adaptive``): its grid cells are round 0;
+    while the stability curve's target is not met, round r adds ``step`` more seeds to every
+    (arch, method) it compares, the same seeds for each, up to ``max`` seeds per method.
+
+    The added seeds follow the largest seed the grid trains for the task, so they are never grid
+    seeds, and the same config always adds the same seeds (a rerun reproduces them)."""
+
+    name: str
+    step: int
+    max: int
+    base_n: int  # seeds per method in the grid (the smallest (arch, method)'s count)
+    first_seed: int  # the first seed round 1 adds
+    pairs: tuple[tuple[str, str], ...]  # the compared (arch, method)s
+    task: str
+    targets: dict[str, float]  # the stability targets (stability_ari, stability_share)
+
+    @property
+    def rounds(self) -> int:
+        """The most rounds that fit under ``max`` after round 0."""
+        return max(0, (self.max - self.base_n) // self.step)
+
+    def seeds_per_method(self, round_: int) -> int:
+        """Seeds per method the comparison pools at round ``round_``."""
+        return self.base_n + round_ * self.step
+
+    def added_cells(self, round_: int) -> list[Cell]:
+        """The cells round ``round_`` (>= 1) adds, in (arch, method, seed) order."""
+        first = self.first_seed + (round_ - 1) * self.step
+        return [Cell(self.task, arch, method, seed) for arch, method in self.pairs
+                for seed in range(first, first + self.step)]  # fmt: skip
+
+    def cells(self, grid_cells: Iterable[Cell], round_: int) -> list[Cell]:
+        """The cells round ``round_`` pools: the grid's, then each added round's."""
+        added = [cell for r in range(1, round_ + 1) for cell in self.added_cells(r)]
+        return [*grid_cells, *added]
+
+    def potential_cells(self) -> list[Cell]:
+        """Every cell some round may add (each trains only when its round is reached)."""
+        return [cell for r in range(1, self.rounds + 1) for cell in self.added_cells(r)]
+
+
+def adaptive_joints(config: dict) -> dict[str, AdaptiveJoint]:
+    """The adaptive joint comparisons of the grid (:class:`AdaptiveJoint`), by name."""
+    analysis = config.get("analysis", {})
+    filled = joint_groups(config)
+    found = {}
+    for spec in analysis.get("joint", []):
+        adaptive = spec.get("adaptive")
+        if not adaptive or spec["name"] not in filled or not filled[spec["name"]]:
+            continue
+        cells = filled[spec["name"]]
+        counts: dict[tuple[str, str], int] = {}
+        for cell in cells:
+            counts[(cell.arch, cell.method)] = counts.get((cell.arch, cell.method), 0) + 1
+        task_seeds = [cell.seed for cell in expand_grid(config) if cell.task == spec["task"]]
+        targets = {"stability_ari": adaptive.get("ari", analysis.get("stability_ari", 0.9)),
+                   "stability_share": adaptive.get("share", analysis.get("stability_share", 0.9))}  # fmt: skip
+        found[spec["name"]] = AdaptiveJoint(
+            spec["name"], int(adaptive["step"]), int(adaptive["max"]), min(counts.values()),
+            max(task_seeds) + 1, tuple(sorted(counts)), spec["task"], targets,
+        )  # fmt: skip
+    return found
+
+
+def adaptive_cells(config: dict) -> list[Cell]:
+    """Every cell an adaptive joint comparison may add, each once, sorted."""
+    return sorted({cell for joint in adaptive_joints(config).values()
+                   for cell in joint.potential_cells()})  # fmt: skip
+
+
+def round_ranges(config: dict, cells: Iterable[Cell]) -> list[SeedRange]:
+    """Blocks of adaptive rounds' cells: per (task, arch, method) and round, its seeds in chunks of
+    ``seed_block`` (a round's seeds train together and never share a block with another round's,
+    which would retrain that round's seeds when the next one is added)."""
+    steps = {joint.task: joint for joint in adaptive_joints(config).values()}
+    by_round: dict[tuple[str, str, str, int], list[int]] = {}
+    for cell in set(cells):
+        joint = steps[cell.task]
+        round_ = (cell.seed - joint.first_seed) // joint.step
+        by_round.setdefault((cell.task, cell.arch, cell.method, round_), []).append(cell.seed)
+    ranges = []
+    for (task, arch, method, _), seeds in sorted(by_round.items()):
+        seeds.sort()
+        size = seed_block(config, task)
+        for start in range(0, len(seeds), size):
+            chunk = tuple(seeds[start : start + size])
+            ranges.append(SeedRange(task, arch, method, chunk[0], chunk[-1], chunk))
+    return ranges
+
+
 def cell_hash(config: dict, cell: Cell) -> str:
     """A short hash of everything that determines a cell's trained model (data, model, training,
     and the settings of the cell's method stages)."""

@@ -40,6 +40,7 @@ from trainmap import methods, models, plugins
 from trainmap.grid.cells import (
     MIN_RUNS_PER_GROUP,
     Cell,
+    adaptive_joints,
     data_options,
     data_settings,
     expand_grid,
@@ -456,6 +457,8 @@ def _check_stage_settings(config: dict, stage: str, task: str, method: str) -> N
 
 
 def _validate_stage_settings(config: dict, stage: str, task: str) -> None:
+    if stage == "sparse":
+        _check_sparse_start(config, task, config[stage][task].get("start", "final"))
     module_name, function_name = STAGE_VALIDATORS[stage].split(":")
     validate = getattr(importlib.import_module(module_name), function_name)
     try:
@@ -531,6 +534,8 @@ def _check_joint_groups(config: dict) -> None:
                     raise ConfigError(f"config key {where}.{key}[{position}]: {error}"
                                       f"{did_you_mean(name, registry)}") from None  # fmt: skip
         _check_joint_against_grid(config, where, spec)
+        if spec.get("adaptive"):
+            _check_adaptive(config, where, spec, filled.get(spec["name"], []))
         if spec["name"] not in filled:
             found = sum(1 for cell in cells if in_joint(cell, spec))
             warnings.warn(
@@ -539,6 +544,46 @@ def _check_joint_groups(config: dict) -> None:
                 f"least {MIN_RUNS_PER_GROUP}, so it is skipped",
                 stacklevel=2,
             )
+
+
+def _check_adaptive(
+    config: dict, where: str, spec: Mapping[str, Any], cells: list[Cell]
+) -> None:  # fmt: skip
+    """An adaptive joint comparison can grow: the stability curve is on, its maximum is above the
+    grid's seeds per method, every method retrains, and every adaptive comparison of its task adds
+    seeds in the same step (their added seeds are shared)."""
+    adaptive = spec["adaptive"]
+    analysis = config.get("analysis", {})
+    for key in ("step", "max"):
+        value = adaptive[key]
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ConfigError(f"config key {where}.adaptive.{key}: {value!r} is not allowed; it "
+                              "must be an integer >= 1")  # fmt: skip
+    for key in ("ari", "share"):
+        value = adaptive.get(key, 0.5)
+        if not (isinstance(value, int | float) and 0 < value <= 1):
+            raise ConfigError(f"config key {where}.adaptive.{key}: {value!r} is not allowed; a "
+                              "target must be in (0, 1]")  # fmt: skip
+    if not analysis.get("stability", 0):
+        raise ConfigError(f"config key {where}.adaptive: adaptive seeds stop when the stability "
+                          "curve meets its target, but analysis.stability is 0 (no curve); set "
+                          "analysis.stability to the subsamples per seed count, e.g. 20")  # fmt: skip
+    if not cells:
+        return  # skipped with a warning below: nothing to grow
+    counts: dict[tuple[str, str], int] = {}
+    for cell in cells:
+        counts[(cell.arch, cell.method)] = counts.get((cell.arch, cell.method), 0) + 1
+    current = min(counts.values())
+    if adaptive["max"] < current:
+        raise ConfigError(f"config key {where}.adaptive.max: {adaptive['max']} is below the "
+                          f"{current} seeds per method the grid already has; raise it (or drop "
+                          "adaptive)")  # fmt: skip
+    for joint in adaptive_joints(config).values():
+        if joint.task == spec["task"] and joint.step != adaptive["step"]:
+            raise ConfigError(f"config key {where}.adaptive.step: {adaptive['step']} differs from "
+                              f"adaptive joint comparison {joint.name!r} of the same task (step "
+                              f"{joint.step}); both add the same seeds, so they need the same "
+                              "step")  # fmt: skip
 
 
 def _check_joint_against_grid(config: dict, where: str, spec: Mapping[str, Any]) -> None:

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from trainmap.dynamics.adaptive import present_final_round, round_decision
 from trainmap.dynamics.certainty import BootstrapResult
 from trainmap.dynamics.pipeline import (
     FittedMap,
@@ -27,8 +29,9 @@ from trainmap.dynamics.pipeline import (
 from trainmap.dynamics.stability import MapStability
 from trainmap.dynamics.tables import read_metric_table
 from trainmap.grid import Cell
-from trainmap.io import block_manifest_of, load_json
+from trainmap.io import block_manifest_of, load_json, save_json
 from trainmap.jobs.common import settings_hash
+from trainmap.seed_groups import log_group, log_joint
 from trainmap.tracking import RuleRun, log_cell_metrics, rule_run
 
 
@@ -122,6 +125,10 @@ def fit_hmm_job(
                          "bootstrap_k_same": fit.bootstrap.k_same})  # fmt: skip
         _log_stability(run, fit.stability)
         _log_figures(run, fit.captions, out_dir)
+        seeds = log_group(tracking, group, runs, outcomes.status,
+                          stability_figure=out_dir / "stability.png",
+                          config_hash=settings_hash([settings, group]))  # fmt: skip
+        run.set_tags({"seed_group_run": seeds})
         for name in ("selection.csv", "baselines.csv", "hmm.json", "bootstrap.json",
                      "stability.json"):  # fmt: skip
             run.log_artifact(out_dir / name)
@@ -181,12 +188,14 @@ def joint_comparison_job(
     name: str, cells: list[dict], labels: list[str], metrics_paths: list[str],
     evaluation_paths: list[str], settings: dict, out_dir: str | Path,
     tracking: Mapping[str, str], cell_hashes: Mapping[str, str], *, threads: int = 1,
-    external: list[dict] | None = None,
+    external: list[dict] | None = None, adaptive_round: Mapping[str, Any] | None = None,
 ) -> None:  # fmt: skip
     """Rule ``joint_comparison``: one shared map for the runs of several methods/archs, and the
     verdict table; each cell's parent MLflow run gets its occupancy of the shared states.
     ``external``: runs of external sets pooled beside the cells (``{"set", "run", "metrics",
-    "evaluation"}`` each; rule ``external_metrics`` wrote their tables), grouped by set."""
+    "evaluation"}`` each; rule ``external_metrics`` wrote their tables), grouped by set.
+    ``adaptive_round`` (checkpoint ``joint_round``): this is one round of an adaptive comparison;
+    its decision goes to ``round.json`` (:func:`trainmap.dynamics.adaptive.round_decision`)."""
     out_dir = Path(out_dir)
     external = external or []
     run_ids = [f"{label}/seed{Cell.of(cell).seed}" for label, cell in zip(labels, cells,
@@ -209,8 +218,40 @@ def joint_comparison_job(
         for group, rate in result.comparison.visit_rates.items():
             run.log_metrics({f"{group}.detour_visit_rate": rate})
         _log_figures(run, result.captions, out_dir)
+        seeds = log_joint(tracking, name, runs, groups, outcomes.status, task=task,
+                          stability_figure=out_dir / "stability.png",
+                          config_hash=settings_hash([settings, name, run_ids]),
+                          extra_tags=adaptive_round and {"adaptive_round": adaptive_round["round"]})  # fmt: skip
+        run.set_tags({"seed_group_run": seeds})
         for artifact in ("joint.json", "regression.csv", "verdicts.csv", "verdicts.md",
                          "stability.json"):  # fmt: skip
             run.log_artifact(out_dir / artifact)
+        if adaptive_round is not None:
+            decision = round_decision(result.stability, adaptive_round)
+            save_json(decision, out_dir / "round.json")
+            run.set_tags({"adaptive_round": decision["round"], "adaptive_stop": decision["stop"],
+                          "adaptive_reason": decision["reason"]})  # fmt: skip
+            run.log_artifact(out_dir / "round.json")
     _log_occupancy(tracking, cell_hashes, cells, own_ids, result.states, result.hmm.n_states_,
                    result.detour_states, prefix=f"joint.{name}")  # fmt: skip
+
+
+def adaptive_joint_job(
+    name: str, decisions: list[str], out_dir: str | Path, tracking: Mapping[str, str]
+) -> None:
+    """Rule ``joint_comparison`` of an adaptive comparison: its last round's files with the trace
+    of its rounds (:func:`trainmap.dynamics.adaptive.present_final_round`); an MLflow run with the
+    final seed count and why it stopped."""
+    out_dir = Path(out_dir)
+    summary = load_json(decisions[-1])
+    with rule_run(tracking, "joint_comparison", task=summary.get("task", "adaptive"),
+                  params={"joint": name, "adaptive": {k: summary[k] for k in ("step", "max")}},
+                  config_hash=settings_hash([name, decisions])) as run:  # fmt: skip
+        trace = present_final_round(decisions, out_dir)
+        run.set_tags({"joint": name, "adaptive_rounds": trace["final_round"],
+                      "adaptive_stopped_because": trace["stopped_because"],
+                      "stability": trace["rounds"][-1]["line"]})  # fmt: skip
+        run.log_metrics({"seeds_per_method": trace["seeds_per_method"],
+                         "adaptive_rounds": trace["final_round"]})  # fmt: skip
+        for artifact in ("joint.json", "verdicts.md", "stability.json", "stability.png"):
+            run.log_artifact(out_dir / artifact)

@@ -1,0 +1,110 @@
+"""Adaptive seeds: grow a joint comparison by rounds until its stability curve meets the target.
+
+A joint comparison with ``adaptive: {step, max}`` (``analysis.joint[i]``) runs in rounds
+(:class:`trainmap.grid.AdaptiveJoint` says which seeds each round pools; rules ``joint_round``
+and ``joint_comparison`` in workflow/rules/analysis.smk):
+
+* round 0 pools the grid's seeds; round r adds ``step`` more seeds to every compared (arch,
+  method), the same seeds for each, following the largest seed the grid trains for the task;
+* each round fits the shared map, its bootstrap and its stability curve (with the adaptive
+  targets) exactly as a fixed comparison does, then decides (:func:`round_decision`,
+  ``round.json``): stop when the curve calls its seeds sufficient ("stable from n = ..."), when
+  another round would pass ``max`` seeds per method, or when no curve could be measured;
+  otherwise ask for the next round, whose seeds only then train (a Snakemake checkpoint);
+* the comparison's own files are the last round's, with the trace of every round, the final seed
+  count and why it stopped in ``joint.json`` (``adaptive``) and at the top of ``verdicts.md``
+  (:func:`present_final_round`).
+
+The rounds are a function of the config alone, so a rerun asks for the same seeds and, the files
+being there, reruns nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from trainmap.dynamics.stability import MapStability
+from trainmap.io import load_json, save_json, write_atomic
+
+STABLE = "stable"
+AT_MAXIMUM = "maximum reached"
+NOT_MEASURED = "stability not measured"
+
+
+def round_decision(stability: MapStability, adaptive_round: Mapping[str, Any]) -> dict[str, Any]:
+    """Whether an adaptive comparison stops after this round (``round.json``), and why.
+
+    ``adaptive_round``: ``round``, ``rounds`` (the most after round 0), ``step``, ``max``,
+    ``seeds_per_method`` and ``first_seed`` (:class:`trainmap.grid.AdaptiveJoint`)."""
+    curve = stability.curve
+    sufficient = curve.sufficient_n if curve is not None else None
+    n = adaptive_round["seeds_per_method"]
+    if sufficient is not None:
+        stop, reason = True, f"{STABLE}: {stability.line}"
+    elif curve is None:
+        stop, reason = True, f"{NOT_MEASURED}: {stability.line}"
+    elif adaptive_round["round"] >= adaptive_round["rounds"]:
+        stop, reason = True, (f"{AT_MAXIMUM}: {n} seeds per method, and another "
+                              f"{adaptive_round['step']} would pass adaptive.max = "
+                              f"{adaptive_round['max']}; {stability.line}")  # fmt: skip
+    else:
+        stop, reason = False, (f"not stable at {n} seeds per method ({stability.line}); round "
+                               f"{adaptive_round['round'] + 1} adds {adaptive_round['step']} "
+                               "more")  # fmt: skip
+    return dict(adaptive_round) | {"stop": stop, "reason": reason, "sufficient_n": sufficient,
+                                   "line": stability.line}  # fmt: skip
+
+
+def adaptive_trace(decisions: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """``joint.json``'s ``adaptive`` entry: every round's seed count and line, the final seed count
+    and why it stopped."""
+    final = decisions[-1]
+    first = final["first_seed"]
+    added = list(range(first, first + final["round"] * final["step"]))
+    return {
+        "rounds": [{"round": d["round"], "seeds_per_method": d["seeds_per_method"],
+                    "sufficient_n": d["sufficient_n"], "line": d["line"]} for d in decisions],
+        "final_round": final["round"],
+        "seeds_per_method": final["seeds_per_method"],
+        "seeds_added": added,
+        "stopped_because": final["reason"],
+        "stable": final["reason"].startswith(STABLE),
+        "step": final["step"],
+        "max": final["max"],
+    }  # fmt: skip
+
+
+def adaptive_line(trace: Mapping[str, Any]) -> str:
+    """The sentence under the stability line of ``verdicts.md``."""
+    seeds = trace["seeds_added"]
+    added = f"seeds {seeds[0]}-{seeds[-1]} added" if seeds else "no seeds added"
+    return (f"{trace['seeds_per_method']} seeds per method after {trace['final_round']} "
+            f"round(s) ({added}); stopped because {trace['stopped_because']}")  # fmt: skip
+
+
+def present_final_round(
+    decisions: Sequence[str | os.PathLike], out_dir: str | os.PathLike
+) -> dict[str, Any]:
+    """Copy the last round's files (the directory of the last of ``decisions``, its
+    ``round.json``) into ``out_dir``, each atomically, then add the trace to ``joint.json`` and
+    a line to ``verdicts.md``; returns the trace."""
+    rounds = [load_json(path) for path in decisions]
+    if not rounds[-1]["stop"]:
+        raise ValueError(f"{decisions[-1]}: the last round did not stop; the rounds are "
+                         "incomplete")  # fmt: skip
+    trace = adaptive_trace(rounds)
+    source, out = Path(decisions[-1]).parent, Path(out_dir)
+    for path in sorted(source.iterdir()):
+        if path.is_file() and path.name not in ("round.json", "joint.json", "verdicts.md"):
+            write_atomic(out / path.name, lambda tmp, path=path: shutil.copyfile(path, tmp))
+    summary = load_json(source / "joint.json") | {"adaptive": trace}
+    save_json(summary, out / "joint.json")
+    verdicts = (source / "verdicts.md").read_text()
+    line = f"**Adaptive seeds:** {adaptive_line(trace)}.\n\n"
+    head, _, rest = verdicts.partition("\n\n")
+    write_atomic(out / "verdicts.md", lambda tmp: tmp.write_text(f"{head}\n\n{line}{rest}"))
+    return trace

@@ -1,0 +1,161 @@
+"""Adaptive seeds (issue 22, item 4): a joint comparison grows by rounds until its stability curve
+meets the target, checked on the grid model, the round decision, bad settings, and a real
+Snakemake run on a small grid."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import copy_workflow, snakemake
+
+from trainmap.dynamics.adaptive import adaptive_trace, present_final_round, round_decision
+from trainmap.dynamics.stability import MapStability, StabilityCurve
+from trainmap.grid import (
+    Cell,
+    ConfigError,
+    adaptive_cells,
+    adaptive_joints,
+    load_config,
+    round_ranges,
+)
+
+SMALL = {
+    "grid": [{"task": "sparse_parity", "archs": ["mlp"], "methods": ["kaiming", "gradinit"],
+              "seeds": [0, 1, 2, 3]}],
+    "train": {"sparse_parity": {"steps": 800, "checkpoint_every": 20, "resume_every": 400,
+                                "seed_block": 4}},
+    "gradinit": {"sparse_parity": {"iterations": 10}},
+    "quantize": {"methods": []},
+    "analysis": {"group_maps": "none", "bootstrap": 10, "permutations": 200, "stability": 4,
+                 "stability_step": 2,
+                 "joint": [{"name": "parity_init", "task": "sparse_parity", "archs": ["mlp"],
+                            "methods": ["kaiming", "gradinit"],
+                            "adaptive": {"step": 2, "max": 8, "ari": 1.0, "share": 1.0}}]},
+    "evaluate": {"sparse_parity": {"latency_repeats": 3}},
+    "mlflow": {"experiment": "trainmap-adaptive"},
+}  # fmt: skip
+
+
+def small_config(repo_root: Path, tmp_path: Path, **adaptive) -> dict:
+    config = json.loads(json.dumps(SMALL))
+    config["analysis"]["joint"][0]["adaptive"] |= adaptive
+    path = tmp_path / "adaptive.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return load_config(repo_root / "params.yaml", repo_root / "config/config.yaml", path,
+                       check_paths_from=repo_root)  # fmt: skip
+
+
+def test_rounds_add_the_same_new_seeds_to_every_method(repo_root, tmp_path):
+    config = small_config(repo_root, tmp_path)
+    joint = adaptive_joints(config)["parity_init"]
+    assert (joint.base_n, joint.first_seed, joint.rounds) == (4, 4, 2)  # 4 -> 6 -> 8 per method
+    assert [joint.seeds_per_method(r) for r in range(3)] == [4, 6, 8]
+    assert joint.added_cells(2) == [Cell("sparse_parity", "mlp", m, s)
+                                    for m in ("gradinit", "kaiming") for s in (6, 7)]  # fmt: skip
+    assert len(joint.cells([], 2)) == 8 and len(adaptive_cells(config)) == 8
+    # One block per (method, round): adding round 2 never retrains round 1's seeds.
+    names = sorted(block.name for block in round_ranges(config, adaptive_cells(config)))
+    assert names == ["seeds4-5", "seeds4-5", "seeds6-7", "seeds6-7"]
+    assert joint.targets == {"stability_ari": 1.0, "stability_share": 1.0}
+    # A maximum that is not a whole number of steps stops at the last round under it.
+    assert adaptive_joints(small_config(repo_root, tmp_path, max=9))["parity_init"].rounds == 2
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"step": 0}, r"analysis.joint\[0\].adaptive.step"),
+        ({"max": 3}, "analysis.joint\\[0\\].adaptive.max: 3 is below the 4 seeds per method"),
+        ({"ari": 1.5}, r"analysis.joint\[0\].adaptive.ari"),
+        ({"share": 0}, r"analysis.joint\[0\].adaptive.share"),
+    ],
+)
+def test_bad_adaptive_settings_are_refused_naming_the_key(repo_root, tmp_path, change, message):
+    with pytest.raises(ConfigError, match=message):
+        small_config(repo_root, tmp_path, **change)
+
+
+def test_adaptive_needs_the_stability_curve(repo_root, tmp_path):
+    config = json.loads(json.dumps(SMALL))
+    config["analysis"]["stability"] = 0
+    path = tmp_path / "off.yaml"
+    path.write_text(yaml.safe_dump(config))
+    with pytest.raises(
+        ConfigError, match=r"adaptive: adaptive seeds stop .* analysis.stability is 0"
+    ):
+        load_config(repo_root / "params.yaml", repo_root / "config/config.yaml", path,
+                    check_paths_from=repo_root)  # fmt: skip
+
+
+def curve(sufficient: int | None) -> MapStability:
+    ks = [1, 1]
+    summary = {"targets": {"ari": 0.9, "share": 0.9, "require_k": False}, "full_n": 8,
+               "n_states": 1, "detour_states": [], "max_fraction": 0.8, "groups": ["a", "b"],
+               "seed": 0, "points": [{"n": 4, "ks": ks, "detour_found": {},
+                                      "ari": [1.0, 1.0] if sufficient else [0.1, 0.1]}]}  # fmt: skip
+    return MapStability(StabilityCurve.from_dict(summary))
+
+
+def test_a_round_stops_when_stable_at_the_maximum_or_unmeasured():
+    state = {"round": 0, "rounds": 2, "step": 2, "max": 8, "seeds_per_method": 4, "first_seed": 4}
+    assert round_decision(curve(4), state)["stop"]
+    going = round_decision(curve(None), state)
+    assert not going["stop"] and "round 1 adds 2 more" in going["reason"]
+    last = round_decision(curve(None), state | {"round": 2, "seeds_per_method": 8})
+    assert last["stop"] and last["reason"].startswith("maximum reached: 8 seeds per method")
+    unmeasured = round_decision(MapStability(None, "analysis.stability is 0"), state)
+    assert unmeasured["stop"] and unmeasured["reason"].startswith("stability not measured")
+    trace = adaptive_trace([going, last | {"round": 2}])
+    assert trace["seeds_added"] == [4, 5, 6, 7] and not trace["stable"]
+    assert [r["seeds_per_method"] for r in trace["rounds"]] == [4, 8]
+
+
+def test_the_final_files_refuse_rounds_that_did_not_stop(tmp_path):
+    state = {"round": 0, "rounds": 2, "step": 2, "max": 8, "seeds_per_method": 4, "first_seed": 4}
+    (tmp_path / "round0").mkdir()
+    (tmp_path / "round0" / "round.json").write_text(json.dumps(round_decision(curve(None), state)))
+    with pytest.raises(ValueError, match="the last round did not stop"):
+        present_final_round([tmp_path / "round0" / "round.json"], tmp_path / "out")
+
+
+def test_an_adaptive_comparison_adds_seeds_until_stable(repo_root, tmp_path):
+    """4 seeds per method give no verdict a chance (every one 'not enough runs'), so round 0 asks
+    for more; round 1 (6 per method) meets the target. Only the seeds of the rounds reached train,
+    a rerun does nothing, and the trace is in joint.json and verdicts.md."""
+    root = copy_workflow(tmp_path / "wf")
+    (root / "adaptive.yaml").write_text(yaml.safe_dump(SMALL))
+    snakemake("--cores", "2", "--configfile", "adaptive.yaml", cwd=root, timeout=1200)
+    rounds = root / "results/joint/parity_init/rounds"
+    decisions = [json.loads((rounds / f"round{r}/round.json").read_text()) for r in (0, 1)]
+    assert not decisions[0]["stop"] and "too few runs for any verdict" in decisions[0]["line"]
+    assert decisions[1]["stop"] and decisions[1]["reason"].startswith("stable: stable from n")
+    assert not (rounds / "round2").exists()
+    trained = sorted(p.name for p in (root / "results/train/sparse_parity/mlp/kaiming").iterdir())
+    assert trained == ["seed0", "seed1", "seed2", "seed3", "seed4", "seed5", "seeds0-3.json",
+                       "seeds4-5.json"]  # fmt: skip
+    summary = json.loads((root / "results/joint/parity_init/joint.json").read_text())
+    assert summary["adaptive"]["seeds_per_method"] == 6
+    assert summary["adaptive"]["seeds_added"] == [4, 5] and summary["adaptive"]["stable"]
+    assert summary["groups"]["kaiming"]["runs"] == 6
+    verdicts = (root / "results/joint/parity_init/verdicts.md").read_text().split("\n\n")
+    assert verdicts[0].startswith("**Stability:** stable from n")
+    assert verdicts[1].startswith("**Adaptive seeds:** 6 seeds per method after 1 round(s) "
+                                  "(seeds 4-5 added); stopped because stable")  # fmt: skip
+    again = snakemake("--cores", "2", "--configfile", "adaptive.yaml", "-n", cwd=root)
+    assert "Nothing to be done" in again.stdout + again.stderr
+
+
+def test_two_adaptive_comparisons_of_one_task_need_one_step(repo_root, tmp_path):
+    config = json.loads(json.dumps(SMALL))
+    second = config["analysis"]["joint"][0] | {"name": "parity_kaiming", "methods": ["kaiming"],
+                                               "adaptive": {"step": 4, "max": 8}}  # fmt: skip
+    config["analysis"]["joint"].append(second)
+    path = tmp_path / "two.yaml"
+    path.write_text(yaml.safe_dump(config))
+    with pytest.raises(ConfigError, match=r"analysis.joint\[0\].adaptive.step: 2 differs from "
+                                          "adaptive joint comparison 'parity_kaiming'"):  # fmt: skip
+        load_config(repo_root / "params.yaml", repo_root / "config/config.yaml", path,
+                    check_paths_from=repo_root)  # fmt: skip
