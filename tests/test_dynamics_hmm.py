@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 from hmmlearn.hmm import GaussianHMM
 
-from trainmap.dynamics.hmm import TrainingHMM, baseline_table, standardise
+from trainmap.dynamics.hmm import TrainingHMM, baseline_table, fold_split, standardise
 
 FEATURES = ("f0", "f1", "f2", "f3")
 
@@ -252,8 +252,56 @@ def test_pooled_standardisation_and_settings_are_saved(tmp_path, synthetic, fitt
         ("standardisation", "zscore", "standardisation: 'zscore' is not allowed; choose one of"),
         ("restart_rule", "median", "restart_rule: 'median' is not allowed; choose one of best"),
         ("tol", 0.0, "tol: 0.0 is not allowed; it must be > 0"),
+        ("selection", "kfold", "selection: 'kfold' is not allowed; choose one of holdout, folds"),
+        ("folds", 1, "folds: 1 is not allowed; it must be an integer >= 2"),
+        ("folds", 2.0, "folds: 2.0 is not allowed; it must be an integer >= 2"),
     ],
 )
 def test_bad_settings_name_key_value_and_choices(setting, value, message):
     with pytest.raises(ValueError, match=message):
         TrainingHMM(**{setting: value})
+
+
+def test_folds_hold_out_every_run_once_seeded_and_independent_of_input_order():
+    runs = [f"run{i:02d}" for i in range(11)]
+    folds = fold_split(runs, 3, random_state=7)
+    assert sorted(run for fold in folds for run in fold) == runs
+    assert sorted(len(fold) for fold in folds) == [3, 4, 4]
+    assert fold_split(list(reversed(runs)) + runs[:2], 3, random_state=7) == folds
+    assert fold_split(runs, 3, random_state=8) != folds
+    assert sorted(fold_split(runs[:2], 5, random_state=0)) == [[runs[0]], [runs[1]]]
+
+
+def test_folds_selection_fits_all_runs_and_saves_its_rule(tmp_path, synthetic):
+    """selection="folds": K by the mean held-out BIC over the folds, the model fitted on all runs
+    (no held-out runs), the rule and the folds saved and loaded with the map."""
+    runs, truth = synthetic
+    hmm = TrainingHMM(k_max=4, restarts=2, random_state=7, features=FEATURES, selection="folds",
+                      folds=3).fit(runs)  # fmt: skip
+    assert hmm.n_states_ == 3
+    assert best_relabelled_accuracy(hmm.decode(runs), truth, 3) >= 0.95
+    assert hmm.train_runs_ == sorted(runs) and hmm.heldout_runs_ == []
+    assert len(hmm.folds_) == 3 and sorted(sum(hmm.folds_, [])) == sorted(runs)
+    fits = hmm.restarts_[hmm.restarts_["split"] < 3]
+    best = fits.loc[fits.groupby(["n_states", "split"])["train_log_likelihood"].idxmax()]
+    fold_bics = best.pivot(index="n_states", columns="split", values="bic")
+    curve = hmm.selection_.set_index("n_states")
+    np.testing.assert_allclose(curve["bic"], fold_bics.mean(axis=1), rtol=1e-12)
+    np.testing.assert_allclose(curve["bic_fold_sd"], fold_bics.std(axis=1, ddof=0), rtol=1e-9)
+    hmm.save(tmp_path / "hmm.npz", tmp_path / "hmm.json")
+    meta = json.loads((tmp_path / "hmm.json").read_text())
+    assert meta["estimator"]["selection"] == "folds" and meta["estimator"]["folds"] == 3
+    loaded = TrainingHMM.load(tmp_path / "hmm.npz", tmp_path / "hmm.json")
+    assert (loaded.selection, loaded.folds, loaded.folds_) == ("folds", 3, hmm.folds_)
+    np.testing.assert_array_equal(loaded.predict(runs["run00"]), hmm.predict(runs["run00"]))
+
+
+def test_a_map_saved_before_the_selection_setting_loads_as_holdout(tmp_path, fitted):
+    fitted.save(tmp_path / "hmm.npz", tmp_path / "hmm.json")
+    meta = json.loads((tmp_path / "hmm.json").read_text())
+    for key in ("selection", "folds"):
+        del meta["estimator"][key]
+    del meta["folds"]
+    (tmp_path / "hmm.json").write_text(json.dumps(meta))
+    loaded = TrainingHMM.load(tmp_path / "hmm.npz", tmp_path / "hmm.json")
+    assert loaded.selection == "holdout" and loaded.folds_ == [fitted.heldout_runs_]

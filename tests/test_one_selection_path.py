@@ -5,7 +5,8 @@ the same functions (:func:`~trainmap.dynamics.hmm.standardise_runs`,
 being an option of that one path. So a "resample" that draws every run once, with the full fit's
 held-out split, reproduces the full fit: exactly its selection when refitted as the full fit is
 (fresh seeded restarts), and its K and likelihoods when warm-started from it (as the bootstrap
-refits)."""
+refits). The selection rule (one held-out split, or folds of the runs: issue 22) is part of that
+path: the stability curve's refits and the bootstrap's use the full fit's rule."""
 
 from __future__ import annotations
 
@@ -22,12 +23,18 @@ from trainmap.dynamics.synthetic import sample_runs
 CURVE = ("train_log_likelihood", "heldout_log_likelihood", "bic", "aic")
 
 
-@pytest.fixture(scope="module", params=["pooled", "per_run"])
+@pytest.fixture(
+    scope="module",
+    params=[("pooled", "holdout"), ("per_run", "holdout"), ("pooled", "folds")],
+    ids=["pooled-holdout", "per_run-holdout", "pooled-folds"],
+)
 def fitted(request):
+    standardisation, selection = request.param
     runs, _, _ = sample_runs(3, n_runs=20, length=200, seed=1)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        full = TrainingHMM(k_max=4, restarts=2, standardisation=request.param).fit(runs)
+        full = TrainingHMM(k_max=4, restarts=2, standardisation=standardisation,
+                           selection=selection, folds=3).fit(runs)  # fmt: skip
     assert full.n_states_ == 3  # the true K: the selection has something to reproduce
     raw = {run: table[full.features_].to_numpy(dtype=float) for run, table in runs.items()}
     return full, raw, runs
@@ -91,3 +98,37 @@ def test_the_full_fit_and_the_bootstrap_run_the_same_selection(fitted, monkeypat
         convergence = dict.fromkeys(runs)
         bootstrap_map(full, runs, convergence, {}, [], n_resamples=2, seed=1)
     assert calls == ["standardise_runs", "select_model", "choose_k"] * 2
+
+
+def test_refits_of_the_bootstrap_and_the_stability_curve_use_the_full_fits_rule(
+    fitted, monkeypatch
+):
+    """Every refit selects K by the full fit's rule; with folds, on folds of its own drawn runs
+    (every distinct drawn run held out once, a run drawn twice in one fold)."""
+    from trainmap.dynamics.stability import stability_curve
+
+    full, _, runs = fitted
+    seen: list[tuple[str, int, list[list[str]], set[str]]] = []
+    original = certainty.select_model
+
+    def recorded(z, train, heldout, *args, **kwargs):
+        selection = original(z, train, heldout, *args, **kwargs)
+        seen.append(
+            (kwargs["selection"], kwargs["folds"], selection.folds, set(train) | set(heldout))
+        )
+        return selection
+
+    monkeypatch.setattr(certainty, "select_model", recorded)
+    convergence = dict.fromkeys(runs)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        bootstrap_map(full, runs, convergence, {}, [], n_resamples=2, seed=1)
+        stability_curve(full, runs, None, convergence, {}, [], ladder=[8], n_subsamples=2)
+    assert len(seen) == 4
+    for selection, folds, held, drawn in seen:
+        assert (selection, folds) == (full.selection, full.folds)
+        if full.selection == "folds":
+            assert len(held) == min(folds, len(drawn))
+            assert sorted(run for fold in held for run in fold) == sorted(drawn)
+        else:
+            assert len(held) == 1 and set(held[0]) < drawn

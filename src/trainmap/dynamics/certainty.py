@@ -8,8 +8,10 @@ draws a fresh 80/20 split of the run ids, then draws runs with replacement withi
 held-out copy of a training run would flatter the fit), re-standardises (pooled statistics of the
 drawn runs), refits every K = 1..K_max and selects K by held-out BIC with the full fit's own
 functions (:func:`refit_resample`: :func:`~trainmap.dynamics.hmm.standardise_runs`,
-:func:`~trainmap.dynamics.hmm.select_model`, each run weighted by how often it was drawn); it then
-decodes the drawn runs and reruns the detour regression. Each refit starts from the full
+:func:`~trainmap.dynamics.hmm.select_model`, each run weighted by how often it was drawn; with the
+full fit's selection rule: a full fit scored on folds has no held-out runs, so its resamples draw
+all runs with replacement and score K on folds of the runs drawn, each run's copies in one fold);
+it then decodes the drawn runs and reruns the detour regression. Each refit starts from the full
 fit's model at that K (its parameters re-expressed in the resample's standard units) with one EM
 run instead of R fresh restarts: the full fit already found the basin, and a resample's optimum
 lies close to it. The refit runs at most ``max_iter`` EM iterations (a k-step bootstrap, Andrews
@@ -55,7 +57,6 @@ from trainmap.dynamics.hmm import (
     in_units,
     model_parameters,
     select_model,
-    stack,
     standardise_runs,
     unit_change,
 )
@@ -172,17 +173,21 @@ class Refit:
     restarts: int
     restart_rule: str
     starts: dict[int, dict[str, np.ndarray]] | None  # K -> the full fit's parameters, or None
+    selection: str = "holdout"  # the full fit's selection rule (TrainingHMM.selection)
+    folds: int = 5
 
     @classmethod
     def of(cls, hmm: TrainingHMM, max_iter: int | None = None, warm_start: bool = True) -> Refit:
         """The refit of ``hmm``'s resamples: warm-started from its model of every K for at most
         ``max_iter`` EM iterations, or (``warm_start=False``) its own restarts from fresh starts."""
+        rule = {"selection": hmm.selection, "folds": hmm.folds}
         if not warm_start:
             return cls(hmm.standardisation_, hmm.settings(), list(range(1, hmm.k_max + 1)),
-                       hmm.restarts, hmm.restart_rule, None)  # fmt: skip
+                       hmm.restarts, hmm.restart_rule, None, **rule)  # fmt: skip
         starts = {k: model_parameters(model) for k, model in hmm.models_.items()}
         settings = hmm.settings() | ({"n_iter": max_iter} if max_iter else {})
-        return cls(hmm.standardisation_, settings, sorted(starts), 1, hmm.restart_rule, starts)
+        return cls(hmm.standardisation_, settings, sorted(starts), 1, hmm.restart_rule, starts,
+                   **rule)  # fmt: skip
 
 
 @dataclass
@@ -204,9 +209,10 @@ def refit_resample(
 ) -> RefitResult:
     """Refit a resample of the runs exactly as the full fit selects its model: standardise
     (:func:`~trainmap.dynamics.hmm.standardise_runs`, pooled over the runs as drawn), fit every K
-    and choose K (:func:`~trainmap.dynamics.hmm.select_model`), each run of ``train`` and
-    ``heldout`` (run -> times drawn) weighted by how often it was drawn. Raises
-    :class:`~trainmap.dynamics.hmm.SelectionFailed` when no K fits."""
+    and choose K (:func:`~trainmap.dynamics.hmm.select_model`, with the full fit's selection rule:
+    ``holdout`` scores on ``heldout``; ``folds`` pools both parts and scores on folds of the
+    drawn runs), each run of ``train`` and ``heldout`` (run -> times drawn) weighted by how often
+    it was drawn. Raises :class:`~trainmap.dynamics.hmm.SelectionFailed` when no K fits."""
     drawn = [run for part in (train, heldout) for run, count in part.items()
              for _ in range(int(count))]  # fmt: skip
     full = refit.standardisation
@@ -220,10 +226,9 @@ def refit_resample(
         starts = {k: in_units(parameters, shift, scale, covariance_type)
                   for k, parameters in refit.starts.items()}  # fmt: skip
     selection = select_model(
-        stack([z[run] for run in train]), stack([z[run] for run in heldout]), refit.settings,
-        refit.ks, restarts=refit.restarts, restart_rule=refit.restart_rule,
-        weights=(np.fromiter(train.values(), float), np.fromiter(heldout.values(), float)),
-        starts=starts, score_train=starts is None,
+        z, train, heldout, refit.settings, refit.ks, selection=refit.selection, folds=refit.folds,
+        restarts=refit.restarts, restart_rule=refit.restart_rule, starts=starts,
+        score_train=starts is None,
     )  # fmt: skip
     return RefitResult(selection, drawn, z, shift, scale)
 

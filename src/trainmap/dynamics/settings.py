@@ -12,13 +12,16 @@ from typing import Any
 
 from trainmap.dynamics.hmm import TrainingHMM
 
-HMM_SETTINGS = ("k_max", "restarts", "holdout", "covariance_type", "standardisation",
-                "restart_rule", "init", "n_iter", "tol", "min_covar", "n_jobs", "features")  # fmt: skip
+HMM_SETTINGS = ("k_max", "restarts", "holdout", "selection", "folds", "covariance_type",
+                "standardisation", "restart_rule", "init", "n_iter", "tol", "min_covar", "n_jobs",
+                "features")  # fmt: skip
 #: The analysis settings and their defaults (params.yaml ``analysis`` documents each).
 ANALYSIS_DEFAULTS = {
     "k_max": 8,
     "restarts": 5,
     "holdout": 0.2,
+    "selection": "holdout",
+    "folds": 3,
     "seed": 0,
     "covariance_type": "full",
     "standardisation": "pooled",

@@ -13,7 +13,13 @@ reproduces both, so model selection, decoding and the training map can be checke
   x = loadings @ f + e, f ~ N(m_k, C_k), e ~ N(0, diag(psi)); so every state's covariance
   loadings C_k loadings^T + diag(psi) is full and the features are strongly correlated;
 * the features come in raw units: each has its own offset and a scale between 1e-3 and 1e3, as
-  real metrics do (a bias variance near 1e-4 beside an L1 norm near 600).
+  real metrics do (a bias variance near 1e-4 beside an L1 norm near 600);
+* ``nuisance`` (default 0: no nuisance, the samples of earlier versions byte for byte) makes seeds
+  differ by more than their states, as real seeds do: run i gets its own offset a_i, scale s_i and
+  slow linear drift b_i, all in the factor space (the metrics of a seed move together), drawn from
+  ``SeedSequence([seed, i])`` independently of the states: f -> s_i f + a_i + b_i t / (T - 1),
+  with a_i, b_i ~ N(0, nuisance^2 I) (within-state SDs; the drift is the total over the run) and
+  log s_i ~ N(0, (nuisance / 10)^2), the scale acting about the first state's mean (the origin).
 
 :func:`sample_runs` returns metric tables named like the real ones (``step``, :data:`METRIC_NAMES`,
 ``test_acc``), the true state sequences and the true model.
@@ -21,6 +27,7 @@ reproduces both, so model selection, decoding and the training map can be checke
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -37,6 +44,7 @@ class KnownHMM:
     model: GaussianHMM
     scale: np.ndarray
     offset: np.ndarray
+    loadings: np.ndarray | None = None  # features x factors (standard units)
 
     @property
     def n_states(self) -> int:
@@ -96,13 +104,15 @@ def left_to_right_hmm(
     model.n_features = n_features
     scale = 10.0 ** rng.uniform(-3, 3, n_features)
     offset = rng.normal(0.0, 5.0, n_features) * scale
-    return KnownHMM(model, scale, offset)
+    return KnownHMM(model, scale, offset, loadings)
 
 
 def sample_runs(
-    n_states: int, n_runs: int = 40, length: int = 200, seed: int = 0, **options: float
-) -> tuple[dict[str, pd.DataFrame], dict[str, np.ndarray], KnownHMM]:
-    """``n_runs`` metric tables of ``length`` checkpoints from :func:`left_to_right_hmm`.
+    n_states: int, n_runs: int = 40, length: int = 200, seed: int = 0, nuisance: float = 0.0,
+    **options: float,
+) -> tuple[dict[str, pd.DataFrame], dict[str, np.ndarray], KnownHMM]:  # fmt: skip
+    """``n_runs`` metric tables of ``length`` checkpoints from :func:`left_to_right_hmm`, each with
+    its own offset, scale and drift of size ``nuisance`` (module docstring; 0: none).
 
     Returns ``(runs, states, truth)``: run id -> table (``step``, the metric columns in raw units,
     ``test_acc`` = 1.0 from the last state on, else 0.0), run id -> true state sequence, the model.
@@ -112,12 +122,28 @@ def sample_runs(
     runs, states = {}, {}
     for index in range(n_runs):
         values, hidden = truth.model.sample(length, random_state=seed * 1000 + index + 1)
+        if nuisance:
+            values = run_nuisance(values, truth.loadings, nuisance, seed, index)
         table = pd.DataFrame(values * truth.scale + truth.offset, columns=names)
         table.insert(0, "step", np.arange(length) * 10)
         table["test_acc"] = (hidden == n_states - 1).astype(float)
         runs[f"run{index:02d}"] = table
         states[f"run{index:02d}"] = hidden
     return runs, states, truth
+
+
+def run_nuisance(
+    values: np.ndarray, loadings: np.ndarray, nuisance: float, seed: int, index: int
+) -> np.ndarray:
+    """``values`` [T, d] (standard units) of run ``index`` with its offset, scale and drift in the
+    factor space (module docstring), seeded by ``seed`` and the run index."""
+    rng = np.random.default_rng(np.random.SeedSequence([seed, index]))
+    n_factors = loadings.shape[1]
+    offset = rng.normal(0.0, nuisance, n_factors)
+    drift = rng.normal(0.0, nuisance, n_factors)
+    scale = math.exp(rng.normal(0.0, nuisance / 10))
+    time = np.linspace(0.0, 1.0, len(values))[:, None]
+    return scale * values + (offset + time * drift) @ loadings.T
 
 
 def match_states(decoded: dict[str, np.ndarray], truth: dict[str, np.ndarray]) -> dict[int, int]:
