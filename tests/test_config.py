@@ -489,6 +489,43 @@ def test_seed_blocks_second_order_and_conv_groups_are_accepted(config: dict, rep
         check_config(config, base_dir=repo_root)
 
 
+@pytest.mark.parametrize(
+    ("start", "key", "message"),
+    [
+        ({"step": 242}, "sparse.digits.start.step", "242 is not a checkpoint of the dense runs"),
+        ({"step": 245}, "sparse.digits.start.step", "a multiple of 5 from 0 to 240"),
+        ({"step": -5}, "sparse.digits.start.step", "-5 is not a step"),
+        ({"stpe": 5}, "sparse.digits.start", "allowed: final, init or {step: N}"),
+        ("middle", "sparse.digits.start", "'middle' is not a start"),
+    ],
+)
+def test_sparse_start_must_be_a_checkpoint_of_the_dense_runs(
+    config: dict, repo_root: Path, start, key: str, message: str
+) -> None:
+    """Issue 22: sparse.<task>.start {step: N} prunes the dense run's checkpoint at step N; a step
+    the dense runs never record (digits: every 5 of 240 steps) is refused before any job."""
+    config["grid"][1]["methods"] = ["kaiming", "ast"]
+    config["sparse"]["digits"]["start"] = start
+    with pytest.raises(ConfigError) as caught:
+        validate_schema(config)
+        check_config(config, base_dir=repo_root)
+    first_line = str(caught.value).splitlines()[0]
+    assert first_line.startswith(f"config key {key}: ") and message in first_line, first_line
+
+
+def test_sparse_start_choices_are_accepted(config: dict, repo_root: Path) -> None:
+    """final, init and any checkpoint step; a grid without sparse cells of the task (a smoke
+    test's short training) does not check the step it would never use."""
+    config["grid"][1]["methods"] = ["kaiming", "ast"]
+    for start in ("final", "init", {"step": 0}, {"step": 120}, {"step": 240}):
+        config["sparse"]["digits"]["start"] = start
+        validate_schema(config)
+        check_config(config, base_dir=repo_root)
+    config["grid"][1]["methods"] = ["kaiming"]
+    config["sparse"]["digits"]["start"] = {"step": 100000}
+    check_config(config, base_dir=repo_root)
+
+
 #: Leaves that legitimately take any text or null (names, paths, URIs).
 TAKES_TEXT = ("mlflow.*", "data.*.path", "analysis.joint[[]*[]].name")
 TAKES_NULL = ("mlflow.tracking_uri", "*.grad_clip")

@@ -18,6 +18,7 @@ from trainmap.methods.sparse import (
     distillation_loss,
     nm_mask,
     nm_mask_from_scores,
+    run_sparse_block,
     run_sparse_method,
     sparse_layers,
     sparsify,
@@ -383,6 +384,75 @@ def test_settings_are_checked():
     with pytest.raises(ValueError, match="conv_groups 'channels' is not one of"):
         check_settings({"conv_groups": "channels"})
     assert check_settings({})["conv_groups"] == "input_channels"
+    assert check_settings({})["start"] == "final"
+    with pytest.raises(ValueError, match=r"start: 'middle' is not a start; allowed: final, init"):
+        check_settings({"start": "middle"})
+    with pytest.raises(ValueError, match=r"start.step: -50 is not a step"):
+        check_settings({"start": {"step": -50}})
+
+
+def test_start_prunes_the_dense_runs_checkpoint_and_distils_from_the_final_model(
+    parity, tmp_path, monkeypatch
+):
+    """Setting start {step: 50}: the sparse_retrain job prunes each seed's dense checkpoint at step
+    50 (read from the teacher run's trajectory), so the sparse run's step 0 is that checkpoint's
+    weights, N:M masked; the teacher it distils from is the run's final model."""
+    from trainmap.data import save_task_data
+    from trainmap.grid import SeedRange
+    from trainmap.io import load_torch
+    from trainmap.jobs import sparse as sparse_job
+
+    train_dir = tmp_path / "train" / "sparse_parity" / "mlp" / "kaiming"
+    teacher_manifest = train_dir / "seeds0-0.json"  # its block's files: train_dir / "seed0"
+    dense = build_cell_model("mlp", "kaiming", 0, parity.meta, {"hidden": [32, 32]})
+    train_model(dense, parity, TrainConfig(lr=0.1, momentum=0.9, steps=100, checkpoint_every=50),
+                0, TrainPaths.in_directory(train_dir / "seed0"), progress=False,
+                model_info=INFO | {"meta": parity.meta, "method": "kaiming"})  # fmt: skip
+    save_task_data(parity, tmp_path / "dataset.pt")
+    handed = {}
+
+    def recording(teachers, *args, **kwargs):
+        handed.update(teachers=teachers, starts=kwargs["starts"])
+        return run_sparse_block(teachers, *args, **kwargs)
+
+    monkeypatch.setattr(sparse_job, "run_sparse_block", recording)
+    block = SeedRange("sparse_parity", "mlp", "ast", 0, 0, (0,))
+    manifest = tmp_path / "sparse" / "sparse_parity" / "mlp" / "ast" / "seeds0-0.json"
+    sparse_job.sparse_block_job(
+        block, teacher_manifest, tmp_path / "dataset.pt", SETTINGS | {"start": {"step": 50}},
+        METHODS["ast"].options, manifest, tmp_path / "block.png",
+        {"uri": f"sqlite:///{tmp_path / 'mlflow.db'}", "experiment": "start"},
+        {cell.id: "h" for cell in block.cells}, progress=False,
+    )  # fmt: skip
+    dense_run = load_trajectory(train_dir / "seed0" / "trajectory.pt")
+    at_50 = {name: value[dense_run["step"].tolist().index(50)]
+             for name, value in dense_run["state"].items()}  # fmt: skip
+    final = load_torch(train_dir / "seed0" / "model.pt")["state_dict"]
+    assert not any(torch.equal(at_50[name], final[name]) for name in final)
+    (start,), (teacher,) = handed["starts"], handed["teachers"]
+    assert all(torch.equal(value, at_50[name]) for name, value in start.state_dict().items())
+    assert all(torch.equal(value, final[name]) for name, value in teacher.state_dict().items())
+    retrained = load_trajectory(manifest.parent / "seed0" / "trajectory.pt")
+    assert int(retrained["step"][0]) == 0
+    for name, value in at_50.items():
+        expected = value * nm_mask(value, 2, 4) if name.endswith("weight") else value
+        assert torch.equal(retrained["state"][name][0], expected), name
+
+
+def test_start_at_a_step_the_dense_run_did_not_record_is_a_clear_error(teacher, parity, tmp_path):
+    """A dense run that stopped recording before the start step (it diverged) names the setting,
+    the file and the steps it has."""
+    from trainmap.io import load_torch, save_torch
+    from trainmap.jobs.sparse import dense_checkpoint
+    from trainmap.training.checkpoints import save_dense
+
+    state = teacher.state_dict()
+    save_torch({"step": torch.tensor([0, 50]), "state": {k: torch.stack([v, v])
+                                                          for k, v in state.items()}},
+               tmp_path / "trajectory.pt")  # fmt: skip
+    save_dense(teacher, tmp_path / "model.pt", **INFO, meta=parity.meta)
+    with pytest.raises(ValueError, match=r"start.step: .* no checkpoint at step 100 .* 0 to 50"):
+        dense_checkpoint(load_torch(tmp_path / "model.pt"), tmp_path / "trajectory.pt", 100)
 
 
 @pytest.mark.parametrize("method", ["ast", "ast_slorb"])

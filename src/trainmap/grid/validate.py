@@ -469,6 +469,29 @@ def _validate_stage_settings(config: dict, stage: str, task: str) -> None:
         _check_train(f"{stage}.{task}.train", {**_train_defaults(), **resolved["train"]})
 
 
+def _check_sparse_start(config: dict, task: str, start: Any) -> None:
+    """``sparse.<task>.start`` is a start; where the grid has sparse cells of ``task``, its step is
+    a checkpoint the dense runs record (train.<task>: every ``checkpoint_every`` steps and the
+    last), else every sparse job would fail reading it. (A grid without them, such as a smoke
+    test's short training, may inherit a start it never uses.)"""
+    from trainmap.methods.sparse import start_step
+
+    try:
+        step = start_step(start)
+    except ValueError as error:
+        raise ConfigError(f"config key sparse.{task}.{error}") from None
+    if step is None or not any(c.task == task and is_sparse(c) for c in expand_grid(config)):
+        return
+    train = {**_train_defaults(), **config["train"][task]}
+    every, steps = train["checkpoint_every"], train["steps"]
+    if step > steps or (step % every and step != steps):
+        raise ConfigError(
+            f"config key sparse.{task}.start.step: {step} is not a checkpoint of the dense runs "
+            f"(train.{task}: every {every} steps up to {steps}); allowed: a multiple of {every} "
+            f"from 0 to {steps}{'' if steps % every == 0 else f', or {steps}'}"
+        )
+
+
 def _train_defaults() -> dict:
     """What an omitted training setting of a stage's retraining takes (TrainConfig's defaults)."""
     from dataclasses import asdict
@@ -550,8 +573,8 @@ def _check_adaptive(
     config: dict, where: str, spec: Mapping[str, Any], cells: list[Cell]
 ) -> None:  # fmt: skip
     """An adaptive joint comparison can grow: the stability curve is on, its maximum is above the
-    grid's seeds per method, every method retrains, and every adaptive comparison of its task adds
-    seeds in the same step (their added seeds are shared)."""
+    grid's seeds per method, and every adaptive comparison of its task adds seeds in the same step
+    (their added seeds are shared)."""
     adaptive = spec["adaptive"]
     analysis = config.get("analysis", {})
     for key in ("step", "max"):

@@ -13,9 +13,10 @@ from trainmap.data import load_task_data
 from trainmap.grid import Cell, SeedRange
 from trainmap.io import load_torch, write_atomic
 from trainmap.jobs.common import SeedRangeJob, cell_file, settings_hash
-from trainmap.methods.sparse import check_settings, plot_flip_rates, run_sparse_block
+from trainmap.methods.sparse import check_settings, plot_flip_rates, run_sparse_block, start_step
 from trainmap.tracking import rule_run
 from trainmap.training.checkpoints import model_from_checkpoint
+from trainmap.training.loop import load_trajectory
 
 
 def sparse_block_job(
@@ -34,13 +35,20 @@ def sparse_block_job(
 ) -> list[dict[str, Any]]:
     """Rule ``sparse_retrain``: N:M sparsity for a block of seeds, each from its own dense teacher
     (the kaiming cell of the same seed) by the block's sparse method, retrained as one vectorised
-    model; per seed the sparse run's files, its flip-rate figure and an MLflow run."""
+    model; per seed the sparse run's files, its flip-rate figure and an MLflow run. The student
+    is pruned from the teacher's final model or, with setting ``start``, from its run's checkpoint
+    at that step; the teacher distilled from is always the final model."""
     job = SeedRangeJob("sparse_retrain", block, manifest, tracking, cell_hashes)
     cells = job.cells
     torch.set_num_threads(threads)
     cfg = check_settings(settings)
     saved = [load_torch(cell_file(teacher_manifest, cell, "model.pt")) for cell in cells]
     teachers = [model_from_checkpoint(checkpoint) for checkpoint in saved]
+    step = start_step(cfg["start"])
+    starts = None if step is None else [
+        dense_checkpoint(checkpoint, cell_file(teacher_manifest, cell, "trajectory.pt"), step)
+        for cell, checkpoint in zip(cells, saved, strict=True)
+    ]  # fmt: skip
     model_options = saved[0]["model_options"]
     data = load_task_data(data_path)
     infos = [{"arch": c.arch, "method": c.method, "seed": c.seed, "model_options": model_options,
@@ -55,7 +63,7 @@ def sparse_block_job(
             log_metrics=lambda index, metrics, step: runs[index].log_metrics(metrics, step),
             progress=progress,
             fingerprint=settings_hash([cell_hashes[cell.id] for cell in cells]),
-            description=job.seed_range.id, model_info=infos,
+            description=job.seed_range.id, model_info=infos, starts=starts,
         )  # fmt: skip
         for cell, run, summary, out in zip(cells, runs, summaries, out_dirs, strict=True):
             flips[f"seed{cell.seed}"] = pd.read_csv(out / "flips.csv")
@@ -73,6 +81,24 @@ def sparse_block_job(
     job.write_manifest({"status": s["status"], "diverged_step": s["diverged_step"]}
                        for s in summaries)  # fmt: skip
     return summaries
+
+
+def dense_checkpoint(saved: dict[str, Any], trajectory_path: str | Path,
+                     step: int) -> torch.nn.Module:  # fmt: skip
+    """The dense model of ``saved`` (a ``model.pt``) with its run's weights at checkpoint ``step``
+    (from its ``trajectory.pt``), in eval mode; a clear error when the run has no such checkpoint."""
+    trajectory = load_trajectory(trajectory_path)
+    steps = trajectory["step"].tolist()
+    if step not in steps:
+        raise ValueError(
+            f"sparse setting start.step: {trajectory_path} has no checkpoint at step {step} (its "
+            f"{len(steps)} checkpoints run from step {steps[0]} to {steps[-1]}; a run that "
+            "diverged stops recording there); choose a step the dense runs reach"
+        )
+    model = model_from_checkpoint(saved)
+    index = steps.index(step)
+    model.load_state_dict({name: value[index] for name, value in trajectory["state"].items()})
+    return model.eval()
 
 
 def flip_rates_job(

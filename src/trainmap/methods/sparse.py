@@ -16,6 +16,11 @@ Huang et al., "Pruning Large Language Models with Semi-Structural Adaptive Spars
   weights too.
 * Annealed SR-STE (sec. 4.3): lambda_t = lambda * t / T0 for t < T0, then lambda (default T0 = all
   retraining steps); ``decay: static`` keeps lambda throughout, ``none`` disables it.
+* Where retraining starts (setting ``start``): AST retrains the converged dense model (``final``,
+  the paper's recipe); ``{step: N}`` prunes the dense run's checkpoint at step N instead (``init``:
+  its initialisation, N:M sparse training from the start), while the teacher distilled from stays
+  the converged model. On a task whose dense runs are past the accuracy threshold when they
+  converge, this is what lets the methods' paths differ at all.
 * Masks are recomputed from the dense weights every ``mask_every`` optimiser steps; the flip rate
   r_t = ||m_t - m_{t-1}||_1 / D and the initial flip rate i_t = ||m_t - m_0||_1 / D (sec. 3.3, D the
   weights of all sparse layers) are recorded at each refresh.
@@ -87,9 +92,11 @@ DEFAULT_SETTINGS: dict[str, Any] = {
     "calibration_batch": 256,
     "dense_layers": "first_last",
     "conv_groups": "input_channels",
+    "start": "final",
     "train": {},
 }
 DENSE_LAYER_CHOICES = ("first_last", "none")
+START_CHOICES = ("final", "init")
 
 
 def check_settings(settings: Mapping[str, Any]) -> dict[str, Any]:
@@ -115,8 +122,23 @@ def check_settings(settings: Mapping[str, Any]) -> dict[str, Any]:
         )
     if cfg["conv_groups"] not in GROUP_LAYOUTS:
         raise ValueError(f"conv_groups {cfg['conv_groups']!r} is not one of {GROUP_LAYOUTS}")
+    start_step(cfg["start"])  # a bad start is named there
     TrainConfig.from_dict(cfg["train"])  # unknown training keys are named there
     return cfg
+
+
+def start_step(start: str | Mapping[str, Any]) -> int | None:
+    """The step of the dense run's checkpoint a student is pruned from (setting ``start``): None
+    for ``final`` (the converged model, AST's recipe), 0 for ``init``, N for ``{step: N}``."""
+    if isinstance(start, str) and start in START_CHOICES:
+        return None if start == "final" else 0
+    if isinstance(start, Mapping) and set(start) == {"step"}:
+        step = start["step"]
+        if isinstance(step, int) and not isinstance(step, bool) and step >= 0:
+            return step
+        raise ValueError(f"start.step: {step!r} is not a step; allowed: an integer >= 0, a "
+                         "checkpoint step of the dense run")  # fmt: skip
+    raise ValueError(f"start: {start!r} is not a start; allowed: final, init or {{step: N}}")
 
 
 # --- masks ------------------------------------------------------------------------------------
@@ -606,9 +628,11 @@ def run_sparse_method(
     fingerprint: str = "",
     description: str = "sparse",
     model_info: Mapping[str, Any] | None = None,
+    start: nn.Module | None = None,
 ) -> dict[str, Any]:
     """Make ``teacher`` (a trained dense model) N:M sparse by the method ``options``: one seed,
-    :func:`run_sparse_block` with a block of one.
+    :func:`run_sparse_block` with a block of one (``start``: the dense checkpoint to prune instead
+    of the teacher itself, see there).
 
     Writes to ``out_dir``: ``model.pt`` (format ``sparse``), ``history.csv``, ``train.json``,
     ``trajectory.pt`` and ``flips.csv``. One-shot methods (no retraining) record a single checkpoint,
@@ -619,7 +643,8 @@ def run_sparse_method(
     return run_sparse_block([teacher], data, options, settings, [seed], [out],
                             resume_path=out / "resume.pt", log_metrics=hook, progress=progress,
                             fingerprint=fingerprint, description=description,
-                            model_info=[model_info or {}])[0]  # fmt: skip
+                            model_info=[model_info or {}],
+                            starts=None if start is None else [start])[0]  # fmt: skip
 
 
 def run_sparse_block(
@@ -636,18 +661,22 @@ def run_sparse_block(
     fingerprint: str = "",
     description: str = "sparse",
     model_info: list[Mapping[str, Any]] | None = None,
+    starts: list[nn.Module] | None = None,
 ) -> list[dict[str, Any]]:
     """Make each of ``teachers`` (trained dense models of one architecture, one per seed) N:M sparse
     by the method ``options``; retraining methods retrain the whole block at once (each seed
-    distilled from its own teacher). Writes each seed's files to its ``out_dirs`` entry (see
+    distilled from its own teacher). ``starts``: per seed, the dense model that is pruned and
+    retrained (setting ``start``: an earlier checkpoint of the teacher's run); default the
+    teacher itself. Writes each seed's files to its ``out_dirs`` entry (see
     :func:`run_sparse_method`); returns the per-seed summaries."""
     cfg = check_settings(settings)
     infos = [dict(info) for info in (model_info or [{} for _ in seeds])]
     teachers = [teacher.eval() for teacher in teachers]
+    starts = teachers if starts is None else [start.eval() for start in starts]
     layout = cfg["conv_groups"]
-    names = sparsifiable_layers(teachers[0], cfg["m"], cfg["dense_layers"], layout)
+    names = sparsifiable_layers(starts[0], cfg["m"], cfg["dense_layers"], layout)
     if not names:
-        weight_layers = sum(isinstance(m, nn.Linear | nn.Conv2d) for m in teachers[0].modules())
+        weight_layers = sum(isinstance(m, nn.Linear | nn.Conv2d) for m in starts[0].modules())
         raise ValueError(
             f"sparse setting dense_layers: {cfg['dense_layers']!r} leaves no layer of this "
             f"{weight_layers}-layer network to make {cfg['n']}:{cfg['m']} sparse (or no layer's "
@@ -655,11 +684,11 @@ def run_sparse_block(
         )
     slorb_k = cfg["slorb_k"] if options.get("slorb") else None
     students = []
-    for teacher in teachers:
+    for start in starts:
         scores = None
         if options["mask"] == "wanda":
-            scores = wanda_scores(teacher, names, data.x_train[: cfg["calibration_batch"]])
-        students.append(sparsify(teacher, cfg["n"], cfg["m"], slorb_k, scores, names, layout))
+            scores = wanda_scores(start, names, data.x_train[: cfg["calibration_batch"]])
+        students.append(sparsify(start, cfg["n"], cfg["m"], slorb_k, scores, names, layout))
     paths = [TrainPaths.in_directory(out) for out in out_dirs]
     if options.get("retrain"):
         train_cfg = TrainConfig.from_dict(cfg["train"])
