@@ -867,3 +867,21 @@ def test_duplicate_joint_names_are_refused(config: dict) -> None:
     config["analysis"]["joint"] = [spec, dict(spec)]
     with pytest.raises(ConfigError, match=r"analysis.joint\[1\].name: 'twice' is used twice"):
         check_config(config)
+
+
+def test_a_joint_comparison_can_have_its_own_analysis_settings(config: dict) -> None:
+    from trainmap.grid import joint_settings
+
+    spec = {"name": "a", "task": "digits", "archs": ["vgg_bn"],
+            "analysis": {"selection": "folds", "folds": 4}}  # fmt: skip
+    config["analysis"]["joint"] = [spec, {"name": "b", "task": "digits", "archs": ["vgg_bn"]}]
+    validate_schema(config)
+    assert joint_settings(config, "a")["selection"] == "folds"
+    assert joint_settings(config, "a")["folds"] == 4
+    assert joint_settings(config, "b")["selection"] == config["analysis"]["selection"]
+    spec["analysis"] = {"selection": "fold"}
+    with pytest.raises(ConfigError, match=r"analysis.joint\[0\].analysis.selection: 'fold'"):
+        validate_schema(config)
+    spec["analysis"] = {"group_maps": "all"}  # not a per-comparison setting
+    with pytest.raises(ConfigError, match=r"analysis.joint\[0\].analysis"):
+        validate_schema(config)

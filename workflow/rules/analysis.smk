@@ -283,7 +283,7 @@ rule joint_comparison:
         runtime=60,
     params:
         adaptive=is_adaptive_joint,
-        settings=grid.analysis_settings(config),
+        settings=settings_of_joint,
         groups=groups_of_joint,
         cells=cells_of_joint,
         # each cell's parent MLflow run gets its occupancy of the shared states

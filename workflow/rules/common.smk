@@ -507,9 +507,15 @@ def is_adaptive_joint(wildcards):
 
 
 @input_function
+def settings_of_joint(wildcards):
+    """A joint comparison's analysis settings (its own ``analysis`` entry over ``analysis``)."""
+    return grid.joint_settings(config, wildcards.name)
+
+
+@input_function
 def settings_of_round(wildcards):
-    """The analysis settings of an adaptive round: its own stability targets."""
-    return grid.analysis_settings(config) | ADAPTIVE[wildcards.name].targets
+    """The analysis settings of an adaptive round: the comparison's, with its stability targets."""
+    return grid.joint_settings(config, wildcards.name) | ADAPTIVE[wildcards.name].targets
 
 
 @input_function

@@ -181,6 +181,13 @@ def analysis_settings(config: dict) -> dict:
     return canonical(config.get("analysis", {}))
 
 
+def joint_settings(config: dict, name: str) -> dict:
+    """The analysis settings of joint comparison ``name``: ``analysis`` with the comparison's own
+    ``analysis`` entry over it."""
+    specs = {spec["name"]: spec for spec in config.get("analysis", {}).get("joint", [])}
+    return canonical(analysis_settings(config) | specs[name].get("analysis", {}))
+
+
 def stage_settings(config: dict, stage: str, task: str) -> dict:
     """The hyperparameters of a method stage (``gradinit`` or ``sparse``) on ``task``."""
     return canonical(config.get(stage, {}).get(task, {}))
@@ -338,8 +345,9 @@ def adaptive_joints(config: dict) -> dict[str, AdaptiveJoint]:
         for cell in cells:
             counts[(cell.arch, cell.method)] = counts.get((cell.arch, cell.method), 0) + 1
         task_seeds = [cell.seed for cell in expand_grid(config) if cell.task == spec["task"]]
-        targets = {"stability_ari": adaptive.get("ari", analysis.get("stability_ari", 0.9)),
-                   "stability_share": adaptive.get("share", analysis.get("stability_share", 0.9))}  # fmt: skip
+        settings = joint_settings(config, spec["name"])
+        targets = {"stability_ari": adaptive.get("ari", settings.get("stability_ari", 0.9)),
+                   "stability_share": adaptive.get("share", settings.get("stability_share", 0.9))}  # fmt: skip
         found[spec["name"]] = AdaptiveJoint(
             spec["name"], int(adaptive["step"]), int(adaptive["max"]), min(counts.values()),
             max(task_seeds) + 1, tuple(sorted(counts)), spec["task"], targets,
