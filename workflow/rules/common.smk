@@ -609,6 +609,9 @@ def analysis_outputs():
             for name in ("hmm.npz", "map.json", "detours.json")
         ]
     files += [f"results/joint/{name}/joint.json" for name in JOINT_GROUPS]
+    # An adaptive comparison's first round as a target too: a comparison made adaptive over an
+    # existing fixed one's results reruns (its final job's input, the rounds, is then newer).
+    files += [f"results/joint/{name}/rounds/round0/round.json" for name in ADAPTIVE]
     return files + external_outputs()
 
 
