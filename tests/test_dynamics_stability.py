@@ -285,6 +285,9 @@ def test_each_verdict_of_a_joint_comparison_is_tested_again_on_the_subsamples(de
     assert held[16][step] < 0.9 and curve.points[-1].ari_share == 1.0
     assert curve.sufficient_n is None
     assert f"({step}) (target 90%" in curve.line()
+    # Each verdict's own seed count: the clear one from 8, the marginal one not at 16.
+    assert curve.verdict_sufficient_n()[detour] == 8 and curve.verdict_sufficient_n()[step] is None
+    assert f"{detour}: holds again from n = 8 seeds per method" in curve.verdict_lines()
     again = StabilityCurve.from_dict(json.loads(json.dumps(curve.to_dict(), allow_nan=False)))
     assert again.to_dict() == curve.to_dict()
     # Without the verdicts the same map is stable from 4: verdicts are part of the criterion.

@@ -395,8 +395,13 @@ class JointResult:
                                             "stability": self.stability.to_dict()}  # fmt: skip
 
     def verdict_markdown(self) -> str:
-        """``verdicts.md``: the stability line, then the verdict table and its notes."""
-        return f"**Stability:** {self.stability.line}.\n\n{self.comparison.verdict_markdown()}"
+        """``verdicts.md``: the stability line (and from which n each verdict holds again), then
+        the verdict table and its notes."""
+        curve = self.stability.curve
+        per_verdict = "".join(f"- {line}\n" for line in curve.verdict_lines()) if curve else ""
+        per_verdict = f"Each verdict on subsamples:\n\n{per_verdict}\n" if per_verdict else ""
+        return (f"**Stability:** {self.stability.line}.\n\n{per_verdict}"
+                f"{self.comparison.verdict_markdown()}")  # fmt: skip
 
     def write(self, out_dir: str | os.PathLike, title: str = "") -> dict[str, str]:
         """Write the comparison's files and figures to ``out_dir`` (module docstring); the

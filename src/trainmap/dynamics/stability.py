@@ -230,6 +230,32 @@ class StabilityCurve:
             found = point.n
         return found
 
+    def verdict_sufficient_n(self) -> dict[str, int | None]:
+        """Per followed verdict: the smallest n of the ladder from which on it holds again in a
+        share >= the target at every n (None: not at the largest n). A verdict can be stable where
+        the map is not (the convergence step does not depend on the states)."""
+        found: dict[str, int | None] = {}
+        for verdict in self.verdicts:
+            found[verdict] = None
+            for point in sorted(self.points, key=lambda p: p.n, reverse=True):
+                if point.verdict_held.get(verdict, 0.0) < self.targets.share:
+                    break
+                found[verdict] = point.n
+        return found
+
+    def verdict_lines(self) -> list[str]:
+        """One line per followed verdict: from which n it holds again, or where it does not."""
+        unit = "seeds per method" if self.groups else "seeds"
+        lines = []
+        largest = max(self.points, key=lambda p: p.n) if self.points else None
+        for verdict, n in self.verdict_sufficient_n().items():
+            if n is not None:
+                lines.append(f"{verdict}: holds again from n = {n} {unit}")
+            elif largest is not None:
+                lines.append(f"{verdict}: not at n = {largest.n} {unit} (holds again in "
+                             f"{largest.verdict_held.get(verdict, 0.0):.0%})")  # fmt: skip
+        return lines
+
     def line(self) -> str:
         """One sentence: 'stable from n = ... seeds (per method)' or 'not stable at n = ...'."""
         unit = "seeds per method" if self.groups else "seeds"
@@ -282,6 +308,7 @@ class StabilityCurve:
             "n_states": self.n_states,
             "detour_states": list(self.detour_states),
             "verdicts": list(self.verdicts),
+            "verdict_sufficient_n": self.verdict_sufficient_n(),
             "unanswered": self.unanswered,
             "ladder": self.ladder,
             "max_fraction": self.max_fraction,
