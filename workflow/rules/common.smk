@@ -515,7 +515,9 @@ def settings_of_joint(wildcards):
 @input_function
 def settings_of_round(wildcards):
     """The analysis settings of an adaptive round: the comparison's, with its stability targets."""
-    return grid.joint_settings(config, wildcards.name) | ADAPTIVE[wildcards.name].targets
+    return (
+        grid.joint_settings(config, wildcards.name) | ADAPTIVE[wildcards.name].targets
+    )
 
 
 @input_function
