@@ -68,6 +68,22 @@ def test_cli_runs_fit_map_regression_and_joint(tmp_path):
     assert json.loads((out / "stability.json").read_text())["ladder"] == [6]
 
 
+def test_cli_selects_k_over_folds_when_asked(tmp_path):
+    tables = tmp_path / "metrics"
+    write_tables(tables)
+    out = tmp_path / "out"
+    result = subprocess.run(
+        [sys.executable, "-m", "trainmap.dynamics", str(tables), "--out", str(out),
+         "--threshold", "0.9", "--k-max", "3", "--restarts", "1", "--bootstrap", "0",
+         "--stability", "0", "--selection", "folds", "--folds", "4"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    saved = json.loads((out / "hmm.json").read_text())
+    assert saved["estimator"]["selection"] == "folds" and saved["estimator"]["folds"] == 4
+    assert len(saved["folds"]) == 4  # every run held out once, in one of 4 folds
+
+
 def test_cli_help_and_bad_input(tmp_path):
     help_text = subprocess.run([sys.executable, "-m", "trainmap.dynamics", "--help"],
                                capture_output=True, text=True).stdout  # fmt: skip

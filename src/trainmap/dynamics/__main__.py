@@ -29,7 +29,7 @@ from trainmap.dynamics.external import (
     external_run_metrics,
     read_external_run,
 )
-from trainmap.dynamics.hmm import COVARIANCE_TYPES, STANDARDISATIONS
+from trainmap.dynamics.hmm import COVARIANCE_TYPES, SELECTION_RULES, STANDARDISATIONS
 from trainmap.dynamics.metrics import CONVENTIONS, METRIC_NAMES
 from trainmap.dynamics.pipeline import (
     Outcomes,
@@ -106,6 +106,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--restarts", type=int, default=5, help="seeded restarts per K (default 5)")
     parser.add_argument("--holdout", type=float, default=0.2,
                         help="fraction of runs held out for BIC (default 0.2)")  # fmt: skip
+    parser.add_argument("--selection", choices=SELECTION_RULES, default="holdout",
+                        help="K by held-out BIC on one split (holdout, the paper's; default) or "
+                        "its mean over folds of the runs (folds)")  # fmt: skip
+    parser.add_argument("--folds", type=int, default=3,
+                        help="folds of the runs for --selection folds (default 3)")  # fmt: skip
     parser.add_argument("--seed", type=int, default=0, help="random state (default 0)")
     parser.add_argument("--features", nargs="+", default=list(METRIC_NAMES),
                         help="metric columns to model (default: the 14 metrics)")  # fmt: skip
@@ -259,7 +264,8 @@ def main(argv: list[str] | None = None) -> int:
                 "seed": args.seed, "features": args.features, "bootstrap": args.bootstrap,
                 "stability": args.stability, "alpha": args.alpha,
                 "covariance_type": args.covariance_type,
-                "standardisation": args.standardisation}  # fmt: skip
+                "standardisation": args.standardisation, "selection": args.selection,
+                "folds": args.folds}  # fmt: skip
     args.out.mkdir(parents=True, exist_ok=True)
     print(f"{len(runs)} runs; fitting K = 1..{args.k_max} with {args.restarts} restarts each")
     _, regression, _ = map_runs(runs, outcomes, settings, args.out, n_jobs=args.jobs)
