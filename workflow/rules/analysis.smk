@@ -210,12 +210,29 @@ checkpoint joint_round:
         "../scripts/joint_round.py"
 
 
+# The rounds an adaptive comparison took, up to the one that stopped. Its own file (not one of
+# joint_comparison's), so a comparison made adaptive over a fixed one's results walks its rounds
+# and reruns joint_comparison: an existing joint.json never stands in for the rounds.
+rule adaptive_rounds:
+    input:
+        rounds=rounds_of_joint,
+    output:
+        trace="results/joint/{name}/adaptive.json",
+    log:
+        "logs/adaptive_rounds/{name}.log",
+    wildcard_constraints:
+        name=ADAPTIVE_NAMES,
+    localrule: True
+    script:
+        "../scripts/adaptive_rounds.py"
+
+
 rule joint_comparison:
     input:
         metrics=metrics_of_joint,
         evaluations=evaluations_of_joint,
         external=external_manifests_of_joint,
-        rounds=rounds_of_joint,
+        adaptive=adaptive_trace_of_joint,
     output:
         summary="results/joint/{name}/joint.json",
         verdicts=report(

@@ -521,6 +521,14 @@ def settings_of_round(wildcards):
 
 
 @input_function
+def adaptive_trace_of_joint(wildcards):
+    """An adaptive comparison's trace of rounds (rule adaptive_rounds), none for a fixed one."""
+    if wildcards.name not in ADAPTIVE:
+        return []
+    return [f"results/joint/{wildcards.name}/adaptive.json"]
+
+
+@input_function
 def rounds_of_joint(wildcards):
     """An adaptive comparison's round decisions, round 0 on, up to the one that stopped: each
     round is a checkpoint, so Snakemake runs the next only when the last one asked for it.
@@ -611,9 +619,6 @@ def analysis_outputs():
             for name in ("hmm.npz", "map.json", "detours.json")
         ]
     files += [f"results/joint/{name}/joint.json" for name in JOINT_GROUPS]
-    # An adaptive comparison's first round as a target too: a comparison made adaptive over an
-    # existing fixed one's results reruns (its final job's input, the rounds, is then newer).
-    files += [f"results/joint/{name}/rounds/round0/round.json" for name in ADAPTIVE]
     return files + external_outputs()
 
 

@@ -12,7 +12,7 @@ if snakemake.params.adaptive:
         "trainmap.jobs.analysis:adaptive_joint_job",
         log=snakemake.log[0],
         name=snakemake.wildcards.name,
-        decisions=list(snakemake.input.rounds),
+        trace_path=snakemake.input.adaptive[0],
         out_dir=out_dir,
         tracking=tracking_settings(snakemake.config),
     )

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from trainmap.dynamics.adaptive import present_final_round, round_decision
+from trainmap.dynamics.adaptive import adaptive_trace, present_final_round, round_decision
 from trainmap.dynamics.certainty import BootstrapResult
 from trainmap.dynamics.pipeline import (
     FittedMap,
@@ -236,13 +236,21 @@ def joint_comparison_job(
                    result.detour_states, prefix=f"joint.{name}")  # fmt: skip
 
 
+def adaptive_rounds_job(decisions: list[str], trace_path: str | Path) -> None:
+    """Rule ``adaptive_rounds``: the trace of an adaptive comparison's rounds (``adaptive.json``:
+    :func:`trainmap.dynamics.adaptive.adaptive_trace` and the rounds' decision files)."""
+    trace = adaptive_trace([load_json(path) for path in decisions])
+    save_json(trace | {"decisions": [str(path) for path in decisions]}, trace_path)
+
+
 def adaptive_joint_job(
-    name: str, decisions: list[str], out_dir: str | Path, tracking: Mapping[str, str]
+    name: str, trace_path: str, out_dir: str | Path, tracking: Mapping[str, str]
 ) -> None:
     """Rule ``joint_comparison`` of an adaptive comparison: its last round's files with the trace
     of its rounds (:func:`trainmap.dynamics.adaptive.present_final_round`); an MLflow run with the
     final seed count and why it stopped."""
     out_dir = Path(out_dir)
+    decisions = load_json(trace_path)["decisions"]
     summary = load_json(decisions[-1])
     with rule_run(tracking, "joint_comparison", task=summary.get("task", "adaptive"),
                   params={"joint": name, "adaptive": {k: summary[k] for k in ("step", "max")}},
