@@ -124,8 +124,14 @@ def test_the_final_files_refuse_rounds_that_did_not_stop(tmp_path):
 def test_an_adaptive_comparison_adds_seeds_until_stable(repo_root, tmp_path):
     """4 seeds per method give no verdict a chance (every one 'not enough runs'), so round 0 asks
     for more; round 1 (6 per method) meets the target. Only the seeds of the rounds reached train,
-    a rerun does nothing, and the trace is in joint.json and verdicts.md."""
+    a rerun does nothing, and the trace is in joint.json and verdicts.md. The comparison is first
+    run fixed: made adaptive, its existing results do not stand in for the rounds."""
     root = copy_workflow(tmp_path / "wf")
+    fixed = json.loads(json.dumps(SMALL))
+    del fixed["analysis"]["joint"][0]["adaptive"]
+    (root / "fixed.yaml").write_text(yaml.safe_dump(fixed))
+    snakemake("--cores", "2", "--configfile", "fixed.yaml", cwd=root, timeout=1200)
+    assert "adaptive" not in json.loads((root / "results/joint/parity_init/joint.json").read_text())
     (root / "adaptive.yaml").write_text(yaml.safe_dump(SMALL))
     snakemake("--cores", "2", "--configfile", "adaptive.yaml", cwd=root, timeout=1200)
     rounds = root / "results/joint/parity_init/rounds"
@@ -136,6 +142,8 @@ def test_an_adaptive_comparison_adds_seeds_until_stable(repo_root, tmp_path):
     trained = sorted(p.name for p in (root / "results/train/sparse_parity/mlp/kaiming").iterdir())
     assert trained == ["seed0", "seed1", "seed2", "seed3", "seed4", "seed5", "seeds0-3.json",
                        "seeds4-5.json"]  # fmt: skip
+    trace = json.loads((root / "results/joint/parity_init/adaptive.json").read_text())
+    assert [r["seeds_per_method"] for r in trace["rounds"]] == [4, 6]
     summary = json.loads((root / "results/joint/parity_init/joint.json").read_text())
     assert summary["adaptive"]["seeds_per_method"] == 6
     assert summary["adaptive"]["seeds_added"] == [4, 5] and summary["adaptive"]["stable"]
