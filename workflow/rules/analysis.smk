@@ -199,7 +199,7 @@ checkpoint joint_round:
         runtime=60,
     params:
         settings=settings_of_round,
-        adaptive=adaptive_round_of_joint,
+        adaptive_round=adaptive_round_of_joint,
         groups=groups_of_joint,
         cells=cells_of_joint,
         cell_hashes=cell_hashes_of_joint,
@@ -207,7 +207,7 @@ checkpoint joint_round:
         evaluations=evaluation_files_of_joint,
         external=external_runs_of_joint,
     script:
-        "../scripts/joint_round.py"
+        "../scripts/joint_comparison.py"
 
 
 # The rounds an adaptive comparison took, up to the one that stopped. Its own file (not one of

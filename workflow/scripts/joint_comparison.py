@@ -1,13 +1,15 @@
-"""Rule joint_comparison: one shared training map for several methods or architectures (an
-adaptive comparison's: its last round's, with the trace of its rounds)."""
+"""Rules joint_comparison and joint_round: one shared training map for several methods or
+architectures (a round of an adaptive comparison: the map of that round's seeds and whether to go
+on; an adaptive comparison's final rule: its last round's files with the trace of its rounds)."""
 
 from pathlib import Path
 
 from trainmap.tracking import tracking_settings
 from trainmap.worker import run_job
 
+params = dict(snakemake.params.items())
 out_dir = str(Path(snakemake.output[0]).parent)
-if snakemake.params.adaptive:
+if params.get("adaptive"):
     run_job(
         "trainmap.jobs.analysis:adaptive_joint_job",
         log=snakemake.log[0],
@@ -21,14 +23,15 @@ else:
         "trainmap.jobs.analysis:joint_comparison_job",
         log=snakemake.log[0],
         name=snakemake.wildcards.name,
-        cells=snakemake.params.cells,
-        labels=snakemake.params.groups,
-        metrics_paths=list(snakemake.params.metrics),
-        evaluation_paths=list(snakemake.params.evaluations),
-        settings=snakemake.params.settings,
+        cells=params["cells"],
+        labels=params["groups"],
+        metrics_paths=list(params["metrics"]),
+        evaluation_paths=list(params["evaluations"]),
+        settings=params["settings"],
         out_dir=out_dir,
         tracking=tracking_settings(snakemake.config),
-        cell_hashes=snakemake.params.cell_hashes,
+        cell_hashes=params["cell_hashes"],
         threads=snakemake.threads,
-        external=list(snakemake.params.external),
+        external=list(params["external"]),
+        adaptive_round=params.get("adaptive_round"),
     )

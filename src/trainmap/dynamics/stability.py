@@ -6,8 +6,9 @@ method in a joint comparison, where n runs are drawn from *each* method) it draw
 ``n_subsamples`` subsamples of n runs without replacement, refits each through the full fit's own
 selection path (:func:`~trainmap.dynamics.certainty.refit_resample`: the full fit's
 standardisation, every K, K chosen by held-out BIC; each drawn run counted once, split into
-training and held-out runs in the full fit's held-out fraction, within each method; warm-started
-from the full fit's model of every K, as the bootstrap refits) and records
+training and held-out runs in the full fit's held-out fraction, within each method, or, under
+``selection: folds``, scored on folds of the drawn runs; warm-started from the full fit's model of
+every K, as the bootstrap refits) and records
 
 * the selected K;
 * the agreement of the subsample's map with the full map, label-free: the adjusted Rand index
