@@ -217,7 +217,13 @@ rule adaptive_rounds:
     input:
         rounds=rounds_of_joint,
     output:
-        trace="results/joint/{name}/adaptive.json",
+        trace=report(
+            "results/joint/{name}/adaptive.json",
+            caption="../report/adaptive.rst",
+            category="Certainty",
+            subcategory="{name}",
+            labels={"comparison": "{name}", "table": "adaptive seeds: the rounds"},
+        ),
     log:
         "logs/adaptive_rounds/{name}.log",
     wildcard_constraints:
