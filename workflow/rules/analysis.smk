@@ -229,6 +229,8 @@ rule adaptive_rounds:
     wildcard_constraints:
         name=ADAPTIVE_NAMES,
     localrule: True
+    conda:
+        "../envs/trainmap.yaml"
     script:
         "../scripts/adaptive_rounds.py"
 
