@@ -121,11 +121,12 @@ def test_the_final_files_refuse_rounds_that_did_not_stop(tmp_path):
         present_final_round([tmp_path / "round0" / "round.json"], tmp_path / "out")
 
 
-def test_an_adaptive_comparison_adds_seeds_until_stable(repo_root, tmp_path):
+def test_an_adaptive_comparison_adds_seeds_until_it_stops(repo_root, tmp_path):
     """4 seeds per method give no verdict a chance (every one 'not enough runs'), so round 0 asks
-    for more; round 1 (6 per method) meets the target. Only the seeds of the rounds reached train,
-    a rerun does nothing, and the trace is in joint.json and verdicts.md. The comparison is first
-    run fixed: made adaptive, its existing results do not stand in for the rounds."""
+    for more; the rounds go on until one meets the target or the maximum (8 per method, round 2)
+    is reached. Only the seeds of the rounds reached train, a rerun does nothing, and the trace is
+    in adaptive.json, joint.json and verdicts.md. The comparison is first run fixed: made
+    adaptive, its existing results do not stand in for the rounds."""
     root = copy_workflow(tmp_path / "wf")
     fixed = json.loads(json.dumps(SMALL))
     del fixed["analysis"]["joint"][0]["adaptive"]
@@ -135,23 +136,29 @@ def test_an_adaptive_comparison_adds_seeds_until_stable(repo_root, tmp_path):
     (root / "adaptive.yaml").write_text(yaml.safe_dump(SMALL))
     snakemake("--cores", "2", "--configfile", "adaptive.yaml", cwd=root, timeout=1200)
     rounds = root / "results/joint/parity_init/rounds"
-    decisions = [json.loads((rounds / f"round{r}/round.json").read_text()) for r in (0, 1)]
-    assert not decisions[0]["stop"] and "too few runs for any verdict" in decisions[0]["line"]
-    assert decisions[1]["stop"] and decisions[1]["reason"].startswith("stable: stable from n")
-    assert not (rounds / "round2").exists()
+    reached = sorted(int(path.name[len("round") :]) for path in rounds.iterdir())
+    decisions = [json.loads((rounds / f"round{r}/round.json").read_text()) for r in reached]
+    assert reached == list(range(len(reached))) and 2 <= len(reached) <= 3
+    assert "too few runs for any verdict" in decisions[0]["line"]
+    # Every round but the last asked for the next; the last stopped, stable or at the maximum.
+    assert [d["stop"] for d in decisions] == [False] * (len(reached) - 1) + [True]
+    final, n = reached[-1], 4 + 2 * reached[-1]
+    stable = decisions[-1]["reason"].startswith("stable: stable from n")
+    assert stable or (final == 2 and decisions[-1]["reason"].startswith("maximum reached"))
+    seeds = [f"seed{s}" for s in range(n)]
+    blocks = ["seeds0-3.json"] + [f"seeds{4 + 2 * r}-{5 + 2 * r}.json" for r in range(final)]
     trained = sorted(p.name for p in (root / "results/train/sparse_parity/mlp/kaiming").iterdir())
-    assert trained == ["seed0", "seed1", "seed2", "seed3", "seed4", "seed5", "seeds0-3.json",
-                       "seeds4-5.json"]  # fmt: skip
+    assert trained == sorted(seeds + blocks)  # only the rounds reached trained
     trace = json.loads((root / "results/joint/parity_init/adaptive.json").read_text())
-    assert [r["seeds_per_method"] for r in trace["rounds"]] == [4, 6]
+    assert [r["seeds_per_method"] for r in trace["rounds"]] == [4 + 2 * r for r in reached]
     summary = json.loads((root / "results/joint/parity_init/joint.json").read_text())
-    assert summary["adaptive"]["seeds_per_method"] == 6
-    assert summary["adaptive"]["seeds_added"] == [4, 5] and summary["adaptive"]["stable"]
-    assert summary["groups"]["kaiming"]["runs"] == 6
+    assert summary["adaptive"]["seeds_per_method"] == n == summary["groups"]["kaiming"]["runs"]
+    assert summary["adaptive"]["seeds_added"] == list(range(4, n))
+    assert summary["adaptive"]["stable"] == stable
     verdicts = (root / "results/joint/parity_init/verdicts.md").read_text().split("\n\n")
-    assert verdicts[0].startswith("**Stability:** stable from n")
-    assert verdicts[1].startswith("**Adaptive seeds:** 6 seeds per method after 1 round(s) "
-                                  "(seeds 4-5 added); stopped because stable")  # fmt: skip
+    assert verdicts[0] == f"**Stability:** {decisions[-1]['line']}."
+    assert verdicts[1].startswith(f"**Adaptive seeds:** {n} seeds per method after {final} "
+                                  f"round(s) (seeds 4-{n - 1} added); stopped because ")  # fmt: skip
     again = snakemake("--cores", "2", "--configfile", "adaptive.yaml", "-n", cwd=root)
     assert "Nothing to be done" in again.stdout + again.stderr
 
