@@ -142,7 +142,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=2, help="parallel processes (default 2)")
     parser.add_argument("--splits", type=int, default=0,
                         help="instead: K per estimator seed (this many) on a few data sets")  # fmt: skip
+    parser.add_argument("--quick", action="store_true",
+                        help="3 sampler seeds, rules holdout and folds3 (make bench's fast pass)")  # fmt: skip
     args = parser.parse_args(argv)
+    if args.quick:
+        args.seeds, args.rules = 3, "holdout,folds3"
     rules = args.rules.split(",")
     unknown = sorted(set(rules) - set(RULES))
     if unknown:

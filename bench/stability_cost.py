@@ -181,8 +181,14 @@ def main() -> None:
     parser.add_argument("--config", nargs="+", default=["params.yaml", "config/config.yaml"],
                         help="config files, relative to the results directory's parent")  # fmt: skip
     parser.add_argument("--log-only", action="store_true", help="only the run's timings")
+    parser.add_argument("--quick", action="store_true",
+                        help="the same (it times one comparison once; make bench's fast pass)")  # fmt: skip
     args = parser.parse_args()
     results = args.results.resolve()
+    if not (results / "joint" / args.joint).is_dir():
+        raise SystemExit(f"stability_cost: no finished run in {results} (results/joint/"
+                         f"{args.joint} is missing); run `make run` first, or name a results "
+                         "directory")  # fmt: skip
     times = {}
     if not args.log_only:
         project = results.parent
