@@ -1,8 +1,9 @@
 """Adaptive seeds: grow a joint comparison by rounds until its stability curve meets the target.
 
 A joint comparison with ``adaptive: {step, max}`` (``analysis.joint[i]``) runs in rounds
-(:class:`trainmap.grid.AdaptiveJoint` says which seeds each round pools; rules ``joint_round``
-and ``joint_comparison`` in workflow/rules/analysis.smk):
+(:class:`trainmap.grid.AdaptiveJoint` says which seeds each round pools; in
+workflow/rules/analysis.smk the checkpoint ``joint_round`` runs a round, rule ``adaptive_rounds``
+walks the rounds into ``adaptive.json`` and ``joint_comparison`` presents the last one):
 
 * round 0 pools the grid's seeds; round r adds ``step`` more seeds to every compared (arch,
   method), the same seeds for each, following the largest seed the grid trains for the task;
