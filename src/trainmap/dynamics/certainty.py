@@ -284,12 +284,16 @@ def _refit_chunk(
         return [(index, one(task, payload)) for index, task in indexed]
 
 
-def refit_detours(refit: RefitResult, payload: dict[str, Any]) -> tuple[list[int], dict[int, int]]:
+def refit_detours(
+    refit: RefitResult, payload: dict[str, Any], decoded: Mapping[str, np.ndarray] | None = None
+) -> tuple[list[int], dict[int, int]]:
     """The refit's detour states (its drawn runs decoded by its model, each draw once, and
     regressed: :func:`~trainmap.dynamics.regression.regress_detours`) and its states matched to the
-    full map's (:func:`match_by_means`): full state -> refit state."""
+    full map's (:func:`match_by_means`): full state -> refit state. ``decoded``: the drawn runs'
+    states when the caller has decoded them already."""
     k, model, drawn = refit.selection.n_states, refit.selection.model, refit.drawn
-    decoded = {run: model.predict(refit.z[run]) for run in set(drawn)}
+    if decoded is None:
+        decoded = {run: model.predict(refit.z[run]) for run in set(drawn)}
     keys = [f"{run}#{i}" for i, run in enumerate(drawn)]
     distributions = {key: state_distribution(decoded[run], k)
                      for key, run in zip(keys, drawn, strict=True)}  # fmt: skip

@@ -146,19 +146,22 @@ class StabilityPoint:
         return float(np.percentile(values, 10)) if len(values) else math.nan
 
     @property
+    def ari_reached(self) -> int:
+        """Subsamples with ARI >= the target (a failed refit never is)."""
+        values = np.nan_to_num(np.asarray(self.ari, float), nan=-1.0)
+        return int((values >= self.ari_target).sum())
+
+    @property
     def ari_share(self) -> float:
-        """Share of subsamples with ARI >= the target (a failed refit never is)."""
-        values = np.asarray(self.ari, float)
-        reached = np.isfinite(values) & (np.nan_to_num(values, nan=-1.0) >= self.ari_target)
-        return float(reached.mean()) if len(values) else math.nan
+        """Share of subsamples with ARI >= the target."""
+        return self.ari_reached / self.n_subsamples if self.n_subsamples else math.nan
 
     @property
     def ari_share_interval(self) -> list[float]:
         """The 90 % Wilson interval of :attr:`ari_share` over the subsamples (sampling noise)."""
         from statsmodels.stats.proportion import proportion_confint
 
-        reached = round(self.ari_share * self.n_subsamples) if self.n_subsamples else 0
-        low, high = proportion_confint(reached, max(self.n_subsamples, 1), 0.1, "wilson")
+        low, high = proportion_confint(self.ari_reached, max(self.n_subsamples, 1), 0.1, "wilson")
         return [float(low), float(high)]
 
     def meets(self, targets: StabilityTargets) -> bool:
@@ -224,9 +227,13 @@ class StabilityCurve:
         when the comparison gives no answer at all: every verdict "not enough runs")."""
         if self.unanswered:
             return None
+        return self._stable_from(lambda point: point.meets(self.targets))
+
+    def _stable_from(self, holds: Any) -> int | None:
+        """The smallest n of the ladder from which on ``holds(point)`` is true at every n."""
         found = None
         for point in sorted(self.points, key=lambda p: p.n, reverse=True):
-            if not point.meets(self.targets):
+            if not holds(point):
                 break
             found = point.n
         return found
@@ -235,14 +242,9 @@ class StabilityCurve:
         """Per followed verdict: the smallest n of the ladder from which on it holds again in a
         share >= the target at every n (None: not at the largest n). A verdict can be stable where
         the map is not (the convergence step does not depend on the states)."""
-        found: dict[str, int | None] = {}
-        for verdict in self.verdicts:
-            found[verdict] = None
-            for point in sorted(self.points, key=lambda p: p.n, reverse=True):
-                if point.verdict_held.get(verdict, 0.0) < self.targets.share:
-                    break
-                found[verdict] = point.n
-        return found
+        share = self.targets.share
+        return {verdict: self._stable_from(lambda p, v=verdict: p.verdict_held.get(v, 0.0) >= share)
+                for verdict in self.verdicts}  # fmt: skip
 
     def verdict_lines(self) -> list[str]:
         """One line per followed verdict: from which n it holds again, or where it does not."""
@@ -510,13 +512,17 @@ def _one_subsample(task: tuple[int, int], payload: dict[str, Any]) -> dict[str, 
     except SelectionFailed:
         return {"k": -1, "ari": math.nan, "found_detours": [], "held_verdicts": []}
     model = refit.selection.model
-    labels = np.concatenate([model.predict((z - refit.shift) / refit.scale)
-                             for z in payload["z_full"].values()])  # fmt: skip
-    detours, matched = refit_detours(refit, payload)
+    labels = {run: model.predict((z - refit.shift) / refit.scale)
+              for run, z in payload["z_full"].items()}  # fmt: skip
+    # Every run decoded once, in the full fit's units re-expressed in the subsample's; the drawn
+    # runs' decodings serve its detour regression and its verdicts too.
+    decoded = {run: labels[run] for run in set(refit.drawn)}
+    detours, matched = refit_detours(refit, payload, decoded)
     return {"k": int(refit.selection.n_states),
-            "ari": float(adjusted_rand_score(payload["full_labels"], labels)),
+            "ari": float(adjusted_rand_score(payload["full_labels"],
+                                             np.concatenate(list(labels.values())))),
             "found_detours": [full for full, state in matched.items() if state in detours],
-            "held_verdicts": _held_verdicts(refit, detours, matched, payload)}  # fmt: skip
+            "held_verdicts": _held_verdicts(refit, decoded, detours, matched, payload)}  # fmt: skip
 
 
 def verdict_key(row: Any) -> str:
@@ -533,14 +539,14 @@ def followed_verdicts(verdicts: pd.DataFrame | None, groups: Mapping[str, str] |
 
 
 def _held_verdicts(
-    refit: RefitResult, detours: Sequence[int], matched: Mapping[int, int],
-    payload: dict[str, Any],
+    refit: RefitResult, decoded: Mapping[str, np.ndarray], detours: Sequence[int],
+    matched: Mapping[int, int], payload: dict[str, Any],
 ) -> list[str]:  # fmt: skip
-    """The full map's verdicts that hold again on one subsample (module docstring)."""
+    """The full map's verdicts that hold again on one subsample (module docstring): its drawn
+    runs' ``decoded`` states."""
     if not payload["verdicts"]:
         return []
-    model, drawn = refit.selection.model, sorted(set(refit.drawn))
-    decoded = {run: model.predict(refit.z[run]) for run in drawn}
+    drawn = sorted(decoded)
     quantities = run_quantities(decoded, refit.selection.n_states, payload["convergence"],
                                 payload["status"], detours)  # fmt: skip
     full_state = {state: full for full, state in matched.items()}
