@@ -11,7 +11,7 @@ import pytest
 import yaml
 from conftest import copy_workflow, snakemake
 
-from trainmap.dynamics.adaptive import adaptive_trace, present_final_round, round_decision
+from trainmap.dynamics.adaptive import adaptive_trace, round_decision
 from trainmap.dynamics.stability import MapStability, StabilityCurve
 from trainmap.grid import (
     Cell,
@@ -100,7 +100,15 @@ def curve(sufficient: int | None) -> MapStability:
 
 
 def test_a_round_stops_when_stable_at_the_maximum_or_unmeasured():
-    state = {"round": 0, "rounds": 2, "step": 2, "max": 8, "seeds_per_method": 4, "first_seed": 4}
+    state = {
+        "round": 0,
+        "rounds": 2,
+        "step": 2,
+        "max": 8,
+        "seeds_per_method": 4,
+        "first_seed": 4,
+        "task": "sparse_parity",
+    }
     assert round_decision(curve(4), state)["stop"]
     going = round_decision(curve(None), state)
     assert not going["stop"] and "round 1 adds 2 more" in going["reason"]
@@ -113,12 +121,18 @@ def test_a_round_stops_when_stable_at_the_maximum_or_unmeasured():
     assert [r["seeds_per_method"] for r in trace["rounds"]] == [4, 8]
 
 
-def test_the_final_files_refuse_rounds_that_did_not_stop(tmp_path):
-    state = {"round": 0, "rounds": 2, "step": 2, "max": 8, "seeds_per_method": 4, "first_seed": 4}
-    (tmp_path / "round0").mkdir()
-    (tmp_path / "round0" / "round.json").write_text(json.dumps(round_decision(curve(None), state)))
+def test_the_trace_refuses_rounds_that_did_not_stop():
+    state = {
+        "round": 0,
+        "rounds": 2,
+        "step": 2,
+        "max": 8,
+        "seeds_per_method": 4,
+        "first_seed": 4,
+        "task": "sparse_parity",
+    }
     with pytest.raises(ValueError, match="the last round did not stop"):
-        present_final_round([tmp_path / "round0" / "round.json"], tmp_path / "out")
+        adaptive_trace([round_decision(curve(None), state)])
 
 
 def test_an_adaptive_comparison_adds_seeds_until_it_stops(repo_root, tmp_path):

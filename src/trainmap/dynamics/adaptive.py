@@ -61,9 +61,13 @@ def round_decision(stability: MapStability, adaptive_round: Mapping[str, Any]) -
 
 
 def adaptive_trace(decisions: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """``joint.json``'s ``adaptive`` entry: every round's seed count and line, the final seed count
-    and why it stopped."""
+    """``joint.json``'s ``adaptive`` entry (and ``adaptive.json``): every round's seed count and
+    line, the final seed count and why it stopped. Raises ValueError when the last round did not
+    stop (the rounds are incomplete)."""
     final = decisions[-1]
+    if not final["stop"]:
+        raise ValueError(f"round {final['round']}: the last round did not stop; the rounds are "
+                         "incomplete")  # fmt: skip
     first = final["first_seed"]
     added = list(range(first, first + final["round"] * final["step"]))
     return {
@@ -76,6 +80,7 @@ def adaptive_trace(decisions: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         "stable": final["reason"].startswith(STABLE),
         "step": final["step"],
         "max": final["max"],
+        "task": final["task"],
     }  # fmt: skip
 
 
@@ -87,25 +92,17 @@ def adaptive_line(trace: Mapping[str, Any]) -> str:
             f"round(s) ({added}); stopped because {trace['stopped_because']}")  # fmt: skip
 
 
-def present_final_round(
-    decisions: Sequence[str | os.PathLike], out_dir: str | os.PathLike
-) -> dict[str, Any]:
-    """Copy the last round's files (the directory of the last of ``decisions``, its
-    ``round.json``) into ``out_dir``, each atomically, then add the trace to ``joint.json`` and
-    a line to ``verdicts.md``; returns the trace."""
-    rounds = [load_json(path) for path in decisions]
-    if not rounds[-1]["stop"]:
-        raise ValueError(f"{decisions[-1]}: the last round did not stop; the rounds are "
-                         "incomplete")  # fmt: skip
-    trace = adaptive_trace(rounds)
-    source, out = Path(decisions[-1]).parent, Path(out_dir)
+def present_final_round(trace: Mapping[str, Any], out_dir: str | os.PathLike) -> None:
+    """Copy the last round's files (the directory of ``trace``'s last decision file, ``adaptive.json``
+    as rule ``adaptive_rounds`` wrote it) into ``out_dir``, each atomically, then add the trace to
+    ``joint.json`` and a line to ``verdicts.md``."""
+    source, out = Path(trace["decisions"][-1]).parent, Path(out_dir)
     for path in sorted(source.iterdir()):
         if path.is_file() and path.name not in ("round.json", "joint.json", "verdicts.md"):
             write_atomic(out / path.name, lambda tmp, path=path: shutil.copyfile(path, tmp))
-    summary = load_json(source / "joint.json") | {"adaptive": trace}
-    save_json(summary, out / "joint.json")
+    entry = {key: value for key, value in trace.items() if key != "decisions"}
+    save_json(load_json(source / "joint.json") | {"adaptive": entry}, out / "joint.json")
     verdicts = (source / "verdicts.md").read_text()
     line = f"**Adaptive seeds:** {adaptive_line(trace)}.\n\n"
     head, _, rest = verdicts.partition("\n\n")
     write_atomic(out / "verdicts.md", lambda tmp: tmp.write_text(f"{head}\n\n{line}{rest}"))
-    return trace

@@ -250,12 +250,11 @@ def adaptive_joint_job(
     of its rounds (:func:`trainmap.dynamics.adaptive.present_final_round`); an MLflow run with the
     final seed count and why it stopped."""
     out_dir = Path(out_dir)
-    decisions = load_json(trace_path)["decisions"]
-    summary = load_json(decisions[-1])
-    with rule_run(tracking, "joint_comparison", task=summary.get("task", "adaptive"),
-                  params={"joint": name, "adaptive": {k: summary[k] for k in ("step", "max")}},
-                  config_hash=settings_hash([name, decisions])) as run:  # fmt: skip
-        trace = present_final_round(decisions, out_dir)
+    trace = load_json(trace_path)
+    with rule_run(tracking, "joint_comparison", task=trace["task"],
+                  params={"joint": name, "adaptive": {k: trace[k] for k in ("step", "max")}},
+                  config_hash=settings_hash([name, trace["decisions"]])) as run:  # fmt: skip
+        present_final_round(trace, out_dir)
         run.set_tags({"joint": name, "adaptive_rounds": trace["final_round"],
                       "adaptive_stopped_because": trace["stopped_because"],
                       "stability": trace["rounds"][-1]["line"]})  # fmt: skip
