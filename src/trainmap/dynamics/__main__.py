@@ -29,7 +29,12 @@ from trainmap.dynamics.external import (
     external_run_metrics,
     read_external_run,
 )
-from trainmap.dynamics.hmm import COVARIANCE_TYPES, SELECTION_RULES, STANDARDISATIONS
+from trainmap.dynamics.hmm import (
+    COVARIANCE_TYPES,
+    DEFAULT_FOLDS,
+    SELECTION_RULES,
+    STANDARDISATIONS,
+)
 from trainmap.dynamics.metrics import CONVENTIONS, METRIC_NAMES
 from trainmap.dynamics.pipeline import (
     Outcomes,
@@ -109,7 +114,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--selection", choices=SELECTION_RULES, default="holdout",
                         help="K by held-out BIC on one split (holdout, the paper's; default) or "
                         "its mean over folds of the runs (folds)")  # fmt: skip
-    parser.add_argument("--folds", type=int, default=3,
+    parser.add_argument("--folds", type=int, default=DEFAULT_FOLDS,
                         help="folds of the runs for --selection folds (default 3)")  # fmt: skip
     parser.add_argument("--seed", type=int, default=0, help="random state (default 0)")
     parser.add_argument("--features", nargs="+", default=list(METRIC_NAMES),

@@ -51,6 +51,7 @@ import numpy as np
 import pandas as pd
 
 from trainmap.dynamics.hmm import (
+    DEFAULT_FOLDS,
     ModelSelection,
     SelectionFailed,
     TrainingHMM,
@@ -174,7 +175,7 @@ class Refit:
     restart_rule: str
     starts: dict[int, dict[str, np.ndarray]] | None  # K -> the full fit's parameters, or None
     selection: str = "holdout"  # the full fit's selection rule (TrainingHMM.selection)
-    folds: int = 5
+    folds: int = DEFAULT_FOLDS
 
     @classmethod
     def of(cls, hmm: TrainingHMM, max_iter: int | None = None, warm_start: bool = True) -> Refit:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from trainmap.dynamics.hmm import TrainingHMM
+from trainmap.dynamics.hmm import DEFAULT_FOLDS, TrainingHMM
 
 HMM_SETTINGS = ("k_max", "restarts", "holdout", "selection", "folds", "covariance_type",
                 "standardisation", "restart_rule", "init", "n_iter", "tol", "min_covar", "n_jobs",
@@ -21,7 +21,7 @@ ANALYSIS_DEFAULTS = {
     "restarts": 5,
     "holdout": 0.2,
     "selection": "holdout",
-    "folds": 3,
+    "folds": DEFAULT_FOLDS,
     "seed": 0,
     "covariance_type": "full",
     "standardisation": "pooled",
