@@ -40,10 +40,9 @@ from pathlib import Path
 import pandas as pd
 
 from trainmap.dynamics.pipeline import Outcomes, joint_group
-from trainmap.dynamics.tables import read_metric_table
-from trainmap.grid import analysis_settings, joint_groups, load_config
+from trainmap.grid import analysis_settings, joint_groups, joint_labels, load_config
 from trainmap.io import load_json
-from trainmap.jobs.analysis import group_outcomes
+from trainmap.jobs.analysis import joint_run_ids, read_group_runs
 
 ANALYSIS_RULES = ("fit_hmm", "regress_detours", "training_map", "joint_comparison")
 TARGET_SHARE = 0.35
@@ -61,17 +60,12 @@ def load_joint(
     ``<method>/seed<seed>`` (``<arch>/<method>`` when archs differ, as workflow/rules/common.smk's
     ``groups_of_joint``), strict metric tables, outcomes from the evaluations."""
     cells = joint_groups(config)[name]
-    several_archs = len({cell.arch for cell in cells}) > 1
-    labels = [f"{c.arch}/{c.method}" if several_archs else c.method for c in cells]
-    run_ids = [f"{label}/seed{cell.seed}" for label, cell in zip(labels, cells, strict=True)]
-    outcomes = group_outcomes(
-        [str(results / "evaluate" / cell.id / "evaluation.json") for cell in cells], run_ids
-    )
-    runs = {
-        run: read_metric_table(results / "metrics" / cell.id / "metrics.csv",
-                               diverged=outcomes.status[run] == "diverged")
-        for run, cell in zip(run_ids, cells, strict=True)
-    }  # fmt: skip
+    labels = joint_labels(cells)
+    run_ids = joint_run_ids(labels, cells)
+    runs, outcomes = read_group_runs(
+        [str(results / "metrics" / cell.id / "metrics.csv") for cell in cells],
+        [str(results / "evaluate" / cell.id / "evaluation.json") for cell in cells], run_ids,
+    )  # fmt: skip
     return runs, dict(zip(run_ids, labels, strict=True)), outcomes
 
 

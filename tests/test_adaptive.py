@@ -55,9 +55,10 @@ def test_rounds_add_the_same_new_seeds_to_every_method(repo_root, tmp_path):
     assert [joint.seeds_per_method(r) for r in range(3)] == [4, 6, 8]
     assert joint.added_cells(2) == [Cell("sparse_parity", "mlp", m, s)
                                     for m in ("gradinit", "kaiming") for s in (6, 7)]  # fmt: skip
-    assert len(joint.cells([], 2)) == 8 and len(adaptive_cells(config)) == 8
+    joints = adaptive_joints(config)
+    assert len(joint.cells([], 2)) == 8 and len(adaptive_cells(joints)) == 8
     # One block per (method, round): adding round 2 never retrains round 1's seeds.
-    names = sorted(block.name for block in round_ranges(config, adaptive_cells(config)))
+    names = sorted(block.name for block in round_ranges(config, adaptive_cells(joints), joints))
     assert names == ["seeds4-5", "seeds4-5", "seeds6-7", "seeds6-7"]
     assert joint.targets == {"stability_ari": 1.0, "stability_share": 1.0}
     # A maximum that is not a whole number of steps stops at the last round under it.

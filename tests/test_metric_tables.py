@@ -24,7 +24,7 @@ from trainmap.dynamics.synthetic import sample_runs
 from trainmap.dynamics.tables import REGENERATE, MetricTableError, read_metric_table
 from trainmap.grid import Cell
 from trainmap.io import save_json
-from trainmap.jobs.analysis import _group_inputs
+from trainmap.jobs.analysis import read_group_runs
 
 BIASES = ("b_mean", "b_median", "b_var")
 NO_BIASES = "NaN at every checkpoint of every run (the model has no biases)"
@@ -41,7 +41,7 @@ def write_group(
     root: Path, runs: dict[str, pd.DataFrame], status: dict[str, str] | None = None
 ) -> tuple[list, list, list, list, Path]:
     """The workflow's layout of one block (results/metrics/<t>/<a>/<m>/seeds0-7.json and
-    seed<i>/metrics.csv, results/evaluate/.../evaluation.json): ``_group_inputs``' arguments and
+    seed<i>/metrics.csv, results/evaluate/.../evaluation.json): ``read_group_runs``' arguments and
     the block manifest."""
     block = root / "results" / "metrics" / "sparse_parity" / "mlp" / "kaiming"
     manifest = block / "seeds0-7.json"
@@ -85,7 +85,7 @@ def test_nan_in_one_healthy_runs_l2_names_the_file_the_column_the_step_and_the_b
         tmp_path, damaged(runs, "seed3", nan_at_step_50)
     )  # fmt: skip
     with pytest.raises(MetricTableError) as error:
-        _group_inputs(paths, evaluations, labels)
+        read_group_runs(paths, evaluations, labels)
     assert str(error.value) == (
         f"{paths[3]}: column 'l2' is NaN at step 50, but the run did not diverge; {rerun(manifest)}"
     )
@@ -115,7 +115,7 @@ def test_a_deleted_column_names_the_file_and_the_column(tmp_path, runs):
         tmp_path, damaged(runs, "seed5", lambda table: table.drop(columns="spectral"))
     )  # fmt: skip
     with pytest.raises(MetricTableError) as error:
-        _group_inputs(paths, evaluations, labels)
+        read_group_runs(paths, evaluations, labels)
     assert str(error.value) == f"{paths[5]}: column 'spectral' is missing; {rerun(manifest)}"
     two = tmp_path / "two.csv"
     runs["seed0"].drop(columns=["l1", "sv_var"]).to_csv(two, index=False)
@@ -133,7 +133,7 @@ def test_text_in_a_numeric_column_names_the_file_the_column_and_the_step(tmp_pat
         tmp_path, damaged(runs, "seed1", text_at_step_20)
     )  # fmt: skip
     with pytest.raises(MetricTableError) as error:
-        _group_inputs(paths, evaluations, labels)
+        read_group_runs(paths, evaluations, labels)
     assert str(error.value) == (
         f"{paths[1]}: column 'l2' at step 20 holds 'abc', not a number; {rerun(manifest)}"
     )
@@ -177,14 +177,14 @@ def test_a_diverged_runs_nan_rows_are_still_accepted(tmp_path, runs):
     cells, paths, evaluations, labels, manifest = write_group(
         tmp_path, group, {"seed2": "diverged"}
     )
-    tables, outcomes = _group_inputs(paths, evaluations, labels)
+    tables, outcomes = read_group_runs(paths, evaluations, labels)
     assert outcomes.status["seed2"] == "diverged"
     assert len(tables["seed2"]) == 30 and tables["seed2"]["l2"].isna().sum() == 2
     pd.testing.assert_frame_equal(tables["seed2"], group["seed2"], check_dtype=False)
     # The same table from a run whose evaluation says it completed is damage.
     save_json({"status": "completed", "convergence_step": None}, evaluations[2])
     with pytest.raises(MetricTableError) as error:
-        _group_inputs(paths, evaluations, labels)
+        read_group_runs(paths, evaluations, labels)
     assert str(error.value) == (f"{paths[2]}: column 'l1' is NaN at step 280 (and 1 more such "
                                 f"cell), but the run did not diverge; {rerun(manifest)}")  # fmt: skip
 
@@ -215,7 +215,7 @@ def test_a_model_without_biases_drops_its_bias_metrics_by_name(tmp_path, runs):
 
     group = {run: table.assign(**dict.fromkeys(BIASES, np.nan)) for run, table in runs.items()}
     cells, paths, evaluations, labels, _ = write_group(tmp_path, group)
-    tables, _ = _group_inputs(paths, evaluations, labels)  # read without an error
+    tables, _ = read_group_runs(paths, evaluations, labels)  # read without an error
     with pytest.warns(UserWarning) as caught:
         hmm = TrainingHMM(k_max=2, restarts=1).fit(tables)
     assert hmm.dropped_features_ == dict.fromkeys(BIASES, NO_BIASES)

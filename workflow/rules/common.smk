@@ -77,7 +77,7 @@ JOINT_SPECS = {
 # Their blocks exist in every rule family below, but only a round the checkpoint joint_round asks
 # for (analysis.smk) requests them, so a seed trains only when its round is reached.
 ADAPTIVE = grid.adaptive_joints(config)
-ROUND_CELLS = grid.adaptive_cells(config)
+ROUND_CELLS = grid.adaptive_cells(ADAPTIVE)
 
 
 ROUND_BLOCK_IDS = set()
@@ -86,7 +86,7 @@ ROUND_BLOCK_IDS = set()
 def blocks_by_id(cells, rounds=()):
     """The blocks of the grid's ``cells`` (aligned seed ranges) and of adaptive rounds' cells
     ``rounds`` (one range per round), by id."""
-    added = grid.round_ranges(config, rounds)
+    added = grid.round_ranges(config, rounds, ADAPTIVE)
     ROUND_BLOCK_IDS.update(block.id for block in added)
     return {block.id: block for block in grid.seed_ranges_of(config, cells) + added}
 
@@ -94,11 +94,6 @@ def blocks_by_id(cells, rounds=()):
 def of_grid(blocks):
     """``blocks`` without adaptive rounds' blocks: what the grid itself runs (the targets)."""
     return {id: block for id, block in blocks.items() if id not in ROUND_BLOCK_IDS}
-
-
-def teachers_and_dense(cells):
-    """The dense cells ``cells`` train: the dense ones and the sparse ones' teachers."""
-    return sorted({grid.teacher_cell(c) if grid.is_sparse(c) else c for c in cells})
 
 
 def with_deploy_form(cell):
@@ -110,7 +105,9 @@ GRADINIT_BLOCKS = blocks_by_id(
     (c for c in CELLS if grid.method_of(c).has_stage("gradinit")),
     [c for c in ROUND_CELLS if grid.method_of(c).has_stage("gradinit")],
 )
-TRAIN_BLOCKS = blocks_by_id(grid.trained_cells(config), teachers_and_dense(ROUND_CELLS))
+TRAIN_BLOCKS = blocks_by_id(
+    grid.trained_cells(config), grid.dense_cells_of(ROUND_CELLS)
+)
 SPARSE_BLOCKS = blocks_by_id(
     (c for c in CELLS if grid.is_sparse(c)),
     [c for c in ROUND_CELLS if grid.is_sparse(c)],
@@ -483,7 +480,6 @@ def names_regex(names):
 
 
 ADAPTIVE_NAMES = names_regex(ADAPTIVE)
-STATIC_NAMES = names_regex(name for name in JOINT_GROUPS if name not in ADAPTIVE)
 
 
 @input_function
@@ -591,9 +587,7 @@ def metric_tables_of_joint(wildcards):
 @input_function
 def groups_of_joint(wildcards):
     """Each pooled run's group label (its method, or arch/method when archs differ)."""
-    cells = joint_cells(wildcards)
-    several_archs = len({cell.arch for cell in cells}) > 1
-    return [f"{c.arch}/{c.method}" if several_archs else c.method for c in cells]
+    return grid.joint_labels(joint_cells(wildcards))
 
 
 @input_function

@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -158,9 +159,12 @@ def seed_ranges_of(config: dict, cells: Iterable[Cell]) -> list[SeedRange]:
 
 def trained_cells(config: dict) -> list[Cell]:
     """Every dense cell the grid trains: its dense cells and the teachers of its sparse cells."""
-    cells = expand_grid(config)
-    dense = {teacher_cell(cell) if is_sparse(cell) else cell for cell in cells}
-    return sorted(dense)
+    return dense_cells_of(expand_grid(config))
+
+
+def dense_cells_of(cells: Iterable[Cell]) -> list[Cell]:
+    """The dense cells ``cells`` train: the dense ones and the sparse ones' teachers, sorted."""
+    return sorted({teacher_cell(cell) if is_sparse(cell) else cell for cell in cells})
 
 
 def evaluate_settings(config: dict, task: str) -> dict:
@@ -242,6 +246,14 @@ def quantized_schemes(config: dict, cell: Cell) -> list[str]:
         "archs" not in settings or cell.arch in settings["archs"]
     )
     return list(settings.get("schemes", [])) if selected else []
+
+
+def joint_labels(cells: Iterable[Cell]) -> list[str]:
+    """Each pooled cell's group label in a joint comparison: its method, or ``arch/method`` when
+    the comparison pools several architectures."""
+    cells = list(cells)
+    several_archs = len({cell.arch for cell in cells}) > 1
+    return [f"{c.arch}/{c.method}" if several_archs else c.method for c in cells]
 
 
 def analysis_groups(config: dict) -> dict[str, list[Cell]]:
@@ -335,16 +347,14 @@ def adaptive_joints(config: dict) -> dict[str, AdaptiveJoint]:
     """The adaptive joint comparisons of the grid (:class:`AdaptiveJoint`), by name."""
     analysis = config.get("analysis", {})
     filled = joint_groups(config)
+    grid_cells = expand_grid(config)
     found = {}
     for spec in analysis.get("joint", []):
         adaptive = spec.get("adaptive")
-        if not adaptive or spec["name"] not in filled or not filled[spec["name"]]:
+        if not adaptive or not filled.get(spec["name"]):
             continue
-        cells = filled[spec["name"]]
-        counts: dict[tuple[str, str], int] = {}
-        for cell in cells:
-            counts[(cell.arch, cell.method)] = counts.get((cell.arch, cell.method), 0) + 1
-        task_seeds = [cell.seed for cell in expand_grid(config) if cell.task == spec["task"]]
+        counts = Counter((cell.arch, cell.method) for cell in filled[spec["name"]])
+        task_seeds = [cell.seed for cell in grid_cells if cell.task == spec["task"]]
         settings = joint_settings(config, spec["name"])
         targets = {"stability_ari": adaptive.get("ari", settings.get("stability_ari", 0.9)),
                    "stability_share": adaptive.get("share", settings.get("stability_share", 0.9))}  # fmt: skip
@@ -355,17 +365,20 @@ def adaptive_joints(config: dict) -> dict[str, AdaptiveJoint]:
     return found
 
 
-def adaptive_cells(config: dict) -> list[Cell]:
-    """Every cell an adaptive joint comparison may add, each once, sorted."""
-    return sorted({cell for joint in adaptive_joints(config).values()
-                   for cell in joint.potential_cells()})  # fmt: skip
+def adaptive_cells(joints: Mapping[str, AdaptiveJoint]) -> list[Cell]:
+    """Every cell the adaptive joint comparisons ``joints`` (:func:`adaptive_joints`) may add, each
+    once, sorted."""
+    return sorted({cell for joint in joints.values() for cell in joint.potential_cells()})
 
 
-def round_ranges(config: dict, cells: Iterable[Cell]) -> list[SeedRange]:
-    """Blocks of adaptive rounds' cells: per (task, arch, method) and round, its seeds in chunks of
-    ``seed_block`` (a round's seeds train together and never share a block with another round's,
-    which would retrain that round's seeds when the next one is added)."""
-    steps = {joint.task: joint for joint in adaptive_joints(config).values()}
+def round_ranges(
+    config: dict, cells: Iterable[Cell], joints: Mapping[str, AdaptiveJoint]
+) -> list[SeedRange]:
+    """Blocks of adaptive rounds' cells (of ``joints``, :func:`adaptive_joints`): per (task, arch,
+    method) and round, its seeds in chunks of ``seed_block`` (a round's seeds train together and
+    never share a block with another round's, which would retrain that round's seeds when the next
+    one is added)."""
+    steps = {joint.task: joint for joint in joints.values()}
     by_round: dict[tuple[str, str, str, int], list[int]] = {}
     for cell in set(cells):
         joint = steps[cell.task]

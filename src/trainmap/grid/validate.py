@@ -39,6 +39,7 @@ from trainmap import data as data_module
 from trainmap import methods, models, plugins
 from trainmap.grid.cells import (
     MIN_RUNS_PER_GROUP,
+    AdaptiveJoint,
     Cell,
     adaptive_joints,
     data_options,
@@ -529,6 +530,7 @@ def _check_joint_groups(config: dict) -> None:
     with a warning, so a grid file that replaces the default grid keeps working."""
     cells = [cell for cell in expand_grid(config) if retrains(cell)]
     filled = joint_groups(config)
+    adaptive = adaptive_joints(config)
     seen: set[str] = set()
     for index, spec in enumerate(config.get("analysis", {}).get("joint", [])):
         where = f"analysis.joint[{index}]"
@@ -558,7 +560,7 @@ def _check_joint_groups(config: dict) -> None:
                                       f"{did_you_mean(name, registry)}") from None  # fmt: skip
         _check_joint_against_grid(config, where, spec)
         if spec.get("adaptive"):
-            _check_adaptive(config, where, spec, filled.get(spec["name"], []))
+            _check_adaptive(config, where, spec, adaptive)
         if spec["name"] not in filled:
             found = sum(1 for cell in cells if in_joint(cell, spec))
             warnings.warn(
@@ -570,42 +572,27 @@ def _check_joint_groups(config: dict) -> None:
 
 
 def _check_adaptive(
-    config: dict, where: str, spec: Mapping[str, Any], cells: list[Cell]
+    config: dict, where: str, spec: Mapping[str, Any], joints: Mapping[str, AdaptiveJoint]
 ) -> None:  # fmt: skip
-    """An adaptive joint comparison can grow: the stability curve is on, its maximum is above the
-    grid's seeds per method, and every adaptive comparison of its task adds seeds in the same step
-    (their added seeds are shared)."""
-    adaptive = spec["adaptive"]
-    analysis = config.get("analysis", {})
-    for key in ("step", "max"):
-        value = adaptive[key]
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ConfigError(f"config key {where}.adaptive.{key}: {value!r} is not allowed; it "
-                              "must be an integer >= 1")  # fmt: skip
-    for key in ("ari", "share"):
-        value = adaptive.get(key, 0.5)
-        if not (isinstance(value, int | float) and 0 < value <= 1):
-            raise ConfigError(f"config key {where}.adaptive.{key}: {value!r} is not allowed; a "
-                              "target must be in (0, 1]")  # fmt: skip
-    if not analysis.get("stability", 0):
+    """An adaptive joint comparison can grow: the stability curve is on, its maximum is not below
+    the grid's seeds per method, and every adaptive comparison of its task adds seeds in the same
+    step (their added seeds are shared). The schema checks the values' types and ranges."""
+    if not config.get("analysis", {}).get("stability", 0):
         raise ConfigError(f"config key {where}.adaptive: adaptive seeds stop when the stability "
                           "curve meets its target, but analysis.stability is 0 (no curve); set "
                           "analysis.stability to the subsamples per seed count, e.g. 20")  # fmt: skip
-    if not cells:
-        return  # skipped with a warning below: nothing to grow
-    counts: dict[tuple[str, str], int] = {}
-    for cell in cells:
-        counts[(cell.arch, cell.method)] = counts.get((cell.arch, cell.method), 0) + 1
-    current = min(counts.values())
-    if adaptive["max"] < current:
-        raise ConfigError(f"config key {where}.adaptive.max: {adaptive['max']} is below the "
-                          f"{current} seeds per method the grid already has; raise it (or drop "
-                          "adaptive)")  # fmt: skip
-    for joint in adaptive_joints(config).values():
-        if joint.task == spec["task"] and joint.step != adaptive["step"]:
-            raise ConfigError(f"config key {where}.adaptive.step: {adaptive['step']} differs from "
-                              f"adaptive joint comparison {joint.name!r} of the same task (step "
-                              f"{joint.step}); both add the same seeds, so they need the same "
+    joint = joints.get(spec["name"])
+    if joint is None:
+        return  # no cells of the grid: skipped with a warning (nothing to grow)
+    if joint.max < joint.base_n:
+        raise ConfigError(f"config key {where}.adaptive.max: {joint.max} is below the "
+                          f"{joint.base_n} seeds per method the grid already has; raise it (or "
+                          "drop adaptive)")  # fmt: skip
+    for other in joints.values():
+        if other.task == joint.task and other.step != joint.step:
+            raise ConfigError(f"config key {where}.adaptive.step: {joint.step} differs from "
+                              f"adaptive joint comparison {other.name!r} of the same task (step "
+                              f"{other.step}); both add the same seeds, so they need the same "
                               "step")  # fmt: skip
 
 

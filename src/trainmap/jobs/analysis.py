@@ -35,7 +35,7 @@ from trainmap.seed_groups import log_group, log_joint
 from trainmap.tracking import RuleRun, log_cell_metrics, rule_run
 
 
-def _group_inputs(
+def read_group_runs(
     metrics_paths: list[str], evaluation_paths: list[str], labels: list[str]
 ) -> tuple[dict[str, pd.DataFrame], Outcomes]:
     """Metric tables and outcomes (convergence step, status) keyed by run label. Tables are read
@@ -55,6 +55,12 @@ def _group_inputs(
         for label, path in zip(labels, metrics_paths, strict=True)
     }  # fmt: skip
     return runs, outcomes
+
+
+def joint_run_ids(labels: list[str], cells: list[dict]) -> list[str]:
+    """A joint comparison's run ids: ``<label>/seed<seed>`` per cell (labels:
+    :func:`trainmap.grid.joint_labels`)."""
+    return [f"{label}/seed{Cell.of(cell).seed}" for label, cell in zip(labels, cells, strict=True)]
 
 
 def group_outcomes(evaluation_paths: list[str], labels: list[str]) -> Outcomes:
@@ -111,7 +117,7 @@ def fit_hmm_job(
     """Rule ``fit_hmm``: the training-map HMM of one group (task/arch/method) of runs, its
     baselines and its bootstrap over runs (``threads`` parallel processes)."""
     out_dir = Path(out_dir)
-    runs, outcomes = _group_inputs(metrics_paths, evaluation_paths, _seed_labels(cells))
+    runs, outcomes = read_group_runs(metrics_paths, evaluation_paths, _seed_labels(cells))
     task = Cell.of(cells[0]).task
     with rule_run(tracking, "fit_hmm", task=task, params={"analysis": settings, "group": group},
                   config_hash=settings_hash([settings, group])) as run:  # fmt: skip
@@ -171,7 +177,7 @@ def training_map_job(
     """Rule ``training_map``: the map of one fitted group, its detour states (``detours.json`` of
     rule ``regress_detours``) highlighted."""
     out_dir = Path(out_dir)
-    runs, outcomes = _group_inputs(metrics_paths, evaluation_paths, _seed_labels(cells))
+    runs, outcomes = read_group_runs(metrics_paths, evaluation_paths, _seed_labels(cells))
     fit = FittedMap.load(out_dir)
     detours = load_json(out_dir / "detours.json")["detour_states"]
     with rule_run(tracking, "training_map", task=Cell.of(cells[0]).task, params={"group": group},
@@ -198,14 +204,13 @@ def joint_comparison_job(
     its decision goes to ``round.json`` (:func:`trainmap.dynamics.adaptive.round_decision`)."""
     out_dir = Path(out_dir)
     external = external or []
-    run_ids = [f"{label}/seed{Cell.of(cell).seed}" for label, cell in zip(labels, cells,
-                                                                          strict=True)]  # fmt: skip
+    run_ids = joint_run_ids(labels, cells)
     own_ids = list(run_ids)
     run_ids += [f"{run['set']}/{run['run']}" for run in external]
     labels = [*labels, *(run["set"] for run in external)]
     metrics_paths = [*metrics_paths, *(run["metrics"] for run in external)]
     evaluation_paths = [*evaluation_paths, *(run["evaluation"] for run in external)]
-    runs, outcomes = _group_inputs(metrics_paths, evaluation_paths, run_ids)
+    runs, outcomes = read_group_runs(metrics_paths, evaluation_paths, run_ids)
     groups = dict(zip(run_ids, labels, strict=True))
     task = Cell.of(cells[0]).task if cells else "external"
     with rule_run(tracking, "joint_comparison", task=task,
