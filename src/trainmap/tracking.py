@@ -227,11 +227,7 @@ def rule_run(
     """Open the MLflow run of one rule invocation (``tracking``: :func:`tracking_settings`); cell
     rules nest under the cell's parent run at ``config_hash`` (the cell's
     :func:`trainmap.grid.cell_hash`)."""
-    from mlflow import MlflowClient
-
-    uri = tracking["uri"]
-    client = MlflowClient(tracking_uri=uri)
-    experiment_id = init_tracking(uri, tracking["experiment"])
+    client, experiment_id = _client(tracking)
     config_hash = config_hash or "none"
     tags = _run_tags(rule, cell, task, config_hash)
     if cell is not None:
@@ -261,15 +257,8 @@ def summary_run(
     tagged ``tags`` and the git commit, nested under ``parent_run_id`` when given, with
     ``description`` as the run's description in the UI. It ends FINISHED, or FAILED and re-raises,
     as a rule's run does."""
-    from mlflow import MlflowClient
-
-    uri = tracking["uri"]
-    client = MlflowClient(tracking_uri=uri)
-    experiment_id = init_tracking(uri, tracking["experiment"])
-    commit = git_commit()
-    all_tags = {"git_commit": commit} | {key: str(value) for key, value in tags.items()}
-    if commit != "unknown":
-        all_tags["mlflow.source.git.commit"] = commit
+    client, experiment_id = _client(tracking)
+    all_tags = _commit_tags() | {key: str(value) for key, value in tags.items()}
     if parent_run_id is not None:
         all_tags["mlflow.parentRunId"] = parent_run_id
     if description is not None:
@@ -305,11 +294,25 @@ def _end_parent(client: MlflowClient, parent_run_id: str | None, status: str) ->
         client.set_terminated(parent_run_id, status)
 
 
-def _run_tags(rule: str, cell: Cell | None, task: str | None, config_hash: str) -> dict[str, str]:
+def _client(tracking: Mapping[str, str]) -> tuple[MlflowClient, str]:
+    """A client of the tracking store and the experiment's id (created once, :func:`init_tracking`)."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=tracking["uri"])
+    return client, init_tracking(tracking["uri"], tracking["experiment"])
+
+
+def _commit_tags() -> dict[str, str]:
+    """The git commit as trainmap's tag and, when known, as MLflow's source commit."""
     commit = git_commit()
-    tags = {"rule": rule, "config_hash": config_hash, "git_commit": commit}
+    tags = {"git_commit": commit}
     if commit != "unknown":
         tags["mlflow.source.git.commit"] = commit
+    return tags
+
+
+def _run_tags(rule: str, cell: Cell | None, task: str | None, config_hash: str) -> dict[str, str]:
+    tags = {"rule": rule, "config_hash": config_hash} | _commit_tags()
     if cell is not None:
         tags |= {
             "task": cell.task,
@@ -353,11 +356,7 @@ def log_cell_metrics(
     """Log each cell's metrics on its parent run (at its config hash, ``cell_hashes[cell.id]``),
     from a rule that spans many cells (a training map's group or joint comparison): one client and
     one tracking set-up for all of them."""
-    from mlflow import MlflowClient
-
-    uri = tracking["uri"]
-    client = MlflowClient(tracking_uri=uri)
-    experiment_id = init_tracking(uri, tracking["experiment"])
+    client, experiment_id = _client(tracking)
     for cell, metrics in metrics_by_cell.items():
         tags = _run_tags("cell", cell, None, cell_hashes[cell.id])
         _log_now(client, _cell_parent_run(client, experiment_id, cell, tags), metrics)
