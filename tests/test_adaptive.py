@@ -91,6 +91,11 @@ def test_adaptive_needs_the_stability_curve(repo_root, tmp_path):
                     check_paths_from=repo_root)  # fmt: skip
 
 
+#: Round 0 of a comparison with 4 grid seeds per method, step 2, max 8 (rounds 0, 1, 2).
+ROUND_0 = {"round": 0, "rounds": 2, "step": 2, "max": 8, "seeds_per_method": 4, "first_seed": 4,
+           "task": "sparse_parity"}  # fmt: skip
+
+
 def curve(sufficient: int | None) -> MapStability:
     ks = [1, 1]
     summary = {"targets": {"ari": 0.9, "share": 0.9, "require_k": False}, "full_n": 8,
@@ -101,15 +106,7 @@ def curve(sufficient: int | None) -> MapStability:
 
 
 def test_a_round_stops_when_stable_at_the_maximum_or_unmeasured():
-    state = {
-        "round": 0,
-        "rounds": 2,
-        "step": 2,
-        "max": 8,
-        "seeds_per_method": 4,
-        "first_seed": 4,
-        "task": "sparse_parity",
-    }
+    state = dict(ROUND_0)
     assert round_decision(curve(4), state)["stop"]
     going = round_decision(curve(None), state)
     assert not going["stop"] and "round 1 adds 2 more" in going["reason"]
@@ -123,15 +120,7 @@ def test_a_round_stops_when_stable_at_the_maximum_or_unmeasured():
 
 
 def test_the_trace_refuses_rounds_that_did_not_stop():
-    state = {
-        "round": 0,
-        "rounds": 2,
-        "step": 2,
-        "max": 8,
-        "seeds_per_method": 4,
-        "first_seed": 4,
-        "task": "sparse_parity",
-    }
+    state = dict(ROUND_0)
     with pytest.raises(ValueError, match="the last round did not stop"):
         adaptive_trace([round_decision(curve(None), state)])
 
