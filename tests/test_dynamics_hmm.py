@@ -215,6 +215,44 @@ def test_batched_e_step_equals_hmmlearns(synthetic):
         np.testing.assert_allclose(weighted["trans"], copies["trans"], rtol=1e-9)
 
 
+def test_runs_the_scaled_recursion_cannot_hold_are_redone_in_log_space():
+    """A run the model finds (nearly) impossible underflows the scaled forward pass: that run, and
+    only it, is redone in log space, and the E-step and score still equal hmmlearn's log-space code
+    (which redoes every run). A model EM left without mass (NaN) stops at once, a failed fit."""
+    from hmmlearn.base import BaseHMM
+
+    from trainmap.dynamics.batched_hmm import BatchedGaussianHMM, scaled_forward
+    from trainmap.dynamics.hmm import fit_quietly
+
+    rng = np.random.default_rng(3)
+    model = BatchedGaussianHMM(3, covariance_type="full", init_params="", random_state=0)
+    model.startprob_ = np.array([1.0, 0.0, 0.0])
+    model.transmat_ = np.array([[0.9, 0.1, 0.0], [0.0, 0.9, 0.1], [0.0, 0.0, 1.0]])
+    model.means_ = np.array([[0.0, 0.0], [5.0, 0.0], [10.0, 0.0]])
+    model.n_features = 2
+    model.covars_ = np.stack([np.eye(2) * 0.01] * 3)
+    ordinary = [np.repeat(model.means_, [20, 20, 20], axis=0) + rng.normal(0, 0.1, (60, 2))
+                for _ in range(3)]  # fmt: skip
+    jumps = ordinary[0].copy()
+    jumps[1:10] = model.means_[2]  # state 0 -> state 2 is forbidden: log p ~ -1e4 via state 1
+    runs = [*ordinary, jumps]
+    x, lengths = np.concatenate(runs), [len(run) for run in runs]
+    *_, failed = scaled_forward(model._compute_log_likelihood(x).reshape(4, 60, 3),
+                                model.startprob_, model.transmat_)  # fmt: skip
+    assert failed.tolist() == [False, False, False, True]
+    ours, ll = model._do_estep(x, lengths)
+    theirs, expected_ll = BaseHMM._do_estep(model, x, lengths)
+    assert np.isfinite(ll) and ll == pytest.approx(expected_ll, rel=1e-12)
+    for key in theirs:
+        np.testing.assert_allclose(ours[key], theirs[key], rtol=1e-9, atol=1e-9)
+    assert model.score(x, lengths) == pytest.approx(BaseHMM.score(model, x, lengths), rel=1e-12)
+
+    model.means_ = np.full((3, 2), np.nan)
+    with pytest.raises(ValueError, match="without mass"):
+        model._do_estep(x, lengths)
+    assert fit_quietly(model, (x, lengths)) is None
+
+
 def test_held_out_bic_is_hmmlearns(fitted, synthetic):
     from trainmap.dynamics.hmm import score_heldout, stack
 

@@ -12,8 +12,11 @@ equal length at once (scaled, in probability space; Rabiner 1989, eqs. 91-93), a
 as matrix products; ``score`` (hence ``bic``/``aic``) uses the same forward pass. Initialisation,
 the M-step, priors, the convergence monitor and Viterbi are hmmlearn's own, so a fit gives
 hmmlearn's result (tests/test_dynamics_hmm.py checks the statistics against hmmlearn's E-step to
-1e-9). Where the scaled recursion underflows (a run the model finds impossible), the call falls back
-to hmmlearn's log-space code.
+1e-9). For full covariances the log-densities are two matrix products, <x x', P_k> - 2 x' P_k mu_k +
+mu_k' P_k mu_k, with every observation's x x' computed once per fit; the same x x' give the
+M-step's second moments in one product. Where the scaled recursion of a group of runs underflows
+(a run the model finds impossible), that group runs in log space, run by run, with hmmlearn's C
+kernels (hmmlearn itself would redo every run of the E-step in Python).
 
 Runs may carry integer weights (:meth:`BatchedGaussianHMM.fit_weighted`,
 :meth:`~BatchedGaussianHMM.score_weighted`): a bootstrap resample draws runs with replacement, and a
@@ -25,30 +28,43 @@ The override relies on hmmlearn's internal statistics layout (``nobs``, ``start`
 
 from __future__ import annotations
 
+import functools
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
+from hmmlearn import _hmmc
 from hmmlearn.hmm import GaussianHMM
 
 
-def forward(
+def scaled_forward(
     log_frames: np.ndarray, startprob: np.ndarray, transmat: np.ndarray
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Scaled forward pass of ``n`` runs of equal length at once (Rabiner 1989, eqs. 91-92).
 
     ``log_frames`` [n, T, K] holds log p(z_t | s_t = k). Returns, time-major, the normalised
     forward variables p(s_t | z_1:t) [T, n, K], the scaling factors [T, n], the per-step shifts of
-    the log-densities [T, n] and their exponentials [T, n, K]; ``None`` when a scaling factor
-    underflows to zero. The log-likelihood of run i is ``log(scale[:, i]).sum() + shift[:, i].sum()``.
+    the log-densities [T, n] (the first step's shift includes log pi), their exponentials
+    [T, n, K] (the first step's unused by the recursions), and which runs failed [n]: a scaling
+    factor underflowed to zero (their other results are meaningless; every run is computed on
+    its own rows, so the others are exact). The log-likelihood of run i is
+    ``log(scale[:, i]).sum() + shift[:, i].sum()``.
     """
     frames = np.ascontiguousarray(log_frames.transpose(1, 0, 2))  # time-major: one slab per step
     shift = frames.max(axis=2)
-    emission = np.exp(frames - shift[:, :, None])
+    with np.errstate(divide="ignore"):
+        # The first step is shifted by its largest term log pi_k + log p(z_0 | k), not by the
+        # largest density alone: a run whose likeliest first state the model rarely starts in
+        # would underflow there (measured: nearly every underflow of a fit from k-means starts).
+        first = np.log(startprob)[None, :] + frames[0]
+        shift[0] = first.max(axis=1)
+    with np.errstate(over="ignore", invalid="ignore"):
+        emission = np.exp(frames - shift[:, :, None])
     alpha = np.empty_like(emission)
     scale = np.empty(shift.shape)
-    current = startprob * emission[0]
+    current = np.exp(first - shift[0][:, None])  # pi_k p(z_0 | k), scaled
     with np.errstate(divide="ignore", invalid="ignore"):
         for t in range(len(frames)):
             if t:
@@ -56,9 +72,17 @@ def forward(
                 current *= emission[t]
             np.add.reduce(current, axis=1, out=scale[t])
             np.divide(current, scale[t][:, None], out=alpha[t])
-    if not (scale > 0).all():
-        return None
-    return alpha, scale, shift, emission
+    failed = ~(scale > 0).all(axis=0)
+    return alpha, scale, shift, emission, failed
+
+
+def forward(
+    log_frames: np.ndarray, startprob: np.ndarray, transmat: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
+    """:func:`scaled_forward`'s first four results, or ``None`` when any run's scaling factor
+    underflows to zero."""
+    *result, failed = scaled_forward(log_frames, startprob, transmat)
+    return None if failed.any() else tuple(result)
 
 
 def forward_backward(
@@ -66,34 +90,78 @@ def forward_backward(
     startprob: np.ndarray,
     transmat: np.ndarray,
     weights: np.ndarray | None = None,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-    """Scaled forward-backward of ``n`` runs of equal length at once.
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Scaled forward-backward of ``n`` runs of equal length at once (Rabiner 1989, eqs. 91-93).
 
     ``log_frames`` [n, T, K] holds log p(z_t | s_t = k). Returns the posteriors p(s_t | z_1:T)
     [n, T, K], the expected transition counts summed over runs (times their ``weights``) and time
-    [K, K], and each run's log-likelihood [n]; ``None`` when a scaling factor underflows to zero.
+    [K, K], and each run's log-likelihood [n]. Runs whose scaled recursion underflows (a run the
+    model finds impossible) are redone in log space (:func:`log_forward_backward`).
     """
-    result = forward(log_frames, startprob, transmat)
-    if result is None:
-        return None
-    alpha, scale, shift, emission = result
+    alpha, scale, shift, emission, failed = scaled_forward(log_frames, startprob, transmat)
+    if failed.all():
+        return log_forward_backward(log_frames, startprob, transmat, weights)
     length, _, n_states = emission.shape
     beta = np.empty_like(emission)
     beta[-1] = 1.0
     step = np.empty_like(emission[0])
     transposed = np.ascontiguousarray(transmat.T)
-    for t in range(length - 2, -1, -1):
-        np.multiply(beta[t + 1], emission[t + 1], out=step)
-        np.matmul(step, transposed, out=beta[t])
-        beta[t] /= scale[t + 1][:, None]
-    posteriors = (alpha * beta).transpose(1, 0, 2)
-    log_likelihood = np.log(scale).sum(axis=0) + shift.sum(axis=0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        for t in range(length - 2, -1, -1):
+            np.multiply(beta[t + 1], emission[t + 1], out=step)
+            np.matmul(step, transposed, out=beta[t])
+            beta[t] /= scale[t + 1][:, None]
+        posteriors = (alpha * beta).transpose(1, 0, 2)
+        log_likelihood = np.log(scale).sum(axis=0) + shift.sum(axis=0)
     transitions = np.zeros((n_states, n_states))
+    counted = np.where(failed, 0.0, 1.0) if weights is None else np.where(failed, 0.0, weights)
     if length > 1:
-        arrivals = emission[1:] * beta[1:] / scale[1:, :, None]
-        if weights is not None:
-            arrivals *= weights[None, :, None]
+        with np.errstate(invalid="ignore"):
+            arrivals = emission[1:] * beta[1:] / scale[1:, :, None]
+        arrivals[:, failed] = 0.0
+        arrivals *= counted[None, :, None]
+        alpha[:, failed] = 0.0
         transitions = transmat * np.tensordot(alpha[:-1], arrivals, axes=([0, 1], [0, 1]))
+    if failed.any():
+        redone = log_forward_backward(log_frames[failed], startprob, transmat,
+                                      None if weights is None else weights[failed])  # fmt: skip
+        posteriors[failed], log_likelihood[failed] = redone[0], redone[2]
+        transitions = transitions + redone[1]
+    return posteriors, transitions, log_likelihood
+
+
+def log_forward(
+    log_frames: np.ndarray, startprob: np.ndarray, transmat: np.ndarray
+) -> tuple[float, np.ndarray]:
+    """One run's forward pass in log space (hmmlearn's C kernel): its log-likelihood and
+    log alpha [T, K]. For runs whose scaled recursion underflows (:func:`scaled_forward`)."""
+    return _hmmc.forward_log(startprob, transmat, np.ascontiguousarray(log_frames))
+
+
+def log_forward_backward(
+    log_frames: np.ndarray,
+    startprob: np.ndarray,
+    transmat: np.ndarray,
+    weights: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`forward_backward` in log space, run by run (hmmlearn's C kernels, as its own
+    ``_fit_log``): the same three results, for runs whose scaled recursion underflows."""
+    n_runs, _, n_states = log_frames.shape
+    posteriors = np.empty_like(log_frames)
+    transitions = np.zeros((n_states, n_states))
+    log_likelihood = np.empty(n_runs)
+    for i, frames in enumerate(log_frames):
+        frames = np.ascontiguousarray(frames)
+        log_likelihood[i], log_alpha = _hmmc.forward_log(startprob, transmat, frames)
+        log_beta = _hmmc.backward_log(startprob, transmat, frames)
+        log_gamma = log_alpha + log_beta
+        log_gamma -= log_gamma.max(axis=1, keepdims=True)
+        gamma = np.exp(log_gamma)
+        posteriors[i] = gamma / gamma.sum(axis=1, keepdims=True)
+        if len(frames) > 1:
+            with np.errstate(under="ignore"):
+                xi = np.exp(_hmmc.compute_log_xi_sum(log_alpha, transmat, log_beta, frames))
+            transitions += xi * (1.0 if weights is None else weights[i])
     return posteriors, transitions, log_likelihood
 
 
@@ -109,14 +177,32 @@ def _runs_of_equal_length(lengths: Any) -> list[tuple[np.ndarray, np.ndarray]]:
     return groups
 
 
-def _repeat_runs(X: np.ndarray, lengths: Any, weights: np.ndarray | None) -> tuple:
-    """``X, lengths`` with run i repeated ``weights[i]`` times (unchanged without weights)."""
-    if weights is None:
-        return X, lengths
-    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
-    runs = [(start, length) for start, length, w in zip(starts, lengths, weights, strict=True)
-            for _ in range(int(w))]  # fmt: skip
-    return np.concatenate([X[a : a + n] for a, n in runs]), [n for _, n in runs]
+@functools.cache
+def _upper_triangle(n_features: int) -> tuple[tuple[np.ndarray, np.ndarray], np.ndarray]:
+    """Row and column indices of a d x d matrix's upper triangle (diagonal included), and which
+    of them lie off the diagonal."""
+    rows, columns = np.triu_indices(n_features)
+    return (rows, columns), rows != columns
+
+
+# The last few arrays' outer products (weak reference to the array, its products): EM passes the
+# same array to every E-step of a fit, and a selection fits every K on the same stacked runs.
+_OUTER_CACHE: list[tuple[weakref.ref, np.ndarray]] = []
+_OUTER_CACHE_SIZE = 2  # a split's training and held-out runs
+
+
+def outer_products(X: np.ndarray) -> np.ndarray:
+    """x_t x_t' of every observation of ``X`` [T, d], its upper triangle row by row
+    [T, d (d + 1) / 2]; remembered for the last :data:`_OUTER_CACHE_SIZE` arrays while they live."""
+    for reference, outer in _OUTER_CACHE:
+        if reference() is X:
+            return outer
+    upper, _ = _upper_triangle(X.shape[1])
+    outer = X[:, upper[0]] * X[:, upper[1]]
+    _OUTER_CACHE[:] = [entry for entry in _OUTER_CACHE if entry[0]() is not None]
+    _OUTER_CACHE.insert(0, (weakref.ref(X), outer))
+    del _OUTER_CACHE[_OUTER_CACHE_SIZE:]
+    return outer
 
 
 class BatchedGaussianHMM(GaussianHMM):
@@ -135,10 +221,18 @@ class BatchedGaussianHMM(GaussianHMM):
             cholesky = np.linalg.cholesky(self._covars_)
         except np.linalg.LinAlgError:
             return super()._compute_log_likelihood(X)
-        whitening = np.linalg.inv(cholesky).transpose(0, 2, 1)  # L_k^-T, [K, d, d]
-        solved = X[None] @ whitening - (self.means_[:, None, :] @ whitening)  # [K, T, d]
+        inverse = np.linalg.inv(cholesky)  # L_k^-1, [K, d, d]
+        precision = inverse.transpose(0, 2, 1) @ inverse  # Sigma_k^-1 = L_k^-T L_k^-1
+        pulled = precision @ self.means_[:, :, None]  # Sigma_k^-1 mu_k, [K, d, 1]
+        # (x - mu)' P (x - mu) = <x x', P> - 2 x' P mu + mu' P mu: two matrix products over all
+        # observations, x x' computed once per array (outer_products, upper triangle only, so
+        # the off-diagonal entries of P count twice).
+        upper, off_diagonal = _upper_triangle(X.shape[1])
+        packed = precision[:, upper[0], upper[1]] * np.where(off_diagonal, 2.0, 1.0)
+        squared = (outer_products(X) @ packed.T
+                   - 2 * X @ pulled[:, :, 0].T
+                   + (self.means_[:, None, :] @ pulled)[:, 0, 0][None, :])  # fmt: skip
         log_det = 2 * np.log(np.diagonal(cholesky, axis1=1, axis2=2)).sum(axis=1)
-        squared = np.einsum("ktd,ktd->tk", solved, solved)
         return -0.5 * (X.shape[1] * np.log(2 * np.pi) + log_det[None, :] + squared)
 
     def fit_weighted(self, X: np.ndarray, lengths: Any, weights: Any) -> BatchedGaussianHMM:
@@ -176,15 +270,21 @@ class BatchedGaussianHMM(GaussianHMM):
         log_frames = self._compute_log_likelihood(X)
         total = 0.0
         for positions, rows in _runs_of_equal_length(lengths):
-            result = forward(log_frames[rows], self.startprob_, self.transmat_)
-            if result is None:  # underflow: hmmlearn's log-space code on the runs repeated
-                return super().score(*_repeat_runs(X, lengths, self._run_weights))
-            _, scale, shift, _ = result
-            per_run = np.log(scale).sum(axis=0) + shift.sum(axis=0)
+            _, scale, shift, _, failed = scaled_forward(log_frames[rows], self.startprob_,
+                                                        self.transmat_)  # fmt: skip
+            with np.errstate(divide="ignore"):
+                per_run = np.log(scale).sum(axis=0) + shift.sum(axis=0)
+            for i in np.flatnonzero(failed):  # underflow: these runs in log space
+                per_run[i] = log_forward(log_frames[rows][i], self.startprob_, self.transmat_)[0]
             total += float(weights[positions] @ per_run)
         return total
 
     def _do_estep(self, X: np.ndarray, lengths: Any) -> tuple[dict, float]:
+        if not (np.isfinite(self.means_).all() and np.isfinite(self.transmat_).all()):
+            # hmmlearn's M-step gave a state no mass (0 / 0): EM would go on with NaN
+            # parameters to n_iter, a failed fit either way (measured: 970 of a default-study
+            # map's 2,276 E-steps, 30 % of its fit time).
+            raise ValueError("EM left a state without mass (NaN parameters)")
         stats = self._initialize_sufficient_statistics()
         self._estep_begin()
         weights = self._weights(lengths)
@@ -193,11 +293,10 @@ class BatchedGaussianHMM(GaussianHMM):
         log_likelihood = 0.0
         for positions, rows in _runs_of_equal_length(lengths):
             w = weights[positions]
-            result = forward_backward(log_frames[rows], self.startprob_, self.transmat_,
-                                      None if self._run_weights is None else w)  # fmt: skip
-            if result is None:  # underflow: hmmlearn's log-space code on the runs repeated
-                return super()._do_estep(*_repeat_runs(X, lengths, self._run_weights))
-            gamma, transitions, run_log_likelihood = result
+            weighted = None if self._run_weights is None else w
+            gamma, transitions, run_log_likelihood = forward_backward(
+                log_frames[rows], self.startprob_, self.transmat_, weighted
+            )
             if self._run_weights is not None:
                 gamma = gamma * w[:, None, None]
             posteriors[rows] = gamma
@@ -210,7 +309,9 @@ class BatchedGaussianHMM(GaussianHMM):
         if self.covariance_type in ("spherical", "diag"):
             stats["obs**2"] = posteriors.T @ X**2
         else:
-            stats["obs*obs.T"] = np.stack(
-                [(X * posteriors[:, [k]]).T @ X for k in range(self.n_components)]
-            )
+            upper, _ = _upper_triangle(X.shape[1])
+            second = np.empty((self.n_components, X.shape[1], X.shape[1]))
+            second[:, upper[0], upper[1]] = posteriors.T @ outer_products(X)
+            second[:, upper[1], upper[0]] = second[:, upper[0], upper[1]]
+            stats["obs*obs.T"] = second
         return stats, log_likelihood

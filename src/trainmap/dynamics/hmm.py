@@ -434,6 +434,22 @@ def fit_restarts(
     return sorted(fits, key=lambda fit: (fit["split"], fit["n_states"], fit["restart"]))
 
 
+# Restarts whose training log-likelihoods agree to this relative difference reached one optimum
+# (often with their states in another order): round-off, not the data, would pick among them.
+RESTART_TIE = 1e-9
+
+
+def best_restart(fits: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The fit (of one K, in restart order) with the highest training log-likelihood; restarts
+    tied to :data:`RESTART_TIE` go to the first, so the winner does not hang on summation order
+    (a refit of the same runs listed in another order picks the same restart)."""
+    scores = np.array([fit["train_log_likelihood"] for fit in fits], dtype=float)
+    if len(fits) == 1 or not np.isfinite(scores).any():
+        return fits[0]
+    top = np.nanmax(scores)
+    return fits[int(np.flatnonzero(scores >= top - RESTART_TIE * abs(top))[0])]
+
+
 def selection_curve(fits: Sequence[dict[str, Any]], restart_rule: str) -> pd.DataFrame:
     """One row per K: the best restart's scores, the BIC over restarts, and K's criterion ``bic``.
 
@@ -452,7 +468,7 @@ def selection_curve(fits: Sequence[dict[str, Any]], restart_rule: str) -> pd.Dat
                "restarts_ok": len(usable), "restarts_converged": sum(f["converged"] for f in group),
                "restart": -1}  # fmt: skip
         if usable:
-            best = max(usable, key=lambda fit: fit["train_log_likelihood"])
+            best = best_restart(usable)
             row |= {key: best[key] for key in ("train_log_likelihood", "heldout_log_likelihood",
                                                "aic", "restart")}  # fmt: skip
             row["bic_best_restart"] = best["bic"]
