@@ -165,7 +165,7 @@ def log_forward_backward(
     return posteriors, transitions, log_likelihood
 
 
-def _runs_of_equal_length(lengths: Any) -> list[tuple[np.ndarray, np.ndarray]]:
+def runs_of_equal_length(lengths: Any) -> list[tuple[np.ndarray, np.ndarray]]:
     """For each distinct length: the positions of its runs in ``lengths`` and their row indices
     [n, T] in ``X`` (the runs concatenated in the order of ``lengths``)."""
     lengths = np.asarray(lengths)
@@ -175,6 +175,23 @@ def _runs_of_equal_length(lengths: Any) -> list[tuple[np.ndarray, np.ndarray]]:
         positions = np.flatnonzero(lengths == length)
         groups.append((positions, starts[positions][:, None] + np.arange(length)[None, :]))
     return groups
+
+
+def run_log_likelihoods(
+    log_frames: np.ndarray, startprob: np.ndarray, transmat: np.ndarray, lengths: Any
+) -> np.ndarray:
+    """log p(run) of every run [R] (``log_frames`` [N, K] of the runs concatenated in the order
+    of ``lengths``): the scaled forward pass of each group of equal-length runs, the runs it
+    cannot hold in log space."""
+    log_likelihood = np.empty(len(np.asarray(lengths)))
+    for positions, rows in runs_of_equal_length(lengths):
+        _, scale, shift, _, failed = scaled_forward(log_frames[rows], startprob, transmat)
+        with np.errstate(divide="ignore"):
+            per_run = np.log(scale).sum(axis=0) + shift.sum(axis=0)
+        for i in np.flatnonzero(failed):  # underflow: these runs in log space
+            per_run[i] = log_forward(log_frames[rows][i], startprob, transmat)[0]
+        log_likelihood[positions] = per_run
+    return log_likelihood
 
 
 @functools.cache
@@ -268,16 +285,8 @@ class BatchedGaussianHMM(GaussianHMM):
         lengths = [len(X)] if lengths is None else lengths
         weights = self._weights(lengths)
         log_frames = self._compute_log_likelihood(X)
-        total = 0.0
-        for positions, rows in _runs_of_equal_length(lengths):
-            _, scale, shift, _, failed = scaled_forward(log_frames[rows], self.startprob_,
-                                                        self.transmat_)  # fmt: skip
-            with np.errstate(divide="ignore"):
-                per_run = np.log(scale).sum(axis=0) + shift.sum(axis=0)
-            for i in np.flatnonzero(failed):  # underflow: these runs in log space
-                per_run[i] = log_forward(log_frames[rows][i], self.startprob_, self.transmat_)[0]
-            total += float(weights[positions] @ per_run)
-        return total
+        per_run = run_log_likelihoods(log_frames, self.startprob_, self.transmat_, lengths)
+        return float(weights @ per_run)
 
     def _do_estep(self, X: np.ndarray, lengths: Any) -> tuple[dict, float]:
         if not (np.isfinite(self.means_).all() and np.isfinite(self.transmat_).all()):
@@ -291,7 +300,7 @@ class BatchedGaussianHMM(GaussianHMM):
         log_frames = self._compute_log_likelihood(X)
         posteriors = np.empty_like(log_frames)
         log_likelihood = 0.0
-        for positions, rows in _runs_of_equal_length(lengths):
+        for positions, rows in runs_of_equal_length(lengths):
             w = weights[positions]
             weighted = None if self._run_weights is None else w
             gamma, transitions, run_log_likelihood = forward_backward(

@@ -1,0 +1,620 @@
+"""A Gaussian HMM whose emissions carry a per-run offset (and, optionally, a per-run linear drift).
+
+Real seeds differ by more than their states: an offset and a slow drift of the metrics per run
+(:func:`trainmap.dynamics.synthetic.run_nuisance`). A plain HMM covers those differences with extra
+states or merges true ones (bench/selection_nuisance.py). :class:`RunOffsetHMM` models them.
+
+A candidate, measured by bench/run_offsets.py (issue 22, item 2), not part of trainmap: nothing in
+the workflow, the CLI or :class:`~trainmap.dynamics.hmm.TrainingHMM` can select it. To become an
+option it needs run weights (the bootstrap's draws), a home in
+:func:`~trainmap.dynamics.hmm.select_model` (its own :func:`select_offset_model` here is a second
+selection path), and its run terms in decoding, the bootstrap, the stability curve and the map.
+
+Model
+-----
+Run r (length T_r) with hidden states s_t and observations x_{r,t} in R^d:
+
+    x_{r,t} = mu_{s_t} + b_r + c_r u_{r,t} + eps_{r,t},   eps_{r,t} ~ N(0, Sigma_{s_t}),
+    u_{r,t} = t / (T_r - 1)  (0 at the first checkpoint, 1 at the last),
+
+with c_r = 0 unless ``drift=True``. The offsets get a Gaussian prior b_r ~ N(0, tau_b^2 I) (drifts
+c_r ~ N(0, tau_c^2 I)), independent of the states. The HMM parameters theta = (pi, A, mu, Sigma)
+and the run terms (b, c) maximise the penalised log-likelihood (the log posterior up to a constant,
+since log N(b; 0, tau^2 I) = -|b|^2 / (2 tau^2) + const):
+
+    F(theta, b, c) = sum_r log p(x_r | theta, b_r, c_r) - lambda_b/2 sum_r |b_r|^2
+                     - lambda_c/2 sum_r |c_r|^2,           lambda = 1 / tau^2.        (eq. 0)
+
+Estimation: ECM (Meng & Rubin 1993, "Maximum likelihood estimation via the ECM algorithm",
+Biometrika 80: the M-step replaced by conditional maximisations, each of which raises the same
+expected complete-data log-likelihood Q, so F never decreases):
+
+* E-step: given (theta, b, c) the residuals y_{r,t} = x_{r,t} - b_r - c_r u_{r,t} are an ordinary
+  HMM's observations; the scaled forward-backward (Rabiner 1989, eqs. 91-93; the module-level
+  functions of :mod:`trainmap.dynamics.batched_hmm`) gives gamma_{r,t,k} = p(s_t = k | x_r) and
+  the expected transition counts.
+* CM-step 1: theta maximising Q given (b, c): hmmlearn's Gaussian M-step on the statistics of y.
+* CM-step 2: (b_r, c_r) maximising Q(theta_new, b, c) minus the penalty, gamma held fixed. With
+  P_k = Sigma_k^-1 the part of Q that depends on run r's terms is
+
+      -1/2 sum_t sum_k gamma_{tk} (x_t - mu_k - b_r - c_r u_t)^T P_k (x_t - mu_k - b_r - c_r u_t),
+
+  and setting its gradient (with the penalty's) to zero gives, offset only,
+
+      (sum_k G0_k P_k + lambda_b I) b_r = sum_k P_k (S0_k - G0_k mu_k),                  (eq. 1)
+
+  and with drift the 2d x 2d system
+
+      [ sum_k G0_k P_k + lambda_b I   sum_k G1_k P_k              ] [b_r]   [ h0_r ]
+      [ sum_k G1_k P_k                sum_k G2_k P_k + lambda_c I ] [c_r] = [ h1_r ],   (eq. 2)
+
+      hj_r = sum_k P_k (Sj_k - Gj_k mu_k),
+
+  where Gj_k = sum_t gamma_{tk} u_t^j and Sj_k = sum_t gamma_{tk} u_t^j x_t (sums over run r).
+  The ridge terms lambda keep an offset from "explaining" a run that sits in one state all along:
+  moving such a run to another state's mean by its offset costs lambda_b |mu_k - mu_h|^2 / 2.
+* Identifiability: mu_k + b_r is unchanged by mu_k -> mu_k + m, b_r -> b_r - m. After CM-step 2
+  the offsets are centred, m = mean_r b_r (each run once), b_r -= m, mu_k += m: the likelihood is
+  unchanged and the penalty can only fall (the mean minimises sum_r |b_r - m|^2), so F still
+  does not decrease. A common drift is no such reparametrisation (the means are constant in
+  time), but it competes with the states' progression (a left-to-right process looks like a
+  drift shared by every run), so the drifts are constrained to sum to zero: CM-step 2 then solves
+  eq. 2 under sum_r c_r = 0 with a Lagrange multiplier nu (M_r [b_r; c_r] = h_r - [0; nu]):
+  nu = (sum_r W_r^cc)^-1 sum_r c_r^0, [b_r; c_r] = [b_r^0; c_r^0] - W_r[:, c] nu, with W_r = M_r^-1
+  and [b_r^0; c_r^0] the unconstrained solution of eq. 2.
+
+Local optima: a run's likelihood is multimodal in b_r. An offset of about one state step makes a
+run's segments look like their neighbour states (a run that passes quickly through state 1 and
+stays in state 2 fits "state 1 all along" with b_r = mu_2 - mu_1), and alternating posteriors and
+eq. 1 from b_r = 0 can stop there (on the nuisance data it cost up to 5 % of decoding accuracy).
+So the run terms are searched (:meth:`RunOffsetHMM.search_run_terms`, theta fixed) from several
+starts: the current terms, and the offsets that put the mean of the run's first (last) few
+checkpoints on each state's mean; the best few by penalised likelihood are refined by the
+alternations and the best kept. A fit alternates ECM to convergence with such a search of the
+fitted runs' terms (the current terms are among the starts, so no run's penalised likelihood
+falls, and eq. 0 still does not decrease; with drift the searched drifts are projected back onto
+sum_r c_r = 0, which can cost a little) until the search moves no run by more than
+:data:`SEARCH_MOVE` (at most ``search_rounds`` ECM runs; the terms of a search that moved nothing
+are not kept, so the fitted terms are always those of a CM-step).
+
+New runs (held-out scoring, decoding): theta stays fixed and each run's terms come from the search
+above started from b = c = 0 (alternations of the E-step and eq. 1 / eq. 2: an EM for the run's
+MAP terms given theta; no centring, no constraint). :meth:`RunOffsetHMM.score` is then the profile
+log-likelihood sum_r log p(x_r | theta, b_r, c_r) (prior not added), :meth:`RunOffsetHMM.bic`
+counts the d (2d with drift) run terms of every scored run on top of hmmlearn's count (the same
+for every K, but counted), and :meth:`RunOffsetHMM.predict` is hmmlearn's Viterbi on the residuals.
+
+:func:`select_offset_model` is the ``holdout`` selection rule of :mod:`trainmap.dynamics.hmm` with
+this model: seeded sticky restarts (:func:`trainmap.dynamics.hmm.initialise`), K's model its best
+restart by training objective, K by held-out BIC.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from hmmlearn.hmm import GaussianHMM
+
+from trainmap.dynamics.batched_hmm import (
+    BatchedGaussianHMM,
+    forward_backward,
+    run_log_likelihoods,
+    runs_of_equal_length,
+)
+
+#: Default prior standard deviation of an offset (and a drift), in standardised units.
+DEFAULT_OFFSET_SCALE = 0.5
+#: Alternations of posteriors and offset update for a new run (parameters fixed).
+DEFAULT_OFFSET_ITER = 20
+#: Stop those alternations when no run term moves by more than this (standardised units).
+OFFSET_TOL = 1e-4
+#: Checkpoints at a run's start (end) whose mean the search aligns with each state's mean.
+SEARCH_WINDOW = 10
+#: Alternations of each refined start of the search before the best one of each run is kept.
+SEARCH_ITER = 3
+#: Starts per run refined besides its current terms (the best by penalised likelihood).
+SEARCH_KEEP = 2
+#: Rounds of (ECM to convergence, search of the fitted runs' terms) in a fit.
+DEFAULT_SEARCH_ROUNDS = 3
+#: A search that moves no run term by more than this (standardised units) ends the fit.
+SEARCH_MOVE = 0.05
+
+
+# --- forward-backward on groups of runs of equal length ----------------------------------------
+
+
+def run_time(lengths: Sequence[int]) -> np.ndarray:
+    """u_{r,t} = t / (T_r - 1) for every row of the concatenated runs (0 for a run of length 1)."""
+    return np.concatenate([np.linspace(0.0, 1.0, n) if n > 1 else np.zeros(1) for n in lengths])
+
+
+def posteriors_and_likelihood(
+    log_frames: np.ndarray, startprob: np.ndarray, transmat: np.ndarray, lengths: Sequence[int]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Forward-backward of every run: posteriors [N, K], expected transitions [K, K], each run's
+    first-step posterior [R, K] and log-likelihood [R] (scaled, log-space where it underflows)."""
+    n_states = log_frames.shape[1]
+    posteriors = np.empty_like(log_frames)
+    transitions = np.zeros((n_states, n_states))
+    first = np.empty((len(lengths), n_states))
+    log_likelihood = np.empty(len(lengths))
+    for positions, rows in runs_of_equal_length(lengths):
+        gamma, group_transitions, group_ll = forward_backward(log_frames[rows], startprob, transmat)
+        posteriors[rows] = gamma
+        transitions += group_transitions
+        first[positions] = gamma[:, 0]
+        log_likelihood[positions] = group_ll
+    return posteriors, transitions, first, log_likelihood
+
+
+# --- the closed-form update of the run terms (eqs. 1 and 2) ------------------------------------
+
+
+def run_sums(
+    X: np.ndarray, posteriors: np.ndarray, lengths: Sequence[int], time: np.ndarray, drift: bool
+) -> dict[str, np.ndarray]:
+    """Per run r and state k: Gj_k = sum_t gamma_tk u_t^j [R, K] and Sj_k = sum_t gamma_tk
+    u_t^j x_t [R, K, d] (j = 0, and j = 1, 2 with drift; module docstring, eqs. 1-2)."""
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(int)
+
+    def per_run(values: np.ndarray) -> np.ndarray:  # the runs are contiguous blocks of rows
+        return np.add.reduceat(values, starts, axis=0)
+
+    sums = {"G0": per_run(posteriors), "S0": per_run(posteriors[:, :, None] * X[:, None, :])}
+    if drift:
+        weighted = posteriors * time[:, None]
+        sums["G1"] = per_run(weighted)
+        sums["G2"] = per_run(weighted * time[:, None])
+        sums["S1"] = per_run(weighted[:, :, None] * X[:, None, :])
+    return sums
+
+
+def offset_system(
+    sums: Mapping[str, np.ndarray], means: np.ndarray, precisions: np.ndarray,
+    ridge: tuple[float, float], drift: bool,
+) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """The normal equations of every run's terms: matrices [R, m, m] and right-hand sides [R, m]
+    (m = d, or 2d with drift; eqs. 1 and 2 of the module docstring)."""
+    d = means.shape[1]
+    eye = np.eye(d)
+
+    def block(g: np.ndarray) -> np.ndarray:  # sum_k g_rk P_k
+        return np.einsum("rk,kij->rij", g, precisions)
+
+    def rhs(g: np.ndarray, s: np.ndarray) -> np.ndarray:  # sum_k P_k (s_rk - g_rk mu_k)
+        return np.einsum("kij,rkj->ri", precisions, s - g[:, :, None] * means[None])
+
+    top_left = block(sums["G0"]) + ridge[0] * eye
+    top = rhs(sums["G0"], sums["S0"])
+    if not drift:
+        return top_left, top
+    corner = block(sums["G1"])
+    bottom_right = block(sums["G2"]) + ridge[1] * eye
+    matrix = np.block([[top_left, corner], [corner, bottom_right]])
+    return matrix, np.concatenate([top, rhs(sums["G1"], sums["S1"])], axis=1)
+
+
+def solve_run_terms(matrix: np.ndarray, rhs: np.ndarray, drift: bool, centre: bool) -> np.ndarray:
+    """Every run's terms [R, m] from its normal equations; ``centre`` with drift: under the
+    constraint sum_r c_r = 0, by the Lagrange multiplier of the module docstring."""
+    inverse = np.linalg.inv(matrix)
+    terms = np.einsum("rij,rj->ri", inverse, rhs)
+    if not (drift and centre):
+        return terms
+    d = matrix.shape[1] // 2
+    multiplier = np.linalg.solve(inverse[:, d:, d:].sum(axis=0), terms[:, d:].sum(axis=0))
+    return terms - np.einsum("rij,j->ri", inverse[:, :, d:], multiplier)
+
+
+def covariances_full(model: GaussianHMM) -> np.ndarray:
+    """Sigma_k as [K, d, d] for the diag and full covariance types."""
+    covars = model._covars_
+    if model.covariance_type == "diag":
+        return np.stack([np.diag(c) for c in covars])
+    return covars
+
+
+# --- the model ---------------------------------------------------------------------------------
+
+
+class RunOffsetHMM(BatchedGaussianHMM):
+    """A Gaussian HMM with a per-run emission offset, and with ``drift=True`` a per-run linear
+    drift, estimated with the HMM's parameters by ECM (module docstring).
+
+    ``offset_scale`` and ``drift_scale``: the prior standard deviations tau_b and tau_c, in the
+    units of X (lambda = 1 / tau^2 in eqs. 1-2). ``offset_iter``: alternations of posteriors and
+    run-term updates for new runs (:meth:`estimate_run_terms`). Other arguments: hmmlearn's
+    ``GaussianHMM`` (covariance types ``"full"`` and ``"diag"``). After :meth:`fit`: ``offsets_``
+    [R, d] and ``drifts_`` [R, d] (zeros without drift) of the fitted runs, in ``lengths`` order,
+    and ``objective_`` (eq. 0 at the last E-step) and ``train_log_likelihood_`` (its likelihood
+    part). Run weights (``fit_weighted``) are not supported.
+    """
+
+    def __init__(
+        self, n_components: int = 1, covariance_type: str = "full", *, drift: bool = False,
+        offset_scale: float = DEFAULT_OFFSET_SCALE, drift_scale: float = DEFAULT_OFFSET_SCALE,
+        offset_iter: int = DEFAULT_OFFSET_ITER, search_rounds: int = DEFAULT_SEARCH_ROUNDS,
+        **kwargs: Any,
+    ) -> None:  # fmt: skip
+        if covariance_type not in ("full", "diag"):
+            raise ValueError(f"covariance_type: {covariance_type!r}; choose full or diag")
+        super().__init__(n_components=n_components, covariance_type=covariance_type, **kwargs)
+        self.drift, self.offset_scale, self.drift_scale = drift, offset_scale, drift_scale
+        self.offset_iter, self.search_rounds = offset_iter, search_rounds
+
+    # --- parameters of the run terms -----------------------------------------------------------
+
+    @property
+    def ridge(self) -> tuple[float, float]:
+        """(lambda_b, lambda_c) = 1 / tau^2 (0 for an infinite prior scale)."""
+        return 1.0 / self.offset_scale**2, 1.0 / self.drift_scale**2
+
+    def n_run_parameters(self, n_runs: int) -> int:
+        """Free run terms of ``n_runs`` runs: d each (2d with drift)."""
+        return n_runs * self.n_features * (2 if self.drift else 1)
+
+    def run_shift(self, terms: np.ndarray, lengths: Sequence[int]) -> np.ndarray:
+        """b_r + c_r u_{r,t} for every row [N, d] from the run terms [R, m]."""
+        d = self.n_features
+        shift = np.repeat(terms[:, :d], lengths, axis=0)
+        if self.drift:
+            shift += np.repeat(terms[:, d:], lengths, axis=0) * run_time(lengths)[:, None]
+        return shift
+
+    # --- densities -----------------------------------------------------------------------------
+
+    def _compute_log_likelihood(self, X: np.ndarray) -> np.ndarray:
+        """log N(x_t | mu_k, Sigma_k) [T, K]: one batched Cholesky for full covariances, the
+        closed form for diagonal ones (hmmlearn's code where a Cholesky fails)."""
+        d = X.shape[1]
+        if self.covariance_type == "diag":
+            var = self._covars_
+            squared = ((X[:, None, :] - self.means_[None]) ** 2 / var[None]).sum(axis=2)
+            log_det = np.log(var).sum(axis=1)
+            return -0.5 * (d * np.log(2 * np.pi) + log_det[None] + squared)
+        try:
+            cholesky = np.linalg.cholesky(self._covars_)
+        except np.linalg.LinAlgError:
+            return GaussianHMM._compute_log_likelihood(self, X)
+        whitening = np.linalg.inv(cholesky).transpose(0, 2, 1)  # L_k^-T
+        solved = X[None] @ whitening - (self.means_[:, None, :] @ whitening)
+        log_det = 2 * np.log(np.diagonal(cholesky, axis1=1, axis2=2)).sum(axis=1)
+        squared = np.einsum("ktd,ktd->tk", solved, solved)
+        return -0.5 * (d * np.log(2 * np.pi) + log_det[None, :] + squared)
+
+    def precisions(self) -> np.ndarray:
+        """P_k = Sigma_k^-1 [K, d, d] (pseudo-inverse where singular to rounding)."""
+        return np.linalg.pinv(covariances_full(self), hermitian=True)
+
+    # --- fitting (ECM) -------------------------------------------------------------------------
+
+    def fit(self, X: np.ndarray, lengths: Sequence[int] | None = None) -> RunOffsetHMM:
+        """Fit theta and the fitted runs' terms: ECM from zero run terms to convergence, then up
+        to ``search_rounds - 1`` times a search of every run's terms with theta fixed
+        (:meth:`search_run_terms`, started from the current terms, so no run's penalised
+        likelihood falls), centring, and ECM again from there, until the search moves no run.
+        Each step does not decrease eq. 0 (module docstring)."""
+        X = np.asarray(X, dtype=float)
+        lengths = [len(X)] if lengths is None else [int(n) for n in lengths]
+        self._fit_lengths = lengths
+        self._fit_time = run_time(lengths) if self.drift else None
+        self._terms = np.zeros((len(lengths), X.shape[1] * (2 if self.drift else 1)))
+        self._X_fit = X
+        init_params, iterations = self.init_params, 0
+        try:
+            for round_ in range(self.search_rounds):
+                super().fit(X, lengths)
+                iterations += self.monitor_.iter
+                if round_ == self.search_rounds - 1 or not self._search_fitted(X, lengths):
+                    break
+                self.init_params = ""  # continue EM from the current parameters
+        finally:
+            del self._X_fit
+            self.init_params = init_params
+        self.n_iterations_ = iterations
+        d = X.shape[1]
+        self.offsets_ = self._terms[:, :d].copy()
+        self.drifts_ = self._terms[:, d:].copy() if self.drift else np.zeros_like(self.offsets_)
+        return self
+
+    def _search_fitted(self, X: np.ndarray, lengths: Sequence[int]) -> bool:
+        """Search the fitted runs' terms (theta fixed); where some run moves by more than
+        :data:`SEARCH_MOVE`, keep the new terms, centre the offsets (moving the means) and, with
+        drift, project the drifts back onto sum_r c_r = 0 (the next ECM restores the constrained
+        CM-step); whether any run moved."""
+        if not np.isfinite(self.means_).all():
+            return False
+        terms = self.search_run_terms(X, lengths, self._terms)[0]
+        if float(np.abs(terms - self._terms).max()) <= SEARCH_MOVE:
+            return False
+        d = self.n_features
+        centre = terms[:, :d].mean(axis=0)
+        terms[:, :d] -= centre
+        if self.drift:
+            terms[:, d:] -= terms[:, d:].mean(axis=0)
+        self.means_ = self.means_ + centre
+        self._terms = terms
+        return True
+
+    def _do_estep(self, X: np.ndarray, lengths: Sequence[int]) -> tuple[dict, float]:
+        """E-step on the residuals y = x - b - c u; returns hmmlearn's statistics of y and eq. 0."""
+        residual = X - self.run_shift(self._terms, lengths)
+        log_frames = self._compute_log_likelihood(residual)
+        posteriors, transitions, first, run_ll = posteriors_and_likelihood(
+            log_frames, self.startprob_, self.transmat_, lengths)  # fmt: skip
+        self._posteriors = posteriors
+        stats = self._initialize_sufficient_statistics()
+        stats["nobs"] = float(len(lengths))
+        stats["start"] = first.sum(axis=0)
+        stats["trans"] = transitions
+        stats["post"] = posteriors.sum(axis=0)
+        stats["obs"] = posteriors.T @ residual
+        if self.covariance_type == "diag":
+            stats["obs**2"] = posteriors.T @ residual**2
+        else:
+            stats["obs*obs.T"] = np.stack([(residual * posteriors[:, [k]]).T @ residual
+                                           for k in range(self.n_components)])  # fmt: skip
+        self.train_log_likelihood_ = float(run_ll.sum())
+        self.objective_ = self.train_log_likelihood_ - self._penalty(self._terms)
+        return stats, self.objective_
+
+    def _penalty(self, terms: np.ndarray) -> float:
+        """lambda_b/2 sum |b_r|^2 + lambda_c/2 sum |c_r|^2 (eq. 0)."""
+        d = self.n_features
+        value = 0.5 * self.ridge[0] * float((terms[:, :d] ** 2).sum())
+        if self.drift:
+            value += 0.5 * self.ridge[1] * float((terms[:, d:] ** 2).sum())
+        return value
+
+    def _do_mstep(self, stats: dict) -> None:
+        """CM-step 1 (hmmlearn's M-step on the residuals' statistics), CM-step 2 (eq. 1 or 2 with
+        the new theta, gamma of the last E-step) and the centring of the offsets."""
+        super()._do_mstep(stats)
+        X, lengths = self._X_fit, self._fit_lengths
+        if not np.isfinite(self.means_).all():
+            return  # a state lost its mass; hmmlearn's checks report it
+        sums = run_sums(X, self._posteriors, lengths, self._fit_time, self.drift)
+        matrix, rhs = offset_system(sums, self.means_, self.precisions(), self.ridge, self.drift)
+        terms = solve_run_terms(matrix, rhs, self.drift, centre=True)
+        d = self.n_features
+        centre = terms[:, :d].mean(axis=0)
+        terms[:, :d] -= centre
+        self.means_ = self.means_ + centre
+        self._terms = terms
+
+    # --- new runs: terms estimated with theta fixed --------------------------------------------
+
+    def estimate_run_terms(self, X: np.ndarray, lengths: Sequence[int] | None = None) -> np.ndarray:
+        """Each run's MAP terms [R, d] (offsets; [R, 2d], offsets then drifts, with drift) given
+        the fitted theta, by the multi-start search of :meth:`search_run_terms` from zero."""
+        self._check()
+        X = np.asarray(X, dtype=float)
+        lengths = [len(X)] if lengths is None else [int(n) for n in lengths]
+        terms = np.zeros((len(lengths), X.shape[1] * (2 if self.drift else 1)))
+        return self.search_run_terms(X, lengths, terms)[0]
+
+    def search_run_terms(
+        self, X: np.ndarray, lengths: Sequence[int], current: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Each run's terms [R, m] and penalised log-likelihood [R] given theta, from the best of
+        several starts (the run's likelihood in b is multimodal: an offset of one state step makes
+        a run's segments look like their neighbour states). Starts: ``current``, and the offsets
+        that put the mean of the run's first (last) :data:`SEARCH_WINDOW` checkpoints on each
+        state's mean (drift 0). Every start is scored by its penalised log-likelihood (eq. 0's
+        terms of the run); ``current`` and the :data:`SEARCH_KEEP` best others get
+        :data:`SEARCH_ITER` alternations of posteriors and eq. 1 / 2; the best of those then
+        continues to ``offset_iter`` alternations or until no term moves by :data:`OFFSET_TOL`."""
+        starts, owner = self._starts(X, lengths, current)
+        value = self._penalised(*self._repeat(X, lengths, owner), starts)
+        kept = self._kept_starts(value, owner, len(lengths))
+        repeated, rep_lengths = self._repeat(X, lengths, owner[kept])
+        terms, value = self._alternate(repeated, rep_lengths, starts[kept], SEARCH_ITER)
+        owner = owner[kept]
+        best = np.array([np.flatnonzero(owner == r)[np.argmax(value[owner == r])]
+                         for r in range(len(lengths))])  # fmt: skip
+        return self._alternate(X, lengths, terms[best], self.offset_iter)
+
+    @staticmethod
+    def _kept_starts(value: np.ndarray, owner: np.ndarray, n_runs: int) -> np.ndarray:
+        """Indices of the starts to refine: each run's first (its current terms) and its
+        :data:`SEARCH_KEEP` best others by ``value``."""
+        kept = []
+        for r in range(n_runs):
+            mine = np.flatnonzero(owner == r)
+            others = mine[1:][np.argsort(-value[mine[1:]], kind="stable")[:SEARCH_KEEP]]
+            kept.extend([mine[0], *others])
+        return np.array(kept)
+
+    def _repeat(
+        self, X: np.ndarray, lengths: Sequence[int], owner: np.ndarray
+    ) -> tuple[np.ndarray, list[int]]:
+        """``X, lengths`` with the run behind every start repeated, in the starts' order."""
+        rows = self._rows(lengths, owner)
+        return np.concatenate([X[a : a + n] for a, n in rows]), [n for _, n in rows]
+
+    @staticmethod
+    def _rows(lengths: Sequence[int], owner: np.ndarray) -> list[tuple[int, int]]:
+        """(first row, length) in X of the run behind every start."""
+        begins = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(int)
+        return [(int(begins[r]), int(lengths[r])) for r in owner]
+
+    def _starts(
+        self, X: np.ndarray, lengths: Sequence[int], current: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The starts of :meth:`search_run_terms` [S, m] and the run each belongs to [S]."""
+        d = self.n_features
+        begins = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(int)
+        starts, owner = [current], [np.arange(len(lengths))]
+        for r, (a, n) in enumerate(zip(begins, lengths, strict=True)):
+            w = min(SEARCH_WINDOW, n)
+            for window in (X[a : a + w], X[a + n - w : a + n]):
+                aligned = np.zeros((self.n_components, current.shape[1]))
+                aligned[:, :d] = window.mean(axis=0) - self.means_
+                starts.append(aligned)
+                owner.append(np.full(self.n_components, r))
+        starts, owner = np.concatenate(starts), np.concatenate(owner)
+        order = np.argsort(owner, kind="stable")  # each run's current terms first
+        return starts[order], owner[order]
+
+    def _alternate(
+        self, X: np.ndarray, lengths: Sequence[int], terms: np.ndarray, n_iter: int
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Up to ``n_iter`` alternations of posteriors and eq. 1 / eq. 2 (theta fixed) from
+        ``terms``; the terms and each run's penalised log-likelihood at them."""
+        time = run_time(lengths) if self.drift else None
+        precisions = self.precisions()
+        for _ in range(n_iter):
+            log_frames = self._compute_log_likelihood(X - self.run_shift(terms, lengths))
+            posteriors = posteriors_and_likelihood(log_frames, self.startprob_, self.transmat_,
+                                                   lengths)[0]  # fmt: skip
+            sums = run_sums(X, posteriors, lengths, time, self.drift)
+            matrix, rhs = offset_system(sums, self.means_, precisions, self.ridge, self.drift)
+            updated = solve_run_terms(matrix, rhs, self.drift, centre=False)
+            moved = float(np.abs(updated - terms).max())
+            terms = updated
+            if moved < OFFSET_TOL:
+                break
+        return terms, self._penalised(X, lengths, terms)
+
+    def _penalised(self, X: np.ndarray, lengths: Sequence[int], terms: np.ndarray) -> np.ndarray:
+        """log p(x_r | theta, b_r, c_r) - lambda_b/2 |b_r|^2 - lambda_c/2 |c_r|^2 per run."""
+        log_frames = self._compute_log_likelihood(X - self.run_shift(terms, lengths))
+        value = run_log_likelihoods(log_frames, self.startprob_, self.transmat_, lengths)
+        d = self.n_features
+        value = value - 0.5 * self.ridge[0] * (terms[:, :d] ** 2).sum(axis=1)
+        if self.drift:
+            value = value - 0.5 * self.ridge[1] * (terms[:, d:] ** 2).sum(axis=1)
+        return np.where(np.isfinite(value), value, -np.inf)
+
+    def residuals(self, X: np.ndarray, lengths: Sequence[int] | None = None) -> np.ndarray:
+        """x - b_r - c_r u_t with every run's terms estimated (:meth:`estimate_run_terms`)."""
+        lengths = [len(X)] if lengths is None else [int(n) for n in lengths]
+        return np.asarray(X, dtype=float) - self.run_shift(self.estimate_run_terms(X, lengths),
+                                                           lengths)  # fmt: skip
+
+    def score(self, X: np.ndarray, lengths: Sequence[int] | None = None) -> float:
+        """Profile log-likelihood sum_r log p(x_r | theta, b_r, c_r) of new runs, their terms
+        estimated with theta fixed (prior not added)."""
+        lengths = [len(X)] if lengths is None else [int(n) for n in lengths]
+        log_frames = self._compute_log_likelihood(self.residuals(X, lengths))
+        return float(run_log_likelihoods(log_frames, self.startprob_, self.transmat_,
+                                         lengths).sum())  # fmt: skip
+
+    def bic(self, X: np.ndarray, lengths: Sequence[int] | None = None) -> float:
+        """-2 log L + p log n, p: hmmlearn's count plus the scored runs' terms."""
+        lengths = [len(X)] if lengths is None else list(lengths)
+        n_parameters = self.n_hmm_parameters() + self.n_run_parameters(len(lengths))
+        return -2 * self.score(X, lengths) + n_parameters * math.log(len(X))
+
+    def n_hmm_parameters(self) -> int:
+        """The free HMM parameters hmmlearn's ``bic`` counts."""
+        per_parameter = self._get_n_fit_scalars_per_param()
+        return int(sum(per_parameter[name] for name in self.params))
+
+    def predict(self, X: np.ndarray, lengths: Sequence[int] | None = None) -> np.ndarray:
+        """Viterbi states of new runs on their residuals (terms estimated first)."""
+        lengths = [len(X)] if lengths is None else [int(n) for n in lengths]
+        return super().predict(self.residuals(X, lengths), lengths)
+
+    def score_weighted(self, X: np.ndarray, lengths: Any, weights: Any) -> float:
+        """Not supported: the run terms have no weighted form here."""
+        raise NotImplementedError("RunOffsetHMM does not take run weights")
+
+    def fit_weighted(self, X: np.ndarray, lengths: Any, weights: Any) -> RunOffsetHMM:
+        """Not supported: the run terms have no weighted form here."""
+        raise NotImplementedError("RunOffsetHMM does not take run weights")
+
+
+# --- selection of K (the holdout rule with this model) -----------------------------------------
+
+
+@dataclass
+class OffsetSelection:
+    """What :func:`select_offset_model` found: one row per (K, restart), K's best model, the K."""
+
+    fits: list[dict[str, Any]]
+    models: dict[int, RunOffsetHMM]
+    bic: dict[int, float]
+    n_states: int
+
+    @property
+    def model(self) -> RunOffsetHMM:
+        """The chosen K's model."""
+        return self.models[self.n_states]
+
+
+def fit_offset_restart(
+    n_states: int, restart: int, train: tuple[np.ndarray, list[int]], settings: Mapping[str, Any],
+    options: Mapping[str, Any],
+) -> tuple[RunOffsetHMM | None, float]:  # fmt: skip
+    """One seeded sticky restart at K = ``n_states`` (:func:`trainmap.dynamics.hmm.initialise`);
+    the model and its training objective (eq. 0), ``(None, nan)`` where EM broke down."""
+    from trainmap.dynamics.hmm import initialise, restart_seed
+
+    seed = restart_seed(settings["random_state"], n_states, restart)
+    n_observations = len(train[0])
+    model = RunOffsetHMM(
+        n_components=n_states, covariance_type=settings["covariance_type"],
+        n_iter=settings["n_iter"], tol=settings["tol"] * n_observations,
+        min_covar=settings["min_covar"], random_state=seed, **options,
+    )  # fmt: skip
+    initialise(model, train, seed)
+    logging.getLogger("hmmlearn").setLevel(logging.ERROR)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            model.fit(*train)
+        except (ValueError, np.linalg.LinAlgError):
+            return None, math.nan
+    if not (np.isfinite(model.means_).all() and np.isfinite(model.objective_)):
+        return None, math.nan
+    return model, model.objective_
+
+
+def heldout_bic(model: RunOffsetHMM, heldout: tuple[np.ndarray, list[int]]) -> float:
+    """The held-out BIC (:meth:`RunOffsetHMM.bic`); inf where it cannot be scored."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            value = model.bic(*heldout)
+    except (ValueError, np.linalg.LinAlgError):
+        return math.inf
+    return value if np.isfinite(value) else math.inf
+
+
+def select_offset_model(
+    train: tuple[np.ndarray, list[int]], heldout: tuple[np.ndarray, list[int]],
+    settings: Mapping[str, Any], ks: Sequence[int], restarts: int = 2, **options: Any,
+) -> OffsetSelection:  # fmt: skip
+    """K by held-out BIC with :class:`RunOffsetHMM` (the ``holdout`` rule of
+    :func:`trainmap.dynamics.hmm.select_model`): ``restarts`` seeded restarts per K on ``train``,
+    K's model its best restart by training objective, its BIC on ``heldout`` (run terms of the
+    held-out runs estimated with the parameters fixed and counted). ``settings``: those of
+    :meth:`trainmap.dynamics.hmm.TrainingHMM.settings`; ``options``: :class:`RunOffsetHMM`'s
+    (``drift``, ``offset_scale``, ...). BLAS single-threaded, like the plain selection."""
+    from threadpoolctl import threadpool_limits
+
+    fits, models, bics = [], {}, {}
+    with threadpool_limits(limits=1):
+        for k in ks:
+            candidates = []
+            for restart in range(restarts):
+                model, objective = fit_offset_restart(k, restart, train, settings, options)
+                fits.append({"n_states": k, "restart": restart, "objective": objective})
+                if model is not None:
+                    candidates.append((objective, model))
+            if not candidates:
+                bics[k] = math.inf
+                continue
+            models[k] = max(candidates, key=lambda pair: pair[0])[1]
+            bics[k] = heldout_bic(models[k], heldout)
+    finite = [k for k in bics if np.isfinite(bics[k])]
+    if not finite:
+        raise ValueError("no K could be fitted and scored with run offsets")
+    return OffsetSelection(fits, models, bics, min(finite, key=lambda k: (bics[k], k)))
