@@ -76,15 +76,6 @@ def scaled_forward(
     return alpha, scale, shift, emission, failed
 
 
-def forward(
-    log_frames: np.ndarray, startprob: np.ndarray, transmat: np.ndarray
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
-    """:func:`scaled_forward`'s first four results, or ``None`` when any run's scaling factor
-    underflows to zero."""
-    *result, failed = scaled_forward(log_frames, startprob, transmat)
-    return None if failed.any() else tuple(result)
-
-
 def forward_backward(
     log_frames: np.ndarray,
     startprob: np.ndarray,
