@@ -221,7 +221,7 @@ def test_runs_the_scaled_recursion_cannot_hold_are_redone_in_log_space():
     (which redoes every run). A model EM left without mass (NaN) stops at once, a failed fit."""
     from hmmlearn.base import BaseHMM
 
-    from trainmap.dynamics.batched_hmm import BatchedGaussianHMM, scaled_forward
+    from trainmap.dynamics.batched_hmm import BatchedGaussianHMM, estep_together, scaled_forward
     from trainmap.dynamics.hmm import fit_quietly
 
     rng = np.random.default_rng(3)
@@ -239,18 +239,68 @@ def test_runs_the_scaled_recursion_cannot_hold_are_redone_in_log_space():
     x, lengths = np.concatenate(runs), [len(run) for run in runs]
     *_, failed = scaled_forward(model._compute_log_likelihood(x).reshape(4, 60, 3),
                                 model.startprob_, model.transmat_)  # fmt: skip
-    assert failed.tolist() == [False, False, False, True]
+    assert failed[:, 0].tolist() == [False, False, False, True]
     ours, ll = model._do_estep(x, lengths)
     theirs, expected_ll = BaseHMM._do_estep(model, x, lengths)
     assert np.isfinite(ll) and ll == pytest.approx(expected_ll, rel=1e-12)
     for key in theirs:
         np.testing.assert_allclose(ours[key], theirs[key], rtol=1e-9, atol=1e-9)
     assert model.score(x, lengths) == pytest.approx(BaseHMM.score(model, x, lengths), rel=1e-12)
+    # Beside a model that holds every run, the failing run stays this model's: neither model's
+    # numbers change (a shared matrix product would carry one block's 0 * inf to the other).
+    other = BatchedGaussianHMM(2, covariance_type="full", random_state=0).fit(x, lengths)
+    together = estep_together([model, other], x, lengths)
+    for (stats, _), alone in zip(together, (ours, other._do_estep(x, lengths)[0]), strict=True):
+        for key in ("start", "trans", "post", "obs", "obs*obs.T"):
+            np.testing.assert_allclose(stats[key], alone[key], rtol=1e-9, atol=1e-9)
+    assert together[0][1] == pytest.approx(ll, rel=1e-12)
 
     model.means_ = np.full((3, 2), np.nan)
     with pytest.raises(ValueError, match="without mass"):
         model._do_estep(x, lengths)
     assert fit_quietly(model, (x, lengths)) is None
+
+
+@pytest.mark.parametrize("covariance_type", ["full", "diag"])
+def test_models_fitted_together_are_the_models_fitted_alone(synthetic, covariance_type):
+    """EM of several models of the same runs in lockstep (one recursion per step for all of them)
+    gives each model its own fit: the same parameters, iterations and convergence, with and
+    without run weights; a model EM leaves without mass is dropped without touching the others."""
+    from trainmap.dynamics.batched_hmm import BatchedGaussianHMM, fit_together
+
+    runs, _ = synthetic
+    tables = [table.to_numpy(dtype=float)[:, :4] / 10 - 10 for table in list(runs.values())[:9]]
+    tables[-1] = tables[-1][:-37]  # runs of different lengths
+    x, lengths = np.concatenate(tables), [len(t) for t in tables]
+    weights = np.array([1, 1, 2, 1, 3, 1, 1, 1, 2], dtype=float)
+
+    def models():
+        return [BatchedGaussianHMM(k, covariance_type=covariance_type, n_iter=25, tol=1e-4,
+                                   random_state=k) for k in (1, 2, 3, 5)]  # fmt: skip
+
+    for w in (None, weights):
+        alone = models()
+        for model in alone:
+            model.fit(x, lengths) if w is None else model.fit_weighted(x, lengths, w)
+        together = models()
+        assert fit_together(together, x, lengths, w) == [True] * 4
+        for a, b in zip(alone, together, strict=True):
+            assert (a.monitor_.iter, a.monitor_.converged) == (
+                b.monitor_.iter,
+                b.monitor_.converged,
+            )
+            for name in ("startprob_", "transmat_", "means_", "covars_"):
+                np.testing.assert_allclose(getattr(b, name), getattr(a, name), rtol=1e-9,
+                                           atol=1e-12)  # fmt: skip
+    broken = models()
+    broken[1]._init(x, lengths)
+    broken[1].init_params = ""
+    broken[1].means_ = np.full_like(broken[1].means_, np.nan)
+    broken[3]._init(x, lengths)
+    broken[3].init_params = ""
+    broken[3]._covars_ = -broken[3]._covars_  # not definite: its densities cannot be computed
+    assert fit_together(broken, x, lengths) == [True, False, True, False]
+    np.testing.assert_allclose(broken[2].means_, models()[2].fit(x, lengths).means_, rtol=1e-9)
 
 
 def test_held_out_bic_is_hmmlearns(fitted, synthetic):

@@ -30,10 +30,12 @@ and bench/hmm_select.py):
    without (20 against 19), at about 3.5 times the cost of a fit and 4 of a warm-started refit
    (the bootstrap's and the stability curve's). The default stays the paper's rule.
 3. For K = 1..K_max fit R restarts of a Gaussian HMM (hmmlearn's Baum-Welch; E-step vectorised
-   over runs by :class:`~trainmap.dynamics.batched_hmm.BatchedGaussianHMM`), each seeded from
+   over runs by :class:`~trainmap.dynamics.batched_hmm.BatchedGaussianHMM`; one restart's Ks fitted
+   in lockstep, :func:`~trainmap.dynamics.batched_hmm.fit_together`), each seeded from
    ``random_state``, K and the restart index (the authors' restarts were unseeded). EM stops when
    the training log-likelihood per observation improves by less than ``tol`` or after ``n_iter``
-   iterations. The restart with the best *training* log-likelihood is K's model; its BIC on the
+   iterations. The restart with the best *training* log-likelihood is K's model (restarts tied to
+   1e-9 go to the first: they reached one optimum); its BIC on the
    held-out runs (hmmlearn's ``bic``: -2 log L + p log n) is K's score (``restart_rule="best"``;
    with folds: the mean of the folds' scores, :func:`folds_curve`).
    The authors averaged the held-out BIC over their restarts (``restart_rule="mean"``): one
@@ -70,7 +72,8 @@ import logging
 import math
 import os
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -218,34 +221,47 @@ def make_model(n_states: int, settings: Mapping[str, Any], n_observations: int, 
     )
 
 
-def fit_quietly(
-    model: Any, train: tuple[np.ndarray, list[int]], weights: Any = None, score: bool = True
-) -> float | None:
-    """Fit ``model``; its training log-likelihood, or None if EM broke down.
-
-    ``weights``: run i of ``train`` counts ``weights[i]`` times (``fit_weighted`` and the weighted
-    score, as a bootstrap draw does). ``score=False`` skips the scoring pass over ``train``: the
-    result is then NaN for a fit whose means are finite, None otherwise.
-    """
-    # hmmlearn logs every EM step that lowers the likelihood by rounding; fits are judged by
-    # their final likelihood instead.
+@contextmanager
+def quietly() -> Iterator[None]:
+    """hmmlearn without its chatter: it logs every EM step that lowers the likelihood by rounding
+    (fits are judged by their final likelihood instead) and warns about convergence and
+    degenerate fits (judged by :func:`training_score`)."""
     logging.getLogger("hmmlearn").setLevel(logging.ERROR)
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # hmmlearn's convergence and degenerate-fit chatter
-        try:
-            if weights is None:
-                model.fit(*train)
-            else:
-                model.fit_weighted(*train, weights)
-            if not score:
-                return math.nan if np.isfinite(model.means_).all() else None
+        warnings.simplefilter("ignore")
+        yield
+
+
+def training_score(
+    model: Any, train: tuple[np.ndarray, list[int]], weights: Any = None, score: bool = True
+) -> float | None:
+    """A fitted model's training log-likelihood, or None if EM broke down (NaN parameters, a state
+    never entered). ``weights``: run i of ``train`` counts ``weights[i]`` times. ``score=False``
+    skips the scoring pass: the result is then NaN for a fit whose means are finite, None
+    otherwise."""
+    if not score:
+        return math.nan if np.isfinite(model.means_).all() else None
+    try:
+        with quietly():
             if weights is None:
                 train_ll = model.score(*train)
             else:
                 train_ll = model.score_weighted(*train, weights)
-        except ValueError:  # EM left a state without mass (NaN parameters)
-            return None
+    except ValueError:  # EM left a state without mass (NaN parameters)
+        return None
     return float(train_ll) if np.isfinite(train_ll) else None
+
+
+def fit_quietly(
+    model: Any, train: tuple[np.ndarray, list[int]], weights: Any = None, score: bool = True
+) -> float | None:
+    """Fit ``model`` (:func:`~trainmap.dynamics.batched_hmm.fit_together` of this one model); its
+    :func:`training_score`, or None if EM broke down."""
+    from trainmap.dynamics.batched_hmm import fit_together
+
+    with quietly():
+        completed = fit_together([model], *train, weights)[0]
+    return training_score(model, train, weights, score) if completed else None
 
 
 def n_free_parameters(model: Any) -> int:
@@ -269,7 +285,7 @@ def score_heldout(
 ) -> dict[str, float]:
     """Held-out log-likelihood, BIC and AIC of a fitted model (one forward pass; ``weights``
     counts each held-out run that many times, as a bootstrap draw does). Callers limit BLAS to one
-    thread around it (:func:`_fit_restart`, the bootstrap's chunks)."""
+    thread around it (:func:`_fit_group`, the bootstrap's chunks)."""
     if weights is None:
         log_likelihood, n_observations = model.score(*heldout), len(heldout[0])
     else:
@@ -340,22 +356,19 @@ def start_from(model: Any, parameters: Mapping[str, np.ndarray]) -> Any:
 Data = tuple[np.ndarray, list[int]]
 
 
-def _fit_restart(
-    n_states: int, restart: int, train: Data, heldout: Data | None, settings: dict[str, Any],
-    weights: tuple[Any, Any], start: Mapping[str, np.ndarray] | None, score_train: bool,
-) -> dict[str, Any]:  # fmt: skip
-    """One fit at K = ``n_states``, scored on the held-out runs (``heldout`` None: not scored, a
-    model of all runs): seeded restart ``restart`` from :func:`initialise` (or hmmlearn's start),
-    or EM continued from ``start`` (a warm start).
-
-    BLAS runs single-threaded: the matrices are small (threads only add synchronisation), and the
-    sums come out the same whether fits run one after another or in parallel processes.
-    """
+def _fit_group(
+    ks: Sequence[int], restart: int, train: Data, heldout: Data | None, settings: dict[str, Any],
+    weights: tuple[Any, Any], starts: Mapping[int, Mapping[str, np.ndarray]] | None,
+    score_train: bool,
+) -> list[dict[str, Any]]:  # fmt: skip
+    """:func:`_fit_group_single_threaded` with BLAS single-threaded: the matrices are small
+    (threads only add synchronisation), and the sums come out the same whether groups run one
+    after another or in parallel processes."""
     from threadpoolctl import threadpool_limits
 
     with threadpool_limits(limits=1):
-        return _fit_restart_single_threaded(n_states, restart, train, heldout, settings, weights,
-                                            start, score_train)  # fmt: skip
+        return _fit_group_single_threaded(ks, restart, train, heldout, settings, weights, starts,
+                                          score_train)  # fmt: skip
 
 
 # The scores of a restart that fitted nothing (no model; it never wins a selection).
@@ -363,34 +376,57 @@ _FAILED_FIT = {"model": None, "train_log_likelihood": math.nan,
                "heldout_log_likelihood": math.nan, "bic": math.inf, "aic": math.inf}  # fmt: skip
 
 
-def _fit_restart_single_threaded(
-    n_states: int, restart: int, train: Data, heldout: Data | None, settings: dict[str, Any],
-    weights: tuple[Any, Any], start: Mapping[str, np.ndarray] | None, score_train: bool,
-) -> dict[str, Any]:  # fmt: skip
-    seed = restart_seed(settings["random_state"], n_states, restart)
-    if n_states > len(train[0]):  # more states than training observations: nothing to fit
-        return {"n_states": n_states, "restart": restart, "iterations": 0,
-                "converged": False} | _FAILED_FIT  # fmt: skip
+def _fit_group_single_threaded(
+    ks: Sequence[int], restart: int, train: Data, heldout: Data | None, settings: dict[str, Any],
+    weights: tuple[Any, Any], starts: Mapping[int, Mapping[str, np.ndarray]] | None,
+    score_train: bool,
+) -> list[dict[str, Any]]:  # fmt: skip
+    """A fit of every K of ``ks`` on one split, each scored on the held-out runs (``heldout``
+    None: not scored, models of all runs): seeded restart ``restart`` from :func:`initialise` (or
+    hmmlearn's start), or EM continued from ``starts[K]`` (warm starts). The Ks' EM iterations run
+    in lockstep (:func:`~trainmap.dynamics.batched_hmm.fit_together`; each K's fit is the one it
+    would have alone)."""
+    from trainmap.dynamics.batched_hmm import fit_together
+
     train_weights, heldout_weights = weights
     n_observations = (len(train[0]) if train_weights is None
                       else int(np.asarray(train_weights) @ np.asarray(train[1])))  # fmt: skip
-    if start is not None:
-        model = start_from(make_model(n_states, settings, n_observations, random_state=seed,
-                                      init_params=""), start)  # fmt: skip
-    else:
-        model = make_model(n_states, settings, n_observations, random_state=seed)
-        if settings["init"] == "sticky":
-            model = initialise(model, train, seed)
-    train_ll = fit_quietly(model, train, train_weights, score=score_train)
-    row = {"n_states": n_states, "restart": restart, "iterations": int(model.monitor_.iter),
+    rows, models = {}, {}
+    for k in ks:
+        seed = restart_seed(settings["random_state"], k, restart)
+        if k > len(train[0]):  # more states than training observations: nothing to fit
+            rows[k] = {"n_states": k, "restart": restart, "iterations": 0,
+                       "converged": False} | _FAILED_FIT  # fmt: skip
+        elif starts is not None:
+            models[k] = start_from(make_model(k, settings, n_observations, random_state=seed,
+                                              init_params=""), starts[k])  # fmt: skip
+        else:
+            models[k] = make_model(k, settings, n_observations, random_state=seed)
+            if settings["init"] == "sticky":
+                models[k] = initialise(models[k], train, seed)
+    with quietly():
+        completed = fit_together(list(models.values()), *train, train_weights)
+    for (k, model), done in zip(models.items(), completed, strict=True):
+        rows[k] = _scored_fit(model, restart, train, heldout, weights, score_train, done)
+    return [rows[k] for k in ks]
+
+
+def _scored_fit(
+    model: Any, restart: int, train: Data, heldout: Data | None, weights: tuple[Any, Any],
+    score_train: bool, completed: bool,
+) -> dict[str, Any]:  # fmt: skip
+    """The row of one fitted K: its iterations, convergence, training and held-out scores."""
+    row = {"n_states": model.n_components, "restart": restart,
+           "iterations": int(model.monitor_.iter),
            "converged": bool(model.monitor_.converged and model.monitor_.iter < model.n_iter)}  # fmt: skip
+    train_ll = training_score(model, train, weights[0], score_train) if completed else None
     if train_ll is None:
         return row | _FAILED_FIT
     if heldout is None:  # not scored: NaN, not a failure's inf
         return row | {"model": model, "train_log_likelihood": train_ll,
                       "heldout_log_likelihood": math.nan, "bic": math.nan, "aic": math.nan}  # fmt: skip
     try:
-        scores = score_heldout(model, heldout, heldout_weights)
+        scores = score_heldout(model, heldout, weights[1])
     except ValueError:  # EM left a state that is never entered (a transition row of zeros)
         return row | _FAILED_FIT
     return row | {"model": model, "train_log_likelihood": train_ll} | scores
@@ -416,21 +452,25 @@ def fit_restarts(
     score_train: bool = True,
 ) -> list[dict[str, Any]]:
     """Every (split, K, restart) fit, serially or in parallel processes (the same numbers either
-    way); each fit's row names its ``split``."""
-    # Larger K take longest: start them first so the parallel workers finish together.
-    order = sorted(tasks, key=lambda task: (-task[1], task[0], task[2]))
-    arguments = [(k, r, splits[part].train, splits[part].heldout, settings, splits[part].weights,
-                  starts[k] if starts else None, score_train) for part, k, r in order]  # fmt: skip
+    way); each fit's row names its ``split``. The Ks of one (split, restart) are fitted together
+    (:func:`_fit_group`), whatever ``n_jobs``: processes share out such groups."""
+    groups: dict[tuple[int, int], list[int]] = {}
+    for part, k, r in tasks:
+        groups.setdefault((part, r), []).append(k)
+    order = sorted(groups)
+    arguments = [(sorted(groups[part, r]), r, splits[part].train, splits[part].heldout, settings,
+                  splits[part].weights, starts, score_train) for part, r in order]  # fmt: skip
     if n_jobs == 1:
         from threadpoolctl import threadpool_limits
 
         with threadpool_limits(limits=1):  # once: entering the limits costs ~2 ms
-            fits = [_fit_restart_single_threaded(*args) for args in arguments]
+            results = [_fit_group_single_threaded(*args) for args in arguments]
     else:
         from joblib import Parallel, delayed
 
-        fits = Parallel(n_jobs=n_jobs)(delayed(_fit_restart)(*args) for args in arguments)
-    fits = [fit | {"split": part} for (part, _, _), fit in zip(order, fits, strict=True)]
+        results = Parallel(n_jobs=n_jobs)(delayed(_fit_group)(*args) for args in arguments)
+    fits = [fit | {"split": part} for (part, _), rows in zip(order, results, strict=True)
+            for fit in rows]  # fmt: skip
     return sorted(fits, key=lambda fit: (fit["split"], fit["n_states"], fit["restart"]))
 
 
