@@ -303,6 +303,15 @@ def test_models_fitted_together_are_the_models_fitted_alone(synthetic, covarianc
     np.testing.assert_allclose(broken[2].means_, models()[2].fit(x, lengths).means_, rtol=1e-9)
 
 
+def test_decoding_many_runs_at_once_is_hmmlearns_viterbi_of_each(fitted, synthetic):
+    runs, _ = synthetic
+    tables = dict(list(runs.items())[:7])
+    together = fitted.decode(tables)
+    for run, table in tables.items():
+        alone = GaussianHMM.predict(fitted.model_, fitted.transform(table))
+        np.testing.assert_array_equal(together[run], alone)
+
+
 def test_held_out_bic_is_hmmlearns(fitted, synthetic):
     from trainmap.dynamics.hmm import score_heldout, stack
 

@@ -342,6 +342,16 @@ class BatchedGaussianHMM(GaussianHMM):
     def _do_estep(self, X: np.ndarray, lengths: Any) -> tuple[dict, float]:
         return estep_together([self], X, lengths, self._run_weights)[0]
 
+    def predict_runs(self, sequences: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """The Viterbi state sequence of each run (hmmlearn's ``predict`` of each, its C kernel),
+        the log-densities of all runs in one call (``predict`` computes them run by run)."""
+        self._check()
+        log_frames = self._compute_log_likelihood(np.concatenate(sequences))
+        ends = np.cumsum([len(sequence) for sequence in sequences])
+        return [_hmmc.viterbi(self.startprob_, self.transmat_,
+                              np.ascontiguousarray(log_frames[end - len(sequence) : end]))[1]
+                for sequence, end in zip(sequences, ends, strict=True)]  # fmt: skip
+
 
 def usable(model: BatchedGaussianHMM) -> bool:
     """Whether EM can go on from ``model``: hmmlearn's M-step gives a state that received no mass

@@ -294,7 +294,9 @@ def refit_detours(
     states when the caller has decoded them already."""
     k, model, drawn = refit.selection.n_states, refit.selection.model, refit.drawn
     if decoded is None:
-        decoded = {run: model.predict(refit.z[run]) for run in set(drawn)}
+        distinct = sorted(set(drawn))
+        decoded = dict(zip(distinct, model.predict_runs([refit.z[run] for run in distinct]),
+                           strict=True))  # fmt: skip
     keys = [f"{run}#{i}" for i, run in enumerate(drawn)]
     distributions = {key: state_distribution(decoded[run], k)
                      for key, run in zip(keys, drawn, strict=True)}  # fmt: skip

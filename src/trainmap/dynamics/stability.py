@@ -434,7 +434,7 @@ def stability_curve(
 
     with threadpool_limits(limits=1):  # the full map's decoding, as the refits decode
         z_full = {run: hmm.transform(runs[run]) for run in sorted(runs)}
-        full_labels = np.concatenate([hmm.model_.predict(z) for z in z_full.values()])
+        full_labels = np.concatenate(hmm.model_.predict_runs(list(z_full.values())))
     payload = refit_payload(hmm, runs, convergence, status, alpha, seed, max_iter, warm_start)
     followed = followed_verdicts(verdicts, groups)
     payload |= {"z_full": z_full, "full_labels": full_labels, "ids_by_group": ids_by_group,
@@ -512,8 +512,8 @@ def _one_subsample(task: tuple[int, int], payload: dict[str, Any]) -> dict[str, 
     except SelectionFailed:
         return {"k": -1, "ari": math.nan, "found_detours": [], "held_verdicts": []}
     model = refit.selection.model
-    labels = {run: model.predict((z - refit.shift) / refit.scale)
-              for run, z in payload["z_full"].items()}  # fmt: skip
+    in_units = [(z - refit.shift) / refit.scale for z in payload["z_full"].values()]
+    labels = dict(zip(payload["z_full"], model.predict_runs(in_units), strict=True))
     # Every run decoded once, in the full fit's units re-expressed in the subsample's; the drawn
     # runs' decodings serve its detour regression and its verdicts too.
     decoded = {run: labels[run] for run in set(refit.drawn)}
