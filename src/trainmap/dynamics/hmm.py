@@ -80,7 +80,6 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from scipy.special import logsumexp
 from scipy.stats import multivariate_normal
 
 from trainmap.dynamics.metrics import METRIC_NAMES
@@ -895,12 +894,15 @@ class TrainingHMM:
         log_emission = self.log_emissions(z)
         log_transition = np.log(np.maximum(self.model_.transmat_, 1e-300))
         log_alpha = np.log(np.maximum(self.model_.startprob_, 1e-300)) + log_emission[0]
-        filtered = [log_alpha - logsumexp(log_alpha)]
+        # numpy's log-add reduction: scipy's logsumexp costs ~0.1 ms a call in array-API checks,
+        # 6 of a default-study map's 18 s (80 runs x 321 checkpoints, two calls per step).
+        log_sum = np.logaddexp.reduce
+        filtered = np.empty_like(log_emission)
+        filtered[0] = log_alpha - log_sum(log_alpha)
         for t in range(1, len(z)):
-            predicted = logsumexp(filtered[-1][:, None] + log_transition, axis=0)
-            log_alpha = predicted + log_emission[t]
-            filtered.append(log_alpha - logsumexp(log_alpha))
-        return np.exp(np.array(filtered))
+            log_alpha = log_sum(filtered[t - 1][:, None] + log_transition, axis=0) + log_emission[t]
+            filtered[t] = log_alpha - log_sum(log_alpha)
+        return np.exp(filtered)
 
     def precisions(self) -> np.ndarray:
         """Sigma_k^-1 of every state, [K, d, d]."""
