@@ -387,7 +387,7 @@ def _fit_group_single_threaded(
     would have alone)."""
     from trainmap.dynamics.batched_hmm import fit_together
 
-    train_weights, heldout_weights = weights
+    train_weights = weights[0]
     n_observations = (len(train[0]) if train_weights is None
                       else int(np.asarray(train_weights) @ np.asarray(train[1])))  # fmt: skip
     rows, models = {}, {}
