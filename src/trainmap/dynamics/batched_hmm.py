@@ -77,8 +77,9 @@ def scaled_forward(
     [T, n, B], the per-step shifts of the log-densities [T, n, B] (the first step's include log
     pi), their exponentials [T, n, S] (the first step's unused by the recursions), and which
     (run, block) failed [n, B]: a scaling factor underflowed below the smallest normal number
-    (their other results are meaningless but finite, 0 from there on; the others are exact). The log-likelihood of run i under model b is
-    ``log(scale[:, i, b]).sum() + shift[:, i, b].sum()``.
+    (their other results are meaningless but finite, 0 from there on; the others are exact).
+    The log-likelihood of run i under model b is ``log(scale[:, i, b]).sum() + shift[:, i,
+    b].sum()``.
     """
     firsts, owner = state_blocks([log_frames.shape[2]] if sizes is None else sizes)
     frames = np.ascontiguousarray(log_frames.transpose(1, 0, 2))  # time-major: one slab per step
@@ -197,7 +198,8 @@ def log_forward_backward(
     weights: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """:func:`forward_backward` in log space, run by run (hmmlearn's C kernels, as its own
-    ``_fit_log``): the same three results, for runs whose scaled recursion underflows."""
+    ``_fit_log``): the same three results, for runs whose scaled recursion underflows or
+    overflows."""
     n_runs, _, n_states = log_frames.shape
     posteriors = np.empty_like(log_frames)
     transitions = np.zeros((n_states, n_states))
