@@ -312,6 +312,17 @@ def test_decoding_many_runs_at_once_is_hmmlearns_viterbi_of_each(fitted, synthet
         np.testing.assert_array_equal(together[run], alone)
 
 
+def test_outer_products_follow_an_array_changed_in_place():
+    from trainmap.dynamics.batched_hmm import outer_products
+
+    x = np.arange(12.0).reshape(4, 3)
+    first = outer_products(x).copy()
+    assert outer_products(x) is outer_products(x)  # kept while the array lives unchanged
+    x[1, 2] += 5.0
+    np.testing.assert_array_equal(outer_products(x)[1], [9.0, 12.0, 30.0, 16.0, 40.0, 100.0])
+    assert not np.array_equal(outer_products(x), first)
+
+
 def test_held_out_bic_is_hmmlearns(fitted, synthetic):
     from trainmap.dynamics.hmm import score_heldout, stack
 

@@ -256,22 +256,25 @@ def _upper_triangle(n_features: int) -> tuple[tuple[np.ndarray, np.ndarray], np.
     return (rows, columns), rows != columns
 
 
-# The last few arrays' outer products (weak reference to the array, its products): EM passes the
-# same array to every E-step of a fit, and a selection fits every K on the same stacked runs.
-_OUTER_CACHE: list[tuple[weakref.ref, np.ndarray]] = []
+# The last few arrays' outer products (weak reference to the array, its shape and sum, its
+# products): EM passes the same array to every E-step of a fit, and a selection fits every K on
+# the same stacked runs.
+_OUTER_CACHE: list[tuple[weakref.ref, tuple, np.ndarray]] = []
 _OUTER_CACHE_SIZE = 2  # a split's training and held-out runs
 
 
 def outer_products(X: np.ndarray) -> np.ndarray:
     """x_t x_t' of every observation of ``X`` [T, d], its upper triangle row by row
-    [T, d (d + 1) / 2]; remembered for the last :data:`_OUTER_CACHE_SIZE` arrays while they live."""
-    for reference, outer in _OUTER_CACHE:
-        if reference() is X:
+    [T, d (d + 1) / 2]; remembered for the last :data:`_OUTER_CACHE_SIZE` arrays while they live
+    (and keep their shape and sum: an array changed in place is computed again)."""
+    fingerprint = (X.shape, float(X.sum()))
+    for reference, seen, outer in _OUTER_CACHE:
+        if reference() is X and seen == fingerprint:
             return outer
     upper, _ = _upper_triangle(X.shape[1])
     outer = X[:, upper[0]] * X[:, upper[1]]
     _OUTER_CACHE[:] = [entry for entry in _OUTER_CACHE if entry[0]() is not None]
-    _OUTER_CACHE.insert(0, (weakref.ref(X), outer))
+    _OUTER_CACHE.insert(0, (weakref.ref(X), fingerprint, outer))
     del _OUTER_CACHE[_OUTER_CACHE_SIZE:]
     return outer
 
