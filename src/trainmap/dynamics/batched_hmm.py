@@ -345,6 +345,8 @@ class BatchedGaussianHMM(GaussianHMM):
         return float(weights @ per_run)
 
     def _do_estep(self, X: np.ndarray, lengths: Any) -> tuple[dict, float]:
+        if not usable(self):
+            raise ValueError("EM left a state without mass (NaN parameters)")
         return estep_together([self], X, lengths, self._run_weights)[0]
 
     def predict_runs(self, sequences: Sequence[np.ndarray]) -> list[np.ndarray]:
@@ -400,10 +402,9 @@ def estep_together(
     log-likelihood, as its own E-step would give them): their states side by side
     (:func:`forward_backward_blocks`: one recursion per step for all models, each scaled on its
     own), the statistics of all models as matrix products. ``weights``: run i (in ``lengths``
-    order) counts that many times (None: once). Raises ValueError for a model EM left without
-    mass (:func:`usable`)."""
-    if not all(usable(model) for model in models):
-        raise ValueError("EM left a state without mass (NaN parameters)")
+    order) counts that many times (None: once). Every model must be :func:`usable` (NaN
+    parameters would reach every block; :func:`fit_together` drops such models, a model's own
+    E-step raises). Raises ValueError where a model's densities cannot be computed."""
     if not models:
         return []
     sizes = [model.n_components for model in models]

@@ -251,18 +251,6 @@ def training_score(
     return float(train_ll) if np.isfinite(train_ll) else None
 
 
-def fit_quietly(
-    model: Any, train: tuple[np.ndarray, list[int]], weights: Any = None, score: bool = True
-) -> float | None:
-    """Fit ``model`` (:func:`~trainmap.dynamics.batched_hmm.fit_together` of this one model); its
-    :func:`training_score`, or None if EM broke down."""
-    from trainmap.dynamics.batched_hmm import fit_together
-
-    with quietly():
-        completed = fit_together([model], *train, weights)[0]
-    return training_score(model, train, weights, score) if completed else None
-
-
 def n_free_parameters(model: Any) -> int:
     """The free parameters hmmlearn's ``bic`` counts for ``model`` (start, transitions, means,
     covariances of its covariance type)."""
@@ -863,11 +851,8 @@ class TrainingHMM:
         return z
 
     def predict(self, table: pd.DataFrame) -> np.ndarray:
-        """The Viterbi state sequence of one run."""
-        from threadpoolctl import threadpool_limits
-
-        with threadpool_limits(limits=1):  # tiny matrices: BLAS threads only add overhead
-            return self.model_.predict(self.transform(table))
+        """The Viterbi state sequence of one run (:meth:`decode` of it)."""
+        return self.decode({"run": table})["run"]
 
     def decode(self, runs: Mapping[str, pd.DataFrame]) -> dict[str, np.ndarray]:
         """Viterbi state sequences of many runs (one call for their log-densities)."""
