@@ -32,13 +32,13 @@ from __future__ import annotations
 import argparse
 import time
 import warnings
-from collections import Counter
 from typing import Any
 
 import numpy as np
 import pandas as pd
 from candidates.run_offset_hmm import select_offset_model
 from joblib import Parallel, delayed
+from selection_nuisance import table
 
 from trainmap.dynamics.hmm import TrainingHMM, holdout_split, stack, standardise_runs
 from trainmap.dynamics.metrics import METRIC_NAMES
@@ -131,30 +131,6 @@ def job(
             "scenario": scenario or "-"} | result  # fmt: skip
 
 
-def table(results: list[dict[str, Any]]) -> str:
-    """One markdown row per rule x data kind (true K, nuisance, scenario)."""
-    lines = ["| rule | true K | nuisance | scenario | selected K (K: seeds) | K right | accuracy "
-             "(mean, min) | accuracy at true K (mean) | CPU s per selection |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
-    kinds = sorted({(r["truth"], r["nuisance"], r["scenario"]) for r in results})
-    for rule in RULES:
-        for n_states, level, scenario in kinds:
-            rows = [r for r in results if (r["rule"], r["truth"], r["nuisance"], r["scenario"])
-                    == (rule, n_states, level, scenario)]  # fmt: skip
-            if not rows:
-                continue
-            counts = Counter(r["k"] for r in rows)
-            ks = ", ".join(f"{k}: {counts[k]}" for k in sorted(counts))
-            acc = [r["accuracy"] for r in rows]
-            lines.append(
-                f"| {rule} | {n_states} | {level:g} | {scenario} | {ks} | "
-                f"{counts[n_states]}/{len(rows)} | {np.mean(acc):.3f}, {min(acc):.3f} | "
-                f"{np.nanmean([r['accuracy_true_k'] for r in rows]):.3f} | "
-                f"{np.mean([r['cpu_s'] for r in rows]):.1f} |"
-            )
-    return "\n".join(lines)
-
-
 def summary_line(results: list[dict[str, Any]], rules: list[str], kinds: list[tuple],
                  seeds: int) -> str:  # fmt: skip
     """``run_offsets <rule>:<K>@<nuisance>[/<scenario>]=<right>/<seeds> ...``."""
@@ -206,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"K recovery, 40 runs x 200 checkpoints, K = 1..8, {args.restarts} restarts, 20 % "
           f"held-out runs, {args.seeds} sampler seeds, offset prior SD "
           f"{args.offset_scale or 'default'}\n")  # fmt: skip
-    print(table(results))
+    print(table(results, rules))
     print(summary_line(results, rules, kinds, args.seeds))
     return 0
 

@@ -86,25 +86,37 @@ def select(
     return [result, result | {"rule": f"{rule}-scaled", "k": k, "accuracy": accuracy}]
 
 
-def table(results: list[dict[str, Any]], rules: list[str], levels: list[float]) -> str:
-    """The markdown table: one row per rule x true K x nuisance level."""
-    lines = ["| rule | true K | nuisance | selected K (K: seeds) | K right | accuracy (mean, min) "
-             "| CPU s per fit |", "| --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+def table(results: list[dict[str, Any]], rules: list[str]) -> str:
+    """The markdown table (also bench/run_offsets.py's): one row per rule x data kind (true K,
+    nuisance level and, where results name one, ``scenario``); the decoding accuracy of the true
+    K's model where results carry ``accuracy_true_k``."""
+    scenarios = any("scenario" in r for r in results)
+    at_truth = any("accuracy_true_k" in r for r in results)
+    header = ["rule", "true K", "nuisance", *(["scenario"] if scenarios else []),
+              "selected K (K: seeds)", "K right", "accuracy (mean, min)",
+              *(["accuracy at true K (mean)"] if at_truth else []),
+              "CPU s per selection"]  # fmt: skip
+    lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+
+    def kind(r: dict[str, Any]) -> tuple:
+        return r["truth"], r["nuisance"], r.get("scenario", "-")
+
     for rule in rules:
-        for n_states in (3, 5):
-            for level in levels:
-                rows = [r for r in results if (r["rule"], r["truth"], r["nuisance"])
-                        == (rule, n_states, level)]  # fmt: skip
-                if not rows:
-                    continue
-                counts = Counter(r["k"] for r in rows)
-                ks = ", ".join(f"{k}: {counts[k]}" for k in sorted(counts))
-                accuracy = [r["accuracy"] for r in rows]
-                lines.append(
-                    f"| {rule} | {n_states} | {level:g} | {ks} | {counts[n_states]}/{len(rows)} | "
-                    f"{np.mean(accuracy):.3f}, {min(accuracy):.3f} | "
-                    f"{np.mean([r['cpu_s'] for r in rows]):.1f} |"
-                )
+        for n_states, level, scenario in sorted({kind(r) for r in results}):
+            rows = [
+                r for r in results if r["rule"] == rule and kind(r) == (n_states, level, scenario)
+            ]
+            if not rows:
+                continue
+            counts = Counter(r["k"] for r in rows)
+            accuracy = [r["accuracy"] for r in rows]
+            true_k = [f"{np.nanmean([r.get('accuracy_true_k', np.nan) for r in rows]):.3f}"]
+            cells = [rule, str(n_states), f"{level:g}", *([scenario] if scenarios else []),
+                     ", ".join(f"{k}: {counts[k]}" for k in sorted(counts)),
+                     f"{counts[n_states]}/{len(rows)}",
+                     f"{np.mean(accuracy):.3f}, {min(accuracy):.3f}", *(true_k if at_truth else []),
+                     f"{np.mean([r['cpu_s'] for r in rows]):.1f}"]  # fmt: skip
+            lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -166,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     rules = [name for rule in rules for name in (rule, f"{rule}-scaled")
              if any(r["rule"] == name for r in results)]  # fmt: skip
     print(f"K recovery, 40 runs x 200 checkpoints, {args.restarts} restarts, {args.seeds} seeds\n")
-    print(table(results, rules, levels))
+    print(table(results, rules))
     parts = []
     for rule in rules:
         for n_states in (3, 5):
