@@ -78,32 +78,14 @@ import pandas as pd
 import torch
 from torch import nn
 
-METRIC_NAMES = (
-    "l1",
-    "l2",
-    "l1_l2",
-    "trace",
-    "spectral",
-    "trace_spectral",
-    "sv_mean",
-    "sv_var",
-    "w_mean",
-    "w_median",
-    "w_var",
-    "b_mean",
-    "b_median",
-    "b_var",
-)
-HISTORY_COLUMNS = ("train_loss", "train_acc", "test_loss", "test_acc")
+from trainmap.dynamics.columns import CONVENTIONS, HISTORY_COLUMNS, METRIC_NAMES, RATIOS
+
 SINGULAR_VALUE_FLOOR = 1e-5
-CONVENTIONS = ("paper", "extended")
 #: Metrics that are means over matrices; the rest are statistics of pooled values.
 MATRIX_MEANS = {
     "paper": ("l1", "l2", "l1_l2", "trace", "spectral", "trace_spectral", "sv_mean", "sv_var"),
     "extended": ("l1", "l2", "l1_l2", "trace", "spectral", "trace_spectral"),
 }
-#: Ratios and their denominators: a zero denominator leaves the matrix out of that mean.
-RATIOS = {"l1_l2": "l2", "trace_spectral": "spectral"}
 
 
 def check_convention(convention: str) -> None:

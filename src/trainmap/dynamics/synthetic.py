@@ -34,7 +34,7 @@ import numpy as np
 import pandas as pd
 from hmmlearn.hmm import GaussianHMM
 
-from trainmap.dynamics.metrics import METRIC_NAMES
+from trainmap.dynamics.columns import METRIC_NAMES
 
 
 @dataclass

@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from trainmap.dynamics.metrics import HISTORY_COLUMNS, METRIC_NAMES, RATIOS
+from trainmap.dynamics.columns import HISTORY_COLUMNS, METRIC_NAMES, RATIOS
 
 #: The fix a :class:`MetricTableError` names when the caller knows no better one.
 REGENERATE = (
