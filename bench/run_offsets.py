@@ -1,15 +1,16 @@
-"""K recovery with a per-run emission offset (issue 22): the plain ``holdout`` rule against the same
-rule with :class:`trainmap.dynamics.run_offsets.RunOffsetHMM` (offset, and offset + drift).
+"""K recovery with a per-run emission offset (issue 22): the analysis setting ``emission`` of
+:class:`trainmap.dynamics.hmm.TrainingHMM`, ``plain`` against ``run_offset`` and
+``run_offset_drift`` (:mod:`trainmap.dynamics.run_offset`), through trainmap's one selection path.
 
 Data as bench/selection_nuisance.py: :func:`trainmap.dynamics.synthetic.sample_runs`, 40 runs x 200
-checkpoints of 14 metrics, true K = 3 and 5, nuisance 0 and 1, sampler seeds 0..N-1. Every rule
-standardises as :class:`~trainmap.dynamics.hmm.TrainingHMM` does (pooled statistics of all runs),
-holds out the same 20 % of the runs (:func:`~trainmap.dynamics.hmm.holdout_split`), tries K = 1..8
-with 2 seeded sticky restarts and chooses K by held-out BIC:
+checkpoints of 14 metrics, true K = 3 and 5, nuisance 0 and 1, sampler seeds 0..N-1. Every row is
+``TrainingHMM(restarts=2, emission=...)`` (pooled z-scores, the paper's 20 % held-out split,
+K = 1..8, 2 seeded sticky restarts, K by held-out BIC: the selection of
+:func:`~trainmap.dynamics.hmm.select_model`):
 
-``holdout``       the plain model (``TrainingHMM(selection="holdout")``);
-``offset``        :func:`~trainmap.dynamics.run_offsets.select_offset_model`, a per-run offset;
-``offset+drift``  the same with a per-run linear drift as well.
+``plain``             the paper's Gaussian HMM (the default);
+``run_offset``        a per-run offset of the emission means, fitted with the states (ECM);
+``run_offset_drift``  a per-run offset and linear drift.
 
 Per row: the selected K (K: seeds), how often it is right, the decoding accuracy up to relabelling
 of the selected model (:func:`~trainmap.dynamics.synthetic.known_answer_scores`; mean, min) and of
@@ -36,19 +37,14 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from candidates.run_offset_hmm import select_offset_model
 from joblib import Parallel, delayed
 from selection_nuisance import table
 
-from trainmap.dynamics.hmm import TrainingHMM, holdout_split, stack, standardise_runs
+from trainmap.dynamics.hmm import EMISSIONS, TrainingHMM
 from trainmap.dynamics.metrics import METRIC_NAMES
 from trainmap.dynamics.synthetic import known_answer_scores, left_to_right_hmm, sample_runs
 
-RULES: dict[str, dict[str, Any] | None] = {
-    "holdout": None,
-    "offset": {"drift": False},
-    "offset+drift": {"drift": True},
-}
+RULES = EMISSIONS  # the rows: one per emission model
 SCENARIOS = ("late", "stuck")
 
 
@@ -80,10 +76,10 @@ def accuracy(decoded: dict[str, np.ndarray], states: dict, truth: Any) -> float:
     return float(known_answer_scores(decoded, set(), states, truth)["accuracy"])
 
 
-def plain(runs: dict, states: dict, truth: Any, restarts: int) -> dict[str, Any]:
-    """The plain holdout rule: K, accuracy of K's and of the true K's model, CPU seconds."""
+def select(runs: dict, states: dict, truth: Any, restarts: int, emission: str) -> dict[str, Any]:
+    """One selection with ``emission``: K, accuracy of K's and of the true K's model, CPU s."""
     started = time.process_time()
-    hmm = TrainingHMM(restarts=restarts, selection="holdout").fit(runs)
+    hmm = TrainingHMM(restarts=restarts, selection="holdout", emission=emission).fit(runs)
     cpu = time.process_time() - started
     chosen = accuracy(hmm.decode(runs), states, truth)
     at_truth = float("nan")
@@ -93,40 +89,14 @@ def plain(runs: dict, states: dict, truth: Any, restarts: int) -> dict[str, Any]
     return {"k": hmm.n_states_, "accuracy": chosen, "accuracy_true_k": at_truth, "cpu_s": cpu}
 
 
-def with_offsets(
-    runs: dict, states: dict, truth: Any, restarts: int, options: dict[str, Any]
-) -> dict[str, Any]:
-    """The holdout rule with run offsets, standardised and split as ``TrainingHMM`` does."""
-    started = time.process_time()
-    reference = TrainingHMM(restarts=restarts, selection="holdout")
-    raw = {run: table[list(METRIC_NAMES)].to_numpy(dtype=float) for run, table in runs.items()}
-    z, _ = standardise_runs(raw, "pooled")
-    train, heldout = holdout_split(list(runs), reference.holdout, reference.random_state)
-    selection = select_offset_model(
-        stack([z[run] for run in train]), stack([z[run] for run in heldout]),
-        reference.settings(), range(1, reference.k_max + 1), restarts, **options,
-    )  # fmt: skip
-    cpu = time.process_time() - started
-    decode = lambda model: {run: model.predict(z[run]) for run in runs}  # noqa: E731
-    chosen = accuracy(decode(selection.model), states, truth)
-    at_truth = float("nan")
-    if truth.n_states in selection.models:
-        at_truth = accuracy(decode(selection.models[truth.n_states]), states, truth)
-    return {"k": selection.n_states, "accuracy": chosen, "accuracy_true_k": at_truth, "cpu_s": cpu}
-
-
 def job(
-    rule: str, n_states: int, seed: int, nuisance: float, restarts: int, scenario: str | None,
-    options: dict[str, Any] | None,
-) -> dict[str, Any]:  # fmt: skip
-    """One data set fitted by one rule (``options``: the offset model's; None: the plain one)."""
+    rule: str, n_states: int, seed: int, nuisance: float, restarts: int, scenario: str | None
+) -> dict[str, Any]:
+    """One data set fitted with one emission model (``rule``)."""
     runs, states, truth = data_set(n_states, seed, nuisance, scenario)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        if options is None:
-            result = plain(runs, states, truth, restarts)
-        else:
-            result = with_offsets(runs, states, truth, restarts, options)
+        result = select(runs, states, truth, restarts, rule)
     return {"rule": rule, "truth": n_states, "seed": seed, "nuisance": nuisance,
             "scenario": scenario or "-"} | result  # fmt: skip
 
@@ -149,13 +119,12 @@ def summary_line(results: list[dict[str, Any]], rules: list[str], kinds: list[tu
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, default=10, help="sampler seeds (default 10)")
-    parser.add_argument("--rules", default=",".join(RULES), help=f"of {', '.join(RULES)}")
+    parser.add_argument("--rules", default=",".join(RULES),
+                        help=f"emission models, of {', '.join(RULES)} (default all)")  # fmt: skip
     parser.add_argument("--nuisance", default="0,1", help="nuisance levels (default 0,1)")
     parser.add_argument("--truths", default="3,5", help="true K (default 3,5)")
     parser.add_argument("--restarts", type=int, default=2, help="EM restarts per K (default 2)")
     parser.add_argument("--jobs", type=int, default=2, help="parallel processes (default 2)")
-    parser.add_argument("--offset-scale", type=float, default=None,
-                        help="prior SD of offsets and drifts (default the model's)")  # fmt: skip
     parser.add_argument("--difference", action="store_true",
                         help="half the runs start elsewhere (no nuisance, K = 3)")  # fmt: skip
     parser.add_argument("--quick", action="store_true",
@@ -172,16 +141,16 @@ def main(argv: list[str] | None = None) -> int:
     else:
         kinds = [(int(k), float(level), None) for k in args.truths.split(",")
                  for level in args.nuisance.split(",")]  # fmt: skip
-    prior = ({} if args.offset_scale is None else
-             {"offset_scale": args.offset_scale, "drift_scale": args.offset_scale})  # fmt: skip
-    options = {rule: None if RULES[rule] is None else RULES[rule] | prior for rule in rules}
-    jobs = [(rule, k, seed, level, args.restarts, scenario, options[rule]) for rule in rules
+    jobs = [(rule, k, seed, level, args.restarts, scenario) for rule in rules
             for k, level, scenario in kinds for seed in range(args.seeds)]  # fmt: skip
-    jobs.sort(key=lambda j: -j[1])  # larger K first, so the processes finish together
+    # The costly emission models first, so the processes finish together.
+    jobs.sort(key=lambda j: (-RULES.index(j[0]), -j[1]))
+    started = time.perf_counter()
     results = Parallel(n_jobs=args.jobs)(delayed(job)(*arguments) for arguments in jobs)
+    wall = time.perf_counter() - started
     print(f"K recovery, 40 runs x 200 checkpoints, K = 1..8, {args.restarts} restarts, 20 % "
-          f"held-out runs, {args.seeds} sampler seeds, offset prior SD "
-          f"{args.offset_scale or 'default'}\n")  # fmt: skip
+          f"held-out runs, {args.seeds} sampler seeds, {args.jobs} processes, "
+          f"{wall:.0f} s wall\n")  # fmt: skip
     print(table(results, rules))
     print(summary_line(results, rules, kinds, args.seeds))
     return 0

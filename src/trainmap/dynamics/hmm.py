@@ -53,8 +53,17 @@ and bench/hmm_select.py):
    every bootstrap and stability refit (:func:`trainmap.dynamics.certainty.refit_resample`) call
    them with the same rule, a refit with its resample's draw counts as weights (with folds, on
    folds of its own drawn runs) and, by default, warm starts from the full fit's models.
+   The emission model is a setting, ``emission`` (:data:`EMISSIONS`, :func:`make_model`):
+   ``plain`` (default) is the paper's Gaussian HMM; ``run_offset`` (``run_offset_drift``) gives
+   every run its own offset (and linear drift) of the emission means, fitted with the states by
+   ECM (:mod:`trainmap.dynamics.run_offset`; each K fitted on its own, not in lockstep), its
+   held-out score the profile likelihood with the held-out runs' terms estimated and counted in
+   the BIC. Real seeds differ by such terms; the plain model then merges or adds states
+   (bench/run_offsets.py, README "Run-to-run nuisance").
 4. Decode runs with Viterbi; filtered posteriors p(s_t | z_1:t) come from the forward algorithm
-   (:meth:`TrainingHMM.filtered_posteriors`), as appendix A's feature importance needs.
+   (:meth:`TrainingHMM.filtered_posteriors`), as appendix A's feature importance needs. With run
+   terms, every run is decoded and evaluated on its residuals z_t - b - c u_t, its terms estimated
+   given the fitted parameters (:meth:`TrainingHMM.residuals`).
 
 The fitted model saves as plain arrays (``.npz``) plus JSON, never as a pickle; the best model of
 every K stays in memory (``models_``) for the bootstrap's warm starts
@@ -97,6 +106,10 @@ SELECTION_RULES = ("holdout", "folds")
 #: often as 2 or 5 folds, at less cost than 5).
 DEFAULT_FOLDS = 3
 INITIALISATIONS = ("sticky", "hmmlearn")
+#: Emission models (setting ``emission``): the paper's Gaussian HMM (``plain``), and the Gaussian
+#: HMM with a per-run offset (``run_offset``) and a per-run offset and linear drift
+#: (``run_offset_drift``) of :mod:`trainmap.dynamics.run_offset`.
+EMISSIONS = ("plain", "run_offset", "run_offset_drift")
 
 
 def check_choice(key: str, value: Any, allowed: Sequence[str]) -> None:
@@ -205,12 +218,32 @@ def stack(sequences: Sequence[np.ndarray]) -> tuple[np.ndarray, list[int]]:
     return np.concatenate(sequences), [len(sequence) for sequence in sequences]
 
 
-def make_model(n_states: int, settings: Mapping[str, Any], n_observations: int, **kw: Any) -> Any:
-    """An unfitted :class:`BatchedGaussianHMM` with the estimator's EM settings."""
+def emission_model(n_states: int, emission: str, **kw: Any) -> Any:
+    """An unfitted model of the emission model ``emission`` (:data:`EMISSIONS`): a
+    :class:`~trainmap.dynamics.batched_hmm.BatchedGaussianHMM` (``plain``) or a
+    :class:`~trainmap.dynamics.run_offset.RunOffsetHMM` (its other options at their defaults)."""
     from trainmap.dynamics.batched_hmm import BatchedGaussianHMM
+    from trainmap.dynamics.run_offset import RunOffsetHMM
 
-    return BatchedGaussianHMM(
-        n_components=n_states,
+    check_choice("emission", emission, EMISSIONS)
+    if emission == "plain":
+        return BatchedGaussianHMM(n_components=n_states, **kw)
+    return RunOffsetHMM(n_components=n_states, drift=emission == "run_offset_drift", **kw)
+
+
+def has_run_terms(model: Any) -> bool:
+    """Whether ``model``'s emissions carry per-run terms (a ``run_offset`` emission model)."""
+    from trainmap.dynamics.run_offset import RunOffsetHMM
+
+    return isinstance(model, RunOffsetHMM)
+
+
+def make_model(n_states: int, settings: Mapping[str, Any], n_observations: int, **kw: Any) -> Any:
+    """An unfitted model of the settings' emission model (:func:`emission_model`; settings
+    without ``emission``: ``plain``) with the estimator's EM settings."""
+    return emission_model(
+        n_states,
+        settings.get("emission", "plain"),
         covariance_type=settings["covariance_type"],
         n_iter=settings["n_iter"],
         # hmmlearn's tol is on the total log-likelihood; ours is per observation.
@@ -240,6 +273,9 @@ def training_score(
     otherwise."""
     if not score:
         return math.nan if np.isfinite(model.means_).all() else None
+    if has_run_terms(model):  # its fit's eq. 0 (the run terms' fit; rescoring would re-search them)
+        finite = np.isfinite(model.objective_) and np.isfinite(model.means_).all()
+        return float(model.objective_) if finite else None
     try:
         with quietly():
             if weights is None:
@@ -271,14 +307,21 @@ def score_heldout(
     model: Any, heldout: tuple[np.ndarray, list[int]], weights: Any = None
 ) -> dict[str, float]:
     """Held-out log-likelihood, BIC and AIC of a fitted model (one forward pass; ``weights``
-    counts each held-out run that many times, as a bootstrap draw does). Callers limit BLAS to one
-    thread around it (:func:`_fit_group`, the bootstrap's chunks)."""
+    counts each held-out run that many times, as a bootstrap draw does). A model with run terms
+    (:func:`has_run_terms`): the profile log-likelihood, and the parameters counted include the
+    scored runs' terms (d per run, 2d with drift; a run drawn twice counts twice). Callers limit
+    BLAS to one thread around it (:func:`_fit_group`, the bootstrap's chunks)."""
     if weights is None:
         log_likelihood, n_observations = model.score(*heldout), len(heldout[0])
+        n_runs = len(heldout[1])
     else:
         log_likelihood = model.score_weighted(*heldout, weights)
         n_observations = int(np.asarray(weights) @ np.asarray(heldout[1]))
-    return information_criteria(log_likelihood, n_free_parameters(model), n_observations)
+        n_runs = int(np.asarray(weights).sum())
+    n_parameters = n_free_parameters(model)
+    if has_run_terms(model):  # the scored runs' terms, each draw's own
+        n_parameters += model.n_run_parameters(n_runs)
+    return information_criteria(log_likelihood, n_parameters, n_observations)
 
 
 def initialise(model: Any, train: tuple[np.ndarray, list[int]], seed: int) -> Any:
@@ -370,9 +413,10 @@ def _fit_group_single_threaded(
 ) -> list[dict[str, Any]]:  # fmt: skip
     """A fit of every K of ``ks`` on one split, each scored on the held-out runs (``heldout``
     None: not scored, models of all runs): seeded restart ``restart`` from :func:`initialise` (or
-    hmmlearn's start), or EM continued from ``starts[K]`` (warm starts). The Ks' EM iterations run
-    in lockstep (:func:`~trainmap.dynamics.batched_hmm.fit_together`; each K's fit is the one it
-    would have alone)."""
+    hmmlearn's start), or EM continued from ``starts[K]`` (warm starts). Plain emissions: the Ks'
+    EM iterations run in lockstep (:func:`~trainmap.dynamics.batched_hmm.fit_together`; each K's
+    fit is the one it would have alone); emissions with run terms: each K by its own ECM fit
+    (:func:`_fit_one`)."""
     from trainmap.dynamics.batched_hmm import fit_together
 
     train_weights = weights[0]
@@ -391,11 +435,31 @@ def _fit_group_single_threaded(
             models[k] = make_model(k, settings, n_observations, random_state=seed)
             if settings["init"] == "sticky":
                 models[k] = initialise(models[k], train, seed)
-    with quietly():
-        completed = fit_together(list(models.values()), *train, train_weights)
+    if settings.get("emission", "plain") == "plain":
+        with quietly():
+            completed = fit_together(list(models.values()), *train, train_weights)
+    else:
+        completed = [_fit_one(model, train, train_weights) for model in models.values()]
     for (k, model), done in zip(models.items(), completed, strict=True):
         rows[k] = _scored_fit(model, restart, train, heldout, weights, score_train, done)
     return [rows[k] for k in ks]
+
+
+def _fit_one(model: Any, train: Data, weights: Any) -> bool:
+    """Fit one model by its own ``fit`` (``fit_weighted`` with run weights): whether it completed
+    with finite parameters and objective (the ECM of a
+    :class:`~trainmap.dynamics.run_offset.RunOffsetHMM`, which :func:`fit_together` cannot run)."""
+    from trainmap.dynamics.batched_hmm import usable
+
+    with quietly():
+        try:
+            if weights is None:
+                model.fit(*train)
+            else:
+                model.fit_weighted(*train, weights)
+        except (ValueError, np.linalg.LinAlgError):
+            return False
+    return usable(model) and bool(np.isfinite(getattr(model, "objective_", math.nan)))
 
 
 def _scored_fit(
@@ -404,7 +468,7 @@ def _scored_fit(
 ) -> dict[str, Any]:  # fmt: skip
     """The row of one fitted K: its iterations, convergence, training and held-out scores."""
     row = {"n_states": model.n_components, "restart": restart,
-           "iterations": int(model.monitor_.iter),
+           "iterations": int(getattr(model, "n_iterations_", model.monitor_.iter)),
            "converged": bool(model.monitor_.converged and model.monitor_.iter < model.n_iter)}  # fmt: skip
     train_ll = training_score(model, train, weights[0], score_train) if completed else None
     if train_ll is None:
@@ -414,7 +478,7 @@ def _scored_fit(
                       "heldout_log_likelihood": math.nan, "bic": math.nan, "aic": math.nan}  # fmt: skip
     try:
         scores = score_heldout(model, heldout, weights[1])
-    except ValueError:  # EM left a state that is never entered (a transition row of zeros)
+    except (ValueError, np.linalg.LinAlgError):  # e.g. EM left a state that is never entered
         return row | _FAILED_FIT
     return row | {"model": model, "train_log_likelihood": train_ll} | scores
 
@@ -671,6 +735,12 @@ class TrainingHMM:
     on, one list per split), ``selection_`` (one row per K), ``restarts_`` (one row per fit),
     ``at_ceiling_``, ``standardisation_``, the hmmlearn model ``model_`` and every K's best model
     ``models_``.
+
+    ``emission`` (:data:`EMISSIONS`): ``plain`` (default) is the paper's Gaussian HMM;
+    ``run_offset`` and ``run_offset_drift`` add a per-run offset (and linear drift) to the emission
+    means (:mod:`trainmap.dynamics.run_offset`), fitted with the states and estimated for every run
+    the model decodes or scores; every use of the fitted model below works on the run's residuals
+    (:meth:`residuals`).
     """
 
     def __init__(
@@ -684,6 +754,7 @@ class TrainingHMM:
         selection: str = "holdout",
         folds: int = DEFAULT_FOLDS,
         init: str = "sticky",
+        emission: str = "plain",
         n_iter: int = 500,
         tol: float = 1e-3,
         min_covar: float = 1e-3,
@@ -708,11 +779,12 @@ class TrainingHMM:
         if not isinstance(folds, int) or isinstance(folds, bool) or folds < 2:
             raise ValueError(f"folds: {folds!r} is not allowed; it must be an integer >= 2")
         check_choice("init", init, INITIALISATIONS)
+        check_choice("emission", emission, EMISSIONS)
         self.k_max, self.restarts, self.holdout = k_max, restarts, holdout
         self.covariance_type, self.standardisation = covariance_type, standardisation
         self.restart_rule, self.init, self.n_iter, self.tol = restart_rule, init, n_iter, tol
         self.min_covar, self.random_state, self.n_jobs = min_covar, random_state, n_jobs
-        self.selection, self.folds = selection, folds
+        self.selection, self.folds, self.emission = selection, folds, emission
         self.features = tuple(features)
 
     # --- fitting -------------------------------------------------------------------------------
@@ -760,6 +832,7 @@ class TrainingHMM:
         return {
             "covariance_type": self.covariance_type,
             "init": self.init,
+            "emission": self.emission,
             "n_iter": self.n_iter,
             "tol": self.tol,
             "min_covar": self.min_covar,
@@ -855,15 +928,25 @@ class TrainingHMM:
         return self.decode({"run": table})["run"]
 
     def decode(self, runs: Mapping[str, pd.DataFrame]) -> dict[str, np.ndarray]:
-        """Viterbi state sequences of many runs (one call for their log-densities)."""
+        """Viterbi state sequences of many runs (one call for their log-densities; a model with
+        run terms decodes every run's residuals, its terms estimated first)."""
         from threadpoolctl import threadpool_limits
 
         with threadpool_limits(limits=1):  # tiny matrices: BLAS threads only add overhead
             states = self.model_.predict_runs([self.transform(table) for table in runs.values()])
         return dict(zip(runs, states, strict=True))
 
-    def log_emissions(self, z: np.ndarray) -> np.ndarray:
-        """log p(z_t | s_t = k), [T, K]."""
+    def residuals(self, z: np.ndarray) -> np.ndarray:
+        """One run's observations as the emission model sees them: ``z`` itself (``plain``), or
+        its residuals z_t - b - c u_t with the run's terms estimated given the fitted parameters
+        (``run_offset``, ``run_offset_drift``; :meth:`~trainmap.dynamics.run_offset.RunOffsetHMM.
+        residuals`), for the whole run."""
+        return self.model_.residuals(z) if has_run_terms(self.model_) else z
+
+    def log_emissions(self, z: np.ndarray, residualised: bool = False) -> np.ndarray:
+        """log p(z_t | s_t = k), [T, K], of one run's z (its residuals, :meth:`residuals`, unless
+        ``residualised``: ``z`` is already)."""
+        z = z if residualised else self.residuals(z)
         covars = self.model_.covars_  # full matrices for every covariance type
         return np.column_stack(
             [
@@ -874,9 +957,11 @@ class TrainingHMM:
             ]
         ).reshape(len(z), self.n_states_)
 
-    def filtered_posteriors(self, z: np.ndarray) -> np.ndarray:
-        """p(s_t = k | z_1:t) by the forward algorithm, [T, K] (not the smoothed posterior)."""
-        log_emission = self.log_emissions(z)
+    def filtered_posteriors(self, z: np.ndarray, residualised: bool = False) -> np.ndarray:
+        """p(s_t = k | z_1:t) by the forward algorithm, [T, K] (not the smoothed posterior), of one
+        run's z (residuals as :meth:`log_emissions`; a model with run terms estimates them from the
+        whole run)."""
+        log_emission = self.log_emissions(z, residualised)
         log_transition = np.log(np.maximum(self.model_.transmat_, 1e-300))
         log_alpha = np.log(np.maximum(self.model_.startprob_, 1e-300)) + log_emission[0]
         # numpy's log-add reduction: scipy's logsumexp costs ~0.1 ms a call in array-API checks,
@@ -896,13 +981,17 @@ class TrainingHMM:
     def feature_importance(self, z: np.ndarray, state: int, t: int) -> np.ndarray:
         """|d log p(s_t = k | z_1:t) / d z_t| (appendix A, the vector form):
 
-        | Sigma_k^-1 (mu_k - z_t) - sum_h p(s_t = h | z_1:t) Sigma_h^-1 (mu_h - z_t) |.
+        | Sigma_k^-1 (mu_k - z_t) - sum_h p(s_t = h | z_1:t) Sigma_h^-1 (mu_h - z_t) |,
+
+        z_t the run's residual (:meth:`residuals`) where the model has run terms (held fixed).
         """
         return np.abs(self.log_posterior_gradient(z, state, t))
 
     def log_posterior_gradient(self, z: np.ndarray, state: int, t: int) -> np.ndarray:
-        """d log p(s_t = k | z_1:t) / d z_t (appendix A, before the absolute value)."""
-        posterior = self.filtered_posteriors(z[: t + 1])[t]
+        """d log p(s_t = k | z_1:t) / d z_t (appendix A, before the absolute value), of one run's
+        whole z (the run terms of a model that has them estimated from all of it)."""
+        z = self.residuals(z)
+        posterior = self.filtered_posteriors(z[: t + 1], residualised=True)[t]
         pulls = np.einsum("kij,kj->ki", self.precisions(), self.model_.means_ - z[t])
         return pulls[state] - posterior @ pulls
 
@@ -937,7 +1026,10 @@ class TrainingHMM:
         }
 
     def save(self, npz_path: str | os.PathLike, json_path: str | os.PathLike) -> None:
-        """Parameters as arrays (npz) and everything else as JSON; no pickle."""
+        """Parameters as arrays (npz) and everything else as JSON (the emission model among the
+        estimator's settings, so :meth:`load` rebuilds the same model type); no pickle. The run
+        terms of the fitted runs are not saved: they belong to the runs and are estimated again
+        for every run decoded."""
         arrays = {
             "startprob": self.model_.startprob_,
             "transmat": self.model_.transmat_,
@@ -964,14 +1056,14 @@ class TrainingHMM:
     @classmethod
     def load(cls, npz_path: str | os.PathLike, json_path: str | os.PathLike) -> TrainingHMM:
         """Rebuild a fitted estimator saved by :meth:`save`; predictions are identical."""
-        from trainmap.dynamics.batched_hmm import BatchedGaussianHMM
-
         meta = json.loads(Path(json_path).read_text())
-        # A file saved before the selection rule was a setting was selected by one held-out split.
-        estimator = cls(**({"selection": "holdout"} | meta["estimator"]))
+        # A file saved before the selection rule (the emission model) was a setting was selected by
+        # one held-out split (with the plain model).
+        estimator = cls(**({"selection": "holdout", "emission": "plain"} | meta["estimator"]))
         with np.load(npz_path, allow_pickle=False) as arrays:
-            model = BatchedGaussianHMM(
-                n_components=meta["n_states"],
+            model = emission_model(
+                meta["n_states"],
+                estimator.emission,
                 covariance_type=estimator.covariance_type,
                 min_covar=estimator.min_covar,
             )

@@ -13,8 +13,8 @@ from typing import Any
 from trainmap.dynamics.hmm import DEFAULT_FOLDS, TrainingHMM
 
 HMM_SETTINGS = ("k_max", "restarts", "holdout", "selection", "folds", "covariance_type",
-                "standardisation", "restart_rule", "init", "n_iter", "tol", "min_covar", "n_jobs",
-                "features")  # fmt: skip
+                "standardisation", "restart_rule", "init", "emission", "n_iter", "tol", "min_covar",
+                "n_jobs", "features")  # fmt: skip
 #: The analysis settings and their defaults (params.yaml ``analysis`` documents each).
 ANALYSIS_DEFAULTS = {
     "k_max": 8,
@@ -27,6 +27,7 @@ ANALYSIS_DEFAULTS = {
     "standardisation": "pooled",
     "restart_rule": "best",
     "init": "sticky",
+    "emission": "plain",
     "n_iter": 500,
     "tol": 1e-3,
     "baseline_k_max": 16,

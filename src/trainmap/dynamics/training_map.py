@@ -96,8 +96,8 @@ def build_training_map(
         moves = transitions(sequence)
         if not moves:
             continue
-        z = hmm.transform(runs[run])
-        posteriors = hmm.filtered_posteriors(z)
+        z = hmm.residuals(hmm.transform(runs[run]))  # the run's residuals with run terms
+        posteriors = hmm.filtered_posteriors(z, residualised=True)
         pulls_all = _pulls(hmm, z)
         for t, j, k in moves:
             gradient = pulls_all[t, k] - posteriors[t] @ pulls_all[t]
@@ -142,7 +142,8 @@ def build_training_map(
 
 
 def _pulls(hmm: TrainingHMM, z: np.ndarray) -> np.ndarray:
-    """Sigma_h^-1 (mu_h - z_t) for every t and state h, [T, K, d]."""
+    """Sigma_h^-1 (mu_h - z_t) for every t and state h, [T, K, d] (``z``: the run as the emission
+    model sees it, :meth:`~trainmap.dynamics.hmm.TrainingHMM.residuals`)."""
     differences = hmm.model_.means_[None, :, :] - z[:, None, :]
     return np.einsum("hij,thj->thi", hmm.precisions(), differences)
 

@@ -4,11 +4,13 @@ Real seeds differ by more than their states: an offset and a slow drift of the m
 (:func:`trainmap.dynamics.synthetic.run_nuisance`). A plain HMM covers those differences with extra
 states or merges true ones (bench/selection_nuisance.py). :class:`RunOffsetHMM` models them.
 
-A candidate, measured by bench/run_offsets.py (issue 22, item 2), not part of trainmap: nothing in
-the workflow, the CLI or :class:`~trainmap.dynamics.hmm.TrainingHMM` can select it. To become an
-option it needs run weights (the bootstrap's draws), a home in
-:func:`~trainmap.dynamics.hmm.select_model` (its own :func:`select_offset_model` here is a second
-selection path), and its run terms in decoding, the bootstrap, the stability curve and the map.
+An option of trainmap's one model selection: the analysis setting ``emission``
+(:class:`~trainmap.dynamics.hmm.TrainingHMM`, ``params.yaml`` ``analysis.emission``) is ``plain``
+(the paper's Gaussian HMM, the default), ``run_offset`` or ``run_offset_drift`` (this model without
+and with drift); :func:`~trainmap.dynamics.hmm.make_model` builds it and
+:func:`~trainmap.dynamics.hmm.select_model` fits, scores and chooses K with it as with the plain
+one, in the full fit and in every bootstrap and stability refit. Measured by bench/run_offsets.py
+(README, "Run-to-run nuisance").
 
 Model
 -----
@@ -53,15 +55,15 @@ expected complete-data log-likelihood Q, so F never decreases):
   where Gj_k = sum_t gamma_{tk} u_t^j and Sj_k = sum_t gamma_{tk} u_t^j x_t (sums over run r).
   The ridge terms lambda keep an offset from "explaining" a run that sits in one state all along:
   moving such a run to another state's mean by its offset costs lambda_b |mu_k - mu_h|^2 / 2.
-* Identifiability: mu_k + b_r is unchanged by mu_k -> mu_k + m, b_r -> b_r - m. After CM-step 2
-  the offsets are centred, m = mean_r b_r (each run once), b_r -= m, mu_k += m: the likelihood is
-  unchanged and the penalty can only fall (the mean minimises sum_r |b_r - m|^2), so F still
-  does not decrease. A common drift is no such reparametrisation (the means are constant in
-  time), but it competes with the states' progression (a left-to-right process looks like a
-  drift shared by every run), so the drifts are constrained to sum to zero: CM-step 2 then solves
-  eq. 2 under sum_r c_r = 0 with a Lagrange multiplier nu (M_r [b_r; c_r] = h_r - [0; nu]):
-  nu = (sum_r W_r^cc)^-1 sum_r c_r^0, [b_r; c_r] = [b_r^0; c_r^0] - W_r[:, c] nu, with W_r = M_r^-1
-  and [b_r^0; c_r^0] the unconstrained solution of eq. 2.
+* Identifiability: mu_k + b_r is unchanged by mu_k -> mu_k + m, b_r -> b_r - m. After CM-step 2 the
+  offsets are centred, m = mean_r b_r (weighted by the run weights below), b_r -= m, mu_k += m: the
+  likelihood is unchanged and the penalty can only fall (the mean minimises sum_r |b_r - m|^2), so F
+  still does not decrease. A common drift is no such reparametrisation (the means are constant in
+  time), but it competes with the states' progression (a left-to-right process looks like a drift
+  shared by every run), so the drifts are constrained to sum to zero: CM-step 2 then solves eq. 2
+  under sum_r c_r = 0 with a Lagrange multiplier nu (M_r [b_r; c_r] = h_r - [0; nu]):
+  nu = (sum_r W_r^cc)^-1 sum_r c_r^0, [b_r; c_r] = [b_r^0; c_r^0] - W_r[:, c] nu, with
+  W_r = M_r^-1 and [b_r^0; c_r^0] the unconstrained solution of eq. 2.
 
 Local optima: a run's likelihood is multimodal in b_r. An offset of about one state step makes a
 run's segments look like their neighbour states (a run that passes quickly through state 1 and
@@ -77,25 +79,38 @@ sum_r c_r = 0, which can cost a little) until the search moves no run by more th
 :data:`SEARCH_MOVE` (at most ``search_rounds`` ECM runs; the terms of a search that moved nothing
 are not kept, so the fitted terms are always those of a CM-step).
 
+Run weights (a bootstrap draw: run r counts w_r times; :meth:`RunOffsetHMM.fit_weighted`): every
+run keeps its own terms, and eq. 0 becomes sum_r w_r [log p(x_r | theta, b_r, c_r) - lambda_b/2
+|b_r|^2 - lambda_c/2 |c_r|^2], the fit of the data with run r repeated w_r times. The E-step's
+statistics are weighted by w_r; eqs. 1-2 are per run (w_r multiplies both sides); the centring
+takes the weighted mean m = sum_r w_r b_r / sum_r w_r and the drift constraint is sum_r w_r c_r = 0
+(nu = (sum_r w_r W_r^cc)^-1 sum_r w_r c_r^0): so a weight of 2 gives the fit of the run duplicated
+(identical copies keep identical terms), to round-off.
+
+Warm starts (the bootstrap's and the stability curve's refits: the model made with
+``init_params=""`` and set to a fitted theta, :func:`trainmap.dynamics.hmm.start_from`): the run
+terms are not part of the start (they belong to the runs, and a resample has other runs), so the fit
+first estimates them with theta fixed (the search of new runs, below, from b = c = 0; then the
+centring and, with drift, the constraint) and continues ECM from there.
+
+In a selection (:func:`trainmap.dynamics.hmm.select_model`) each K is fitted on its own (ECM, not
+the plain models' lockstep EM), its restarts ranked by their fit's eq. 0 (``objective_``; the
+``train_log_likelihood`` of the selection table).
+
 New runs (held-out scoring, decoding): theta stays fixed and each run's terms come from the search
 above started from b = c = 0 (alternations of the E-step and eq. 1 / eq. 2: an EM for the run's
 MAP terms given theta; no centring, no constraint). :meth:`RunOffsetHMM.score` is then the profile
-log-likelihood sum_r log p(x_r | theta, b_r, c_r) (prior not added), :meth:`RunOffsetHMM.bic`
-counts the d (2d with drift) run terms of every scored run on top of hmmlearn's count (the same
-for every K, but counted), and :meth:`RunOffsetHMM.predict` is hmmlearn's Viterbi on the residuals.
-
-:func:`select_offset_model` is the ``holdout`` selection rule of :mod:`trainmap.dynamics.hmm` with
-this model: seeded sticky restarts (:func:`trainmap.dynamics.hmm.initialise`), K's model its best
-restart by training objective, K by held-out BIC.
+log-likelihood sum_r log p(x_r | theta, b_r, c_r) (prior not added), the held-out BIC counts the
+d (2d with drift) run terms of every scored run on top of hmmlearn's count
+(:meth:`RunOffsetHMM.n_run_parameters`; the same for every K, but counted), and
+:meth:`RunOffsetHMM.predict_runs` is hmmlearn's Viterbi on the residuals x - b_r - c_r u_t, as is
+every other use of a fitted map (:meth:`trainmap.dynamics.hmm.TrainingHMM.residuals`).
 """
 
 from __future__ import annotations
 
-import logging
 import math
-import warnings
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -135,17 +150,24 @@ def run_time(lengths: Sequence[int]) -> np.ndarray:
 
 
 def posteriors_and_likelihood(
-    log_frames: np.ndarray, startprob: np.ndarray, transmat: np.ndarray, lengths: Sequence[int]
+    log_frames: np.ndarray,
+    startprob: np.ndarray,
+    transmat: np.ndarray,
+    lengths: Sequence[int],
+    weights: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Forward-backward of every run: posteriors [N, K], expected transitions [K, K], each run's
-    first-step posterior [R, K] and log-likelihood [R] (scaled, log-space where it underflows)."""
+    """Forward-backward of every run (the E-step of the module docstring): posteriors [N, K],
+    expected transitions [K, K] (each run's times its weight), each run's first-step posterior
+    [R, K] and log-likelihood [R] (scaled, log-space where it underflows)."""
     n_states = log_frames.shape[1]
     posteriors = np.empty_like(log_frames)
     transitions = np.zeros((n_states, n_states))
     first = np.empty((len(lengths), n_states))
     log_likelihood = np.empty(len(lengths))
     for positions, rows in runs_of_equal_length(lengths):
-        gamma, group_transitions, group_ll = forward_backward(log_frames[rows], startprob, transmat)
+        group_weights = None if weights is None else weights[positions]
+        gamma, group_transitions, group_ll = forward_backward(log_frames[rows], startprob, transmat,
+                                                              group_weights)  # fmt: skip
         posteriors[rows] = gamma
         transitions += group_transitions
         first[positions] = gamma[:, 0]
@@ -200,15 +222,20 @@ def offset_system(
     return matrix, np.concatenate([top, rhs(sums["G1"], sums["S1"])], axis=1)
 
 
-def solve_run_terms(matrix: np.ndarray, rhs: np.ndarray, drift: bool, centre: bool) -> np.ndarray:
-    """Every run's terms [R, m] from its normal equations; ``centre`` with drift: under the
-    constraint sum_r c_r = 0, by the Lagrange multiplier of the module docstring."""
+def solve_run_terms(
+    matrix: np.ndarray, rhs: np.ndarray, drift: bool, centre: bool,
+    weights: np.ndarray | None = None,
+) -> np.ndarray:  # fmt: skip
+    """Every run's terms [R, m] from its normal equations (eqs. 1-2); ``centre`` with drift: under
+    the constraint sum_r w_r c_r = 0 (``weights`` w, default 1), by the Lagrange multiplier
+    nu = (sum_r w_r W_r^cc)^-1 sum_r w_r c_r^0 of the module docstring."""
     inverse = np.linalg.inv(matrix)
     terms = np.einsum("rij,rj->ri", inverse, rhs)
     if not (drift and centre):
         return terms
     d = matrix.shape[1] // 2
-    multiplier = np.linalg.solve(inverse[:, d:, d:].sum(axis=0), terms[:, d:].sum(axis=0))
+    w = np.ones(len(terms)) if weights is None else weights
+    multiplier = np.linalg.solve(np.einsum("r,rij->ij", w, inverse[:, d:, d:]), w @ terms[:, d:])
     return terms - np.einsum("rij,j->ri", inverse[:, :, d:], multiplier)
 
 
@@ -232,8 +259,10 @@ class RunOffsetHMM(BatchedGaussianHMM):
     run-term updates for new runs (:meth:`estimate_run_terms`). Other arguments: hmmlearn's
     ``GaussianHMM`` (covariance types ``"full"`` and ``"diag"``). After :meth:`fit`: ``offsets_``
     [R, d] and ``drifts_`` [R, d] (zeros without drift) of the fitted runs, in ``lengths`` order,
-    and ``objective_`` (eq. 0 at the last E-step) and ``train_log_likelihood_`` (its likelihood
-    part). Run weights (``fit_weighted``) are not supported.
+    ``objective_`` (eq. 0 at the last E-step), ``train_log_likelihood_`` (its likelihood part),
+    ``objective_history_`` (eq. 0 at every E-step of the fit, one list per ECM run of
+    :meth:`fit_weighted`) and ``n_iterations_`` (ECM iterations over all runs). Run weights:
+    :meth:`fit_weighted`, :meth:`score_weighted`.
     """
 
     def __init__(
@@ -295,27 +324,45 @@ class RunOffsetHMM(BatchedGaussianHMM):
     # --- fitting (ECM) -------------------------------------------------------------------------
 
     def fit(self, X: np.ndarray, lengths: Sequence[int] | None = None) -> RunOffsetHMM:
-        """Fit theta and the fitted runs' terms: ECM from zero run terms to convergence, then up
-        to ``search_rounds - 1`` times a search of every run's terms with theta fixed
-        (:meth:`search_run_terms`, started from the current terms, so no run's penalised
-        likelihood falls), centring, and ECM again from there, until the search moves no run.
-        Each step does not decrease eq. 0 (module docstring)."""
+        """Fit theta and the fitted runs' terms, every run once (:meth:`fit_weighted`)."""
+        return self._fit_runs(X, lengths, None)
+
+    def fit_weighted(self, X: np.ndarray, lengths: Any, weights: Any) -> RunOffsetHMM:
+        """Fit where run i (in ``lengths`` order) counts ``weights[i]`` times: eq. 0 with each
+        run's terms weighted (module docstring, "Run weights"), the fit of the data with run i
+        repeated ``weights[i]`` times."""
+        return self._fit_runs(X, lengths, np.asarray(weights, dtype=float))
+
+    def _fit_runs(
+        self, X: np.ndarray, lengths: Sequence[int] | None, weights: np.ndarray | None
+    ) -> RunOffsetHMM:
+        """ECM from zero run terms (warm start, ``init_params=""``: from the terms searched with
+        the given theta) to convergence, then up to ``search_rounds - 1`` times a search of every
+        run's terms with theta fixed (:meth:`search_run_terms`, started from the current terms, so
+        no run's penalised likelihood falls), centring, and ECM again from there, until the search
+        moves no run. Each step does not decrease eq. 0 (module docstring)."""
         X = np.asarray(X, dtype=float)
         lengths = [len(X)] if lengths is None else [int(n) for n in lengths]
-        self._fit_lengths = lengths
+        self._fit_lengths, self._X_fit = lengths, X
+        self._fit_weights = np.ones(len(lengths)) if weights is None else weights
         self._fit_time = run_time(lengths) if self.drift else None
         self._terms = np.zeros((len(lengths), X.shape[1] * (2 if self.drift else 1)))
-        self._X_fit = X
+        self.objective_history_: list[list[float]] = []
         init_params, iterations = self.init_params, 0
         try:
+            if not set("stmc") & set(self.init_params):  # warm start: theta given
+                self._check()
+                self._adopt(self.search_run_terms(X, lengths, self._terms)[0])
             for round_ in range(self.search_rounds):
+                self.objective_history_.append([])
                 super().fit(X, lengths)
                 iterations += self.monitor_.iter
                 if round_ == self.search_rounds - 1 or not self._search_fitted(X, lengths):
                     break
                 self.init_params = ""  # continue EM from the current parameters
         finally:
-            del self._X_fit
+            del self._X_fit, self._fit_weights
+            self.__dict__.pop("_posteriors", None)  # [N, K]: not carried to worker results
             self.init_params = init_params
         self.n_iterations_ = iterations
         d = X.shape[1]
@@ -325,65 +372,74 @@ class RunOffsetHMM(BatchedGaussianHMM):
 
     def _search_fitted(self, X: np.ndarray, lengths: Sequence[int]) -> bool:
         """Search the fitted runs' terms (theta fixed); where some run moves by more than
-        :data:`SEARCH_MOVE`, keep the new terms, centre the offsets (moving the means) and, with
-        drift, project the drifts back onto sum_r c_r = 0 (the next ECM restores the constrained
-        CM-step); whether any run moved."""
+        :data:`SEARCH_MOVE`, keep the new terms (:meth:`_adopt`); whether any run moved."""
         if not np.isfinite(self.means_).all():
             return False
         terms = self.search_run_terms(X, lengths, self._terms)[0]
         if float(np.abs(terms - self._terms).max()) <= SEARCH_MOVE:
             return False
-        d = self.n_features
-        centre = terms[:, :d].mean(axis=0)
-        terms[:, :d] -= centre
-        if self.drift:
-            terms[:, d:] -= terms[:, d:].mean(axis=0)
-        self.means_ = self.means_ + centre
-        self._terms = terms
+        self._adopt(terms)
         return True
 
+    def _adopt(self, terms: np.ndarray) -> None:
+        """Make ``terms`` the fitted runs' terms: centre the offsets on their weighted mean
+        (moving the means: the likelihood is unchanged) and, with drift, project the drifts onto
+        sum_r w_r c_r = 0 (the next ECM restores the constrained CM-step)."""
+        d, w = self.n_features, self._fit_weights
+        centre = w @ terms[:, :d] / w.sum()
+        terms[:, :d] -= centre
+        if self.drift:
+            terms[:, d:] -= w @ terms[:, d:] / w.sum()
+        self.means_ = self.means_ + centre
+        self._terms = terms
+
     def _do_estep(self, X: np.ndarray, lengths: Sequence[int]) -> tuple[dict, float]:
-        """E-step on the residuals y = x - b - c u; returns hmmlearn's statistics of y and eq. 0."""
+        """E-step on the residuals y = x - b - c u, each run's statistics times its weight;
+        returns hmmlearn's statistics of y and eq. 0."""
+        w = self._fit_weights
         residual = X - self.run_shift(self._terms, lengths)
         log_frames = self._compute_log_likelihood(residual)
         posteriors, transitions, first, run_ll = posteriors_and_likelihood(
-            log_frames, self.startprob_, self.transmat_, lengths)  # fmt: skip
+            log_frames, self.startprob_, self.transmat_, lengths, w)  # fmt: skip
         self._posteriors = posteriors
+        weighted = posteriors * np.repeat(w, lengths)[:, None]
         stats = self._initialize_sufficient_statistics()
-        stats["nobs"] = float(len(lengths))
-        stats["start"] = first.sum(axis=0)
+        stats["nobs"] = float(w.sum())
+        stats["start"] = w @ first
         stats["trans"] = transitions
-        stats["post"] = posteriors.sum(axis=0)
-        stats["obs"] = posteriors.T @ residual
+        stats["post"] = weighted.sum(axis=0)
+        stats["obs"] = weighted.T @ residual
         if self.covariance_type == "diag":
-            stats["obs**2"] = posteriors.T @ residual**2
+            stats["obs**2"] = weighted.T @ residual**2
         else:
-            stats["obs*obs.T"] = np.stack([(residual * posteriors[:, [k]]).T @ residual
+            stats["obs*obs.T"] = np.stack([(residual * weighted[:, [k]]).T @ residual
                                            for k in range(self.n_components)])  # fmt: skip
-        self.train_log_likelihood_ = float(run_ll.sum())
-        self.objective_ = self.train_log_likelihood_ - self._penalty(self._terms)
+        self.train_log_likelihood_ = float(w @ run_ll)
+        self.objective_ = self.train_log_likelihood_ - float(w @ self._penalties(self._terms))
+        self.objective_history_[-1].append(self.objective_)
         return stats, self.objective_
 
-    def _penalty(self, terms: np.ndarray) -> float:
-        """lambda_b/2 sum |b_r|^2 + lambda_c/2 sum |c_r|^2 (eq. 0)."""
+    def _penalties(self, terms: np.ndarray) -> np.ndarray:
+        """lambda_b/2 |b_r|^2 + lambda_c/2 |c_r|^2 of every run [R] (eq. 0's prior terms)."""
         d = self.n_features
-        value = 0.5 * self.ridge[0] * float((terms[:, :d] ** 2).sum())
+        value = 0.5 * self.ridge[0] * (terms[:, :d] ** 2).sum(axis=1)
         if self.drift:
-            value += 0.5 * self.ridge[1] * float((terms[:, d:] ** 2).sum())
+            value = value + 0.5 * self.ridge[1] * (terms[:, d:] ** 2).sum(axis=1)
         return value
 
     def _do_mstep(self, stats: dict) -> None:
         """CM-step 1 (hmmlearn's M-step on the residuals' statistics), CM-step 2 (eq. 1 or 2 with
-        the new theta, gamma of the last E-step) and the centring of the offsets."""
+        the new theta, gamma of the last E-step; with drift under sum_r w_r c_r = 0) and the
+        centring of the offsets on their weighted mean."""
         super()._do_mstep(stats)
-        X, lengths = self._X_fit, self._fit_lengths
+        X, lengths, w = self._X_fit, self._fit_lengths, self._fit_weights
         if not np.isfinite(self.means_).all():
             return  # a state lost its mass; hmmlearn's checks report it
         sums = run_sums(X, self._posteriors, lengths, self._fit_time, self.drift)
         matrix, rhs = offset_system(sums, self.means_, self.precisions(), self.ridge, self.drift)
-        terms = solve_run_terms(matrix, rhs, self.drift, centre=True)
+        terms = solve_run_terms(matrix, rhs, self.drift, centre=True, weights=w)
         d = self.n_features
-        centre = terms[:, :d].mean(axis=0)
+        centre = w @ terms[:, :d] / w.sum()
         terms[:, :d] -= centre
         self.means_ = self.means_ + centre
         self._terms = terms
@@ -498,13 +554,22 @@ class RunOffsetHMM(BatchedGaussianHMM):
         return np.asarray(X, dtype=float) - self.run_shift(self.estimate_run_terms(X, lengths),
                                                            lengths)  # fmt: skip
 
-    def score(self, X: np.ndarray, lengths: Sequence[int] | None = None) -> float:
-        """Profile log-likelihood sum_r log p(x_r | theta, b_r, c_r) of new runs, their terms
-        estimated with theta fixed (prior not added)."""
+    def profile_log_likelihoods(
+        self, X: np.ndarray, lengths: Sequence[int] | None = None
+    ) -> np.ndarray:
+        """log p(x_r | theta, b_r, c_r) of every new run [R], its terms estimated with theta fixed
+        (the profile likelihood; prior not added)."""
         lengths = [len(X)] if lengths is None else [int(n) for n in lengths]
         log_frames = self._compute_log_likelihood(self.residuals(X, lengths))
-        return float(run_log_likelihoods(log_frames, self.startprob_, self.transmat_,
-                                         lengths).sum())  # fmt: skip
+        return run_log_likelihoods(log_frames, self.startprob_, self.transmat_, lengths)
+
+    def score(self, X: np.ndarray, lengths: Sequence[int] | None = None) -> float:
+        """Profile log-likelihood sum_r log p(x_r | theta, b_r, c_r) of new runs."""
+        return float(self.profile_log_likelihoods(X, lengths).sum())
+
+    def score_weighted(self, X: np.ndarray, lengths: Any, weights: Any) -> float:
+        """:meth:`score` where run i (in ``lengths`` order) counts ``weights[i]`` times."""
+        return float(np.asarray(weights, dtype=float) @ self.profile_log_likelihoods(X, lengths))
 
     def bic(self, X: np.ndarray, lengths: Sequence[int] | None = None) -> float:
         """-2 log L + p log n, p: hmmlearn's count plus the scored runs' terms."""
@@ -522,99 +587,11 @@ class RunOffsetHMM(BatchedGaussianHMM):
         lengths = [len(X)] if lengths is None else [int(n) for n in lengths]
         return super().predict(self.residuals(X, lengths), lengths)
 
-    def score_weighted(self, X: np.ndarray, lengths: Any, weights: Any) -> float:
-        """Not supported: the run terms have no weighted form here."""
-        raise NotImplementedError("RunOffsetHMM does not take run weights")
-
-    def fit_weighted(self, X: np.ndarray, lengths: Any, weights: Any) -> RunOffsetHMM:
-        """Not supported: the run terms have no weighted form here."""
-        raise NotImplementedError("RunOffsetHMM does not take run weights")
-
-
-# --- selection of K (the holdout rule with this model) -----------------------------------------
-
-
-@dataclass
-class OffsetSelection:
-    """What :func:`select_offset_model` found: one row per (K, restart), K's best model, the K."""
-
-    fits: list[dict[str, Any]]
-    models: dict[int, RunOffsetHMM]
-    bic: dict[int, float]
-    n_states: int
-
-    @property
-    def model(self) -> RunOffsetHMM:
-        """The chosen K's model."""
-        return self.models[self.n_states]
-
-
-def fit_offset_restart(
-    n_states: int, restart: int, train: tuple[np.ndarray, list[int]], settings: Mapping[str, Any],
-    options: Mapping[str, Any],
-) -> tuple[RunOffsetHMM | None, float]:  # fmt: skip
-    """One seeded sticky restart at K = ``n_states`` (:func:`trainmap.dynamics.hmm.initialise`);
-    the model and its training objective (eq. 0), ``(None, nan)`` where EM broke down."""
-    from trainmap.dynamics.hmm import initialise, restart_seed
-
-    seed = restart_seed(settings["random_state"], n_states, restart)
-    n_observations = len(train[0])
-    model = RunOffsetHMM(
-        n_components=n_states, covariance_type=settings["covariance_type"],
-        n_iter=settings["n_iter"], tol=settings["tol"] * n_observations,
-        min_covar=settings["min_covar"], random_state=seed, **options,
-    )  # fmt: skip
-    initialise(model, train, seed)
-    logging.getLogger("hmmlearn").setLevel(logging.ERROR)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        try:
-            model.fit(*train)
-        except (ValueError, np.linalg.LinAlgError):
-            return None, math.nan
-    if not (np.isfinite(model.means_).all() and np.isfinite(model.objective_)):
-        return None, math.nan
-    return model, model.objective_
-
-
-def heldout_bic(model: RunOffsetHMM, heldout: tuple[np.ndarray, list[int]]) -> float:
-    """The held-out BIC (:meth:`RunOffsetHMM.bic`); inf where it cannot be scored."""
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            value = model.bic(*heldout)
-    except (ValueError, np.linalg.LinAlgError):
-        return math.inf
-    return value if np.isfinite(value) else math.inf
-
-
-def select_offset_model(
-    train: tuple[np.ndarray, list[int]], heldout: tuple[np.ndarray, list[int]],
-    settings: Mapping[str, Any], ks: Sequence[int], restarts: int = 2, **options: Any,
-) -> OffsetSelection:  # fmt: skip
-    """K by held-out BIC with :class:`RunOffsetHMM` (the ``holdout`` rule of
-    :func:`trainmap.dynamics.hmm.select_model`): ``restarts`` seeded restarts per K on ``train``,
-    K's model its best restart by training objective, its BIC on ``heldout`` (run terms of the
-    held-out runs estimated with the parameters fixed and counted). ``settings``: those of
-    :meth:`trainmap.dynamics.hmm.TrainingHMM.settings`; ``options``: :class:`RunOffsetHMM`'s
-    (``drift``, ``offset_scale``, ...). BLAS single-threaded, like the plain selection."""
-    from threadpoolctl import threadpool_limits
-
-    fits, models, bics = [], {}, {}
-    with threadpool_limits(limits=1):
-        for k in ks:
-            candidates = []
-            for restart in range(restarts):
-                model, objective = fit_offset_restart(k, restart, train, settings, options)
-                fits.append({"n_states": k, "restart": restart, "objective": objective})
-                if model is not None:
-                    candidates.append((objective, model))
-            if not candidates:
-                bics[k] = math.inf
-                continue
-            models[k] = max(candidates, key=lambda pair: pair[0])[1]
-            bics[k] = heldout_bic(models[k], heldout)
-    finite = [k for k in bics if np.isfinite(bics[k])]
-    if not finite:
-        raise ValueError("no K could be fitted and scored with run offsets")
-    return OffsetSelection(fits, models, bics, min(finite, key=lambda k: (bics[k], k)))
+    def predict_runs(self, sequences: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """The Viterbi state sequence of each run on its residuals x - b_r - c_r u_t, every run's
+        terms estimated with theta fixed in one batch (:meth:`residuals`)."""
+        lengths = [len(sequence) for sequence in sequences]
+        residual = self.residuals(np.concatenate(sequences), lengths)
+        ends = np.cumsum(lengths)
+        pieces = [residual[end - n : end] for n, end in zip(lengths, ends, strict=True)]
+        return super().predict_runs(pieces)
