@@ -43,8 +43,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import torch
-
 
 @contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
@@ -121,6 +119,8 @@ def save_torch(obj: Any, path: str | os.PathLike) -> None:
     """``torch.save`` to ``path`` atomically, with the SHA-256 of the content in the archive; the
     same ``obj`` gives the same bytes whatever the path."""
 
+    import torch  # here, not at the top: the analysis reads and writes JSON without torch
+
     def write(tmp: Path) -> None:
         with open(tmp, "w+b") as stream:
             # An open file, not the (random, temporary) path: torch.save names the archive's inner
@@ -140,6 +140,8 @@ def save_torch(obj: Any, path: str | os.PathLike) -> None:
 def load_torch(path: str | os.PathLike) -> Any:
     """Load a trainmap checkpoint after verifying its checksum: tensors and plain containers only
     (``weights_only=True``). A damaged file raises :class:`DamagedFileError`."""
+    import torch
+
     verified = verify_checksum(path)
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
@@ -345,9 +347,7 @@ def _json_safe(obj: Any) -> Any:
         return {str(k): _json_safe(v) for k, v in obj.items()}
     if isinstance(obj, list | tuple):
         return [_json_safe(v) for v in obj]
-    if isinstance(obj, torch.Tensor):
-        return _json_safe(obj.tolist())
-    if hasattr(obj, "tolist") and callable(obj.tolist):  # numpy arrays and scalars
+    if hasattr(obj, "tolist") and callable(obj.tolist):  # numpy arrays and scalars, tensors
         return _json_safe(obj.tolist())
     return obj
 

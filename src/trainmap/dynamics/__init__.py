@@ -16,32 +16,37 @@ training dynamics"), implemented reproducibly.
 ``python -m trainmap.dynamics --help`` runs the analysis on any set of per-run metric tables.
 """
 
-from trainmap.dynamics.hmm import TrainingHMM, baseline_table
-from trainmap.dynamics.joint import JointComparison, compare_groups
-from trainmap.dynamics.metrics import METRIC_NAMES, collect_run_metrics
-from trainmap.dynamics.regression import (
-    DetourRegression,
-    regress_detours,
-    state_distribution,
-    trajectory_dissimilarity,
-)
-from trainmap.dynamics.tables import MetricTableError, read_metric_table
-from trainmap.dynamics.training_map import TrainingMap, build_training_map, draw_training_map
+from __future__ import annotations
 
-__all__ = [
-    "METRIC_NAMES",
-    "DetourRegression",
-    "JointComparison",
-    "MetricTableError",
-    "TrainingHMM",
-    "TrainingMap",
-    "baseline_table",
-    "build_training_map",
-    "collect_run_metrics",
-    "compare_groups",
-    "draw_training_map",
-    "read_metric_table",
-    "regress_detours",
-    "state_distribution",
-    "trajectory_dissimilarity",
-]
+import importlib
+from typing import Any
+
+# Name -> the module that defines it. Imported on first use (PEP 562), not with the package: a
+# worker process that unpickles one refit function (the bootstrap's, the stability curve's) then
+# imports what that function needs, not torch (metrics) or matplotlib (training_map), whose
+# imports alone took 1.3 s of every worker's start.
+_EXPORTS = {
+    "METRIC_NAMES": "trainmap.dynamics.columns",
+    "DetourRegression": "trainmap.dynamics.regression",
+    "JointComparison": "trainmap.dynamics.joint",
+    "MetricTableError": "trainmap.dynamics.tables",
+    "TrainingHMM": "trainmap.dynamics.hmm",
+    "TrainingMap": "trainmap.dynamics.training_map",
+    "baseline_table": "trainmap.dynamics.hmm",
+    "build_training_map": "trainmap.dynamics.training_map",
+    "collect_run_metrics": "trainmap.dynamics.metrics",
+    "compare_groups": "trainmap.dynamics.joint",
+    "draw_training_map": "trainmap.dynamics.training_map",
+    "read_metric_table": "trainmap.dynamics.tables",
+    "regress_detours": "trainmap.dynamics.regression",
+    "state_distribution": "trainmap.dynamics.regression",
+    "trajectory_dissimilarity": "trainmap.dynamics.regression",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    """``trainmap.dynamics.<name>``: the name from its module, imported now."""
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'trainmap.dynamics' has no attribute {name!r}")
+    return getattr(importlib.import_module(_EXPORTS[name]), name)

@@ -22,6 +22,7 @@ from pathlib import Path
 import pandas as pd
 from tqdm import tqdm
 
+from trainmap.dynamics.columns import CONVENTIONS, METRIC_NAMES
 from trainmap.dynamics.external import (
     CHECKPOINT_SUFFIXES,
     EVALUATION_FILE,
@@ -36,7 +37,6 @@ from trainmap.dynamics.hmm import (
     SELECTION_RULES,
     STANDARDISATIONS,
 )
-from trainmap.dynamics.metrics import CONVENTIONS, METRIC_NAMES
 from trainmap.dynamics.pipeline import (
     Outcomes,
     convergence_from_tables,

@@ -89,9 +89,8 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from scipy.stats import multivariate_normal
 
-from trainmap.dynamics.metrics import METRIC_NAMES
+from trainmap.dynamics.columns import METRIC_NAMES
 from trainmap.dynamics.tables import UNDEFINED_BY_ARCHITECTURE
 from trainmap.io import save_json, write_atomic
 
@@ -946,6 +945,8 @@ class TrainingHMM:
     def log_emissions(self, z: np.ndarray, residualised: bool = False) -> np.ndarray:
         """log p(z_t | s_t = k), [T, K], of one run's z (its residuals, :meth:`residuals`, unless
         ``residualised``: ``z`` is already)."""
+        from scipy.stats import multivariate_normal  # here: the refits' workers never need it
+
         z = z if residualised else self.residuals(z)
         covars = self.model_.covars_  # full matrices for every covariance type
         return np.column_stack(

@@ -42,7 +42,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
-from scipy.stats import wasserstein_distance
 
 
 def state_distribution(states: np.ndarray, n_states: int) -> np.ndarray:
@@ -69,6 +68,8 @@ def trajectory_dissimilarity(
         distances = [0.5 * np.abs(matrix[i] - matrix[j]).sum()
                      for i, j in itertools.combinations(range(len(runs)), 2)]  # fmt: skip
         return float(np.mean(distances))
+    from scipy.stats import wasserstein_distance  # here: scipy.stats costs 0.45 s to import
+
     support = np.arange(len(runs[0]))
     distances = [
         wasserstein_distance(support, support, u_weights=p, v_weights=q)
