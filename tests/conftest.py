@@ -19,6 +19,16 @@ def repo_root() -> Path:
     return REPO_ROOT
 
 
+@pytest.fixture(scope="module")
+def base_config(repo_root: Path) -> dict:
+    """params.yaml extended by config/config.yaml, validated (the default study); one per test
+    module, which copies it before changing it."""
+    from trainmap.grid import load_config
+
+    return load_config(repo_root / "params.yaml", repo_root / "config/config.yaml",
+                       check_paths_from=repo_root)  # fmt: skip
+
+
 def copy_workflow(destination: Path) -> Path:
     """A copy of the workflow's sources in ``destination`` (no results, no tracking store)."""
     return copy_tree_of_workflow(REPO_ROOT, destination)

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from trainmap.data import make_task_data, model_meta, read_arrays
-from trainmap.grid import ConfigError, check_config, load_config, validate_schema
+from trainmap.grid import ConfigError, check_config, validate_schema
 
 
 def arrays(n_train: int = 60, n_test: int = 20, shape: tuple = (12,), classes: int = 3) -> dict:
@@ -99,12 +99,6 @@ def test_a_bad_array_file_is_refused_naming_file_and_array(tmp_path: Path, name:
         read_arrays(path)
     assert str(caught.value).startswith(f"{path}: "), caught.value
     assert DAMAGE[name] in str(caught.value), caught.value
-
-
-@pytest.fixture(scope="module")
-def base_config(repo_root: Path) -> dict:
-    return load_config(repo_root / "params.yaml", repo_root / "config/config.yaml",
-                       check_paths_from=repo_root)  # fmt: skip
 
 
 def array_study(base_config: dict, path: str) -> dict:

@@ -39,12 +39,6 @@ GRID = "config/config.yaml"
 SMOKE = "config/smoke.yaml"
 
 
-@pytest.fixture(scope="module")
-def base_config(repo_root: Path) -> dict:
-    """params.yaml extended by config/config.yaml, validated (the default study)."""
-    return load_config(repo_root / PARAMS, repo_root / GRID, check_paths_from=repo_root)
-
-
 # The grid the malformed configs mutate: fixed here, so the default study can change freely.
 TEST_GRID = [
     {"task": "sparse_parity", "archs": ["mlp"], "methods": ["kaiming"], "seeds": list(range(8))},

@@ -31,12 +31,6 @@ from trainmap.grid import (
 from trainmap.io import copy_workflow
 
 
-@pytest.fixture(scope="module")
-def base_config(repo_root: Path) -> dict:
-    return load_config(repo_root / "params.yaml", repo_root / "config/config.yaml",
-                       check_paths_from=repo_root)  # fmt: skip
-
-
 @pytest.fixture
 def config(base_config: dict) -> dict:
     """The default study with a small grid: sparse parity MLP (kaiming, gradinit, ast) and digits."""

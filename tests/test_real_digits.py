@@ -25,7 +25,7 @@ from trainmap.data import (
     model_meta,
     read_mnist,
 )
-from trainmap.grid import ConfigError, check_config, load_config, validate_schema
+from trainmap.grid import ConfigError, check_config, validate_schema
 
 SPLITS = ("x_train", "y_train", "x_test", "y_test")
 
@@ -186,12 +186,6 @@ def test_mnist_5k_images_are_real_digits(mnist_5k) -> None:
 
 
 # --- a missing package --------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def base_config(repo_root: Path) -> dict:
-    return load_config(repo_root / "params.yaml", repo_root / "config/config.yaml",
-                       check_paths_from=repo_root)  # fmt: skip
 
 
 @pytest.fixture

