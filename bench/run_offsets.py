@@ -1,6 +1,6 @@
 """K recovery with a per-run emission offset (issue 22): the analysis setting ``emission`` of
-:class:`trainmap.dynamics.hmm.TrainingHMM`, ``plain`` against ``run_offset`` and
-``run_offset_drift`` (:mod:`trainmap.dynamics.run_offset`), through trainmap's one selection path.
+:class:`trainmap.dynamics.hmm.TrainingHMM`, ``plain`` against ``run_offset``, ``run_offset_drift``
+and ``run_affine`` (:mod:`trainmap.dynamics.run_offset`), through trainmap's one selection path.
 
 Data as bench/selection_nuisance.py: :func:`trainmap.dynamics.synthetic.sample_runs`, 40 runs x 200
 checkpoints of 14 metrics, true K = 3 and 5, nuisance 0 and 1, sampler seeds 0..N-1. Every row is
@@ -10,7 +10,9 @@ K = 1..8, 2 seeded sticky restarts, K by held-out BIC: the selection of
 
 ``plain``             the paper's Gaussian HMM (the default);
 ``run_offset``        a per-run offset of the emission means, fitted with the states (ECM);
-``run_offset_drift``  a per-run offset and linear drift.
+``run_offset_drift``  a per-run offset and linear drift;
+``run_affine``        a per-run offset, linear drift and scale (the sampler's nuisance has all
+                      three: its scale is exp(N(0, (nuisance / 10)^2)) per run).
 
 Per row: the selected K (K: seeds), how often it is right, the decoding accuracy up to relabelling
 of the selected model (:func:`~trainmap.dynamics.synthetic.known_answer_scores`; mean, min) and of
@@ -26,6 +28,7 @@ Usage::
     .venv/bin/python bench/run_offsets.py --seeds 3          # a quick check
     .venv/bin/python bench/run_offsets.py                    # 10 seeds
     .venv/bin/python bench/run_offsets.py --difference --seeds 5
+    .venv/bin/python bench/run_offsets.py --rules run_affine     # one emission's rows
 """
 
 from __future__ import annotations

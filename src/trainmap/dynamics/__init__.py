@@ -6,7 +6,7 @@ training dynamics"), implemented reproducibly.
   analysis, naming the file, the column and the step).
 * :mod:`~trainmap.dynamics.hmm`: the Gaussian HMM over many runs, selected by held-out BIC, and the
   appendix C baselines (k-means, HMM-1).
-* :mod:`~trainmap.dynamics.run_offset`: the emission model with a per-run offset (and drift) of the
+* :mod:`~trainmap.dynamics.run_offset`: the emission model with per-run offset (drift, scale) of the
   metrics (setting ``emission``), for seeds that differ by more than their states.
 * :mod:`~trainmap.dynamics.training_map`: states, the transitions runs take, their labels, the figure.
 * :mod:`~trainmap.dynamics.regression`: detour states (OLS of convergence step on the bag of

@@ -140,8 +140,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         choices=EMISSIONS,
         default="plain",
         help="emission model: plain (the paper's Gaussian HMM; default), run_offset (a per-run "
-        "offset of the metrics, fitted with the states) or run_offset_drift (offset and linear "
-        "drift per run): K holds better under run-to-run nuisance, at ~10-20x the cost",
+        "offset of the metrics, fitted with the states), run_offset_drift (offset and linear "
+        "drift per run) or run_affine (offset, linear drift and scale per run): K holds better "
+        "under run-to-run nuisance, at ~10-20x the cost",
     )
     parser.add_argument(
         "--bootstrap",

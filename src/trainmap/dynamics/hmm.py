@@ -54,16 +54,17 @@ and bench/hmm_select.py):
    them with the same rule, a refit with its resample's draw counts as weights (with folds, on
    folds of its own drawn runs) and, by default, warm starts from the full fit's models.
    The emission model is a setting, ``emission`` (:data:`EMISSIONS`, :func:`make_model`):
-   ``plain`` (default) is the paper's Gaussian HMM; ``run_offset`` (``run_offset_drift``) gives
-   every run its own offset (and linear drift) of the emission means, fitted with the states by
-   ECM (:mod:`trainmap.dynamics.run_offset`; each K fitted on its own, not in lockstep), its
-   held-out score the profile likelihood with the held-out runs' terms estimated and counted in
-   the BIC. Real seeds differ by such terms; the plain model then merges or adds states
-   (bench/run_offsets.py, README "Run-to-run nuisance").
+   ``plain`` (default) is the paper's Gaussian HMM; ``run_offset`` (``run_offset_drift``,
+   ``run_affine``) gives every run its own offset (and linear drift, and scale) of the emissions,
+   fitted with the states by ECM (:mod:`trainmap.dynamics.run_offset`; each K fitted on its own, not
+   in lockstep), its held-out score the profile likelihood with the held-out runs' terms estimated
+   and counted in the BIC. Real seeds differ by such terms; the plain model then merges or adds
+   states (bench/run_offsets.py, README "Run-to-run nuisance").
 4. Decode runs with Viterbi; filtered posteriors p(s_t | z_1:t) come from the forward algorithm
    (:meth:`TrainingHMM.filtered_posteriors`), as appendix A's feature importance needs. With run
-   terms, every run is decoded and evaluated on its residuals z_t - b - c u_t, its terms estimated
-   given the fitted parameters (:meth:`TrainingHMM.residuals`).
+   terms, every run is decoded and evaluated on its residuals z_t - b - c u_t (``run_affine``:
+   divided by its scale a), its terms estimated given the fitted parameters
+   (:meth:`TrainingHMM.residuals`).
 
 The fitted model saves as plain arrays (``.npz``) plus JSON, never as a pickle; the best model of
 every K stays in memory (``models_``) for the bootstrap's warm starts
@@ -106,9 +107,10 @@ SELECTION_RULES = ("holdout", "folds")
 DEFAULT_FOLDS = 3
 INITIALISATIONS = ("sticky", "hmmlearn")
 #: Emission models (setting ``emission``): the paper's Gaussian HMM (``plain``), and the Gaussian
-#: HMM with a per-run offset (``run_offset``) and a per-run offset and linear drift
-#: (``run_offset_drift``) of :mod:`trainmap.dynamics.run_offset`.
-EMISSIONS = ("plain", "run_offset", "run_offset_drift")
+#: HMM with a per-run offset (``run_offset``), a per-run offset and linear drift
+#: (``run_offset_drift``) and a per-run offset, linear drift and scale (``run_affine``) of
+#: :mod:`trainmap.dynamics.run_offset`.
+EMISSIONS = ("plain", "run_offset", "run_offset_drift", "run_affine")
 
 
 def check_choice(key: str, value: Any, allowed: Sequence[str]) -> None:
@@ -227,11 +229,13 @@ def emission_model(n_states: int, emission: str, **kw: Any) -> Any:
     check_choice("emission", emission, EMISSIONS)
     if emission == "plain":
         return BatchedGaussianHMM(n_components=n_states, **kw)
-    return RunOffsetHMM(n_components=n_states, drift=emission == "run_offset_drift", **kw)
+    return RunOffsetHMM(n_components=n_states, drift=emission in ("run_offset_drift", "run_affine"),
+                        scale=emission == "run_affine", **kw)  # fmt: skip
 
 
 def has_run_terms(model: Any) -> bool:
-    """Whether ``model``'s emissions carry per-run terms (a ``run_offset`` emission model)."""
+    """Whether ``model``'s emissions carry per-run terms (a ``run_offset*``/``run_affine``
+    emission model)."""
     from trainmap.dynamics.run_offset import RunOffsetHMM
 
     return isinstance(model, RunOffsetHMM)
@@ -308,8 +312,9 @@ def score_heldout(
     """Held-out log-likelihood, BIC and AIC of a fitted model (one forward pass; ``weights``
     counts each held-out run that many times, as a bootstrap draw does). A model with run terms
     (:func:`has_run_terms`): the profile log-likelihood, and the parameters counted include the
-    scored runs' terms (d per run, 2d with drift; a run drawn twice counts twice). Callers limit
-    BLAS to one thread around it (:func:`_fit_group`, the bootstrap's chunks)."""
+    scored runs' terms (d per run, 2d with drift, 2d + 1 with drift and scale; a run drawn twice
+    counts twice). Callers limit BLAS to one thread around it (:func:`_fit_group`, the
+    bootstrap's chunks)."""
     if weights is None:
         log_likelihood, n_observations = model.score(*heldout), len(heldout[0])
         n_runs = len(heldout[1])
@@ -737,8 +742,9 @@ class TrainingHMM:
 
     ``emission`` (:data:`EMISSIONS`): ``plain`` (default) is the paper's Gaussian HMM;
     ``run_offset`` and ``run_offset_drift`` add a per-run offset (and linear drift) to the emission
-    means (:mod:`trainmap.dynamics.run_offset`), fitted with the states and estimated for every run
-    the model decodes or scores; every use of the fitted model below works on the run's residuals
+    means, ``run_affine`` a per-run offset, linear drift and scale of the emissions
+    (:mod:`trainmap.dynamics.run_offset`), fitted with the states and estimated for every run the
+    model decodes or scores; every use of the fitted model below works on the run's residuals
     (:meth:`residuals`).
     """
 
@@ -937,9 +943,10 @@ class TrainingHMM:
 
     def residuals(self, z: np.ndarray) -> np.ndarray:
         """One run's observations as the emission model sees them: ``z`` itself (``plain``), or
-        its residuals z_t - b - c u_t with the run's terms estimated given the fitted parameters
-        (``run_offset``, ``run_offset_drift``; :meth:`~trainmap.dynamics.run_offset.RunOffsetHMM.
-        residuals`), for the whole run."""
+        its residuals z_t - b - c u_t (``run_affine``: divided by the run's scale a) with the run's
+        terms estimated given the fitted parameters (``run_offset``, ``run_offset_drift``,
+        ``run_affine``; :meth:`~trainmap.dynamics.run_offset.RunOffsetHMM.residuals`), for the
+        whole run."""
         return self.model_.residuals(z) if has_run_terms(self.model_) else z
 
     def log_emissions(self, z: np.ndarray, residualised: bool = False) -> np.ndarray:

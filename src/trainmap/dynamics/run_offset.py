@@ -1,16 +1,17 @@
-"""A Gaussian HMM whose emissions carry a per-run offset (and, optionally, a per-run linear drift).
+"""A Gaussian HMM whose emissions carry a per-run offset (and, optionally, a per-run linear drift
+and a per-run scale).
 
-Real seeds differ by more than their states: an offset and a slow drift of the metrics per run
-(:func:`trainmap.dynamics.synthetic.run_nuisance`). A plain HMM covers those differences with extra
-states or merges true ones (bench/selection_nuisance.py). :class:`RunOffsetHMM` models them.
+Real seeds differ by more than their states: an offset, a scale and a slow drift of the metrics per
+run (:func:`trainmap.dynamics.synthetic.run_nuisance`). A plain HMM covers those differences with
+extra states or merges true ones (bench/selection_nuisance.py). :class:`RunOffsetHMM` models them.
 
 An option of trainmap's one model selection: the analysis setting ``emission``
 (:class:`~trainmap.dynamics.hmm.TrainingHMM`, ``params.yaml`` ``analysis.emission``) is ``plain``
 (the paper's Gaussian HMM, the default), ``run_offset`` or ``run_offset_drift`` (this model without
-and with drift); :func:`~trainmap.dynamics.hmm.make_model` builds it and
-:func:`~trainmap.dynamics.hmm.select_model` fits, scores and chooses K with it as with the plain
-one, in the full fit and in every bootstrap and stability refit. Measured by bench/run_offsets.py
-(README, "Run-to-run nuisance").
+and with drift) or ``run_affine`` (with drift and scale, eq. 3);
+:func:`~trainmap.dynamics.hmm.make_model` builds it and :func:`~trainmap.dynamics.hmm.select_model`
+fits, scores and chooses K with it as with the plain one, in the full fit and in every bootstrap and
+stability refit. Measured by bench/run_offsets.py (README, "Run-to-run nuisance").
 
 Model
 -----
@@ -65,46 +66,87 @@ expected complete-data log-likelihood Q, so F never decreases):
   nu = (sum_r W_r^cc)^-1 sum_r c_r^0, [b_r; c_r] = [b_r^0; c_r^0] - W_r[:, c] nu, with
   W_r = M_r^-1 and [b_r^0; c_r^0] the unconstrained solution of eq. 2.
 
-Local optima: a run's likelihood is multimodal in b_r. An offset of about one state step makes a
-run's segments look like their neighbour states (a run that passes quickly through state 1 and
-stays in state 2 fits "state 1 all along" with b_r = mu_2 - mu_1), and alternating posteriors and
-eq. 1 from b_r = 0 can stop there (on the nuisance data it cost up to 5 % of decoding accuracy).
-So the run terms are searched (:meth:`RunOffsetHMM.search_run_terms`, theta fixed) from several
-starts: the current terms, and the offsets that put the mean of the run's first (last) few
-checkpoints on each state's mean; the best few by penalised likelihood are refined by the
-alternations and the best kept. A fit alternates ECM to convergence with such a search of the
-fitted runs' terms (the current terms are among the starts, so no run's penalised likelihood
-falls, and eq. 0 still does not decrease; with drift the searched drifts are projected back onto
-sum_r c_r = 0, which can cost a little) until the search moves no run by more than
-:data:`SEARCH_MOVE` (at most ``search_rounds`` ECM runs; the terms of a search that moved nothing
-are not kept, so the fitted terms are always those of a CM-step).
+Per-run scale (``scale=True``; the emission ``run_affine`` is offset, drift and scale): a scalar
+a_r > 0 per run multiplies the state's mean and noise,
 
-Run weights (a bootstrap draw: run r counts w_r times; :meth:`RunOffsetHMM.fit_weighted`): every
-run keeps its own terms, and eq. 0 becomes sum_r w_r [log p(x_r | theta, b_r, c_r) - lambda_b/2
-|b_r|^2 - lambda_c/2 |c_r|^2], the fit of the data with run r repeated w_r times. The E-step's
-statistics are weighted by w_r; eqs. 1-2 are per run (w_r multiplies both sides); the centring
-takes the weighted mean m = sum_r w_r b_r / sum_r w_r and the drift constraint is sum_r w_r c_r = 0
-(nu = (sum_r w_r W_r^cc)^-1 sum_r w_r c_r^0): so a weight of 2 gives the fit of the run duplicated
-(identical copies keep identical terms), to round-off.
+    x_{r,t} = a_r (mu_{s_t} + eps_{r,t}) + b_r + c_r u_{r,t},
+    i.e. x_{r,t} | s_t = k ~ N(a_r mu_k + b_r + c_r u_{r,t}, a_r^2 Sigma_k),                (eq. 3)
+
+with no prior on a_r. The residuals y_{r,t} = (x_{r,t} - b_r - c_r u_{r,t}) / a_r are an ordinary
+HMM's observations, and the density of x gets the Jacobian: log p(x_t | k) = log N(y_t; mu_k,
+Sigma_k) - d log a_r. So the E-step runs on y, each run's log-likelihood (and eq. 0) has
+-T_r d log a_r in it, and the ECM has three CM-steps:
+
+* CM-step 1: theta given (a, b, c): hmmlearn's M-step on the statistics of y (as above; the
+  Jacobian does not depend on theta).
+* CM-step 2: (b_r, c_r) given a_r and theta. Run r's part of Q is
+  -1/(2 a_r^2) sum_t sum_k gamma_{tk} (x_t - a_r mu_k - b_r - c_r u_t)^T P_k (...); its gradient
+  with the penalty's, times a_r^2, is eqs. 1-2 with mu_k -> a_r mu_k and lambda -> lambda a_r^2
+  (hj_r = sum_k P_k (Sj_k - a_r Gj_k mu_k)). Solved as the gradient of Q itself (the system
+  divided by a_r^2: M_r = sum_k Gj_k P_k / a_r^2 + lambda I, h_r / a_r^2), so that W_r = M_r^-1 of
+  the drift constraint above is the inverse Hessian of Q it must be (the multiplier enters Q's
+  gradient, not the multiplied one).
+* CM-step 3: a_r given (b_r, c_r) and theta. With y'_t = x_t - b_r - c_r u_t,
+  A_r = sum_t sum_k gamma_{tk} y'_t^T P_k y'_t and B_r = sum_t sum_k gamma_{tk} y'_t^T P_k mu_k,
+  run r's part of Q is -T_r d log a - A_r / (2 a^2) + B_r / a + const, whose derivative
+  (A_r - B_r a - T_r d a^2) / a^3 is positive below and negative above the one positive root, so
+
+      a_r = (-B_r + sqrt(B_r^2 + 4 T_r d A_r)) / (2 T_r d)   (= 2 A_r / (B_r + sqrt(...)))
+
+  is its maximum (A_r > 0; the second form where B_r > 0, without cancellation).
+* Identifiability: a_r -> a_r / g, mu -> g mu, Sigma -> g^2 Sigma leaves every density unchanged,
+  so after CM-step 3 the scales are normalised to weighted geometric mean 1,
+  g = exp(sum_r w_r log a_r / sum_r w_r) (the means and covariances move). The offsets'
+  reparametrisation is now mu_k -> mu_k + m, b_r -> b_r - a_r m, and the centring takes the m that
+  minimises the penalty sum_r w_r |b_r - a_r m|^2: m = sum_r w_r a_r b_r / sum_r w_r a_r^2. Both
+  leave the drifts alone, so sum_r w_r c_r = 0 still holds after them; Q (gamma fixed) is
+  unchanged and the penalty does not rise, so eq. 0 still does not decrease.
+
+Local optima: a run's likelihood is multimodal in b_r. An offset of about one state step makes a
+run's segments look like their neighbour states (a run that passes quickly through state 1 and stays
+in state 2 fits "state 1 all along" with b_r = mu_2 - mu_1), and alternating posteriors and eq. 1
+from b_r = 0 can stop there (on the nuisance data it cost up to 5 % of decoding accuracy). So the
+run terms are searched (:meth:`RunOffsetHMM.search_run_terms`, theta fixed) from several starts: the
+current terms, and the offsets that put the mean of the run's first (last) few checkpoints on each
+state's mean (with scale: a_r = 1, and the (a_r, b_r) that put the means of the first and last few
+checkpoints on states j < k, by least squares, where a_r > 0: a run of small scale otherwise ends up
+with a drift across a state step); the best few by penalised likelihood are refined by the
+alternations and the best kept. A fit alternates ECM to convergence with such a search of the fitted
+runs' terms (the current terms are among the starts, so no run's penalised likelihood falls, and eq.
+0 still does not decrease; with drift the searched drifts are projected back onto sum_r c_r = 0,
+which can cost a little) until the search moves no run by more than :data:`SEARCH_MOVE` (at most
+``search_rounds`` ECM runs; the terms of a search that moved nothing are not kept, so the fitted
+terms are always those of a CM-step).
+
+Run weights (a bootstrap draw: run r counts w_r times; :meth:`RunOffsetHMM.fit_weighted`): every run
+keeps its own terms, and eq. 0 becomes sum_r w_r [log p(x_r | theta, b_r, c_r) - lambda_b/2 |b_r|^2
+- lambda_c/2 |c_r|^2], the fit of the data with run r repeated w_r times. The E-step's statistics
+are weighted by w_r; eqs. 1-2 are per run (w_r multiplies both sides); the centring takes the
+weighted mean m = sum_r w_r b_r / sum_r w_r and the drift constraint is sum_r w_r c_r = 0 (nu =
+(sum_r w_r W_r^cc)^-1 sum_r w_r c_r^0); with scale, CM-step 3 is per run and the scales' geometric
+mean and the centring are weighted by w_r (eq. 3): so a weight of 2 gives the fit of the run
+duplicated (identical copies keep identical terms), to round-off.
 
 Warm starts (the bootstrap's and the stability curve's refits: the model made with
 ``init_params=""`` and set to a fitted theta, :func:`trainmap.dynamics.hmm.start_from`): the run
 terms are not part of the start (they belong to the runs, and a resample has other runs), so the fit
-first estimates them with theta fixed (the search of new runs, below, from b = c = 0; then the
-centring and, with drift, the constraint) and continues ECM from there.
+first estimates them with theta fixed (the search of new runs, below, from b = c = 0, a = 1; then
+the centring and, with drift, the constraint) and continues ECM from there.
 
 In a selection (:func:`trainmap.dynamics.hmm.select_model`) each K is fitted on its own (ECM, not
 the plain models' lockstep EM), its restarts ranked by their fit's eq. 0 (``objective_``; the
 ``train_log_likelihood`` of the selection table).
 
 New runs (held-out scoring, decoding): theta stays fixed and each run's terms come from the search
-above started from b = c = 0 (alternations of the E-step and eq. 1 / eq. 2: an EM for the run's
-MAP terms given theta; no centring, no constraint). :meth:`RunOffsetHMM.score` is then the profile
-log-likelihood sum_r log p(x_r | theta, b_r, c_r) (prior not added), the held-out BIC counts the
-d (2d with drift) run terms of every scored run on top of hmmlearn's count
-(:meth:`RunOffsetHMM.n_run_parameters`; the same for every K, but counted), and
-:meth:`RunOffsetHMM.predict_runs` is hmmlearn's Viterbi on the residuals x - b_r - c_r u_t, as is
-every other use of a fitted map (:meth:`trainmap.dynamics.hmm.TrainingHMM.residuals`).
+above started from b = c = 0 (and a = 1; alternations of the E-step and eq. 1 / eq. 2, with scale
+CM-steps 2 and 3: an EM for the run's MAP terms given theta; no centring, no normalisation, no
+constraint). :meth:`RunOffsetHMM.score` is then the profile log-likelihood
+sum_r log p(x_r | theta, b_r, c_r, a_r) (prior not added; with scale the Jacobian included), the
+held-out BIC counts the d (2d with drift, 2d + 1 with drift and scale) run terms of every scored
+run on top of hmmlearn's count (:meth:`RunOffsetHMM.n_run_parameters`; the same for every K, but
+counted), and :meth:`RunOffsetHMM.predict_runs` is hmmlearn's Viterbi on the residuals
+x - b_r - c_r u_t (with scale divided by a_r), as is every other use of a fitted map
+(:meth:`trainmap.dynamics.hmm.TrainingHMM.residuals`).
 """
 
 from __future__ import annotations
@@ -199,18 +241,31 @@ def run_sums(
 
 def offset_system(
     sums: Mapping[str, np.ndarray], means: np.ndarray, precisions: np.ndarray,
-    ridge: tuple[float, float], drift: bool,
+    ridge: tuple[float, float], drift: bool, scales: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
     """The normal equations of every run's terms: matrices [R, m, m] and right-hand sides [R, m]
-    (m = d, or 2d with drift; eqs. 1 and 2 of the module docstring)."""
+    (m = d, or 2d with drift; eqs. 1 and 2 of the module docstring). ``scales`` a_r [R] (a scale
+    per run): the system of eq. 3, mu_k -> a_r mu_k, sums over k divided by a_r^2."""
     d = means.shape[1]
     eye = np.eye(d)
 
-    def block(g: np.ndarray) -> np.ndarray:  # sum_k g_rk P_k
-        return np.einsum("rk,kij->rij", g, precisions)
+    if scales is None:
 
-    def rhs(g: np.ndarray, s: np.ndarray) -> np.ndarray:  # sum_k P_k (s_rk - g_rk mu_k)
-        return np.einsum("kij,rkj->ri", precisions, s - g[:, :, None] * means[None])
+        def block(g: np.ndarray) -> np.ndarray:  # sum_k g_rk P_k
+            return np.einsum("rk,kij->rij", g, precisions)
+
+        def rhs(g: np.ndarray, s: np.ndarray) -> np.ndarray:  # sum_k P_k (s_rk - g_rk mu_k)
+            return np.einsum("kij,rkj->ri", precisions, s - g[:, :, None] * means[None])
+
+    else:
+        inverse_square = 1.0 / scales**2
+
+        def block(g: np.ndarray) -> np.ndarray:  # sum_k g_rk P_k / a_r^2
+            return np.einsum("rk,kij->rij", g * inverse_square[:, None], precisions)
+
+        def rhs(g: np.ndarray, s: np.ndarray) -> np.ndarray:  # sum_k P_k (s - g a mu_k) / a^2
+            shifted = s - (g * scales[:, None])[:, :, None] * means[None]
+            return np.einsum("kij,rkj->ri", precisions, shifted * inverse_square[:, None, None])
 
     top_left = block(sums["G0"]) + ridge[0] * eye
     top = rhs(sums["G0"], sums["S0"])
@@ -239,6 +294,36 @@ def solve_run_terms(
     return terms - np.einsum("rij,j->ri", inverse[:, :, d:], multiplier)
 
 
+def scale_sums(
+    shifted: np.ndarray, posteriors: np.ndarray, lengths: Sequence[int], means: np.ndarray,
+    precisions: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """Per run r, with y'_t = x_t - b_r - c_r u_t (``shifted`` [N, d]): A_r = sum_t sum_k
+    gamma_tk y'_t^T P_k y'_t and B_r = sum_t sum_k gamma_tk y'_t^T P_k mu_k, [R] each (CM-step 3
+    of the module docstring)."""
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(int)
+    quadratic = np.empty_like(posteriors)
+    linear = np.empty_like(posteriors)
+    for k in range(len(means)):
+        pulled = shifted @ precisions[k]  # P_k y'_t (P_k symmetric)
+        quadratic[:, k] = np.einsum("nd,nd->n", pulled, shifted)
+        linear[:, k] = pulled @ means[k]
+    A = np.add.reduceat((posteriors * quadratic).sum(axis=1), starts)
+    B = np.add.reduceat((posteriors * linear).sum(axis=1), starts)
+    return A, B
+
+
+def solve_scales(A: np.ndarray, B: np.ndarray, lengths: Sequence[int], d: int) -> np.ndarray:
+    """a_r maximising -T_r d log a - A_r / (2 a^2) + B_r / a: the positive root of
+    T_r d a^2 + B_r a - A_r = 0, (-B + sqrt(B^2 + 4 T_r d A)) / (2 T_r d), written as
+    2 A / (B + sqrt(B^2 + 4 T_r d A)) where B > 0 (no cancellation)."""
+    n = np.asarray(lengths, dtype=float) * d
+    root = np.sqrt(B**2 + 4 * n * A)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        scales = np.where(B > 0, 2 * A / (B + root), (root - B) / (2 * n))
+    return scales
+
+
 def covariances_full(model: GaussianHMM) -> np.ndarray:
     """Sigma_k as [K, d, d] for the diag and full covariance types."""
     covars = model._covars_
@@ -251,14 +336,16 @@ def covariances_full(model: GaussianHMM) -> np.ndarray:
 
 
 class RunOffsetHMM(BatchedGaussianHMM):
-    """A Gaussian HMM with a per-run emission offset, and with ``drift=True`` a per-run linear
-    drift, estimated with the HMM's parameters by ECM (module docstring).
+    """A Gaussian HMM with a per-run emission offset, with ``drift=True`` a per-run linear drift
+    and with ``scale=True`` a per-run scale (eq. 3), estimated with the HMM's parameters by ECM
+    (module docstring).
 
     ``offset_scale`` and ``drift_scale``: the prior standard deviations tau_b and tau_c, in the
     units of X (lambda = 1 / tau^2 in eqs. 1-2). ``offset_iter``: alternations of posteriors and
     run-term updates for new runs (:meth:`estimate_run_terms`). Other arguments: hmmlearn's
     ``GaussianHMM`` (covariance types ``"full"`` and ``"diag"``). After :meth:`fit`: ``offsets_``
-    [R, d] and ``drifts_`` [R, d] (zeros without drift) of the fitted runs, in ``lengths`` order,
+    [R, d], ``drifts_`` [R, d] (zeros without drift) and ``scales_`` [R] (ones without scale) of
+    the fitted runs, in ``lengths`` order,
     ``objective_`` (eq. 0 at the last E-step), ``train_log_likelihood_`` (its likelihood part),
     ``objective_history_`` (eq. 0 at every E-step of the fit, one list per ECM run of
     :meth:`fit_weighted`) and ``n_iterations_`` (ECM iterations over all runs). Run weights:
@@ -267,14 +354,15 @@ class RunOffsetHMM(BatchedGaussianHMM):
 
     def __init__(
         self, n_components: int = 1, covariance_type: str = "full", *, drift: bool = False,
-        offset_scale: float = DEFAULT_OFFSET_SCALE, drift_scale: float = DEFAULT_OFFSET_SCALE,
-        offset_iter: int = DEFAULT_OFFSET_ITER, search_rounds: int = DEFAULT_SEARCH_ROUNDS,
-        **kwargs: Any,
+        scale: bool = False, offset_scale: float = DEFAULT_OFFSET_SCALE,
+        drift_scale: float = DEFAULT_OFFSET_SCALE, offset_iter: int = DEFAULT_OFFSET_ITER,
+        search_rounds: int = DEFAULT_SEARCH_ROUNDS, **kwargs: Any,
     ) -> None:  # fmt: skip
         if covariance_type not in ("full", "diag"):
             raise ValueError(f"covariance_type: {covariance_type!r}; choose full or diag")
         super().__init__(n_components=n_components, covariance_type=covariance_type, **kwargs)
         self.drift, self.offset_scale, self.drift_scale = drift, offset_scale, drift_scale
+        self.scale = scale
         self.offset_iter, self.search_rounds = offset_iter, search_rounds
 
     # --- parameters of the run terms -----------------------------------------------------------
@@ -285,16 +373,47 @@ class RunOffsetHMM(BatchedGaussianHMM):
         return 1.0 / self.offset_scale**2, 1.0 / self.drift_scale**2
 
     def n_run_parameters(self, n_runs: int) -> int:
-        """Free run terms of ``n_runs`` runs: d each (2d with drift)."""
-        return n_runs * self.n_features * (2 if self.drift else 1)
+        """Free run terms of ``n_runs`` runs: d each (2d with drift), and 1 more with scale."""
+        return n_runs * self.n_terms(self.n_features)
+
+    def n_terms(self, d: int) -> int:
+        """Columns of the run terms: the offset b_r (d), the drift c_r (d, with drift) and the
+        scale a_r (1, with scale; last)."""
+        return d * (2 if self.drift else 1) + (1 if self.scale else 0)
+
+    def initial_terms(self, n_runs: int, d: int) -> np.ndarray:
+        """Run terms b = c = 0 (and a = 1): [R, m]."""
+        terms = np.zeros((n_runs, self.n_terms(d)))
+        if self.scale:
+            terms[:, -1] = 1.0
+        return terms
 
     def run_shift(self, terms: np.ndarray, lengths: Sequence[int]) -> np.ndarray:
         """b_r + c_r u_{r,t} for every row [N, d] from the run terms [R, m]."""
         d = self.n_features
         shift = np.repeat(terms[:, :d], lengths, axis=0)
         if self.drift:
-            shift += np.repeat(terms[:, d:], lengths, axis=0) * run_time(lengths)[:, None]
+            shift += np.repeat(terms[:, d : 2 * d], lengths, axis=0) * run_time(lengths)[:, None]
         return shift
+
+    def run_residuals(self, X: np.ndarray, terms: np.ndarray, lengths: Sequence[int]) -> np.ndarray:
+        """y_{r,t} = (x_{r,t} - b_r - c_r u_{r,t}) / a_r [N, d] (a_r = 1 without scale)."""
+        residual = X - self.run_shift(terms, lengths)
+        if self.scale:
+            residual = residual / np.repeat(terms[:, -1], lengths)[:, None]
+        return residual
+
+    def _log_frames(
+        self, X: np.ndarray, terms: np.ndarray, lengths: Sequence[int]
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """log p(x_t | s_t = k, run terms) [N, K] and the residuals y [N, d]: log N(y_t; mu_k,
+        Sigma_k), minus the Jacobian d log a_r with scale (eq. 3)."""
+        residual = self.run_residuals(X, terms, lengths)
+        log_frames = self._compute_log_likelihood(residual)
+        if self.scale:
+            jacobian = self.n_features * np.log(np.repeat(terms[:, -1], lengths))
+            log_frames = log_frames - jacobian[:, None]
+        return log_frames, residual
 
     # --- densities -----------------------------------------------------------------------------
 
@@ -346,7 +465,7 @@ class RunOffsetHMM(BatchedGaussianHMM):
         self._fit_lengths, self._X_fit = lengths, X
         self._fit_weights = np.ones(len(lengths)) if weights is None else weights
         self._fit_time = run_time(lengths) if self.drift else None
-        self._terms = np.zeros((len(lengths), X.shape[1] * (2 if self.drift else 1)))
+        self._terms = self.initial_terms(len(lengths), X.shape[1])
         self.objective_history_: list[list[float]] = []
         init_params, iterations = self.init_params, 0
         try:
@@ -367,7 +486,9 @@ class RunOffsetHMM(BatchedGaussianHMM):
         self.n_iterations_ = iterations
         d = X.shape[1]
         self.offsets_ = self._terms[:, :d].copy()
-        self.drifts_ = self._terms[:, d:].copy() if self.drift else np.zeros_like(self.offsets_)
+        self.drifts_ = (self._terms[:, d : 2 * d].copy() if self.drift
+                        else np.zeros_like(self.offsets_))  # fmt: skip
+        self.scales_ = self._terms[:, -1].copy() if self.scale else np.ones(len(lengths))
         return self
 
     def _search_fitted(self, X: np.ndarray, lengths: Sequence[int]) -> bool:
@@ -384,8 +505,14 @@ class RunOffsetHMM(BatchedGaussianHMM):
     def _adopt(self, terms: np.ndarray) -> None:
         """Make ``terms`` the fitted runs' terms: centre the offsets on their weighted mean
         (moving the means: the likelihood is unchanged) and, with drift, project the drifts onto
-        sum_r w_r c_r = 0 (the next ECM restores the constrained CM-step)."""
+        sum_r w_r c_r = 0 (the next ECM restores the constrained CM-step). With scale, first the
+        scales are normalised and the offsets centred as in eq. 3 (:meth:`_normalise`)."""
         d, w = self.n_features, self._fit_weights
+        if self.scale:
+            self._normalise(terms)
+            terms[:, d : 2 * d] -= w @ terms[:, d : 2 * d] / w.sum()
+            self._terms = terms
+            return
         centre = w @ terms[:, :d] / w.sum()
         terms[:, :d] -= centre
         if self.drift:
@@ -393,12 +520,30 @@ class RunOffsetHMM(BatchedGaussianHMM):
         self.means_ = self.means_ + centre
         self._terms = terms
 
+    def _normalise(self, terms: np.ndarray) -> None:
+        """With scale, the two reparametrisations of eq. 3 that leave the likelihood unchanged,
+        in place: a_r -> a_r / g, mu -> g mu, Sigma -> g^2 Sigma with g the weighted geometric
+        mean of the scales (so it becomes 1), then mu_k -> mu_k + m, b_r -> b_r - a_r m with
+        m = sum_r w_r a_r b_r / sum_r w_r a_r^2 (the m that minimises the offsets' penalty)."""
+        d, w = self.n_features, self._fit_weights
+        g = float(np.exp(w @ np.log(terms[:, -1]) / w.sum()))
+        terms[:, -1] /= g
+        self.means_ = self.means_ * g
+        self._covars_ = self._covars_ * g**2
+        a = terms[:, -1]
+        centre = (w * a) @ terms[:, :d] / (w @ a**2)
+        terms[:, :d] -= a[:, None] * centre
+        self.means_ = self.means_ + centre
+
     def _do_estep(self, X: np.ndarray, lengths: Sequence[int]) -> tuple[dict, float]:
         """E-step on the residuals y = x - b - c u, each run's statistics times its weight;
         returns hmmlearn's statistics of y and eq. 0."""
         w = self._fit_weights
-        residual = X - self.run_shift(self._terms, lengths)
-        log_frames = self._compute_log_likelihood(residual)
+        if self.scale:
+            log_frames, residual = self._log_frames(X, self._terms, lengths)
+        else:
+            residual = X - self.run_shift(self._terms, lengths)
+            log_frames = self._compute_log_likelihood(residual)
         posteriors, transitions, first, run_ll = posteriors_and_likelihood(
             log_frames, self.startprob_, self.transmat_, lengths, w)  # fmt: skip
         self._posteriors = posteriors
@@ -424,17 +569,22 @@ class RunOffsetHMM(BatchedGaussianHMM):
         d = self.n_features
         value = 0.5 * self.ridge[0] * (terms[:, :d] ** 2).sum(axis=1)
         if self.drift:
-            value = value + 0.5 * self.ridge[1] * (terms[:, d:] ** 2).sum(axis=1)
+            value = value + 0.5 * self.ridge[1] * (terms[:, d : 2 * d] ** 2).sum(axis=1)
         return value
 
     def _do_mstep(self, stats: dict) -> None:
         """CM-step 1 (hmmlearn's M-step on the residuals' statistics), CM-step 2 (eq. 1 or 2 with
         the new theta, gamma of the last E-step; with drift under sum_r w_r c_r = 0) and the
-        centring of the offsets on their weighted mean."""
+        centring of the offsets on their weighted mean; with scale, CM-steps 2 and 3 of eq. 3 and
+        its normalisation and centring (:meth:`_normalise`)."""
         super()._do_mstep(stats)
         X, lengths, w = self._X_fit, self._fit_lengths, self._fit_weights
         if not np.isfinite(self.means_).all():
             return  # a state lost its mass; hmmlearn's checks report it
+        if self.scale:  # CM-steps 2 and 3 of eq. 3, then its reparametrisations
+            self._terms = self._scaled_update(X, lengths, self._posteriors, self._terms, w)
+            self._normalise(self._terms)
+            return
         sums = run_sums(X, self._posteriors, lengths, self._fit_time, self.drift)
         matrix, rhs = offset_system(sums, self.means_, self.precisions(), self.ridge, self.drift)
         terms = solve_run_terms(matrix, rhs, self.drift, centre=True, weights=w)
@@ -444,16 +594,38 @@ class RunOffsetHMM(BatchedGaussianHMM):
         self.means_ = self.means_ + centre
         self._terms = terms
 
+    def _scaled_update(
+        self, X: np.ndarray, lengths: Sequence[int], posteriors: np.ndarray, terms: np.ndarray,
+        weights: np.ndarray | None,
+    ) -> np.ndarray:  # fmt: skip
+        """With scale: CM-step 2, (b, c) given a and theta (eq. 3's system; ``weights`` given:
+        with drift under sum_r w_r c_r = 0), then CM-step 3, a given (b, c) and theta (closed
+        form), gamma = ``posteriors`` held fixed. New terms [R, m]."""
+        d = self.n_features
+        time = run_time(lengths) if self.drift else None
+        precisions = self.precisions()
+        sums = run_sums(X, posteriors, lengths, time, self.drift)
+        matrix, rhs = offset_system(sums, self.means_, precisions, self.ridge, self.drift,
+                                    scales=terms[:, -1])  # fmt: skip
+        updated = np.empty_like(terms)
+        updated[:, :-1] = solve_run_terms(matrix, rhs, self.drift, centre=weights is not None,
+                                          weights=weights)  # fmt: skip
+        updated[:, -1] = 1.0
+        A, B = scale_sums(X - self.run_shift(updated, lengths), posteriors, lengths,
+                          self.means_, precisions)  # fmt: skip
+        updated[:, -1] = solve_scales(A, B, lengths, d)
+        return updated
+
     # --- new runs: terms estimated with theta fixed --------------------------------------------
 
     def estimate_run_terms(self, X: np.ndarray, lengths: Sequence[int] | None = None) -> np.ndarray:
-        """Each run's MAP terms [R, d] (offsets; [R, 2d], offsets then drifts, with drift) given
-        the fitted theta, by the multi-start search of :meth:`search_run_terms` from zero."""
+        """Each run's MAP terms [R, d] (offsets; [R, 2d], offsets then drifts, with drift; a last
+        column, the scale, with scale) given the fitted theta, by the multi-start search of
+        :meth:`search_run_terms` from zero (and a = 1)."""
         self._check()
         X = np.asarray(X, dtype=float)
         lengths = [len(X)] if lengths is None else [int(n) for n in lengths]
-        terms = np.zeros((len(lengths), X.shape[1] * (2 if self.drift else 1)))
-        return self.search_run_terms(X, lengths, terms)[0]
+        return self.search_run_terms(X, lengths, self.initial_terms(len(lengths), X.shape[1]))[0]
 
     def search_run_terms(
         self, X: np.ndarray, lengths: Sequence[int], current: np.ndarray
@@ -512,11 +684,35 @@ class RunOffsetHMM(BatchedGaussianHMM):
             for window in (X[a : a + w], X[a + n - w : a + n]):
                 aligned = np.zeros((self.n_components, current.shape[1]))
                 aligned[:, :d] = window.mean(axis=0) - self.means_
+                if self.scale:
+                    aligned[:, -1] = 1.0
                 starts.append(aligned)
                 owner.append(np.full(self.n_components, r))
+            if self.scale:
+                paired = self._paired_starts(X[a : a + w].mean(axis=0),
+                                             X[a + n - w : a + n].mean(axis=0))  # fmt: skip
+                starts.append(paired)
+                owner.append(np.full(len(paired), r))
         starts, owner = np.concatenate(starts), np.concatenate(owner)
         order = np.argsort(owner, kind="stable")  # each run's current terms first
         return starts[order], owner[order]
+
+    def _paired_starts(self, first: np.ndarray, last: np.ndarray) -> np.ndarray:
+        """With scale, starts [S, m] that put a run's first and last windows' means (``first``,
+        ``last``) on states j < k: a = (last - first)^T (mu_k - mu_j) / |mu_k - mu_j|^2 (least
+        squares), b = (first + last) / 2 - a (mu_j + mu_k) / 2, c = 0; pairs giving a <= 0 left
+        out. (A run of small scale is otherwise fitted by a drift across a state step.)"""
+        d = self.n_features
+        j, k = np.triu_indices(self.n_components, k=1)
+        step = self.means_[k] - self.means_[j]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            scale = step @ (last - first) / (step**2).sum(axis=1)
+        keep = np.isfinite(scale) & (scale > 0)
+        scale, j, k = scale[keep], j[keep], k[keep]
+        starts = np.zeros((len(scale), self.n_terms(d)))
+        starts[:, :d] = (first + last) / 2 - scale[:, None] * (self.means_[j] + self.means_[k]) / 2
+        starts[:, -1] = scale
+        return starts
 
     def _alternate(
         self, X: np.ndarray, lengths: Sequence[int], terms: np.ndarray, n_iter: int
@@ -526,6 +722,16 @@ class RunOffsetHMM(BatchedGaussianHMM):
         time = run_time(lengths) if self.drift else None
         precisions = self.precisions()
         for _ in range(n_iter):
+            if self.scale:  # CM-steps 2 and 3 of eq. 3 on the run's posteriors
+                posteriors = posteriors_and_likelihood(self._log_frames(X, terms, lengths)[0],
+                                                       self.startprob_, self.transmat_,
+                                                       lengths)[0]  # fmt: skip
+                updated = self._scaled_update(X, lengths, posteriors, terms, None)
+                moved = float(np.abs(updated - terms).max())
+                terms = updated
+                if moved < OFFSET_TOL:
+                    break
+                continue
             log_frames = self._compute_log_likelihood(X - self.run_shift(terms, lengths))
             posteriors = posteriors_and_likelihood(log_frames, self.startprob_, self.transmat_,
                                                    lengths)[0]  # fmt: skip
@@ -539,18 +745,25 @@ class RunOffsetHMM(BatchedGaussianHMM):
         return terms, self._penalised(X, lengths, terms)
 
     def _penalised(self, X: np.ndarray, lengths: Sequence[int], terms: np.ndarray) -> np.ndarray:
-        """log p(x_r | theta, b_r, c_r) - lambda_b/2 |b_r|^2 - lambda_c/2 |c_r|^2 per run."""
-        log_frames = self._compute_log_likelihood(X - self.run_shift(terms, lengths))
+        """log p(x_r | theta, b_r, c_r, a_r) - lambda_b/2 |b_r|^2 - lambda_c/2 |c_r|^2 per run."""
+        if self.scale:
+            log_frames = self._log_frames(X, terms, lengths)[0]
+        else:
+            log_frames = self._compute_log_likelihood(X - self.run_shift(terms, lengths))
         value = run_log_likelihoods(log_frames, self.startprob_, self.transmat_, lengths)
         d = self.n_features
         value = value - 0.5 * self.ridge[0] * (terms[:, :d] ** 2).sum(axis=1)
         if self.drift:
-            value = value - 0.5 * self.ridge[1] * (terms[:, d:] ** 2).sum(axis=1)
+            value = value - 0.5 * self.ridge[1] * (terms[:, d : 2 * d] ** 2).sum(axis=1)
         return np.where(np.isfinite(value), value, -np.inf)
 
     def residuals(self, X: np.ndarray, lengths: Sequence[int] | None = None) -> np.ndarray:
-        """x - b_r - c_r u_t with every run's terms estimated (:meth:`estimate_run_terms`)."""
+        """x - b_r - c_r u_t (with scale: divided by a_r) with every run's terms estimated
+        (:meth:`estimate_run_terms`)."""
         lengths = [len(X)] if lengths is None else [int(n) for n in lengths]
+        if self.scale:
+            X = np.asarray(X, dtype=float)
+            return self.run_residuals(X, self.estimate_run_terms(X, lengths), lengths)
         return np.asarray(X, dtype=float) - self.run_shift(self.estimate_run_terms(X, lengths),
                                                            lengths)  # fmt: skip
 
@@ -558,8 +771,12 @@ class RunOffsetHMM(BatchedGaussianHMM):
         self, X: np.ndarray, lengths: Sequence[int] | None = None
     ) -> np.ndarray:
         """log p(x_r | theta, b_r, c_r) of every new run [R], its terms estimated with theta fixed
-        (the profile likelihood; prior not added)."""
+        (the profile likelihood; prior not added; with scale the Jacobian included, eq. 3)."""
         lengths = [len(X)] if lengths is None else [int(n) for n in lengths]
+        if self.scale:
+            X = np.asarray(X, dtype=float)
+            log_frames = self._log_frames(X, self.estimate_run_terms(X, lengths), lengths)[0]
+            return run_log_likelihoods(log_frames, self.startprob_, self.transmat_, lengths)
         log_frames = self._compute_log_likelihood(self.residuals(X, lengths))
         return run_log_likelihoods(log_frames, self.startprob_, self.transmat_, lengths)
 
