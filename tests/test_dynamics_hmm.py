@@ -225,7 +225,7 @@ def test_runs_the_scaled_recursion_cannot_hold_are_redone_in_log_space():
         BatchedGaussianHMM,
         estep_together,
         fit_together,
-        scaled_forward,
+        forward_time_major,
     )
     from trainmap.dynamics.hmm import training_score
 
@@ -242,8 +242,8 @@ def test_runs_the_scaled_recursion_cannot_hold_are_redone_in_log_space():
     jumps[1:10] = model.means_[2]  # state 0 -> state 2 is forbidden: log p ~ -1e4 via state 1
     runs = [*ordinary, jumps]
     x, lengths = np.concatenate(runs), [len(run) for run in runs]
-    *_, failed = scaled_forward(model._compute_log_likelihood(x).reshape(4, 60, 3),
-                                model.startprob_, model.transmat_)  # fmt: skip
+    frames = model._compute_log_likelihood(x).reshape(4, 60, 3).transpose(1, 0, 2)
+    *_, failed = forward_time_major(frames, model.startprob_, model.transmat_, [3])
     assert failed[:, 0].tolist() == [False, False, False, True]
     ours, ll = model._do_estep(x, lengths)
     theirs, expected_ll = BaseHMM._do_estep(model, x, lengths)

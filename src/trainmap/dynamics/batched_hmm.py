@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import functools
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -126,21 +126,6 @@ def forward_time_major(
     return alpha, scale, shift, emission, failed
 
 
-def scaled_forward(
-    log_frames: np.ndarray,
-    startprob: np.ndarray,
-    transmat: np.ndarray,
-    sizes: Sequence[int] | None = None,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """:func:`forward_time_major` of ``log_frames`` [n, T, S] (run-major), of one model (``sizes``
-    None) or several side by side; the results as there, time-major, except the scaling
-    factors: one per block [T, n, B]."""
-    sizes = [log_frames.shape[2]] if sizes is None else sizes
-    frames = np.ascontiguousarray(log_frames.transpose(1, 0, 2))
-    alpha, scale, shift, emission, failed = forward_time_major(frames, startprob, transmat, sizes)
-    return alpha, scale[:, :, state_blocks(sizes)[0]], shift, emission, failed
-
-
 def forward_backward_time_major(
     frames: np.ndarray,
     startprob: np.ndarray,
@@ -203,42 +188,11 @@ def forward_backward_time_major(
     return posteriors, transitions, log_likelihood
 
 
-def forward_backward_blocks(
-    log_frames: np.ndarray,
-    startprob: np.ndarray,
-    transmat: np.ndarray,
-    sizes: Sequence[int],
-    weights: np.ndarray | None = None,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """:func:`forward_backward_time_major` of ``log_frames`` [n, T, S] (run-major): the posteriors
-    [n, T, S], the expected transition counts (times the runs' ``weights``) [S, S] and each run's
-    log-likelihood under each model [n, B]."""
-    frames = np.ascontiguousarray(log_frames.transpose(1, 0, 2))
-    posteriors, transitions, log_likelihood = forward_backward_time_major(
-        frames, startprob, transmat, sizes, weights
-    )
-    return posteriors.transpose(1, 0, 2), transitions, log_likelihood
-
-
-def forward_backward(
-    log_frames: np.ndarray,
-    startprob: np.ndarray,
-    transmat: np.ndarray,
-    weights: np.ndarray | None = None,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """:func:`forward_backward_blocks` of one model: posteriors [n, T, K], expected transitions
-    [K, K], each run's log-likelihood [n]."""
-    posteriors, transitions, log_likelihood = forward_backward_blocks(
-        log_frames, startprob, transmat, [log_frames.shape[2]], weights
-    )
-    return posteriors, transitions, log_likelihood[:, 0]
-
-
 def log_forward(
     log_frames: np.ndarray, startprob: np.ndarray, transmat: np.ndarray
 ) -> tuple[float, np.ndarray]:
     """One run's forward pass in log space (hmmlearn's C kernel): its log-likelihood and
-    log alpha [T, K]. For runs whose scaled recursion underflows (:func:`scaled_forward`)."""
+    log alpha [T, K]. For runs whose scaled recursion underflows (:func:`forward_time_major`)."""
     return _hmmc.forward_log(startprob, transmat, np.ascontiguousarray(log_frames))
 
 
@@ -248,9 +202,10 @@ def log_forward_backward(
     transmat: np.ndarray,
     weights: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """:func:`forward_backward` in log space, run by run (hmmlearn's C kernels, as its own
-    ``_fit_log``): the same three results, for runs whose scaled recursion underflows or
-    overflows."""
+    """The scaled forward-backward's results in log space, run by run (hmmlearn's C kernels, as
+    its own ``_fit_log``), ``log_frames`` [n, T, K] run-major: posteriors [n, T, K], expected
+    transitions (times the runs' ``weights``) [K, K] and each run's log-likelihood [n]; for runs
+    whose scaled recursion (:func:`forward_backward_time_major`) underflows or overflows."""
     n_runs, _, n_states = log_frames.shape
     posteriors = np.empty_like(log_frames)
     transitions = np.zeros((n_states, n_states))
@@ -286,15 +241,16 @@ def run_log_likelihoods(
     log_frames: np.ndarray, startprob: np.ndarray, transmat: np.ndarray, lengths: Any
 ) -> np.ndarray:
     """log p(run) of every run [R] (``log_frames`` [N, K] of the runs concatenated in the order
-    of ``lengths``): the scaled forward pass of each group of equal-length runs, the runs it
-    cannot hold in log space."""
+    of ``lengths``): the scaled forward pass of each group of equal-length runs (gathered
+    time-major, :func:`forward_time_major`), the runs it cannot hold in log space."""
     log_likelihood = np.empty(len(np.asarray(lengths)))
     for positions, rows in runs_of_equal_length(lengths):
-        _, scale, shift, _, failed = scaled_forward(log_frames[rows], startprob, transmat)
+        _, scale, shift, _, failed = forward_time_major(log_frames[rows.T], startprob, transmat,
+                                                        [log_frames.shape[1]])  # fmt: skip
         with np.errstate(divide="ignore"):
             per_run = np.log(scale[:, :, 0]).sum(axis=0) + shift[:, :, 0].sum(axis=0)
         for i in np.flatnonzero(failed[:, 0]):  # underflow: these runs in log space
-            per_run[i] = log_forward(log_frames[rows][i], startprob, transmat)[0]
+            per_run[i] = log_forward(log_frames[rows[i]], startprob, transmat)[0]
         log_likelihood[positions] = per_run
     return log_likelihood
 
@@ -307,26 +263,34 @@ def _upper_triangle(n_features: int) -> tuple[tuple[np.ndarray, np.ndarray], np.
     return (rows, columns), rows != columns
 
 
-# The last few arrays' outer products (weak reference to the array, its shape and sum, its
-# products): EM passes the same array to every E-step of a fit, and a selection fits every K on
-# the same stacked runs.
-_OUTER_CACHE: list[tuple[weakref.ref, tuple, np.ndarray]] = []
-_OUTER_CACHE_SIZE = 4  # a split's training and held-out runs, as given and time-major
+# The last few arrays' derived arrays, per kind (outer products, time-major layouts): a weak
+# reference to the array, its fingerprint (shape, sum and any extra key: an array changed in
+# place is computed again), the derived value. EM passes the same array to every E-step of a fit,
+# and a selection fits every K on the same stacked runs.
+_REMEMBERED: dict[str, list[tuple[weakref.ref, tuple, Any]]] = {"outer": [], "layout": []}
+#: Arrays remembered per kind: a split's training and held-out runs, as given and time-major.
+_REMEMBERED_SIZE = 4
+
+
+def remembered(kind: str, X: np.ndarray, compute: Callable[[], Any], key: tuple = ()) -> Any:
+    """``compute()``, remembered for the last :data:`_REMEMBERED_SIZE` arrays ``X`` of ``kind``
+    while they live and keep their shape, sum and ``key``."""
+    cache = _REMEMBERED[kind]
+    fingerprint = (X.shape, float(X.sum()), key)
+    for reference, seen, value in cache:
+        if reference() is X and seen == fingerprint:
+            return value
+    value = compute()
+    cache[:] = [entry for entry in cache if entry[0]() is not None]
+    cache.insert(0, (weakref.ref(X), fingerprint, value))
+    del cache[_REMEMBERED_SIZE:]
+    return value
 
 
 def outer_products(X: np.ndarray) -> np.ndarray:
     """x_t x_t' of every observation of ``X`` [T, d], its upper triangle row by row
-    [T, d (d + 1) / 2]; remembered for the last :data:`_OUTER_CACHE_SIZE` arrays while they live
-    (and keep their shape and sum: an array changed in place is computed again)."""
-    fingerprint = (X.shape, float(X.sum()))
-    for reference, seen, outer in _OUTER_CACHE:
-        if reference() is X and seen == fingerprint:
-            return outer
-    outer = _outer_products(X)
-    _OUTER_CACHE[:] = [entry for entry in _OUTER_CACHE if entry[0]() is not None]
-    _OUTER_CACHE.insert(0, (weakref.ref(X), fingerprint, outer))
-    del _OUTER_CACHE[_OUTER_CACHE_SIZE:]
-    return outer
+    [T, d (d + 1) / 2] (:func:`_outer_products`), :func:`remembered`."""
+    return remembered("outer", X, lambda: _outer_products(X))
 
 
 def _outer_products(X: np.ndarray) -> np.ndarray:
@@ -475,31 +439,20 @@ class TimeMajor:
     groups: list[tuple[np.ndarray, int, int, int]]
 
 
-# The last few arrays' time-major layouts (weak reference to the array, its fingerprint and
-# lengths, the layout): EM passes the same runs to every E-step of a fit.
-_LAYOUT_CACHE: list[tuple[weakref.ref, tuple, TimeMajor]] = []
-_LAYOUT_CACHE_SIZE = 2  # a split's training and held-out runs
-
-
 def time_major(X: np.ndarray, lengths: Any) -> TimeMajor:
     """:class:`TimeMajor` of the runs ``X`` (concatenated in the order of ``lengths``),
-    remembered for the last :data:`_LAYOUT_CACHE_SIZE` arrays while they live (and keep their
-    shape, sum and lengths)."""
+    :func:`remembered` for the same array and lengths."""
     lengths = np.asarray(lengths)
-    fingerprint = (X.shape, float(X.sum()), tuple(lengths.tolist()))
-    for reference, seen, layout in _LAYOUT_CACHE:
-        if reference() is X and seen == fingerprint:
-            return layout
-    order, groups, first = [], [], 0
-    for positions, rows in runs_of_equal_length(lengths):
-        order.append(rows.T.ravel())
-        groups.append((positions, first, rows.shape[1], rows.shape[0]))
-        first += rows.size
-    layout = TimeMajor(np.ascontiguousarray(X[np.concatenate(order)]), groups)
-    _LAYOUT_CACHE[:] = [entry for entry in _LAYOUT_CACHE if entry[0]() is not None]
-    _LAYOUT_CACHE.insert(0, (weakref.ref(X), fingerprint, layout))
-    del _LAYOUT_CACHE[_LAYOUT_CACHE_SIZE:]
-    return layout
+
+    def layout() -> TimeMajor:
+        order, groups, first = [], [], 0
+        for positions, rows in runs_of_equal_length(lengths):
+            order.append(rows.T.ravel())
+            groups.append((positions, first, rows.shape[1], rows.shape[0]))
+            first += rows.size
+        return TimeMajor(np.ascontiguousarray(X[np.concatenate(order)]), groups)
+
+    return remembered("layout", X, layout, tuple(lengths.tolist()))
 
 
 def estep_together(

@@ -160,7 +160,7 @@ from hmmlearn.hmm import GaussianHMM
 
 from trainmap.dynamics.batched_hmm import (
     BatchedGaussianHMM,
-    forward_backward,
+    forward_backward_time_major,
     run_log_likelihoods,
     runs_of_equal_length,
 )
@@ -208,12 +208,13 @@ def posteriors_and_likelihood(
     log_likelihood = np.empty(len(lengths))
     for positions, rows in runs_of_equal_length(lengths):
         group_weights = None if weights is None else weights[positions]
-        gamma, group_transitions, group_ll = forward_backward(log_frames[rows], startprob, transmat,
-                                                              group_weights)  # fmt: skip
-        posteriors[rows] = gamma
+        gamma, group_transitions, group_ll = forward_backward_time_major(
+            log_frames[rows.T], startprob, transmat, [n_states], group_weights
+        )
+        posteriors[rows.T] = gamma
         transitions += group_transitions
-        first[positions] = gamma[:, 0]
-        log_likelihood[positions] = group_ll
+        first[positions] = gamma[0]
+        log_likelihood[positions] = group_ll[:, 0]
     return posteriors, transitions, first, log_likelihood
 
 
