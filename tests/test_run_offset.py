@@ -22,10 +22,12 @@ from scipy.stats import multivariate_normal
 
 from trainmap.dynamics.batched_hmm import BatchedGaussianHMM
 from trainmap.dynamics.certainty import bootstrap_map
+from trainmap.dynamics.columns import METRIC_NAMES
 from trainmap.dynamics.hmm import (
     TrainingHMM,
     emission_model,
     model_parameters,
+    n_free_parameters,
     quietly,
     score_heldout,
     select_model,
@@ -33,7 +35,6 @@ from trainmap.dynamics.hmm import (
     standardise_runs,
     start_from,
 )
-from trainmap.dynamics.metrics import METRIC_NAMES
 from trainmap.dynamics.run_offset import RunOffsetHMM, run_time, scale_sums, solve_scales
 from trainmap.dynamics.settings import make_hmm
 from trainmap.dynamics.synthetic import known_answer_scores, left_to_right_hmm, sample_runs
@@ -136,7 +137,7 @@ def test_the_heldout_bic_counts_the_scored_runs_terms(scale):
         model = started(parameters, True, scale=scale).fit(*stack(sequences[:4]))
     heldout = stack(sequences[4:])
     scores = score_heldout(model, heldout, np.array([1.0, 2.0]))
-    n_parameters = model.n_hmm_parameters() + 3 * (2 * model.n_features + scale)
+    n_parameters = n_free_parameters(model) + 3 * (2 * model.n_features + scale)
     n_observations = 60 * 3
     expected = -2 * scores["heldout_log_likelihood"] + n_parameters * math.log(n_observations)
     assert scores["bic"] == pytest.approx(expected, rel=1e-12)
@@ -342,7 +343,7 @@ def test_the_scaled_cm_step_of_the_offsets_and_drifts_is_the_constrained_maximum
     model, terms, X, lengths = case["model"], case["terms"], case["X"], case["lengths"]
     gamma, d, u = case["posteriors"], X.shape[1], run_time(lengths)
     weights = np.array([1.0, 2.0, 1.0])
-    updated = model._scaled_update(X, lengths, gamma, terms, weights)
+    updated = model._update_terms(X, lengths, gamma, terms, weights)
     np.testing.assert_allclose(weights @ updated[:, d : 2 * d], 0.0, atol=1e-10)
     precisions = model.precisions()
     rows = np.split(np.arange(len(X)), np.cumsum(lengths)[:-1])

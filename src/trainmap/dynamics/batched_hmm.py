@@ -336,6 +336,16 @@ class BatchedGaussianHMM(GaussianHMM):
         log_det = 2 * np.log(np.diagonal(cholesky, axis1=1, axis2=2)).sum(axis=1)
         return packed, pulled, np.einsum("kd,kd->k", self.means_, pulled) + log_det
 
+    def n_run_parameters(self, n_runs: int) -> int:
+        """Free parameters of ``n_runs`` runs' own terms, counted in a held-out BIC: none here
+        (:class:`~trainmap.dynamics.run_offset.RunOffsetHMM` has some)."""
+        return 0
+
+    def residuals(self, X: np.ndarray, lengths: Any = None) -> np.ndarray:
+        """The runs as the emission model sees them: ``X`` itself (no run terms; a
+        :class:`~trainmap.dynamics.run_offset.RunOffsetHMM` removes each run's)."""
+        return X
+
     def fit_weighted(self, X: np.ndarray, lengths: Any, weights: Any) -> BatchedGaussianHMM:
         """``fit`` where run i (in ``lengths`` order) counts ``weights[i]`` times."""
         with self._weighted_runs(weights):

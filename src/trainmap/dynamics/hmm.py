@@ -310,10 +310,10 @@ def score_heldout(
     model: Any, heldout: tuple[np.ndarray, list[int]], weights: Any = None
 ) -> dict[str, float]:
     """Held-out log-likelihood, BIC and AIC of a fitted model (one forward pass; ``weights``
-    counts each held-out run that many times, as a bootstrap draw does). A model with run terms
-    (:func:`has_run_terms`): the profile log-likelihood, and the parameters counted include the
-    scored runs' terms (d per run, 2d with drift, 2d + 1 with drift and scale; a run drawn twice
-    counts twice). Callers limit BLAS to one thread around it (:func:`_fit_group`, the
+    counts each held-out run that many times, as a bootstrap draw does). The parameters counted
+    include the scored runs' own terms (the model's ``n_run_parameters``: none for the plain
+    model; d per run, 2d with drift, 2d + 1 with drift and scale for a model with run terms, whose
+    score is the profile log-likelihood; a run drawn twice counts twice). Callers limit BLAS to one thread around it (:func:`_fit_group`, the
     bootstrap's chunks)."""
     if weights is None:
         log_likelihood, n_observations = model.score(*heldout), len(heldout[0])
@@ -322,9 +322,7 @@ def score_heldout(
         log_likelihood = model.score_weighted(*heldout, weights)
         n_observations = int(np.asarray(weights) @ np.asarray(heldout[1]))
         n_runs = int(np.asarray(weights).sum())
-    n_parameters = n_free_parameters(model)
-    if has_run_terms(model):  # the scored runs' terms, each draw's own
-        n_parameters += model.n_run_parameters(n_runs)
+    n_parameters = n_free_parameters(model) + model.n_run_parameters(n_runs)
     return information_criteria(log_likelihood, n_parameters, n_observations)
 
 
@@ -947,7 +945,7 @@ class TrainingHMM:
         terms estimated given the fitted parameters (``run_offset``, ``run_offset_drift``,
         ``run_affine``; :meth:`~trainmap.dynamics.run_offset.RunOffsetHMM.residuals`), for the
         whole run."""
-        return self.model_.residuals(z) if has_run_terms(self.model_) else z
+        return self.model_.residuals(z)
 
     def log_emissions(self, z: np.ndarray, residualised: bool = False) -> np.ndarray:
         """log p(z_t | s_t = k), [T, K], of one run's z (its residuals, :meth:`residuals`, unless

@@ -156,7 +156,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
-from hmmlearn.hmm import GaussianHMM
 
 from trainmap.dynamics.batched_hmm import (
     BatchedGaussianHMM,
@@ -249,24 +248,15 @@ def offset_system(
     per run): the system of eq. 3, mu_k -> a_r mu_k, sums over k divided by a_r^2."""
     d = means.shape[1]
     eye = np.eye(d)
+    scales = np.ones(len(sums["G0"])) if scales is None else scales  # a_r = 1: eqs. 1-2 exactly
+    inverse_square = 1.0 / scales**2
 
-    if scales is None:
+    def block(g: np.ndarray) -> np.ndarray:  # sum_k g_rk P_k / a_r^2
+        return np.einsum("rk,kij->rij", g * inverse_square[:, None], precisions)
 
-        def block(g: np.ndarray) -> np.ndarray:  # sum_k g_rk P_k
-            return np.einsum("rk,kij->rij", g, precisions)
-
-        def rhs(g: np.ndarray, s: np.ndarray) -> np.ndarray:  # sum_k P_k (s_rk - g_rk mu_k)
-            return np.einsum("kij,rkj->ri", precisions, s - g[:, :, None] * means[None])
-
-    else:
-        inverse_square = 1.0 / scales**2
-
-        def block(g: np.ndarray) -> np.ndarray:  # sum_k g_rk P_k / a_r^2
-            return np.einsum("rk,kij->rij", g * inverse_square[:, None], precisions)
-
-        def rhs(g: np.ndarray, s: np.ndarray) -> np.ndarray:  # sum_k P_k (s - g a mu_k) / a^2
-            shifted = s - (g * scales[:, None])[:, :, None] * means[None]
-            return np.einsum("kij,rkj->ri", precisions, shifted * inverse_square[:, None, None])
+    def rhs(g: np.ndarray, s: np.ndarray) -> np.ndarray:  # sum_k P_k (s - g a mu_k) / a^2
+        shifted = s - (g * scales[:, None])[:, :, None] * means[None]
+        return np.einsum("kij,rkj->ri", precisions, shifted * inverse_square[:, None, None])
 
     top_left = block(sums["G0"]) + ridge[0] * eye
     top = rhs(sums["G0"], sums["S0"])
@@ -323,14 +313,6 @@ def solve_scales(A: np.ndarray, B: np.ndarray, lengths: Sequence[int], d: int) -
     with np.errstate(divide="ignore", invalid="ignore"):
         scales = np.where(B > 0, 2 * A / (B + root), (root - B) / (2 * n))
     return scales
-
-
-def covariances_full(model: GaussianHMM) -> np.ndarray:
-    """Sigma_k as [K, d, d] for the diag and full covariance types."""
-    covars = model._covars_
-    if model.covariance_type == "diag":
-        return np.stack([np.diag(c) for c in covars])
-    return covars
 
 
 # --- the model ---------------------------------------------------------------------------------
@@ -416,30 +398,9 @@ class RunOffsetHMM(BatchedGaussianHMM):
             log_frames = log_frames - jacobian[:, None]
         return log_frames, residual
 
-    # --- densities -----------------------------------------------------------------------------
-
-    def _compute_log_likelihood(self, X: np.ndarray) -> np.ndarray:
-        """log N(x_t | mu_k, Sigma_k) [T, K]: one batched Cholesky for full covariances, the
-        closed form for diagonal ones (hmmlearn's code where a Cholesky fails)."""
-        d = X.shape[1]
-        if self.covariance_type == "diag":
-            var = self._covars_
-            squared = ((X[:, None, :] - self.means_[None]) ** 2 / var[None]).sum(axis=2)
-            log_det = np.log(var).sum(axis=1)
-            return -0.5 * (d * np.log(2 * np.pi) + log_det[None] + squared)
-        try:
-            cholesky = np.linalg.cholesky(self._covars_)
-        except np.linalg.LinAlgError:
-            return GaussianHMM._compute_log_likelihood(self, X)
-        whitening = np.linalg.inv(cholesky).transpose(0, 2, 1)  # L_k^-T
-        solved = X[None] @ whitening - (self.means_[:, None, :] @ whitening)
-        log_det = 2 * np.log(np.diagonal(cholesky, axis1=1, axis2=2)).sum(axis=1)
-        squared = np.einsum("ktd,ktd->tk", solved, solved)
-        return -0.5 * (d * np.log(2 * np.pi) + log_det[None, :] + squared)
-
     def precisions(self) -> np.ndarray:
         """P_k = Sigma_k^-1 [K, d, d] (pseudo-inverse where singular to rounding)."""
-        return np.linalg.pinv(covariances_full(self), hermitian=True)
+        return np.linalg.pinv(self.covars_, hermitian=True)  # covars_: full for every type
 
     # --- fitting (ECM) -------------------------------------------------------------------------
 
@@ -509,17 +470,22 @@ class RunOffsetHMM(BatchedGaussianHMM):
         sum_r w_r c_r = 0 (the next ECM restores the constrained CM-step). With scale, first the
         scales are normalised and the offsets centred as in eq. 3 (:meth:`_normalise`)."""
         d, w = self.n_features, self._fit_weights
+        self._reparametrise(terms)
+        if self.drift:
+            terms[:, d : 2 * d] -= w @ terms[:, d : 2 * d] / w.sum()
+        self._terms = terms
+
+    def _reparametrise(self, terms: np.ndarray) -> None:
+        """In place, the reparametrisations that leave the likelihood unchanged: the offsets
+        centred on their weighted mean (moving the means), or with scale those of eq. 3
+        (:meth:`_normalise`)."""
         if self.scale:
             self._normalise(terms)
-            terms[:, d : 2 * d] -= w @ terms[:, d : 2 * d] / w.sum()
-            self._terms = terms
             return
+        d, w = self.n_features, self._fit_weights
         centre = w @ terms[:, :d] / w.sum()
         terms[:, :d] -= centre
-        if self.drift:
-            terms[:, d:] -= w @ terms[:, d:] / w.sum()
         self.means_ = self.means_ + centre
-        self._terms = terms
 
     def _normalise(self, terms: np.ndarray) -> None:
         """With scale, the two reparametrisations of eq. 3 that leave the likelihood unchanged,
@@ -540,11 +506,7 @@ class RunOffsetHMM(BatchedGaussianHMM):
         """E-step on the residuals y = x - b - c u, each run's statistics times its weight;
         returns hmmlearn's statistics of y and eq. 0."""
         w = self._fit_weights
-        if self.scale:
-            log_frames, residual = self._log_frames(X, self._terms, lengths)
-        else:
-            residual = X - self.run_shift(self._terms, lengths)
-            log_frames = self._compute_log_likelihood(residual)
+        log_frames, residual = self._log_frames(X, self._terms, lengths)
         posteriors, transitions, first, run_ll = posteriors_and_likelihood(
             log_frames, self.startprob_, self.transmat_, lengths, w)  # fmt: skip
         self._posteriors = posteriors
@@ -582,39 +544,30 @@ class RunOffsetHMM(BatchedGaussianHMM):
         X, lengths, w = self._X_fit, self._fit_lengths, self._fit_weights
         if not np.isfinite(self.means_).all():
             return  # a state lost its mass; hmmlearn's checks report it
-        if self.scale:  # CM-steps 2 and 3 of eq. 3, then its reparametrisations
-            self._terms = self._scaled_update(X, lengths, self._posteriors, self._terms, w)
-            self._normalise(self._terms)
-            return
-        sums = run_sums(X, self._posteriors, lengths, self._fit_time, self.drift)
-        matrix, rhs = offset_system(sums, self.means_, self.precisions(), self.ridge, self.drift)
-        terms = solve_run_terms(matrix, rhs, self.drift, centre=True, weights=w)
-        d = self.n_features
-        centre = w @ terms[:, :d] / w.sum()
-        terms[:, :d] -= centre
-        self.means_ = self.means_ + centre
-        self._terms = terms
+        self._terms = self._update_terms(X, lengths, self._posteriors, self._terms, w)
+        self._reparametrise(self._terms)
 
-    def _scaled_update(
+    def _update_terms(
         self, X: np.ndarray, lengths: Sequence[int], posteriors: np.ndarray, terms: np.ndarray,
         weights: np.ndarray | None,
     ) -> np.ndarray:  # fmt: skip
-        """With scale: CM-step 2, (b, c) given a and theta (eq. 3's system; ``weights`` given:
-        with drift under sum_r w_r c_r = 0), then CM-step 3, a given (b, c) and theta (closed
-        form), gamma = ``posteriors`` held fixed. New terms [R, m]."""
-        d = self.n_features
-        time = run_time(lengths) if self.drift else None
+        """CM-step 2, (b, c) given theta (and a: eq. 3's system), then with scale CM-step 3, a
+        given (b, c) and theta (closed form); gamma = ``posteriors`` held fixed. ``weights``
+        given (a fit's runs): with drift under sum_r w_r c_r = 0; None (new runs): unconstrained.
+        New terms [R, m]."""
         precisions = self.precisions()
-        sums = run_sums(X, posteriors, lengths, time, self.drift)
-        matrix, rhs = offset_system(sums, self.means_, precisions, self.ridge, self.drift,
-                                    scales=terms[:, -1])  # fmt: skip
-        updated = np.empty_like(terms)
-        updated[:, :-1] = solve_run_terms(matrix, rhs, self.drift, centre=weights is not None,
-                                          weights=weights)  # fmt: skip
-        updated[:, -1] = 1.0
-        A, B = scale_sums(X - self.run_shift(updated, lengths), posteriors, lengths,
-                          self.means_, precisions)  # fmt: skip
-        updated[:, -1] = solve_scales(A, B, lengths, d)
+        sums = run_sums(X, posteriors, lengths, run_time(lengths) if self.drift else None,
+                        self.drift)  # fmt: skip
+        scales = terms[:, -1] if self.scale else None
+        matrix, rhs = offset_system(sums, self.means_, precisions, self.ridge, self.drift, scales)
+        updated = np.array(terms, dtype=float)
+        shifts = slice(0, updated.shape[1] - (1 if self.scale else 0))  # b (and c)
+        updated[:, shifts] = solve_run_terms(matrix, rhs, self.drift, centre=weights is not None,
+                                             weights=weights)  # fmt: skip
+        if self.scale:
+            A, B = scale_sums(X - self.run_shift(updated, lengths), posteriors, lengths,
+                              self.means_, precisions)  # fmt: skip
+            updated[:, -1] = solve_scales(A, B, lengths, self.n_features)
         return updated
 
     # --- new runs: terms estimated with theta fixed --------------------------------------------
@@ -720,25 +673,11 @@ class RunOffsetHMM(BatchedGaussianHMM):
     ) -> tuple[np.ndarray, np.ndarray]:
         """Up to ``n_iter`` alternations of posteriors and eq. 1 / eq. 2 (theta fixed) from
         ``terms``; the terms and each run's penalised log-likelihood at them."""
-        time = run_time(lengths) if self.drift else None
-        precisions = self.precisions()
         for _ in range(n_iter):
-            if self.scale:  # CM-steps 2 and 3 of eq. 3 on the run's posteriors
-                posteriors = posteriors_and_likelihood(self._log_frames(X, terms, lengths)[0],
-                                                       self.startprob_, self.transmat_,
-                                                       lengths)[0]  # fmt: skip
-                updated = self._scaled_update(X, lengths, posteriors, terms, None)
-                moved = float(np.abs(updated - terms).max())
-                terms = updated
-                if moved < OFFSET_TOL:
-                    break
-                continue
-            log_frames = self._compute_log_likelihood(X - self.run_shift(terms, lengths))
-            posteriors = posteriors_and_likelihood(log_frames, self.startprob_, self.transmat_,
+            posteriors = posteriors_and_likelihood(self._log_frames(X, terms, lengths)[0],
+                                                   self.startprob_, self.transmat_,
                                                    lengths)[0]  # fmt: skip
-            sums = run_sums(X, posteriors, lengths, time, self.drift)
-            matrix, rhs = offset_system(sums, self.means_, precisions, self.ridge, self.drift)
-            updated = solve_run_terms(matrix, rhs, self.drift, centre=False)
+            updated = self._update_terms(X, lengths, posteriors, terms, None)
             moved = float(np.abs(updated - terms).max())
             terms = updated
             if moved < OFFSET_TOL:
@@ -747,26 +686,17 @@ class RunOffsetHMM(BatchedGaussianHMM):
 
     def _penalised(self, X: np.ndarray, lengths: Sequence[int], terms: np.ndarray) -> np.ndarray:
         """log p(x_r | theta, b_r, c_r, a_r) - lambda_b/2 |b_r|^2 - lambda_c/2 |c_r|^2 per run."""
-        if self.scale:
-            log_frames = self._log_frames(X, terms, lengths)[0]
-        else:
-            log_frames = self._compute_log_likelihood(X - self.run_shift(terms, lengths))
+        log_frames = self._log_frames(X, terms, lengths)[0]
         value = run_log_likelihoods(log_frames, self.startprob_, self.transmat_, lengths)
-        d = self.n_features
-        value = value - 0.5 * self.ridge[0] * (terms[:, :d] ** 2).sum(axis=1)
-        if self.drift:
-            value = value - 0.5 * self.ridge[1] * (terms[:, d : 2 * d] ** 2).sum(axis=1)
+        value = value - self._penalties(terms)
         return np.where(np.isfinite(value), value, -np.inf)
 
     def residuals(self, X: np.ndarray, lengths: Sequence[int] | None = None) -> np.ndarray:
         """x - b_r - c_r u_t (with scale: divided by a_r) with every run's terms estimated
         (:meth:`estimate_run_terms`)."""
         lengths = [len(X)] if lengths is None else [int(n) for n in lengths]
-        if self.scale:
-            X = np.asarray(X, dtype=float)
-            return self.run_residuals(X, self.estimate_run_terms(X, lengths), lengths)
-        return np.asarray(X, dtype=float) - self.run_shift(self.estimate_run_terms(X, lengths),
-                                                           lengths)  # fmt: skip
+        X = np.asarray(X, dtype=float)
+        return self.run_residuals(X, self.estimate_run_terms(X, lengths), lengths)
 
     def profile_log_likelihoods(
         self, X: np.ndarray, lengths: Sequence[int] | None = None
@@ -774,11 +704,8 @@ class RunOffsetHMM(BatchedGaussianHMM):
         """log p(x_r | theta, b_r, c_r) of every new run [R], its terms estimated with theta fixed
         (the profile likelihood; prior not added; with scale the Jacobian included, eq. 3)."""
         lengths = [len(X)] if lengths is None else [int(n) for n in lengths]
-        if self.scale:
-            X = np.asarray(X, dtype=float)
-            log_frames = self._log_frames(X, self.estimate_run_terms(X, lengths), lengths)[0]
-            return run_log_likelihoods(log_frames, self.startprob_, self.transmat_, lengths)
-        log_frames = self._compute_log_likelihood(self.residuals(X, lengths))
+        X = np.asarray(X, dtype=float)
+        log_frames = self._log_frames(X, self.estimate_run_terms(X, lengths), lengths)[0]
         return run_log_likelihoods(log_frames, self.startprob_, self.transmat_, lengths)
 
     def score(self, X: np.ndarray, lengths: Sequence[int] | None = None) -> float:
@@ -792,13 +719,7 @@ class RunOffsetHMM(BatchedGaussianHMM):
     def bic(self, X: np.ndarray, lengths: Sequence[int] | None = None) -> float:
         """-2 log L + p log n, p: hmmlearn's count plus the scored runs' terms."""
         lengths = [len(X)] if lengths is None else list(lengths)
-        n_parameters = self.n_hmm_parameters() + self.n_run_parameters(len(lengths))
-        return -2 * self.score(X, lengths) + n_parameters * math.log(len(X))
-
-    def n_hmm_parameters(self) -> int:
-        """The free HMM parameters hmmlearn's ``bic`` counts."""
-        per_parameter = self._get_n_fit_scalars_per_param()
-        return int(sum(per_parameter[name] for name in self.params))
+        return super().bic(X, lengths) + self.n_run_parameters(len(lengths)) * math.log(len(X))
 
     def predict(self, X: np.ndarray, lengths: Sequence[int] | None = None) -> np.ndarray:
         """Viterbi states of new runs on their residuals (terms estimated first)."""
