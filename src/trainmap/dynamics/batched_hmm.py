@@ -225,11 +225,16 @@ def log_forward_backward(
     return posteriors, transitions, log_likelihood
 
 
+def run_starts(lengths: Any) -> np.ndarray:
+    """The first row of every run in ``X`` (the runs concatenated in the order of ``lengths``)."""
+    return np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(int)
+
+
 def runs_of_equal_length(lengths: Any) -> list[tuple[np.ndarray, np.ndarray]]:
     """For each distinct length: the positions of its runs in ``lengths`` and their row indices
     [n, T] in ``X`` (the runs concatenated in the order of ``lengths``)."""
     lengths = np.asarray(lengths)
-    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    starts = run_starts(lengths)
     groups = []
     for length in np.unique(lengths):
         positions = np.flatnonzero(lengths == length)

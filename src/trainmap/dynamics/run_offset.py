@@ -161,6 +161,7 @@ from trainmap.dynamics.batched_hmm import (
     BatchedGaussianHMM,
     forward_backward_time_major,
     run_log_likelihoods,
+    run_starts,
     runs_of_equal_length,
 )
 
@@ -225,7 +226,7 @@ def run_sums(
 ) -> dict[str, np.ndarray]:
     """Per run r and state k: Gj_k = sum_t gamma_tk u_t^j [R, K] and Sj_k = sum_t gamma_tk
     u_t^j x_t [R, K, d] (j = 0, and j = 1, 2 with drift; module docstring, eqs. 1-2)."""
-    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(int)
+    starts = run_starts(lengths)
 
     def per_run(values: np.ndarray) -> np.ndarray:  # the runs are contiguous blocks of rows
         return np.add.reduceat(values, starts, axis=0)
@@ -292,7 +293,7 @@ def scale_sums(
     """Per run r, with y'_t = x_t - b_r - c_r u_t (``shifted`` [N, d]): A_r = sum_t sum_k
     gamma_tk y'_t^T P_k y'_t and B_r = sum_t sum_k gamma_tk y'_t^T P_k mu_k, [R] each (CM-step 3
     of the module docstring)."""
-    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(int)
+    starts = run_starts(lengths)
     quadratic = np.empty_like(posteriors)
     linear = np.empty_like(posteriors)
     for k in range(len(means)):
@@ -623,7 +624,7 @@ class RunOffsetHMM(BatchedGaussianHMM):
     @staticmethod
     def _rows(lengths: Sequence[int], owner: np.ndarray) -> list[tuple[int, int]]:
         """(first row, length) in X of the run behind every start."""
-        begins = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(int)
+        begins = run_starts(lengths)
         return [(int(begins[r]), int(lengths[r])) for r in owner]
 
     def _starts(
@@ -631,7 +632,7 @@ class RunOffsetHMM(BatchedGaussianHMM):
     ) -> tuple[np.ndarray, np.ndarray]:
         """The starts of :meth:`search_run_terms` [S, m] and the run each belongs to [S]."""
         d = self.n_features
-        begins = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(int)
+        begins = run_starts(lengths)
         starts, owner = [current], [np.arange(len(lengths))]
         for r, (a, n) in enumerate(zip(begins, lengths, strict=True)):
             w = min(SEARCH_WINDOW, n)
