@@ -1,5 +1,6 @@
-"""The 14 per-checkpoint metrics (training-maps paper, appendix B): hand-made weights, and both
-conventions checked against direct computations on an MLP, the transformer and CNNs."""
+"""The 14 per-checkpoint metrics (training-maps paper, appendix B): hand-made weights, and the
+conventions checked against direct computations on an MLP, the transformer and CNNs, and the
+residual blocks' shortcut convs left out under ``paper`` as the authors' ResNet walker does."""
 
 from __future__ import annotations
 
@@ -11,9 +12,12 @@ import pytest
 import torch
 from torch import nn
 
+from trainmap.dynamics.columns import CONVENTIONS, PAPER_CONVENTIONS
 from trainmap.dynamics.metrics import (
     METRIC_NAMES,
+    check_convention,
     collect_run_metrics,
+    is_shortcut_conv,
     trajectory_metrics,
     weight_matrices,
 )
@@ -136,6 +140,14 @@ MODELS = {
                {"widths": [4, 8], "convs_per_stage": [1, 1]}),
     "resnet_bn": ("resnet_bn", {"input_kind": "image", "input_shape": [1, 8, 8],
                                 "num_classes": 10}, {"widths": [4, 8], "blocks_per_stage": [1, 1]}),
+    "resnet": ("resnet", {"input_kind": "image", "input_shape": [1, 8, 8], "num_classes": 10},
+               {"widths": [4, 8], "blocks_per_stage": [1, 1]}),
+}  # fmt: skip
+#: Residual networks with 1x1 shortcut convs (resnet: with a bias, no BN; fixup: not nested).
+RESIDUAL = {
+    **{name: MODELS[name] for name in ("resnet_bn", "resnet")},
+    "fixup_resnet": ("fixup_resnet", MODELS["resnet"][1], {"widths": [4, 8],
+                                                            "blocks_per_stage": [1, 1]}),
 }  # fmt: skip
 
 
@@ -149,8 +161,12 @@ def drifting_trajectory(model: nn.Module, checkpoints: int = 4) -> dict[str, tor
     return stacked(*states)
 
 
-def direct_paper_metrics(model: nn.Module, state: dict[str, torch.Tensor]) -> dict[str, float]:
-    """The stated ``paper`` convention computed directly in numpy, module by module."""
+def direct_paper_metrics(
+    model: nn.Module, state: dict[str, torch.Tensor], shortcuts: bool = False
+) -> dict[str, float]:
+    """The stated ``paper`` convention computed directly in numpy, module by module; a residual
+    block's shortcut conv (a module under ``shortcut``) counts only with ``shortcuts``
+    (``paper_shortcuts``)."""
     from trainmap.models import MultiHeadAttention
 
     linears, kernels, weights, biases = [], [], [], []
@@ -162,6 +178,8 @@ def direct_paper_metrics(model: nn.Module, state: dict[str, torch.Tensor]) -> di
     for name, module in modules.items():
         if has_embedding and name == last_linear:
             continue  # (c): the unembedding
+        if not shortcuts and "shortcut" in name.split("."):
+            continue  # (f): the authors' get_metrics_resnet18 never reads a block's downsample
         if name in heads:
             w = state[f"{name}.weight"].double().numpy()
             d_head = heads[name].d_head
@@ -201,19 +219,124 @@ def direct_paper_metrics(model: nn.Module, state: dict[str, torch.Tensor]) -> di
     return row
 
 
+@pytest.mark.parametrize("convention", PAPER_CONVENTIONS)
 @pytest.mark.parametrize("name", list(MODELS))
-def test_paper_convention_equals_a_direct_computation(name):
+def test_paper_convention_equals_a_direct_computation(name, convention):
     arch, meta, options = MODELS[name]
     torch.manual_seed(0)
     model = build_model(arch, meta, **options)
     trajectory = drifting_trajectory(model)
-    fast = trajectory_metrics(trajectory, model)
-    reference = trajectory_metrics_reference(trajectory, model)
+    shortcuts = convention == "paper_shortcuts"
+    fast = trajectory_metrics(trajectory, model, convention)
+    reference = trajectory_metrics_reference(trajectory, model, shortcuts=shortcuts)
     for t in range(len(fast)):
-        direct = direct_paper_metrics(model, {k: v[t] for k, v in trajectory.items()})
+        state = {k: v[t] for k, v in trajectory.items()}
+        direct = direct_paper_metrics(model, state, shortcuts)
         for key in METRIC_NAMES:
             assert fast.loc[t, key] == pytest.approx(direct[key], rel=1e-10, abs=1e-12), (t, key)
             assert reference.loc[t, key] == pytest.approx(direct[key], rel=1e-10, abs=1e-12)
+
+
+def shortcut_entries(model: nn.Module) -> set[str]:
+    """The state entries of the 1x1 shortcut convs, found from the modules (resnet.py's
+    ``BasicBlock.shortcut``: a Sequential holding ``conv`` (+ ``bn``); FixUp's: the Conv2d)."""
+    names = set()
+    for name, module in model.named_modules():
+        if isinstance(module, nn.Conv2d) and "shortcut" in name.split("."):
+            assert module.kernel_size == (1, 1)
+            names |= {f"{name}.{p}" for p, _ in module.named_parameters()}
+    return names
+
+
+@pytest.mark.parametrize("name", list(RESIDUAL))
+def test_paper_leaves_out_the_shortcut_convs_and_paper_shortcuts_counts_them(name):
+    """Convention (f): under ``paper`` the shortcut convs' weights and biases change nothing;
+    ``paper_shortcuts`` counts them, as ``extended`` does."""
+    arch, meta, options = RESIDUAL[name]
+    torch.manual_seed(0)
+    model = build_model(arch, meta, **options)
+    entries = shortcut_entries(model)
+    assert entries, "the model has no shortcut conv to test"
+    counted = {}
+    for convention in CONVENTIONS:
+        matrices, biases = weight_matrices(model, convention)
+        counted[convention] = {m.name for m in matrices} | set(biases)
+    assert not counted["paper"] & entries
+    assert entries <= counted["paper_shortcuts"] and entries <= counted["extended"]
+    assert counted["paper_shortcuts"] - counted["paper"] == entries
+
+    trajectory = drifting_trajectory(model)
+    changed = {k: 7 * v + 3 if k in entries else v for k, v in trajectory.items()}
+    pd.testing.assert_frame_equal(trajectory_metrics(trajectory, model),
+                                  trajectory_metrics(changed, model), check_exact=True)  # fmt: skip
+    before = trajectory_metrics(trajectory, model, "paper_shortcuts")
+    after = trajectory_metrics(changed, model, "paper_shortcuts")
+    moved = {"l1", "l2", "w_mean", "w_var"} | ({"b_mean"} if any("bias" in e for e in entries)
+                                                 else set())  # fmt: skip
+    for key in moved:
+        assert not np.allclose(before[key], after[key], rtol=1e-3), key
+
+
+@pytest.mark.parametrize("name", ["resnet_bn", "resnet"])
+def test_the_authors_loop_agrees_with_both_paper_conventions_on_resnets(name):
+    """The re-implemented authors' loop, which finds the shortcut convs by structure, equals
+    ``paper`` (shortcuts skipped, as get_metrics_resnet18) and, told to count them,
+    ``paper_shortcuts``, to round-off; the two conventions are far apart."""
+    arch, meta, options = RESIDUAL[name]
+    torch.manual_seed(0)
+    model = build_model(arch, meta, **options)
+    trajectory = drifting_trajectory(model)
+    columns = list(METRIC_NAMES)
+    results = {}
+    for convention, shortcuts in (("paper", False), ("paper_shortcuts", True)):
+        fast = trajectory_metrics(trajectory, model, convention)[columns].to_numpy()
+        reference = trajectory_metrics_reference(trajectory, model, shortcuts=shortcuts)
+        np.testing.assert_allclose(fast, reference[columns].to_numpy(), rtol=1e-12, atol=1e-15)
+        results[convention] = fast
+    gap = np.abs(results["paper"] - results["paper_shortcuts"]) / np.abs(results["paper"])
+    by_metric = dict(zip(columns, gap.max(axis=0), strict=True))
+    assert min(by_metric[key] for key in ("l1", "l2", "l1_l2", "w_mean", "w_var")) > 0.05
+
+
+def test_a_network_without_shortcut_convs_is_the_same_under_both_paper_conventions():
+    """resnet_plain (no shortcuts) and a VGG: ``paper_shortcuts`` is ``paper``."""
+    meta = MODELS["resnet"][1]
+    for arch in ("resnet_plain", "vgg_bn"):
+        model = build_model(arch, meta)
+        assert weight_matrices(model, "paper") == weight_matrices(model, "paper_shortcuts")
+
+
+def test_a_shortcut_conv_is_a_1x1_conv_under_shortcut_or_downsample():
+    assert is_shortcut_conv("stage2.0.shortcut.conv", (1, 1))  # trainmap's resnet
+    assert is_shortcut_conv("blocks.3.shortcut", (1, 1))  # trainmap's fixup_resnet
+    assert is_shortcut_conv("layer2.0.downsample.0", (1, 1))  # torchvision's ResNet
+    assert not is_shortcut_conv("down.1.downsample.conv", (3, 3))  # a main-path strided conv
+    assert not is_shortcut_conv("stage2.0.conv1x1.conv", (1, 1))  # RepVGG's 1x1 branch
+    assert not is_shortcut_conv("stage2.0.shortcuts_seen", (1, 1))  # whole name parts only
+
+
+def test_the_config_accepts_every_convention(base_config):
+    """``analysis.metrics``: the schema's enum is :data:`CONVENTIONS`, and a typo is refused."""
+    import copy
+
+    import yaml
+
+    from trainmap.grid import ConfigError, validate_schema
+    from trainmap.grid.validate import SCHEMA_PATH
+
+    schema = yaml.safe_load(SCHEMA_PATH.read_text())
+    analysis = schema["properties"]["analysis"]["properties"]
+    assert analysis["metrics"]["enum"] == list(CONVENTIONS)
+    config = copy.deepcopy(base_config)
+    for convention in CONVENTIONS:
+        check_convention(convention)
+        config["analysis"]["metrics"] = convention
+        validate_schema(config)
+    config["analysis"]["metrics"] = "paper_shortcut"
+    with pytest.raises(ConfigError, match="paper_shortcut"):
+        validate_schema(config)
+    with pytest.raises(ValueError, match="paper_shortcuts"):
+        check_convention("paper_shortcut")
 
 
 def test_authors_switches_change_only_variances_and_medians():

@@ -17,6 +17,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from trainmap.data import model_meta
+from trainmap.dynamics.columns import CONVENTIONS
 from trainmap.dynamics.external import (
     ExternalRunError,
     external_run_metrics,
@@ -27,6 +28,7 @@ from trainmap.dynamics.metrics import (
     collect_run_metrics,
     layout_of_model,
     state_dict_layout,
+    trajectory_metrics,
 )
 from trainmap.models import build_model
 
@@ -235,10 +237,57 @@ def test_every_trainmap_architecture_reads_the_same_by_name_and_shape() -> None:
         heads = getattr(getattr(model, "attention", None), "n_heads", None)
         shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()
                   if v.is_floating_point()}  # fmt: skip
-        for convention in ("paper", "extended"):
+        for convention in CONVENTIONS:
             expected = layout_of_model(model, convention)
             found = state_dict_layout(shapes, convention, heads)
             assert (found.matrices, found.biases) == (expected.matrices, expected.biases), arch
+
+
+@pytest.mark.parametrize("arch", ["resnet_bn", "resnet", "fixup_resnet"])
+def test_shortcut_convs_are_found_by_name_and_shape(arch: str) -> None:
+    """Convention (f) from a state dict alone: ``paper`` leaves the 1x1 ``shortcut`` convs (and
+    their biases) out, as the model's layout does, and the metrics agree with it; the other
+    conventions count them."""
+    model = build_model(arch, model_meta("digits", {}))
+    state = {k: v.unsqueeze(0) for k, v in model.state_dict().items() if v.is_floating_point()}
+    shapes = {k: tuple(v.shape[1:]) for k, v in state.items()}
+    shortcuts = {k for k, shape in shapes.items() if ".shortcut." in f".{k}" and len(shape) == 4}
+    assert shortcuts
+    for convention in CONVENTIONS:
+        found = state_dict_layout(shapes, convention)
+        expected = layout_of_model(model, convention)
+        assert (found.matrices, found.biases) == (expected.matrices, expected.biases)
+        named = {m.name for m in found.matrices}
+        assert (named & shortcuts == set()) == (convention == "paper"), convention
+        by_name = trajectory_metrics(state, found, convention)
+        pd.testing.assert_frame_equal(by_name, trajectory_metrics(state, model, convention))
+    paper, counting = (
+        state_dict_layout(shapes, "paper"),
+        state_dict_layout(shapes, "paper_shortcuts"),
+    )
+    assert {k for k, why in paper.ignored.items() if "shortcut" in why} == shortcuts
+    shortcut_biases = {k.removesuffix("weight") + "bias" for k in shortcuts} & set(shapes)
+    assert set(counting.biases) - set(paper.biases) == shortcut_biases
+    assert bool(shortcut_biases) == (arch == "resnet")  # resnet: shortcut convs with a bias
+
+
+def test_torchvision_style_downsample_convs_are_shortcuts() -> None:
+    """A torchvision ResNet's ``layerN.M.downsample.0`` (1x1 conv) + ``.1`` (BN) is a shortcut
+    under ``paper``; a 3x3 conv a model calls ``downsample`` is a main-path conv and counts."""
+    shapes = {"conv1.weight": (8, 3, 7, 7), "bn1.weight": (8,), "bn1.bias": (8,),
+              "layer2.0.conv1.weight": (16, 8, 3, 3), "layer2.0.conv2.weight": (16, 16, 3, 3),
+              "layer2.0.downsample.0.weight": (16, 8, 1, 1), "layer2.0.downsample.1.weight": (16,),
+              "layer2.0.downsample.1.bias": (16,), "down.downsample.conv.weight": (16, 16, 3, 3),
+              "down.downsample.conv.bias": (16,), "fc.weight": (10, 16),
+              "fc.bias": (10,)}  # fmt: skip
+    paper = state_dict_layout(shapes, "paper")
+    counted = [m.name for m in paper.matrices]
+    assert counted == ["conv1.weight", "layer2.0.conv1.weight", "layer2.0.conv2.weight",
+                       "down.downsample.conv.weight", "fc.weight"]  # fmt: skip
+    assert paper.biases == ("down.downsample.conv.bias", "fc.bias")
+    assert "layer2.0.downsample.0.weight" in paper.ignored
+    with_shortcuts = [m.name for m in state_dict_layout(shapes, "paper_shortcuts").matrices]
+    assert with_shortcuts == [*counted[:3], "layer2.0.downsample.0.weight", *counted[3:]]
 
 
 def test_a_map_with_verdicts_comes_out_of_external_runs(tmp_path: Path) -> None:

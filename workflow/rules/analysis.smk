@@ -20,7 +20,8 @@ rule collect_metrics:
     params:
         block=seed_range_of_job,
         cell_hashes=cell_hashes_of_block,
-        # paper (the authors' conventions) or extended: trainmap.dynamics.metrics
+        # paper (the authors' conventions), paper_shortcuts (paper counting ResNet shortcut
+        # convs) or extended: trainmap.dynamics.metrics
         convention=grid.analysis_settings(config).get("metrics", "paper"),
         # RepVGG runs: metrics of the training-time branches (train) or of the deploy form (deploy)
         repvgg_weights=grid.analysis_settings(config).get("repvgg_weights", "train"),

@@ -29,6 +29,9 @@ METRIC_NAMES = (
 HISTORY_COLUMNS = ("train_loss", "train_acc", "test_loss", "test_acc")
 #: Ratio metric -> its denominator metric (a ratio is undefined where the denominator is 0).
 RATIOS = {"l1_l2": "l2", "trace_spectral": "spectral"}
-#: The metric conventions: the paper's code's, and the extended one (module docstring of
-#: :mod:`trainmap.dynamics.metrics`).
-CONVENTIONS = ("paper", "extended")
+#: The metric conventions (module docstring of :mod:`trainmap.dynamics.metrics`): the paper's
+#: code's, the same with the 1x1 shortcut convs of residual blocks counted, and the extended one.
+CONVENTIONS = ("paper", "paper_shortcuts", "extended")
+#: The conventions that compute the statistics the paper's way; they differ only in which layers
+#: count (``paper`` leaves the shortcut convs out, as the authors' ResNet walker does).
+PAPER_CONVENTIONS = ("paper", "paper_shortcuts")

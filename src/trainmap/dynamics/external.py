@@ -14,9 +14,11 @@ An external run is one directory holding
 :func:`trainmap.dynamics.metrics.collect_run_metrics`, so everything after it (maps, regressions,
 joint comparisons, also together with trainmap's own runs) reads external and own runs alike. The
 counted matrices come from the state dict alone (:func:`trainmap.dynamics.metrics.state_dict_layout`:
-names and shapes; attention heads split when ``heads`` is given), or from a model of a registered
-architecture (a plugin's) when exact conventions matter. A damaged or inconsistent run raises
-:class:`ExternalRunError` naming the file and the fix, before any metric is written.
+names and shapes; attention heads split when ``heads`` is given; under ``paper`` a residual
+block's 1x1 ``shortcut``/``downsample`` conv left out, as the authors' ResNet walker does), or
+from a model of a registered architecture (a plugin's) when exact conventions matter. A damaged or
+inconsistent run raises :class:`ExternalRunError` naming the file and the fix, before any metric
+is written.
 
 Command line: ``python -m trainmap.dynamics.external RUN_DIR... --out DIR --threshold T`` writes
 ``DIR/metrics/<run>/metrics.csv`` and fits the map into ``DIR`` (``--help``).

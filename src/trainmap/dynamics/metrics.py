@@ -1,12 +1,13 @@
 """The 14 weight metrics of a checkpoint (Hu et al., "Latent state models of training dynamics",
 appendix B), computed for every checkpoint of a run's trajectory.
 
-Two conventions (``convention``; params.yaml ``analysis.metrics``):
+Three conventions (``convention``; params.yaml ``analysis.metrics``; :data:`CONVENTIONS`):
 
 ``paper`` (default): the authors' conventions, which the paper describes, plus two corrections
     the paper itself asks for. Checked against a re-implementation of the authors' per-layer loop
-    (``get_matrix_metrics`` / ``get_tensor_metrics`` / ``get_distribution_stats`` of
-    michahu/modeling-training, ``src/metrics.py``) on MLP, transformer and CNN checkpoints
+    (``get_matrix_metrics`` / ``get_tensor_metrics`` / ``get_distribution_stats`` and the ResNet
+    walker ``get_metrics_resnet18`` of michahu/modeling-training, ``src/metrics.py``;
+    :mod:`trainmap.dynamics.reference_metrics`) on MLP, transformer, VGG and ResNet checkpoints
     (tests/test_dynamics_metrics.py; bench/metrics_cost.py):
 
     (a) Singular-value statistics per matrix, then averaged over matrices. Paper sec. 2.1: "the
@@ -29,13 +30,32 @@ Two conventions (``convention``; params.yaml ``analysis.metrics``):
     (e) the median is the usual one (mean of the two middle values), not ``torch.median``'s lower
         middle value.
 
+    and, for residual networks, the layers the authors' code reads (as (c), a choice of layers):
+
+    (f) The 1x1 shortcut (projection) convs of residual blocks are left out, with their biases
+        (normalisation layers, their BN included, are ignored anyway): the paper is silent, and
+        the authors' ResNet walker (``get_metrics_resnet18``) reads the stem conv, each block's
+        ``conv1`` and ``conv2`` and the ``fc`` weight and bias, never a block's ``downsample``.
+        Counting them moves trainmap's resnet_bn metrics by up to 20 % (l1), 17 % (l2), 16 %
+        (l1_l2), 35 % (w_var), 124 % (w_mean) and 147 % (w_median) (8x8 and 32x32 inputs,
+        drifting random weights); ``paper`` and the authors' loop re-implemented
+        (:mod:`trainmap.dynamics.reference_metrics`) agree to 1e-14.
+        A shortcut conv is a Conv2d with a 1x1 kernel inside a module named ``shortcut`` or
+        ``downsample`` (:func:`is_shortcut_conv`: trainmap's ``stage2.0.shortcut.conv`` and
+        ``blocks.3.shortcut``, torchvision's ``layer2.0.downsample.0``). A RepVGG block's 1x1
+        branch (``conv1x1.conv``) is part of the block's own conv, not a shortcut, and counts.
+
+``paper_shortcuts``: ``paper`` with the shortcut convs of (f) counted like the block's other
+    convs (kernel slice L1, L2 and L1/L2; weights and biases in the pooled statistics). For a
+    model without shortcut convs it equals ``paper``.
+
 ``extended``: trainmap's earlier convention. Every Linear and Conv2d weight (a conv kernel as the
     (out, in * kh * kw) map from an input patch to an output channel) gets all matrix metrics;
     the singular values of all matrices are pooled for ``sv_mean`` / ``sv_var``; a token model's
-    readout is counted. Values differ from the paper's by 22-66 % (sv statistics) and by 40x
-    (l1 of a CNN).
+    readout and the shortcut convs are counted. Values differ from the paper's by 22-66 % (sv
+    statistics) and by 40x (l1 of a CNN).
 
-Both conventions: ``nn.Linear`` weights are (out, in) matrices; attention
+All conventions: ``nn.Linear`` weights are (out, in) matrices; attention
 (``trainmap.models.MultiHeadAttention``) counts one (d_head, d_model) matrix per head for the
 query, key and value projections (as the authors did) and the output projection whole; embeddings
 and normalisation layers (BatchNorm, LayerNorm) are ignored. Each matrix's singular values are
@@ -78,14 +98,24 @@ import pandas as pd
 import torch
 from torch import nn
 
-from trainmap.dynamics.columns import CONVENTIONS, HISTORY_COLUMNS, METRIC_NAMES, RATIOS
+from trainmap.dynamics.columns import (
+    CONVENTIONS,
+    HISTORY_COLUMNS,
+    METRIC_NAMES,
+    PAPER_CONVENTIONS,
+    RATIOS,
+)
 
 SINGULAR_VALUE_FLOOR = 1e-5
-#: Metrics that are means over matrices; the rest are statistics of pooled values.
+#: Metrics that are means over matrices, by statistics rules (:func:`statistics_rules`); the rest
+#: are statistics of pooled values.
 MATRIX_MEANS = {
     "paper": ("l1", "l2", "l1_l2", "trace", "spectral", "trace_spectral", "sv_mean", "sv_var"),
     "extended": ("l1", "l2", "l1_l2", "trace", "spectral", "trace_spectral"),
 }
+#: Module names that hold a residual block's shortcut (projection) conv: trainmap's ``shortcut``,
+#: torchvision's ``downsample`` (convention (f)).
+SHORTCUT_NAMES = ("shortcut", "downsample")
 
 
 def check_convention(convention: str) -> None:
@@ -93,6 +123,32 @@ def check_convention(convention: str) -> None:
     if convention not in CONVENTIONS:
         raise ValueError(f"analysis.metrics: {convention!r} is not a metric convention; choose "
                          f"one of {', '.join(CONVENTIONS)}")  # fmt: skip
+
+
+def statistics_rules(convention: str) -> str:
+    """How ``convention`` computes the statistics: ``"paper"`` (conventions (a), (b), (d), (e)) for
+    ``paper`` and ``paper_shortcuts``, which differ only in the counted layers, else
+    ``"extended"``."""
+    check_convention(convention)
+    return "paper" if convention in PAPER_CONVENTIONS else "extended"
+
+
+def counts_shortcuts(convention: str) -> bool:
+    """Whether ``convention`` counts the 1x1 shortcut convs of residual blocks: all but ``paper``
+    (convention (f): the authors' ``get_metrics_resnet18`` never reads a block's ``downsample``)."""
+    check_convention(convention)
+    return convention != "paper"
+
+
+def is_shortcut_conv(module_name: str, kernel: tuple[int, ...]) -> bool:
+    """Whether a conv named ``module_name`` with spatial kernel size ``kernel`` is a residual
+    block's shortcut (projection) conv: a 1x1 kernel inside a module named one of
+    :data:`SHORTCUT_NAMES` (trainmap's ``stage2.0.shortcut.conv``, FixUp's ``blocks.3.shortcut``,
+    torchvision's ``layer2.0.downsample.0``). The 1x1 test keeps main-path convs that a model
+    calls ``downsample`` (a strided 3x3) counted."""
+    return tuple(kernel) == (1, 1) and any(
+        part in SHORTCUT_NAMES for part in module_name.split(".")
+    )
 
 
 @dataclass(frozen=True)
@@ -119,11 +175,11 @@ def unembedding(model: nn.Module) -> str | None:
 def weight_matrices(
     model: nn.Module, convention: str = "paper"
 ) -> tuple[list[MatrixSlice], list[str]]:
-    """The counted weight matrices and the counted bias entries of ``model``'s state dict."""
+    """The counted weight matrices and the counted bias entries of ``model``'s state dict; the
+    modules :func:`left_out_modules` names are not counted."""
     from trainmap.models import MultiHeadAttention
 
-    check_convention(convention)
-    skipped = unembedding(model) if convention == "paper" else None
+    skipped = left_out_modules(model, convention)
     matrices: list[MatrixSlice] = []
     biases: list[str] = []
     per_head: set[str] = set()
@@ -135,12 +191,26 @@ def weight_matrices(
                 for head in range(module.n_heads):
                     rows = slice(head * module.d_head, (head + 1) * module.d_head)
                     matrices.append(MatrixSlice(f"{prefix}{projection}.weight", rows))
-        elif isinstance(module, nn.Linear | nn.Conv2d) and name not in per_head and name != skipped:
+        elif isinstance(module, nn.Linear | nn.Conv2d) and name not in per_head | skipped:
             kind = "conv" if isinstance(module, nn.Conv2d) else "linear"
             matrices.append(MatrixSlice(f"{prefix}weight", kind=kind))
             if module.bias is not None:
                 biases.append(f"{prefix}bias")
     return matrices, biases
+
+
+def left_out_modules(model: nn.Module, convention: str) -> set[str]:
+    """The Linear and Conv2d modules of ``model`` that ``convention`` leaves out: the unembedding
+    under the paper conventions (convention (c)), the shortcut convs under ``paper`` (f)."""
+    left_out: set[str] = set()
+    readout = unembedding(model)
+    if statistics_rules(convention) == "paper" and readout is not None:
+        left_out.add(readout)
+    if not counts_shortcuts(convention):
+        for name, module in model.named_modules():
+            if isinstance(module, nn.Conv2d) and is_shortcut_conv(name, module.kernel_size):
+                left_out.add(name)
+    return left_out
 
 
 #: Name parts of embedding tables in common checkpoints (trainmap's ``embed``/``pos_embed``, GPT-2's
@@ -175,11 +245,13 @@ def state_dict_layout(
     With ``heads``, a separate query/key/value projection (:data:`QKV_NAMES`) counts one
     (d_head, d_model) matrix per head and a fused one (:data:`FUSED_QKV`) is split into q, k, v and
     heads, their biases left out (as :func:`weight_matrices` does for trainmap's attention); without
-    ``heads`` they are whole matrices. Under ``paper`` a token model's readout (the last Linear of
-    a state dict with an embedding) is the unembedding and left out. For trainmap's own models
-    this gives :func:`weight_matrices`'s layout (tests/test_external_runs.py).
+    ``heads`` they are whole matrices. Under the paper conventions a token model's readout (the
+    last Linear of a state dict with an embedding) is the unembedding and left out. Under
+    ``paper`` a 4-D weight with a 1x1 kernel under a ``shortcut``/``downsample`` module
+    (:func:`is_shortcut_conv`) is a residual block's shortcut conv and left out with its bias. For
+    trainmap's own models this gives :func:`weight_matrices`'s layout (tests/test_external_runs.py).
     """
-    check_convention(convention)
+    skip_shortcuts = not counts_shortcuts(convention)
     matrices: list[MatrixSlice] = []
     biases: list[str] = []
     ignored: dict[str, str] = {}
@@ -199,6 +271,8 @@ def state_dict_layout(
             ignored[name], has_embedding = "embedding", True
         elif len(shape) == 2 and projection is not None and heads is not None:
             matrices += _head_slices(name, shape, heads, parts=1)
+        elif len(shape) == 4 and skip_shortcuts and is_shortcut_conv(module, shape[2:]):
+            ignored[name] = "shortcut conv of a residual block (and its bias; convention (f))"
         elif len(shape) in (2, 4):
             kind = "linear" if len(shape) == 2 else "conv"
             matrices.append(MatrixSlice(name, kind=kind))
@@ -207,7 +281,7 @@ def state_dict_layout(
                 biases.append(bias)
         else:
             ignored[name] = "normalisation scale" if len(shape) == 1 else f"{len(shape)}-D weight"
-    if convention == "paper" and has_embedding:
+    if statistics_rules(convention) == "paper" and has_embedding:
         readout = next((m for m in reversed(matrices) if m.kind == "linear" and m.rows is None),
                        None)  # fmt: skip
         if readout is not None:
@@ -243,11 +317,11 @@ def _stacked_matrix(state: Mapping[str, torch.Tensor], matrix: MatrixSlice) -> t
     return tensor if matrix.rows is None else tensor[:, matrix.rows]
 
 
-def _matrix_statistics(stacked: torch.Tensor, kind: str, convention: str) -> dict:
+def _matrix_statistics(stacked: torch.Tensor, kind: str, rules: str) -> dict:
     """Per-checkpoint statistics of one matrix over the trajectory; one SVD per checkpoint.
 
-    Under ``paper`` a conv kernel (``kind="conv"``) gets only its mean slice L1, L2 and L1/L2;
-    under ``extended`` it is the (out, in * kh * kw) matrix.
+    ``rules`` is :func:`statistics_rules`'s. Under ``paper`` a conv kernel (``kind="conv"``) gets
+    only its mean slice L1, L2 and L1/L2; under ``extended`` it is the (out, in * kh * kw) matrix.
     """
     finite = torch.isfinite(stacked).flatten(1).all(dim=1)
     clean = stacked
@@ -255,7 +329,7 @@ def _matrix_statistics(stacked: torch.Tensor, kind: str, convention: str) -> dic
         clean = torch.where(finite.view(-1, *[1] * (stacked.dim() - 1)), stacked,
                             torch.zeros_like(stacked))  # fmt: skip
     stats: dict = {"finite": finite, "entries": clean.flatten(1)}
-    if kind == "conv" and convention == "paper":
+    if kind == "conv" and rules == "paper":
         return stats | _conv_slice_statistics(clean)
     matrix = clean.reshape(clean.shape[0], clean.shape[1], -1)
     singular = torch.linalg.svdvals(matrix)
@@ -266,7 +340,7 @@ def _matrix_statistics(stacked: torch.Tensor, kind: str, convention: str) -> dic
     spectral = singular[:, 0]
     stats |= {"l1": l1, "l2": l2, "l1_l2": l1 / l2, "trace": trace, "spectral": spectral,
               "trace_spectral": trace / spectral, "singular": singular}  # fmt: skip
-    if convention == "paper":  # convention (a), variance without Bessel (d)
+    if rules == "paper":  # convention (a), variance without Bessel (d)
         stats |= {"sv_mean": singular.mean(dim=1), "sv_var": singular.var(dim=1, correction=0)}
     return stats
 
@@ -323,16 +397,17 @@ def trajectory_metrics(
 
     ``state`` maps state-dict names to ``[n_checkpoints, *shape]`` tensors; ``model`` only tells
     which entries are Linear/Conv/attention tensors (:func:`weight_matrices`), or is the layout
-    itself (:func:`state_dict_layout` for checkpoints without their model); ``convention`` is
-    ``"paper"`` or ``"extended"`` (module docstring).
+    itself (:func:`state_dict_layout` for checkpoints without their model); ``convention`` is one
+    of :data:`CONVENTIONS` (module docstring).
     """
+    rules = statistics_rules(convention)
     layout = model if isinstance(model, WeightLayout) else layout_of_model(model, convention)
     matrices, bias_names = list(layout.matrices), list(layout.biases)
     if not matrices:
         raise ValueError("the model has no Linear or Conv2d weight to compute metrics on")
-    stats = [_matrix_statistics(_stacked_matrix(state, m), m.kind, convention) for m in matrices]
+    stats = [_matrix_statistics(_stacked_matrix(state, m), m.kind, rules) for m in matrices]
     n_checkpoints = next(iter(state.values())).shape[0]
-    table = {key: _mean_over_matrices(stats, key) for key in MATRIX_MEANS[convention]}
+    table = {key: _mean_over_matrices(stats, key) for key in MATRIX_MEANS[rules]}
     biases = [state[name].to(torch.float64).reshape(n_checkpoints, -1) for name in bias_names]
     finite = torch.stack([s["finite"] for s in stats])  # [K, n]
     clean = finite.all(dim=0)
@@ -344,7 +419,7 @@ def trajectory_metrics(
     ) -> dict:
         """The pooled statistics of ``rows`` (checkpoints) over the given matrices and biases."""
         values = {}
-        if convention == "extended":
+        if rules == "extended":
             values["sv_mean"], _, values["sv_var"] = _pooled_rows(
                 [s["singular"][rows] for s in matrix_stats], n
             )

@@ -1,5 +1,6 @@
 """The authors' metric loop, re-implemented for one checkpoint at a time: the reference that
-:func:`trainmap.dynamics.metrics.trajectory_metrics` (``convention="paper"``) must equal.
+:func:`trainmap.dynamics.metrics.trajectory_metrics` (``convention="paper"``; with
+``shortcuts=True``, ``convention="paper_shortcuts"``) must equal.
 
 It follows the structure of michahu/modeling-training's ``src/metrics.py`` and ``src/utils.py``
 (re-written here from their behaviour, not copied): for every checkpoint and every layer,
@@ -12,7 +13,13 @@ It follows the structure of michahu/modeling-training's ``src/metrics.py`` and `
   kernel's spatial dims), averaged, and the mean of the slices' L1/L2;
 * every key is averaged over the layers that have it (``get_stats_for_cnn``: conv layers enter
   only the L1, L2 and L1/L2 averages);
-* weight and bias statistics (``get_distribution_stats``) over the concatenated counted tensors.
+* weight and bias statistics (``get_distribution_stats``) over the concatenated counted tensors;
+* a residual block counts its own convs but not the convs of its shortcut (projection) branch, as
+  the authors' ResNet walker ``get_metrics_resnet18`` reads the stem conv, each block's ``conv1``
+  and ``conv2`` and ``fc``, never a block's ``downsample``. The reference finds those convs by
+  structure, every Conv2d inside a block's ``shortcut`` (or ``downsample``) submodule
+  (:func:`shortcut_convs`), not by trainmap's name-and-kernel rule, so the two check each other;
+  ``shortcuts=True`` counts them (trainmap's ``paper_shortcuts``).
 
 Two switches reproduce the authors' numbers exactly: ``bessel=True`` divides variances by n - 1
 (``torch.var``), ``lower_median=True`` takes ``torch.median``'s lower middle value. trainmap's
@@ -32,6 +39,9 @@ import torch
 from torch import nn
 
 from trainmap.dynamics.metrics import METRIC_NAMES, SINGULAR_VALUE_FLOOR, weight_matrices
+
+#: Attributes of a residual block that hold its shortcut branch (trainmap's, torchvision's).
+SHORTCUT_ATTRIBUTES = ("shortcut", "downsample")
 
 
 def _variance(values: torch.Tensor, bessel: bool) -> float:
@@ -73,14 +83,41 @@ def kernel_metrics(kernel: torch.Tensor) -> dict[str, float] | None:
     return {"l1": float(l1.mean()), "l2": float(l2.mean()), "l1_l2": float((l1 / l2).mean())}
 
 
+def shortcut_convs(model: nn.Module) -> set[str]:
+    """The names of the Conv2d modules inside any module's shortcut branch (its ``shortcut`` or
+    ``downsample`` submodule, or that submodule itself): what ``get_metrics_resnet18`` never
+    reads."""
+    inside: set[int] = set()
+    for block in model.modules():
+        for attribute in SHORTCUT_ATTRIBUTES:
+            branch = getattr(block, attribute, None)
+            if isinstance(branch, nn.Module):
+                inside |= {id(m) for m in branch.modules() if isinstance(m, nn.Conv2d)}
+    return {name for name, module in model.named_modules() if id(module) in inside}
+
+
+def counted_layers(model: nn.Module, shortcuts: bool) -> tuple[list, list[str]]:
+    """The matrices and biases the authors' loop reads: every Linear/Conv2d weight (attention
+    split per head, the unembedding left out) but, unless ``shortcuts``, the
+    :func:`shortcut_convs`."""
+    matrices, bias_names = weight_matrices(model, "paper_shortcuts")
+    if shortcuts:
+        return matrices, bias_names
+    skipped = shortcut_convs(model)
+    return ([m for m in matrices if m.name.rpartition(".")[0] not in skipped],
+            [b for b in bias_names if b.rpartition(".")[0] not in skipped])  # fmt: skip
+
+
 def checkpoint_metrics(
     state: Mapping[str, torch.Tensor],
     model: nn.Module,
     bessel: bool = False,
     lower_median: bool = False,
+    shortcuts: bool = False,
 ) -> dict[str, float]:
-    """The 14 metrics of one checkpoint ``state`` (a state dict) by the authors' loop."""
-    matrices, bias_names = weight_matrices(model, "paper")
+    """The 14 metrics of one checkpoint ``state`` (a state dict) by the authors' loop; with
+    ``shortcuts`` the shortcut convs of residual blocks count too."""
+    matrices, bias_names = counted_layers(model, shortcuts)
     per_layer: dict[str, list[float]] = {}
     weights = []
     for matrix in matrices:

@@ -30,7 +30,7 @@ def collect_metrics_block_job(
     threads: int = 1,
 ) -> list[pd.DataFrame]:
     """Rule ``collect_metrics``: per cell, the 14 weight metrics of every checkpoint of its run
-    (``metrics.csv``), in the ``analysis.metrics`` convention (``paper`` or ``extended``;
+    (``metrics.csv``), in the ``analysis.metrics`` convention (``paper``, ``paper_shortcuts`` or ``extended``;
     trainmap.dynamics.metrics).
 
     ``repvgg_weights`` (``analysis.repvgg_weights``): a RepVGG run's metrics come from its
