@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import copy
 import itertools
+import math
 import os
+import struct
 import subprocess
 import sys
 from collections.abc import Callable
@@ -198,7 +200,9 @@ def test_reader_kind_with_existing_path_is_accepted(config: dict, tmp_path: Path
     """Positive control of the data-path check: a relative path resolves against base_dir."""
     (tmp_path / "data" / "mnist").mkdir(parents=True)
     for name in missing_data_files("mnist", tmp_path / "data" / "mnist"):  # the reader's files
-        (tmp_path / "data" / "mnist" / name).touch()
+        dims = (1, 28, 28) if "images" in name else (1,)  # one blank image, one label
+        header = struct.pack(f">{1 + len(dims)}I", 0x800 + len(dims), *dims)
+        (tmp_path / "data" / "mnist" / name).write_bytes(header + bytes(math.prod(dims)))
     del config["dvc"]  # dvc.configfile also resolves against base_dir (tested on its own below)
     config["grid"].append({"task": "mnist", "archs": ["mlp"], "methods": ["kaiming"], "seeds": [0]})
     config["data"]["mnist"] = {"kind": "mnist", "path": "data/mnist"}

@@ -71,6 +71,7 @@ import pickle
 import random
 import struct
 import sys
+import zlib
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -929,6 +930,197 @@ def missing_data_files(kind: str, path: str | os.PathLike) -> list[str]:
         names = [*layout["train"], *layout["test"]]
         return [name for name in names if not (folder / name).is_file()]
     return []
+
+
+# --------------------------------------------------------------------------------------------------
+# Damaged reader files: a structural check cheap enough for every config check (headers, sizes and
+# trailers only; nothing is decompressed or unpickled in full)
+
+_GZIP_MAGIC = b"\x1f\x8b"
+_GZIP_MIN_BYTES = 18  # a 10-byte header and an 8-byte trailer (CRC32, ISIZE)
+_IDX_MAX_HEAD = 4 + 4 * 3  # magic and three dims, the longest header of an MNIST file
+# A pickle of protocol 2 and above starts with PROTO; protocols 0 and 1 start a dict with MARK or
+# EMPTY_DICT. Every pickle ends with STOP.
+_PICKLE_FIRST_BYTES = (b"\x80", b"(", b"}")
+_PICKLE_STOP = b"."
+
+
+class _Damaged(Exception):
+    """A data file cannot be the standard file; the message says why, after the file's name."""
+
+
+def damaged_data_files(kind: str, path: str | os.PathLike) -> list[tuple[str, str]]:
+    """``(file, what is wrong)`` for each present file of reader ``kind`` in ``path`` that cannot
+    be the standard file; ``[]`` for generated kinds and for absent files (see
+    :func:`missing_data_files`).
+
+    Only headers, lengths and trailers are read (well under a millisecond a file), so a truncated,
+    empty or wrong file (an HTML error page saved under the name, a gzip download cut short) is
+    found when the config is checked instead of when a job reads it. MNIST: each IDX file's magic
+    number and dims, its length (plain) or its gzip trailer's uncompressed size (``.gz``), and the
+    image and label counts of each split. CIFAR: each batch starts and ends as a pickle does.
+    """
+    directory = Path(path)
+    if kind == "mnist":
+        return _damaged_mnist_files(directory)
+    if kind in ("cifar10", "cifar100"):
+        return _damaged_cifar_files(directory, _CIFAR_LAYOUT[10 if kind == "cifar10" else 100])
+    return []
+
+
+def _problem_text(error: Exception) -> str:
+    """What is wrong with a file, from the :class:`_Damaged` or OSError a check raised on it."""
+    return str(error) if isinstance(error, _Damaged) else f"cannot be read: {error}"
+
+
+def _damaged_mnist_files(directory: Path) -> list[tuple[str, str]]:
+    """The damaged MNIST files of ``directory``, then splits whose image and label counts differ."""
+    found: list[tuple[str, str]] = []
+    files: dict[str, Path] = {}
+    shapes: dict[str, tuple[int, ...]] = {}
+    for role, name in _MNIST_FILES.items():
+        file = _mnist_file_or_none(directory, name)
+        if file is None:
+            continue
+        files[role] = file
+        try:
+            shapes[role] = _idx_shape(file, images=role.endswith("_images"))
+        except (_Damaged, OSError) as error:
+            found.append((str(file), _problem_text(error)))
+    for split in ("train", "test"):
+        images, labels = shapes.get(f"{split}_images"), shapes.get(f"{split}_labels")
+        if images and labels and images[0] != labels[0]:
+            message = (
+                f"holds {labels[0]} labels but {files[f'{split}_images'].name} holds {images[0]} "
+                "images; the two files come from different sets or one is damaged"
+            )
+            found.append((str(files[f"{split}_labels"]), message))
+    return found
+
+
+def _damaged_cifar_files(directory: Path, layout: dict) -> list[tuple[str, str]]:
+    """The present CIFAR batches of ``layout`` in ``directory`` (or its archive folder) that do
+    not start and end as a pickle does."""
+    folder = _cifar_directory(directory, layout["folder"])
+    found = []
+    for file in (folder / name for name in (*layout["train"], *layout["test"])):
+        if not file.is_file():
+            continue
+        try:
+            _check_pickle_file(file)
+        except (_Damaged, OSError) as error:
+            found.append((str(file), _problem_text(error)))
+    return found
+
+
+def _idx_shape(file: Path, images: bool) -> tuple[int, ...]:
+    """The dims of the IDX ``file`` (images: 3 dims, labels: 1) after checking its magic number
+    and that its length, or for ``.gz`` its gzip trailer, matches them; else :class:`_Damaged`."""
+    gzipped = file.suffix == ".gz"
+    head, length = _gzip_head_and_length(file) if gzipped else _plain_head_and_length(file)
+    dims = _idx_dims(head, images, file.name)
+    expected = 4 + 4 * len(dims) + math.prod(dims)
+    if gzipped and length != expected % 2**32:  # ISIZE is the length modulo 2**32
+        raise _Damaged(
+            f"ends with a gzip trailer stating {length:,} unpacked bytes, but an IDX file of "
+            f"{_idx_content(dims)} is {expected:,} (the gzip file was cut short or is damaged)"
+        )
+    if not gzipped and length != expected:
+        raise _Damaged(
+            f"is {length:,} bytes; an IDX file of {_idx_content(dims)} is {expected:,} "
+            + ("(truncated)" if length < expected else "(trailing data)")
+        )
+    return dims
+
+
+def _plain_head_and_length(file: Path) -> tuple[bytes, int]:
+    """The first bytes of ``file`` (up to an IDX header) and its length."""
+    with open(file, "rb") as stream:
+        head = stream.read(_IDX_MAX_HEAD)
+        length = os.fstat(stream.fileno()).st_size
+    if not head:
+        raise _Damaged("is empty (0 bytes)")
+    return head, length
+
+
+def _gzip_head_and_length(file: Path) -> tuple[bytes, int]:
+    """The first unpacked bytes of the gzipped ``file`` (only its first block is decompressed)
+    and the unpacked length its trailer states, after checking the gzip frame."""
+    head, size = _plain_head_and_length(file)
+    if not head.startswith(_GZIP_MAGIC):
+        raise _Damaged(
+            f"is not gzip-compressed though its name ends in .gz: it starts with {head[:4]!r}"
+            f"{_content_hint(head)}; an unpacked IDX file is named {file.stem}"
+        )
+    if size < _GZIP_MIN_BYTES:
+        raise _Damaged(f"is {size} bytes, too short for a gzip file (truncated)")
+    try:
+        with gzip.open(file, "rb") as stream:
+            unpacked = stream.read(_IDX_MAX_HEAD)
+    except (OSError, EOFError, zlib.error) as error:
+        raise _Damaged(f"is a damaged or truncated gzip file ({error})") from None
+    with open(file, "rb") as stream:
+        stream.seek(-4, os.SEEK_END)
+        (length,) = struct.unpack("<I", stream.read(4))
+    return unpacked, length
+
+
+def _idx_dims(head: bytes, images: bool, name: str) -> tuple[int, ...]:
+    """The dims in the IDX header ``head`` of an images or labels file; else :class:`_Damaged`."""
+    what, expected = ("images", _IDX_IMAGES_MAGIC) if images else ("labels", _IDX_LABELS_MAGIC)
+    magic = struct.unpack(">I", head[:4])[0] if len(head) >= 4 else None
+    if magic != expected:
+        if head.startswith(_GZIP_MAGIC):
+            hint = f" (it is gzip-compressed: name it {name}.gz)"
+        elif magic in (_IDX_IMAGES_MAGIC, _IDX_LABELS_MAGIC):
+            hint = f" (that of an IDX {'labels' if images else 'images'} file)"
+        else:
+            hint = _content_hint(head)
+        found = f"0x{magic:08x}" if magic is not None else f"only {len(head)} bytes"
+        raise _Damaged(
+            f"does not start with the IDX {what} magic number 0x{expected:08x}: it starts "
+            f"with {found}{hint}"
+        )
+    n_dims = magic & 0xFF
+    if len(head) < 4 + 4 * n_dims:
+        raise _Damaged(f"is {len(head)} bytes, shorter than the header of an IDX {what} file")
+    return struct.unpack(f">{n_dims}I", head[4 : 4 + 4 * n_dims])
+
+
+def _idx_content(dims: tuple[int, ...]) -> str:
+    """``60000 28x28 images`` or ``60000 labels``."""
+    if len(dims) == 1:
+        return f"{dims[0]} labels"
+    return f"{dims[0]} {'x'.join(map(str, dims[1:]))} images"
+
+
+def _content_hint(head: bytes) -> str:
+    """What ``head`` looks like, for files that are not what their name says (or ``''``)."""
+    if head.startswith(_GZIP_MAGIC):
+        return " (a gzip file: unpack it)"
+    if head.lstrip()[:1] == b"<":
+        return " (an HTML or XML page: a saved error page?)"
+    return ""
+
+
+def _check_pickle_file(file: Path) -> None:
+    """``file`` starts as a pickle does and ends with the STOP opcode; else :class:`_Damaged`."""
+    with open(file, "rb") as stream:
+        size = os.fstat(stream.fileno()).st_size
+        head = stream.read(4)
+        if not head:
+            raise _Damaged("is empty (0 bytes)")
+        stream.seek(-1, os.SEEK_END)
+        last = stream.read(1)
+    if head[:1] not in _PICKLE_FIRST_BYTES:
+        raise _Damaged(
+            f"is not a python pickle: it starts with {head!r}{_content_hint(head)}; the python "
+            "version of the CIFAR batches is needed, not the binary or MATLAB one"
+        )
+    if last != _PICKLE_STOP:
+        raise _Damaged(
+            f"is {size:,} bytes and does not end with a pickle's STOP opcode (truncated)"
+        )
 
 
 def data_kind_options(kind: str) -> dict[str, object]:

@@ -437,6 +437,20 @@ def _check_data_path(task: str, kind: str, path: Any, base_dir: Path) -> None:
             f"{', '.join(missing)} (looked in {resolved}); put the standard {kind} files there "
             "or fix the path"
         )
+    _check_data_files_intact(task, kind, resolved)
+
+
+def _check_data_files_intact(task: str, kind: str, directory: Path) -> None:
+    """The reader files of task ``task`` in ``directory`` are not damaged (truncated, empty, an
+    error page under the file's name): a cheap look at headers, lengths and trailers only."""
+    damaged = data_module.damaged_data_files(kind, directory)
+    if damaged:
+        problems = "; ".join(f"{file} {problem}" for file, problem in damaged)
+        raise ConfigError(
+            f"config key data.{task}.path: task {task!r} reads damaged {kind} file(s): {problems}. "
+            "Replace each with the standard file: download it again elsewhere and copy it here "
+            "(nothing is downloaded by trainmap)"
+        )
 
 
 def _check_seeds(where: str, seeds: list[int]) -> None:
