@@ -27,7 +27,7 @@ ARTIFACTS ?= $(CURDIR)/mlartifacts-server
 # The local SLURM's state, logs and pid files: a private (0700) directory, never a shared /tmp path.
 SLURM_DIR ?= $(CURDIR)/.slurm
 
-.PHONY: help setup run repro report test test-fast lint format bench mlflow-ui mlflow-server \
+.PHONY: help setup run paper repro report test test-fast lint format bench mlflow-ui mlflow-server \
 	slurm-up slurm-down dvc-remote clean
 
 help:  ## list the targets
@@ -55,6 +55,15 @@ run: setup dvc-remote  ## the study on CONFIG (default: the embedded grid); vers
 	    echo "Not versioned by DVC: dvc.yaml runs $(DVC_CONFIG) (params.yaml: dvc.configfile)"; \
 	fi
 	@echo "Evaluation table: results/summary/evaluation.csv   Report: make report   Runs: make mlflow-ui"
+
+# paper: the training-maps paper's settings this machine can run (PAPER_CONFIG=config/paper.yaml
+# for every setting, on a GPU node with the MNIST/CIFAR-100 files).
+PAPER_CONFIG ?= config/paper/cpu.yaml
+
+paper: setup  ## the training-maps paper's tables side by side (40 seeds per setting, ~1 h on 2 cores): results/paper/table.md
+	$(RUN) python -m trainmap.grid $(PAPER_CONFIG)
+	$(SNAKEMAKE) paper --cores $(CORES) --configfile $(PAPER_CONFIG) --rerun-incomplete
+	@echo "Table: results/paper/table.md   Figure: results/paper/table.png"
 
 report: setup  ## one HTML report of CONFIG's results (maps, selection curves, tables): results/report.html
 	$(SNAKEMAKE) --cores 1 --configfile $(CONFIG) --report results/report.html

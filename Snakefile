@@ -49,6 +49,7 @@ include: "workflow/rules/quantize.smk"
 include: "workflow/rules/evaluate.smk"
 include: "workflow/rules/external.smk"
 include: "workflow/rules/analysis.smk"
+include: "workflow/rules/paper.smk"
 
 
 rule all:

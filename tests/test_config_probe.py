@@ -77,9 +77,12 @@ def test_every_number_replaced_by_a_bad_value_is_refused_naming_its_key(repo_roo
 
 
 @pytest.mark.parametrize("name", ["config.yaml", "smoke.yaml", "larger.yaml", "ablations.yaml",
-                                  "sparse_parity_paper.yaml"])  # fmt: skip
+                                  "paper/cpu.yaml", "paper/sparse_parities.yaml",
+                                  "paper/modular_addition_stabilised.yaml", "paper/mnist_5k.yaml",
+                                  "paper/modular_addition.yaml"])  # fmt: skip
 def test_every_shipped_config_is_accepted(repo_root: Path, name: str) -> None:
-    """No wrong rejection of the study's own settings (paper.yaml needs the CIFAR files)."""
+    """No wrong rejection of the study's own settings (paper.yaml, paper/mnist.yaml and
+    paper/cifar100*.yaml need the MNIST and CIFAR files)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         load_config(repo_root / "params.yaml", repo_root / "config/config.yaml",

@@ -600,6 +600,51 @@ def evaluation_files_of_joint(wildcards):
     return cell_paths("evaluate", joint_cells(wildcards), "evaluation.json")
 
 
+# --- the training-maps paper's settings (config key paper; rules in paper.smk) -----------------
+
+PAPER_GROUPS = grid.paper_groups(config)
+PAPER_ANALYSES = ["authors", "trainmap"]
+
+
+def setting_cells(wildcards):
+    return PAPER_GROUPS[wildcards.setting]
+
+
+@input_function
+def cells_of_setting(wildcards):
+    """The cells (as dicts) of one paper setting's group, in the order of its path lists."""
+    return [cell.to_dict() for cell in setting_cells(wildcards)]
+
+
+@input_function
+def metrics_of_setting(wildcards):
+    return metric_manifests_of_cells(setting_cells(wildcards))
+
+
+@input_function
+def metric_tables_of_setting(wildcards):
+    return cell_paths("metrics", setting_cells(wildcards), "metrics.csv")
+
+
+@input_function
+def evaluations_of_setting(wildcards):
+    return evaluation_manifests_of_cells(setting_cells(wildcards))
+
+
+@input_function
+def evaluation_files_of_setting(wildcards):
+    return cell_paths("evaluate", setting_cells(wildcards), "evaluation.json")
+
+
+def paper_maps(filename):
+    """One file of every (setting, analysis) map, settings in config order."""
+    return [
+        f"results/paper/{setting}/{analysis}/{filename}"
+        for setting in PAPER_GROUPS
+        for analysis in PAPER_ANALYSES
+    ]
+
+
 def analysis_outputs():
     """Every trained run's metric tables (as block manifests), and the grid's training maps,
     regressions and joint comparisons; the external sets' tables and maps (external.smk).

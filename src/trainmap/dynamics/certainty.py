@@ -61,7 +61,13 @@ from trainmap.dynamics.hmm import (
     standardise_runs,
     unit_change,
 )
-from trainmap.dynamics.regression import fill_holm, regress_detours, state_distribution
+from trainmap.dynamics.regression import (
+    GROUND_METRICS,
+    fill_holm,
+    regress_detours,
+    state_distribution,
+    trajectory_dissimilarity,
+)
 from trainmap.io import load_json
 
 NOT_ENOUGH_RUNS = "not enough runs"
@@ -83,6 +89,11 @@ class BootstrapResult:
     detour_found: dict[int, float]
     seconds: float
     ks: list[int] = field(default_factory=list)
+    # Per resample (None where no K fitted, or no regression could be): the detour regression's
+    # R^2 and eq. 1's dissimilarity under each ground metric, over the runs as drawn.
+    r2s: list[float | None] = field(default_factory=list)
+    n_detours: list[int] = field(default_factory=list)  # detour states of each resample's map
+    dissimilarities: dict[str, list[float | None]] = field(default_factory=dict)
 
     @property
     def k_same(self) -> float:
@@ -109,6 +120,9 @@ class BootstrapResult:
             detour_found={int(k): v for k, v in summary["detour_found"].items()},
             seconds=summary.get("seconds", math.nan),
             ks=list(summary.get("ks", [])),
+            r2s=list(summary.get("r2s", [])),
+            n_detours=list(summary.get("n_detours", [])),
+            dissimilarities={g: list(v) for g, v in summary.get("dissimilarities", {}).items()},
         )
 
     @classmethod
@@ -160,7 +174,11 @@ def bootstrap_map(
         detour_found={int(d): count / total for d, count in detour_found.items()},
         seconds=time.perf_counter() - started,
         ks=ks,
-    )
+        r2s=[outcome.get("r2") for outcome in outcomes],
+        n_detours=[len(outcome["detours"]) for outcome in outcomes],
+        dissimilarities={ground: [outcome.get("dissimilarity", {}).get(ground)
+                                  for outcome in outcomes] for ground in GROUND_METRICS},
+    )  # fmt: skip
 
 
 @dataclass
@@ -285,12 +303,25 @@ def _refit_chunk(
         return [(index, one(task, payload)) for index, task in indexed]
 
 
+@dataclass
+class RefitDetours:
+    """What a refit's decoded runs say: its detour states, its states matched to the full map's
+    (full state -> refit state), its regression's R^2 (0 when the runs occupy one state, None when
+    no regression can be fitted otherwise) and eq. 1's
+    dissimilarity under each ground metric, over the runs as drawn (each draw a run)."""
+
+    detour_states: list[int]
+    matched: dict[int, int]
+    r2: float | None
+    dissimilarity: dict[str, float]
+
+
 def refit_detours(
     refit: RefitResult, payload: dict[str, Any], decoded: Mapping[str, np.ndarray] | None = None
-) -> tuple[list[int], dict[int, int]]:
+) -> RefitDetours:
     """The refit's detour states (its drawn runs decoded by its model, each draw once, and
-    regressed: :func:`~trainmap.dynamics.regression.regress_detours`) and its states matched to the
-    full map's (:func:`match_by_means`): full state -> refit state. ``decoded``: the drawn runs'
+    regressed: :func:`~trainmap.dynamics.regression.regress_detours`), its states matched to the
+    full map's (:func:`match_by_means`), its R^2 and dissimilarities. ``decoded``: the drawn runs'
     states when the caller has decoded them already."""
     k, model, drawn = refit.selection.n_states, refit.selection.model, refit.drawn
     if decoded is None:
@@ -308,7 +339,12 @@ def refit_detours(
         warnings.simplefilter("ignore")  # e.g. statsmodels on a refit whose runs converge alike
         detours = regress_detours(distributions, convergence, status, alpha=payload["alpha"])
     matched = match_by_means(payload["full_means"], model.means_ * refit.scale + refit.shift)
-    return detours.detour_states, matched
+    dissimilarity = {ground: trajectory_dissimilarity(distributions, ground)
+                     for ground in GROUND_METRICS}  # fmt: skip
+    r2 = detours.r2 if detours.fitted and math.isfinite(detours.r2) else None
+    if r2 is None and np.count_nonzero(np.sum(list(distributions.values()), axis=0)) < 2:
+        r2 = 0.0  # one occupied state: the regression is its intercept, which explains nothing
+    return RefitDetours(detours.detour_states, matched, r2, dissimilarity)
 
 
 def _draw(ids: Sequence[str], size: int, rng: np.random.Generator) -> dict[str, float]:
@@ -330,8 +366,9 @@ def _one_resample(b: int, payload: dict[str, Any]) -> dict[str, Any]:
         refit = refit_resample(payload["raw"], train_counts, heldout_counts, payload["refit"])
     except SelectionFailed:
         return {"k": -1, "matched": {}, "detours": []}
-    detours, matched = refit_detours(refit, payload)
-    return {"k": int(refit.selection.n_states), "detours": detours, "matched": matched}
+    found = refit_detours(refit, payload)
+    return {"k": int(refit.selection.n_states), "detours": found.detour_states,
+            "matched": found.matched, "r2": found.r2, "dissimilarity": found.dissimilarity}  # fmt: skip
 
 
 def match_by_means(full_means: np.ndarray, means: np.ndarray) -> dict[int, int]:

@@ -270,3 +270,53 @@ def plot_group_convergence(
     axis.set(ylabel="convergence step", title=title or "convergence step per group")
     _save(figure, path)
     return "Convergence step per group (box: quartiles; dots: runs) with each group's detour rate."
+
+
+def plot_paper(rows: Any, path: str | os.PathLike, confidence: float = 0.95) -> str:
+    """The paper's tables 1 and 4 against trainmap's maps: R^2, dissimilarity (eq. 1) and K per
+    setting, the paper's value beside each analysis pass with its bootstrap interval (``rows``:
+    :func:`trainmap.dynamics.paper.paper_row` dicts)."""
+    from trainmap.dynamics.paper import label_of, paper_of
+
+    settings = list(dict.fromkeys(row["setting"] for row in rows))
+    analyses = list(dict.fromkeys(row["analysis"] for row in rows))
+    by_key = {(row["setting"], row["analysis"]): row for row in rows}
+    panels = (("R^2 of the detour regression", "r2", lambda r: r["bootstrap_r2"], "r2"),
+              ("dissimilarity, eq. 1 (state index)", "dissimilarity_state_index",
+               lambda r: r["bootstrap_dissimilarity"].get("state_index", []), "dissimilarity"),
+              ("hidden states K", "k", lambda r: r["bootstrap_k_draws"], "k"))  # fmt: skip
+    figure, axes = plt.subplots(1, 3, figsize=(4.2 * 3, 3.6))
+    x = np.arange(len(settings))
+    width = 0.8 / (len(analyses) + 1)
+    tail = 100 * (1 - confidence) / 2
+    for axis, (title, key, draws, paper_key) in zip(axes, panels, strict=True):
+        labelled: set[str] = set()
+        paper = [getattr(paper_of(s), paper_key) for s in settings]
+        axis.scatter(x - 0.4 + width / 2, paper, marker="*", s=90, color="black", label="paper")
+        for i, analysis in enumerate(analyses):
+            offset = -0.4 + width * (i + 1.5)
+            for j, setting in enumerate(settings):
+                row = by_key.get((setting, analysis))
+                if row is None or row[key] is None:
+                    continue
+                values = np.array([v for v in draws(row) if v is not None], dtype=float)
+                values = values[np.isfinite(values)]
+                if len(values):
+                    low, high = np.percentile(values, [tail, 100 - tail])
+                    axis.plot([j + offset] * 2, [low, high], color=f"C{i}", lw=2, alpha=0.5)
+                axis.scatter(j + offset, row[key], color=f"C{i}", s=30,
+                             label=None if analysis in labelled else analysis)  # fmt: skip
+                labelled.add(analysis)
+        labels = [label_of(s) for s in settings]
+        axis.set_xticks(x, labels, rotation=25, ha="right", fontsize=8)
+        axis.set_title(title, fontsize=9)
+    axes[0].legend(fontsize=7)
+    figure.suptitle(f"training maps: the paper's tables against trainmap ({confidence:.0%} "
+                    "bootstrap intervals)", fontsize=10)  # fmt: skip
+    _save(figure, path)
+    return (
+        "Per setting: the paper's value (star) and trainmap's map under the authors' analysis "
+        "settings and under trainmap's defaults (dots), each with the percentile interval of "
+        "its bootstrap resamples (bars): the detour regression's R^2, eq. 1's dissimilarity "
+        "and the number of hidden states K."
+    )

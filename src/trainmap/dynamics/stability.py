@@ -517,7 +517,8 @@ def _one_subsample(task: tuple[int, int], payload: dict[str, Any]) -> dict[str, 
     # Every run decoded once, in the full fit's units re-expressed in the subsample's; the drawn
     # runs' decodings serve its detour regression and its verdicts too.
     decoded = {run: labels[run] for run in set(refit.drawn)}
-    detours, matched = refit_detours(refit, payload, decoded)
+    found = refit_detours(refit, payload, decoded)
+    detours, matched = found.detour_states, found.matched
     return {"k": int(refit.selection.n_states),
             "ari": float(adjusted_rand_score(payload["full_labels"],
                                              np.concatenate(list(labels.values())))),

@@ -278,6 +278,19 @@ def analysis_groups(config: dict) -> dict[str, list[Cell]]:
     return {name: cells for name, cells in groups.items() if len(cells) >= MIN_RUNS_PER_GROUP}
 
 
+def paper_groups(config: dict) -> dict[str, list[Cell]]:
+    """The training-maps paper's settings the grid runs (config key ``paper``): setting -> the
+    trained cells of its (task, arch, method), in grid order (the paper's table, rule
+    ``paper_map``)."""
+    cells = [cell for cell in expand_grid(config) if retrains(cell)]
+    return {
+        spec["setting"]: [cell for cell in cells
+                          if (cell.task, cell.arch, cell.method)
+                          == (spec["task"], spec["arch"], spec["method"])]
+        for spec in config.get("paper", [])
+    }  # fmt: skip
+
+
 def in_joint(cell: Cell, spec: Mapping[str, Any]) -> bool:
     return (
         cell.task == spec.get("task")

