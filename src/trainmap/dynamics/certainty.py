@@ -21,7 +21,9 @@ the same within resampling noise ({1: 2, 3: 3, 4: 9, 5: 3, 6: 16, 7: 6, 8: 1} ag
 {1: 2, 3: 4, 4: 10, 5: 3, 6: 15, 7: 6}) at half the time. Reported: the distribution of the selected K; per state of the full map how often
 a state with nearly the same emission mean is found again (Hungarian matching of emission means,
 accepted when closer than half the distance to the nearest other state of the full map); per
-detour state how often that state is found again *as a detour*. Resamples are seeded
+detour state how often that state is found again *as a detour*; per resample its regression's R^2,
+its number of detours and eq. 1's dissimilarity (both ground metrics), so that two maps' numbers
+can be compared with intervals. Resamples are seeded
 (``SeedSequence([seed, b])``) and run in parallel; the result does not depend on ``n_jobs``.
 
 **Permutation tests between methods** (:func:`compare_methods`; Good 2005, ch. 3). In a joint
@@ -89,10 +91,11 @@ class BootstrapResult:
     detour_found: dict[int, float]
     seconds: float
     ks: list[int] = field(default_factory=list)
-    # Per resample (None where no K fitted, or no regression could be): the detour regression's
-    # R^2 and eq. 1's dissimilarity under each ground metric, over the runs as drawn.
+    # Per resample, over the runs as drawn (None where no K fitted, or no regression could be):
+    # the detour regression's R^2, the number of detour states, eq. 1's dissimilarity under each
+    # ground metric (the paper's table compares settings with them: trainmap.dynamics.paper).
     r2s: list[float | None] = field(default_factory=list)
-    n_detours: list[int] = field(default_factory=list)  # detour states of each resample's map
+    n_detours: list[int] = field(default_factory=list)
     dissimilarities: dict[str, list[float | None]] = field(default_factory=dict)
 
     @property
@@ -307,8 +310,8 @@ def _refit_chunk(
 class RefitDetours:
     """What a refit's decoded runs say: its detour states, its states matched to the full map's
     (full state -> refit state), its regression's R^2 (0 when the runs occupy one state, None when
-    no regression can be fitted otherwise) and eq. 1's
-    dissimilarity under each ground metric, over the runs as drawn (each draw a run)."""
+    no regression can be fitted otherwise) and eq. 1's dissimilarity under each ground metric,
+    over the runs as drawn (each draw a run)."""
 
     detour_states: list[int]
     matched: dict[int, int]

@@ -29,7 +29,8 @@ Wasserstein distance between two runs' state distributions, averaged over all pa
 Its ground metric (``ground``) is ``"total_variation"`` by default: distance 1 between any two
 different states, so W = (1/2) sum_k |p_k - q_k| and the value does not depend on how the HMM
 happened to number its states. ``"state_index"`` is eq. (1) as the paper computes it, the 1-D
-Wasserstein distance over the state indices 0..K-1 (``scipy.stats.wasserstein_distance``): state
+Wasserstein distance over the state indices 0..K-1 (from the cumulative distributions, all pairs at
+once; the numbers of ``scipy.stats.wasserstein_distance``, tested): state
 numbers are arbitrary, so swapping two labels changes it (1.333 -> 1.0 on a hand example).
 """
 
