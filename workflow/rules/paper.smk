@@ -46,6 +46,7 @@ rule paper_table:
         bootstrap=paper_maps("bootstrap.json"),
         stability=paper_maps("stability.json"),
         states=paper_maps("states.csv"),
+        baselines=paper_maps("baselines.csv"),
     output:
         table=report(
             "results/paper/table.md",

@@ -73,7 +73,8 @@ def group_outcomes(evaluation_paths: list[str], labels: list[str]) -> Outcomes:
     )  # fmt: skip
 
 
-def _seed_labels(cells: list[dict]) -> list[str]:
+def seed_labels(cells: list[dict]) -> list[str]:
+    """A group's run labels, ``seed<seed>`` per cell (one arch and method: the seed names a run)."""
     return [f"seed{Cell.of(cell).seed}" for cell in cells]
 
 
@@ -117,7 +118,7 @@ def fit_hmm_job(
     """Rule ``fit_hmm``: the training-map HMM of one group (task/arch/method) of runs, its
     baselines and its bootstrap over runs (``threads`` parallel processes)."""
     out_dir = Path(out_dir)
-    runs, outcomes = read_group_runs(metrics_paths, evaluation_paths, _seed_labels(cells))
+    runs, outcomes = read_group_runs(metrics_paths, evaluation_paths, seed_labels(cells))
     task = Cell.of(cells[0]).task
     with rule_run(tracking, "fit_hmm", task=task, params={"analysis": settings, "group": group},
                   config_hash=settings_hash([settings, group])) as run:  # fmt: skip
@@ -149,7 +150,7 @@ def regress_detours_job(
     (the metric tables are not needed). Each cell's parent MLflow run gets its state occupancy and
     detour visits."""
     out_dir = Path(out_dir)
-    labels = _seed_labels(cells)
+    labels = seed_labels(cells)
     outcomes = group_outcomes(evaluation_paths, labels)
     fit = FittedMap.load(out_dir)
     bootstrap = BootstrapResult.load(out_dir / "bootstrap.json")
@@ -177,7 +178,7 @@ def training_map_job(
     """Rule ``training_map``: the map of one fitted group, its detour states (``detours.json`` of
     rule ``regress_detours``) highlighted."""
     out_dir = Path(out_dir)
-    runs, outcomes = read_group_runs(metrics_paths, evaluation_paths, _seed_labels(cells))
+    runs, outcomes = read_group_runs(metrics_paths, evaluation_paths, seed_labels(cells))
     fit = FittedMap.load(out_dir)
     detours = load_json(out_dir / "detours.json")["detour_states"]
     with rule_run(tracking, "training_map", task=Cell.of(cells[0]).task, params={"group": group},

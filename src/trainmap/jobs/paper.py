@@ -24,7 +24,7 @@ from trainmap.dynamics.paper import (
 )
 from trainmap.dynamics.pipeline import map_runs
 from trainmap.io import write_atomic
-from trainmap.jobs.analysis import _seed_labels, read_group_runs
+from trainmap.jobs.analysis import read_group_runs, seed_labels
 from trainmap.jobs.common import settings_hash
 from trainmap.tracking import rule_run
 
@@ -37,7 +37,7 @@ def paper_map_job(
     """Rule ``paper_map``: the map of one paper setting under one analysis pass (``authors`` or
     ``trainmap``), written to ``out_dir``."""
     out_dir = Path(out_dir)
-    runs, outcomes = read_group_runs(metrics_paths, evaluation_paths, _seed_labels(cells))
+    runs, outcomes = read_group_runs(metrics_paths, evaluation_paths, seed_labels(cells))
     settings = analysis_settings(settings, analysis)
     params = {"analysis": settings, "setting": setting, "pass": analysis}
     with rule_run(tracking, "paper_map", task=setting, params=params,
