@@ -248,14 +248,14 @@ def _verdict(low: float, high: float, n: int) -> str:
     return UNDECIDED
 
 
-def _detour_share(draws: Sequence[int]) -> tuple[float, float, float]:
-    """Share of resamples whose map has a detour, with its Wilson interval (95 %)."""
+def _detour_share(draws: Sequence[int], confidence: float) -> tuple[float, float, float]:
+    """Share of resamples whose map has a detour, with its Wilson interval at ``confidence``."""
     from statsmodels.stats.proportion import proportion_confint
 
     if not draws:
         return math.nan, math.nan, math.nan
     hits = int(np.count_nonzero(np.asarray(draws) > 0))
-    low, high = proportion_confint(hits, len(draws), alpha=0.05, method="wilson")
+    low, high = proportion_confint(hits, len(draws), alpha=1 - confidence, method="wilson")
     return hits / len(draws), float(low), float(high)
 
 
@@ -283,15 +283,17 @@ def claims(rows: Sequence[Mapping[str, Any]], confidence: float = 0.95) -> list[
                 out.append(common | {"claim": f"{quantity} higher where the map forks",
                                      "difference": estimate, "low": low, "high": high,
                                      "resamples": n, "verdict": _verdict(low, high, n)})  # fmt: skip
-            out.append(common | _detour_claim(f, lin))
+            out.append(common | _detour_claim(f, lin, confidence))
     return out
 
 
-def _detour_claim(forking: Mapping[str, Any], linear: Mapping[str, Any]) -> dict[str, Any]:
+def _detour_claim(
+    forking: Mapping[str, Any], linear: Mapping[str, Any], confidence: float
+) -> dict[str, Any]:
     """Detours in the forking setting's map and none in the linear one's: the full maps decide,
     the bootstrap's shares of resamples with a detour (Wilson intervals) must not overlap."""
-    share_f, low_f, high_f = _detour_share(forking["bootstrap_detours"])
-    share_l, low_l, high_l = _detour_share(linear["bootstrap_detours"])
+    share_f, low_f, high_f = _detour_share(forking["bootstrap_detours"], confidence)
+    share_l, low_l, high_l = _detour_share(linear["bootstrap_detours"], confidence)
     has_f, has_l = bool(forking["detours"]), bool(linear["detours"])
     enough = min(len(forking["bootstrap_detours"]), len(linear["bootstrap_detours"]))
     if enough < MIN_RESAMPLES:
@@ -455,9 +457,9 @@ def table_markdown(
         "Forking maps have higher R^2, higher dissimilarity and detours; linear maps none "
         f"(sec. 3.4). Difference = forking - linear, {level} interval over independent "
         "resamples of the two settings; `reproduced` when the interval excludes 0 in the "
-        "paper's direction, `reversed` in the other, `undecided` otherwise. Detours: the full "
-        "maps, and the shares of resamples with a detour (Wilson 95 % intervals) must not "
-        "overlap.",
+        "paper's direction, `reversed` in the other, `undecided` otherwise or with fewer than "
+        f"{MIN_RESAMPLES} resample pairs. Detours: the full maps, and the shares of resamples "
+        f"with a detour ({level} Wilson intervals) must not overlap.",
         "",
     ]
     if claim_rows:
