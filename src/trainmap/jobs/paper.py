@@ -9,6 +9,7 @@ into ``table.md``, ``table.csv``, ``claims.csv`` and the figure. Both log to MLf
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -70,7 +71,8 @@ def paper_table_job(
         caption = plots.plot_paper(rows, figure, confidence)
         markdown = table_markdown(rows, claim_rows, not_run, confidence, figure=figure.name)
         write_atomic(Path(table_md), lambda tmp: Path(tmp).write_text(markdown))
-        flat = pd.DataFrame([{k: v for k, v in row.items() if not k.startswith("bootstrap_")}
+        flat = pd.DataFrame([{k: json.dumps(v) if isinstance(v, list | dict) else v
+                              for k, v in row.items() if not k.startswith("bootstrap_")}
                              for row in rows])  # fmt: skip
         write_atomic(Path(table_csv), lambda tmp: flat.to_csv(tmp, index=False))
         claim_frame = pd.DataFrame(claim_rows)
