@@ -60,7 +60,7 @@ run: setup dvc-remote  ## the study on CONFIG (default: the embedded grid); vers
 # for every setting, on a GPU node with the MNIST/CIFAR-100 files).
 PAPER_CONFIG ?= config/paper/cpu.yaml
 
-paper: setup  ## the training-maps paper's tables side by side (40 seeds per setting, ~1 h on 2 cores): results/paper/table.md
+paper: setup  ## the training-maps paper's tables side by side (40 seeds per setting, 45 min on 2 cores): results/paper/table.md
 	$(RUN) python -m trainmap.grid $(PAPER_CONFIG)
 	$(SNAKEMAKE) paper --cores $(CORES) --configfile $(PAPER_CONFIG) --rerun-incomplete
 	@echo "Table: results/paper/table.md   Figure: results/paper/table.png"
