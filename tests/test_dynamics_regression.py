@@ -270,3 +270,17 @@ def test_a_detour_only_one_group_visits_is_flagged_when_the_group_explains_the_d
     assert len(result.detours.detour_states) == 1 and result.with_groups.detour_states == []
     assert result.summary()["detours_explained_by_group"] == result.detours.detour_states
     assert "not a detour once the group indicators enter" in result.verdict_markdown()
+
+
+def test_a_one_state_map_explains_nothing_and_an_unfitted_one_is_unknown() -> None:
+    one_state = {f"r{i}": np.array([1.0, 0.0]) for i in range(6)}
+    convergence = {f"r{i}": 100 + 10 * i for i in range(6)}
+    result = regress_detours(one_state, convergence)
+    assert not result.fitted and result.one_state and result.explained == 0.0
+    assert result.to_dict()["explained"] == 0.0
+    two_states = {"a": np.array([1.0, 0.0]), "b": np.array([0.0, 1.0])}
+    too_few = regress_detours(two_states, {"a": 1, "b": 2})
+    assert not too_few.fitted and too_few.explained is None
+    fitted = regress_detours({f"r{i}": np.array([i / 9, 1 - i / 9]) for i in range(10)},
+                             {f"r{i}": 100 + 10 * i + (i % 3) for i in range(10)})  # fmt: skip
+    assert fitted.fitted and fitted.explained == fitted.r2

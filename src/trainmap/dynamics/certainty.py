@@ -344,10 +344,7 @@ def refit_detours(
     matched = match_by_means(payload["full_means"], model.means_ * refit.scale + refit.shift)
     dissimilarity = {ground: trajectory_dissimilarity(distributions, ground)
                      for ground in GROUND_METRICS}  # fmt: skip
-    r2 = detours.r2 if detours.fitted and math.isfinite(detours.r2) else None
-    if r2 is None and np.count_nonzero(np.sum(list(distributions.values()), axis=0)) < 2:
-        r2 = 0.0  # one occupied state: the regression is its intercept, which explains nothing
-    return RefitDetours(detours.detour_states, matched, r2, dissimilarity)
+    return RefitDetours(detours.detour_states, matched, detours.explained, dissimilarity)
 
 
 def _draw(ids: Sequence[str], size: int, rng: np.random.Generator) -> dict[str, float]:

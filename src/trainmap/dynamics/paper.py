@@ -152,9 +152,6 @@ def paper_row(directory: str | os.PathLike, setting: str, analysis: str) -> dict
     n_states = int(detours["n_states"])
     states = pd.read_csv(directory / "states.csv", usecols=["run", "state"], dtype={"run": str})
     dissimilarity = _dissimilarities(states, n_states)
-    r2 = detours.get("r2")
-    if r2 is None and states["state"].nunique() < 2:
-        r2 = 0.0  # one occupied state: the regression is its intercept, which explains nothing
     return {
         "setting": setting,
         "analysis": analysis,
@@ -163,7 +160,7 @@ def paper_row(directory: str | os.PathLike, setting: str, analysis: str) -> dict
         "k_at_ceiling": bool(detours.get("selection_at_ceiling", False)),
         "kmeans": _components(baselines, "k-means"),
         "hmm1": _components(baselines, "HMM-1"),
-        "r2": r2,
+        "r2": detours.get("explained", detours.get("r2")),
         "r2_adjusted": detours.get("r2_adjusted"),
         "p_value": detours.get("f_pvalue"),
         "regression_runs": detours.get("n_runs"),
@@ -222,6 +219,20 @@ def _values(draws: Sequence[float | None]) -> np.ndarray:
     return np.array([math.nan if d is None else float(d) for d in draws], dtype=float)
 
 
+def percentile_interval(
+    draws: Sequence[float | None], confidence: float
+) -> tuple[float, float, int]:
+    """Percentile interval at ``confidence`` of the finite ``draws`` (None and NaN left out), and
+    how many draws it rests on (NaN, NaN, 0 when none)."""
+    values = _values(draws)
+    values = values[np.isfinite(values)]
+    if len(values) == 0:
+        return math.nan, math.nan, 0
+    tail = 100 * (1 - confidence) / 2
+    low, high = np.percentile(values, [tail, 100 - tail])
+    return float(low), float(high), len(values)
+
+
 def difference_interval(
     forking: Sequence[float | None], linear: Sequence[float | None], confidence: float
 ) -> tuple[float, float, int]:
@@ -229,13 +240,7 @@ def difference_interval(
     of each setting's runs), resamples where either value is missing left out; and how many
     pairs it rests on."""
     size = min(len(forking), len(linear))
-    differences = _values(forking[:size]) - _values(linear[:size])
-    differences = differences[np.isfinite(differences)]
-    if len(differences) == 0:
-        return math.nan, math.nan, 0
-    tail = 100 * (1 - confidence) / 2
-    low, high = np.percentile(differences, [tail, 100 - tail])
-    return float(low), float(high), len(differences)
+    return percentile_interval(_values(forking[:size]) - _values(linear[:size]), confidence)
 
 
 def _verdict(low: float, high: float, n: int) -> str:
@@ -330,13 +335,8 @@ def _p(value: Any) -> str:
 
 
 def _interval(draws: Sequence[float | None], confidence: float) -> str:
-    values = _values(draws)
-    values = values[np.isfinite(values)]
-    if len(values) == 0:
-        return ""
-    tail = 100 * (1 - confidence) / 2
-    low, high = np.percentile(values, [tail, 100 - tail])
-    return f" [{low:.2f}, {high:.2f}]"
+    low, high, n = percentile_interval(draws, confidence)
+    return f" [{low:.2f}, {high:.2f}]" if n else ""
 
 
 def _k_counts(counts: Mapping[int, int]) -> str:

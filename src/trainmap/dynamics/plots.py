@@ -276,7 +276,7 @@ def plot_paper(rows: Any, path: str | os.PathLike, confidence: float = 0.95) -> 
     """The paper's tables 1 and 4 against trainmap's maps: R^2, dissimilarity (eq. 1) and K per
     setting, the paper's value beside each analysis pass with its bootstrap interval (``rows``:
     :func:`trainmap.dynamics.paper.paper_row` dicts)."""
-    from trainmap.dynamics.paper import label_of, paper_of
+    from trainmap.dynamics.paper import label_of, paper_of, percentile_interval
 
     settings = list(dict.fromkeys(row["setting"] for row in rows))
     analyses = list(dict.fromkeys(row["analysis"] for row in rows))
@@ -288,7 +288,6 @@ def plot_paper(rows: Any, path: str | os.PathLike, confidence: float = 0.95) -> 
     figure, axes = plt.subplots(1, 3, figsize=(4.2 * 3, 3.6))
     x = np.arange(len(settings))
     width = 0.8 / (len(analyses) + 1)
-    tail = 100 * (1 - confidence) / 2
     for axis, (title, key, draws, paper_key) in zip(axes, panels, strict=True):
         labelled: set[str] = set()
         paper = [getattr(paper_of(s), paper_key) for s in settings]
@@ -299,10 +298,8 @@ def plot_paper(rows: Any, path: str | os.PathLike, confidence: float = 0.95) -> 
                 row = by_key.get((setting, analysis))
                 if row is None or row[key] is None:
                     continue
-                values = np.array([v for v in draws(row) if v is not None], dtype=float)
-                values = values[np.isfinite(values)]
-                if len(values):
-                    low, high = np.percentile(values, [tail, 100 - tail])
+                low, high, n = percentile_interval(draws(row), confidence)
+                if n:
                     axis.plot([j + offset] * 2, [low, high], color=f"C{i}", lw=2, alpha=0.5)
                 axis.scatter(j + offset, row[key], color=f"C{i}", s=30,
                              label=None if analysis in labelled else analysis)  # fmt: skip

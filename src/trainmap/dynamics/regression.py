@@ -95,11 +95,20 @@ class DetourRegression:
     r2_adjusted: float = float("nan")
     alpha: float = DEFAULT_ALPHA
     not_fitted: str | None = None  # why there is no regression, when there is none
+    one_state: bool = False  # every included run stays in one state (no state terms)
 
     @property
     def fitted(self) -> bool:
         """Whether the regression was fitted (:attr:`not_fitted` says why not)."""
         return self.not_fitted is None
+
+    @property
+    def explained(self) -> float | None:
+        """The share of convergence variance the map explains: R^2 when fitted, 0 when the runs
+        occupy one state (the regression is its intercept), else None."""
+        if self.fitted and np.isfinite(self.r2):
+            return self.r2
+        return 0.0 if self.one_state else None
 
     @property
     def detour_states(self) -> list[int]:
@@ -113,6 +122,7 @@ class DetourRegression:
             "not_fitted": self.not_fitted,
             "r2": _finite_or_none(self.r2),
             "r2_adjusted": _finite_or_none(self.r2_adjusted),
+            "explained": self.explained,
             "f_pvalue": _finite_or_none(self.f_pvalue),
             "n_runs": self.n_runs,
             "intercept": _finite_or_none(self.intercept),
@@ -172,7 +182,8 @@ def regress_detours(
     reason = _not_fitted_reason(len(used), len(present), n_regressors, extra is not None, y)
     if reason is not None:
         return DetourRegression(pd.DataFrame(rows), float("nan"), float("nan"), len(used),
-                                float("nan"), excluded, alpha=alpha, not_fitted=reason)  # fmt: skip
+                                float("nan"), excluded, alpha=alpha, not_fitted=reason,
+                                one_state=len(present) < 2 and extra is None)  # fmt: skip
     reference = present[-1]
     columns = [shares[:, k] - shares[:, reference] for k in present[:-1]]
     names = [f"state{k}" for k in present[:-1]]
