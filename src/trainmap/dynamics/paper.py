@@ -40,6 +40,7 @@ import pandas as pd
 
 from trainmap.dynamics.regression import (
     GROUND_METRICS,
+    is_detour,
     state_distribution,
     trajectory_dissimilarity,
 )
@@ -137,8 +138,7 @@ def _unchecked_detours(detours: Mapping[str, Any]) -> list[int]:
     """Detours by the paper's rule alone (sec. 3.4: a positive coefficient, a state only some runs
     visit), without trainmap's significance test after Holm's correction."""
     return [int(row["state"]) for row in detours.get("coefficients", [])
-            if isinstance(row["state"], int) and (row.get("coefficient") or 0) > 0
-            and row.get("visited_by") and not row.get("visited_by_all")]  # fmt: skip
+            if is_detour(row, alpha=None)]  # fmt: skip
 
 
 def paper_row(directory: str | os.PathLike, setting: str, analysis: str) -> dict[str, Any]:

@@ -220,14 +220,20 @@ def regress_detours(
                      "p_value": fitted.pvalues[position], "p_holm": np.nan, "visited_by": None,
                      "visited_by_all": None, "detour": False})  # fmt: skip
     table = pd.DataFrame(rows)
-    table["detour"] = [
-        bool(isinstance(r["state"], int | np.integer) and r["coefficient"] > 0
-             and not r["visited_by_all"] and r["visited_by"] > 0 and r["p_holm"] < alpha)
-        for r in rows
-    ]  # fmt: skip
+    table["detour"] = [is_detour(r, alpha) for r in rows]
     return DetourRegression(table, float(fitted.rsquared), float(fitted.f_pvalue), len(used),
                             float(fitted.params[0]), excluded, rank_deficient,
                             float(fitted.rsquared_adj), alpha)  # fmt: skip
+
+
+def is_detour(row: Mapping, alpha: float | None) -> bool:
+    """Whether a coefficient row (a state's, as in ``coefficients``) marks a detour: the paper's
+    rule (sec. 3.4: a positive coefficient, a state only some runs visit) and, unless ``alpha`` is
+    None, trainmap's test (significant at ``alpha`` after Holm's correction)."""
+    if not isinstance(row["state"], int | np.integer) or not (row["coefficient"] or 0) > 0:
+        return False
+    skipped = bool(row["visited_by"]) and not row["visited_by_all"]
+    return skipped and (alpha is None or (row["p_holm"] is not None and row["p_holm"] < alpha))
 
 
 def _not_fitted_reason(
