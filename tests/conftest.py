@@ -162,3 +162,37 @@ def dvc_smoke_project(destination: Path) -> Path:
     git("add", "-A", cwd=workdir)
     git("commit", "-qm", "workflow", cwd=workdir)
     return workdir
+
+
+SMOKE = "config/smoke.yaml"
+
+
+def dry_run_job_counts(output: str) -> dict[str, int]:
+    """Parse Snakemake's 'Job stats' table of a dry run."""
+    counts, in_table = {}, False
+    for line in output.splitlines():
+        if line.startswith("job ") and "count" in line:
+            in_table = True
+            continue
+        if in_table:
+            parts = line.split()
+            if len(parts) == 2 and parts[1].isdigit():
+                if parts[0] != "total":
+                    counts[parts[0]] = int(parts[1])
+            elif parts and not set(line.strip()) <= {"-", " "}:
+                break
+    return counts
+
+
+@pytest.fixture(scope="session")
+def smoke_run(tmp_path_factory) -> Path:
+    """The smoke grid run once with `snakemake --cores 2` in a copy of the workflow; tests inspect
+    what it left (test_workflow, test_rerun_probe) and must leave it as they found it. The dry
+    run's job counts (taken first) are kept in ``planned_jobs.json``."""
+    import json
+
+    workdir = copy_workflow(tmp_path_factory.mktemp("smoke"))
+    planned = snakemake("-n", "--cores", "2", "--configfile", SMOKE, cwd=workdir)
+    (workdir / "planned_jobs.json").write_text(json.dumps(dry_run_job_counts(planned.stdout)))
+    snakemake("--cores", "2", "--configfile", SMOKE, cwd=workdir)
+    return workdir

@@ -7,9 +7,12 @@ import json
 import shutil
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import yaml
 from conftest import dvc, dvc_smoke_project
+
+from trainmap.lineage import block_manifests, check_current, check_tree
 
 pytestmark = pytest.mark.integration
 
@@ -76,3 +79,23 @@ def test_exp_run_with_one_changed_hyperparameter(dvc_project: Path) -> None:
     assert md5(sparse_model) == sparse_before, "an unchanged task was retrained"
     shown = dvc("exp", "show", "--json", cwd=dvc_project).stdout
     assert "0.02" in shown
+    # Each DVC stage is its own `snakemake` call: what follows training must still be remade from
+    # the retrained models (their block manifests change with their content: trainmap.lineage).
+    results = dvc_project / "results"
+    for cell in ("digits/vgg_bn/kaiming/seed0", "digits/repvgg/kaiming/seed0"):
+        trained = json.loads((results / "train" / cell / "train.json").read_text())
+        evaluated = json.loads((results / "evaluate" / cell / "evaluation.json").read_text())
+        assert evaluated["test_acc"] == trained["final"]["test_acc"], f"{cell}: stale evaluation"
+        summary = pd.read_csv(results / "summary/evaluation.csv")
+        row = summary.set_index(["task", "arch", "method", "seed"]).loc[tuple(cell.split("/")[:3])
+                                                                        + (0,)]  # fmt: skip
+        assert row["test_acc"] == trained["final"]["test_acc"], f"{cell}: stale summary"
+    for rule in ("metrics", "evaluate", "sparse", "quantize", "reparam"):
+        # each block made from the manifests that sit upstream now, each file the one recorded
+        for manifest in block_manifests(results / rule):
+            check_current(manifest)
+    assert check_tree(results) > 0
+    # the digits maps were refitted from the new metric tables
+    metrics = results / "metrics/digits/vgg_bn/kaiming/seeds0-7.json"
+    hmm = results / "hmm/digits/vgg_bn/kaiming/hmm.json"
+    assert hmm.stat().st_mtime > metrics.stat().st_mtime > digits_model.stat().st_mtime

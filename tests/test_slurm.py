@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from conftest import REPO_ROOT, MlflowServer, copy_workflow, snakemake
-from test_workflow import _dry_run_job_counts, cells_of_block_rules
+from conftest import REPO_ROOT, MlflowServer, copy_workflow, dry_run_job_counts, snakemake
+from test_workflow import cells_of_block_rules
 
 pytestmark = pytest.mark.integration
 
@@ -61,7 +61,7 @@ def slurm_run(cluster, tmp_path_factory):
     configs = ["--configfile", SMOKE, "server.yaml"]
     try:
         planned = snakemake("-n", "--cores", "2", *configs, cwd=workdir, **env)
-        (workdir / "planned_jobs.json").write_text(json.dumps(_dry_run_job_counts(planned.stdout)))
+        (workdir / "planned_jobs.json").write_text(json.dumps(dry_run_job_counts(planned.stdout)))
         started = time.monotonic()
         snakemake(
             "--profile", "profiles/slurm", *configs,

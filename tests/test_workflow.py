@@ -8,25 +8,12 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from conftest import copy_workflow, snakemake
+from conftest import SMOKE, dry_run_job_counts, snakemake
 from mlflow import MlflowClient
 
 from trainmap.grid import expand_grid, is_sparse, load_config, retrains
 
 pytestmark = pytest.mark.integration
-
-SMOKE = "config/smoke.yaml"
-
-
-@pytest.fixture(scope="module")
-def smoke_run(tmp_path_factory) -> Path:
-    """The smoke grid run once with `snakemake --cores 2`; tests inspect what it left. The dry
-    run's job counts (taken first) are kept in ``planned_jobs.json``."""
-    workdir = copy_workflow(tmp_path_factory.mktemp("smoke"))
-    planned = snakemake("-n", "--cores", "2", "--configfile", SMOKE, cwd=workdir)
-    (workdir / "planned_jobs.json").write_text(json.dumps(_dry_run_job_counts(planned.stdout)))
-    snakemake("--cores", "2", "--configfile", SMOKE, cwd=workdir)
-    return workdir
 
 
 def smoke_cells(workdir: Path):
@@ -167,7 +154,7 @@ def test_changed_threshold_reruns_evaluation_not_training(smoke_run: Path) -> No
     override = smoke_run / "threshold.yaml"
     override.write_text("evaluate:\n  sparse_parity: {threshold: 0.5}\n")
     result = snakemake("-n", "--cores", "2", "--configfile", SMOKE, str(override), cwd=smoke_run)
-    jobs = _dry_run_job_counts(result.stdout)
+    jobs = dry_run_job_counts(result.stdout)
     assert jobs.get("evaluate") == 2 and jobs.get("summary") == 1  # two blocks of two seeds
     assert "train" not in jobs and "data" not in jobs and "gradinit" not in jobs
 
@@ -182,7 +169,7 @@ def test_changed_metric_definitions_rerun_analysis_not_training(smoke_run: Path)
     finally:
         definitions.write_text(original)
         os.utime(definitions, ns=(stat.st_atime_ns, stat.st_mtime_ns))
-    jobs = _dry_run_job_counts(result.stdout)
+    jobs = dry_run_job_counts(result.stdout)
     assert jobs.get("collect_metrics") == 5 and jobs.get("fit_hmm") == 2  # 7 runs in 5 blocks
     assert jobs.get("joint_comparison") == 1
     assert not {"train", "gradinit", "sparse_retrain", "evaluate", "data"} & set(jobs)
@@ -212,23 +199,6 @@ def test_block_jobs_write_manifests_and_per_seed_files(smoke_run: Path) -> None:
         assert summary["seed_block"] == 2 and summary["status"] == "completed"
     planned = json.loads((smoke_run / "planned_jobs.json").read_text())
     assert planned["train"] == 4  # 2 sparse-parity blocks + 2 digits cells (seed_block 1)
-
-
-def _dry_run_job_counts(output: str) -> dict[str, int]:
-    """Parse Snakemake's 'Job stats' table of a dry run."""
-    counts, in_table = {}, False
-    for line in output.splitlines():
-        if line.startswith("job ") and "count" in line:
-            in_table = True
-            continue
-        if in_table:
-            parts = line.split()
-            if len(parts) == 2 and parts[1].isdigit():
-                if parts[0] != "total":
-                    counts[parts[0]] = int(parts[1])
-            elif parts and not set(line.strip()) <= {"-", " "}:
-                break
-    return counts
 
 
 def test_snakemake_lint_is_clean(repo_root: Path) -> None:

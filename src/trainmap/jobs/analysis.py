@@ -31,6 +31,7 @@ from trainmap.dynamics.tables import read_metric_table
 from trainmap.grid import Cell
 from trainmap.io import block_manifest_of, load_json, save_json
 from trainmap.jobs.common import settings_hash
+from trainmap.lineage import check_files
 from trainmap.seed_groups import log_group, log_joint
 from trainmap.tracking import RuleRun, log_cell_metrics, rule_run
 
@@ -41,7 +42,9 @@ def read_group_runs(
     """Metric tables and outcomes (convergence step, status) keyed by run label. Tables are read
     strictly (trainmap.dynamics.tables): NaN or Inf metrics only in a run whose evaluation says it
     diverged; a damaged table stops the job naming the file, column, step and the block manifest
-    to delete."""
+    to delete. Each table must be the one its block's manifest records, made from the runs that
+    sit upstream now (trainmap.lineage), or the job stops before fitting anything."""
+    check_files(metrics_paths)
     outcomes = group_outcomes(evaluation_paths, labels)
 
     def rerun_collect_metrics(path: str) -> str:
@@ -64,7 +67,9 @@ def joint_run_ids(labels: list[str], cells: list[dict]) -> list[str]:
 
 
 def group_outcomes(evaluation_paths: list[str], labels: list[str]) -> Outcomes:
-    """Outcomes (convergence step, status) keyed by run label, from the runs' evaluations."""
+    """Outcomes (convergence step, status) keyed by run label, from the runs' evaluations (each
+    checked against its block's manifest: trainmap.lineage)."""
+    check_files(evaluation_paths)
     evaluations = [load_json(path) for path in evaluation_paths]
     return Outcomes(
         convergence={label: e["convergence_step"] for label, e in zip(labels, evaluations,

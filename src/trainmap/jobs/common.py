@@ -31,6 +31,14 @@ from tqdm.auto import tqdm
 
 from trainmap.grid import Cell, SeedRange
 from trainmap.io import save_json
+from trainmap.lineage import (
+    FILES,
+    MADE_FROM,
+    check_current,
+    check_file,
+    directory_hashes,
+    made_from,
+)
 from trainmap.tracking import RuleRun, rule_run
 
 Result = TypeVar("Result")
@@ -48,6 +56,10 @@ class SeedRangeJob:
 
     A looping job calls :meth:`for_each_cell`; a vectorised one opens every cell's run at once
     (:meth:`runs`) around the one call that trains them all. Both end with :meth:`write_manifest`.
+
+    What the job reads goes through :meth:`input_file` (a file an upstream block wrote, checked
+    against that block's manifest) and :meth:`uses` (any other input, e.g. the dataset): the
+    manifest records them as what the block was made from (trainmap.lineage).
     """
 
     def __init__(
@@ -63,6 +75,25 @@ class SeedRangeJob:
         self.manifest = Path(manifest)
         self.tracking = tracking
         self.cell_hashes = cell_hashes
+        self.inputs: set[str] = set()
+
+    def input_file(self, manifest: str | Path, cell: Cell, name: str) -> Path:
+        """``cell``'s file ``name`` that the upstream block of ``manifest`` wrote, checked to be
+        the file that manifest records and the manifest to be current (trainmap.lineage); the
+        manifest becomes one of what this block is made from."""
+        path = check_file(cell_file(manifest, cell, name), manifest)
+        self.inputs.add(str(manifest))
+        return path
+
+    def uses(self, *paths: str | Path | None) -> None:
+        """Record ``paths`` (inputs read whole, e.g. the dataset or an upstream manifest) as what
+        this block is made from; a manifest among them must be current."""
+        for path in paths:
+            if path is None:
+                continue
+            if str(path).endswith(".json"):
+                check_current(path)
+            self.inputs.add(str(path))
 
     @property
     def cells(self) -> list[Cell]:
@@ -102,9 +133,12 @@ class SeedRangeJob:
             yield [stack.enter_context(self.run(cell, params)) for cell in self.cells]
 
     def write_manifest(self, entries: Iterable[Mapping[str, Any]], **extra: Any) -> None:
-        """The job's declared output: its cells, each with its ``entries`` item (what it wrote,
-        its status), in seed order."""
-        write_manifest(self.manifest, self.rule, self.seed_range, list(entries), **extra)
+        """The job's declared output: its cells, each with its ``entries`` item (its status) and
+        the SHA-256 of every file it wrote, in seed order; and what the block was made from."""
+        entries = [{**entry, FILES: directory_hashes(self.seed_dir(cell))}
+                   for cell, entry in zip(self.cells, entries, strict=True)]  # fmt: skip
+        write_manifest(self.manifest, self.rule, self.seed_range, entries,
+                       **{MADE_FROM: made_from(self.manifest, self.inputs)}, **extra)  # fmt: skip
 
 
 # --- seed ranges' files and manifests -------------------------------------------------------------

@@ -14,7 +14,8 @@ from trainmap.evaluation import compression_table, evaluate_run, group_metrics, 
 from trainmap.evaluation.plots import plot_compression, plot_learning_curves
 from trainmap.grid import Cell, SeedRange, is_sparse
 from trainmap.io import load_json, save_json, save_table
-from trainmap.jobs.common import SeedRangeJob, cell_file
+from trainmap.jobs.common import SeedRangeJob
+from trainmap.lineage import check_files
 from trainmap.tracking import RuleRun, rule_run
 
 FORM_METRICS = ("test_acc", "bytes_on_disk", "latency_ms", "nonzero_weights")
@@ -38,20 +39,26 @@ def evaluate_block_job(
     has them (``deploy_manifest``, ``quantize_manifest``)."""
     job = SeedRangeJob("evaluate", block, manifest, tracking, cell_hashes)
     torch.set_num_threads(threads)
+    job.uses(data_path)
     data = load_task_data(data_path)
 
     def evaluate(cell: Cell, run: RuleRun) -> dict[str, Any]:
         other_forms = []
         if deploy_manifest:
             other_forms.append(
-                {"form": "deploy", "model_path": cell_file(deploy_manifest, cell, "deploy.pt")}
+                {"form": "deploy", "model_path": job.input_file(deploy_manifest, cell, "deploy.pt")}
             )
         if quantize_manifest:
-            other_forms += load_json(cell_file(quantize_manifest, cell, "quantize.json"))["forms"]
+            forms = load_json(job.input_file(quantize_manifest, cell, "quantize.json"))["forms"]
+            for form in forms:  # the quantised models and packed bytes the block wrote
+                for key in ("model_path", "bytes_path"):
+                    if key in form:
+                        job.input_file(quantize_manifest, cell, Path(form[key]).name)
+            other_forms += forms
         record = evaluate_run(
-            cell_file(run_manifest, cell, "model.pt"),
-            pd.read_csv(cell_file(run_manifest, cell, "history.csv")),
-            load_json(cell_file(run_manifest, cell, "train.json")),
+            job.input_file(run_manifest, cell, "model.pt"),
+            pd.read_csv(job.input_file(run_manifest, cell, "history.csv")),
+            load_json(job.input_file(run_manifest, cell, "train.json")),
             data,
             threshold=settings["threshold"],
             latency_batch=settings.get("latency_batch", 256),
@@ -101,7 +108,9 @@ def summary_job(
     tracking: Mapping[str, str],
 ) -> pd.DataFrame:
     """Rule ``summary``: the grid-wide evaluation table, the compression view (every form of every
-    run), DVC metrics, learning curves and accuracy against bytes."""
+    run), DVC metrics, learning curves and accuracy against bytes. The evaluations and histories
+    must be those their blocks' manifests record (trainmap.lineage)."""
+    check_files([*evaluation_paths, *history_paths])
     records = [load_json(path) for path in evaluation_paths]
     frame = summarise(records)
     forms = compression_table(records)

@@ -51,6 +51,7 @@ def gradinit_block_job(
     torch.set_num_threads(threads)
     cfg = check_settings(settings)
     objective = options["objective"]
+    job.uses(data_path)
     data = load_task_data(data_path)
 
     def rescale(cell: Cell, run: RuleRun) -> GradInitReport:

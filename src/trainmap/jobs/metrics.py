@@ -11,7 +11,7 @@ import torch
 from trainmap.dynamics.metrics import collect_run_metrics
 from trainmap.grid import Cell, SeedRange
 from trainmap.io import load_torch, write_atomic
-from trainmap.jobs.common import SeedRangeJob, cell_file
+from trainmap.jobs.common import SeedRangeJob
 from trainmap.models import build_model
 from trainmap.models.repvgg import RepVGG, deploy_trajectory
 from trainmap.tracking import RuleRun
@@ -41,15 +41,15 @@ def collect_metrics_block_job(
     torch.set_num_threads(threads)
 
     def collect(cell: Cell, run: RuleRun) -> pd.DataFrame:
-        saved = load_torch(cell_file(run_manifest, cell, "model.pt"))
+        saved = load_torch(job.input_file(run_manifest, cell, "model.pt"))
         structure = build_model(saved["arch"], saved["meta"], **saved["model_options"])
-        trajectory = load_trajectory(cell_file(run_manifest, cell, "trajectory.pt"))
+        trajectory = load_trajectory(job.input_file(run_manifest, cell, "trajectory.pt"))
         fused = repvgg_weights == "deploy" and isinstance(structure, RepVGG)
         run.log_params({"metrics": convention, "weights": "deploy" if fused else "train"})
         if fused:
             state, structure = deploy_trajectory(trajectory["state"], structure)
             trajectory = {"step": trajectory["step"], "state": state}
-        history = pd.read_csv(cell_file(run_manifest, cell, "history.csv"))
+        history = pd.read_csv(job.input_file(run_manifest, cell, "history.csv"))
         table = collect_run_metrics(trajectory, structure, history, convention)
         output = job.seed_dir(cell) / "metrics.csv"
         write_atomic(output, lambda tmp: table.to_csv(tmp, index=False))

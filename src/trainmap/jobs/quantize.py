@@ -11,7 +11,7 @@ import torch
 from trainmap.data import load_task_data
 from trainmap.grid import Cell, SeedRange
 from trainmap.io import load_torch, save_json
-from trainmap.jobs.common import SeedRangeJob, cell_file
+from trainmap.jobs.common import SeedRangeJob
 from trainmap.methods.quantize import quantize_model, save_packed, save_quantized
 from trainmap.tracking import RuleRun
 from trainmap.training.checkpoints import model_from_checkpoint
@@ -34,11 +34,12 @@ def quantize_block_job(
     the forms ``evaluate`` measures (bytes on disk = the packed file)."""
     job = SeedRangeJob("quantize", block, manifest, tracking, cell_hashes)
     torch.set_num_threads(threads)
+    job.uses(data_path)
     data = load_task_data(data_path)
     calibration = data.x_train[:calibration_batch]
 
     def quantize(cell: Cell, run: RuleRun) -> dict[str, Any]:
-        model_path = cell_file(run_manifest, cell, "model.pt")
+        model_path = job.input_file(run_manifest, cell, "model.pt")
         source = load_torch(model_path)
         model = model_from_checkpoint(source)
         out_dir = job.seed_dir(cell)

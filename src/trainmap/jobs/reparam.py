@@ -11,7 +11,7 @@ import torch
 from trainmap.data import load_task_data
 from trainmap.grid import Cell, SeedRange
 from trainmap.io import load_torch, save_json
-from trainmap.jobs.common import SeedRangeJob, cell_file
+from trainmap.jobs.common import SeedRangeJob
 from trainmap.models import count_parameters
 from trainmap.models.repvgg import check_equivalence, save_deploy, to_deploy
 from trainmap.tracking import RuleRun
@@ -32,10 +32,11 @@ def reparam_block_job(
     check it against the trained model on the test set (``equivalence.json``)."""
     job = SeedRangeJob("reparam", block, manifest, tracking, cell_hashes)
     torch.set_num_threads(threads)
+    job.uses(data_path)
     data = load_task_data(data_path)
 
     def fuse(cell: Cell, run: RuleRun) -> dict[str, Any]:
-        saved = load_torch(cell_file(train_manifest, cell, "model.pt"))
+        saved = load_torch(job.input_file(train_manifest, cell, "model.pt"))
         trained = model_from_checkpoint(saved)
         info = {key: saved[key] for key in ("arch", "model_options", "meta", "method", "seed")}
         out = job.seed_dir(cell)

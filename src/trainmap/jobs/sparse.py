@@ -12,7 +12,7 @@ import torch
 from trainmap.data import load_task_data
 from trainmap.grid import Cell, SeedRange
 from trainmap.io import load_torch, write_atomic
-from trainmap.jobs.common import SeedRangeJob, cell_file, settings_hash
+from trainmap.jobs.common import SeedRangeJob, settings_hash
 from trainmap.methods.sparse import check_settings, plot_flip_rates, run_sparse_block, start_step
 from trainmap.tracking import rule_run
 from trainmap.training.checkpoints import model_from_checkpoint
@@ -42,14 +42,15 @@ def sparse_block_job(
     cells = job.cells
     torch.set_num_threads(threads)
     cfg = check_settings(settings)
-    saved = [load_torch(cell_file(teacher_manifest, cell, "model.pt")) for cell in cells]
+    saved = [load_torch(job.input_file(teacher_manifest, cell, "model.pt")) for cell in cells]
     teachers = [model_from_checkpoint(checkpoint) for checkpoint in saved]
     step = start_step(cfg["start"])
     starts = None if step is None else [
-        dense_checkpoint(checkpoint, cell_file(teacher_manifest, cell, "trajectory.pt"), step)
+        dense_checkpoint(checkpoint, job.input_file(teacher_manifest, cell, "trajectory.pt"), step)
         for cell, checkpoint in zip(cells, saved, strict=True)
     ]  # fmt: skip
     model_options = saved[0]["model_options"]
+    job.uses(data_path)
     data = load_task_data(data_path)
     infos = [{"arch": c.arch, "method": c.method, "seed": c.seed, "model_options": model_options,
               "meta": data.meta} for c in cells]  # fmt: skip

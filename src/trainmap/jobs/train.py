@@ -12,7 +12,7 @@ import torch
 from trainmap.data import load_task_data
 from trainmap.grid import SeedRange
 from trainmap.io import load_torch
-from trainmap.jobs.common import SeedRangeJob, cell_file, settings_hash
+from trainmap.jobs.common import SeedRangeJob, settings_hash
 from trainmap.training.loop import TrainConfig, TrainPaths, build_cell_model, train_block
 
 
@@ -35,12 +35,13 @@ def train_block_job(
     job = SeedRangeJob("train", block, manifest, tracking, cell_hashes)
     cells = job.cells
     torch.set_num_threads(threads)
+    job.uses(data_path)
     data = load_task_data(data_path)
     cfg = TrainConfig.from_dict(train_settings)
     models = [build_cell_model(c.arch, c.method, c.seed, data.meta, model_options) for c in cells]
     if init_manifest:
         for model, cell in zip(models, cells, strict=True):
-            saved = load_torch(cell_file(init_manifest, cell, "init.pt"))
+            saved = load_torch(job.input_file(init_manifest, cell, "init.pt"))
             model.load_state_dict(saved["state_dict"])
     paths = [TrainPaths.in_directory(job.seed_dir(cell)) for cell in cells]
     params = {"model": model_options, "train": asdict(cfg), "threads": threads,
