@@ -55,6 +55,8 @@ run: setup dvc-remote  ## the study on CONFIG (default: the embedded grid); vers
 	    echo "Not versioned by DVC: dvc.yaml runs $(DVC_CONFIG) (params.yaml: dvc.configfile)"; \
 	fi
 	@echo "Evaluation table: results/summary/evaluation.csv   Report: make report   Runs: make mlflow-ui"
+	@# The published answer (README, "What it found"): every result file's sha256 beside the config.
+	@$(RUN) python -m trainmap.digest check $(basename $(CONFIG)).results.sha256 results
 
 # paper: the training-maps paper's settings this machine can run (PAPER_CONFIG=config/paper.yaml
 # for every setting, on a GPU node with the MNIST/CIFAR-100 files).
