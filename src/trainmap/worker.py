@@ -19,6 +19,9 @@ Safety:
   from its last resume state on the rerun, as without the server.
 * Without a server (cluster executors, ``TRAINMAP_WORKER=off``, or a server that cannot be
   reached), :func:`run_job` runs the function in its own process: slower to start, same result.
+* Portable mode (:mod:`trainmap.portable`, ``$TRAINMAP_PORTABLE``): the server sets its pins before
+  its imports and every job sets them from its own environment before its first torch operation,
+  in the forked child or in its own process alike; a job that cannot have them fails.
 
 Access: the socket is created 0600 inside a fresh 0700 directory (``tempfile.mkdtemp``), whatever
 the umask, and the server only answers clients of its own user (``SO_PEERCRED``). It runs only job
@@ -48,6 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from trainmap.jobs import JOB_MODULES
+from trainmap.portable import apply_portable_mode
 
 SOCKET_ENV = "TRAINMAP_WORKER_SOCKET"
 SWITCH_ENV = "TRAINMAP_WORKER"  # "off" disables the server
@@ -116,6 +120,7 @@ def run_job(function: str, log: str, **kwargs: Any) -> None:
 
         load_exported_plugins()  # the workflow's plugins, as the server would have them
         with logged_to(log):
+            apply_portable_mode(strict=True)  # before the job's first torch operation
             call_timed(function, log, kwargs)
         return
     if status != 0:
@@ -179,6 +184,7 @@ def serve(
     """
     owner = os.getppid()
     _check_private_directory(Path(path).parent)
+    apply_portable_mode()  # before any import could run a torch operation
     for module in WARM_MODULES:
         importlib.import_module(module)
     # The workflow's plugins ($TRAINMAP_PLUGINS, inherited from Snakemake), before any fork: every
@@ -284,6 +290,7 @@ def _run_child(connection: socket.socket, job_modules: tuple[str, ...] = JOB_MOD
         os.environ.clear()
         os.environ.update(request["env"])
         _redirect_output(request["log"])
+        apply_portable_mode(strict=True)  # the job's own $TRAINMAP_PORTABLE; torch has not run yet
         threading.Thread(target=_die_with_client, args=(connection,), daemon=True).start()
         call_timed(request["function"], request["log"], request["kwargs"], run=function)
         status = 0

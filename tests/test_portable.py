@@ -1,0 +1,182 @@
+"""Portable numbers (issue 31): with the pin, every code path this CPU can be forced into gives the
+same bits; without it, some give others (so the comparison can fail)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import types
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import torch
+
+from trainmap.portable import (
+    PORTABLE_ENV,
+    SWITCH_ENV,
+    apply_portable_mode,
+    conflicts,
+    portable_enabled,
+    portable_environment,
+)
+
+# --- the module ------------------------------------------------------------------------------------
+
+
+def test_the_portable_environment_pins_every_library_and_says_so():
+    assert portable_environment(True) == {**PORTABLE_ENV, SWITCH_ENV: "1"}
+    assert set(PORTABLE_ENV) >= {"ATEN_CPU_CAPABILITY", "MKL_CBWR", "ONEDNN_MAX_CPU_ISA"}
+    assert portable_environment(False) == {SWITCH_ENV: "0"}  # off leaves the libraries' own choice
+
+
+@pytest.mark.parametrize(("value", "enabled"), [(None, True), ("1", True), ("on", True),
+                                                ("0", False), ("off", False)])  # fmt: skip
+def test_the_switch_is_on_unless_turned_off(value, enabled):
+    assert portable_enabled({} if value is None else {SWITCH_ENV: value}) is enabled
+
+
+def test_applying_overrides_what_the_environment_forced(monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch", fake_torch("DEFAULT"))
+    environ = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2", "PATH": "/bin"}
+    assert conflicts(environ)  # forced elsewhere: named
+    assert apply_portable_mode(True, environ) == []
+    assert environ == {"PATH": "/bin", **PORTABLE_ENV, SWITCH_ENV: "1"}
+    environ = {"MKL_CBWR": "AVX2", SWITCH_ENV: "off"}
+    assert apply_portable_mode(None, environ) == [] and environ == {"MKL_CBWR": "AVX2",
+                                                                     SWITCH_ENV: "0"}  # fmt: skip
+
+
+def test_torch_already_running_another_path_is_named(monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch", fake_torch("AVX2"))
+    with pytest.warns(UserWarning, match="CPU capability AVX2, not DEFAULT"):
+        assert len(apply_portable_mode(True, {})) == 1
+    with pytest.raises(RuntimeError, match="after torch's first operation"):
+        apply_portable_mode(True, {}, strict=True)
+    assert apply_portable_mode(False, {}, strict=True) == []  # off: nothing to hold
+
+
+def fake_torch(capability: str) -> types.ModuleType:
+    module = types.ModuleType("torch")
+    cpu = types.SimpleNamespace(get_cpu_capability=lambda: capability)
+    module.backends = types.SimpleNamespace(cpu=cpu)
+    return module
+
+
+# --- the libraries read the pins at their first use ------------------------------------------------
+
+LIBRARIES_READ = """
+import os, sys
+import torch  # importing torch reads none of the pins
+from trainmap.portable import apply_portable_mode
+if sys.argv[1] == "late":
+    torch.ones(3).sum()
+found = apply_portable_mode(True)
+torch.randn(64, 64) @ torch.randn(64, 64)
+torch.nn.functional.conv2d(torch.randn(2, 3, 8, 8), torch.randn(4, 3, 3, 3))
+print("capability", torch.backends.cpu.get_cpu_capability(), "conflicts", len(found))
+"""
+
+
+def libraries_read(when: str) -> str:
+    environ = clean_environment() | {"MKL_VERBOSE": "1", "ONEDNN_VERBOSE": "1"}
+    result = subprocess.run([sys.executable, "-c", LIBRARIES_READ, when], env=environ,
+                            capture_output=True, text=True, check=True)  # fmt: skip
+    return result.stdout + result.stderr
+
+
+def test_aten_mkl_and_onednn_take_the_pinned_paths_set_after_import():
+    output = libraries_read("early")
+    assert "capability DEFAULT conflicts 0" in output
+    assert "CNR:COMPATIBLE" in output  # MKL's verbose line of the SGEMM (an AMD CPU too)
+    assert "isa:Intel SSE4.1" in output  # oneDNN's ISA line
+
+
+def test_a_pin_set_after_torch_ran_is_reported():
+    output = libraries_read("late")
+    assert "capability AVX2 conflicts 1" in output or "capability AVX512 conflicts 1" in output
+
+
+# --- same bits on every code path ----------------------------------------------------------------
+
+TRAIN = """
+import sys
+from pathlib import Path
+from trainmap.portable import apply_portable_mode
+apply_portable_mode(sys.argv[2] == "1")
+import torch
+from trainmap.data import make_task_data
+from trainmap.training.loop import TrainConfig, TrainPaths, build_cell_model, train_block
+torch.set_num_threads(1)  # the train rule's threads
+out = Path(sys.argv[1])
+blocks = [  # the default study's sparse parity MLP (with Adam: more ATen kernels) and digits RepVGG
+    ("sparse_parity", {"n_bits": 40, "k": 3, "n_train": 128, "n_test": 64}, "mlp", {"hidden": [128]},
+     {"optimizer": "adam", "lr": 1e-3, "batch_size": 32, "steps": 30, "checkpoint_every": 10}),
+    ("digits", {}, "repvgg", {"widths": [4, 8, 8, 16]},
+     {"lr": 0.05, "momentum": 0.9, "batch_size": 64, "steps": 4, "checkpoint_every": 2,
+      "schedule": "cosine", "grad_clip": 1.0}),
+]
+for index, (task, data_options, arch, options, settings) in enumerate(blocks):
+    data = make_task_data(task, data_options)
+    models = [build_cell_model(arch, "kaiming", s, data.meta, options) for s in (0, 1)]
+    cfg = TrainConfig.from_dict({**settings, "resume_every": 10**6})
+    paths = [TrainPaths.in_directory(out / f"block{index}" / f"seed{s}") for s in (0, 1)]
+    train_block(models, data, cfg, [0, 1], paths, resume_path=out / f"block{index}.resume.pt",
+                progress=False, fingerprint="portable")
+"""
+
+
+def code_paths() -> dict[str, dict[str, str]]:
+    """Every code path this CPU can be forced into, one library at a time ({}: its own choice)."""
+    paths = {"own choice": {}}
+    for capability in ("default", "avx2", "avx512"):
+        paths[f"ATen {capability}"] = {"ATEN_CPU_CAPABILITY": capability}
+    for branch in ("AUTO", "COMPATIBLE", "SSE4_2", "AVX", "AVX2", "AVX512"):
+        paths[f"MKL {branch}"] = {"MKL_CBWR": branch}
+    for isa in ("SSE41", "AVX", "AVX2", "AVX512_CORE"):
+        paths[f"oneDNN {isa}"] = {"ONEDNN_MAX_CPU_ISA": isa}
+    if not torch.cpu._is_avx512_supported():
+        # ATen would run AVX-512 kernels anyway and die of an illegal instruction; MKL and oneDNN
+        # fall back to this CPU's best path, which is already in the table.
+        paths = {name: env for name, env in paths.items() if "512" not in name}
+    return paths
+
+
+def clean_environment() -> dict[str, str]:
+    names = {*PORTABLE_ENV, SWITCH_ENV, "MKL_ENABLE_INSTRUCTIONS", "OMP_NUM_THREADS"}
+    return {k: v for k, v in os.environ.items() if k not in names}
+
+
+def train_digests(directory: Path, forced: dict[str, str], pinned: bool) -> dict[str, str]:
+    environ = clean_environment() | forced
+    subprocess.run([sys.executable, "-c", TRAIN, str(directory), str(int(pinned))], env=environ,
+                   check=True, capture_output=True)  # fmt: skip
+    return {str(path.relative_to(directory)): hashlib.sha256(path.read_bytes()).hexdigest()
+            for path in sorted(directory.rglob("*"))
+            if path.is_file() and ".timing." not in path.name}  # fmt: skip
+
+
+@pytest.mark.integration
+def test_every_code_path_gives_the_same_bits_with_the_pin_and_not_without(tmp_path):
+    if not torch.cpu._is_avx2_supported():
+        pytest.skip("this CPU has no AVX2: ATen and MKL offer it only one path")
+    paths = code_paths()
+    runs = [
+        (name, pinned)
+        for name in paths
+        for pinned in (True, False)
+        if pinned or name in ("own choice", "ATen default", "MKL COMPATIBLE", "oneDNN SSE41")
+    ]
+    with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
+        digests = dict(zip(runs, pool.map(
+            lambda run: train_digests(tmp_path / f"{run[0]}-{run[1]}", paths[run[0]], run[1]),
+            runs), strict=True))  # fmt: skip
+    pinned = {name: digest for (name, pin), digest in digests.items() if pin}
+    reference = pinned["own choice"]
+    assert len(reference) >= 2 * 2 * 4  # trajectory, model, history, summary per seed per block
+    assert {name for name, digest in pinned.items() if digest != reference} == set()
+    unpinned = {name: digest for (name, pin), digest in digests.items() if not pin}
+    # Without the pin each forced library changes the bits: the comparison above can fail.
+    assert len({tuple(sorted(digest.items())) for digest in unpinned.values()}) == len(unpinned)
