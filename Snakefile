@@ -5,6 +5,7 @@ from snakemake.utils import min_version
 from trainmap.grid import (
     check_config,
     check_config_files,
+    check_params_edits,
     config_problems_reported,
     validate_schema,
 )
@@ -30,10 +31,14 @@ configfile: "config/config.yaml"
 # Plugins (config key plugins, installed trainmap.plugins entry points) register their
 # architectures, data kinds and methods first; then workflow/schemas/config.schema.yaml and what a
 # schema cannot express (trainmap.grid). An error's first line reads `config key <path>: ...`.
+# Under DVC, a params.yaml key `dvc exp run -S` set must be the value the jobs read (issue 31).
 with config_problems_reported(VERBOSE):
     load_plugins(config.get("plugins"), workflow.basedir)
     validate_schema(config)
     check_config(config, base_dir=Path(workflow.basedir))
+    check_params_edits(
+        config, ["params.yaml", "config/config.yaml", *workflow.overwrite_configfiles]
+    )
 
 
 report: "workflow/report/workflow.rst"
@@ -50,6 +55,7 @@ include: "workflow/rules/evaluate.smk"
 include: "workflow/rules/external.smk"
 include: "workflow/rules/analysis.smk"
 include: "workflow/rules/paper.smk"
+include: "workflow/rules/settings.smk"
 
 
 rule all:

@@ -32,7 +32,8 @@ def dvc_project(tmp_path_factory) -> Path:
 
 def test_repro_runs_the_workflow_and_locks_outputs(dvc_project: Path) -> None:
     lock = yaml.safe_load((dvc_project / "dvc.lock").read_text())
-    assert set(lock["stages"]) == {"data", "gradinit", "train", "transform", "evaluate", "analysis"}
+    assert set(lock["stages"]) == {"settings", "data", "gradinit", "train", "transform", "evaluate",
+                                   "analysis"}  # fmt: skip
     train_outs = {out["path"] for out in lock["stages"]["train"]["outs"]}
     assert train_outs == {"results/train"}
     assert "train" in lock["stages"]["train"]["params"]["params.yaml"]

@@ -1,6 +1,7 @@
 """The study's grid: its configuration read strictly (:mod:`.files`), validated (:mod:`.validate`:
 the JSON schema, then what a schema cannot express) and expanded into cells and seed ranges
-(:mod:`.cells`). Errors: :class:`ConfigError` (:mod:`.errors`). ``python -m trainmap.grid FILE``
+(:mod:`.cells`); what the jobs read and the params.yaml edits a DVC run must honour
+(:mod:`.effective`). Errors: :class:`ConfigError` (:mod:`.errors`). ``python -m trainmap.grid FILE``
 checks a config file as the workflow will."""
 
 from __future__ import annotations
@@ -42,6 +43,12 @@ from trainmap.grid.cells import (
     teacher_cell,
     train_settings,
     trained_cells,
+)
+from trainmap.grid.effective import (
+    check_params_edits,
+    effective_settings,
+    params_edits,
+    save_effective_settings,
 )
 from trainmap.grid.errors import (
     ConfigError,
@@ -99,9 +106,11 @@ __all__ = [
     "cell_hash",
     "check_config",
     "check_config_files",
+    "check_params_edits",
     "config_problems_reported",
     "data_settings",
     "dense_cells_of",
+    "effective_settings",
     "did_you_mean",
     "evaluate_settings",
     "expand_grid",
@@ -124,11 +133,13 @@ __all__ = [
     "methods_without_stage",
     "model_settings",
     "paper_groups",
+    "params_edits",
     "quantized_schemes",
     "read_config_file",
     "method_retrains",
     "retrains",
     "round_ranges",
+    "save_effective_settings",
     "seed_block",
     "seed_ranges_of",
     "stage_settings",

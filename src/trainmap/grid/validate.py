@@ -53,6 +53,7 @@ from trainmap.grid.cells import (
     paper_groups,
     retrains,
 )
+from trainmap.grid.effective import params_edit_hint
 from trainmap.grid.errors import ConfigError, did_you_mean, key_path
 from trainmap.grid.external import check_external
 from trainmap.grid.files import YAML_LOADER, merge_config, read_config_file
@@ -234,7 +235,8 @@ def config_problems_reported(verbose: bool = False) -> Iterator[None]:
     """Entry points' handling of configuration problems: a :class:`ConfigError` prints its message
     alone (first line: the key) and exits with status 1, its traceback only with ``verbose`` (or
     ``$TRAINMAP_VERBOSE=1``); a warning prints as ``warning: <message>``, not Python's
-    ``file.py:380: UserWarning`` form."""
+    ``file.py:380: UserWarning`` form. Under DVC, an error about a key ``dvc exp run -S`` set says
+    so (:func:`~trainmap.grid.effective.params_edit_hint`)."""
     verbose = verbose or os.environ.get(VERBOSE_ENV) == "1"
 
     def show(message: Warning | str, *_: Any, **__: Any) -> None:
@@ -247,7 +249,7 @@ def config_problems_reported(verbose: bool = False) -> Iterator[None]:
         except ConfigError as error:
             if verbose:
                 traceback.print_exc(file=sys.stderr)
-            print(error, file=sys.stderr)
+            print(params_edit_hint(str(error)), file=sys.stderr)
             if not verbose:
                 print(f"(stopped before any job ran; {VERBOSE_ENV}=1 shows where in the code)",
                       file=sys.stderr)  # fmt: skip

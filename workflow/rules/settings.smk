@@ -1,0 +1,19 @@
+# What the grid's jobs read (trainmap.grid.effective_settings), written where DVC reads metrics:
+# `dvc exp show` shows the settings a run trained with, whichever config file set them (issue 31).
+
+
+rule effective_settings:
+    output:
+        settings="results/summary/settings.json",
+    log:
+        "logs/effective_settings.log",
+    conda:
+        "../envs/trainmap.yaml"
+    threads: 1
+    resources:
+        mem_mb=500,
+        runtime=5,
+    params:
+        settings=grid.effective_settings(config),
+    script:
+        "../scripts/effective_settings.py"
