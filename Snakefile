@@ -69,3 +69,5 @@ rule all:
         # Every dataset is a target too: a killed (forced) data job's missing file is remade by
         # the next plain run, and what depends on it reruns (issue 19).
         datasets_of_grid(),
+        # What the jobs read, as DVC metrics (dvc exp show; stage settings in dvc.yaml).
+        "results/summary/settings.json",

@@ -1,102 +1,175 @@
-"""Portable numbers: the same seed and config give the same bits on any x86-64 CPU (issue 31).
+"""Portable numbers: the same seed and config give the same bits on any x86-64 CPU of a level.
 
 A CPU run's bits depend on which code path each math library picks for the CPU it finds. Portable
-mode pins every such choice to the path that any x86-64 CPU can take:
+mode pins every such choice, so a seed's numbers no longer depend on which CPU runs it:
 
-* ``ATEN_CPU_CAPABILITY=default``: ATen's vectorised kernels (element-wise ops, reductions, the
-  optimisers' foreach updates) as compiled for baseline x86-64, not their AVX2 / AVX-512 builds;
-* ``MKL_CBWR=COMPATIBLE``: MKL's conditional numerical reproducibility, the branch that gives the
-  same results on Intel and non-Intel CPUs (torch's BLAS: every ``Linear`` and matmul);
-* ``ONEDNN_MAX_CPU_ISA=SSE41`` (and its old name ``DNNL_MAX_CPU_ISA``): oneDNN's JIT kernels, which
-  torch uses for convolutions, capped at SSE4.1 (oneDNN's lowest ISA);
-* ``OPENBLAS_CORETYPE=Nehalem``: the OpenBLAS kernels of numpy and scipy (the HMM fits of the
-  analysis), which otherwise follow the CPU (measured here: a full-covariance HMM fit gives other
-  bits under Haswell, Sandybridge and Nehalem kernels), pinned to x86-64-v2, numpy's own baseline;
-* ``NPY_DISABLE_CPU_FEATURES``: numpy's dispatched AVX2 / AVX-512 loops off, so its ufuncs run the
-  baseline build on every CPU (read when numpy is imported).
+* ATen's vectorised kernels (``ATEN_CPU_CAPABILITY``: element-wise ops, reductions, the optimisers'
+  foreach updates);
+* MKL's conditional numerical reproducibility branch (``MKL_CBWR``: torch's BLAS, every ``Linear``
+  and matmul; MKL honours it on AMD CPUs too);
+* oneDNN's JIT kernels (``ONEDNN_MAX_CPU_ISA`` and its old name ``DNNL_MAX_CPU_ISA``: torch's
+  convolutions);
+* OpenBLAS's kernels (``OPENBLAS_CORETYPE``: numpy's and scipy's BLAS, the HMM fits of the analysis;
+  measured here: a full-covariance HMM fit gives other bits under Haswell, Sandybridge and Nehalem
+  kernels);
+* numpy's dispatched loops (``NPY_DISABLE_CPU_FEATURES``, read when numpy is imported).
+
+Two levels (:data:`LEVELS`):
+
+* ``avx2`` (the default): every library on its AVX2 path, the one any x86-64 CPU with AVX2 and FMA
+  takes (Intel since 2013, AMD since 2015; every current server CPU), AVX-512 paths off. On an AVX2
+  CPU this is the libraries' own choice, so it costs nothing measurable (bench/portable.py); on an
+  AVX-512 CPU the same kernels as here run (measured on an AVX-512 EPYC: ATen and MKL's AVX2 and
+  AVX-512 paths gave one sha256 for a 300-step Adam run).
+* ``baseline``: every library on the path any x86-64 CPU takes (ATen ``default``, MKL
+  ``COMPATIBLE``, oneDNN SSE4.1, OpenBLAS Nehalem, numpy's x86-64-v2 baseline); about 2.5x slower on
+  the default study (training 2.9x, sparse retraining 5x, the maps 2x: a fresh clone's ``make run``
+  took 16 min 47 s against 6 min 27 s unpinned).
 
 Each library reads its variable once, at its first use (ATen at the first kernel dispatch, MKL at
-its first call, oneDNN at its first primitive), so the variables must be in ``os.environ`` before
-the process's first torch operation; importing torch alone reads none of them.
-:func:`apply_portable_mode` sets them, and :func:`conflicts` says when it came too late.
+its first call, oneDNN at its first primitive, OpenBLAS and numpy's dispatch when numpy loads), so
+the variables must be in ``os.environ`` before the process imports numpy and runs its first torch
+operation; :func:`apply_portable_mode` sets them, and :func:`conflicts` says when it came too late.
 
-What stays the same without a pin: the intra-op thread count is the job's own (the ``train`` rule
-runs one thread) and changes bits on its own, so it is part of the config, not of the CPU.
+What stays the config's: the intra-op thread count changes bits on its own (the training rules run
+one thread; the analysis limits BLAS to one thread where it fits).
 
 What it cannot cover: GPUs (cuBLAS / cuDNN choose kernels per device model), other architectures
-(ARM, POWER: other libraries, other kernels), other versions of torch, MKL or oneDNN (their baseline
-kernels may change), and CPUs older than x86-64-v2 (SSE4.2, 2008), which numpy itself needs.
+(ARM, POWER: other libraries, other kernels), other versions of torch, MKL, oneDNN or OpenBLAS (the
+lock file fixes them), and, for ``avx2``, CPUs without AVX2 (refused with the fix).
 
-Switch: ``TRAINMAP_PORTABLE`` in the environment Snakemake (or a cluster job) starts from: on by
-default (``1``), so the published default study reproduces on any x86-64 CPU; ``TRAINMAP_PORTABLE=0``
-gives each library the fastest path of the CPU it runs on (bench/portable.py: portable training
-runs at about 0.7 of that speed on an AVX2 CPU).
+Switch: ``TRAINMAP_PORTABLE`` in the environment Snakemake (or a cluster job) starts from: ``avx2``
+(default; ``1`` means it too), ``baseline``, or ``0`` (each library takes the fastest path of the CPU
+it runs on, and the numbers are that CPU's).
 """
 
 from __future__ import annotations
 
 import os
+import platform
 import sys
 import warnings
 from collections.abc import MutableMapping
+from pathlib import Path
 
-#: The switch: "1" (the default) or "0".
+#: The switch: a level of :data:`LEVELS` (``avx2``, the default, or ``baseline``), or ``0``.
 SWITCH_ENV = "TRAINMAP_PORTABLE"
-#: The environment of the portable mode; every library reads its variable at its first use.
-PORTABLE_ENV: dict[str, str] = {
-    "ATEN_CPU_CAPABILITY": "default",
-    "MKL_CBWR": "COMPATIBLE",
-    "ONEDNN_MAX_CPU_ISA": "SSE41",
-    "DNNL_MAX_CPU_ISA": "SSE41",
-    "OPENBLAS_CORETYPE": "Nehalem",
-    "NPY_DISABLE_CPU_FEATURES": "X86_V3 X86_V4 AVX512_ICL AVX512_SPR",
+DEFAULT_LEVEL = "avx2"
+#: Each level's environment; every library reads its variable at its first use.
+LEVELS: dict[str, dict[str, str]] = {
+    "avx2": {
+        "ATEN_CPU_CAPABILITY": "avx2",
+        "MKL_CBWR": "AVX2",
+        "ONEDNN_MAX_CPU_ISA": "AVX2",
+        "DNNL_MAX_CPU_ISA": "AVX2",
+        "OPENBLAS_CORETYPE": "Haswell",
+        "NPY_DISABLE_CPU_FEATURES": "X86_V4 AVX512_ICL AVX512_SPR",
+    },
+    "baseline": {
+        "ATEN_CPU_CAPABILITY": "default",
+        "MKL_CBWR": "COMPATIBLE",
+        "ONEDNN_MAX_CPU_ISA": "SSE41",
+        "DNNL_MAX_CPU_ISA": "SSE41",
+        "OPENBLAS_CORETYPE": "Nehalem",
+        "NPY_DISABLE_CPU_FEATURES": "X86_V3 X86_V4 AVX512_ICL AVX512_SPR",
+    },
 }
-#: What ``torch.backends.cpu.get_cpu_capability()`` reports under the pin.
-PORTABLE_CPU_CAPABILITY = "DEFAULT"
+#: The default level's environment.
+PORTABLE_ENV = LEVELS[DEFAULT_LEVEL]
+#: What ``torch.backends.cpu.get_cpu_capability()`` reports under each level.
+CPU_CAPABILITY = {"avx2": "AVX2", "baseline": "DEFAULT"}
+_ON = {"1", "on", "true", "yes"}
+_OFF = {"0", "off", "false", "no"}
+
+
+def portable_level(environ: MutableMapping[str, str] = os.environ) -> str | None:
+    """The level ``$TRAINMAP_PORTABLE`` asks for (unset: :data:`DEFAULT_LEVEL`), None when off; a
+    value that is neither is refused with the choices."""
+    value = environ.get(SWITCH_ENV, DEFAULT_LEVEL).strip().lower()
+    if value in _OFF:
+        return None
+    if value in _ON:
+        return DEFAULT_LEVEL
+    if value not in LEVELS:
+        raise ValueError(f"{SWITCH_ENV}={value!r}: choose one of {', '.join(LEVELS)} or 0 (off)")
+    return value
 
 
 def portable_enabled(environ: MutableMapping[str, str] = os.environ) -> bool:
-    """Whether portable mode is on: ``$TRAINMAP_PORTABLE`` unset or 1/on/true/yes."""
-    return environ.get(SWITCH_ENV, "1").strip().lower() in {"1", "on", "true", "yes"}
+    """Whether portable mode is on (``$TRAINMAP_PORTABLE`` unset, a level, or 1/on/true/yes)."""
+    return portable_level(environ) is not None
 
 
-def portable_environment(enabled: bool) -> dict[str, str]:
-    """The variables to set for portable mode on (the pins and the switch) or off (the switch)."""
-    return {**PORTABLE_ENV, SWITCH_ENV: "1"} if enabled else {SWITCH_ENV: "0"}
+def _level_of(enabled: bool | str) -> str | None:
+    if enabled is True:
+        return DEFAULT_LEVEL
+    return enabled or None
 
 
-def conflicts(environ: MutableMapping[str, str] = os.environ) -> list[str]:
-    """Why this process may not compute with the pinned code paths: a pinned variable that differs
-    in ``environ``, or ATen already dispatching with another CPU capability (torch ran before the
-    pin was set). Empty when portable mode holds, as far as can be seen from Python (MKL and oneDNN
-    cannot be asked which path they took)."""
+def portable_environment(enabled: bool | str) -> dict[str, str]:
+    """The variables to set for a level (``True``: the default level) or for off (``False``)."""
+    level = _level_of(enabled)
+    return {**LEVELS[level], SWITCH_ENV: level} if level else {SWITCH_ENV: "0"}
+
+
+def cpu_problem(level: str) -> str | None:
+    """Why this CPU cannot take ``level`` (Linux: from /proc/cpuinfo's flags), None when it can."""
+    if platform.machine().lower() not in {"x86_64", "amd64"}:
+        return (f"portable mode pins x86-64 code paths, and this is a {platform.machine()} CPU: "
+                f"set {SWITCH_ENV}=0 (its numbers are then this CPU's)")  # fmt: skip
+    if level != "avx2":
+        return None
+    try:
+        flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines()
+                     if line.startswith("flags")).split()  # fmt: skip
+    except (OSError, StopIteration):
+        return None  # not Linux: the libraries fall back to this CPU's best path
+    if not {"avx2", "fma"} <= set(flags):
+        return (f"portable mode {level!r} runs AVX2 kernels, and this CPU has no AVX2/FMA: set "
+                f"{SWITCH_ENV}=baseline (any x86-64 CPU; about 2.5x slower) or {SWITCH_ENV}=0")  # fmt: skip
+    return None
+
+
+def conflicts(environ: MutableMapping[str, str] = os.environ, level: str | None = None) -> list[str]:
+    """Why this process may not compute with ``level``'s code paths (None: the one ``environ``
+    asks for): a pinned variable that differs in ``environ``, or ATen already dispatching with
+    another CPU capability (torch ran before the pin was set). Empty when the pin holds, as far as
+    can be seen from Python (MKL and oneDNN cannot be asked which path they took)."""
+    level = level or portable_level(environ) or DEFAULT_LEVEL
     found = [f"{name}={environ.get(name)!r}, not {value!r}"
-             for name, value in PORTABLE_ENV.items() if environ.get(name) != value]  # fmt: skip
+             for name, value in LEVELS[level].items() if environ.get(name) != value]  # fmt: skip
     torch = sys.modules.get("torch")
     if torch is not None:
         capability = torch.backends.cpu.get_cpu_capability()  # read once per process, then fixed
-        if capability != PORTABLE_CPU_CAPABILITY:
+        if capability != CPU_CAPABILITY[level]:
             found.append(f"torch already runs with CPU capability {capability}, not "
-                         f"{PORTABLE_CPU_CAPABILITY}: portable mode was set after torch's first "
+                         f"{CPU_CAPABILITY[level]}: portable mode was set after torch's first "
                          "operation")  # fmt: skip
     return found
 
 
 def apply_portable_mode(
-    enabled: bool | None = None,
+    enabled: bool | str | None = None,
     environ: MutableMapping[str, str] = os.environ,
     *,
     strict: bool = False,
 ) -> list[str]:
-    """Set portable mode's variables in ``environ`` (``enabled`` None: as ``$TRAINMAP_PORTABLE``
-    says). Call it before the process's first torch operation. Returns :func:`conflicts` (empty
-    when off) after a warning naming them, or raises ``RuntimeError`` with them when ``strict``."""
-    if enabled is None:
-        enabled = portable_enabled(environ)
-    environ.update(portable_environment(enabled))
-    found = conflicts(environ) if enabled else []
+    """Set a level's variables in ``environ`` (``enabled`` None: as ``$TRAINMAP_PORTABLE`` says;
+    True: the default level; a level's name; False: off). Call it before the process imports
+    numpy and runs its first torch operation. Returns :func:`conflicts` (empty when off) after a
+    warning naming them, or raises ``RuntimeError`` with them when ``strict``; a CPU the level
+    cannot run on is refused the same way."""
+    level = portable_level(environ) if enabled is None else _level_of(enabled)
+    problem = cpu_problem(level) if level else None
+    if problem:
+        if strict:
+            raise RuntimeError(problem)
+        warnings.warn(problem, stacklevel=2)
+        level = None
+    environ.update(portable_environment(level or False))
+    found = conflicts(environ, level) if level else []
     if found:
-        message = "trainmap portable mode does not hold: " + "; ".join(found)
+        message = f"trainmap portable mode {level!r} does not hold: " + "; ".join(found)
         if strict:
             raise RuntimeError(message)
         warnings.warn(message, stacklevel=2)
