@@ -15,21 +15,40 @@ import pytest
 import torch
 
 from trainmap.portable import (
+    LEVELS,
     PORTABLE_ENV,
     SWITCH_ENV,
     apply_portable_mode,
     conflicts,
+    cpu_problem,
     portable_enabled,
     portable_environment,
+    portable_level,
 )
 
 # --- the module ------------------------------------------------------------------------------------
 
 
 def test_the_portable_environment_pins_every_library_and_says_so():
-    assert portable_environment(True) == {**PORTABLE_ENV, SWITCH_ENV: "1"}
-    assert set(PORTABLE_ENV) >= {"ATEN_CPU_CAPABILITY", "MKL_CBWR", "ONEDNN_MAX_CPU_ISA"}
+    assert portable_environment(True) == {**PORTABLE_ENV, SWITCH_ENV: "avx2"}
+    assert portable_environment("baseline") == {**LEVELS["baseline"], SWITCH_ENV: "baseline"}
+    for level in LEVELS.values():  # every level pins the same libraries
+        assert set(level) == {"ATEN_CPU_CAPABILITY", "MKL_CBWR", "ONEDNN_MAX_CPU_ISA",
+                              "DNNL_MAX_CPU_ISA", "OPENBLAS_CORETYPE", "NPY_DISABLE_CPU_FEATURES"}  # fmt: skip
     assert portable_environment(False) == {SWITCH_ENV: "0"}  # off leaves the libraries' own choice
+
+
+def test_the_level_is_named_and_a_wrong_one_refused():
+    assert portable_level({}) == "avx2" and portable_level({SWITCH_ENV: "baseline"}) == "baseline"
+    with pytest.raises(ValueError, match="TRAINMAP_PORTABLE='avx512': choose one of avx2, baseline"):
+        portable_level({SWITCH_ENV: "avx512"})
+
+
+def test_a_cpu_a_level_cannot_run_on_is_refused_with_the_fix(monkeypatch):
+    monkeypatch.setattr("platform.machine", lambda: "aarch64")
+    assert "TRAINMAP_PORTABLE=0" in cpu_problem("avx2")
+    with pytest.raises(RuntimeError, match="aarch64"):
+        apply_portable_mode(True, {}, strict=True)
 
 
 @pytest.mark.parametrize(("value", "enabled"), [(None, True), ("1", True), ("on", True),
@@ -41,9 +60,9 @@ def test_the_switch_is_on_unless_turned_off(value, enabled):
 def test_applying_overrides_what_the_environment_forced(monkeypatch):
     monkeypatch.setitem(sys.modules, "torch", fake_torch("DEFAULT"))
     environ = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2", "PATH": "/bin"}
-    assert conflicts(environ)  # forced elsewhere: named
-    assert apply_portable_mode(True, environ) == []
-    assert environ == {"PATH": "/bin", **PORTABLE_ENV, SWITCH_ENV: "1"}
+    assert conflicts(environ, "baseline")  # forced elsewhere: named
+    assert apply_portable_mode("baseline", environ) == []
+    assert environ == {"PATH": "/bin", **LEVELS["baseline"], SWITCH_ENV: "baseline"}
     environ = {"MKL_CBWR": "AVX2", SWITCH_ENV: "off"}
     assert apply_portable_mode(None, environ) == [] and environ == {"MKL_CBWR": "AVX2",
                                                                      SWITCH_ENV: "0"}  # fmt: skip
@@ -52,9 +71,10 @@ def test_applying_overrides_what_the_environment_forced(monkeypatch):
 def test_torch_already_running_another_path_is_named(monkeypatch):
     monkeypatch.setitem(sys.modules, "torch", fake_torch("AVX2"))
     with pytest.warns(UserWarning, match="CPU capability AVX2, not DEFAULT"):
-        assert len(apply_portable_mode(True, {})) == 1
+        assert len(apply_portable_mode("baseline", {})) == 1
     with pytest.raises(RuntimeError, match="after torch's first operation"):
-        apply_portable_mode(True, {}, strict=True)
+        apply_portable_mode("baseline", {}, strict=True)
+    assert apply_portable_mode("avx2", {}) == []  # the capability the avx2 level asks for
     assert apply_portable_mode(False, {}, strict=True) == []  # off: nothing to hold
 
 
@@ -73,29 +93,35 @@ import torch  # importing torch reads none of the pins
 from trainmap.portable import apply_portable_mode
 if sys.argv[1] == "late":
     torch.ones(3).sum()
-found = apply_portable_mode(True)
+found = apply_portable_mode(sys.argv[2])
 torch.randn(64, 64) @ torch.randn(64, 64)
 torch.nn.functional.conv2d(torch.randn(2, 3, 8, 8), torch.randn(4, 3, 3, 3))
 print("capability", torch.backends.cpu.get_cpu_capability(), "conflicts", len(found))
 """
 
 
-def libraries_read(when: str) -> str:
+def libraries_read(when: str, level: str) -> str:
     environ = clean_environment() | {"MKL_VERBOSE": "1", "ONEDNN_VERBOSE": "1"}
-    result = subprocess.run([sys.executable, "-c", LIBRARIES_READ, when], env=environ,
+    result = subprocess.run([sys.executable, "-c", LIBRARIES_READ, when, level], env=environ,
                             capture_output=True, text=True, check=True)  # fmt: skip
     return result.stdout + result.stderr
 
 
-def test_aten_mkl_and_onednn_take_the_pinned_paths_set_after_import():
-    output = libraries_read("early")
-    assert "capability DEFAULT conflicts 0" in output
-    assert "CNR:COMPATIBLE" in output  # MKL's verbose line of the SGEMM (an AMD CPU too)
-    assert "isa:Intel SSE4.1" in output  # oneDNN's ISA line
+@pytest.mark.parametrize(("level", "capability", "mkl", "onednn"), [
+    ("baseline", "DEFAULT", "CNR:COMPATIBLE", "isa:Intel SSE4.1"),
+    ("avx2", "AVX2", "CNR:COMPATIBLE", "isa:Intel AVX2"),
+])  # fmt: skip
+def test_aten_mkl_and_onednn_take_the_pinned_paths_set_after_import(level, capability, mkl, onednn):
+    if level == "avx2" and cpu_problem("avx2"):
+        pytest.skip(cpu_problem("avx2"))
+    output = libraries_read("early", level)
+    assert f"capability {capability} conflicts 0" in output
+    assert mkl in output  # MKL's verbose line of the SGEMM (an AMD CPU too)
+    assert onednn in output  # oneDNN's ISA line
 
 
 def test_a_pin_set_after_torch_ran_is_reported():
-    output = libraries_read("late")
+    output = libraries_read("late", "baseline")
     assert "capability AVX2 conflicts 1" in output or "capability AVX512 conflicts 1" in output
 
 

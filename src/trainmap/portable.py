@@ -16,11 +16,15 @@ mode pins every such choice, so a seed's numbers no longer depend on which CPU r
 
 Two levels (:data:`LEVELS`):
 
-* ``avx2`` (the default): every library on its AVX2 path, the one any x86-64 CPU with AVX2 and FMA
-  takes (Intel since 2013, AMD since 2015; every current server CPU), AVX-512 paths off. On an AVX2
-  CPU this is the libraries' own choice, so it costs nothing measurable (bench/portable.py); on an
-  AVX-512 CPU the same kernels as here run (measured on an AVX-512 EPYC: ATen and MKL's AVX2 and
-  AVX-512 paths gave one sha256 for a 300-step Adam run).
+* ``avx2`` (the default): ATen, oneDNN, OpenBLAS and numpy on their AVX2 paths, the ones any
+  x86-64 CPU with AVX2 and FMA takes (Intel since 2013, AMD since 2015; every current server CPU),
+  their AVX-512 paths off, and MKL on its ``COMPATIBLE`` branch: MKL is the one library that picks
+  kernels by CPU vendor (asked for its AVX2 branch on this AMD EPYC, it reports ``CNR:AUTO``), and
+  ``COMPATIBLE`` is the branch it documents as the same on Intel and non-Intel CPUs. The other
+  libraries' kernels are vendor-neutral code, so one ISA gives one set of bits. Measured here
+  (bench/portable.py): ATen's ``default`` path costs ~1.5x on the sparse-parity MLP block, MKL's
+  ``COMPATIBLE`` nothing measurable on it, oneDNN SSE4.1 ~1.2x on the digits CNNs; this level pays
+  only for MKL's branch.
 * ``baseline``: every library on the path any x86-64 CPU takes (ATen ``default``, MKL
   ``COMPATIBLE``, oneDNN SSE4.1, OpenBLAS Nehalem, numpy's x86-64-v2 baseline); about 2.5x slower on
   the default study (training 2.9x, sparse retraining 5x, the maps 2x: a fresh clone's ``make run``
@@ -59,7 +63,7 @@ DEFAULT_LEVEL = "avx2"
 LEVELS: dict[str, dict[str, str]] = {
     "avx2": {
         "ATEN_CPU_CAPABILITY": "avx2",
-        "MKL_CBWR": "AVX2",
+        "MKL_CBWR": "COMPATIBLE",
         "ONEDNN_MAX_CPU_ISA": "AVX2",
         "DNNL_MAX_CPU_ISA": "AVX2",
         "OPENBLAS_CORETYPE": "Haswell",
