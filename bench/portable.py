@@ -1,12 +1,13 @@
 """Training throughput of the default study's blocks in portable mode against unpinned, side by side.
 
-Portable mode (``trainmap.portable``) pins ATen, MKL and oneDNN to the code paths any x86-64 CPU can
-take, so that a seed gives the same bits on every CPU; unpinned, each library takes the fastest path
+Portable mode (``trainmap.portable``) pins ATen, MKL, oneDNN, OpenBLAS and numpy to the code paths
+of a level (``avx2``: any AVX2 x86-64 CPU, the default; ``baseline``: any x86-64 CPU), so that a
+seed gives the same bits on every CPU of the level; unpinned, each library takes the fastest path
 of this CPU. Each workload trains one block of seeds with ``trainmap.training.loop.train_block``
 (the ``train`` rule's loop: checkpoints, trajectories and outputs written) in a fresh process per
 measurement, since the pins are read once per process; the two modes run alternately (portable,
 unpinned, portable, ...) and the table shows the median seeds x steps per second of each and their
-ratio (portable / unpinned). Only ``train_block`` is timed, not the start of the process.
+ratios (each level / unpinned). Only ``train_block`` is timed, not the start of the process.
 
 Workloads (config/config.yaml's train blocks with params.yaml settings, fewer steps, one thread as
 the ``train`` rule runs):
@@ -21,7 +22,7 @@ Usage::
     .venv/bin/python bench/portable.py           # 3 rounds, ~5 min on 2 cores
     .venv/bin/python bench/portable.py --quick   # 1 round, fewer steps, ~1 min
 
-Last line: ``portable_throughput_ratio mlp=... repvgg=... repvgg_plain=... (portable / unpinned)``.
+Last line: ``portable_throughput_ratio mlp:avx2=... mlp:baseline=... ... (portable / unpinned)``.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from contextlib import redirect_stderr
 from io import StringIO
 from pathlib import Path
 
-from trainmap.portable import PORTABLE_ENV, apply_portable_mode
+from trainmap.portable import LEVELS, apply_portable_mode
 
 #: (task, data options, arch, model options, train settings, seeds per block, steps, quick steps)
 WORKLOADS = {
@@ -55,10 +56,10 @@ WORKLOADS = {
 }  # fmt: skip
 
 
-def child(name: str, steps: int, portable: bool) -> None:
+def child(name: str, steps: int, level: str) -> None:
     """In a fresh process: pin (or not) before torch's first operation, train one block, print its
     seconds as JSON."""
-    apply_portable_mode(portable)
+    apply_portable_mode(level if level != "0" else False)
     import torch
 
     from trainmap.data import make_task_data
@@ -79,13 +80,15 @@ def child(name: str, steps: int, portable: bool) -> None:
     print(json.dumps({"seconds": seconds, "capability": torch.backends.cpu.get_cpu_capability()}))
 
 
-def measure(name: str, steps: int, portable: bool) -> dict:
-    """One training in a fresh process; the unpinned one gets none of the pinned variables."""
+def measure(name: str, steps: int, level: str) -> dict:
+    """One training in a fresh process at portable ``level`` ("0": unpinned, none of the pinned
+    variables set)."""
     import os
 
-    environ = {k: v for k, v in os.environ.items() if k not in PORTABLE_ENV}
+    pinned = {name for level_env in LEVELS.values() for name in level_env}
+    environ = {k: v for k, v in os.environ.items() if k not in pinned}
     command = [sys.executable, __file__, "--child", name, "--steps", str(steps),
-               "--portable", str(int(portable))]  # fmt: skip
+               "--portable", level]  # fmt: skip
     result = subprocess.run(command, env=environ, capture_output=True, text=True, check=True)
     return json.loads(result.stdout.strip().splitlines()[-1])
 
@@ -99,14 +102,17 @@ def main() -> None:
     parser.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--steps", type=int, help=argparse.SUPPRESS)
-    parser.add_argument("--portable", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--portable", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        child(args.child, args.steps, bool(args.portable))
+        child(args.child, args.steps, args.portable)
         return
     rounds = 1 if args.quick else args.rounds
+    modes = (*LEVELS, "0")
     header = (
-        f"{'workload':<13} {'seeds':>5} {'steps':>5} {'portable':>14} {'unpinned':>14} {'ratio':>6}"
+        f"{'workload':<13} {'seeds':>5} {'steps':>5} "
+        + " ".join(f"{'unpinned' if m == '0' else m:>14}" for m in modes)
+        + "  ratios to unpinned"
     )
     print(header)
     print("-" * len(header))
@@ -114,18 +120,17 @@ def main() -> None:
     for name in args.workloads.split(","):
         _, _, _, _, _, size, steps, quick_steps = WORKLOADS[name]
         steps = quick_steps if args.quick else steps
-        times: dict[bool, list[float]] = {True: [], False: []}
-        capability = {}
+        times: dict[str, list[float]] = {mode: [] for mode in modes}
         for _ in range(rounds):
-            for portable in (True, False):
-                result = measure(name, steps, portable)
-                times[portable].append(result["seconds"])
-                capability[portable] = result["capability"]
-        rate = {mode: size * steps / statistics.median(times[mode]) for mode in times}
-        ratios[name] = rate[True] / rate[False]
-        print(f"{name:<13} {size:>5} {steps:>5} {rate[True]:>9.0f} s.s/s {rate[False]:>9.0f} s.s/s "
-              f"{ratios[name]:>6.2f}   (ATen {capability[True]} vs {capability[False]})")  # fmt: skip
-    figures = " ".join(f"{name}={ratio:.2f}" for name, ratio in ratios.items())
+            for mode in modes:  # alternating, so drifts of the machine hit every mode alike
+                times[mode].append(measure(name, steps, mode)["seconds"])
+        rate = {mode: size * steps / statistics.median(times[mode]) for mode in modes}
+        ratios[name] = {level: rate[level] / rate["0"] for level in LEVELS}
+        print(f"{name:<13} {size:>5} {steps:>5} "
+              + " ".join(f"{rate[m]:>8.0f} s.s/s" for m in modes) + "  "
+              + " ".join(f"{level} {ratio:.2f}" for level, ratio in ratios[name].items()))  # fmt: skip
+    figures = " ".join(f"{name}:{level}={ratio:.2f}" for name, by_level in ratios.items()
+                       for level, ratio in by_level.items())  # fmt: skip
     print(f"portable_throughput_ratio {figures} (portable / unpinned)")
 
 

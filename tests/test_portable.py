@@ -40,7 +40,9 @@ def test_the_portable_environment_pins_every_library_and_says_so():
 
 def test_the_level_is_named_and_a_wrong_one_refused():
     assert portable_level({}) == "avx2" and portable_level({SWITCH_ENV: "baseline"}) == "baseline"
-    with pytest.raises(ValueError, match="TRAINMAP_PORTABLE='avx512': choose one of avx2, baseline"):
+    with pytest.raises(
+        ValueError, match="TRAINMAP_PORTABLE='avx512': choose one of avx2, baseline"
+    ):
         portable_level({SWITCH_ENV: "avx512"})
 
 
@@ -131,7 +133,7 @@ TRAIN = """
 import sys
 from pathlib import Path
 from trainmap.portable import apply_portable_mode
-apply_portable_mode(sys.argv[2] == "1")
+apply_portable_mode(sys.argv[2] if sys.argv[2] != "0" else False)
 import torch
 from trainmap.data import make_task_data
 from trainmap.training.loop import TrainConfig, TrainPaths, build_cell_model, train_block
@@ -175,9 +177,10 @@ def clean_environment() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k not in names}
 
 
-def train_digests(directory: Path, forced: dict[str, str], pinned: bool) -> dict[str, str]:
+def train_digests(directory: Path, forced: dict[str, str], level: str) -> dict[str, str]:
+    """Train the blocks under the ``forced`` code path with portable ``level`` ("0": off)."""
     environ = clean_environment() | forced
-    subprocess.run([sys.executable, "-c", TRAIN, str(directory), str(int(pinned))], env=environ,
+    subprocess.run([sys.executable, "-c", TRAIN, str(directory), level], env=environ,
                    check=True, capture_output=True)  # fmt: skip
     return {str(path.relative_to(directory)): hashlib.sha256(path.read_bytes()).hexdigest()
             for path in sorted(directory.rglob("*"))
@@ -186,23 +189,26 @@ def train_digests(directory: Path, forced: dict[str, str], pinned: bool) -> dict
 
 @pytest.mark.integration
 def test_every_code_path_gives_the_same_bits_with_the_pin_and_not_without(tmp_path):
-    if not torch.cpu._is_avx2_supported():
-        pytest.skip("this CPU has no AVX2: ATen and MKL offer it only one path")
+    if cpu_problem("avx2"):
+        pytest.skip(cpu_problem("avx2"))
     paths = code_paths()
-    runs = [
-        (name, pinned)
-        for name in paths
-        for pinned in (True, False)
-        if pinned or name in ("own choice", "ATen default", "MKL COMPATIBLE", "oneDNN SSE41")
-    ]
+    # the CPU's own paths and the slowest, forced: each level must override both
+    some = ("own choice", "ATen default", "MKL COMPATIBLE", "oneDNN SSE41", "ATen avx2",
+            "oneDNN AVX2")  # fmt: skip
+    runs = [(name, "avx2") for name in paths]
+    runs += [(name, level) for name in some if name in paths for level in ("baseline", "0")]
     with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
         digests = dict(zip(runs, pool.map(
             lambda run: train_digests(tmp_path / f"{run[0]}-{run[1]}", paths[run[0]], run[1]),
             runs), strict=True))  # fmt: skip
-    pinned = {name: digest for (name, pin), digest in digests.items() if pin}
-    reference = pinned["own choice"]
-    assert len(reference) >= 2 * 2 * 4  # trajectory, model, history, summary per seed per block
-    assert {name for name, digest in pinned.items() if digest != reference} == set()
-    unpinned = {name: digest for (name, pin), digest in digests.items() if not pin}
-    # Without the pin each forced library changes the bits: the comparison above can fail.
-    assert len({tuple(sorted(digest.items())) for digest in unpinned.values()}) == len(unpinned)
+    for level in ("avx2", "baseline"):
+        pinned = {name: digest for (name, pin), digest in digests.items() if pin == level}
+        reference = pinned["own choice"]
+        assert len(reference) >= 2 * 2 * 4  # trajectory, model, history, summary per seed per block
+        assert {name for name, digest in pinned.items() if digest != reference} == set(), level
+    assert digests["own choice", "avx2"] != digests["own choice", "baseline"]
+    unpinned = {name: digest for (name, pin), digest in digests.items() if pin == "0"}
+    # Without the pin, forcing ATen's, MKL's or oneDNN's path changes the bits: the comparisons
+    # above can fail.
+    for name in ("ATen default", "MKL COMPATIBLE", "oneDNN SSE41"):
+        assert unpinned[name] != unpinned["own choice"], name

@@ -1,0 +1,46 @@
+"""Integration: portable mode through the workflow. The smoke grid's training (data, GradInit and
+every train block) run by `snakemake` under the CPU's own code paths and under code paths forced
+from outside gives byte-identical result files with the pin (the job server and its forked jobs
+apply it before their first operation), and other bytes without it, so the test can fail."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from conftest import SMOKE, copy_workflow, snakemake
+
+from trainmap.digest import result_hashes
+from trainmap.portable import SWITCH_ENV, cpu_problem
+
+pytestmark = pytest.mark.integration
+
+#: Other code paths than the default level's, forced from outside: the pin must override each.
+FORCED = {"ATEN_CPU_CAPABILITY": "default", "MKL_CBWR": "AVX2", "ONEDNN_MAX_CPU_ISA": "SSE41",
+          "DNNL_MAX_CPU_ISA": "SSE41", "OPENBLAS_CORETYPE": "Nehalem"}  # fmt: skip
+
+
+def trained(tmp_path: Path, name: str, **env: str) -> dict[str, str]:
+    """The sha256 of every result file of the smoke grid's training, run in a fresh copy, by
+    path under ``results/``."""
+    workdir = copy_workflow(tmp_path / name)
+    snakemake("--cores", "2", "--configfile", SMOKE, "all_train", cwd=workdir, **env)
+    hashes = result_hashes(workdir / "results")
+    return {path.split("/results/", 1)[1]: digest for path, digest in hashes.items()}
+
+
+def test_the_pin_gives_the_same_bits_whatever_path_is_forced_and_other_bits_off(
+    tmp_path: Path,
+) -> None:
+    if cpu_problem("avx2"):
+        pytest.skip(cpu_problem("avx2"))
+    pinned = trained(tmp_path, "pinned", **{SWITCH_ENV: "avx2"})
+    forced = trained(tmp_path, "forced", **{SWITCH_ENV: "avx2"}, **FORCED)
+    assert any(path.endswith("trajectory.pt") for path in pinned)
+    assert pinned == forced, sorted(p for p in pinned if pinned[p] != forced.get(p))
+    unpinned = trained(tmp_path, "unpinned", **{SWITCH_ENV: "0"}, **FORCED)
+    assert set(unpinned) == set(pinned)
+    differ = [path for path in pinned if pinned[path] != unpinned[path]]
+    # unpinned, the forced paths give other bits: the digits CNNs (oneDNN) and the MLPs (ATen)
+    assert any("digits/" in path for path in differ), differ
+    assert any("sparse_parity/" in path for path in differ), differ
