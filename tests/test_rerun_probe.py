@@ -31,11 +31,11 @@ SECTIONS = ("data", "model", "train", "evaluate", "gradinit", "sparse", "quantiz
 
 #: The DVC stages (dvc.yaml) in their order, and the stage whose target runs each rule (the rest
 #: run in ``analysis``). A stage's `snakemake` call also runs what its target needs upstream.
-STAGES = ("data", "gradinit", "train", "transform", "evaluate", "analysis")
+STAGES = ("settings", "data", "gradinit", "train", "transform", "evaluate", "analysis")
 STAGE_OF_RULE = {
-    "data": "data", "gradinit": "gradinit", "train": "train", "reparam": "transform",
-    "sparse_retrain": "transform", "quantize": "transform", "flip_rates": "transform",
-    "evaluate": "evaluate", "summary": "evaluate",
+    "effective_settings": "settings", "data": "data", "gradinit": "gradinit", "train": "train",
+    "reparam": "transform", "sparse_retrain": "transform", "quantize": "transform",
+    "flip_rates": "transform", "evaluate": "evaluate", "summary": "evaluate",
 }  # fmt: skip
 
 
