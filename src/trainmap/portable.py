@@ -1,4 +1,4 @@
-"""Portable numbers: the same seed and config give the same bits on any x86-64 CPU of a level.
+"""Portable numbers: the same seed and config give the same bits on any x86-64 CPU.
 
 A CPU run's bits depend on which code path each math library picks for the CPU it finds. Portable
 mode pins every such choice, so a seed's numbers no longer depend on which CPU runs it:
@@ -16,7 +16,11 @@ mode pins every such choice, so a seed's numbers no longer depend on which CPU r
 
 Two levels (:data:`LEVELS`):
 
-* ``avx2`` (the default): ATen, oneDNN, OpenBLAS and numpy on their AVX2 paths, the ones any
+* ``baseline`` (the default): every library on the path any x86-64 CPU takes (ATen ``default``,
+  MKL ``COMPATIBLE``, oneDNN SSE4.1, OpenBLAS Nehalem, numpy's x86-64-v2 baseline). Measured side
+  by side on this 2-core AVX2 EPYC, fresh clones' ``make run``: 15 min 48 s of Snakemake against
+  14 min 23 s under ``avx2`` (1.10x; training 1.28x, sparse retraining 1.12x, the maps 1.03x).
+* ``avx2``: ATen, oneDNN, OpenBLAS and numpy on their AVX2 paths, the ones any
   x86-64 CPU with AVX2 and FMA takes (Intel since 2013, AMD since 2015; every current server CPU),
   their AVX-512 paths off, and MKL on its ``COMPATIBLE`` branch: MKL is the one library that picks
   kernels by CPU vendor (asked for its AVX2 branch on this AMD EPYC, it reports ``CNR:AUTO``), and
@@ -25,10 +29,6 @@ Two levels (:data:`LEVELS`):
   (bench/portable.py): ATen's ``default`` path costs ~1.5x on the sparse-parity MLP block, MKL's
   ``COMPATIBLE`` nothing measurable on it, oneDNN SSE4.1 ~1.2x on the digits CNNs; this level pays
   only for MKL's branch.
-* ``baseline``: every library on the path any x86-64 CPU takes (ATen ``default``, MKL
-  ``COMPATIBLE``, oneDNN SSE4.1, OpenBLAS Nehalem, numpy's x86-64-v2 baseline); about 2.5x slower on
-  the default study (training 2.9x, sparse retraining 5x, the maps 2x: a fresh clone's ``make run``
-  took 16 min 47 s against 6 min 27 s unpinned).
 
 Each library reads its variable once, at its first use (ATen at the first kernel dispatch, MKL at
 its first call, oneDNN at its first primitive, OpenBLAS and numpy's dispatch when numpy loads), so
@@ -42,9 +42,9 @@ What it cannot cover: GPUs (cuBLAS / cuDNN choose kernels per device model), oth
 (ARM, POWER: other libraries, other kernels), other versions of torch, MKL, oneDNN or OpenBLAS (the
 lock file fixes them), and, for ``avx2``, CPUs without AVX2 (refused with the fix).
 
-Switch: ``TRAINMAP_PORTABLE`` in the environment Snakemake (or a cluster job) starts from: ``avx2``
-(default; ``1`` means it too), ``baseline``, or ``0`` (each library takes the fastest path of the CPU
-it runs on, and the numbers are that CPU's).
+Switch: ``TRAINMAP_PORTABLE`` in the environment Snakemake (or a cluster job) starts from:
+``baseline`` (default; ``1`` means it too), ``avx2``, or ``0`` (each library takes the fastest path of
+the CPU it runs on, and the numbers are that CPU's).
 """
 
 from __future__ import annotations
@@ -56,9 +56,9 @@ import warnings
 from collections.abc import MutableMapping
 from pathlib import Path
 
-#: The switch: a level of :data:`LEVELS` (``avx2``, the default, or ``baseline``), or ``0``.
+#: The switch: a level of :data:`LEVELS` (``baseline``, the default, or ``avx2``), or ``0``.
 SWITCH_ENV = "TRAINMAP_PORTABLE"
-DEFAULT_LEVEL = "avx2"
+DEFAULT_LEVEL = "baseline"
 #: Each level's environment; every library reads its variable at its first use.
 LEVELS: dict[str, dict[str, str]] = {
     "avx2": {
@@ -130,11 +130,13 @@ def cpu_problem(level: str) -> str | None:
         return None  # not Linux: the libraries fall back to this CPU's best path
     if not {"avx2", "fma"} <= set(flags):
         return (f"portable mode {level!r} runs AVX2 kernels, and this CPU has no AVX2/FMA: set "
-                f"{SWITCH_ENV}=baseline (any x86-64 CPU; about 2.5x slower) or {SWITCH_ENV}=0")  # fmt: skip
+                f"{SWITCH_ENV}=baseline (any x86-64 CPU, the default) or {SWITCH_ENV}=0")  # fmt: skip
     return None
 
 
-def conflicts(environ: MutableMapping[str, str] = os.environ, level: str | None = None) -> list[str]:
+def conflicts(
+    environ: MutableMapping[str, str] = os.environ, level: str | None = None
+) -> list[str]:
     """Why this process may not compute with ``level``'s code paths (None: the one ``environ``
     asks for): a pinned variable that differs in ``environ``, or ATen already dispatching with
     another CPU capability (torch ran before the pin was set). Empty when the pin holds, as far as
