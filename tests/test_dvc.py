@@ -96,7 +96,7 @@ def test_exp_run_with_one_changed_hyperparameter(dvc_project: Path) -> None:
         for manifest in block_manifests(results / rule):
             check_current(manifest)
     assert check_tree(results) > 0
-    # the digits maps were refitted from the new metric tables
+    # the metric tables were remade from the retrained trajectories (the smoke grid maps no digits
+    # group: one seed each)
     metrics = results / "metrics/digits/vgg_bn/kaiming/seeds0-7.json"
-    hmm = results / "hmm/digits/vgg_bn/kaiming/hmm.json"
-    assert hmm.stat().st_mtime > metrics.stat().st_mtime > digits_model.stat().st_mtime
+    assert metrics.stat().st_mtime > digits_model.stat().st_mtime
