@@ -24,7 +24,7 @@ def trained(tmp_path: Path, name: str, **env: str) -> dict[str, str]:
     """The sha256 of every result file of the smoke grid's training, run in a fresh copy, by
     path under ``results/``."""
     workdir = copy_workflow(tmp_path / name)
-    snakemake("--cores", "2", "--configfile", SMOKE, "all_train", cwd=workdir, **env)
+    snakemake("all_train", "--cores", "2", "--configfile", SMOKE, cwd=workdir, **env)
     hashes = result_hashes(workdir / "results")
     return {path.split("/results/", 1)[1]: digest for path, digest in hashes.items()}
 
