@@ -6,7 +6,7 @@ mode pins every such choice, so a seed's numbers no longer depend on which CPU r
 * ATen's vectorised kernels (``ATEN_CPU_CAPABILITY``: element-wise ops, reductions, the optimisers'
   foreach updates);
 * MKL's conditional numerical reproducibility branch (``MKL_CBWR``: torch's BLAS, every ``Linear``
-  and matmul; MKL honours it on AMD CPUs too);
+  and matmul; MKL honours ``COMPATIBLE`` on AMD CPUs too);
 * oneDNN's JIT kernels (``ONEDNN_MAX_CPU_ISA`` and its old name ``DNNL_MAX_CPU_ISA``: torch's
   convolutions);
 * OpenBLAS's kernels (``OPENBLAS_CORETYPE``: numpy's and scipy's BLAS, the HMM fits of the analysis;
@@ -25,10 +25,10 @@ Two levels (:data:`LEVELS`):
   their AVX-512 paths off, and MKL on its ``COMPATIBLE`` branch: MKL is the one library that picks
   kernels by CPU vendor (asked for its AVX2 branch on this AMD EPYC, it reports ``CNR:AUTO``), and
   ``COMPATIBLE`` is the branch it documents as the same on Intel and non-Intel CPUs. The other
-  libraries' kernels are vendor-neutral code, so one ISA gives one set of bits. Measured here
-  (bench/portable.py): ATen's ``default`` path costs ~1.5x on the sparse-parity MLP block, MKL's
-  ``COMPATIBLE`` nothing measurable on it, oneDNN SSE4.1 ~1.2x on the digits CNNs; this level pays
-  only for MKL's branch.
+  libraries' kernels are vendor-neutral code, so one ISA gives one set of bits. Measured here, one
+  pin at a time on ``train_block`` (noisy, beside other work): ATen's ``default`` path ~1.5x on the
+  sparse-parity MLP block, MKL's ``COMPATIBLE`` nothing measurable on it, oneDNN SSE4.1 ~1.2x on
+  the digits CNNs; this level pays only for MKL's branch.
 
 Each library reads its variable once, at its first use (ATen at the first kernel dispatch, MKL at
 its first call, oneDNN at its first primitive, OpenBLAS and numpy's dispatch when numpy loads), so
