@@ -82,7 +82,8 @@ class SeedRangeJob:
         the file that manifest records and the manifest to be current (trainmap.lineage); the
         manifest becomes one of what this block is made from."""
         path = check_file(cell_file(manifest, cell, name), manifest)
-        self.inputs.add(str(manifest))
+        # outside the workflow a block's files may come without its manifest: then the file itself
+        self.inputs.add(str(manifest) if Path(manifest).exists() else str(path))
         return path
 
     def uses(self, *paths: str | Path | None) -> None:
