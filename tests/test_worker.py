@@ -131,6 +131,8 @@ def test_killing_the_client_kills_the_job(server, jobs_module):
 
 def test_without_a_server_the_job_runs_in_process(jobs_module, monkeypatch):
     monkeypatch.delenv(worker.SOCKET_ENV, raising=False)
+    # this process ran torch long before (other tests): a portable job would be refused here
+    monkeypatch.setenv("TRAINMAP_PORTABLE", "0")
     out, log = jobs_module / "local.txt", jobs_module / "local.log"
     worker.run_job("worker_test_jobs:write_job", log=str(log), path=str(out), text="local")
     assert int(out.read_text().split("pid=")[1]) == os.getpid()

@@ -11,5 +11,5 @@ functions of :data:`JOB_MODULES`), so every rule can also run from Python withou
 JOB_MODULES = tuple(
     f"trainmap.jobs.{family}"
     for family in ("data", "gradinit", "train", "reparam", "sparse", "quantize", "evaluate",
-                   "metrics", "analysis", "external", "paper")
+                   "metrics", "analysis", "external", "paper", "settings")
 )  # fmt: skip
