@@ -31,7 +31,7 @@ configfile: "config/config.yaml"
 # Plugins (config key plugins, installed trainmap.plugins entry points) register their
 # architectures, data kinds and methods first; then workflow/schemas/config.schema.yaml and what a
 # schema cannot express (trainmap.grid). An error's first line reads `config key <path>: ...`.
-# Under DVC, a params.yaml key `dvc exp run -S` set must be the value the jobs read (issue 31).
+# Under DVC, a params.yaml key `dvc exp run -S` set must be the value the jobs read.
 with config_problems_reported(VERBOSE):
     load_plugins(config.get("plugins"), workflow.basedir)
     validate_schema(config)

@@ -1,4 +1,4 @@
-"""Issue 31, item 3: one value per setting under DVC.
+"""One value per setting under DVC.
 
 ``dvc exp run -S key=value`` rewrites the workspace params.yaml, but Snakemake reads a config file
 after it: a key the config file also sets was recorded at one value and trained at the other. The
@@ -81,6 +81,14 @@ def check() -> dict:
     return config
 
 
+def refusal(key: str, value) -> str:
+    """Set ``key`` as ``dvc exp run -S`` would; the message the check refuses it with."""
+    set_param(key, value)
+    with pytest.raises(ConfigError) as error:
+        check()
+    return str(error.value)
+
+
 # --- which keys -S set ----------------------------------------------------------------------------
 
 
@@ -112,10 +120,7 @@ def test_no_git_no_edits(tmp_path: Path) -> None:
 
 
 def test_a_key_the_config_file_overrides_is_refused_under_dvc(project: Path, under_dvc) -> None:
-    set_param("train.digits.lr", 0.2)
-    with pytest.raises(ConfigError) as error:
-        check()
-    message = str(error.value)
+    message = refusal("train.digits.lr", 0.2)
     assert message.startswith("config key train.digits.lr: params.yaml sets 0.2")
     assert "git's: 0.05" in message
     assert "config/tiny.yaml sets 0.05" in message
@@ -125,11 +130,9 @@ def test_a_key_the_config_file_overrides_is_refused_under_dvc(project: Path, und
 
 
 def test_the_refusal_says_how_to_restore_params_yaml(project: Path, under_dvc) -> None:
-    set_param("train.digits.lr", 0.2)
-    with pytest.raises(ConfigError) as error:
-        check()
-    shown = params_edit_hint(str(error.value))
-    assert shown.startswith(str(error.value))
+    message = refusal("train.digits.lr", 0.2)
+    shown = params_edit_hint(message)
+    assert shown.startswith(message)
     assert "DVC leaves it there after this failure" in shown
     assert "git checkout params.yaml" in shown
 
@@ -181,10 +184,7 @@ def test_any_section_the_config_file_overrides_is_refused(project: Path, under_d
 def test_a_key_no_job_reads_is_refused_under_dvc(
     project: Path, under_dvc, key: str, value, reason: str
 ) -> None:
-    set_param(key, value)
-    with pytest.raises(ConfigError) as error:
-        check()
-    message = str(error.value)
+    message = refusal(key, value)
     assert message.startswith(f"config key {key}: params.yaml sets ")
     assert f"no job reads it: {reason} in config/tiny.yaml" in message
     assert "add what it names to the grid in config/tiny.yaml" in message
@@ -203,10 +203,7 @@ def test_an_unknown_key_names_the_key_the_allowed_keys_and_the_edit(
 ) -> None:
     """`dvc exp run -S train.digits.lrr=0.2` is refused by DVC itself (not in struct); with `+` it
     reaches params.yaml, and the schema refuses it before any job, naming what is allowed."""
-    set_param("train.digits.lrr", 0.2)
-    with pytest.raises(ConfigError) as error:
-        check()
-    message = str(error.value)
+    message = refusal("train.digits.lrr", 0.2)
     assert message.startswith("config key train.digits.lrr: unknown key 'lrr' in train.digits")
     assert "did you mean 'lr'?" in message
     shown = params_edit_hint(message)

@@ -1,4 +1,4 @@
-"""Integration, issue 31 item 3: under `dvc exp run -S`, the experiment table shows what was trained.
+"""Integration: under `dvc exp run -S`, the experiment table shows what was trained.
 
 A tiny grid (two digits MLPs, 40 steps) whose config file sets lr. `-S <config
 file>:train.digits.lr=0.2` trains at 0.2, and `dvc exp show` records it (results/summary/settings.json)

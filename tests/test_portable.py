@@ -1,4 +1,4 @@
-"""Portable numbers (issue 31): with the pin, every code path this CPU can be forced into gives the
+"""Portable numbers: with the pin, every code path this CPU can be forced into gives the
 same bits; without it, some give others (so the comparison can fail)."""
 
 from __future__ import annotations

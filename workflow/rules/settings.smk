@@ -1,5 +1,5 @@
 # What the grid's jobs read (trainmap.grid.effective_settings), written where DVC reads metrics:
-# `dvc exp show` shows the settings a run trained with, whichever config file set them (issue 31).
+# `dvc exp show` shows the settings a run trained with, whichever config file set them.
 
 
 rule effective_settings:
