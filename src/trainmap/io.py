@@ -91,9 +91,13 @@ SEED_RANGE_MANIFEST = re.compile(r"seeds(\d+)-(\d+)\.json")
 
 def block_manifest_of(path: str | os.PathLike) -> Path | None:
     """The manifest of the seed block that wrote ``path`` (``.../seed3/model.pt`` ->
-    ``.../seeds0-31.json``, the manifest whose seed range holds 3), or None outside a block."""
+    ``.../seeds0-31.json``, the manifest whose seed range holds 3; also for a file one folder
+    down, ``.../seed3/checkpoints/step_00000100.safetensors``), or None outside a block."""
     seed_dir = Path(path).parent
     match = re.fullmatch(r"seed(\d+)", seed_dir.name)
+    if match is None:
+        seed_dir = seed_dir.parent
+        match = re.fullmatch(r"seed(\d+)", seed_dir.name)
     if match is None:
         return None
     seed = int(match.group(1))

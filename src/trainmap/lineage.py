@@ -151,10 +151,15 @@ def check_file(path: str | os.PathLike, manifest: str | os.PathLike | None = Non
     if manifest is None or not manifest.exists():
         return path
     check_current(manifest)
-    recorded = _cell_files(manifest, path.parent.name)
+    # the cell's directory and the file's name within it (``model.pt``, ``checkpoints/step_...``)
+    try:
+        seed_dir, *inside = path.absolute().relative_to(manifest.parent.absolute()).parts
+    except ValueError:
+        seed_dir, inside = path.parent.name, [path.name]
+    recorded = _cell_files(manifest, seed_dir)
     if recorded is None:
         return path  # a manifest from before content hashes (check_current warned)
-    name = path.name
+    name = "/".join(inside)
     if name not in recorded:
         raise StaleInputError(
             f"{path} is not among the files its block's manifest {manifest} records: it was "

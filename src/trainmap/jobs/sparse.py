@@ -15,8 +15,13 @@ from trainmap.io import load_torch, write_atomic
 from trainmap.jobs.common import SeedRangeJob, settings_hash
 from trainmap.methods.sparse import check_settings, plot_flip_rates, run_sparse_block, start_step
 from trainmap.tracking import rule_run
+from trainmap.training.archive import (
+    ARCHIVE_DIRECTORY,
+    archived_steps,
+    checkpoint_name,
+    read_checkpoint,
+)
 from trainmap.training.checkpoints import model_from_checkpoint
-from trainmap.training.loop import load_trajectory
 
 
 def sparse_block_job(
@@ -46,7 +51,8 @@ def sparse_block_job(
     teachers = [model_from_checkpoint(checkpoint) for checkpoint in saved]
     step = start_step(cfg["start"])
     starts = None if step is None else [
-        dense_checkpoint(checkpoint, job.input_file(teacher_manifest, cell, "trajectory.pt"), step)
+        dense_checkpoint(checkpoint, job.input_file(teacher_manifest, cell,
+                                                    f"{ARCHIVE_DIRECTORY}/{checkpoint_name(step)}"), step)
         for cell, checkpoint in zip(cells, saved, strict=True)
     ]  # fmt: skip
     model_options = saved[0]["model_options"]
@@ -84,21 +90,26 @@ def sparse_block_job(
     return summaries
 
 
-def dense_checkpoint(saved: dict[str, Any], trajectory_path: str | Path,
+def dense_checkpoint(saved: dict[str, Any], checkpoint_path: str | Path,
                      step: int) -> torch.nn.Module:  # fmt: skip
     """The dense model of ``saved`` (a ``model.pt``) with its run's weights at checkpoint ``step``
-    (from its ``trajectory.pt``), in eval mode; a clear error when the run has no such checkpoint."""
-    trajectory = load_trajectory(trajectory_path)
-    steps = trajectory["step"].tolist()
-    if step not in steps:
+    (``checkpoint_path``: that step's file in the run's archive, trainmap.training.archive), in
+    eval mode; a clear error when the run's archive does not hold that step."""
+    path = Path(checkpoint_path)
+    if not path.is_file():
+        run_dir = path.parent.parent
+        kept = archived_steps(run_dir)
+        held = f"steps {kept[0]} to {kept[-1]} ({len(kept)} files)" if kept else "no checkpoint"
         raise ValueError(
-            f"sparse setting start.step: {trajectory_path} has no checkpoint at step {step} (its "
-            f"{len(steps)} checkpoints run from step {steps[0]} to {steps[-1]}; a run that "
-            "diverged stops recording there); choose a step the dense runs reach"
+            f"sparse setting start.step: {step}: the dense run {run_dir} has no archived "
+            f"checkpoint at that step (its archive holds {held}; a run that diverged stops "
+            "there); choose a step the dense runs reach and train.<task>.archive.schedule keeps"
         )
     model = model_from_checkpoint(saved)
-    index = steps.index(step)
-    model.load_state_dict({name: value[index] for name, value in trajectory["state"].items()})
+    state = read_checkpoint(path)
+    # integer buffers (num_batches_tracked) are archived as they are; floats in the archive's dtype
+    model.load_state_dict({name: value.to(model.state_dict()[name].dtype)
+                           for name, value in state.items()})  # fmt: skip
     return model.eval()
 
 

@@ -67,14 +67,17 @@ from trainmap.methods.nm import (
     nm_groups,
 )
 from trainmap.models import eval_forward_with_hooks
+from trainmap.training.archive import ArchivePolicy
 from trainmap.training.loop import (
     BlockCheckpointHook,
     TrainConfig,
     TrainHooks,
     TrainPaths,
     evaluate_split,
+    metric_structure,
     train_block,
 )
+from trainmap.training.record import CheckpointRecorder
 from trainmap.training.seed_block import SeedBlock
 
 #: Defaults of the ``sparse.<task>`` settings. srste_lambda is far above the LLM values (1e-4 with
@@ -520,7 +523,7 @@ class SparseHooks(TrainHooks):
                 continue
             if owner in template and leaf == "weight":
                 value = block_effective_weight(block, owner, template[owner])
-            state[key] = value.detach().to("cpu", copy=True)
+            state[key] = value.detach()
         return state
 
     def save_model(self, model: nn.Module, path: Path, model_info: dict[str, Any]) -> None:
@@ -635,7 +638,7 @@ def run_sparse_method(
     of the teacher itself, see there).
 
     Writes to ``out_dir``: ``model.pt`` (format ``sparse``), ``history.csv``, ``train.json``,
-    ``trajectory.pt`` and ``flips.csv``. One-shot methods (no retraining) record a single checkpoint,
+    ``checkpoint_metrics.csv``, ``checkpoints/`` (the archive) and ``flips.csv``. One-shot methods (no retraining) record a single checkpoint,
     the pruned model at step 0, and an empty flip table.
     """
     hook = None if log_metrics is None else (lambda _, metrics, step: log_metrics(metrics, step))
@@ -700,7 +703,8 @@ def run_sparse_block(
                                 model_info=infos, hooks=hooks)  # fmt: skip
         flips = [hooks.flip_history(index) for index in range(len(seeds))]
     else:
-        summaries = [_prune_without_training(student, data, seed_paths, info)
+        policy = ArchivePolicy.from_value(cfg["train"].get("archive"))
+        summaries = [_prune_without_training(student, data, seed_paths, info, policy)
                      for student, seed_paths, info in zip(students, paths, infos, strict=True)]  # fmt: skip
         flips = [pd.DataFrame(columns=["step", "flip_rate", "initial_flip_rate"]) for _ in seeds]
     for student, out, seed_paths, summary, table in zip(students, out_dirs, paths, summaries,
@@ -713,17 +717,21 @@ def run_sparse_block(
 
 
 def _prune_without_training(
-    model: nn.Module, data: TaskData, paths: TrainPaths, info: Mapping[str, Any]
-) -> dict[str, Any]:
-    """One-shot pruning: the pruned model is the result; its trajectory is that single checkpoint."""
+    model: nn.Module, data: TaskData, paths: TrainPaths, info: Mapping[str, Any],
+    policy: ArchivePolicy,
+) -> dict[str, Any]:  # fmt: skip
+    """One-shot pruning: the pruned model is the result, and its only checkpoint (step 0: its
+    metrics, and its archive file unless ``policy`` keeps none)."""
     test_loss, test_acc = evaluate_split(model, data.x_test, data.y_test)
     row = {"step": 0, "train_loss": math.nan, "train_acc": math.nan, "test_loss": test_loss,
            "test_acc": test_acc, "lr": 0.0}  # fmt: skip
     history = pd.DataFrame([row])
     write_atomic(paths.history, lambda tmp: history.to_csv(tmp, index=False))
-    state = effective_state(model)
-    save_torch({"step": torch.tensor([0]),
-                "state": {k: v.unsqueeze(0) for k, v in state.items()}}, paths.trajectory)  # fmt: skip
+    recorder = CheckpointRecorder(metric_structure(model, info), [paths.metrics],
+                                  [paths.archive.parent], [0], policy)  # fmt: skip
+    recorder.start_fresh()
+    recorder.capture(0, {k: v.unsqueeze(0) for k, v in effective_state(model).items()}, [0])
+    recorder.finish(0)
     save_sparse(model, paths.model, **info)
     return {"status": "completed", "diverged_step": None, "steps": 0, "steps_done": 0,
             "n_checkpoints": 1, "wall_time_s": 0.0, "steps_per_s": math.nan,

@@ -10,22 +10,24 @@ seed is a block of one (``train_model``), which runs the module itself, without 
 loop, and a seed trained in a block equals the same seed trained alone up to floating-point
 summation order (tests: float64 to 1e-10, float32 loss curves to 1e-4).
 
-For every seed the loop records a **checkpoint trajectory**: the full ``state_dict`` every
-``checkpoint_every`` optimiser steps (step 0 included), stacked into one tensor per entry and saved as
-one file per run, so any weight metric can be recomputed later without retraining (Hu et al.,
-"Latent state models of training dynamics", compute their 14 metrics from such checkpoints). At each
-checkpoint it evaluates the test set and records the mean training loss/accuracy since the previous
-checkpoint.
+Every ``checkpoint_every`` optimiser steps (step 0 and the last included) the loop takes a
+**checkpoint**: it evaluates the test set, records the mean training loss/accuracy since the previous
+checkpoint, and hands the block's weights to a :class:`~trainmap.training.record.CheckpointRecorder`,
+which computes the 14 weight metrics of every convention from them at once (as Hu et al., "Latent
+state models of training dynamics", do inside their training loop), appends them to each run's
+``checkpoint_metrics.csv``, and writes the checkpoint to the run's archive when
+``train.<task>.archive`` keeps it (:mod:`trainmap.training.archive`). No checkpoint stays in memory.
 
 Resume: every ``resume_every`` steps the whole training state of the block (stacked model and
-optimiser state, every seed's batch order, RNG, trajectories so far) is written atomically to one
+optimiser state, every seed's batch order, RNG, histories and metric rows so far: no checkpoint
+weights, so its size does not grow with the checkpoints) is written atomically to one
 resume file (the wall time so far beside it, in its timing sidecar: ``trainmap.io.timing_path``). A
 rerun after a kill continues from it and ends with weights bit-identical (CPU) to an uninterrupted
 run. The file is removed once the block's outputs are written.
 
 Every output is the same bytes when its content is: the summary's wall time and steps/s go to
 ``train.timing.json`` beside ``train.json`` (``trainmap.io.save_json``), so rerunning a cell rewrites
-trajectory, model, history and summary byte for byte.
+metric table, archive, model, history and summary byte for byte.
 
 Divergence, per seed: a seed whose loss turns NaN/inf is recorded as ``diverged`` at that step and
 frozen (its weights and statistics stay those of the step it diverged at; it no longer contributes
@@ -52,7 +54,7 @@ import hashlib
 import math
 import time
 import warnings
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -67,7 +69,6 @@ from trainmap.data import TaskData
 from trainmap.io import (
     load_resume_or_none,
     load_timing,
-    load_torch,
     save_json,
     save_timing,
     save_torch,
@@ -76,7 +77,9 @@ from trainmap.io import (
 )
 from trainmap.methods import check_method
 from trainmap.models import build_model, count_parameters
+from trainmap.training.archive import ArchivePolicy, checkpoint_steps
 from trainmap.training.checkpoints import save_dense
+from trainmap.training.record import CheckpointRecorder
 from trainmap.training.seed_block import SeedBlock, UnvectorisableWarning, vectorisation_problem
 
 CheckpointHook = Callable[[dict[str, float], int], None]  # (metrics, step) of one run
@@ -95,7 +98,7 @@ class TrainHooks:
     Tensors are the block's, seed dimension first (``block.tensor(name)``, ``.grad``). The history's
     ``train_loss`` is the task loss alone. ``step`` is the number of optimiser steps taken before the
     current one (0 for the first), so a schedule reads it as "t". :meth:`snapshot` decides what the
-    checkpoint trajectory records. Everything a hook keeps across steps goes in :meth:`state_dict`,
+    checkpoint records (its metrics and archive). Everything a hook keeps across steps goes in :meth:`state_dict`,
     so resume stays bit-identical. :meth:`for_seed` gives one seed's hooks when a block's model
     cannot be vectorised and its seeds train one at a time.
     """
@@ -124,8 +127,9 @@ class TrainHooks:
         """React to an optimiser step (e.g. refresh N:M masks every k steps)."""
 
     def snapshot(self, block: SeedBlock) -> dict[str, torch.Tensor]:
-        """What a checkpoint records, seed dimension first (default: the state dict, on the CPU)."""
-        return {name: value.detach().to("cpu", copy=True) for name, value in block.state().items()}
+        """What a checkpoint records, seed dimension first, on the training device (default: the
+        state dict; read at once, so the block's own tensors, not copies)."""
+        return {name: value.detach() for name, value in block.state().items()}
 
     def save_model(self, model: nn.Module, path: Path, model_info: dict[str, Any]) -> None:
         """Write one seed's final model file (default: the ``dense`` checkpoint format)."""
@@ -163,6 +167,7 @@ class TrainConfig:
     checkpoint_every: int = 25
     resume_every: int = 1000
     device: str = "cpu"
+    archive: ArchivePolicy = field(default_factory=ArchivePolicy)
 
     @classmethod
     def from_dict(cls, settings: dict[str, Any]) -> TrainConfig:
@@ -174,14 +179,22 @@ class TrainConfig:
         values = dict(settings)
         if "betas" in values:
             values["betas"] = tuple(values["betas"])
+        values["archive"] = ArchivePolicy.from_value(values.get("archive"))
         return cls(**values)
+
+    @property
+    def checkpoint_steps(self) -> list[int]:
+        """Every step the loop takes a checkpoint at (0, every ``checkpoint_every``, the last)."""
+        return checkpoint_steps(self.steps, self.checkpoint_every)
 
 
 @dataclass(frozen=True)
 class TrainPaths:
-    """Where one run's outputs go."""
+    """Where one run's outputs go: the metric table streamed at each checkpoint, the archive of
+    kept checkpoints (a directory), the final model, history and summary, the resume file."""
 
-    trajectory: Path
+    metrics: Path
+    archive: Path
     model: Path
     history: Path
     summary: Path
@@ -192,7 +205,8 @@ class TrainPaths:
         """The standard file names inside one run directory."""
         directory = Path(directory)
         return cls(
-            trajectory=directory / "trajectory.pt",
+            metrics=directory / "checkpoint_metrics.csv",
+            archive=directory / "checkpoints",
             model=directory / "model.pt",
             history=directory / "history.csv",
             summary=directory / "train.json",
@@ -353,47 +367,6 @@ def evaluate_block(
     return (loss_sum / len(x)).tolist(), (correct.double() / len(x)).tolist()
 
 
-class Trajectory:
-    """Checkpoints of a block, each snapshot stacked over the seeds; a frozen (diverged) seed stops
-    recording, so seed ``s`` owns the first ``counts[s]`` snapshots."""
-
-    def __init__(self, size: int) -> None:
-        self.steps: list[int] = []
-        self.snapshots: list[dict[str, torch.Tensor]] = []
-        self.counts = [0] * size
-
-    def capture(self, step: int, snapshot: dict[str, torch.Tensor], recording: list[int]) -> None:
-        """Record ``snapshot`` (copies, seed dimension first) at ``step`` for the seeds listed."""
-        self.steps.append(step)
-        self.snapshots.append(snapshot)
-        for index in recording:
-            self.counts[index] += 1
-
-    def of_seed(self, index: int) -> dict[str, Any]:
-        """One seed's trajectory: ``{"step": LongTensor[n], "state": {name: Tensor[n, *shape]}}``."""
-        count = self.counts[index]
-        names = self.snapshots[0].keys() if self.snapshots else []
-        return {
-            "step": torch.tensor(self.steps[:count], dtype=torch.long),
-            "state": {
-                name: torch.stack([snap[name][index] for snap in self.snapshots[:count]])
-                for name in names
-            },
-        }
-
-    def to_dict(self) -> dict[str, Any]:
-        """Everything, for a resume file."""
-        return {"steps": self.steps, "snapshots": self.snapshots, "counts": self.counts}
-
-    @classmethod
-    def from_dict(cls, saved: dict[str, Any]) -> Trajectory:
-        """Inverse of :meth:`to_dict`."""
-        trajectory = cls(len(saved["counts"]))
-        trajectory.steps, trajectory.snapshots = list(saved["steps"]), list(saved["snapshots"])
-        trajectory.counts = list(saved["counts"])
-        return trajectory
-
-
 @dataclass
 class RunningMeans:
     """Each seed's training loss/accuracy summed over the steps since the last checkpoint.
@@ -512,13 +485,16 @@ def train_block(
     hooks: TrainHooks | None = None,
 ) -> list[dict[str, Any]]:
     """Train ``models`` (one per seed of ``seeds``, same architecture) together as one block; write
-    each seed's trajectory, final model, history and summary to its ``paths``; the models end up
-    holding their trained weights. Returns the per-seed summaries.
+    each seed's metric table, archive, final model, history and summary to its ``paths``; the
+    models end up holding their trained weights. Returns the per-seed summaries.
 
     ``fingerprint`` identifies the configuration: a resume file written under another fingerprint is
     ignored (and replaced), so a changed config never continues a stale run. ``model_info`` (arch,
     options, data meta; one per seed) is stored beside the final weights so each model can be rebuilt
-    from its file. ``hooks`` are a method's additions to the loop (see :class:`TrainHooks`).
+    from its file; its ``arch``/``meta``/``model_options`` also give the architecture whose layout
+    the streamed metrics count (a sparse run's checkpoints hold the dense architecture's entries);
+    without them, the first model's. ``hooks`` are a method's additions to the loop (see
+    :class:`TrainHooks`).
 
     A block whose model vmap cannot vectorise (a trial step when the block is built) trains its
     seeds one after another instead, each as a block of one, with an ``UnvectorisableWarning``.
@@ -528,6 +504,7 @@ def train_block(
         raise ValueError(f"a block of {size} models needs as many seeds and paths")
     hooks = hooks or TrainHooks()
     device = resolve_device(cfg.device)
+    cfg.archive.check_device(device)
     block = SeedBlock(models).to(device)
     data = on_device(data, device)
     problem = None if size == 1 else vectorisation_problem(block, _first_batches(data, cfg, seeds))
@@ -543,7 +520,11 @@ def train_block(
     lr_varies = cfg.schedule != "constant" or cfg.warmup_steps > 0
     on_accelerator = device.type != "cpu"
     samplers = [_sampler(len(data.x_train), cfg, seed) for seed in seeds]
-    trajectory, running = Trajectory(size), RunningMeans(size)
+    structure = metric_structure(models[0], model_info[0] if model_info else None)
+    recorder = CheckpointRecorder(structure, [p.metrics for p in paths],
+                                  [p.archive.parent for p in paths], cfg.checkpoint_steps,
+                                  cfg.archive)  # fmt: skip
+    running = RunningMeans(size)
     records = [SeedRecord() for _ in range(size)]
     start_step, elapsed_before, resumed_from = 0, 0.0, None
     saved = _load_resume(resume_path, fingerprint)
@@ -555,14 +536,16 @@ def train_block(
         torch.set_rng_state(saved["torch_rng"])
         if device.type == "cuda" and saved.get("cuda_rng") is not None:
             torch.cuda.set_rng_state_all(saved["cuda_rng"])
-        trajectory = Trajectory.from_dict(saved["trajectory"])
+        recorder.load_state_dict(saved["recorder"])
         running = RunningMeans(**saved["running"])
         records = [SeedRecord(**record) for record in saved["records"]]
         hooks.load_state_dict(saved["hooks"])
         start_step = resumed_from = saved["step"]
         elapsed_before = saved["elapsed_s"]  # from the resume file's timing sidecar
-    elif size == 1:  # random numbers a model draws (dropout) come from its own seed
-        torch.manual_seed(derive_seed(seeds[0], "train"))
+    else:
+        recorder.start_fresh()
+        if size == 1:  # random numbers a model draws (dropout) come from its own seed
+            torch.manual_seed(derive_seed(seeds[0], "train"))
 
     def active_seeds() -> list[int]:
         return [index for index, record in enumerate(records) if record.active]
@@ -585,7 +568,7 @@ def train_block(
                 # lr is logged only when it changes (a constant is a run parameter, not a metric).
                 logged = {k: v for k, v in row.items() if k != "step" and (k != "lr" or lr_varies)}
                 on_checkpoint(index, logged, step)
-        trajectory.capture(step, hooks.snapshot(block), active)
+        recorder.capture(step, hooks.snapshot(block), active)
 
     started = time.perf_counter()
     if start_step == 0:
@@ -646,7 +629,7 @@ def train_block(
                 bar.set_postfix(test_acc=f"{sum(accs) / len(accs):.3f}", refresh=False)
         if step % cfg.resume_every == 0 and step < cfg.steps:
             elapsed = elapsed_before + time.perf_counter() - started
-            _save_resume(resume_path, fingerprint, step, block, optimizer, samplers, trajectory,
+            _save_resume(resume_path, fingerprint, step, block, optimizer, samplers, recorder,
                          running, records, hooks, elapsed)  # fmt: skip
     bar.close()
     wall_time = elapsed_before + time.perf_counter() - started
@@ -673,8 +656,9 @@ def train_block(
     block.write_back()
     infos = list(model_info) if model_info is not None else [{} for _ in range(size)]
     for index in range(size):
-        _write_outputs(paths[index], block.model_of(index), trajectory.of_seed(index),
-                       records[index].history, summaries[index], infos[index], hooks)  # fmt: skip
+        recorder.finish(index)
+        _write_outputs(paths[index], block.model_of(index), records[index].history,
+                       summaries[index], infos[index], hooks)  # fmt: skip
     resume_path.unlink(missing_ok=True)
     timing_path(resume_path).unlink(missing_ok=True)
     return summaries
@@ -791,13 +775,11 @@ def _restore_frozen(block: SeedBlock, records: list[SeedRecord]) -> None:
 def _write_outputs(
     paths: TrainPaths,
     model: nn.Module,
-    trajectory: dict[str, Any],
     history: list[dict[str, float]],
     summary: dict[str, Any],
     model_info: dict[str, Any],
     hooks: TrainHooks,
 ) -> None:
-    save_torch(trajectory, paths.trajectory)
     hooks.save_model(model, paths.model, model_info)
     frame = pd.DataFrame(history, columns=HISTORY_COLUMNS)
     write_atomic(paths.history, lambda tmp: frame.to_csv(tmp, index=False))
@@ -806,7 +788,7 @@ def _write_outputs(
 
 def _save_resume(path: Path, fingerprint: str, step: int, block: SeedBlock,
                  optimizer: torch.optim.Optimizer, samplers: list[BatchSampler],
-                 trajectory: Trajectory, running: RunningMeans, records: list[SeedRecord],
+                 recorder: CheckpointRecorder, running: RunningMeans, records: list[SeedRecord],
                  hooks: TrainHooks, elapsed: float) -> None:  # fmt: skip
     # The time so far goes beside the file (seeds0-31.resume.timing.json), so the resume file of
     # a step is the same bytes in every run, like every other file trainmap writes.
@@ -820,7 +802,7 @@ def _save_resume(path: Path, fingerprint: str, step: int, block: SeedBlock,
             "samplers": [sampler.state_dict() for sampler in samplers],
             "torch_rng": torch.get_rng_state(),
             "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None,
-            "trajectory": trajectory.to_dict(),
+            "recorder": recorder.state_dict(),
             "running": running.state_dict(),
             "records": [vars(record) for record in records],
             "hooks": hooks.state_dict(),
@@ -831,9 +813,9 @@ def _save_resume(path: Path, fingerprint: str, step: int, block: SeedBlock,
 
 def _load_resume(path: Path, fingerprint: str) -> dict[str, Any] | None:
     saved = load_resume_or_none(path)  # none, or a damaged file (deleted): start from step 0
-    if saved is None or saved.get("fingerprint") != fingerprint or "block" not in saved:
+    if saved is None or saved.get("fingerprint") != fingerprint or "recorder" not in saved:
         # A different configuration, or a resume file of an older trainmap (one seed, no block
-        # state): start over; the file is replaced later.
+        # state, or every checkpoint's weights): start over; the file is replaced later.
         return None
     # Resume files of an older trainmap held the time themselves; a missing sidecar costs only
     # the reported wall time of the part before the resume.
@@ -841,6 +823,12 @@ def _load_resume(path: Path, fingerprint: str) -> dict[str, Any] | None:
     return saved
 
 
-def load_trajectory(path: str | Path) -> dict[str, Any]:
-    """Read a saved trajectory: ``{"step": LongTensor[n], "state": {name: Tensor[n, ...]}}``."""
-    return load_torch(path)
+def metric_structure(model: nn.Module, info: Mapping[str, Any] | None) -> nn.Module:
+    """The architecture whose layout the streamed metrics count: rebuilt from ``model_info``
+    ``info`` (``arch``, ``meta``, ``model_options``) when given, so a sparse run counts its dense
+    layers; else ``model`` itself."""
+    info = info or {}
+    if {"arch", "meta"} <= set(info):
+        with torch.random.fork_rng(devices=[]):  # building it draws no number the run would draw
+            return build_model(info["arch"], info["meta"], **info.get("model_options", {}))
+    return model

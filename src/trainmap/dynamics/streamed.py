@@ -1,0 +1,123 @@
+"""Metrics streamed from the training loop: the 14 weight metrics (appendix B of Hu et al.) of
+every convention, computed at each checkpoint from the weights in memory.
+
+The training-maps authors compute their metrics inside the training loop at each evaluation step
+(michahu/modeling-training, ``scripts/00_training/computer_vision.py``) and keep only the final
+model. trainmap does the same, vectorised over a seed block: :class:`StreamedMetrics` takes the
+block's state stacked over its seeds (``[S, *shape]`` per state-dict entry, on the training device)
+and returns one row per seed for every variant, i.e. every metric convention
+(:data:`trainmap.dynamics.columns.CONVENTIONS`) and, for a RepVGG, both weight spaces (``train``:
+its branches; ``deploy``: the fused form, :func:`trainmap.models.repvgg.deploy_trajectory`). The
+computation is :func:`trainmap.dynamics.metrics.trajectory_metrics` itself, with the seeds where a
+stored trajectory has its checkpoints, so the numbers equal those computed afterwards from stored
+checkpoints (tests/test_streamed_metrics.py: bit for bit on the CPU, 1e-12 required).
+
+A run's streamed table (``checkpoint_metrics.csv``, :data:`STREAMED_COLUMNS`) records with every row
+the :func:`definitions_hash` of the metric code that computed it; the ``collect_metrics`` rule takes
+its convention's rows from it (:func:`metrics_table`) while the definitions are the current ones,
+and otherwise recomputes them from the run's checkpoint archive, or says which runs must retrain.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from pathlib import Path
+
+import pandas as pd
+import torch
+from torch import nn
+
+from trainmap.dynamics import metrics as metric_definitions
+from trainmap.dynamics.columns import CONVENTIONS, METRIC_NAMES
+from trainmap.dynamics.metrics import (
+    WeightLayout,
+    layout_of_model,
+    trajectory_metrics,
+    with_history,
+)
+
+STREAMED_FILE = "checkpoint_metrics.csv"
+VARIANT_COLUMNS = ["convention", "weights"]
+STREAMED_COLUMNS = ["step", *VARIANT_COLUMNS, *METRIC_NAMES, "n_matrices", "skipped_matrices",
+                    "definitions"]  # fmt: skip
+
+
+def definitions_hash() -> str:
+    """The first 16 hex digits of the sha256 of the metric definitions' source
+    (``trainmap/dynamics/metrics.py``, the ``collect_metrics`` rule's ``definitions`` input)."""
+    source = Path(metric_definitions.__file__).read_bytes()
+    return hashlib.sha256(source).hexdigest()[:16]
+
+
+def weight_spaces(structure: nn.Module) -> list[str]:
+    """The weight spaces a run's metrics are streamed in: ``train``, and ``deploy`` for a RepVGG."""
+    from trainmap.models.repvgg import RepVGG
+
+    return ["train", "deploy"] if isinstance(structure, RepVGG) else ["train"]
+
+
+class StreamedMetrics:
+    """The metrics of every variant of one architecture's checkpoints, a seed block at a time.
+
+    ``structure``: a model of the run's architecture (the dense one for a sparse run: its
+    checkpoints hold the effective weights under the dense names), used only for its layout.
+    """
+
+    def __init__(self, structure: nn.Module) -> None:
+        self.structure = structure
+        self.spaces = weight_spaces(structure)
+        self.layouts: dict[str, WeightLayout] = {
+            convention: layout_of_model(structure, convention) for convention in CONVENTIONS
+        }
+        self.deploy_layouts: dict[str, WeightLayout] | None = None
+        self.definitions = definitions_hash()
+
+    def rows(self, state: Mapping[str, torch.Tensor], step: int) -> list[list[dict]]:
+        """One list of rows per seed of ``state`` (``[S, *shape]`` per entry): a row per variant,
+        with :data:`STREAMED_COLUMNS`."""
+        size = next(iter(state.values())).shape[0]
+        per_seed: list[list[dict]] = [[] for _ in range(size)]
+        for space in self.spaces:
+            weights, layouts = self._space(state, space)
+            for convention in CONVENTIONS:
+                frame = trajectory_metrics(weights, layouts[convention], convention)
+                for index, values in enumerate(frame.to_dict("records")):
+                    per_seed[index].append({"step": step, "convention": convention,
+                                            "weights": space, **values,
+                                            "definitions": self.definitions})  # fmt: skip
+        return per_seed
+
+    def _space(self, state: Mapping[str, torch.Tensor],
+               space: str) -> tuple[Mapping[str, torch.Tensor], dict[str, WeightLayout]]:  # fmt: skip
+        if space == "train":
+            return state, self.layouts
+        from trainmap.models.repvgg import deploy_trajectory
+
+        fused, deploy = deploy_trajectory(state, self.structure)
+        if self.deploy_layouts is None:
+            self.deploy_layouts = {c: layout_of_model(deploy, c) for c in CONVENTIONS}
+        return fused, self.deploy_layouts
+
+
+def read_streamed(path: str | Path) -> pd.DataFrame:
+    """A run's streamed table, every float exactly as written (``round_trip``)."""
+    return pd.read_csv(path, float_precision="round_trip")
+
+
+def variant_rows(streamed: pd.DataFrame, convention: str, weights: str) -> pd.DataFrame:
+    """The rows of one variant, in step order, with :data:`STREAMED_COLUMNS`."""
+    chosen = (streamed["convention"] == convention) & (streamed["weights"] == weights)
+    return streamed[chosen].sort_values("step", kind="stable").reset_index(drop=True)
+
+
+def stale_definitions(rows: pd.DataFrame) -> bool:
+    """Whether ``rows`` were computed by other metric definitions than the current ones."""
+    return bool((rows["definitions"].astype(str) != definitions_hash()).any())
+
+
+def metrics_table(rows: pd.DataFrame, history: pd.DataFrame) -> pd.DataFrame:
+    """A run's metric table (:func:`trainmap.dynamics.metrics.collect_run_metrics`'s format) from
+    its streamed rows of one variant and its history."""
+    frame = rows[["step", *METRIC_NAMES, "n_matrices", "skipped_matrices"]].copy()
+    return with_history(frame, history)
