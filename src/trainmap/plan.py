@@ -1,0 +1,804 @@
+"""A plan before the work: for every job of a config's grid, the bytes it writes, its peak memory
+(host RAM, and GPU memory where its task trains on cuda) and its time, before anything runs.
+
+``python -m trainmap.plan [--configfile CONFIG ...]`` prints the plan per rule and in total and
+checks it against one node (default: 1 GPU of 80 GB, 128 GB RAM, 1 TB disk, 24 hours a job); a job
+or a grid past a limit is a :class:`PlanError` naming the rule, the job, the resource, the estimate
+and the config key to change, and the command exits with status 1. The workflow's SLURM resources
+(``mem_mb``, ``runtime``, ``gpu``) come from the same estimates (:func:`job_resources`), times
+:data:`SAFETY_FACTOR`.
+
+Every estimate says where it comes from: ``measured: <what>`` (a finished run's timing sidecar, or
+a number measured on this project's machines, FACTS.md), ``FLOP-based: <assumption>`` (forward
+FLOPs counted by ``torch.utils.flop_counter.FlopCounterMode`` on a tiny batch, x3 for a training
+step, at a stated device throughput) or ``size-based: <what>`` (bytes counted from the model's
+state dict, the autograd-saved tensors of a tiny batch, the config's checkpoint counts). Models are
+built once per (task, arch, options) on the CPU (:func:`model_profile`, cached): a dry run of the
+workflow pays that once per architecture, never per job.
+
+What a training block (``S`` seeds of one task, arch and method, ``train.<task>.seed_block``)
+costs, per the training loop's contract:
+
+* bytes: per seed, the kept checkpoints (``train.<task>.archive``: ``{schedule: all | none |
+  "every N" | "log K", dtype: float32 | bfloat16 | float16}``, :func:`kept_checkpoints`) x the
+  state dict's numel x the dtype's bytes, plus ``model.pt`` (the final fp32 state), ``history.csv``
+  and ``checkpoint_metrics.csv`` (one row per checkpoint) and ``train.json``; the resume file (the
+  block's state, optimizer state: SGD momentum 1x, Adam/AdamW 2x the parameters) exists while the
+  job runs and counts towards the disk's peak;
+* device memory: weights, gradients and optimizer state of S models, the buffers, S x batch x the
+  autograd-saved bytes per example, the data set (the loop keeps it on the device), and at a
+  checkpoint the larger of the test-set evaluation (``EVAL_BATCH`` examples x S through the widest
+  layer) and the float64 metric transient (~3 x S x n_params x 8 bytes);
+* time: steps x (per-step overhead + 3 x forward FLOPs x batch x S / throughput) + per checkpoint
+  the test evaluation, the singular values of every counted matrix in float64 and the archive
+  write, + the job's start-up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import math
+import sys
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import MISSING, asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import torch
+from torch import nn
+
+from trainmap import data as data_module
+from trainmap import grid
+from trainmap.grid import Cell, SeedRange
+from trainmap.models import build_model
+
+#: Resources requested from a scheduler are the plan's estimate times this, once, for every rule:
+#: the FLOP-based times hold to ~2x (bench/plan_accuracy.py), and a job past its request is killed.
+SAFETY_FACTOR = 1.5
+#: The smallest requests (a job's start-up alone: importing torch and MLflow, FACTS.md).
+MIN_MEMORY_MB = 1000
+MIN_MINUTES = 5
+
+GB = 1e9
+#: The training loop's test-evaluation batch (trainmap.training.loop.EVAL_BATCH).
+EVAL_BATCH = 4096
+ARCHIVE_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+DEFAULT_ARCHIVE = {"schedule": "all", "dtype": "float32"}
+#: Optimizer state per parameter, in parameter copies (SGD: momentum buffer; Adam(W): two moments).
+OPTIMIZER_COPIES = {"sgd": 1, "adam": 2, "adamw": 2}
+
+
+@dataclass(frozen=True)
+class Device:
+    """What the plan assumes of a training device, and where each number comes from."""
+
+    name: str
+    train_flops_per_s: float
+    step_overhead_s: float
+    overhead_per_seed_s: float
+    svd_flops_per_s: float
+    context_bytes: float
+    source: str
+
+
+#: This project's 2-core machines: a 1024^2 fp32 matmul ran at 54 GFLOP/s; training steps reach
+#: 17-45 GFLOP/s (FACTS.md: ResNet-20-like 900 ms/step at batch 128, the transformer 185 ms at
+#: 2048); per-step overhead from the sparse-parity MLP (0.9 ms/step alone, FACTS.md) and a block of
+#: 40 seeds 9x faster per seed (bench/seed_batch.py): 0.9 ms + 0.078 ms a seed.
+CPU = Device(
+    "cpu", 20e9, 0.9e-3, 0.078e-3, 2e9, 0.0,
+    "measured: FACTS.md ms/step of the MLP, CNN, transformer and ResNet-20 on 2 cores (17-45 "
+    "GFLOP/s; 20 GFLOP/s taken), 0.9 ms + 0.078 ms/seed per-step overhead (bench/seed_batch.py)",
+)  # fmt: skip
+#: A node's GPU (an H100, assumed: no GPU run of this project has been measured): fp32 ~50 TFLOP/s
+#: at 40 % utilisation; ~3 ms a step of kernel launches for a vmapped block; batched float64
+#: singular values at ~100 GFLOP/s; ~1 GB of CUDA context.
+GPU = Device(
+    "cuda", 50e12 * 0.4, 3e-3, 0.02e-3, 100e9, 1.0 * GB,
+    "FLOP-based: H100 fp32 50 TFLOP/s at 40 % utilisation, 3 ms/step launch overhead, float64 "
+    "SVD 100 GFLOP/s (assumed, not measured)",
+)  # fmt: skip
+#: Start-up of a job process: import torch (1.6 s) and MLflow (1.2 s), tracking, data load.
+STARTUP_S = 15.0
+#: A job process's resident memory before its work: torch + MLflow imported (FACTS.md: 1,307 MB
+#: peak RSS for a 4.3 M-parameter MLP with 11 checkpoints).
+BASE_RAM = 1.2 * GB
+#: Sequential write speed of the node's disk (assumed).
+DISK_BYTES_PER_S = 500e6
+#: The analysis rules' time per observation (a run's checkpoint): the default study's joint
+#: comparisons, 138 s for 80 runs x 321 checkpoints (FACTS.md, measured 2026-11-24).
+ANALYSIS_S_PER_OBSERVATION = 138.0 / (80 * 321)
+ANALYSIS_SOURCE = (
+    "measured: the default study's joint comparison, 138 s for 80 runs x 321 checkpoints "
+    "(FACTS.md), scaled by runs x checkpoints"
+)
+
+
+class PlanError(ValueError):
+    """A plan past the limits of the node it was given; the message names the rule, the job, the
+    resource, the estimate and the config key to change."""
+
+
+@dataclass(frozen=True)
+class NodeLimits:
+    """One node: GPU memory, host RAM and disk in GB/TB, and a job's wall-time limit in hours."""
+
+    gpu_gb: float = 80.0
+    ram_gb: float = 128.0
+    disk_tb: float = 1.0
+    job_hours: float = 24.0
+
+
+# --- checkpoints and the archive ------------------------------------------------------------------
+
+
+def checkpoint_steps(steps: int, checkpoint_every: int) -> list[int]:
+    """The steps a run checkpoints at: 0, every ``checkpoint_every`` steps, and the last."""
+    found = list(range(0, steps + 1, checkpoint_every))
+    return found if found[-1] == steps else [*found, steps]
+
+
+def _kept_checkpoints(steps: list[int], schedule: str) -> list[int]:
+    """Which of ``steps`` (a run's checkpoint steps) ``schedule`` keeps on disk: ``all``, ``none``,
+    ``"every N"`` (every N-th checkpoint, plus the first and last) or ``"log K"`` (about K
+    checkpoints log-spaced over the checkpoint indices, plus the first and last)."""
+    words = str(schedule).split()
+    n = len(steps)
+    if words == ["all"]:
+        return list(steps)
+    if words == ["none"]:
+        return []
+    if len(words) == 2 and words[0] in ("every", "log") and words[1].isdigit() and int(words[1]) > 0:
+        count = int(words[1])
+        if words[0] == "every":
+            indices = set(range(0, n, count))
+        else:
+            top = math.log(max(n - 1, 1))
+            indices = {round(math.exp(top * i / max(count - 1, 1))) for i in range(count)}
+        indices |= {0, n - 1}
+        return [steps[i] for i in sorted(i for i in indices if 0 <= i < n)]
+    raise PlanError(
+        f"archive schedule {schedule!r}: expected all, none, 'every N' or 'log K' (N, K positive "
+        "integers), e.g. train.<task>.archive: {schedule: 'log 20'}"
+    )
+
+
+def kept_checkpoints(steps: list[int], schedule: str) -> list[int]:
+    """The checkpoint steps an archive ``schedule`` writes to disk (the training loop's own parser,
+    :func:`trainmap.training.archive.kept_checkpoints`, where it exists)."""
+    try:
+        from trainmap.training.archive import ArchivePolicy
+    except ImportError:
+        return _kept_checkpoints(steps, schedule)
+    try:
+        return ArchivePolicy(schedule=schedule).kept_steps(list(steps))
+    except ValueError as error:
+        raise PlanError(f"{error}, e.g. train.<task>.archive: {{schedule: 'log 20'}}") from None
+
+
+def archive_settings(settings: Mapping[str, Any], key: str) -> tuple[str, int]:
+    """The archive schedule and dtype bytes of train-style ``settings`` (found at config ``key``)."""
+    archive = {**DEFAULT_ARCHIVE, **(settings.get("archive") or {})}
+    if archive["dtype"] not in ARCHIVE_DTYPE_BYTES:
+        raise PlanError(
+            f"config key {key}.archive.dtype: {archive['dtype']!r}; allowed: "
+            f"{', '.join(ARCHIVE_DTYPE_BYTES)}"
+        )
+    return str(archive["schedule"]), ARCHIVE_DTYPE_BYTES[archive["dtype"]]
+
+
+# --- a model's sizes, FLOPs and activations (once per task, arch and options) -------------------
+
+
+@dataclass(frozen=True)
+class ModelProfile:
+    """What the plan needs of one (task, arch): counts, bytes and FLOPs per example.
+
+    ``n_params``: trainable parameters; ``n_state``: numel of the state dict (buffers included);
+    ``state_bytes``: its bytes as stored (fp32); ``forward_flops``: forward FLOPs per example
+    (FlopCounterMode, batch 2 minus batch 1); ``saved_bytes``: autograd-saved activation bytes per
+    example (parameters excluded); ``widest_bytes``: the largest module output per example;
+    ``svd_flops``: 4 m n min(m, n) summed over every 2-D and conv weight (as (out, in*k*k));
+    ``input_bytes``: one example's input; ``linear_only``: no conv layer (MLP, transformer).
+    """
+
+    n_params: int
+    n_state: int
+    state_bytes: int
+    forward_flops: float
+    saved_bytes: float
+    widest_bytes: float
+    svd_flops: float
+    input_bytes: int
+    linear_only: bool
+
+
+def _example_batch(meta: Mapping[str, Any], size: int) -> torch.Tensor:
+    shape = (size, *meta["input_shape"])
+    if meta["input_kind"] == "tokens":
+        return torch.randint(0, int(meta.get("vocab_size", 2)), shape)
+    return torch.randn(shape)
+
+
+def _forward_flops(model: nn.Module, x: torch.Tensor) -> float:
+    from torch.utils.flop_counter import FlopCounterMode
+
+    counter = FlopCounterMode(display=False)
+    with torch.no_grad(), counter:
+        model(x)
+    return float(counter.get_total_flops())
+
+
+def _saved_and_widest(model: nn.Module, x: torch.Tensor) -> tuple[float, float]:
+    """Bytes autograd saves for backward (parameters excluded) and the largest leaf output."""
+    params = {p.data_ptr() for p in model.parameters()} | {b.data_ptr() for b in model.buffers()}
+    saved: dict[tuple[int, tuple[int, ...]], int] = {}
+    widest = [0]
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        if tensor.data_ptr() not in params:
+            saved[(tensor.data_ptr(), tuple(tensor.shape))] = tensor.numel() * tensor.element_size()
+        return tensor
+
+    def record(_module: nn.Module, _inputs: Any, output: Any) -> None:
+        if isinstance(output, torch.Tensor):
+            widest[0] = max(widest[0], output.numel() * output.element_size())
+
+    handles = [m.register_forward_hook(record) for m in model.modules() if not list(m.children())]
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+            model(x).sum().backward()
+    finally:
+        for handle in handles:
+            handle.remove()
+    return float(sum(saved.values())), float(widest[0])
+
+
+@functools.cache
+def _profile(task_data_json: str, arch: str, options_json: str) -> ModelProfile:
+    data_options = json.loads(task_data_json)
+    kind = data_options.pop("kind")
+    meta = data_module.model_meta(kind, data_options)
+    torch.manual_seed(0)
+    model = build_model(arch, meta, **json.loads(options_json))
+    model.train()
+    state = model.state_dict()
+    flops = [_forward_flops(model, _example_batch(meta, size)) for size in (2, 4)]
+    saved = [_saved_and_widest(model, _example_batch(meta, size)) for size in (2, 4)]
+    svd_flops = 0.0
+    for tensor in state.values():
+        if tensor.dim() in (2, 4) and tensor.is_floating_point():
+            m, n = tensor.shape[0], tensor[0].numel()
+            svd_flops += 4.0 * m * n * min(m, n)
+    x = _example_batch(meta, 1)
+    return ModelProfile(
+        n_params=sum(p.numel() for p in model.parameters() if p.requires_grad),
+        n_state=sum(t.numel() for t in state.values()),
+        state_bytes=sum(t.numel() * t.element_size() for t in state.values()),
+        forward_flops=max(flops[1] - flops[0], 0.0) / 2,
+        saved_bytes=max(saved[1][0] - saved[0][0], 0.0) / 2,
+        widest_bytes=saved[1][1] / 4,
+        svd_flops=svd_flops,
+        input_bytes=x.numel() * x.element_size(),
+        linear_only=not any(isinstance(m, nn.Conv2d) for m in model.modules()),
+    )
+
+
+def model_profile(config: Mapping[str, Any], task: str, arch: str) -> ModelProfile:
+    """The :class:`ModelProfile` of ``arch`` on ``task`` as the config builds it (data meta from
+    ``data.<task>`` without the data, ``model.<task>.<arch>``); built once per process and
+    settings."""
+    return _profile(
+        json.dumps(grid.data_settings(config, task), sort_keys=True),
+        arch,
+        json.dumps(grid.model_settings(config, task, arch), sort_keys=True),
+    )
+
+
+def dataset_examples(kind: str, options: Mapping[str, Any]) -> tuple[int, int] | None:
+    """``(n_train, n_test)`` of a data kind with ``options``, known without the data; None when
+    only the data knows (``arrays``, a plugin's kind)."""
+    options = {**data_module.data_kind_options(kind), **options}
+    if kind == "sparse_parity":
+        return int(options["n_train"]), int(options["n_test"])
+    if kind == "modular_addition":
+        pairs = int(options["p"]) ** 2
+        n_train = int(pairs * float(options["train_frac"]))
+        return n_train, pairs - n_train
+    if kind == "digits":
+        n_test = math.ceil(1797 * float(options["test_frac"]))
+        return 1797 - n_test, n_test
+    if kind == "mnist_5k":
+        return data_module.mnist_5k_split_sizes(float(options["test_frac"]))
+    if kind == "mnist1d":
+        return data_module.mnist1d_split_sizes(
+            int(options["num_samples"]), float(options["train_split"])
+        )
+    if kind == "mnist":
+        return 60000, 10000
+    if kind in ("cifar10", "cifar100"):
+        return 50000, 10000
+    return None
+
+
+def dataset_bytes(config: Mapping[str, Any], task: str, profile: ModelProfile) -> tuple[float, int]:
+    """The task's data set in bytes (inputs as the model takes them, int64 labels) and its test
+    examples; a kind whose size only its data knows counts as 60000 + 10000 examples."""
+    options = dict(grid.data_settings(config, task))
+    kind = options.pop("kind")
+    n_train, n_test = dataset_examples(kind, options) or (60000, 10000)
+    return (n_train + n_test) * (profile.input_bytes + 8), n_test
+
+
+# --- one job's estimate ---------------------------------------------------------------------------
+
+
+@dataclass
+class JobPlan:
+    """One job's plan: bytes it leaves on disk (``bytes``), its transient disk use (``scratch``),
+    peak host RAM and GPU memory (bytes), seconds, and where each estimate comes from."""
+
+    rule: str
+    job: str
+    seeds: int
+    device: str
+    bytes: float
+    scratch: float
+    ram: float
+    gpu: float
+    seconds: float
+    bytes_from: str
+    memory_from: str
+    time_from: str
+    #: The config keys that change this job's size and time (named by a limit's error).
+    keys: tuple[str, ...] = ()
+
+
+def device_of(settings: Mapping[str, Any]) -> Device:
+    return GPU if str(settings.get("device", "cpu")).startswith("cuda") else CPU
+
+
+def _with_defaults(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """Train-style ``settings`` over TrainConfig's defaults (those with a plain default)."""
+    from trainmap.training.loop import TrainConfig
+
+    known = {f.name: f.default for f in fields(TrainConfig) if f.default is not MISSING}
+    return {**known, **settings}
+
+
+def training_job(
+    config: Mapping[str, Any],
+    rule: str,
+    block: SeedRange,
+    settings: Mapping[str, Any],
+    key: str,
+    flop_factor: float = 1.0,
+    results: str | None = None,
+) -> JobPlan:
+    """The plan of a training block job (rules train, sparse_retrain): see the module docstring.
+    ``settings``: the train-style mapping at config ``key``; ``flop_factor``: extra forward work
+    per step (a distillation teacher: 4/3)."""
+    settings = _with_defaults(settings)
+    profile = model_profile(config, block.task, block.arch)
+    device = device_of(settings)
+    seeds = len(block.seeds)
+    steps = checkpoint_steps(int(settings["steps"]), int(settings["checkpoint_every"]))
+    schedule, dtype_bytes = archive_settings(settings, key)
+    kept = kept_checkpoints(steps, schedule)
+    archive = len(kept) * profile.n_state * dtype_bytes
+    per_seed = archive + profile.state_bytes + len(steps) * (120 + 3 * 16 * 20) + 2000
+    optimizer = OPTIMIZER_COPIES.get(str(settings["optimizer"]), 2)
+    state = seeds * (profile.state_bytes + 4 * profile.n_params * optimizer)
+    data_bytes, n_test = dataset_bytes(config, block.task, profile)
+    batch = int(settings["batch_size"])
+    weights = seeds * (profile.state_bytes + 4 * profile.n_params * (1 + optimizer))
+    activations = seeds * batch * profile.saved_bytes * flop_factor
+    evaluation = 3 * seeds * min(n_test, EVAL_BATCH) * profile.widest_bytes
+    metrics = 3 * seeds * profile.n_params * 8
+    on_device = weights + data_bytes + max(activations, evaluation, metrics) + device.context_bytes
+    host = BASE_RAM + 2 * data_bytes + state + seeds * profile.state_bytes
+    step_flops = 3 * profile.forward_flops * batch * seeds * flop_factor
+    step_s = device.step_overhead_s + device.overhead_per_seed_s * seeds
+    step_s += step_flops / device.train_flops_per_s
+    checkpoint_s = (
+        profile.forward_flops * n_test * seeds / device.train_flops_per_s
+        + seeds * profile.svd_flops / device.svd_flops_per_s
+    )
+    seconds = STARTUP_S + steps[-1] * step_s + len(steps) * checkpoint_s
+    seconds += seeds * (archive + profile.state_bytes) / DISK_BYTES_PER_S
+    time_from = (
+        f"{device.source}; {3 * profile.forward_flops * flop_factor / 1e6:.3g} MFLOP/example/step "
+        "(3 x FlopCounterMode forward)"
+    )
+    measured = _measured_wall_time(results, rule, block)
+    if measured is not None:
+        seconds, time_from = measured
+    memory_from = (
+        f"size-based: {seeds} x (weights + grads + {optimizer} optimizer copies) of "
+        f"{profile.n_params:,} params, {seeds} x {batch} x "
+        f"{profile.saved_bytes / 1e6:.3g} MB autograd-saved/example, data "
+        f"{data_bytes / 1e6:.3g} MB, checkpoint peak max(eval {evaluation / GB:.3g} GB, float64 "
+        f"metrics {metrics / GB:.3g} GB)"
+    )
+    bytes_from = (
+        f"size-based: {seeds} seeds x ({len(kept)} of {len(steps)} checkpoints ({schedule}) x "
+        f"{profile.n_state:,} x {dtype_bytes} B + model.pt + tables)"
+    )
+    on_gpu = device is GPU
+    return JobPlan(
+        rule, block.id, seeds, device.name, seeds * per_seed, state, host + (0 if on_gpu else on_device),
+        on_device if on_gpu else 0.0, seconds, bytes_from, memory_from, time_from,
+        (f"train.{block.task}.seed_block", f"{key}.archive", f"{key}.steps"),
+    )  # fmt: skip
+
+
+def _measured_wall_time(
+    results: str | None, rule: str, block: SeedRange
+) -> tuple[float, str] | None:
+    """A finished block's wall time from its seeds' timing sidecars under ``results`` (the
+    block's, not the sum: the seeds train together), or None."""
+    if results is None:
+        return None
+    rule_dir = {"train": "train", "sparse_retrain": "sparse"}[rule]
+    times = []
+    for cell in block.cells:
+        path = Path(results) / rule_dir / cell.id / "train.timing.json"
+        if not path.is_file():
+            return None
+        times.append(float(json.loads(path.read_text()).get("wall_time_s", math.nan)))
+    if not times or any(math.isnan(t) for t in times):
+        return None
+    return max(times), f"measured: {results}/{rule_dir}/{block.id} train.timing.json wall_time_s"
+
+
+def small_job(
+    rule: str, job: str, seeds: int, bytes_: float, ram: float, seconds: float,
+    bytes_from: str, memory_from: str, time_from: str, keys: tuple[str, ...] = (),
+) -> JobPlan:  # fmt: skip
+    """A CPU job's plan from its three numbers and their sources."""
+    return JobPlan(rule, job, seeds, "cpu", bytes_, 0.0, ram, 0.0, seconds, bytes_from,
+                   memory_from, time_from, keys)  # fmt: skip
+
+
+def gradinit_job(config: Mapping[str, Any], block: SeedRange) -> JobPlan:
+    """GradInit / MetaInit: ``iterations`` steps of two forward/backward passes (the inner step
+    and the objective's) of ``batch_size`` examples, S seeds at once on the training device."""
+    settings = grid.stage_settings(config, "gradinit", block.task)
+    train = _with_defaults(grid.train_settings(config, block.task))
+    profile = model_profile(config, block.task, block.arch)
+    device, seeds = device_of(train), len(block.seeds)
+    batch, iterations = int(settings.get("batch_size", 128)), int(settings.get("iterations", 100))
+    step_s = 2 * (device.step_overhead_s + device.overhead_per_seed_s * seeds)
+    step_s += 2 * 3 * profile.forward_flops * batch * seeds / device.train_flops_per_s
+    data_bytes, _ = dataset_bytes(config, block.task, profile)
+    on_device = (seeds * (3 * profile.state_bytes + 2 * batch * profile.saved_bytes)
+                 + data_bytes + device.context_bytes)  # fmt: skip
+    host = BASE_RAM + 2 * data_bytes + seeds * profile.state_bytes
+    on_gpu = device is GPU
+    return JobPlan(
+        "gradinit", block.id, seeds, device.name, seeds * (profile.state_bytes + 50_000), 0.0,
+        host + (0 if on_gpu else on_device), on_device if on_gpu else 0.0,
+        STARTUP_S + iterations * step_s,
+        "size-based: init.pt (the state dict) + scales/history/diagnostics per seed",
+        "size-based: 3 state copies + 2 x batch x autograd-saved bytes per seed, data",
+        f"{device.source}; 2 x 3 x forward FLOPs x batch x {iterations} iterations",
+        (f"train.{block.task}.seed_block", f"gradinit.{block.task}.iterations"),
+    )  # fmt: skip
+
+
+def run_checkpoints(config: Mapping[str, Any], cell: Cell) -> int:
+    """How many checkpoints (HMM observations) a cell's run has: its train or sparse retraining."""
+    if grid.is_sparse(cell):
+        settings = _with_defaults(grid.stage_settings(config, "sparse", cell.task).get("train", {}))
+    else:
+        settings = _with_defaults(grid.train_settings(config, cell.task))
+    return len(checkpoint_steps(int(settings["steps"]), int(settings["checkpoint_every"])))
+
+
+def analysis_job(
+    config: Mapping[str, Any], rule: str, job: str, cells: Sequence[Cell], fraction: float = 1.0
+) -> JobPlan:
+    """A training-map job over ``cells``' metric tables (fit_hmm, joint_comparison, paper_map):
+    memory from the observations x (14 metrics + k_max states) in float64 x 10 working copies,
+    time scaled from the default study's measured joint comparison (x ``fraction`` for lighter
+    rules)."""
+    observations = sum(run_checkpoints(config, cell) for cell in cells)
+    k_max = int(grid.analysis_settings(config).get("k_max", 8))
+    return small_job(
+        rule, job, len(cells), len(cells) * 5000 + 1e6,
+        BASE_RAM + observations * (14 + k_max) * 8 * 10,
+        STARTUP_S + fraction * observations * ANALYSIS_S_PER_OBSERVATION,
+        "size-based: a few JSON/NPZ/PNG files of the map (~1 MB) + 5 KB a run",
+        f"size-based: {observations:,} observations x (14 + {k_max}) x 8 B x 10 copies",
+        ANALYSIS_SOURCE + (f" x {fraction}" if fraction != 1 else ""),
+        ("analysis.bootstrap", "analysis.stability", "grid seeds"),
+    )
+
+
+# --- the plan of a grid -----------------------------------------------------------------------------
+
+
+def block_jobs(config: Mapping[str, Any], results: str | None = None) -> list[JobPlan]:
+    """Every block job of the grid (data, gradinit, train, sparse_retrain, reparam, quantize,
+    evaluate, collect_metrics), in rule order."""
+    cells = grid.expand_grid(config)
+    plans = []
+    for task in grid.grid_tasks(config):
+        settings = dict(grid.data_settings(config, task))
+        kind = settings.pop("kind")
+        sizes = dataset_examples(kind, settings)
+        arch = next(c.arch for c in cells if c.task == task)
+        profile = model_profile(config, task, arch)
+        data_bytes, _ = dataset_bytes(config, task, profile)
+        plans.append(small_job(
+            "data", task, 0, data_bytes, BASE_RAM + 3 * data_bytes, STARTUP_S + data_bytes / 50e6,
+            "size-based: (n_train + n_test) x input bytes" + ("" if sizes else " (70,000 assumed)"),
+            "size-based: 3 copies of the data set while it is read and saved",
+            "assumed: start-up + reading at 50 MB/s",
+        ))  # fmt: skip
+    for block in grid.seed_ranges_of(config, (c for c in cells if grid.method_of(c).has_stage("gradinit"))):
+        plans.append(gradinit_job(config, block))
+    for block in grid.seed_ranges_of(config, grid.trained_cells(config)):
+        train = grid.train_settings(config, block.task)
+        plans.append(training_job(config, "train", block, train, f"train.{block.task}",
+                                  results=results))  # fmt: skip
+    for block in grid.seed_ranges_of(config, (c for c in cells if grid.is_sparse(c))):
+        sparse = grid.stage_settings(config, "sparse", block.task)
+        if grid.method_retrains(block.method):
+            train = grid.train_settings(config, block.task)
+            retrain = {"device": train.get("device", "cpu"), **sparse.get("train", {})}
+            plans.append(training_job(config, "sparse_retrain", block, retrain,
+                                      f"sparse.{block.task}.train", 4 / 3, results))  # fmt: skip
+        else:
+            profile = model_profile(config, block.task, block.arch)
+            plans.append(small_job(
+                "sparse_retrain", block.id, len(block.seeds),
+                len(block.seeds) * profile.state_bytes * 2, BASE_RAM + 4 * len(block.seeds) * profile.state_bytes,
+                STARTUP_S + 2.0 * len(block.seeds),
+                "size-based: the pruned model + its mask per seed", "size-based: 4 state copies a seed",
+                "assumed: 2 s a seed (pruning, one calibration batch)",
+            ))  # fmt: skip
+    for block in grid.seed_ranges_of(config, (c for c in cells if grid.has_deploy_form(c.arch) and not grid.is_sparse(c))):
+        profile = model_profile(config, block.task, block.arch)
+        plans.append(small_job(
+            "reparam", block.id, len(block.seeds), len(block.seeds) * profile.state_bytes,
+            BASE_RAM + 3 * len(block.seeds) * profile.state_bytes, STARTUP_S + 2.0 * len(block.seeds),
+            "size-based: the deploy model per seed (<= the training state)",
+            "size-based: 3 state copies a seed", "assumed: 2 s a seed (fusion + equivalence check)",
+        ))  # fmt: skip
+    for block in grid.seed_ranges_of(config, (c for c in cells if grid.quantized_schemes(config, c))):
+        profile = model_profile(config, block.task, block.arch)
+        schemes = len(grid.quantized_schemes(config, block.cells[0]))
+        plans.append(small_job(
+            "quantize", block.id, len(block.seeds), len(block.seeds) * schemes * profile.state_bytes,
+            BASE_RAM + 4 * len(block.seeds) * profile.state_bytes,
+            STARTUP_S + 5.0 * schemes * len(block.seeds),
+            f"size-based: {schemes} schemes x (model + packed file) <= the fp32 state per seed",
+            "size-based: 4 state copies a seed", "assumed: 5 s a scheme and seed (AWQ calibration)",
+        ))  # fmt: skip
+    for block in grid.seed_ranges_of(config, cells):
+        profile = model_profile(config, block.task, block.arch)
+        data_bytes, n_test = dataset_bytes(config, block.task, profile)
+        evaluate = grid.evaluate_settings(config, block.task)
+        latency = int(evaluate.get("latency_batch", 256)) * int(evaluate.get("latency_repeats", 20))
+        forms = 1 + grid.has_deploy_form(block.arch) + len(grid.quantized_schemes(config, block.cells[0]))
+        flops = profile.forward_flops * (n_test + latency) * forms * len(block.seeds)
+        plans.append(small_job(
+            "evaluate", block.id, len(block.seeds), len(block.seeds) * 4000,
+            BASE_RAM + 2 * data_bytes + min(n_test, EVAL_BATCH) * profile.widest_bytes * 3
+            + 2 * len(block.seeds) * profile.state_bytes,
+            STARTUP_S + flops / CPU.train_flops_per_s,
+            "size-based: evaluation.json + timing per seed",
+            "size-based: data + one eval batch through the widest layer + 2 models",
+            f"FLOP-based: test set + latency probe forward passes at {CPU.train_flops_per_s / 1e9:g} "
+            "GFLOP/s (CPU)",
+        ))  # fmt: skip
+    for block in grid.seed_ranges_of(config, (c for c in cells if grid.retrains(c))):
+        n_ckpt = run_checkpoints(config, block.cells[0])
+        plans.append(small_job(
+            "collect_metrics", block.id, len(block.seeds), len(block.seeds) * n_ckpt * 22 * 20,
+            BASE_RAM + len(block.seeds) * n_ckpt * 3 * 22 * 8 * 4,
+            STARTUP_S + 0.01 * n_ckpt * len(block.seeds),
+            f"size-based: metrics.csv, {n_ckpt} rows x 22 columns x ~20 B per seed",
+            "size-based: each seed's checkpoint_metrics.csv rows (3 conventions) in pandas",
+            "assumed: 10 ms a checkpoint row (the metrics come with the run)",
+        ))  # fmt: skip
+    return plans
+
+
+def analysis_jobs(config: Mapping[str, Any]) -> list[JobPlan]:
+    """The training-map jobs: fit_hmm (+ regress_detours, training_map) per group, joint_comparison
+    per joint comparison, paper_map per paper setting and analysis (authors', trainmap's)."""
+    plans = []
+    for name, cells in grid.analysis_groups(config).items():
+        plans.append(analysis_job(config, "fit_hmm", name, cells))
+        plans.append(analysis_job(config, "regress_detours", name, cells, 0.05))
+        plans.append(analysis_job(config, "training_map", name, cells, 0.02))
+    for name, cells in grid.joint_groups(config).items():
+        plans.append(analysis_job(config, "joint_comparison", name, cells))
+    for setting, cells in grid.paper_groups(config).items():
+        for analysis in ("authors", "trainmap"):
+            plans.append(analysis_job(config, "paper_map", f"{setting}/{analysis}", cells))
+    return plans
+
+
+def plan_jobs(config: Mapping[str, Any], results: str | None = None) -> pd.DataFrame:
+    """One row per job of the config's grid (:class:`JobPlan` fields), block rules first.
+    ``results``: the results root whose finished runs' timing sidecars replace the time estimate
+    (None: estimates only)."""
+    jobs = block_jobs(config, results) + analysis_jobs(config)
+    return pd.DataFrame([asdict(job) for job in jobs])
+
+
+def rule_totals(jobs: pd.DataFrame) -> pd.DataFrame:
+    """Per rule: jobs, bytes in total, the largest job's RAM, GPU memory and hours, and total
+    hours (one row per rule, in plan order)."""
+    order = list(dict.fromkeys(jobs["rule"]))
+    totals = jobs.groupby("rule", sort=False).agg(
+        jobs=("job", "size"), device=("device", lambda d: "/".join(sorted(set(d)))),
+        bytes_gb=("bytes", lambda b: b.sum() / GB), ram_gb=("ram", lambda b: b.max() / GB),
+        gpu_gb=("gpu", lambda b: b.max() / GB), hours_per_job=("seconds", lambda s: s.max() / 3600),
+        total_hours=("seconds", lambda s: s.sum() / 3600),
+    )  # fmt: skip
+    return totals.loc[order]
+
+
+def disk_bytes(jobs: pd.DataFrame) -> float:
+    """What the grid leaves on disk, plus the largest job's transient files (a resume file)."""
+    return float(jobs["bytes"].sum() + (jobs["scratch"].max() if len(jobs) else 0.0))
+
+
+def check_limits(jobs: pd.DataFrame, limits: NodeLimits) -> None:
+    """Raise :class:`PlanError` for the first job past ``limits`` (GPU memory, RAM, hours) or a
+    grid past the disk, naming rule, job, resource, estimate and the config key to change."""
+    checks = (
+        ("gpu", limits.gpu_gb * GB, "GPU memory", lambda v: f"{v / GB:.1f} GB", f"{limits.gpu_gb:g} GB"),
+        ("ram", limits.ram_gb * GB, "host RAM", lambda v: f"{v / GB:.1f} GB", f"{limits.ram_gb:g} GB"),
+        ("seconds", limits.job_hours * 3600, "time", lambda v: f"{v / 3600:.1f} h", f"{limits.job_hours:g} h"),
+    )  # fmt: skip
+    for column, limit, resource, show, shown_limit in checks:
+        over = jobs[jobs[column] > limit]
+        if len(over):
+            job = over.sort_values(column).iloc[-1]
+            source = job["time_from"] if column == "seconds" else job["memory_from"]
+            raise PlanError(
+                f"rule {job['rule']}, job {job['job']}: {resource} {show(job[column])} planned "
+                f"({source}) exceeds the node's {shown_limit}; change {' or '.join(job['keys'])}"
+            )
+    total = disk_bytes(jobs)
+    if total > limits.disk_tb * 1e12:
+        by_job = jobs.sort_values("bytes").iloc[-1]
+        raise PlanError(
+            f"disk: the grid writes {total / 1e12:.2f} TB (largest: rule {by_job['rule']}, job "
+            f"{by_job['job']}, {by_job['bytes'] / GB:.1f} GB: {by_job['bytes_from']}) past the "
+            f"node's {limits.disk_tb:g} TB; change {' or '.join(by_job['keys'])}"
+        )
+
+
+def job_resources(config: Mapping[str, Any], rule: str, block: SeedRange | None = None,
+                  group: Sequence[Cell] | None = None) -> dict[str, int]:  # fmt: skip
+    """A job's scheduler request: ``mem_mb`` (host RAM), ``runtime`` (minutes) and ``gpu`` from
+    its plan, times :data:`SAFETY_FACTOR` (at least :data:`MIN_MEMORY_MB`, :data:`MIN_MINUTES`).
+    ``block`` for block rules, ``group`` (the cells) for analysis rules."""
+    job = _job_plan(config, rule, block, group)
+    return {
+        "mem_mb": max(MIN_MEMORY_MB, math.ceil(job.ram * SAFETY_FACTOR / 1e6)),
+        "runtime": max(MIN_MINUTES, math.ceil(job.seconds * SAFETY_FACTOR / 60)),
+        "gpu": 1 if job.device == "cuda" else 0,
+    }
+
+
+def _job_plan(config: Mapping[str, Any], rule: str, block: SeedRange | None,
+              group: Sequence[Cell] | None) -> JobPlan:  # fmt: skip
+    if group is not None:
+        return analysis_job(config, rule, rule, list(group))
+    assert block is not None, f"rule {rule}: job_resources needs a block or a group"
+    if rule == "train":
+        return training_job(config, rule, block, grid.train_settings(config, block.task),
+                            f"train.{block.task}")  # fmt: skip
+    if rule == "sparse_retrain":
+        train = grid.train_settings(config, block.task)
+        sparse = grid.stage_settings(config, "sparse", block.task).get("train", {})
+        return training_job(config, rule, block, {"device": train.get("device", "cpu"), **sparse},
+                            f"sparse.{block.task}.train", 4 / 3)  # fmt: skip
+    if rule == "gradinit":
+        return gradinit_job(config, block)
+    for job in _small_block_jobs(config, block):
+        if job.rule == rule:
+            return job
+    raise PlanError(f"rule {rule!r}: the plan has no estimate for it (block rules: data, "
+                    "gradinit, train, sparse_retrain, reparam, quantize, evaluate, "
+                    "collect_metrics)")  # fmt: skip
+
+
+def _small_block_jobs(config: Mapping[str, Any], block: SeedRange) -> list[JobPlan]:
+    narrowed = dict(config)
+    narrowed["grid"] = [{"task": block.task, "archs": [block.arch], "methods": [block.method],
+                         "seeds": list(block.seeds)}]  # fmt: skip
+    return [job for job in block_jobs(narrowed) if job.job == block.id]
+
+
+# --- the command ------------------------------------------------------------------------------------
+
+
+def format_plan(jobs: pd.DataFrame, limits: NodeLimits) -> str:
+    """The plan as text: per rule totals, the grid's totals against ``limits``, the sources."""
+    totals = rule_totals(jobs)
+    lines = [totals.to_string(float_format=lambda v: f"{v:,.3g}")]
+    lines.append(
+        f"total: {len(jobs)} jobs, disk {disk_bytes(jobs) / 1e12:.3f} TB of {limits.disk_tb:g} TB; "
+        f"largest job: RAM {jobs['ram'].max() / GB:.1f} of {limits.ram_gb:g} GB, GPU "
+        f"{jobs['gpu'].max() / GB:.1f} of {limits.gpu_gb:g} GB, "
+        f"{jobs['seconds'].max() / 3600:.2f} of {limits.job_hours:g} h; all jobs one after "
+        f"another {jobs['seconds'].sum() / 3600:.1f} h"
+    )
+    lines.append("where the numbers come from (the largest job of each rule):")
+    for rule in totals.index:
+        job = jobs[jobs["rule"] == rule].sort_values("seconds").iloc[-1]
+        lines.append(f"  {rule} ({job['job']}):")
+        for label, column in (("bytes", "bytes_from"), ("memory", "memory_from"), ("time", "time_from")):
+            lines.append(f"    {label}: {job[column]}")
+    return "\n".join(lines)
+
+
+def load_plan_config(files: Iterable[str]) -> dict:
+    """params.yaml, config/config.yaml, then ``files``, merged and validated as the workflow does,
+    except that a reader kind's data files (MNIST, CIFAR) need not be here: the plan knows their
+    sizes (:func:`dataset_examples`). A missing data directory is a warning; the checks after it
+    (the schema has passed) are then skipped."""
+    from trainmap import plugins
+
+    config: dict = {}
+    for path in ("params.yaml", "config/config.yaml", *files):
+        config = grid.merge_config(config, grid.read_config_file(path))
+    plugins.load_plugins(config.get("plugins"), Path.cwd())
+    grid.validate_schema(config)
+    try:
+        grid.check_config(config, base_dir=Path.cwd())
+    except grid.ConfigError as error:
+        if not (str(error).startswith("config key data.") and ".path: " in str(error)):
+            raise
+        print(f"warning: {error} (planned without the data)", file=sys.stderr)
+    return config
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m trainmap.plan``: print the plan of a config and check it against a node."""
+    parser = argparse.ArgumentParser(
+        prog="python -m trainmap.plan",
+        description="Plan a config's grid before running it: per rule and in total, the bytes "
+        "written, the peak host RAM and GPU memory, and the time per job, each with where it "
+        "comes from (measured or FLOP-/size-based). Exit status 1 when a job or the grid exceeds "
+        "the node limits, naming the key to change.",
+    )
+    parser.add_argument("--configfile", nargs="*", default=[], metavar="CONFIG",
+                        help="config files merged over params.yaml and config/config.yaml")  # fmt: skip
+    parser.add_argument("--node-gpu-gb", type=float, default=NodeLimits.gpu_gb)
+    parser.add_argument("--node-ram-gb", type=float, default=NodeLimits.ram_gb)
+    parser.add_argument("--node-disk-tb", type=float, default=NodeLimits.disk_tb)
+    parser.add_argument("--job-hours", type=float, default=NodeLimits.job_hours)
+    parser.add_argument("--jobs", action="store_true", help="also print one line per job")
+    args = parser.parse_args(argv)
+    limits = NodeLimits(args.node_gpu_gb, args.node_ram_gb, args.node_disk_tb, args.job_hours)
+    with grid.config_problems_reported():
+        config = load_plan_config(args.configfile)
+    jobs = plan_jobs(config, str(config.get("results", "results")))
+    print(f"plan of {' + '.join(['params.yaml', 'config/config.yaml', *args.configfile])}")
+    print(format_plan(jobs, limits))
+    if args.jobs:
+        columns = ["rule", "job", "seeds", "device", "bytes", "ram", "gpu", "seconds"]
+        print(jobs[columns].to_string(index=False))
+    try:
+        check_limits(jobs, limits)
+    except PlanError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    print(f"fits the node: {limits}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
