@@ -17,6 +17,9 @@ DVC := $(RUN) dvc
 # per-group maps); `make run` does the same before `dvc commit`, from the stages' own commands.
 DVC_MKDIRS = $(RUN) python -c "import yaml; print('\n'.join(s['cmd'].split(' && ')[0] for s in yaml.safe_load(open('dvc.yaml'))['stages'].values() if s['cmd'].startswith('mkdir -p ')))" | sh
 DVC_CONFIG = $(shell $(RUN) python -c "import yaml; print(yaml.safe_load(open('params.yaml'))['dvc']['configfile'])")
+# Where a config file's study writes (config key results: results for the default study,
+# results-paper/<setting> for the paper's, ...): $(call RESULTS_OF,config/paper/cpu.yaml).
+RESULTS_OF = $(shell $(RUN) python -m trainmap.grid --results-root $(1))
 
 # bench: BENCH_ARGS=--quick for a fast pass (each script's --help says what it measures).
 BENCH_ARGS ?=
@@ -54,22 +57,22 @@ run: setup dvc-remote  ## the study on CONFIG (default: the embedded grid); vers
 	else \
 	    echo "Not versioned by DVC: dvc.yaml runs $(DVC_CONFIG) (params.yaml: dvc.configfile)"; \
 	fi
-	@echo "Evaluation table: results/summary/evaluation.csv   Report: make report   Runs: make mlflow-ui"
+	@echo "Evaluation table: $(call RESULTS_OF,$(CONFIG))/summary/evaluation.csv   Report: make report   Runs: make mlflow-ui"
 	@# The published answer (README, "What it found"): every result file's sha256 beside the config.
-	@$(RUN) python -m trainmap.digest check $(basename $(CONFIG)).results.sha256 results
+	@$(RUN) python -m trainmap.digest check $(basename $(CONFIG)).results.sha256 $(call RESULTS_OF,$(CONFIG))
 
 # paper: the training-maps paper's settings this machine can run (PAPER_CONFIG=config/paper.yaml
 # for every setting, on a GPU node with the MNIST/CIFAR-100 files).
 PAPER_CONFIG ?= config/paper/cpu.yaml
 
-paper: setup  ## the training-maps paper's tables side by side (40 seeds per setting, 45 min on 2 cores): results/paper/table.md
+paper: setup  ## the training-maps paper's tables side by side (40 seeds per setting, 45 min on 2 cores): results-paper/cpu/paper/table.md
 	$(RUN) python -m trainmap.grid $(PAPER_CONFIG)
 	$(SNAKEMAKE) paper --cores $(CORES) --configfile $(PAPER_CONFIG) --rerun-incomplete
-	@echo "Table: results/paper/table.md   Figure: results/paper/table.png"
+	@echo "Table: $(call RESULTS_OF,$(PAPER_CONFIG))/paper/table.md   Figure: $(call RESULTS_OF,$(PAPER_CONFIG))/paper/table.png"
 
 report: setup  ## one HTML report of CONFIG's results (maps, selection curves, tables): results/report.html
-	$(SNAKEMAKE) --cores 1 --configfile $(CONFIG) --report results/report.html
-	@echo "Report: results/report.html"
+	$(SNAKEMAKE) --cores 1 --configfile $(CONFIG) --report $(call RESULTS_OF,$(CONFIG))/report.html
+	@echo "Report: $(call RESULTS_OF,$(CONFIG))/report.html"
 
 repro: setup dvc-remote  ## the same study through DVC: dvc repro (stage by stage), then dvc push
 	$(DVC) repro
@@ -120,5 +123,5 @@ dvc-remote: setup  ## point DVC's default remote at DVC_REMOTE (local config, no
 	@mkdir -p $(DVC_REMOTE)
 	@$(DVC) remote add --local --force --default local $(DVC_REMOTE) >/dev/null
 
-clean:  ## delete workflow outputs, logs and the tracking store (the DVC cache and remote stay)
-	rm -rf results logs .snakemake mlflow.db mlartifacts mlflow-server.db mlartifacts-server
+clean:  ## delete workflow outputs (every config's root), logs and the tracking store (the DVC cache and remote stay)
+	rm -rf results results-* logs .snakemake mlflow.db mlartifacts mlflow-server.db mlartifacts-server

@@ -60,9 +60,9 @@ include: "workflow/rules/settings.smk"
 
 rule all:
     input:
-        "results/summary/evaluation.csv",
-        "results/summary/metrics.json",
-        "results/summary/learning_curves.png",
+        f"{RESULTS}/summary/evaluation.csv",
+        f"{RESULTS}/summary/metrics.json",
+        f"{RESULTS}/summary/learning_curves.png",
         summary_figures(),
         analysis_outputs(),
         unfinished_manifests(),
@@ -70,4 +70,4 @@ rule all:
         # the next plain run, and what depends on it reruns (issue 19).
         datasets_of_grid(),
         # What the jobs read, as DVC metrics (dvc exp show; stage settings in dvc.yaml).
-        "results/summary/settings.json",
+        f"{RESULTS}/summary/settings.json",

@@ -32,6 +32,7 @@ from trainmap.grid import (
     load_config,
     merge_config,
     read_config_file,
+    results_root,
     validate_schema,
 )
 from trainmap.io import copy_workflow
@@ -584,6 +585,48 @@ def test_base_config_is_valid(config: dict, repo_root: Path) -> None:
     """Control for the cases above: the unmutated config passes both layers."""
     validate_schema(config)
     check_config(config, base_dir=repo_root)
+
+
+def test_each_shipped_config_writes_under_a_root_of_its_own(repo_root: Path) -> None:
+    """The default study, the smoke grid and the test configs write under results/ (the published
+    digest's paths, what dvc.yaml versions); every other shipped config under a root no other
+    config shares, outside results/ (whose paper/ the default study's own rule may write)."""
+    default_roots = {}
+    other_roots: dict[str, str] = {}
+    defaults = merge_config(
+        read_config_file(repo_root / PARAMS), read_config_file(repo_root / GRID)
+    )
+    for path in sorted([*repo_root.glob("config/*.yaml"), *repo_root.glob("config/paper/*.yaml")]):
+        config = merge_config(copy.deepcopy(defaults), read_config_file(path))
+        validate_schema(config)
+        name = str(path.relative_to(repo_root))
+        if name in (GRID, SMOKE):
+            default_roots[name] = results_root(config)
+        else:
+            other_roots[name] = results_root(config)
+    assert default_roots == {GRID: "results", SMOKE: "results"}
+    assert len(set(other_roots.values())) == len(other_roots), other_roots
+    for name, root in other_roots.items():
+        assert root != "results" and not root.startswith("results/"), (name, root)
+        assert not any(root.startswith(f"{other}/") for other in other_roots.values()), (name, root)
+
+
+@pytest.mark.parametrize("root", ["../elsewhere", "results/../x", "/abs", "results/", ".", ""])
+def test_results_root_outside_the_project_is_refused(config: dict, root: str) -> None:
+    config["results"] = root
+    with pytest.raises(ConfigError, match=r"^config key results: "):
+        validate_schema(config)
+
+
+def test_dvc_stage_refuses_a_root_dvc_yaml_does_not_version(
+    config: dict, repo_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under DVC the jobs must write where dvc.yaml's outs are, else a stage versions nothing."""
+    config["results"] = "results-paper/cpu"
+    check_config(config, base_dir=repo_root)  # outside DVC: any root
+    monkeypatch.setenv("DVC_STAGE", "train")
+    with pytest.raises(ConfigError, match=r"config key results: 'results-paper/cpu' under DVC"):
+        check_config(config, base_dir=repo_root)
 
 
 @pytest.mark.parametrize(

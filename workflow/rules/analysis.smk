@@ -8,7 +8,7 @@ rule collect_metrics:
         # after it, never training.
         definitions="src/trainmap/dynamics/metrics.py",
     output:
-        manifest=f"results/metrics/{BLOCK}.json",
+        manifest=f"{RESULTS}/metrics/{BLOCK}.json",
     log:
         f"logs/collect_metrics/{BLOCK}.log",
     conda:
@@ -34,37 +34,37 @@ rule fit_hmm:
         metrics=metrics_of_group,
         evaluations=evaluations_of_group,
     output:
-        model=f"results/hmm/{GROUP}/hmm.npz",
-        meta=f"results/hmm/{GROUP}/hmm.json",
-        selection=f"results/hmm/{GROUP}/selection.csv",
+        model=f"{RESULTS}/hmm/{GROUP}/hmm.npz",
+        meta=f"{RESULTS}/hmm/{GROUP}/hmm.json",
+        selection=f"{RESULTS}/hmm/{GROUP}/selection.csv",
         selection_plot=report(
-            f"results/hmm/{GROUP}/selection.png",
+            f"{RESULTS}/hmm/{GROUP}/selection.png",
             caption="../report/selection.rst",
             category="Training maps",
             subcategory=GROUP,
             labels={"group": GROUP, "figure": "model selection"},
         ),
-        baselines=f"results/hmm/{GROUP}/baselines.csv",
-        states=f"results/hmm/{GROUP}/states.csv",
-        state_means=f"results/hmm/{GROUP}/state_means.csv",
+        baselines=f"{RESULTS}/hmm/{GROUP}/baselines.csv",
+        states=f"{RESULTS}/hmm/{GROUP}/states.csv",
+        state_means=f"{RESULTS}/hmm/{GROUP}/state_means.csv",
         states_plot=report(
-            f"results/hmm/{GROUP}/states.png",
+            f"{RESULTS}/hmm/{GROUP}/states.png",
             caption="../report/states.rst",
             category="Training maps",
             subcategory=GROUP,
             labels={"group": GROUP, "figure": "state sequences"},
         ),
-        bootstrap=f"results/hmm/{GROUP}/bootstrap.json",
+        bootstrap=f"{RESULTS}/hmm/{GROUP}/bootstrap.json",
         bootstrap_plot=report(
-            f"results/hmm/{GROUP}/bootstrap.png",
+            f"{RESULTS}/hmm/{GROUP}/bootstrap.png",
             caption="../report/bootstrap.rst",
             category="Certainty",
             subcategory=GROUP,
             labels={"group": GROUP, "figure": "bootstrap over runs"},
         ),
-        stability=f"results/hmm/{GROUP}/stability.json",
+        stability=f"{RESULTS}/hmm/{GROUP}/stability.json",
         stability_plot=report(
-            f"results/hmm/{GROUP}/stability.png",
+            f"{RESULTS}/hmm/{GROUP}/stability.png",
             caption="../report/stability.rst",
             category="Certainty",
             subcategory=GROUP,
@@ -91,22 +91,22 @@ rule fit_hmm:
 
 rule training_map:
     input:
-        model=f"results/hmm/{GROUP}/hmm.npz",
-        meta=f"results/hmm/{GROUP}/hmm.json",
-        states=f"results/hmm/{GROUP}/states.csv",
-        detours=f"results/hmm/{GROUP}/detours.json",
+        model=f"{RESULTS}/hmm/{GROUP}/hmm.npz",
+        meta=f"{RESULTS}/hmm/{GROUP}/hmm.json",
+        states=f"{RESULTS}/hmm/{GROUP}/states.csv",
+        detours=f"{RESULTS}/hmm/{GROUP}/detours.json",
         metrics=metrics_of_group,
         evaluations=evaluations_of_group,
     output:
-        map=f"results/hmm/{GROUP}/map.json",
+        map=f"{RESULTS}/hmm/{GROUP}/map.json",
         png=report(
-            f"results/hmm/{GROUP}/map.png",
+            f"{RESULTS}/hmm/{GROUP}/map.png",
             caption="../report/training_map.rst",
             category="Training maps",
             subcategory=GROUP,
             labels={"group": GROUP, "figure": "training map"},
         ),
-        svg=f"results/hmm/{GROUP}/map.svg",
+        svg=f"{RESULTS}/hmm/{GROUP}/map.svg",
     log:
         f"logs/training_map/{GROUP}.log",
     conda:
@@ -126,30 +126,30 @@ rule training_map:
 
 rule regress_detours:
     input:
-        model=f"results/hmm/{GROUP}/hmm.npz",
-        meta=f"results/hmm/{GROUP}/hmm.json",
-        states=f"results/hmm/{GROUP}/states.csv",
+        model=f"{RESULTS}/hmm/{GROUP}/hmm.npz",
+        meta=f"{RESULTS}/hmm/{GROUP}/hmm.json",
+        states=f"{RESULTS}/hmm/{GROUP}/states.csv",
         # how often the bootstrap finds each detour again
-        bootstrap=f"results/hmm/{GROUP}/bootstrap.json",
+        bootstrap=f"{RESULTS}/hmm/{GROUP}/bootstrap.json",
         evaluations=evaluations_of_group,
     output:
-        detours=f"results/hmm/{GROUP}/detours.json",
+        detours=f"{RESULTS}/hmm/{GROUP}/detours.json",
         coefficients=report(
-            f"results/hmm/{GROUP}/coefficients.csv",
+            f"{RESULTS}/hmm/{GROUP}/coefficients.csv",
             caption="../report/coefficients.rst",
             category="Training maps",
             subcategory=GROUP,
             labels={"group": GROUP, "table": "detour regression"},
         ),
         coefficients_plot=report(
-            f"results/hmm/{GROUP}/coefficients.png",
+            f"{RESULTS}/hmm/{GROUP}/coefficients.png",
             caption="../report/coefficients_plot.rst",
             category="Training maps",
             subcategory=GROUP,
             labels={"group": GROUP, "figure": "detour regression"},
         ),
         convergence_plot=report(
-            f"results/hmm/{GROUP}/convergence.png",
+            f"{RESULTS}/hmm/{GROUP}/convergence.png",
             caption="../report/convergence.rst",
             category="Training maps",
             subcategory=GROUP,
@@ -185,8 +185,8 @@ checkpoint joint_round:
         evaluations=evaluations_of_joint,
         external=external_manifests_of_joint,
     output:
-        summary="results/joint/{name}/rounds/round{round}/joint.json",
-        decision="results/joint/{name}/rounds/round{round}/round.json",
+        summary=f"{RESULTS}/joint/{{name}}/rounds/round{{round}}/joint.json",
+        decision=f"{RESULTS}/joint/{{name}}/rounds/round{{round}}/round.json",
     log:
         "logs/joint_round/{name}/round{round}.log",
     wildcard_constraints:
@@ -219,7 +219,7 @@ rule adaptive_rounds:
         rounds=rounds_of_joint,
     output:
         trace=report(
-            "results/joint/{name}/adaptive.json",
+            f"{RESULTS}/joint/{{name}}/adaptive.json",
             caption="../report/adaptive.rst",
             category="Certainty",
             subcategory="{name}",
@@ -243,54 +243,54 @@ rule joint_comparison:
         external=external_manifests_of_joint,
         adaptive=adaptive_trace_of_joint,
     output:
-        summary="results/joint/{name}/joint.json",
+        summary=f"{RESULTS}/joint/{{name}}/joint.json",
         verdicts=report(
-            "results/joint/{name}/verdicts.csv",
+            f"{RESULTS}/joint/{{name}}/verdicts.csv",
             caption="../report/verdicts.rst",
             category="Certainty",
             subcategory="{name}",
             labels={"comparison": "{name}", "table": "verdicts per method pair"},
         ),
-        verdicts_markdown="results/joint/{name}/verdicts.md",
+        verdicts_markdown=f"{RESULTS}/joint/{{name}}/verdicts.md",
         verdicts_plot=report(
-            "results/joint/{name}/verdicts.png",
+            f"{RESULTS}/joint/{{name}}/verdicts.png",
             caption="../report/verdicts_plot.rst",
             category="Certainty",
             subcategory="{name}",
             labels={"comparison": "{name}", "figure": "verdicts per method pair"},
         ),
-        bootstrap="results/joint/{name}/bootstrap.json",
-        stability="results/joint/{name}/stability.json",
+        bootstrap=f"{RESULTS}/joint/{{name}}/bootstrap.json",
+        stability=f"{RESULTS}/joint/{{name}}/stability.json",
         stability_plot=report(
-            "results/joint/{name}/stability.png",
+            f"{RESULTS}/joint/{{name}}/stability.png",
             caption="../report/stability.rst",
             category="Certainty",
             subcategory="{name}",
             labels={"comparison": "{name}", "figure": "stability over seed counts"},
         ),
         occupancy=report(
-            "results/joint/{name}/occupancy.png",
+            f"{RESULTS}/joint/{{name}}/occupancy.png",
             caption="../report/joint_occupancy.rst",
             category="Joint comparison",
             subcategory="{name}",
             labels={"comparison": "{name}", "figure": "state occupancy"},
         ),
         convergence=report(
-            "results/joint/{name}/convergence.png",
+            f"{RESULTS}/joint/{{name}}/convergence.png",
             caption="../report/joint_convergence.rst",
             category="Joint comparison",
             subcategory="{name}",
             labels={"comparison": "{name}", "figure": "convergence steps"},
         ),
         map=report(
-            "results/joint/{name}/map.png",
+            f"{RESULTS}/joint/{{name}}/map.png",
             caption="../report/joint_map.rst",
             category="Joint comparison",
             subcategory="{name}",
             labels={"comparison": "{name}", "figure": "shared training map"},
         ),
         regression=report(
-            "results/joint/{name}/regression.csv",
+            f"{RESULTS}/joint/{{name}}/regression.csv",
             caption="../report/joint_regression.rst",
             category="Joint comparison",
             subcategory="{name}",

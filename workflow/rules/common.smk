@@ -21,6 +21,9 @@ from trainmap.tracking import init_tracking, tracking_settings
 from trainmap.unfinished import UnfinishedScan, find_unfinished
 from trainmap.worker import start_server, stop_server
 
+#: Where every rule of this config writes (config key results; default results): one root per
+#: config, so another study run in this checkout never writes into the default study's files.
+RESULTS = grid.results_root(config)
 CELLS = grid.expand_grid(config)
 TASKS = grid.grid_tasks(config)
 
@@ -139,7 +142,7 @@ def rerun_command():
 # listing per (rule, task, arch, method), in the main process only (not in a cluster job).
 UNFINISHED = (
     find_unfinished(
-        "results",
+        RESULTS,
         {
             "gradinit": GRADINIT_BLOCKS.values(),
             "train": TRAIN_BLOCKS.values(),
@@ -176,7 +179,7 @@ def input_function(func):
 
 
 #: A task's dataset, a plain pattern rather than an input function: cheaper per job.
-DATASET = "results/data/{task}/dataset.pt"
+DATASET = f"{RESULTS}/data/{{task}}/dataset.pt"
 
 
 def block_id(wildcards):
@@ -185,7 +188,7 @@ def block_id(wildcards):
 
 def manifest(rule_dir, block):
     """The manifest a block job of ``rule_dir`` writes (``results/train/.../seeds0-31.json``)."""
-    return f"results/{rule_dir}/{block.id}.json"
+    return f"{RESULTS}/{rule_dir}/{block.id}.json"
 
 
 def block_with_method(block, method):
@@ -325,7 +328,7 @@ def method_options_of_cell(wildcards):
 def train_inputs(wildcards):
     """The dataset, and GradInit's manifest for blocks of a gradinit-stage method."""
     block = TRAIN_BLOCKS[block_id(wildcards)]
-    files = {"dataset": f"results/data/{block.task}/dataset.pt"}
+    files = {"dataset": f"{RESULTS}/data/{block.task}/dataset.pt"}
     if grid.method_of(block.cells[0]).has_stage("gradinit"):
         files["init"] = manifest("gradinit", block)
     return files
@@ -373,7 +376,7 @@ def manifests(rule_dir, blocks):
 
 def cell_paths(rule_dir, cells, filename):
     """One path per cell, e.g. every ``results/evaluate/<cell>/evaluation.json``."""
-    return [f"results/{rule_dir}/{cell.id}/{filename}" for cell in cells]
+    return [f"{RESULTS}/{rule_dir}/{cell.id}/{filename}" for cell in cells]
 
 
 def run_dir_of_cell(cell):
@@ -382,11 +385,11 @@ def run_dir_of_cell(cell):
 
 def run_paths_of_cells(cells, filename):
     """A file of every cell's run (train or sparse), e.g. every ``history.csv``."""
-    return [f"results/{run_dir_of_cell(cell)}/{cell.id}/{filename}" for cell in cells]
+    return [f"{RESULTS}/{run_dir_of_cell(cell)}/{cell.id}/{filename}" for cell in cells]
 
 
 def datasets_of_grid():
-    return [f"results/data/{task}/dataset.pt" for task in TASKS]
+    return [f"{RESULTS}/data/{task}/dataset.pt" for task in TASKS]
 
 
 def transformed_models_of_grid():
@@ -428,14 +431,14 @@ def retrained_sparse_manifests():
 
 def flips_of_grid():
     return [
-        f"results/sparse/{grid.Cell.of(c).id}/flips.csv"
+        f"{RESULTS}/sparse/{grid.Cell.of(c).id}/flips.csv"
         for c in retrained_sparse_cells()
     ]
 
 
 def summary_figures():
     """The grid-wide figures beyond the evaluation: flip rates when the grid retrains sparse models."""
-    return ["results/summary/flip_rates.png"] if retrained_sparse_cells() else []
+    return [f"{RESULTS}/summary/flip_rates.png"] if retrained_sparse_cells() else []
 
 
 # --- training-map groups -------------------------------------------------------------------------
@@ -521,7 +524,7 @@ def adaptive_trace_of_joint(wildcards):
     """An adaptive comparison's trace of rounds (rule adaptive_rounds), none for a fixed one."""
     if wildcards.name not in ADAPTIVE:
         return []
-    return [f"results/joint/{wildcards.name}/adaptive.json"]
+    return [f"{RESULTS}/joint/{wildcards.name}/adaptive.json"]
 
 
 @input_function
@@ -639,7 +642,7 @@ def evaluation_files_of_setting(wildcards):
 def paper_maps(filename):
     """One file of every (setting, analysis) map, settings in config order."""
     return [
-        f"results/paper/{setting}/{analysis}/{filename}"
+        f"{RESULTS}/paper/{setting}/{analysis}/{filename}"
         for setting in PAPER_GROUPS
         for analysis in PAPER_ANALYSES
     ]
@@ -654,10 +657,10 @@ def analysis_outputs():
         # hmm.npz too: a killed (forced) fit's missing model is refitted by a plain run, and the
         # map and regression after it (else Snakemake keeps the old ones: issue 19).
         files += [
-            f"results/hmm/{group}/{name}"
+            f"{RESULTS}/hmm/{group}/{name}"
             for name in ("hmm.npz", "map.json", "detours.json")
         ]
-    files += [f"results/joint/{name}/joint.json" for name in JOINT_GROUPS]
+    files += [f"{RESULTS}/joint/{name}/joint.json" for name in JOINT_GROUPS]
     return files + external_outputs()
 
 
@@ -688,7 +691,8 @@ def external_files(wildcards):
 
 def external_run_files(name, filename):
     return [
-        f"results/external/{name}/runs/{run}/{filename}" for run in EXTERNAL_RUNS[name]
+        f"{RESULTS}/external/{name}/runs/{run}/{filename}"
+        for run in EXTERNAL_RUNS[name]
     ]
 
 
@@ -700,8 +704,8 @@ def external_runs_of_joint(wildcards):
         {
             "set": name,
             "run": run,
-            "metrics": f"results/external/{name}/runs/{run}/metrics.csv",
-            "evaluation": f"results/external/{name}/runs/{run}/evaluation.json",
+            "metrics": f"{RESULTS}/external/{name}/runs/{run}/metrics.csv",
+            "evaluation": f"{RESULTS}/external/{name}/runs/{run}/evaluation.json",
         }
         for name in grid.joint_external_sets(spec)
         for run in EXTERNAL_RUNS[name]
@@ -711,7 +715,7 @@ def external_runs_of_joint(wildcards):
 @input_function
 def external_manifests_of_joint(wildcards):
     return [
-        f"results/external/{name}/metrics.json"
+        f"{RESULTS}/external/{name}/metrics.json"
         for name in grid.joint_external_sets(JOINT_SPECS[wildcards.name])
     ]
 
@@ -719,7 +723,7 @@ def external_manifests_of_joint(wildcards):
 def external_outputs():
     """Each external set's metric manifest and training map."""
     return [
-        f"results/external/{name}/{filename}"
+        f"{RESULTS}/external/{name}/{filename}"
         for name in EXTERNAL_SETS
         for filename in (
             "metrics.json",

@@ -3,7 +3,7 @@ rule data:
         data_files_of_task,
         plugins=PLUGIN_FILES,
     output:
-        "results/data/{task}/dataset.pt",
+        f"{RESULTS}/data/{{task}}/dataset.pt",
     log:
         "logs/data/{task}.log",
     conda:

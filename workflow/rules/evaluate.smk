@@ -2,7 +2,7 @@ rule evaluate:
     input:
         unpack(evaluation_inputs_of_block),
     output:
-        manifest=f"results/evaluate/{BLOCK}.json",
+        manifest=f"{RESULTS}/evaluate/{BLOCK}.json",
     log:
         f"logs/evaluate/{BLOCK}.log",
     conda:
@@ -24,26 +24,26 @@ rule summary:
         manifests=manifests("evaluate", of_grid(GRID_BLOCKS)),
     output:
         table=report(
-            "results/summary/evaluation.csv",
+            f"{RESULTS}/summary/evaluation.csv",
             caption="../report/evaluation.rst",
             category="Evaluation",
             labels={"table": "one row per run"},
         ),
         forms=report(
-            "results/summary/compression.csv",
+            f"{RESULTS}/summary/compression.csv",
             caption="../report/compression_table.rst",
             category="Evaluation",
             labels={"table": "one row per model form"},
         ),
-        metrics="results/summary/metrics.json",
+        metrics=f"{RESULTS}/summary/metrics.json",
         curves=report(
-            "results/summary/learning_curves.png",
+            f"{RESULTS}/summary/learning_curves.png",
             caption="../report/learning_curves.rst",
             category="Evaluation",
             labels={"figure": "learning curves"},
         ),
         compression=report(
-            "results/summary/compression.png",
+            f"{RESULTS}/summary/compression.png",
             caption="../report/compression.rst",
             category="Evaluation",
             labels={"figure": "accuracy vs bytes"},

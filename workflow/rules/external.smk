@@ -12,7 +12,7 @@ rule external_metrics:
         external_files,
         definitions="src/trainmap/dynamics/metrics.py",
     output:
-        manifest="results/external/{external}/metrics.json",
+        manifest=f"{RESULTS}/external/{{external}}/metrics.json",
     log:
         "logs/external_metrics/{external}.log",
     conda:
@@ -34,13 +34,13 @@ rule external_metrics:
 
 rule external_map:
     input:
-        "results/external/{external}/metrics.json",
+        f"{RESULTS}/external/{{external}}/metrics.json",
     output:
-        model="results/external/{external}/map/hmm.npz",
-        map="results/external/{external}/map/map.json",
-        detours="results/external/{external}/map/detours.json",
+        model=f"{RESULTS}/external/{{external}}/map/hmm.npz",
+        map=f"{RESULTS}/external/{{external}}/map/map.json",
+        detours=f"{RESULTS}/external/{{external}}/map/detours.json",
         png=report(
-            "results/external/{external}/map/map.png",
+            f"{RESULTS}/external/{{external}}/map/map.png",
             caption="../report/training_map.rst",
             category="Training maps",
             subcategory="external/{external}",

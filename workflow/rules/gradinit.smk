@@ -3,9 +3,9 @@ rule gradinit:
         dataset=DATASET,
         plugins=PLUGIN_FILES,
     output:
-        manifest=f"results/gradinit/{BLOCK}.json",
+        manifest=f"{RESULTS}/gradinit/{BLOCK}.json",
         plot=report(
-            f"results/gradinit/{BLOCK}.png",
+            f"{RESULTS}/gradinit/{BLOCK}.png",
             caption="../report/gradinit_block.rst",
             category="GradInit",
             subcategory="{task}/{arch}/{method}",

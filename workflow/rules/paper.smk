@@ -8,13 +8,13 @@ rule paper_map:
         metrics=metrics_of_setting,
         evaluations=evaluations_of_setting,
     output:
-        detours="results/paper/{setting}/{analysis}/detours.json",
-        bootstrap="results/paper/{setting}/{analysis}/bootstrap.json",
-        stability="results/paper/{setting}/{analysis}/stability.json",
-        baselines="results/paper/{setting}/{analysis}/baselines.csv",
-        states="results/paper/{setting}/{analysis}/states.csv",
+        detours=f"{RESULTS}/paper/{{setting}}/{{analysis}}/detours.json",
+        bootstrap=f"{RESULTS}/paper/{{setting}}/{{analysis}}/bootstrap.json",
+        stability=f"{RESULTS}/paper/{{setting}}/{{analysis}}/stability.json",
+        baselines=f"{RESULTS}/paper/{{setting}}/{{analysis}}/baselines.csv",
+        states=f"{RESULTS}/paper/{{setting}}/{{analysis}}/states.csv",
         map=report(
-            "results/paper/{setting}/{analysis}/map.png",
+            f"{RESULTS}/paper/{{setting}}/{{analysis}}/map.png",
             caption="../report/training_map.rst",
             category="Paper tables",
             subcategory="{setting}",
@@ -49,15 +49,15 @@ rule paper_table:
         baselines=paper_maps("baselines.csv"),
     output:
         table=report(
-            "results/paper/table.md",
+            f"{RESULTS}/paper/table.md",
             caption="../report/paper_table.rst",
             category="Paper tables",
             labels={"table": "the paper's tables side by side"},
         ),
-        csv="results/paper/table.csv",
-        claims="results/paper/claims.csv",
+        csv=f"{RESULTS}/paper/table.csv",
+        claims=f"{RESULTS}/paper/claims.csv",
         figure=report(
-            "results/paper/table.png",
+            f"{RESULTS}/paper/table.png",
             caption="../report/paper_table.rst",
             category="Paper tables",
             labels={"figure": "the paper's tables side by side"},
@@ -77,4 +77,4 @@ rule paper_table:
 
 rule paper:
     input:
-        "results/paper/table.md",
+        f"{RESULTS}/paper/table.md",

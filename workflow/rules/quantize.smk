@@ -3,7 +3,7 @@ rule quantize:
         dataset=DATASET,
         run=run_manifest_of_block,
     output:
-        manifest=f"results/quantize/{BLOCK}.json",
+        manifest=f"{RESULTS}/quantize/{BLOCK}.json",
     log:
         f"logs/quantize/{BLOCK}.log",
     conda:

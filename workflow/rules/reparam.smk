@@ -3,7 +3,7 @@ rule reparam:
         dataset=DATASET,
         run=run_manifest_of_block,
     output:
-        manifest=f"results/reparam/{BLOCK}.json",
+        manifest=f"{RESULTS}/reparam/{BLOCK}.json",
     log:
         f"logs/reparam/{BLOCK}.log",
     wildcard_constraints:

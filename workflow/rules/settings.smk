@@ -4,7 +4,7 @@
 
 rule effective_settings:
     output:
-        settings="results/summary/settings.json",
+        settings=f"{RESULTS}/summary/settings.json",
     log:
         "logs/effective_settings.log",
     conda:

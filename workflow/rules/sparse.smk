@@ -4,9 +4,9 @@ rule sparse_retrain:
         teacher=teacher_manifest_of_block,
         plugins=PLUGIN_FILES,
     output:
-        manifest=f"results/sparse/{BLOCK}.json",
+        manifest=f"{RESULTS}/sparse/{BLOCK}.json",
         plot=report(
-            f"results/sparse/{BLOCK}.png",
+            f"{RESULTS}/sparse/{BLOCK}.png",
             caption="../report/flips_block.rst",
             category="Sparsity",
             subcategory="{task}/{arch}/{method}",
@@ -35,9 +35,9 @@ rule flip_rates:
     input:
         manifests=retrained_sparse_manifests(),
     output:
-        table="results/summary/flip_rates.csv",
+        table=f"{RESULTS}/summary/flip_rates.csv",
         plot=report(
-            "results/summary/flip_rates.png",
+            f"{RESULTS}/summary/flip_rates.png",
             caption="../report/flip_rates.rst",
             category="Sparsity",
             labels={"figure": "flip rates by method"},

@@ -3,7 +3,7 @@ rule train:
         unpack(train_inputs),
         plugins=PLUGIN_FILES,
     output:
-        manifest=f"results/train/{BLOCK}.json",
+        manifest=f"{RESULTS}/train/{BLOCK}.json",
     log:
         f"logs/train/{BLOCK}.log",
     wildcard_constraints:

@@ -79,6 +79,7 @@ from trainmap.grid.validate import (
     check_config,
     config_problems_reported,
     load_config,
+    results_root,
     tracking_uri_problem,
     validate_schema,
 )
@@ -138,6 +139,7 @@ __all__ = [
     "read_config_file",
     "method_retrains",
     "retrains",
+    "results_root",
     "round_ranges",
     "save_effective_settings",
     "seed_block",

@@ -53,7 +53,7 @@ from trainmap.grid.cells import (
     paper_groups,
     retrains,
 )
-from trainmap.grid.effective import params_edit_hint
+from trainmap.grid.effective import params_edit_hint, under_dvc
 from trainmap.grid.errors import ConfigError, did_you_mean, key_path
 from trainmap.grid.external import check_external
 from trainmap.grid.files import YAML_LOADER, merge_config, read_config_file
@@ -73,6 +73,14 @@ def load_config(*paths: str | os.PathLike, check_paths_from: Path | None = None)
     validate_schema(config)
     check_config(config, base_dir=check_paths_from or Path.cwd())
     return config
+
+
+def results_root(config: dict) -> str:
+    """The directory every rule of ``config`` writes under: config key ``results``, else the
+    schema's default (``results``). The one place a rule path's root is read; the workflow's rules,
+    its unfinished-block scan and the Makefile's digest check all ask it."""
+    default = _schema_validator().schema["properties"]["results"]["default"]
+    return config.get("results", default)
 
 
 # --- the schema ---------------------------------------------------------------------------------
@@ -270,6 +278,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("files", nargs="*", metavar="FILE", help="config files to merge on top")
     parser.add_argument("-v", "--verbose", action="store_true",
                         help=f"show the traceback of an error (or set {VERBOSE_ENV}=1)")  # fmt: skip
+    parser.add_argument("--results-root", action="store_true",
+                        help="print only the directory the merged config writes under (config "
+                             "key results), e.g. for the Makefile's digest check")  # fmt: skip
     args = parser.parse_args(argv)
     paths = ["params.yaml", "config/config.yaml", *args.files]
     try:
@@ -280,6 +291,9 @@ def main(argv: list[str] | None = None) -> int:
                 raise ConfigError(f"config file {error.filename}: {error.strerror}") from None
     except SystemExit as stop:
         return int(stop.code or 0)
+    if args.results_root:
+        print(results_root(config))
+        return 0
     print(f"ok: {' + '.join(map(str, paths))} define {len(expand_grid(config))} grid cells")
     return 0
 
@@ -835,8 +849,21 @@ def _check_train(where: str, settings: dict) -> None:
         )
 
 
+#: The root dvc.yaml's stages version (results/train, results/summary/settings.json, ...).
+DVC_RESULTS_ROOT = "results"
+
+
 def _check_dvc(config: dict, base_dir: Path) -> None:
-    """``dvc.configfile`` names an existing file (dvc.yaml runs Snakemake with it)."""
+    """``dvc.configfile`` names an existing file (dvc.yaml runs Snakemake with it), and under DVC the
+    config writes where dvc.yaml's outs are: a stage whose Snakemake wrote elsewhere would version
+    empty directories and record nothing of the run."""
+    root = results_root(config)
+    if under_dvc() and root != DVC_RESULTS_ROOT:
+        raise ConfigError(
+            f"config key results: {root!r} under DVC, but dvc.yaml versions "
+            f"{DVC_RESULTS_ROOT}/ (its stages' outs); run this config with snakemake or make, or "
+            f"set results: {DVC_RESULTS_ROOT} in the config that params.yaml's dvc.configfile names"
+        )
     path = config.get("dvc", {}).get("configfile")
     if path is not None and not (base_dir / path).is_file():
         raise ConfigError(
