@@ -27,6 +27,13 @@ BENCH_ARGS ?=
 # BACKEND=postgresql://user:pass@host/db).
 BACKEND ?= sqlite:///$(CURDIR)/mlflow-server.db
 ARTIFACTS ?= $(CURDIR)/mlartifacts-server
+# mlflow-server: the address it listens on. 127.0.0.1 reaches jobs on this machine only (the local
+# SLURM of make slurm-up included); for a cluster's compute nodes use HOST=0.0.0.0 or the login
+# node's own address, and set mlflow.tracking_uri: http://<login node>:$(PORT) in the config. MLflow
+# answers only Host headers it allows (default: localhost and private IPs): where the nodes call the
+# server by name, also ALLOWED_HOSTS=<login node name>[,<its FQDN>].
+HOST ?= 127.0.0.1
+ALLOWED_HOSTS ?=
 # The local SLURM's state, logs and pid files: a private (0700) directory, never a shared /tmp path.
 SLURM_DIR ?= $(CURDIR)/.slurm
 
@@ -107,9 +114,9 @@ mlflow-ui: setup  ## browse and compare runs at http://127.0.0.1:$(PORT) (prints
 	@$(RUN) python -c "from trainmap.tracking import runs_table_urls; print('\n'.join(['runs tables (MLflow opens an experiment on its GenAI overview):'] + runs_table_urls('sqlite:///mlflow.db', 'http://127.0.0.1:$(PORT)')))"
 	$(RUN) mlflow ui --backend-store-uri sqlite:///mlflow.db --host 127.0.0.1 --port $(PORT)
 
-mlflow-server: setup  ## a tracking server for cluster jobs (set mlflow.tracking_uri: http://127.0.0.1:PORT)
+mlflow-server: setup  ## a tracking server for cluster jobs on HOST:PORT (cluster: HOST=0.0.0.0; mlflow.tracking_uri: http://<this node>:PORT)
 	$(RUN) mlflow server --backend-store-uri $(BACKEND) --artifacts-destination $(ARTIFACTS) \
-	    --serve-artifacts --host 127.0.0.1 --port $(PORT)
+	    --serve-artifacts --host $(HOST) --port $(PORT) $(if $(ALLOWED_HOSTS),--allowed-hosts $(ALLOWED_HOSTS))
 
 slurm-up:  ## start a real single-node SLURM here (root; installs slurm-wlm + munge if missing)
 	profiles/slurm/local_cluster.sh start $(SLURM_DIR)

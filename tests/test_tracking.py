@@ -25,6 +25,7 @@ from trainmap.tracking import (
     PARAMS_PER_BATCH,
     RuleRun,
     artifact_root,
+    cluster_tracking_problem,
     experiment_name,
     flatten_params,
     init_tracking,
@@ -551,3 +552,31 @@ def test_runs_table_urls_name_each_experiment_with_runs(tmp_path) -> None:
     assert runs_table_urls(uri, "http://127.0.0.1:5000/") == [
         f"study: http://127.0.0.1:5000/#/experiments/{used}/runs"
     ]
+
+
+@pytest.mark.parametrize(
+    ("uri", "reason"),
+    [
+        ("sqlite:///mlflow.db", "SQLite file"),
+        ("sqlite:////shared/mlflow.db", "SQLite file"),
+        ("http://127.0.0.1:5000", "loopback"),
+        ("http://localhost:5000", "loopback"),
+        ("http://[::1]:5000", "loopback"),
+        ("postgresql://mlflow:secret@localhost/mlflow", "loopback"),
+        ("postgresql://mlflow@/mlflow?host=/var/run/postgresql", "loopback"),
+    ],
+)
+def test_a_store_compute_nodes_cannot_reach_is_named_with_its_fix(uri: str, reason: str) -> None:
+    """Cluster jobs run on other nodes: the warning before any job names the key, the value and
+    the fix (a server on the login node's address)."""
+    problem = cluster_tracking_problem(uri)
+    assert problem is not None
+    assert problem.startswith(f"config key mlflow.tracking_uri: {uri!r}"), problem
+    assert reason in problem and "HOST=0.0.0.0" in problem, problem
+
+
+@pytest.mark.parametrize(
+    "uri", ["http://login01:5000", "https://mlflow.lab.example", "postgresql://m@db.lab:5432/m"]
+)
+def test_a_store_on_the_network_passes_for_cluster_jobs(uri: str) -> None:
+    assert cluster_tracking_problem(uri) is None

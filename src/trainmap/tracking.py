@@ -65,6 +65,36 @@ def experiment_name(config: Mapping) -> str:
     return config.get("mlflow", {}).get("experiment", "trainmap")
 
 
+#: Host names that mean "this machine": a compute node resolves them to itself, not to the node
+#: that runs ``make mlflow-server``.
+LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1", "0.0.0.0", ""})
+
+
+def cluster_tracking_problem(uri: str) -> str | None:
+    """Why jobs on other nodes of a cluster cannot log to tracking URI ``uri`` (and the fix), or
+    None when they can.
+
+    A job submitted to a cluster (SLURM) runs on a compute node: a store on this machine's
+    loopback address (``http://127.0.0.1:5000``, ``postgresql://localhost/...``) is that node's own,
+    where nothing listens, and an SQLite file on a shared file system breaks under writers on many
+    nodes (its locks do not hold over NFS). The message names ``mlflow.tracking_uri`` and the fix:
+    ``make mlflow-server HOST=0.0.0.0`` on the login node and its address in the config.
+    """
+    from urllib.parse import urlsplit
+
+    fix = ("run `make mlflow-server HOST=0.0.0.0` (README: MLflow on a cluster) on the login "
+           "node and set mlflow.tracking_uri: http://<login node>:5000")  # fmt: skip
+    if uri.startswith("sqlite:"):
+        return (f"config key mlflow.tracking_uri: {uri!r} is an SQLite file, which jobs on "
+                f"several compute nodes cannot share (no locking over NFS); {fix}")  # fmt: skip
+    host = urlsplit(uri).hostname or ""
+    if host.lower() in LOOPBACK_HOSTS or host.startswith("127."):
+        return (f"config key mlflow.tracking_uri: {uri!r} names this machine's loopback "
+                f"address, which on a compute node is the node itself; {fix}, or the database "
+                "server's network address for a database URI")  # fmt: skip
+    return None
+
+
 def artifact_root(uri: str) -> str | None:
     """Artifacts of a SQLite-backed store go to ``mlartifacts/`` beside the database file."""
     if not uri.startswith("sqlite:///"):

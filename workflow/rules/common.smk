@@ -17,7 +17,7 @@ from trainmap import grid
 from trainmap.io import load_json
 from trainmap.methods import check_method
 from trainmap.plugins import plugin_sources
-from trainmap.tracking import init_tracking, tracking_settings
+from trainmap.tracking import cluster_tracking_problem, init_tracking, tracking_settings
 from trainmap.unfinished import UnfinishedScan, find_unfinished
 from trainmap.worker import start_server, stop_server
 
@@ -43,6 +43,13 @@ onstart:
     # Create the tracking database and experiment once, before parallel jobs (FACTS.md: a fresh
     # SQLite database migrated by 8 jobs at once lost 7 of their runs).
     tracking = tracking_settings(config)
+    # Cluster jobs (--executor slurm, profiles/slurm) log from compute nodes: a loopback or SQLite
+    # store is unreachable or unsafe there. A warning, not an error: a SLURM whose one node is
+    # this machine (make slurm-up) reaches both.
+    if not workflow.local_exec:
+        problem = cluster_tracking_problem(tracking["uri"])
+        if problem:
+            print(f"warning: cluster jobs: {problem}", file=sys.stderr)
     init_tracking(tracking["uri"], tracking["experiment"])
     # Jobs on this machine fork from one warm process instead of importing torch and MLflow each
     # (trainmap.worker); cluster jobs run in their own processes.
