@@ -54,6 +54,7 @@ from trainmap import data as data_module
 from trainmap import grid
 from trainmap.grid import Cell, SeedRange
 from trainmap.models import build_model
+from trainmap.training.archive import ArchivePolicy, checkpoint_steps, kept_indices
 
 #: Resources requested from a scheduler are the plan's estimate times this, once, for every rule:
 #: the FLOP-based times hold to ~2x (bench/plan_accuracy.py), and a job past its request is killed.
@@ -65,8 +66,6 @@ MIN_MINUTES = 5
 GB = 1e9
 #: The training loop's test-evaluation batch (trainmap.training.loop.EVAL_BATCH).
 EVAL_BATCH = 4096
-ARCHIVE_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-DEFAULT_ARCHIVE = {"schedule": "all", "dtype": "float32"}
 #: Optimizer state per parameter, in parameter copies (SGD: momentum buffer; Adam(W): two moments).
 OPTIMIZER_COPIES = {"sgd": 1, "adam": 2, "adamw": 2}
 
@@ -117,6 +116,11 @@ ANALYSIS_SOURCE = (
 )
 
 
+#: The rules whose jobs are seed blocks, in workflow order (:func:`block_job`).
+BLOCK_RULES = ("gradinit", "train", "sparse_retrain", "reparam", "quantize", "evaluate",
+               "collect_metrics")  # fmt: skip
+
+
 class PlanError(ValueError):
     """A plan past the limits of the node it was given; the message names the rule, the job, the
     resource, the estimate and the config key to change."""
@@ -135,59 +139,26 @@ class NodeLimits:
 # --- checkpoints and the archive ------------------------------------------------------------------
 
 
-def checkpoint_steps(steps: int, checkpoint_every: int) -> list[int]:
-    """The steps a run checkpoints at: 0, every ``checkpoint_every`` steps, and the last."""
-    found = list(range(0, steps + 1, checkpoint_every))
-    return found if found[-1] == steps else [*found, steps]
-
-
-def _kept_checkpoints(steps: list[int], schedule: str) -> list[int]:
-    """Which of ``steps`` (a run's checkpoint steps) ``schedule`` keeps on disk: ``all``, ``none``,
-    ``"every N"`` (every N-th checkpoint, plus the first and last) or ``"log K"`` (about K
-    checkpoints log-spaced over the checkpoint indices, plus the first and last)."""
-    words = str(schedule).split()
-    n = len(steps)
-    if words == ["all"]:
-        return list(steps)
-    if words == ["none"]:
-        return []
-    if len(words) == 2 and words[0] in ("every", "log") and words[1].isdigit() and int(words[1]) > 0:
-        count = int(words[1])
-        if words[0] == "every":
-            indices = set(range(0, n, count))
-        else:
-            top = math.log(max(n - 1, 1))
-            indices = {round(math.exp(top * i / max(count - 1, 1))) for i in range(count)}
-        indices |= {0, n - 1}
-        return [steps[i] for i in sorted(i for i in indices if 0 <= i < n)]
-    raise PlanError(
-        f"archive schedule {schedule!r}: expected all, none, 'every N' or 'log K' (N, K positive "
-        "integers), e.g. train.<task>.archive: {schedule: 'log 20'}"
-    )
-
-
 def kept_checkpoints(steps: list[int], schedule: str) -> list[int]:
-    """The checkpoint steps an archive ``schedule`` writes to disk (the training loop's own parser,
-    :func:`trainmap.training.archive.kept_checkpoints`, where it exists)."""
+    """The checkpoint ``steps`` an archive ``schedule`` writes to disk: the training loop's own
+    rule (:meth:`trainmap.training.archive.ArchivePolicy.kept_steps`)."""
+    return ArchivePolicy.from_value({"schedule": schedule}).kept_steps(list(steps))
+
+
+def archive_policy(settings: Mapping[str, Any], key: str) -> ArchivePolicy:
+    """The archive policy of train-style ``settings`` found at config ``key`` (omitted: all,
+    float32); a bad value is a :class:`PlanError` naming ``<key>.archive``."""
     try:
-        from trainmap.training.archive import ArchivePolicy
-    except ImportError:
-        return _kept_checkpoints(steps, schedule)
-    try:
-        return ArchivePolicy(schedule=schedule).kept_steps(list(steps))
+        return ArchivePolicy.from_value(settings.get("archive"))
     except ValueError as error:
-        raise PlanError(f"{error}, e.g. train.<task>.archive: {{schedule: 'log 20'}}") from None
+        raise PlanError(str(error).replace("train.<task>", key)) from None
 
 
-def archive_settings(settings: Mapping[str, Any], key: str) -> tuple[str, int]:
-    """The archive schedule and dtype bytes of train-style ``settings`` (found at config ``key``)."""
-    archive = {**DEFAULT_ARCHIVE, **(settings.get("archive") or {})}
-    if archive["dtype"] not in ARCHIVE_DTYPE_BYTES:
-        raise PlanError(
-            f"config key {key}.archive.dtype: {archive['dtype']!r}; allowed: "
-            f"{', '.join(ARCHIVE_DTYPE_BYTES)}"
-        )
-    return str(archive["schedule"]), ARCHIVE_DTYPE_BYTES[archive["dtype"]]
+def archive_bytes(profile: ModelProfile, n_checkpoints: int, policy: ArchivePolicy) -> int:
+    """Bytes of one run's archive: kept checkpoints x (floating-point state entries x the dtype's
+    bytes + integer buffers as they are); safetensors headers (a few kB a file) left out."""
+    kept = len(kept_indices(n_checkpoints, policy.schedule))
+    return policy.bytes_per_run(n_checkpoints, profile.n_state) + kept * profile.int_state_bytes
 
 
 # --- a model's sizes, FLOPs and activations (once per task, arch and options) -------------------
@@ -197,7 +168,8 @@ def archive_settings(settings: Mapping[str, Any], key: str) -> tuple[str, int]:
 class ModelProfile:
     """What the plan needs of one (task, arch): counts, bytes and FLOPs per example.
 
-    ``n_params``: trainable parameters; ``n_state``: numel of the state dict (buffers included);
+    ``n_params``: trainable parameters; ``n_state``: floating-point numel of the state dict
+    (buffers included); ``int_state_bytes``: its integer buffers' bytes (BatchNorm's counters);
     ``state_bytes``: its bytes as stored (fp32); ``forward_flops``: forward FLOPs per example
     (FlopCounterMode, batch 2 minus batch 1); ``saved_bytes``: autograd-saved activation bytes per
     example (parameters excluded); ``widest_bytes``: the largest module output per example;
@@ -207,6 +179,7 @@ class ModelProfile:
 
     n_params: int
     n_state: int
+    int_state_bytes: int
     state_bytes: int
     forward_flops: float
     saved_bytes: float
@@ -276,7 +249,10 @@ def _profile(task_data_json: str, arch: str, options_json: str) -> ModelProfile:
     x = _example_batch(meta, 1)
     return ModelProfile(
         n_params=sum(p.numel() for p in model.parameters() if p.requires_grad),
-        n_state=sum(t.numel() for t in state.values()),
+        n_state=sum(t.numel() for t in state.values() if t.is_floating_point()),
+        int_state_bytes=sum(
+            t.numel() * t.element_size() for t in state.values() if not t.is_floating_point()
+        ),
         state_bytes=sum(t.numel() * t.element_size() for t in state.values()),
         forward_flops=max(flops[1] - flops[0], 0.0) / 2,
         saved_bytes=max(saved[1][0] - saved[0][0], 0.0) / 2,
@@ -386,9 +362,9 @@ def training_job(
     device = device_of(settings)
     seeds = len(block.seeds)
     steps = checkpoint_steps(int(settings["steps"]), int(settings["checkpoint_every"]))
-    schedule, dtype_bytes = archive_settings(settings, key)
-    kept = kept_checkpoints(steps, schedule)
-    archive = len(kept) * profile.n_state * dtype_bytes
+    policy = archive_policy(settings, key)
+    kept = policy.kept_steps(steps)
+    archive = archive_bytes(profile, len(steps), policy)
     per_seed = archive + profile.state_bytes + len(steps) * (120 + 3 * 16 * 20) + 2000
     optimizer = OPTIMIZER_COPIES.get(str(settings["optimizer"]), 2)
     state = seeds * (profile.state_bytes + 4 * profile.n_params * optimizer)
@@ -424,8 +400,8 @@ def training_job(
         f"metrics {metrics / GB:.3g} GB)"
     )
     bytes_from = (
-        f"size-based: {seeds} seeds x ({len(kept)} of {len(steps)} checkpoints ({schedule}) x "
-        f"{profile.n_state:,} x {dtype_bytes} B + model.pt + tables)"
+        f"size-based: {seeds} seeds x ({len(kept)} of {len(steps)} checkpoints ({policy.schedule}) "
+        f"x {profile.n_state:,} x {policy.dtype} + model.pt + tables)"
     )
     on_gpu = device is GPU
     return JobPlan(
@@ -539,74 +515,88 @@ def block_jobs(config: Mapping[str, Any], results: str | None = None) -> list[Jo
             "size-based: 3 copies of the data set while it is read and saved",
             "assumed: start-up + reading at 50 MB/s",
         ))  # fmt: skip
-    for block in grid.seed_ranges_of(config, (c for c in cells if grid.method_of(c).has_stage("gradinit"))):
-        plans.append(gradinit_job(config, block))
-    for block in grid.seed_ranges_of(config, grid.trained_cells(config)):
-        train = grid.train_settings(config, block.task)
-        plans.append(training_job(config, "train", block, train, f"train.{block.task}",
-                                  results=results))  # fmt: skip
-    for block in grid.seed_ranges_of(config, (c for c in cells if grid.is_sparse(c))):
-        sparse = grid.stage_settings(config, "sparse", block.task)
-        if grid.method_retrains(block.method):
-            train = grid.train_settings(config, block.task)
-            retrain = {"device": train.get("device", "cpu"), **sparse.get("train", {})}
-            plans.append(training_job(config, "sparse_retrain", block, retrain,
-                                      f"sparse.{block.task}.train", 4 / 3, results))  # fmt: skip
-        else:
-            profile = model_profile(config, block.task, block.arch)
-            plans.append(small_job(
-                "sparse_retrain", block.id, len(block.seeds),
-                len(block.seeds) * profile.state_bytes * 2, BASE_RAM + 4 * len(block.seeds) * profile.state_bytes,
-                STARTUP_S + 2.0 * len(block.seeds),
-                "size-based: the pruned model + its mask per seed", "size-based: 4 state copies a seed",
-                "assumed: 2 s a seed (pruning, one calibration batch)",
-            ))  # fmt: skip
-    for block in grid.seed_ranges_of(config, (c for c in cells if grid.has_deploy_form(c.arch) and not grid.is_sparse(c))):
-        profile = model_profile(config, block.task, block.arch)
-        plans.append(small_job(
-            "reparam", block.id, len(block.seeds), len(block.seeds) * profile.state_bytes,
-            BASE_RAM + 3 * len(block.seeds) * profile.state_bytes, STARTUP_S + 2.0 * len(block.seeds),
+    rules = (
+        ("gradinit", lambda c: grid.method_of(c).has_stage("gradinit"), cells),
+        ("train", lambda c: True, grid.trained_cells(config)),
+        ("sparse_retrain", grid.is_sparse, cells),
+        ("reparam", lambda c: grid.has_deploy_form(c.arch) and not grid.is_sparse(c), cells),
+        ("quantize", lambda c: bool(grid.quantized_schemes(config, c)), cells),
+        ("evaluate", lambda c: True, cells),
+        ("collect_metrics", grid.retrains, cells),
+    )
+    for rule, selected, of in rules:
+        for block in grid.seed_ranges_of(config, (c for c in of if selected(c))):
+            plans.append(block_job(config, rule, block, results))
+    return plans
+
+
+def block_job(
+    config: Mapping[str, Any], rule: str, block: SeedRange, results: str | None = None
+) -> JobPlan:
+    """The plan of one block job of ``rule`` (gradinit, train, sparse_retrain, reparam, quantize,
+    evaluate, collect_metrics); ``results``: a results root whose timing sidecars replace the
+    time estimate of a finished training block."""
+    seeds = len(block.seeds)
+    if rule == "train":
+        return training_job(config, rule, block, grid.train_settings(config, block.task),
+                            f"train.{block.task}", results=results)  # fmt: skip
+    if rule == "gradinit":
+        return gradinit_job(config, block)
+    profile = model_profile(config, block.task, block.arch)
+    if rule == "sparse_retrain" and grid.method_retrains(block.method):
+        # The retraining's own settings, device included (TrainConfig's default: cpu).
+        sparse = grid.stage_settings(config, "sparse", block.task).get("train", {})
+        return training_job(config, rule, block, sparse, f"sparse.{block.task}.train", 4 / 3,
+                            results)  # fmt: skip
+    if rule == "sparse_retrain":
+        return small_job(
+            rule, block.id, seeds, seeds * profile.state_bytes * 2,
+            BASE_RAM + 4 * seeds * profile.state_bytes, STARTUP_S + 2.0 * seeds,
+            "size-based: the pruned model + its mask per seed", "size-based: 4 state copies a seed",
+            "assumed: 2 s a seed (pruning, one calibration batch)",
+        )  # fmt: skip
+    if rule == "reparam":
+        return small_job(
+            rule, block.id, seeds, seeds * profile.state_bytes,
+            BASE_RAM + 3 * seeds * profile.state_bytes, STARTUP_S + 2.0 * seeds,
             "size-based: the deploy model per seed (<= the training state)",
             "size-based: 3 state copies a seed", "assumed: 2 s a seed (fusion + equivalence check)",
-        ))  # fmt: skip
-    for block in grid.seed_ranges_of(config, (c for c in cells if grid.quantized_schemes(config, c))):
-        profile = model_profile(config, block.task, block.arch)
+        )  # fmt: skip
+    if rule == "quantize":
         schemes = len(grid.quantized_schemes(config, block.cells[0]))
-        plans.append(small_job(
-            "quantize", block.id, len(block.seeds), len(block.seeds) * schemes * profile.state_bytes,
-            BASE_RAM + 4 * len(block.seeds) * profile.state_bytes,
-            STARTUP_S + 5.0 * schemes * len(block.seeds),
+        return small_job(
+            rule, block.id, seeds, seeds * schemes * profile.state_bytes,
+            BASE_RAM + 4 * seeds * profile.state_bytes, STARTUP_S + 5.0 * schemes * seeds,
             f"size-based: {schemes} schemes x (model + packed file) <= the fp32 state per seed",
             "size-based: 4 state copies a seed", "assumed: 5 s a scheme and seed (AWQ calibration)",
-        ))  # fmt: skip
-    for block in grid.seed_ranges_of(config, cells):
-        profile = model_profile(config, block.task, block.arch)
+        )  # fmt: skip
+    if rule == "evaluate":
         data_bytes, n_test = dataset_bytes(config, block.task, profile)
         evaluate = grid.evaluate_settings(config, block.task)
         latency = int(evaluate.get("latency_batch", 256)) * int(evaluate.get("latency_repeats", 20))
         forms = 1 + grid.has_deploy_form(block.arch) + len(grid.quantized_schemes(config, block.cells[0]))
-        flops = profile.forward_flops * (n_test + latency) * forms * len(block.seeds)
-        plans.append(small_job(
-            "evaluate", block.id, len(block.seeds), len(block.seeds) * 4000,
+        flops = profile.forward_flops * (n_test + latency) * forms * seeds
+        return small_job(
+            rule, block.id, seeds, seeds * 4000,
             BASE_RAM + 2 * data_bytes + min(n_test, EVAL_BATCH) * profile.widest_bytes * 3
-            + 2 * len(block.seeds) * profile.state_bytes,
+            + 2 * seeds * profile.state_bytes,
             STARTUP_S + flops / CPU.train_flops_per_s,
             "size-based: evaluation.json + timing per seed",
             "size-based: data + one eval batch through the widest layer + 2 models",
             f"FLOP-based: test set + latency probe forward passes at {CPU.train_flops_per_s / 1e9:g} "
             "GFLOP/s (CPU)",
-        ))  # fmt: skip
-    for block in grid.seed_ranges_of(config, (c for c in cells if grid.retrains(c))):
+        )  # fmt: skip
+    if rule == "collect_metrics":
         n_ckpt = run_checkpoints(config, block.cells[0])
-        plans.append(small_job(
-            "collect_metrics", block.id, len(block.seeds), len(block.seeds) * n_ckpt * 22 * 20,
-            BASE_RAM + len(block.seeds) * n_ckpt * 3 * 22 * 8 * 4,
-            STARTUP_S + 0.01 * n_ckpt * len(block.seeds),
+        return small_job(
+            rule, block.id, seeds, seeds * n_ckpt * 22 * 20,
+            BASE_RAM + seeds * n_ckpt * 3 * 22 * 8 * 4, STARTUP_S + 0.01 * n_ckpt * seeds,
             f"size-based: metrics.csv, {n_ckpt} rows x 22 columns x ~20 B per seed",
             "size-based: each seed's checkpoint_metrics.csv rows (3 conventions) in pandas",
             "assumed: 10 ms a checkpoint row (the metrics come with the run)",
-        ))  # fmt: skip
-    return plans
+        )  # fmt: skip
+    raise PlanError(f"rule {rule!r}: the plan has no estimate for its jobs (block rules: "
+                    f"{', '.join(BLOCK_RULES)})")  # fmt: skip
 
 
 def analysis_jobs(config: Mapping[str, Any]) -> list[JobPlan]:
@@ -674,7 +664,8 @@ def check_limits(jobs: pd.DataFrame, limits: NodeLimits) -> None:
         raise PlanError(
             f"disk: the grid writes {total / 1e12:.2f} TB (largest: rule {by_job['rule']}, job "
             f"{by_job['job']}, {by_job['bytes'] / GB:.1f} GB: {by_job['bytes_from']}) past the "
-            f"node's {limits.disk_tb:g} TB; change {' or '.join(by_job['keys'])}"
+            f"node's {limits.disk_tb:g} TB; change "
+            f"{' or '.join([k for k in by_job['keys'] if 'archive' in k] or by_job['keys'])}"
         )
 
 
@@ -695,30 +686,9 @@ def _job_plan(config: Mapping[str, Any], rule: str, block: SeedRange | None,
               group: Sequence[Cell] | None) -> JobPlan:  # fmt: skip
     if group is not None:
         return analysis_job(config, rule, rule, list(group))
-    assert block is not None, f"rule {rule}: job_resources needs a block or a group"
-    if rule == "train":
-        return training_job(config, rule, block, grid.train_settings(config, block.task),
-                            f"train.{block.task}")  # fmt: skip
-    if rule == "sparse_retrain":
-        train = grid.train_settings(config, block.task)
-        sparse = grid.stage_settings(config, "sparse", block.task).get("train", {})
-        return training_job(config, rule, block, {"device": train.get("device", "cpu"), **sparse},
-                            f"sparse.{block.task}.train", 4 / 3)  # fmt: skip
-    if rule == "gradinit":
-        return gradinit_job(config, block)
-    for job in _small_block_jobs(config, block):
-        if job.rule == rule:
-            return job
-    raise PlanError(f"rule {rule!r}: the plan has no estimate for it (block rules: data, "
-                    "gradinit, train, sparse_retrain, reparam, quantize, evaluate, "
-                    "collect_metrics)")  # fmt: skip
-
-
-def _small_block_jobs(config: Mapping[str, Any], block: SeedRange) -> list[JobPlan]:
-    narrowed = dict(config)
-    narrowed["grid"] = [{"task": block.task, "archs": [block.arch], "methods": [block.method],
-                         "seeds": list(block.seeds)}]  # fmt: skip
-    return [job for job in block_jobs(narrowed) if job.job == block.id]
+    if block is None:
+        raise PlanError(f"rule {rule}: job_resources needs the job's block or group")
+    return block_job(config, rule, block)
 
 
 # --- the command ------------------------------------------------------------------------------------
@@ -785,7 +755,7 @@ def main(argv: list[str] | None = None) -> int:
     limits = NodeLimits(args.node_gpu_gb, args.node_ram_gb, args.node_disk_tb, args.job_hours)
     with grid.config_problems_reported():
         config = load_plan_config(args.configfile)
-    jobs = plan_jobs(config, str(config.get("results", "results")))
+    jobs = plan_jobs(config, grid.results_root(config))
     print(f"plan of {' + '.join(['params.yaml', 'config/config.yaml', *args.configfile])}")
     print(format_plan(jobs, limits))
     if args.jobs:

@@ -15,8 +15,8 @@ rule collect_metrics:
         "../envs/trainmap.yaml"
     threads: 1
     resources:
-        mem_mb=4000,
-        runtime=minutes_of_block,
+        mem_mb=planned("collect_metrics", "mem_mb"),
+        runtime=planned("collect_metrics", "runtime"),
     params:
         block=seed_range_of_job,
         cell_hashes=cell_hashes_of_block,
@@ -77,8 +77,8 @@ rule fit_hmm:
     # (K, restart) fits and bootstrap resamples run in parallel processes
     threads: 2
     resources:
-        mem_mb=4000,
-        runtime=60,
+        mem_mb=planned("fit_hmm", "mem_mb"),
+        runtime=planned("fit_hmm", "runtime"),
     params:
         settings=grid.analysis_settings(config),
         group=GROUP,
@@ -305,8 +305,8 @@ rule joint_comparison:
         "../envs/trainmap.yaml"
     threads: 2
     resources:
-        mem_mb=4000,
-        runtime=60,
+        mem_mb=planned("joint_comparison", "mem_mb"),
+        runtime=planned("joint_comparison", "runtime"),
     params:
         adaptive=is_adaptive_joint,
         settings=settings_of_joint,

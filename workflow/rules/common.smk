@@ -13,7 +13,7 @@ import sys
 
 from snakemake.common import overwrite_function_params
 
-from trainmap import grid
+from trainmap import grid, plan
 from trainmap.io import load_json
 from trainmap.methods import check_method
 from trainmap.plugins import plugin_sources
@@ -255,25 +255,46 @@ def cell_hashes_of_block(wildcards, output):
     return cell_hashes(seed_range_of_manifest(output.manifest).cells)
 
 
-@input_function
-def seeds_in_block(wildcards):
-    """How many seeds a block job trains (its memory and runtime grow with them)."""
-    for blocks in (TRAIN_BLOCKS, SPARSE_BLOCKS, GRID_BLOCKS):
-        if block_id(wildcards) in blocks:
-            return len(blocks[block_id(wildcards)].seeds)
-    return 1
+# --- scheduler requests: the plan's estimates (trainmap.plan; `make plan` prints them) ------------
+
+#: Each block rule's blocks, by rule name.
+BLOCKS_OF_RULE = {
+    "gradinit": GRADINIT_BLOCKS,
+    "train": TRAIN_BLOCKS,
+    "sparse_retrain": SPARSE_BLOCKS,
+    "quantize": QUANTIZE_BLOCKS,
+    "evaluate": GRID_BLOCKS,
+    "collect_metrics": METRIC_BLOCKS,
+}
 
 
-@input_function
-def memory_mb_of_block(wildcards):
-    """A training block's memory request: the trajectories of all its seeds stay in memory."""
-    return 2000 + 250 * seeds_in_block(wildcards)
+@functools.cache
+def planned_resources(rule, job):
+    """``mem_mb``, ``runtime`` (minutes) and ``gpu`` of one job of ``rule`` (a block id, a group
+    or a joint comparison's name): trainmap.plan's estimate, the one ``python -m trainmap.plan``
+    prints, times plan.SAFETY_FACTOR. Models are profiled once per (task, arch), not per job."""
+    if rule in BLOCKS_OF_RULE:
+        return plan.job_resources(config, rule, block=BLOCKS_OF_RULE[rule][job])
+    cells = HMM_GROUPS[job] if rule == "fit_hmm" else JOINT_GROUPS.get(job, [])
+    return plan.job_resources(config, rule, group=cells)
 
 
-@input_function
-def minutes_of_block(wildcards):
-    """A looping block job's runtime request: a few minutes, plus one per seed."""
-    return 10 + seeds_in_block(wildcards)
+def job_of(rule, wildcards):
+    """The job ``planned_resources`` knows: a block id, a group or a joint comparison's name."""
+    if rule in BLOCKS_OF_RULE:
+        return block_id(wildcards)
+    if rule == "fit_hmm":
+        return f"{wildcards.task}/{wildcards.arch}/{wildcards.method}"
+    return wildcards.name
+
+
+def planned(rule, resource):
+    """An input function: ``resource`` (mem_mb, runtime or gpu) of ``rule``'s jobs, planned."""
+
+    def of_job(wildcards):
+        return planned_resources(rule, job_of(rule, wildcards))[resource]
+
+    return input_function(of_job)
 
 
 # --- settings ------------------------------------------------------------------------------------
@@ -299,13 +320,6 @@ def model_settings_of_cell(wildcards):
 @input_function
 def train_settings_of_task(wildcards):
     return grid.train_settings(config, wildcards.task)
-
-
-@input_function
-def gpus_of_task(wildcards):
-    """1 when the task trains on a GPU (train.<task>.device: cuda), for the cluster's request."""
-    device = grid.train_settings(config, wildcards.task).get("device", "cpu")
-    return 1 if device.startswith("cuda") else 0
 
 
 @input_function

@@ -9,8 +9,8 @@ rule evaluate:
         "../envs/trainmap.yaml"
     threads: 1
     resources:
-        mem_mb=2000,
-        runtime=minutes_of_block,
+        mem_mb=planned("evaluate", "mem_mb"),
+        runtime=planned("evaluate", "runtime"),
     params:
         block=seed_range_of_job,
         cell_hashes=cell_hashes_of_block,

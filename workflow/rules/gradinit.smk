@@ -19,8 +19,9 @@ rule gradinit:
         "../envs/trainmap.yaml"
     threads: 1
     resources:
-        mem_mb=4000,
-        runtime=minutes_of_block,
+        mem_mb=planned("gradinit", "mem_mb"),
+        runtime=planned("gradinit", "runtime"),
+        gpu=planned("gradinit", "gpu"),
     params:
         block=seed_range_of_job,
         cell_hashes=cell_hashes_of_block,

@@ -10,8 +10,8 @@ rule quantize:
         "../envs/trainmap.yaml"
     threads: 1
     resources:
-        mem_mb=2000,
-        runtime=minutes_of_block,
+        mem_mb=planned("quantize", "mem_mb"),
+        runtime=planned("quantize", "runtime"),
     params:
         block=seed_range_of_job,
         cell_hashes=cell_hashes_of_block,

@@ -20,8 +20,9 @@ rule sparse_retrain:
         "../envs/trainmap.yaml"
     threads: 1
     resources:
-        mem_mb=memory_mb_of_block,
-        runtime=120,
+        mem_mb=planned("sparse_retrain", "mem_mb"),
+        runtime=planned("sparse_retrain", "runtime"),
+        gpu=planned("sparse_retrain", "gpu"),
     params:
         block=seed_range_of_job,
         cell_hashes=cell_hashes_of_block,

@@ -12,9 +12,9 @@ rule train:
         "../envs/trainmap.yaml"
     threads: 1
     resources:
-        mem_mb=memory_mb_of_block,
-        runtime=120,
-        gpu=gpus_of_task,
+        mem_mb=planned("train", "mem_mb"),
+        runtime=planned("train", "runtime"),
+        gpu=planned("train", "gpu"),
     params:
         block=seed_range_of_job,
         cell_hashes=cell_hashes_of_block,

@@ -1,0 +1,100 @@
+"""trainmap.plan: one row per rule, sources named, limits refused with the key to change, archive
+bytes counted exactly, and the paper's and the 1,000-seed configs within one node."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from trainmap import plan
+from trainmap.grid import SeedRange
+from trainmap.training.archive import ArchivePolicy, checkpoint_steps
+
+REPO = Path(__file__).resolve().parents[1]
+SOURCES = ("measured: ", "FLOP-based: ", "size-based: ", "assumed: ")
+PAPER_CONFIGS = ["config/paper.yaml", *sorted(p.relative_to(REPO).as_posix()
+                                                for p in (REPO / "config/paper").glob("*.yaml"))]  # fmt: skip
+
+
+@pytest.fixture(autouse=True)
+def in_repo(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(REPO)
+
+
+@pytest.fixture(scope="module")
+def smoke() -> dict:
+    return plan.load_plan_config(["config/smoke.yaml"])
+
+
+def test_smoke_plan_has_one_row_per_rule_and_says_where_each_number_comes_from(smoke: dict) -> None:
+    jobs = plan.plan_jobs(smoke)
+    totals = plan.rule_totals(jobs)
+    assert list(totals.index) == list(dict.fromkeys(jobs["rule"]))
+    assert {"data", "gradinit", "train", "sparse_retrain", "reparam", "quantize", "evaluate",
+            "collect_metrics", "fit_hmm", "joint_comparison"} <= set(totals.index)  # fmt: skip
+    assert totals.loc["train", "jobs"] == 4  # parity kaiming + gradinit, digits vgg_bn + repvgg
+    for column in ("bytes_from", "memory_from", "time_from"):
+        assert jobs[column].str.startswith(SOURCES).all(), jobs[column]
+    assert (jobs[["bytes", "ram", "seconds"]] > 0).all().all()
+    assert (jobs["gpu"] == 0).all()  # the smoke grid trains on the CPU
+
+
+def test_a_plan_past_the_node_names_rule_job_resource_and_key(smoke: dict) -> None:
+    jobs = plan.plan_jobs(smoke)
+    with pytest.raises(plan.PlanError, match=r"rule \w+, job .*host RAM .* GB planned .*change "):
+        plan.check_limits(jobs, plan.NodeLimits(ram_gb=0.5))
+    with pytest.raises(plan.PlanError, match=r"time .* h planned .*train\.\w+\.seed_block"):
+        plan.check_limits(jobs.query("rule == 'train'"), plan.NodeLimits(job_hours=1e-4))
+    with pytest.raises(plan.PlanError, match=r"disk: .*archive"):
+        plan.check_limits(jobs.query("rule == 'train'"), plan.NodeLimits(disk_tb=1e-9))
+
+
+def test_the_command_exits_non_zero_past_the_limits(capsys: pytest.CaptureFixture) -> None:
+    assert plan.main(["--configfile", "config/smoke.yaml", "--node-ram-gb", "0.5"]) == 1
+    assert "host RAM" in capsys.readouterr().err
+    assert plan.main(["--configfile", "config/smoke.yaml"]) == 0
+    assert "fits the node" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("archive", [None, {"schedule": "every 3", "dtype": "bfloat16"},
+                                     {"schedule": "log 5", "dtype": "float16"},
+                                     {"schedule": "none"}])  # fmt: skip
+def test_archive_bytes_are_kept_checkpoints_times_state_times_dtype(smoke: dict, archive) -> None:
+    profile = plan.model_profile(smoke, "sparse_parity", "mlp")
+    assert profile.int_state_bytes == 0 and profile.n_state == profile.n_params == 40 * 128 + 128 + 128 * 2 + 2
+    steps = checkpoint_steps(300, 25)
+    policy = ArchivePolicy.from_value(archive)
+    dtype_bytes = {"float32": 4, "bfloat16": 2, "float16": 2}[policy.dtype]
+    expected = len(policy.kept_steps(steps)) * profile.n_params * dtype_bytes
+    assert plan.archive_bytes(profile, len(steps), policy) == expected
+    settings = {**plan._with_defaults({"steps": 300, "checkpoint_every": 25})}
+    if archive is not None:
+        settings["archive"] = archive
+    block = SeedRange("sparse_parity", "mlp", "kaiming", 0, 1, (0, 1))
+    job = plan.training_job(smoke, "train", block, settings, "train.sparse_parity")
+    tables = len(steps) * (120 + 3 * 16 * 20) + 2000
+    assert job.bytes == 2 * (expected + profile.state_bytes + tables)
+
+
+def test_a_bad_archive_schedule_names_the_key(smoke: dict) -> None:
+    with pytest.raises(plan.PlanError, match=r"train\.sparse_parity\.archive\.schedule"):
+        plan.archive_policy({"archive": {"schedule": "log"}}, "train.sparse_parity")
+
+
+def test_resources_come_from_the_plan_with_the_safety_factor(smoke: dict) -> None:
+    block = SeedRange("sparse_parity", "mlp", "kaiming", 0, 1, (0, 1))
+    job = plan.training_job(smoke, "train", block, smoke["train"]["sparse_parity"],
+                            "train.sparse_parity")  # fmt: skip
+    resources = plan.job_resources(smoke, "train", block)
+    assert resources["mem_mb"] >= job.ram * plan.SAFETY_FACTOR / 1e6
+    assert resources["runtime"] >= plan.MIN_MINUTES and resources["gpu"] == 0
+    evaluate = plan.job_resources(smoke, "evaluate", block)
+    assert evaluate["mem_mb"] >= plan.MIN_MEMORY_MB
+
+
+@pytest.mark.parametrize("config", [*PAPER_CONFIGS, "config/sparse_parity_1000.yaml"])
+def test_paper_settings_and_the_1000_seed_study_fit_one_node(config: str) -> None:
+    loaded = plan.load_plan_config([config])
+    jobs = plan.plan_jobs(loaded)
+    plan.check_limits(jobs, plan.NodeLimits(gpu_gb=80, ram_gb=128, disk_tb=1, job_hours=24))
