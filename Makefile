@@ -37,7 +37,7 @@ ALLOWED_HOSTS ?=
 # The local SLURM's state, logs and pid files: a private (0700) directory, never a shared /tmp path.
 SLURM_DIR ?= $(CURDIR)/.slurm
 
-.PHONY: help setup run paper repro report test test-fast lint format bench mlflow-ui mlflow-server \
+.PHONY: help setup run plan paper repro report test test-fast lint format bench mlflow-ui mlflow-server \
 	slurm-up slurm-down dvc-remote clean
 
 help:  ## list the targets
@@ -67,6 +67,9 @@ run: setup dvc-remote  ## the study on CONFIG (default: the embedded grid); vers
 	@echo "Evaluation table: $(call RESULTS_OF,$(CONFIG))/summary/evaluation.csv   Report: make report   Runs: make mlflow-ui"
 	@# The published answer (README, "What it found"): every result file's sha256 beside the config.
 	@$(RUN) python -m trainmap.digest check $(basename $(CONFIG)).results.sha256 $(call RESULTS_OF,$(CONFIG))
+
+plan: setup  ## bytes written, peak RAM/GPU memory and time of every job of CONFIG, checked against one node (python -m trainmap.plan --help)
+	$(RUN) python -m trainmap.plan --configfile $(CONFIG) $(PLAN_ARGS)
 
 # paper: the training-maps paper's settings this machine can run (PAPER_CONFIG=config/paper.yaml
 # for every setting, on a GPU node with the MNIST/CIFAR-100 files).
