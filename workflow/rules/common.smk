@@ -21,8 +21,8 @@ from trainmap.tracking import cluster_tracking_problem, init_tracking, tracking_
 from trainmap.unfinished import UnfinishedScan, find_unfinished
 from trainmap.worker import start_server, stop_server
 
-#: Where every rule of this config writes (config key results; default results): one root per
-#: config, so another study run in this checkout never writes into the default study's files.
+#: The directory this config's outputs all go under (config key results, default results), one
+#: per config, so another study run in this checkout never writes into the default study's files.
 RESULTS = grid.results_root(config)
 CELLS = grid.expand_grid(config)
 TASKS = grid.grid_tasks(config)
