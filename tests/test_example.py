@@ -17,6 +17,7 @@ import yaml
 from conftest import REPO_ROOT, copy_workflow, run_command, snakemake
 
 from trainmap.io import load_torch
+from trainmap.training.archive import read_archive
 
 pytestmark = pytest.mark.integration
 
@@ -84,7 +85,7 @@ def test_the_plugin_architecture_and_init_were_used(example_run: Path) -> None:
             saved = load_torch(run / "model.pt")
             assert (saved["arch"], saved["method"], saved["seed"]) == (ARCH, method, seed)
             assert saved["model_options"] == {"channels": 16, "hidden": 64}
-            trajectory = load_torch(run / "trajectory.pt")
+            trajectory = read_archive(run)
             assert int(trajectory["step"][0]) == 0
             initial[method, seed] = {name: values[0] for name, values in
                                      trajectory["state"].items()}  # fmt: skip

@@ -185,22 +185,19 @@ def test_every_saved_checkpoint_carries_a_checksum_that_plain_torch_load_ignores
     assert torch.equal(torch.load(path, weights_only=True)["w"], saved["w"])
 
 
-def test_flipped_bytes_in_model_and_trajectory_are_caught(tmp_path):
-    """Case 9: 64 flipped bytes inside model.pt and trajectory.pt loaded silently before."""
+def test_flipped_bytes_in_model_and_checkpoint_are_caught(tmp_path):
+    """Case 9: 64 flipped bytes inside model.pt and a torch checkpoint loaded silently before."""
     from trainmap.models import build_model
     from trainmap.training.checkpoints import load_model, save_dense
-    from trainmap.training.loop import load_trajectory
 
     meta = {"input_kind": "vector", "input_shape": [40], "num_classes": 2}
     model = build_model("mlp", meta, hidden=[128])
-    model_path, trajectory_path = tmp_path / "model.pt", tmp_path / "trajectory.pt"
+    model_path, checkpoint_path = tmp_path / "model.pt", tmp_path / "checkpoint.pt"
     save_dense(model, model_path, arch="mlp", model_options={"hidden": [128]}, meta=meta)
-    save_torch(
-        {"step": torch.arange(20), "state": {"w": torch.randn(20, 128, 40)}}, trajectory_path
-    )
+    save_torch({"step": torch.arange(20), "w": torch.randn(20, 128, 40)}, checkpoint_path)
     load_model(model_path)  # control: intact files load
-    load_trajectory(trajectory_path)
-    for path, load in ((model_path, load_model), (trajectory_path, load_trajectory)):
+    load_torch(checkpoint_path)
+    for path, load in ((model_path, load_model), (checkpoint_path, load_torch)):
         flip_bytes(path)
         with pytest.raises(DamagedFileError) as caught:
             load(path)

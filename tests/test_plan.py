@@ -62,7 +62,10 @@ def test_the_command_exits_non_zero_past_the_limits(capsys: pytest.CaptureFixtur
                                      {"schedule": "none"}])  # fmt: skip
 def test_archive_bytes_are_kept_checkpoints_times_state_times_dtype(smoke: dict, archive) -> None:
     profile = plan.model_profile(smoke, "sparse_parity", "mlp")
-    assert profile.int_state_bytes == 0 and profile.n_state == profile.n_params == 40 * 128 + 128 + 128 * 2 + 2
+    assert (
+        profile.int_state_bytes == 0
+        and profile.n_state == profile.n_params == 40 * 128 + 128 + 128 * 2 + 2
+    )
     steps = checkpoint_steps(300, 25)
     policy = ArchivePolicy.from_value(archive)
     dtype_bytes = {"float32": 4, "bfloat16": 2, "float16": 2}[policy.dtype]

@@ -208,7 +208,10 @@ def test_resume_files_and_training_outputs_are_the_same_bytes(tmp_path, one_thre
     assert saved["step"] == 20 and "elapsed_s" not in saved
     assert load_timing(first / resume)["elapsed_s"] > 0  # the time so far, beside the file
     for seed in ("seed0", "seed1"):
-        for name in ("trajectory.pt", "model.pt", "history.csv", "train.json"):
+        archive = sorted(p.relative_to(first / seed).as_posix()
+                         for p in (first / seed / "checkpoints").iterdir())  # fmt: skip
+        assert archive
+        for name in ("checkpoint_metrics.csv", "model.pt", "history.csv", "train.json", *archive):
             assert sha256(first / seed / name) == sha256(second / seed / name), f"{seed}/{name}"
         assert set(load_json(first / seed / "train.timing.json")) == {"wall_time_s", "steps_per_s"}
 

@@ -16,11 +16,11 @@ import torch
 
 from trainmap.data import TaskData, make_task_data
 from trainmap.io import load_json
+from trainmap.training.archive import read_archive
 from trainmap.training.loop import (
     TrainConfig,
     TrainPaths,
     build_cell_model,
-    load_trajectory,
     train_block,
     train_model,
 )
@@ -106,8 +106,8 @@ def test_a_seed_in_a_block_equals_the_seed_alone_in_float64(tmp_path, request, c
         _, alone = run_alone(tmp_path / f"alone{seed}", arch, seed, data, cfg, options,
                              torch.float64)  # fmt: skip
         in_block, by_itself = (
-            load_trajectory(block_paths.trajectory),
-            load_trajectory(alone.trajectory),
+            read_archive(block_paths.archive.parent),
+            read_archive(alone.archive.parent),
         )
         assert torch.equal(in_block["step"], by_itself["step"])
         assert max_relative_difference(in_block["state"], by_itself["state"]) < 1e-10
@@ -147,8 +147,8 @@ def test_every_kind_of_architecture_trains_in_a_block(tmp_path, arch):
     for seed, block_paths in zip([0, 1], paths, strict=True):
         _, alone = run_alone(tmp_path / f"alone{seed}", arch, seed, data, cfg, options,
                              torch.float64)  # fmt: skip
-        difference = max_relative_difference(load_trajectory(block_paths.trajectory)["state"],
-                                             load_trajectory(alone.trajectory)["state"])  # fmt: skip
+        difference = max_relative_difference(read_archive(block_paths.archive.parent)["state"],
+                                             read_archive(alone.archive.parent)["state"])  # fmt: skip
         assert difference < 1e-10, (arch, seed, difference)
 
 
@@ -195,7 +195,7 @@ def test_block_resume_after_crash_is_bit_identical(tmp_path, digits):
 
 
 def assert_same_files(a: TrainPaths, b: TrainPaths) -> None:
-    left, right = load_trajectory(a.trajectory), load_trajectory(b.trajectory)
+    left, right = read_archive(a.archive.parent), read_archive(b.archive.parent)
     assert torch.equal(left["step"], right["step"])
     for name in left["state"]:
         assert torch.equal(left["state"][name], right["state"][name]), name
@@ -281,14 +281,14 @@ def test_a_diverging_seed_is_frozen_and_the_others_go_on(tmp_path, parity):
     saved = torch.load(paths[1].model, weights_only=True)["state_dict"]
     for name, value in poisoned.items():
         assert torch.equal(saved[name], value), name
-    assert load_trajectory(paths[1].trajectory)["step"].tolist() == [0]
+    assert read_archive(paths[1].archive.parent)["step"].tolist() == [0]
     for index in (0, 2):
         assert summaries[index]["status"] == "completed"
         assert summaries[index]["steps_done"] == cfg.steps
         _, alone = run_alone(tmp_path / f"alone{index}", arch, seeds[index], parity, cfg, options,
                              torch.float64)  # fmt: skip
-        difference = max_relative_difference(load_trajectory(paths[index].trajectory)["state"],
-                                              load_trajectory(alone.trajectory)["state"])  # fmt: skip
+        difference = max_relative_difference(read_archive(paths[index].archive.parent)["state"],
+                                              read_archive(alone.archive.parent)["state"])  # fmt: skip
         assert difference < 1e-10
 
 

@@ -25,12 +25,12 @@ from trainmap.methods.sparse import (
     srste_lambda,
     wanda_scores,
 )
+from trainmap.training.archive import read_archive
 from trainmap.training.checkpoints import load_model
 from trainmap.training.loop import (
     TrainConfig,
     TrainPaths,
     build_cell_model,
-    load_trajectory,
     train_model,
 )
 from trainmap.training.seed_block import SeedBlock
@@ -304,7 +304,7 @@ def test_retraining_resumes_bit_identically_and_stays_nm(teacher, parity, tmp_pa
     assert all(torch.equal(a["state_dict"][k], b["state_dict"][k]) for k in a["state_dict"])
     pd.testing.assert_frame_equal(pd.read_csv(tmp_path / "a" / "flips.csv"),
                                   pd.read_csv(tmp_path / "b" / "flips.csv"))  # fmt: skip
-    trajectory = load_trajectory(tmp_path / "a" / "trajectory.pt")
+    trajectory = read_archive(tmp_path / "a")
     assert set(trajectory["state"]) == set(teacher.state_dict())
     model = load_model(tmp_path / "a" / "model.pt")
     assert check_nm(model)
@@ -424,7 +424,7 @@ def test_start_prunes_the_dense_runs_checkpoint_and_distils_from_the_final_model
         {"uri": f"sqlite:///{tmp_path / 'mlflow.db'}", "experiment": "start"},
         {cell.id: "h" for cell in block.cells}, progress=False,
     )  # fmt: skip
-    dense_run = load_trajectory(train_dir / "seed0" / "trajectory.pt")
+    dense_run = read_archive(train_dir / "seed0")
     at_50 = {name: value[dense_run["step"].tolist().index(50)]
              for name, value in dense_run["state"].items()}  # fmt: skip
     final = load_torch(train_dir / "seed0" / "model.pt")["state_dict"]
@@ -432,7 +432,7 @@ def test_start_prunes_the_dense_runs_checkpoint_and_distils_from_the_final_model
     (start,), (teacher,) = handed["starts"], handed["teachers"]
     assert all(torch.equal(value, at_50[name]) for name, value in start.state_dict().items())
     assert all(torch.equal(value, final[name]) for name, value in teacher.state_dict().items())
-    retrained = load_trajectory(manifest.parent / "seed0" / "trajectory.pt")
+    retrained = read_archive(manifest.parent / "seed0")
     assert int(retrained["step"][0]) == 0
     for name, value in at_50.items():
         expected = value * nm_mask(value, 2, 4) if name.endswith("weight") else value
@@ -442,17 +442,16 @@ def test_start_prunes_the_dense_runs_checkpoint_and_distils_from_the_final_model
 def test_start_at_a_step_the_dense_run_did_not_record_is_a_clear_error(teacher, parity, tmp_path):
     """A dense run that stopped recording before the start step (it diverged) names the setting,
     the file and the steps it has."""
-    from trainmap.io import load_torch, save_torch
+    from trainmap.io import load_torch
     from trainmap.jobs.sparse import dense_checkpoint
+    from trainmap.training.archive import checkpoint_file, write_checkpoint
     from trainmap.training.checkpoints import save_dense
 
-    state = teacher.state_dict()
-    save_torch({"step": torch.tensor([0, 50]), "state": {k: torch.stack([v, v])
-                                                          for k, v in state.items()}},
-               tmp_path / "trajectory.pt")  # fmt: skip
+    for step in (0, 50):
+        write_checkpoint(checkpoint_file(tmp_path, step), teacher.state_dict(), torch.float32)
     save_dense(teacher, tmp_path / "model.pt", **INFO, meta=parity.meta)
-    with pytest.raises(ValueError, match=r"start.step: .* no checkpoint at step 100 .* 0 to 50"):
-        dense_checkpoint(load_torch(tmp_path / "model.pt"), tmp_path / "trajectory.pt", 100)
+    with pytest.raises(ValueError, match=r"start.step: 100: .* no archived checkpoint .* 0 to 50"):
+        dense_checkpoint(load_torch(tmp_path / "model.pt"), checkpoint_file(tmp_path, 100), 100)
 
 
 @pytest.mark.parametrize("method", ["ast", "ast_slorb"])
@@ -481,8 +480,8 @@ def test_sparse_retraining_in_a_block_equals_each_seed_alone(tmp_path, method):
     for seed, teacher_model, block_dir in zip(seeds, teachers(), block_dirs, strict=True):
         alone = tmp_path / f"alone{seed}"
         run_sparse_method(teacher_model, data, options, settings, seed, alone)
-        left = load_trajectory(block_dir / "trajectory.pt")["state"]
-        right = load_trajectory(alone / "trajectory.pt")["state"]
+        left = read_archive(block_dir)["state"]
+        right = read_archive(alone)["state"]
         for name in right:
             scale = (
                 right[name].abs().max().clamp(min=1e-12) if right[name].is_floating_point() else 1

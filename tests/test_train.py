@@ -19,11 +19,11 @@ from torch import nn
 from trainmap.data import TaskData, make_task_data
 from trainmap.io import load_json
 from trainmap.models import count_parameters
+from trainmap.training.archive import read_archive
 from trainmap.training.loop import (
     TrainConfig,
     TrainPaths,
     build_cell_model,
-    load_trajectory,
     lr_factor,
     train_model,
 )
@@ -102,7 +102,7 @@ def assert_states_equal(left: dict[str, torch.Tensor], right: dict[str, torch.Te
 def assert_same_outputs(a: TrainPaths, b: TrainPaths) -> None:
     """Final weights, trajectory and history of two runs are bit-identical."""
     assert_states_equal(load_state(a), load_state(b))
-    traj_a, traj_b = load_trajectory(a.trajectory), load_trajectory(b.trajectory)
+    traj_a, traj_b = read_archive(a.archive.parent), read_archive(b.archive.parent)
     assert torch.equal(traj_a["step"], traj_b["step"])
     assert_states_equal(traj_a["state"], traj_b["state"])
     # history.csv has no wall-time columns, so the files must match byte for byte.
@@ -157,8 +157,8 @@ def test_same_seed_same_run_and_different_seed_different_weights(tmp_path, parit
     assert states_differ(load_state(first), load_state(other_seed))
     # The training seed alone (same initial weights) changes the batch order, hence the weights.
     _, other_order, _ = run(tmp_path / "d", parity_small, cfg, seed=2, init_seed=1)
-    initial_first = {k: v[0] for k, v in load_trajectory(first.trajectory)["state"].items()}
-    initial_other = {k: v[0] for k, v in load_trajectory(other_order.trajectory)["state"].items()}
+    initial_first = {k: v[0] for k, v in read_archive(first.archive.parent)["state"].items()}
+    initial_other = {k: v[0] for k, v in read_archive(other_order.archive.parent)["state"].items()}
     assert_states_equal(initial_first, initial_other)
     assert states_differ(load_state(first), load_state(other_order))
 
@@ -306,8 +306,9 @@ def test_divergence_stops_the_run_and_writes_outputs(tmp_path, parity_small):
     history = pd.read_csv(paths.history)
     assert history["step"].tolist() == list(range(diverged))  # checkpoint_every=1: every step
     assert summary["n_checkpoints"] == len(history)
-    trajectory = torch.load(paths.trajectory, weights_only=True)
-    assert trajectory["step"].tolist() == list(range(diverged))
+    assert read_archive(paths.archive.parent)["step"].tolist() == list(range(diverged))
+    metrics = pd.read_csv(paths.metrics)
+    assert sorted(set(metrics["step"])) == list(range(diverged))
     saved = torch.load(paths.model, weights_only=True)
     model = build_cell_model("mlp", "kaiming", 0, parity_small.meta, {"hidden": [16]})
     model.load_state_dict(saved["state_dict"])
@@ -325,7 +326,7 @@ def test_nan_weight_diverges_at_the_first_step(tmp_path, parity_small):
     assert summary["diverged_step"] == 1
     assert summary["steps_done"] == 0
     assert pd.read_csv(paths.history)["step"].tolist() == [0]
-    for path in (paths.trajectory, paths.model, paths.history, paths.summary):
+    for path in (paths.metrics, paths.archive, paths.model, paths.history, paths.summary):
         assert path.exists()
 
 
@@ -351,7 +352,7 @@ def test_trajectory_format(tmp_path, parity_small, steps, expected):
     paths = TrainPaths.in_directory(tmp_path)
     summary = train_model(model, parity_small, cfg, 0, paths, progress=False)
 
-    trajectory = torch.load(paths.trajectory, weights_only=True)
+    trajectory = read_archive(paths.archive.parent)
     assert set(trajectory) == {"step", "state"}
     assert trajectory["step"].dtype == torch.long
     assert trajectory["step"].tolist() == expected

@@ -136,8 +136,14 @@ def run_alone(directory: Path, arch: str, seed: int, data: TaskData) -> TrainPat
 
 
 def assert_same_files(a: TrainPaths, b: TrainPaths) -> None:
-    for name in ("trajectory", "model", "history", "summary"):
+    for name in ("metrics", "model", "history", "summary"):
         assert getattr(a, name).read_bytes() == getattr(b, name).read_bytes(), name
+    assert archive_bytes(a) == archive_bytes(b)
+
+
+def archive_bytes(paths: TrainPaths) -> dict[str, bytes]:
+    """The run's archived checkpoints, by file name."""
+    return {p.name: p.read_bytes() for p in sorted(paths.archive.iterdir())}
 
 
 @pytest.mark.parametrize(
@@ -272,6 +278,7 @@ def test_a_killed_unvectorisable_block_resumes_seed_by_seed(tmp_path, parity):
         summaries, resumed = run_block(tmp_path / "block", "branchy", seeds, parity)
     assert [s["resumed_from_step"] for s in summaries] == [None, 20]
     for a, b in zip(reference, resumed, strict=True):
-        for name in ("trajectory", "model", "history"):
+        for name in ("metrics", "model", "history"):
             assert getattr(a, name).read_bytes() == getattr(b, name).read_bytes(), name
+        assert archive_bytes(a) == archive_bytes(b)
         assert not b.resume.exists()

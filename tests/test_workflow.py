@@ -28,7 +28,8 @@ def test_every_cell_has_its_outputs(smoke_run: Path) -> None:
     for cell in cells:
         stage = "sparse" if is_sparse(cell) else "train"
         run_dir = smoke_run / "results" / stage / cell.id
-        for name in ("trajectory.pt", "model.pt", "history.csv", "train.json"):
+        for name in ("checkpoint_metrics.csv", "checkpoints/step_00000000.safetensors",
+                     "model.pt", "history.csv", "train.json"):  # fmt: skip
             assert (run_dir / name).stat().st_size > 0, f"{cell.id}: {name} missing or empty"
         evaluation = json.loads(
             (smoke_run / "results/evaluate" / cell.id / "evaluation.json").read_text()

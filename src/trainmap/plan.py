@@ -484,7 +484,10 @@ def analysis_job(
     observations = sum(run_checkpoints(config, cell) for cell in cells)
     k_max = int(grid.analysis_settings(config).get("k_max", 8))
     return small_job(
-        rule, job, len(cells), len(cells) * 5000 + 1e6,
+        rule,
+        job,
+        len(cells),
+        len(cells) * 5000 + 1e6,
         BASE_RAM + observations * (14 + k_max) * 8 * 10,
         STARTUP_S + fraction * observations * ANALYSIS_S_PER_OBSERVATION,
         "size-based: a few JSON/NPZ/PNG files of the map (~1 MB) + 5 KB a run",
@@ -574,7 +577,11 @@ def block_job(
         data_bytes, n_test = dataset_bytes(config, block.task, profile)
         evaluate = grid.evaluate_settings(config, block.task)
         latency = int(evaluate.get("latency_batch", 256)) * int(evaluate.get("latency_repeats", 20))
-        forms = 1 + grid.has_deploy_form(block.arch) + len(grid.quantized_schemes(config, block.cells[0]))
+        forms = (
+            1
+            + grid.has_deploy_form(block.arch)
+            + len(grid.quantized_schemes(config, block.cells[0]))
+        )
         flops = profile.forward_flops * (n_test + latency) * forms * seeds
         return small_job(
             rule, block.id, seeds, seeds * 4000,
@@ -709,7 +716,11 @@ def format_plan(jobs: pd.DataFrame, limits: NodeLimits) -> str:
     for rule in totals.index:
         job = jobs[jobs["rule"] == rule].sort_values("seconds").iloc[-1]
         lines.append(f"  {rule} ({job['job']}):")
-        for label, column in (("bytes", "bytes_from"), ("memory", "memory_from"), ("time", "time_from")):
+        for label, column in (
+            ("bytes", "bytes_from"),
+            ("memory", "memory_from"),
+            ("time", "time_from"),
+        ):
             lines.append(f"    {label}: {job[column]}")
     return "\n".join(lines)
 

@@ -75,12 +75,16 @@ class StreamedMetrics:
 
     def rows(self, state: Mapping[str, torch.Tensor], step: int) -> list[list[dict]]:
         """One list of rows per seed of ``state`` (``[S, *shape]`` per entry): a row per variant,
-        with :data:`STREAMED_COLUMNS`."""
+        with :data:`STREAMED_COLUMNS`. A convention that counts no matrix of the architecture
+        (e.g. ``paper`` on an embedding and its readout) has no rows; ``collect_metrics`` then
+        names the problem."""
         size = next(iter(state.values())).shape[0]
         per_seed: list[list[dict]] = [[] for _ in range(size)]
         for space in self.spaces:
             weights, layouts = self._space(state, space)
             for convention in CONVENTIONS:
+                if not layouts[convention].matrices:  # nothing it counts (a table and readout)
+                    continue
                 frame = trajectory_metrics(weights, layouts[convention], convention)
                 for index, values in enumerate(frame.to_dict("records")):
                     per_seed[index].append({"step": step, "convention": convention,
@@ -101,8 +105,8 @@ class StreamedMetrics:
 
 
 def read_streamed(path: str | Path) -> pd.DataFrame:
-    """A run's streamed table, every float exactly as written (``round_trip``)."""
-    return pd.read_csv(path, float_precision="round_trip")
+    """A run's streamed table (pandas reads every float back exactly as written)."""
+    return pd.read_csv(path)
 
 
 def variant_rows(streamed: pd.DataFrame, convention: str, weights: str) -> pd.DataFrame:

@@ -548,6 +548,17 @@ def _check_sparse_start(config: dict, task: str, start: Any) -> None:
             f"(train.{task}: every {every} steps up to {steps}); allowed: a multiple of {every} "
             f"from 0 to {steps}{'' if steps % every == 0 else f', or {steps}'}"
         )
+    from trainmap.training.archive import ArchivePolicy, checkpoint_steps
+
+    policy = ArchivePolicy.from_value(train.get("archive"))
+    kept = policy.kept_steps(checkpoint_steps(steps, every))
+    if step not in kept:
+        raise ConfigError(
+            f"config key train.{task}.archive.schedule: {policy.schedule!r} keeps no checkpoint "
+            f"at step {step}, where sparse.{task}.start.step starts the sparse runs (it keeps "
+            f"{len(kept)} checkpoints{f', {kept[0]} to {kept[-1]}' if kept else ''}); use "
+            "schedule: all, an 'every N' whose checkpoints include it, or another start.step"
+        )
 
 
 def _train_defaults() -> dict:
