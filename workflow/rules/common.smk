@@ -269,30 +269,30 @@ BLOCKS_OF_RULE = {
 
 
 @functools.cache
-def planned_resources(rule, job):
-    """``mem_mb``, ``runtime`` (minutes) and ``gpu`` of one job of ``rule`` (a block id, a group
+def planned_resources(rule_name, job):
+    """``mem_mb``, ``runtime`` (minutes) and ``gpu`` of one job of ``rule_name`` (a block id, a group
     or a joint comparison's name): trainmap.plan's estimate, the one ``python -m trainmap.plan``
     prints, times plan.SAFETY_FACTOR. Models are profiled once per (task, arch), not per job."""
-    if rule in BLOCKS_OF_RULE:
-        return plan.job_resources(config, rule, block=BLOCKS_OF_RULE[rule][job])
-    cells = HMM_GROUPS[job] if rule == "fit_hmm" else JOINT_GROUPS.get(job, [])
-    return plan.job_resources(config, rule, group=cells)
+    if rule_name in BLOCKS_OF_RULE:
+        return plan.job_resources(config, rule_name, block=BLOCKS_OF_RULE[rule_name][job])
+    cells = HMM_GROUPS[job] if rule_name == "fit_hmm" else JOINT_GROUPS.get(job, [])
+    return plan.job_resources(config, rule_name, group=cells)
 
 
-def job_of(rule, wildcards):
+def job_of(rule_name, wildcards):
     """The job ``planned_resources`` knows: a block id, a group or a joint comparison's name."""
-    if rule in BLOCKS_OF_RULE:
+    if rule_name in BLOCKS_OF_RULE:
         return block_id(wildcards)
-    if rule == "fit_hmm":
+    if rule_name == "fit_hmm":
         return f"{wildcards.task}/{wildcards.arch}/{wildcards.method}"
     return wildcards.name
 
 
-def planned(rule, resource):
-    """An input function: ``resource`` (mem_mb, runtime or gpu) of ``rule``'s jobs, planned."""
+def planned(rule_name, resource):
+    """An input function: ``resource`` (mem_mb, runtime or gpu) of ``rule_name``'s jobs, planned."""
 
     def of_job(wildcards):
-        return planned_resources(rule, job_of(rule, wildcards))[resource]
+        return planned_resources(rule_name, job_of(rule_name, wildcards))[resource]
 
     return input_function(of_job)
 
