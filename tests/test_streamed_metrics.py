@@ -70,7 +70,11 @@ def test_streamed_metrics_equal_those_of_the_stored_checkpoints(
     the rows the loop streamed equal collect_run_metrics on the archived trajectory to 1e-12
     (on the CPU they are the same bits: the computation is the same, with the seeds where a
     stored trajectory has its checkpoints)."""
-    cfg = TrainConfig(steps=12, checkpoint_every=4, batch_size=16, lr=0.05, momentum=0.9)
+    # A RepVGG streams its deploy form too where its archive is not the full float32 one
+    # ('every 1' keeps every checkpoint, so both forms can be compared here).
+    archive = ArchivePolicy.from_value({"schedule": "every 1" if arch == "repvgg" else "all"})
+    cfg = TrainConfig(steps=12, checkpoint_every=4, batch_size=16, lr=0.05, momentum=0.9,
+                      archive=archive)  # fmt: skip
     paths, meta = train_cells(tmp_path, task, data_settings, arch, options, cfg, [0, 1, 2])
     structure = build_cell_model(arch, "kaiming", 0, meta, options)
     for seed_paths in paths:

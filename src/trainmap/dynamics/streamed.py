@@ -33,6 +33,7 @@ from trainmap.dynamics.columns import CONVENTIONS, METRIC_NAMES
 from trainmap.dynamics.metrics import (
     WeightLayout,
     layout_of_model,
+    statistics_rules,
     trajectory_metrics,
     with_history,
 )
@@ -50,11 +51,12 @@ def definitions_hash() -> str:
     return hashlib.sha256(source).hexdigest()[:16]
 
 
-def weight_spaces(structure: nn.Module) -> list[str]:
-    """The weight spaces a run's metrics are streamed in: ``train``, and ``deploy`` for a RepVGG."""
+def weight_spaces(structure: nn.Module, deploy: bool = True) -> list[str]:
+    """The weight spaces a run's metrics are streamed in: ``train``, and ``deploy`` for a RepVGG
+    when ``deploy``."""
     from trainmap.models.repvgg import RepVGG
 
-    return ["train", "deploy"] if isinstance(structure, RepVGG) else ["train"]
+    return ["train", "deploy"] if deploy and isinstance(structure, RepVGG) else ["train"]
 
 
 class StreamedMetrics:
@@ -62,11 +64,16 @@ class StreamedMetrics:
 
     ``structure``: a model of the run's architecture (the dense one for a sparse run: its
     checkpoints hold the effective weights under the dense names), used only for its layout.
+    ``deploy``: also a RepVGG's deploy form (fusing every checkpoint costs about as much as its
+    metrics; a run whose archive keeps every checkpoint leaves it to ``collect_metrics``, which
+    fuses the archived checkpoints when ``analysis.repvgg_weights: deploy`` asks for it).
+    Conventions that count the same matrices with the same rules (``paper`` and
+    ``paper_shortcuts`` of a model without shortcut convs) are computed once.
     """
 
-    def __init__(self, structure: nn.Module) -> None:
+    def __init__(self, structure: nn.Module, deploy: bool = True) -> None:
         self.structure = structure
-        self.spaces = weight_spaces(structure)
+        self.spaces = weight_spaces(structure, deploy)
         self.layouts: dict[str, WeightLayout] = {
             convention: layout_of_model(structure, convention) for convention in CONVENTIONS
         }
@@ -82,11 +89,16 @@ class StreamedMetrics:
         per_seed: list[list[dict]] = [[] for _ in range(size)]
         for space in self.spaces:
             weights, layouts = self._space(state, space)
+            computed: dict[tuple, list[dict]] = {}
             for convention in CONVENTIONS:
-                if not layouts[convention].matrices:  # nothing it counts (a table and readout)
+                layout = layouts[convention]
+                if not layout.matrices:  # nothing it counts (a table and its readout)
                     continue
-                frame = trajectory_metrics(weights, layouts[convention], convention)
-                for index, values in enumerate(frame.to_dict("records")):
+                same = (statistics_rules(convention), layout.matrices, layout.biases)
+                if same not in computed:
+                    frame = trajectory_metrics(weights, layout, convention)
+                    computed[same] = frame.to_dict("records")
+                for index, values in enumerate(computed[same]):
                     per_seed[index].append({"step": step, "convention": convention,
                                             "weights": space, **values,
                                             "definitions": self.definitions})  # fmt: skip

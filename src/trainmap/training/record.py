@@ -18,6 +18,8 @@ the end (:meth:`CheckpointRecorder.finish`), so its bytes do not depend on where
 
 from __future__ import annotations
 
+import csv
+import math
 import shutil
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -54,7 +56,7 @@ class CheckpointRecorder:
         checkpoints: Sequence[int],
         policy: ArchivePolicy,
     ) -> None:
-        self.metrics = StreamedMetrics(structure)
+        self.metrics = StreamedMetrics(structure, deploy=not policy.full)
         self.tables = [Path(path) for path in tables]
         self.run_directories = [Path(path) for path in run_directories]
         self.policy = policy
@@ -84,9 +86,12 @@ class CheckpointRecorder:
         self.rows[index] += rows
         if first or not path.exists():
             self._rewrite(index)
-        else:  # appending a few lines; the table is rewritten whole (atomically) at the end
-            frame = pd.DataFrame(rows, columns=STREAMED_COLUMNS)
-            frame.to_csv(path, mode="a", header=False, index=False)
+        else:  # appending a few lines (to this process's own file: the first write renamed it
+            # into place); the table is rewritten whole, atomically, at the end
+            with open(path, "a", newline="") as stream:
+                csv.writer(stream).writerows(
+                    [_cell(row.get(column)) for column in STREAMED_COLUMNS] for row in rows
+                )
 
     def _rewrite(self, index: int) -> None:
         frame = pd.DataFrame(self.rows[index], columns=STREAMED_COLUMNS)
@@ -115,3 +120,10 @@ class CheckpointRecorder:
         for index, rows in enumerate(self.rows):
             if rows:
                 self._rewrite(index)
+
+
+def _cell(value: Any) -> Any:
+    """A value as pandas writes it (a float by its shortest exact repr, NaN as an empty cell)."""
+    if isinstance(value, float):
+        return "" if math.isnan(value) else repr(value)
+    return "" if value is None else value
