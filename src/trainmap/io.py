@@ -229,7 +229,7 @@ def _sha256(stream: Any, length: int) -> str:
 #: Keys (at any depth of a JSON record, or columns of a table) whose values are measured times,
 #: different on every run: save_json and save_table write them to the timing sidecar instead.
 TIMING_KEYS = frozenset({"wall_time_s", "steps_per_s", "train_wall_time_s", "latency_ms",
-                         "seconds", "elapsed_s"})  # fmt: skip
+                         "seconds", "elapsed_s", "metrics_s", "archive_s"})  # fmt: skip
 TIMING_INFIX = ".timing"
 
 

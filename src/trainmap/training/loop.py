@@ -649,6 +649,10 @@ def train_block(
             "n_params": count_parameters(models[index]),
             "wall_time_s": wall_time,
             "steps_per_s": step / wall_time if wall_time > 0 else math.nan,
+            # the block's seconds on streamed metrics and archive writes (this process's share
+            # after a resume; timing sidecar only)
+            "metrics_s": recorder.metrics_s,
+            "archive_s": recorder.archive_s,
             "seed_block": size,
             "resumed_from_step": resumed_from,
             "final": record.history[-1],

@@ -21,6 +21,7 @@ from __future__ import annotations
 import csv
 import math
 import shutil
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -62,6 +63,8 @@ class CheckpointRecorder:
         self.policy = policy
         self.archived = set(policy.kept_steps(list(checkpoints)))
         self.rows: list[list[dict[str, Any]]] = [[] for _ in self.tables]
+        # seconds spent on the metrics and on writing the archive, in this process (timing only)
+        self.metrics_s = self.archive_s = 0.0
 
     @torch.no_grad()
     def capture(self, step: int, state: Mapping[str, torch.Tensor], active: Sequence[int]) -> None:
@@ -70,14 +73,18 @@ class CheckpointRecorder:
         if not active:
             return
         size = next(iter(state.values())).shape[0]
+        started = time.perf_counter()
         chosen = state if len(active) == size else {k: v[active] for k, v in state.items()}
         for index, rows in zip(active, self.metrics.rows(chosen, step), strict=True):
             self._append(index, rows)
+        archiving = time.perf_counter()
+        self.metrics_s += archiving - started
         if step in self.archived:
             for position, index in enumerate(active):
                 seed_state = {name: value[position] for name, value in chosen.items()}
                 write_checkpoint(checkpoint_file(self.run_directories[index], step), seed_state,
                                  self.policy.torch_dtype)  # fmt: skip
+        self.archive_s += time.perf_counter() - archiving
 
     def _append(self, index: int, rows: list[dict[str, Any]]) -> None:
         """Add ``rows`` to seed ``index``'s table: in memory, and at the end of its file."""
