@@ -249,3 +249,23 @@ def test_memory_and_resume_file_do_not_grow_with_the_checkpoints(tmp_path):
     assert large["peak_mb"] <= 1.05 * small["peak_mb"], measured
     assert large["resume_bytes"] <= 1.02 * small["resume_bytes"], measured
     assert small["resume_bytes"] > 3 * 2 * 11_100_000 * 4  # weights and Adam's two moments
+
+
+def test_an_archive_reads_as_an_external_run(tmp_path):
+    """A run's archive is an external run (its history the evaluation curve): its metrics,
+    recomputed through trainmap.dynamics.external, equal the streamed ones."""
+    from trainmap.dynamics.external import external_run_metrics, read_external_run
+
+    cfg = TrainConfig(steps=10, checkpoint_every=5, batch_size=16)
+    options = {"hidden": [16, 8]}
+    paths, meta = train_cells(tmp_path, "sparse_parity", {"n_bits": 10, "k": 2, "n_train": 100,
+                              "n_test": 64}, "mlp", options, cfg, [5])  # fmt: skip
+    run = read_external_run(paths[0].archive)
+    assert list(run.checkpoints) == [0, 5, 10]
+    history = pd.read_csv(paths[0].history)
+    structure = build_cell_model("mlp", "kaiming", 5, meta, options)
+    for model in (structure, None):  # through the architecture, and from names and shapes alone
+        recomputed = external_run_metrics(run, "paper", model=model)
+        streamed = metrics_table(variant_rows(read_streamed(paths[0].metrics), "paper", "train"),
+                                 history)  # fmt: skip
+        pd.testing.assert_frame_equal(recomputed, streamed, check_dtype=False, rtol=1e-12, atol=0)

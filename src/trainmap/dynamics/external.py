@@ -231,10 +231,16 @@ def read_evaluation(path: Path, steps: list[int]) -> pd.DataFrame:
 
 
 def read_external_run(directory: str | Path, evaluation_file: str = EVALUATION_FILE) -> ExternalRun:
-    """One external run directory, its checkpoints found and its evaluation curve checked."""
+    """One external run directory, its checkpoints found and its evaluation curve checked. A
+    trainmap run's checkpoint archive (``<run>/checkpoints``, trainmap.training.archive) reads
+    as one: without an ``evaluation.csv`` of its own, its run's ``history.csv`` is the curve."""
     directory = Path(directory)
     checkpoints = find_checkpoints(directory)
-    evaluation = read_evaluation(directory / evaluation_file, list(checkpoints))
+    evaluation_path = directory / evaluation_file
+    history = directory.parent / "history.csv"
+    if not evaluation_path.exists() and directory.name == "checkpoints" and history.is_file():
+        evaluation_path = history  # a trainmap run's archive: its history is the curve
+    evaluation = read_evaluation(evaluation_path, list(checkpoints))
     return ExternalRun(directory, checkpoints, evaluation)
 
 
