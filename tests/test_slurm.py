@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import torch
+import yaml
 from conftest import REPO_ROOT, MlflowServer, copy_workflow, dry_run_job_counts, snakemake
 from test_workflow import cells_of_block_rules
 
@@ -125,3 +127,79 @@ def test_profile_declares_what_users_must_set():
     assert "executor: slurm" in text and "CHANGE" in text
     assert "slurm-status-command" in text and "squeue" in text
     assert Path(SCRIPT).stat().st_mode & 0o111, "local_cluster.sh must be executable"
+
+
+RESNET18_BLOCK = """
+data:
+  fake_images: {kind: arrays, path: fake_images.npz}
+model:
+  fake_images:
+    resnet_bn: {widths: [64, 128, 256, 512], blocks_per_stage: [2, 2, 2, 2]}
+train:
+  fake_images: {optimizer: adamw, lr: 0.001, weight_decay: 1.0, batch_size: 4, steps: 4,
+                checkpoint_every: 2, resume_every: 2, seed_block: 2,
+                archive: {schedule: "log 2", dtype: bfloat16}}
+evaluate:
+  fake_images: {threshold: 0.5}
+grid:
+  - {task: fake_images, archs: [resnet_bn], methods: [kaiming], seeds: [0, 1]}
+analysis: {joint: [], group_maps: none}
+quantize: {methods: []}
+"""
+
+
+def test_a_block_of_a_resnet18_sized_model_trains_through_sbatch(cluster, tmp_path):
+    """One block of two ResNet-18 seeds (11.2 M parameters each; fake 16x16 images, a few steps)
+    through the SLURM profile: trained in one sbatch job with the memory and runtime the plan
+    gives, its metrics streamed at every checkpoint and collected by a second job, its archive
+    the sparse bfloat16 schedule it asked for."""
+    import numpy as np
+
+    from trainmap.grid import expand_grid, seed_ranges_of
+    from trainmap.plan import job_resources
+
+    workdir = copy_workflow(tmp_path / "run")
+    generator = np.random.default_rng(0)
+    np.savez(workdir / "fake_images.npz",
+             x_train=generator.standard_normal((32, 3, 16, 16)).astype(np.float32),
+             y_train=generator.integers(0, 100, 32), x_test=generator.standard_normal(
+                 (16, 3, 16, 16)).astype(np.float32), y_test=generator.integers(0, 100, 16))  # fmt: skip
+    (workdir / "resnet18.yaml").write_text(RESNET18_BLOCK)
+    configs = ["--configfile", SMOKE, "resnet18.yaml"]
+    block = "fake_images/resnet_bn/kaiming/seeds0-1"
+    before, _ = _controller_job_ids(cluster / "log/slurmctld.log")
+    done = snakemake(
+        f"results/metrics/{block}.json", "--profile", "profiles/slurm", *configs,
+        "--slurm-status-command", "squeue", "--slurm-no-account",
+        "--slurm-init-seconds-before-status-checks", "1", "--seconds-between-status-checks", "2",
+        "--default-resources", "slurm_partition=debug", "--jobs", "2", cwd=workdir,
+        timeout=1800, SLURM_CONF=str(cluster / "slurm.conf"),
+    )  # fmt: skip
+    submitted, succeeded = _controller_job_ids(cluster / "log/slurmctld.log")
+    new = submitted - before
+    assert len(new) >= 3 and new <= succeeded, (new, succeeded)  # data, train, collect_metrics
+    config = yaml.safe_load((workdir / "params.yaml").read_text())
+    for path in ("config/config.yaml", SMOKE, "resnet18.yaml"):  # as the Snakefile reads them
+        _merge(config, yaml.safe_load((workdir / path).read_text()))
+    (train_block,) = seed_ranges_of(config, expand_grid(config))
+    planned = job_resources(config, "train", block=train_block)
+    assert f"mem_mb={planned['mem_mb']}" in done.stdout + done.stderr
+    run = workdir / "results/train" / block.rsplit("/", 1)[0] / "seed1"
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == [
+        "step_00000000.safetensors", "step_00000004.safetensors"]  # fmt: skip
+    from trainmap.training.archive import read_checkpoint
+
+    state = read_checkpoint(run / "checkpoints/step_00000004.safetensors")
+    assert sum(v.numel() for v in state.values() if v.is_floating_point()) > 11_000_000
+    assert {v.dtype for v in state.values() if v.is_floating_point()} == {torch.bfloat16}
+    table = pd.read_csv(workdir / "results/metrics" / block.rsplit("/", 1)[0] / "seed1/metrics.csv")
+    assert table["step"].tolist() == [0, 2, 4] and table["l2"].notna().all()
+
+
+def _merge(base: dict, update: dict) -> None:
+    """Snakemake's config merge: mappings recursively, everything else replaced."""
+    for key, value in update.items():
+        if isinstance(value, dict) and isinstance(base.get(key), dict):
+            _merge(base[key], value)
+        else:
+            base[key] = value

@@ -23,12 +23,29 @@ from pathlib import Path
 
 from trainmap.io import save_text
 from trainmap.lineage import directory_hashes
+from trainmap.training.archive import ARCHIVE_DIRECTORY
 
 
 def result_hashes(root: str | Path) -> dict[str, str]:
-    """``{path: sha256}`` of every result file under ``root`` (paths as ``root/...``, sorted)."""
+    """``{path: sha256}`` of every result file under ``root`` (paths as ``root/...``, sorted). A
+    run's checkpoint archive (``.../seed<n>/checkpoints/``, hundreds of files) is one entry: the
+    SHA-256 of its own listing (:func:`format_hashes` of its files), so the published listing stays
+    one line per result and still changes with any archived bit (``sha256sum -c`` cannot check
+    those lines; :func:`check_digest` does)."""
     root = Path(root)
-    return {f"{root.as_posix()}/{name}": digest for name, digest in directory_hashes(root).items()}
+    hashes: dict[str, str] = {}
+    archives: dict[str, dict[str, str]] = {}
+    for name, digest in directory_hashes(root).items():
+        head, marker, inside = name.partition(f"/{ARCHIVE_DIRECTORY}/")
+        if marker and "/" not in inside:
+            archives.setdefault(f"{root.as_posix()}/{head}/{ARCHIVE_DIRECTORY}/", {})[inside] = (
+                digest
+            )
+        else:
+            hashes[f"{root.as_posix()}/{name}"] = digest
+    for path, files in archives.items():
+        hashes[path] = hashlib.sha256(format_hashes(files).encode()).hexdigest()
+    return dict(sorted(hashes.items()))
 
 
 def format_hashes(hashes: dict[str, str]) -> str:
