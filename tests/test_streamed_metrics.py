@@ -269,3 +269,19 @@ def test_an_archive_reads_as_an_external_run(tmp_path):
         streamed = metrics_table(variant_rows(read_streamed(paths[0].metrics), "paper", "train"),
                                  history)  # fmt: skip
         pd.testing.assert_frame_equal(recomputed, streamed, check_dtype=False, rtol=1e-12, atol=0)
+
+
+def test_an_archive_without_the_sparse_start_is_refused_before_any_job(base_config, repo_root):
+    """The sparse stage prunes each dense run at its step-2000 checkpoint: a schedule that drops
+    it is a config error naming the key, the step and the fix."""
+    import copy
+
+    from trainmap.grid import ConfigError, check_config
+
+    config = copy.deepcopy(base_config)
+    config["train"]["sparse_parity"]["archive"] = {"schedule": "every 100"}
+    with pytest.raises(ConfigError, match=r"train.sparse_parity.archive.schedule: 'every 100' "
+                       r"keeps no checkpoint at step 2000"):  # fmt: skip
+        check_config(config, base_dir=repo_root)
+    config["train"]["sparse_parity"]["archive"] = {"schedule": "every 40", "dtype": "float16"}
+    check_config(config, base_dir=repo_root)  # step 2000 is checkpoint 40

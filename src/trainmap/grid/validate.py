@@ -853,6 +853,17 @@ def _check_train(where: str, settings: dict) -> None:
             f"{where}.steps = {settings['steps']}; allowed: at most steps (a trajectory needs "
             "checkpoints)"
         )
+    import torch
+
+    from trainmap.training.archive import ArchivePolicy
+
+    try:  # a dtype this machine's CUDA device cannot hold, before any job
+        policy = ArchivePolicy.from_value(settings.get("archive"))
+        device = str(settings.get("device", "cpu"))
+        if device.startswith("cuda") and torch.cuda.is_available():
+            policy.check_device(torch.device(device))
+    except ValueError as error:
+        raise ConfigError(f"config key {where}.archive: {error}") from None
     if settings.get("warmup_steps", 0) >= settings["steps"]:
         raise ConfigError(
             f"config key {where}.warmup_steps: {settings['warmup_steps']} must be below "
