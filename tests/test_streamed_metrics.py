@@ -285,3 +285,44 @@ def test_an_archive_without_the_sparse_start_is_refused_before_any_job(base_conf
         check_config(config, base_dir=repo_root)
     config["train"]["sparse_parity"]["archive"] = {"schedule": "every 40", "dtype": "float16"}
     check_config(config, base_dir=repo_root)  # step 2000 is checkpoint 40
+
+
+def test_a_redefined_metric_is_recomputed_from_a_full_archive_or_names_the_runs_to_retrain(
+    smoke_run, tmp_path, monkeypatch
+):
+    """collect_metrics on the smoke grid's finished training block, its metric definitions
+    changed since training (the streamed rows' hash no longer matches): with every checkpoint
+    archived the table is recomputed from the archive and is the streamed one, bit for bit; with
+    a checkpoint gone it stops, naming the run and the command that retrains it."""
+    import shutil
+
+    from trainmap.dynamics import streamed
+    from trainmap.grid import Cell, SeedRange
+    from trainmap.jobs.metrics import ArchiveTooSparseError, collect_metrics_block_job
+
+    block = SeedRange("sparse_parity", "mlp", "kaiming", 0, 1, (0, 1))
+    source = smoke_run / "results/train/sparse_parity/mlp/kaiming"
+    run_manifest = tmp_path / "train/sparse_parity/mlp/kaiming/seeds0-1.json"
+    shutil.copytree(source, run_manifest.parent)  # the block's manifest and runs, left intact
+    shutil.copytree(smoke_run / "results/data", tmp_path / "data")  # what the block was made from
+    tracking = {"uri": f"sqlite:///{tmp_path / 'mlflow.db'}", "experiment": "redefined"}
+    hashes = {Cell("sparse_parity", "mlp", "kaiming", seed).id: "h" for seed in (0, 1)}
+
+    def collect(name: str) -> list[pd.DataFrame]:
+        return collect_metrics_block_job(block.to_dict(), run_manifest,
+                                         tmp_path / name / "seeds0-1.json", tracking, hashes)  # fmt: skip
+
+    streamed_tables = collect("streamed")
+    monkeypatch.setattr(streamed, "definitions_hash", lambda: "redefined")
+    recomputed = collect("recomputed")
+    for a, b in zip(streamed_tables, recomputed, strict=True):
+        pd.testing.assert_frame_equal(a, b)
+    assert (tmp_path / "streamed/seed1/metrics.csv").read_bytes() == (
+        tmp_path / "recomputed/seed1/metrics.csv").read_bytes()  # fmt: skip
+    # a checkpoint gone from the archive (as with any schedule but all): no table, a clear error
+    archive = run_manifest.parent / "seed1/checkpoints"
+    (archive / "step_00000100.safetensors").unlink()
+    with pytest.raises(ArchiveTooSparseError, match=r"sparse_parity/mlp/kaiming/seed1: .* holds "
+                       r"12 of its 13 checkpoints .* --forcerun .*seeds0-1.json"):  # fmt: skip
+        collect("sparse")
+    assert not (tmp_path / "sparse/seed1/metrics.csv").exists()

@@ -149,11 +149,9 @@ def write_checkpoint(path: str | os.PathLike, state: Mapping[str, torch.Tensor],
     written atomically (the same content is the same bytes)."""
     from safetensors.torch import save_file
 
+    # copies: entries may be views of one block's stacked tensors, or tied weights sharing memory
     tensors = {
-        name: (value.to(dtype) if value.is_floating_point() else value)
-        .detach()
-        .to("cpu")
-        .contiguous()
+        name: value.detach().to("cpu", dtype if value.is_floating_point() else None, copy=True)
         for name, value in state.items()
     }
     Path(path).parent.mkdir(parents=True, exist_ok=True)

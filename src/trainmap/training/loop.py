@@ -97,9 +97,9 @@ class TrainHooks:
     optimiser step (gradients may be edited here), :meth:`after_step` after the optimiser step.
     Tensors are the block's, seed dimension first (``block.tensor(name)``, ``.grad``). The history's
     ``train_loss`` is the task loss alone. ``step`` is the number of optimiser steps taken before the
-    current one (0 for the first), so a schedule reads it as "t". :meth:`snapshot` decides what the
-    checkpoint records (its metrics and archive). Everything a hook keeps across steps goes in :meth:`state_dict`,
-    so resume stays bit-identical. :meth:`for_seed` gives one seed's hooks when a block's model
+    current one (0 for the first), so a schedule reads it as "t". :meth:`snapshot` decides what a
+    checkpoint records (its metrics and archive). Everything a hook keeps across steps goes in
+    :meth:`state_dict`, so resume stays bit-identical. :meth:`for_seed` gives one seed's hooks when a block's model
     cannot be vectorised and its seeds train one at a time.
     """
 
