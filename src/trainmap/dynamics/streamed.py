@@ -89,12 +89,12 @@ class StreamedMetrics:
         per_seed: list[list[dict]] = [[] for _ in range(size)]
         for space in self.spaces:
             weights, layouts = self._space(state, space)
-            computed: dict[tuple, list[dict]] = {}
+            computed: dict[str, list[dict]] = {}
             for convention in CONVENTIONS:
                 layout = layouts[convention]
                 if not layout.matrices:  # nothing it counts (a table and its readout)
                     continue
-                same = (statistics_rules(convention), layout.matrices, layout.biases)
+                same = repr((statistics_rules(convention), layout.matrices, layout.biases))
                 if same not in computed:
                     frame = trajectory_metrics(weights, layout, convention)
                     computed[same] = frame.to_dict("records")

@@ -5,7 +5,8 @@ dimension first, on the training device). The recorder
 
 * computes the 14 metrics of every convention for every active seed at once
   (:class:`trainmap.dynamics.streamed.StreamedMetrics`) and appends each seed's rows to its
-  ``checkpoint_metrics.csv`` as training goes;
+  ``checkpoint_metrics.csv`` as training goes (at least every :data:`FLUSH_S` seconds, and
+  whenever the resume file is written);
 * writes the checkpoint of every active seed to its archive when ``train.<task>.archive`` keeps
   that step (:mod:`trainmap.training.archive`: one safetensors file per checkpoint and seed).
 
@@ -39,6 +40,9 @@ from trainmap.training.archive import (
     write_checkpoint,
 )
 
+#: The longest a table's new rows wait in memory before they are appended to its file (seconds).
+FLUSH_S = 30.0
+
 
 class CheckpointRecorder:
     """The metric rows and archive files of a block's checkpoints.
@@ -63,6 +67,8 @@ class CheckpointRecorder:
         self.policy = policy
         self.archived = set(policy.kept_steps(list(checkpoints)))
         self.rows: list[list[dict[str, Any]]] = [[] for _ in self.tables]
+        self.written = [0] * len(self.tables)  # rows of each table already in its file
+        self.flushed_at = time.monotonic()
         # seconds spent on the metrics and on writing the archive, in this process (timing only)
         self.metrics_s = self.archive_s = 0.0
 
@@ -76,7 +82,9 @@ class CheckpointRecorder:
         started = time.perf_counter()
         chosen = state if len(active) == size else {k: v[active] for k, v in state.items()}
         for index, rows in zip(active, self.metrics.rows(chosen, step), strict=True):
-            self._append(index, rows)
+            self.rows[index] += rows
+        if time.monotonic() - self.flushed_at >= FLUSH_S or not any(self.written):
+            self.flush()
         archiving = time.perf_counter()
         self.metrics_s += archiving - started
         if step in self.archived:
@@ -86,19 +94,23 @@ class CheckpointRecorder:
                                  self.policy.torch_dtype)  # fmt: skip
         self.archive_s += time.perf_counter() - archiving
 
-    def _append(self, index: int, rows: list[dict[str, Any]]) -> None:
-        """Add ``rows`` to seed ``index``'s table: in memory, and at the end of its file."""
-        path = self.tables[index]
-        first = not self.rows[index]
-        self.rows[index] += rows
-        if first or not path.exists():
-            self._rewrite(index)
-        else:  # appending a few lines (to this process's own file: the first write renamed it
-            # into place); the table is rewritten whole, atomically, at the end
-            with open(path, "a", newline="") as stream:
-                csv.writer(stream).writerows(
-                    [_cell(row.get(column)) for column in STREAMED_COLUMNS] for row in rows
-                )
+    def flush(self) -> None:
+        """Append each table's new rows to its file (the first time, write it whole). Called at
+        least every :data:`FLUSH_S` seconds of checkpoints and when the resume file is written."""
+        for index, rows in enumerate(self.rows):
+            new = rows[self.written[index] :]
+            if not new:
+                continue
+            if not self.written[index] or not self.tables[index].exists():
+                self._rewrite(index)
+            else:  # to this process's own file (the first write renamed it into place); the
+                # table is rewritten whole, atomically, at the end
+                with open(self.tables[index], "a", newline="") as stream:
+                    csv.writer(stream).writerows(
+                        [_cell(row.get(column)) for column in STREAMED_COLUMNS] for row in new
+                    )
+            self.written[index] = len(rows)
+        self.flushed_at = time.monotonic()
 
     def _rewrite(self, index: int) -> None:
         frame = pd.DataFrame(self.rows[index], columns=STREAMED_COLUMNS)
@@ -115,9 +127,11 @@ class CheckpointRecorder:
     def finish(self, index: int) -> None:
         """Write seed ``index``'s final table whole (the same bytes however the run went)."""
         self._rewrite(index)
+        self.written[index] = len(self.rows[index])
 
     def state_dict(self) -> dict[str, Any]:
-        """The rows so far (for a resume file)."""
+        """The rows so far (for a resume file; the tables on disk are brought up to them)."""
+        self.flush()
         return {"rows": [list(rows) for rows in self.rows]}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -127,6 +141,7 @@ class CheckpointRecorder:
         for index, rows in enumerate(self.rows):
             if rows:
                 self._rewrite(index)
+            self.written[index] = len(rows)
 
 
 def _cell(value: Any) -> Any:
