@@ -74,9 +74,12 @@ def free_port() -> int:
 
 
 class MlflowServer:
-    """`mlflow server` on 127.0.0.1 with a SQLite backend and served artifacts under ``root``."""
+    """`mlflow server` on 127.0.0.1 with served artifacts under ``root`` and ``backend`` as its
+    store (default: a SQLite file under ``root``); it must answer within ``start_timeout_s``."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(
+        self, root: Path, backend: str | None = None, start_timeout_s: float = 120
+    ) -> None:
         import time
         import urllib.request
 
@@ -85,13 +88,13 @@ class MlflowServer:
         self.uri = f"http://127.0.0.1:{self.port}"
         self.log = open(root / "server.log", "w")  # noqa: SIM115 - closed in stop()
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "mlflow", "server", "--backend-store-uri",
-             f"sqlite:///{root / 'mlflow.db'}", "--artifacts-destination", str(root / "artifacts"),
-             "--serve-artifacts", "--host", "127.0.0.1", "--port", str(self.port),
-             "--workers", "1"],
+            [sys.executable, "-m", "mlflow", "server",
+             "--backend-store-uri", backend or f"sqlite:///{root / 'mlflow.db'}",
+             "--artifacts-destination", str(root / "artifacts"), "--serve-artifacts",
+             "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1"],
             stdout=self.log, stderr=subprocess.STDOUT, env=workflow_env(),
         )  # fmt: skip
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + start_timeout_s
         while True:
             try:
                 urllib.request.urlopen(f"{self.uri}/health", timeout=2)
