@@ -128,7 +128,7 @@ mlflow-ui: setup  ## browse and compare runs at http://127.0.0.1:$(PORT) (prints
 	$(RUN) mlflow ui --backend-store-uri sqlite:///mlflow.db --host 127.0.0.1 --port $(PORT)
 
 mlflow-server: setup  ## a tracking server for cluster jobs on HOST:PORT (cluster: HOST=0.0.0.0; mlflow.tracking_uri: http://<this node>:PORT)
-	$(RUN) mlflow server --backend-store-uri $(BACKEND) --artifacts-destination $(ARTIFACTS) \
+	$(RUN) mlflow server --backend-store-uri '$(BACKEND)' --artifacts-destination $(ARTIFACTS) \
 	    --serve-artifacts --host $(HOST) --port $(PORT) $(if $(ALLOWED_HOSTS),--allowed-hosts $(ALLOWED_HOSTS))
 
 slurm-up:  ## start a real single-node SLURM here (root; installs slurm-wlm + munge if missing)
