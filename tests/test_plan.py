@@ -101,3 +101,26 @@ def test_paper_settings_and_the_1000_seed_study_fit_one_node(config: str) -> Non
     loaded = plan.load_plan_config([config])
     jobs = plan.plan_jobs(loaded)
     plan.check_limits(jobs, plan.NodeLimits(gpu_gb=80, ram_gb=128, disk_tb=1, job_hours=24))
+
+
+def _profile(**counts: float) -> plan.ModelProfile:
+    base = dict(n_params=0, n_state=0, int_state_bytes=0, state_bytes=0, forward_flops=0.0,
+                saved_bytes=0.0, widest_bytes=0.0, svd_flops=0.0, input_bytes=0, linear_only=False)  # fmt: skip
+    return plan.ModelProfile(**{**base, **counts})
+
+
+def test_cpu_checkpoint_and_step_costs_reproduce_their_measurements() -> None:
+    # Streamed metrics per checkpoint (the loop's metrics_s): ResNet-18 ~2 s a seed, the
+    # 40-seed sparse-parity MLP ~0.05 s, an 8-seed digits RepVGG 0.06-0.08 s.
+    resnet18 = _profile(svd_flops=19.5e9, n_matrices=21)
+    assert 1.5 < plan.CPU.metrics_seconds(resnet18, 1) < 3.0
+    mlp = _profile(svd_flops=821248.0, n_matrices=2, n_tensors=4, linear_only=True)
+    assert 0.03 < plan.CPU.metrics_seconds(mlp, 40) < 0.08
+    repvgg = _profile(svd_flops=8.49e6, n_matrices=15, n_tensors=50, forward_flops=503040.0)
+    assert 0.04 < plan.CPU.metrics_seconds(repvgg, 8) < 0.12
+    # An 8-seed RepVGG step at batch 128 took 0.2 s here: overhead-bound as much as FLOP-bound.
+    step = plan.CPU.step_seconds(repvgg, 8) + 3 * 503040 * 128 * 8 / plan.CPU.flops_per_s(repvgg)
+    assert 0.1 < step < 0.3 and plan.CPU.step_seconds(repvgg, 8) > 0.1 * step
+    assert plan.CPU.flops_per_s(mlp) > plan.CPU.flops_per_s(repvgg)
+    # Archive: ~0.8 ms a 22 kB MLP file.
+    assert 0.5e-3 < plan.CPU.archive_seconds(1, 22024) < 2e-3

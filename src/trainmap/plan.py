@@ -30,8 +30,10 @@ costs, per the training loop's contract:
   checkpoint the larger of the test-set evaluation (``EVAL_BATCH`` examples x S through the widest
   layer) and the float64 metric transient (~3 x S x n_params x 8 bytes);
 * time: steps x (per-step overhead + 3 x forward FLOPs x batch x S / throughput) + per checkpoint
-  the test evaluation, the singular values of every counted matrix in float64 and the archive
-  write, + the job's start-up.
+  the test evaluation, the streamed metrics of every convention (float64 singular values of every
+  counted matrix) and the archive writes, + the job's start-up. The per-step overhead is per
+  parameter tensor (each adds forward, backward, clipping and optimizer ops: small nets are
+  overhead-bound) and per tensor and seed; conv nets run at a lower throughput than matmuls.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ from torch import nn
 
 from trainmap import data as data_module
 from trainmap import grid
+from trainmap.dynamics.columns import CONVENTIONS
 from trainmap.grid import Cell, SeedRange
 from trainmap.models import build_model
 from trainmap.training.archive import ArchivePolicy, checkpoint_steps, kept_indices
@@ -81,16 +84,62 @@ class Device:
     svd_flops_per_s: float
     context_bytes: float
     source: str
+    #: Throughput of a net with conv layers (None: ``train_flops_per_s``).
+    conv_flops_per_s: float | None = None
+    #: Per-step overhead per parameter tensor, and per parameter tensor and seed.
+    tensor_overhead_s: float = 0.0
+    tensor_seed_overhead_s: float = 0.0
+    #: Streamed metrics per checkpoint: a fixed cost, and per seed, convention and counted matrix.
+    metrics_fixed_s: float = 0.0
+    metrics_matrix_s: float = 0.0
+    #: Archive writes: per file, and its bytes at this rate.
+    archive_file_s: float = 0.0
+    archive_bytes_per_s: float = 500e6
+
+    def flops_per_s(self, profile: ModelProfile) -> float:
+        """The training throughput for ``profile``'s model (conv or matmul-only)."""
+        if profile.linear_only or self.conv_flops_per_s is None:
+            return self.train_flops_per_s
+        return self.conv_flops_per_s
+
+    def step_seconds(self, profile: ModelProfile, seeds: int) -> float:
+        """One step's overhead of a block of ``seeds``: fixed, per seed, per parameter tensor."""
+        per_seed = self.overhead_per_seed_s + self.tensor_seed_overhead_s * profile.n_tensors
+        return self.step_overhead_s + self.tensor_overhead_s * profile.n_tensors + per_seed * seeds
+
+    def metrics_seconds(self, profile: ModelProfile, seeds: int) -> float:
+        """One checkpoint's streamed metrics of ``seeds`` in every convention (float64)."""
+        per_convention = (profile.n_matrices * self.metrics_matrix_s
+                          + profile.svd_flops / self.svd_flops_per_s)  # fmt: skip
+        return self.metrics_fixed_s + seeds * len(CONVENTIONS) * per_convention
+
+    def archive_seconds(self, files: int, bytes_: float) -> float:
+        """Writing ``files`` archive files of ``bytes_`` in all."""
+        return files * self.archive_file_s + bytes_ / self.archive_bytes_per_s
 
 
-#: This project's 2-core machines: a 1024^2 fp32 matmul ran at 54 GFLOP/s; training steps reach
-#: 17-45 GFLOP/s (FACTS.md: ResNet-20-like 900 ms/step at batch 128, the transformer 185 ms at
-#: 2048); per-step overhead from the sparse-parity MLP (0.9 ms/step alone, FACTS.md) and a block of
-#: 40 seeds 9x faster per seed (bench/seed_batch.py): 0.9 ms + 0.078 ms a seed.
+#: This project's 2-core machines, a job on one thread (the rules' ``threads: 1``). Matmul nets:
+#: 17-45 GFLOP/s (FACTS.md: the transformer 185 ms/step at 2048; 20 GFLOP/s taken). Conv nets
+#: and per-step overhead: train_block steps timed here (8x8 digits, 1 thread, 30-60 steps,
+#: checkpoint time taken out): RepVGG (50 parameter tensors, BatchNorm) S=1/8 x batch 16/128:
+#: 27.5/47.3 ms and 58/210 ms, i.e. 8.7 GFLOP/s (BatchNorm's work is not in the FLOP count) +
+#: 25 ms + 1.6 ms a seed; RepVGG-plain (23 tensors, no BN) 16.8 GFLOP/s + 7.2 ms + 0.7 ms a
+#: seed; the sparse-parity MLP (4 tensors) 0.8 ms at S=1, 4.3 ms at S=40. Taken: 10 GFLOP/s for
+#: conv nets, 0.25 ms a parameter tensor + 0.03 ms a tensor and seed. Streamed metrics per
+#: checkpoint (the loop's metrics_s): MLP S=40 0.05 s, RepVGG S=8 0.06-0.08 s, RepVGG-plain S=8
+#: 0.06 s (3 s over 49 checkpoints), ResNet-18 float64 ~2 s a seed for the three conventions (its
+#: 4 m n min(m, n) count is 19.5 GFLOP): 25 ms + 0.1 ms a matrix and convention and seed + the
+#: count at 30 GFLOP/s. Archive writes (archive_s): 0.8 ms a 22 kB MLP file, ~6 ms a 210 kB RepVGG
+#: file: 0.6 ms a file + 40 MB/s.
 CPU = Device(
-    "cpu", 20e9, 0.9e-3, 0.078e-3, 2e9, 0.0,
-    "measured: FACTS.md ms/step of the MLP, CNN, transformer and ResNet-20 on 2 cores (17-45 "
-    "GFLOP/s; 20 GFLOP/s taken), 0.9 ms + 0.078 ms/seed per-step overhead (bench/seed_batch.py)",
+    "cpu", 20e9, 0.0, 0.0, 30e9, 0.0,
+    "measured: train_block steps of RepVGG, RepVGG-plain and the MLP on 1 thread here (conv nets "
+    "10 GFLOP/s, matmul nets 20 GFLOP/s per FACTS.md; 0.25 ms a parameter tensor + 0.03 ms a "
+    "tensor and seed per step); streamed metrics 25 ms + 0.1 ms a matrix, convention and seed + "
+    "4mn min(m,n) at 30 GFLOP/s (ResNet-18: ~2 s a seed); archive 0.6 ms a file + 40 MB/s",
+    conv_flops_per_s=10e9, tensor_overhead_s=0.25e-3, tensor_seed_overhead_s=0.03e-3,
+    metrics_fixed_s=0.025, metrics_matrix_s=0.1e-3, archive_file_s=0.6e-3,
+    archive_bytes_per_s=40e6,
 )  # fmt: skip
 #: A node's GPU (an H100, assumed: no GPU run of this project has been measured): fp32 ~50 TFLOP/s
 #: at 40 % utilisation; ~3 ms a step of kernel launches for a vmapped block; batched float64
@@ -115,6 +164,19 @@ ANALYSIS_SOURCE = (
     "(FACTS.md), scaled by runs x checkpoints"
 )
 
+
+#: The small rules' CPU time, measured from the default study's Snakemake log (2 jobs at a time on
+#: 2 cores, whole seconds; bench/plan_accuracy.py): reparam 1-2 s for 8 RepVGG seeds; quantize 5-6 s
+#: for 40 MLP seeds x 3 schemes; evaluate 4-8 s whatever its FLOPs; collect_metrics 4-8 s for 8 x 49
+#: and 4-6 s for 40 x 321 rows; gradinit 69 s for 40 MLP seeds x 100 iterations (the scale
+#: optimiser's step, ~15 ms a seed and iteration beyond its two training steps).
+REPARAM_S, REPARAM_SEED_S = 0.5, 0.15
+QUANTIZE_S, QUANTIZE_SCHEME_SEED_S = 3.0, 0.02
+EVALUATE_S = 4.0
+DATA_S = 2.0
+COLLECT_S, COLLECT_ROW_S = 4.0, 0.1e-3
+GRADINIT_SEED_ITERATION_S = 15e-3
+SMALL_RULES_SOURCE = "measured: the default study's Snakemake log (bench/plan_accuracy.py)"
 
 #: The rules whose jobs are seed blocks, in workflow order (:func:`block_job`).
 BLOCK_RULES = ("gradinit", "train", "sparse_retrain", "reparam", "quantize", "evaluate",
@@ -174,7 +236,8 @@ class ModelProfile:
     (FlopCounterMode, batch 2 minus batch 1); ``saved_bytes``: autograd-saved activation bytes per
     example (parameters excluded); ``widest_bytes``: the largest module output per example;
     ``svd_flops``: 4 m n min(m, n) summed over every 2-D and conv weight (as (out, in*k*k));
-    ``input_bytes``: one example's input; ``linear_only``: no conv layer (MLP, transformer).
+    ``input_bytes``: one example's input; ``linear_only``: no conv layer (MLP, transformer);
+    ``n_tensors``: trainable parameter tensors; ``n_matrices``: 2-D and conv weights.
     """
 
     n_params: int
@@ -187,6 +250,8 @@ class ModelProfile:
     svd_flops: float
     input_bytes: int
     linear_only: bool
+    n_tensors: int = 0
+    n_matrices: int = 0
 
 
 def _example_batch(meta: Mapping[str, Any], size: int) -> torch.Tensor:
@@ -241,11 +306,12 @@ def _profile(task_data_json: str, arch: str, options_json: str) -> ModelProfile:
     state = model.state_dict()
     flops = [_forward_flops(model, _example_batch(meta, size)) for size in (2, 4)]
     saved = [_saved_and_widest(model, _example_batch(meta, size)) for size in (2, 4)]
-    svd_flops = 0.0
+    svd_flops, n_matrices = 0.0, 0
     for tensor in state.values():
         if tensor.dim() in (2, 4) and tensor.is_floating_point():
             m, n = tensor.shape[0], tensor[0].numel()
             svd_flops += 4.0 * m * n * min(m, n)
+            n_matrices += 1
     x = _example_batch(meta, 1)
     return ModelProfile(
         n_params=sum(p.numel() for p in model.parameters() if p.requires_grad),
@@ -260,6 +326,8 @@ def _profile(task_data_json: str, arch: str, options_json: str) -> ModelProfile:
         svd_flops=svd_flops,
         input_bytes=x.numel() * x.element_size(),
         linear_only=not any(isinstance(m, nn.Conv2d) for m in model.modules()),
+        n_tensors=sum(1 for p in model.parameters() if p.requires_grad),
+        n_matrices=n_matrices,
     )
 
 
@@ -377,17 +445,17 @@ def training_job(
     on_device = weights + data_bytes + max(activations, evaluation, metrics) + device.context_bytes
     host = BASE_RAM + 2 * data_bytes + state + seeds * profile.state_bytes
     step_flops = 3 * profile.forward_flops * batch * seeds * flop_factor
-    step_s = device.step_overhead_s + device.overhead_per_seed_s * seeds
-    step_s += step_flops / device.train_flops_per_s
-    checkpoint_s = (
-        profile.forward_flops * n_test * seeds / device.train_flops_per_s
-        + seeds * profile.svd_flops / device.svd_flops_per_s
+    throughput = device.flops_per_s(profile)
+    step_s = device.step_seconds(profile, seeds) + step_flops / throughput
+    checkpoint_s = profile.forward_flops * n_test * seeds / throughput + device.metrics_seconds(
+        profile, seeds
     )
     seconds = STARTUP_S + steps[-1] * step_s + len(steps) * checkpoint_s
-    seconds += seeds * (archive + profile.state_bytes) / DISK_BYTES_PER_S
+    seconds += device.archive_seconds(seeds * len(kept), seeds * archive)
+    seconds += seeds * profile.state_bytes / DISK_BYTES_PER_S
     time_from = (
         f"{device.source}; {3 * profile.forward_flops * flop_factor / 1e6:.3g} MFLOP/example/step "
-        "(3 x FlopCounterMode forward)"
+        f"(3 x FlopCounterMode forward), {profile.n_tensors} parameter tensors"
     )
     measured = _measured_wall_time(results, rule, block)
     if measured is not None:
@@ -447,8 +515,10 @@ def gradinit_job(config: Mapping[str, Any], block: SeedRange) -> JobPlan:
     profile = model_profile(config, block.task, block.arch)
     device, seeds = device_of(train), len(block.seeds)
     batch, iterations = int(settings.get("batch_size", 128)), int(settings.get("iterations", 100))
-    step_s = 2 * (device.step_overhead_s + device.overhead_per_seed_s * seeds)
-    step_s += 2 * 3 * profile.forward_flops * batch * seeds / device.train_flops_per_s
+    step_s = 2 * device.step_seconds(profile, seeds)
+    step_s += 2 * 3 * profile.forward_flops * batch * seeds / device.flops_per_s(profile)
+    if device is CPU:
+        step_s += GRADINIT_SEED_ITERATION_S * seeds
     data_bytes, _ = dataset_bytes(config, block.task, profile)
     on_device = (seeds * (3 * profile.state_bytes + 2 * batch * profile.saved_bytes)
                  + data_bytes + device.context_bytes)  # fmt: skip
@@ -460,7 +530,9 @@ def gradinit_job(config: Mapping[str, Any], block: SeedRange) -> JobPlan:
         STARTUP_S + iterations * step_s,
         "size-based: init.pt (the state dict) + scales/history/diagnostics per seed",
         "size-based: 3 state copies + 2 x batch x autograd-saved bytes per seed, data",
-        f"{device.source}; 2 x 3 x forward FLOPs x batch x {iterations} iterations",
+        f"{device.source}; 2 x 3 x forward FLOPs x batch x {iterations} iterations"
+        + (f"; {SMALL_RULES_SOURCE}: {GRADINIT_SEED_ITERATION_S * 1e3:g} ms a seed and iteration"
+           if device is CPU else ""),
         (f"train.{block.task}.seed_block", f"gradinit.{block.task}.iterations"),
     )  # fmt: skip
 
@@ -513,10 +585,11 @@ def block_jobs(config: Mapping[str, Any], results: str | None = None) -> list[Jo
         profile = model_profile(config, task, arch)
         data_bytes, _ = dataset_bytes(config, task, profile)
         plans.append(small_job(
-            "data", task, 0, data_bytes, BASE_RAM + 3 * data_bytes, STARTUP_S + data_bytes / 50e6,
+            "data", task, 0, data_bytes, BASE_RAM + 3 * data_bytes,
+            STARTUP_S + DATA_S + data_bytes / 50e6,
             "size-based: (n_train + n_test) x input bytes" + ("" if sizes else " (70,000 assumed)"),
             "size-based: 3 copies of the data set while it is read and saved",
-            "assumed: start-up + reading at 50 MB/s",
+            f"assumed: start-up + {DATA_S:g} s (the default study's 1-3 s) + reading at 50 MB/s",
         ))  # fmt: skip
     rules = (
         ("gradinit", lambda c: grid.method_of(c).has_stage("gradinit"), cells),
@@ -561,17 +634,23 @@ def block_job(
     if rule == "reparam":
         return small_job(
             rule, block.id, seeds, seeds * profile.state_bytes,
-            BASE_RAM + 3 * seeds * profile.state_bytes, STARTUP_S + 2.0 * seeds,
+            BASE_RAM + 3 * seeds * profile.state_bytes,
+            STARTUP_S + REPARAM_S + REPARAM_SEED_S * seeds,
             "size-based: the deploy model per seed (<= the training state)",
-            "size-based: 3 state copies a seed", "assumed: 2 s a seed (fusion + equivalence check)",
+            "size-based: 3 state copies a seed",
+            f"{SMALL_RULES_SOURCE}: {REPARAM_S:g} s + {REPARAM_SEED_S:g} s a seed (fusion + "
+            "equivalence check)",
         )  # fmt: skip
     if rule == "quantize":
         schemes = len(grid.quantized_schemes(config, block.cells[0]))
         return small_job(
             rule, block.id, seeds, seeds * schemes * profile.state_bytes,
-            BASE_RAM + 4 * seeds * profile.state_bytes, STARTUP_S + 5.0 * schemes * seeds,
+            BASE_RAM + 4 * seeds * profile.state_bytes,
+            STARTUP_S + QUANTIZE_S + QUANTIZE_SCHEME_SEED_S * schemes * seeds,
             f"size-based: {schemes} schemes x (model + packed file) <= the fp32 state per seed",
-            "size-based: 4 state copies a seed", "assumed: 5 s a scheme and seed (AWQ calibration)",
+            "size-based: 4 state copies a seed",
+            f"{SMALL_RULES_SOURCE}: {QUANTIZE_S:g} s + {QUANTIZE_SCHEME_SEED_S:g} s a scheme and "
+            "seed (the MLP's AWQ calibration)",
         )  # fmt: skip
     if rule == "evaluate":
         data_bytes, n_test = dataset_bytes(config, block.task, profile)
@@ -587,20 +666,23 @@ def block_job(
             rule, block.id, seeds, seeds * 4000,
             BASE_RAM + 2 * data_bytes + min(n_test, EVAL_BATCH) * profile.widest_bytes * 3
             + 2 * seeds * profile.state_bytes,
-            STARTUP_S + flops / CPU.train_flops_per_s,
+            STARTUP_S + EVALUATE_S + flops / CPU.flops_per_s(profile),
             "size-based: evaluation.json + timing per seed",
             "size-based: data + one eval batch through the widest layer + 2 models",
-            f"FLOP-based: test set + latency probe forward passes at {CPU.train_flops_per_s / 1e9:g} "
-            "GFLOP/s (CPU)",
+            f"FLOP-based: test set + latency probe forward passes at "
+            f"{CPU.flops_per_s(profile) / 1e9:g} GFLOP/s (CPU) + {EVALUATE_S:g} s "
+            f"({SMALL_RULES_SOURCE})",
         )  # fmt: skip
     if rule == "collect_metrics":
         n_ckpt = run_checkpoints(config, block.cells[0])
         return small_job(
             rule, block.id, seeds, seeds * n_ckpt * 22 * 20,
-            BASE_RAM + seeds * n_ckpt * 3 * 22 * 8 * 4, STARTUP_S + 0.01 * n_ckpt * seeds,
+            BASE_RAM + seeds * n_ckpt * 3 * 22 * 8 * 4,
+            STARTUP_S + COLLECT_S + COLLECT_ROW_S * n_ckpt * seeds,
             f"size-based: metrics.csv, {n_ckpt} rows x 22 columns x ~20 B per seed",
             "size-based: each seed's checkpoint_metrics.csv rows (3 conventions) in pandas",
-            "assumed: 10 ms a checkpoint row (the metrics come with the run)",
+            f"{SMALL_RULES_SOURCE}: {COLLECT_S:g} s + {COLLECT_ROW_S * 1e3:g} ms a checkpoint row "
+            "(the metrics come with the run)",
         )  # fmt: skip
     raise PlanError(f"rule {rule!r}: the plan has no estimate for its jobs (block rules: "
                     f"{', '.join(BLOCK_RULES)})")  # fmt: skip
