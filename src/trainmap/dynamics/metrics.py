@@ -317,7 +317,13 @@ def _stacked_matrix(state: Mapping[str, torch.Tensor], matrix: MatrixSlice) -> t
     return tensor if matrix.rows is None else tensor[:, matrix.rows]
 
 
-def _matrix_statistics(stacked: torch.Tensor, kind: str, rules: str) -> dict:
+def _matrix_statistics(
+    stacked: torch.Tensor,
+    kind: str,
+    rules: str,
+    cache: dict[str, torch.Tensor] | None = None,
+    key: str = "",
+) -> dict:
     """Per-checkpoint statistics of one matrix over the trajectory; one SVD per checkpoint.
 
     ``rules`` is :func:`statistics_rules`'s. Under ``paper`` a conv kernel (``kind="conv"``) gets
@@ -332,7 +338,12 @@ def _matrix_statistics(stacked: torch.Tensor, kind: str, rules: str) -> dict:
     if kind == "conv" and rules == "paper":
         return stats | _conv_slice_statistics(clean)
     matrix = clean.reshape(clean.shape[0], clean.shape[1], -1)
-    singular = singular_values(matrix)
+    if cache is None:
+        singular = singular_values(matrix)
+    else:  # conventions of one checkpoint share each matrix's singular values
+        if key not in cache:
+            cache[key] = singular_values(matrix)
+        singular = cache[key]
     singular = torch.where(singular < SINGULAR_VALUE_FLOOR, torch.zeros_like(singular), singular)
     l1 = matrix.abs().flatten(1).sum(dim=1)
     l2 = matrix.flatten(1).norm(dim=1)
@@ -438,21 +449,29 @@ def _pooled_rows_torch(pooled: torch.Tensor) -> tuple[np.ndarray, np.ndarray, np
 
 
 def trajectory_metrics(
-    state: Mapping[str, torch.Tensor], model: nn.Module | WeightLayout, convention: str = "paper"
+    state: Mapping[str, torch.Tensor],
+    model: nn.Module | WeightLayout,
+    convention: str = "paper",
+    singular_cache: dict[str, torch.Tensor] | None = None,
 ) -> pd.DataFrame:
     """The 14 metrics (appendix B) of every checkpoint of a stacked trajectory ``state``.
 
     ``state`` maps state-dict names to ``[n_checkpoints, *shape]`` tensors; ``model`` only tells
     which entries are Linear/Conv/attention tensors (:func:`weight_matrices`), or is the layout
     itself (:func:`state_dict_layout` for checkpoints without their model); ``convention`` is one
-    of :data:`CONVENTIONS` (module docstring).
+    of :data:`CONVENTIONS` (module docstring). ``singular_cache``: a dict shared by calls on the
+    same ``state`` (the conventions of one checkpoint), so each matrix's singular values are
+    computed once.
     """
     rules = statistics_rules(convention)
     layout = model if isinstance(model, WeightLayout) else layout_of_model(model, convention)
     matrices, bias_names = list(layout.matrices), list(layout.biases)
     if not matrices:
         raise ValueError("the model has no Linear or Conv2d weight to compute metrics on")
-    stats = [_matrix_statistics(_stacked_matrix(state, m), m.kind, rules) for m in matrices]
+    stats = [
+        _matrix_statistics(_stacked_matrix(state, m), m.kind, rules, singular_cache, repr(m))
+        for m in matrices
+    ]
     n_checkpoints = next(iter(state.values())).shape[0]
     table = {key: _mean_over_matrices(stats, key) for key in MATRIX_MEANS[rules]}
     biases = [state[name].to(torch.float64).reshape(n_checkpoints, -1) for name in bias_names]
@@ -462,23 +481,32 @@ def trajectory_metrics(
         clean &= torch.isfinite(bias).all(dim=1)
 
     def pooled(
-        rows: slice, n: int, matrix_stats: list[dict], bias_rows: list[torch.Tensor]
-    ) -> dict:
-        """The pooled statistics of ``rows`` (checkpoints) over the given matrices and biases."""
+        rows: slice, n: int, matrix_stats: list[dict], bias_rows: list[torch.Tensor],
+        cache: dict | None = None,
+    ) -> dict:  # fmt: skip
+        """The pooled statistics of ``rows`` (checkpoints) over the given matrices and biases
+        (``cache``: shared with other conventions over the same weights and biases)."""
         values = {}
         if rules == "extended":
             values["sv_mean"], _, values["sv_var"] = _pooled_rows(
                 [s["singular"][rows] for s in matrix_stats], n
             )
-        values["w_mean"], values["w_median"], values["w_var"] = _pooled_rows(
-            [s["entries"][rows] for s in matrix_stats], n
-        )
-        values["b_mean"], values["b_median"], values["b_var"] = _pooled_rows(bias_rows, n)
+        for prefix, parts, names in (("w", [s["entries"][rows] for s in matrix_stats], matrices),
+                                     ("b", bias_rows, bias_names)):  # fmt: skip
+            key = repr((prefix, names))
+            if cache is None:
+                found = _pooled_rows(parts, n)
+            else:  # copies: a non-finite checkpoint's row is patched in place below
+                found = (
+                    cache[key] if key in cache else cache.setdefault(key, _pooled_rows(parts, n))
+                )
+                found = tuple(array.copy() for array in found)
+            values[f"{prefix}_mean"], values[f"{prefix}_median"], values[f"{prefix}_var"] = found
         return values
 
     # Checkpoints where every matrix and bias is finite (all, in a healthy run): pooled over all
     # checkpoints at once; the others one at a time, leaving out the non-finite tensors.
-    batched = pooled(slice(None), n_checkpoints, stats, biases)
+    batched = pooled(slice(None), n_checkpoints, stats, biases, singular_cache)
     for t in np.flatnonzero(~clean.cpu().numpy()):
         row = slice(t, t + 1)
         valid = [s for s in stats if bool(s["finite"][t])]

@@ -90,13 +90,14 @@ class StreamedMetrics:
         for space in self.spaces:
             weights, layouts = self._space(state, space)
             computed: dict[str, list[dict]] = {}
+            singular: dict[str, torch.Tensor] = {}  # each matrix's SVD once for all conventions
             for convention in CONVENTIONS:
                 layout = layouts[convention]
                 if not layout.matrices:  # nothing it counts (a table and its readout)
                     continue
                 same = repr((statistics_rules(convention), layout.matrices, layout.biases))
                 if same not in computed:
-                    frame = trajectory_metrics(weights, layout, convention)
+                    frame = trajectory_metrics(weights, layout, convention, singular)
                     computed[same] = frame.to_dict("records")
                 for index, values in enumerate(computed[same]):
                     per_seed[index].append({"step": step, "convention": convention,
