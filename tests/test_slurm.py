@@ -94,6 +94,12 @@ def test_every_output_exists_and_jobs_went_through_sbatch(slurm_run, cluster):
           f"{(workdir / 'wall_time_s').read_text()} s")  # fmt: skip
 
 
+def _submitted_jobs(output: str) -> dict[str, str]:
+    """SLURM job id -> rule of every job Snakemake's SLURM executor submitted with sbatch."""
+    found = re.findall(r"submitted with SLURM jobid (\d+) \(log: \S+/rule_(\w+)/", output)
+    return dict(found)
+
+
 def _controller_job_ids(log: Path) -> tuple[set[str], set[str]]:
     """Job ids slurmctld accepted from sbatch, and those that exited 0.
 
@@ -177,7 +183,7 @@ def test_a_block_of_a_resnet18_sized_model_trains_through_sbatch(cluster, tmp_pa
         timeout=1800, SLURM_CONF=str(cluster / "slurm.conf"),
     )  # fmt: skip
     output = done.stdout + done.stderr
-    submitted = set(re.findall(r"submitted with SLURM jobid \d+ \(log: \S+/rule_(\w+)/", output))
+    submitted = set(_submitted_jobs(output).values())
     assert {"data", "train", "collect_metrics"} <= submitted, output[-3000:]
     config = yaml.safe_load((workdir / "params.yaml").read_text())
     for path in ("config/config.yaml", SMOKE, "resnet18.yaml"):  # as the Snakefile reads them

@@ -272,9 +272,12 @@ BLOCKS_OF_RULE = {
 def planned_resources(rule_name, job):
     """``mem_mb``, ``runtime`` (minutes) and ``gpu`` of one job of ``rule_name`` (a block id, a group
     or a joint comparison's name): trainmap.plan's estimate, the one ``python -m trainmap.plan``
-    prints, times plan.SAFETY_FACTOR. Models are profiled once per (task, arch), not per job."""
+    prints, times plan.SAFETY_FACTOR. Models are profiled once per (task, arch), not per job.
+    """
     if rule_name in BLOCKS_OF_RULE:
-        return plan.job_resources(config, rule_name, block=BLOCKS_OF_RULE[rule_name][job])
+        return plan.job_resources(
+            config, rule_name, block=BLOCKS_OF_RULE[rule_name][job]
+        )
     cells = HMM_GROUPS[job] if rule_name == "fit_hmm" else JOINT_GROUPS.get(job, [])
     return plan.job_resources(config, rule_name, group=cells)
 

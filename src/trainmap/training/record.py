@@ -146,6 +146,6 @@ class CheckpointRecorder:
 
 def _cell(value: Any) -> Any:
     """A value as pandas writes it (a float by its shortest exact repr, NaN as an empty cell)."""
-    if isinstance(value, float):
-        return "" if math.isnan(value) else repr(value)
+    if isinstance(value, float):  # numpy's float64 too: its repr would be 'np.float64(...)'
+        return "" if math.isnan(value) else float.__repr__(float(value))
     return "" if value is None else value
