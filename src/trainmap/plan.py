@@ -9,7 +9,7 @@ and the config key to change, and the command exits with status 1. The workflow'
 :data:`SAFETY_FACTOR`.
 
 Every estimate says where it comes from: ``measured: <what>`` (a finished run's timing sidecar, or
-a number measured on this project's machines, FACTS.md), ``FLOP-based: <assumption>`` (forward
+a number measured on this project's 2-core machines), ``FLOP-based: <assumption>`` (forward
 FLOPs counted by ``torch.utils.flop_counter.FlopCounterMode`` on a tiny batch, x3 for a training
 step, at a stated device throughput) or ``size-based: <what>`` (bytes counted from the model's
 state dict, the autograd-saved tensors of a tiny batch, the config's checkpoint counts). Models are
@@ -62,7 +62,7 @@ from trainmap.training.archive import ArchivePolicy, checkpoint_steps, kept_indi
 #: Resources requested from a scheduler are the plan's estimate times this, once, for every rule:
 #: the FLOP-based times hold to ~2x (bench/plan_accuracy.py), and a job past its request is killed.
 SAFETY_FACTOR = 1.5
-#: The smallest requests (a job's start-up alone: importing torch and MLflow, FACTS.md).
+#: The smallest requests (a job's start-up alone: importing torch and MLflow).
 MIN_MEMORY_MB = 1000
 MIN_MINUTES = 5
 
@@ -119,7 +119,7 @@ class Device:
 
 
 #: This project's 2-core machines, a job on one thread (the rules' ``threads: 1``). Matmul nets:
-#: 17-45 GFLOP/s (FACTS.md: the transformer 185 ms/step at 2048; 20 GFLOP/s taken). Conv nets
+#: 17-45 GFLOP/s (measured: the transformer 185 ms/step at batch 2048; 20 GFLOP/s taken). Conv nets
 #: and per-step overhead: train_block steps timed here (8x8 digits, 1 thread, 30-60 steps,
 #: checkpoint time taken out): RepVGG (50 parameter tensors, BatchNorm) S=1/8 x batch 16/128:
 #: 27.5/47.3 ms and 58/210 ms, i.e. 8.7 GFLOP/s (BatchNorm's work is not in the FLOP count) +
@@ -134,7 +134,7 @@ class Device:
 CPU = Device(
     "cpu", 20e9, 0.0, 0.0, 30e9, 0.0,
     "measured: train_block steps of RepVGG, RepVGG-plain and the MLP on 1 thread here (conv nets "
-    "10 GFLOP/s, matmul nets 20 GFLOP/s per FACTS.md; 0.25 ms a parameter tensor + 0.03 ms a "
+    "10 GFLOP/s, matmul nets 20 GFLOP/s (17-45 measured); 0.25 ms a parameter tensor + 0.03 ms a "
     "tensor and seed per step); streamed metrics 25 ms + 0.1 ms a matrix, convention and seed + "
     "4mn min(m,n) at 30 GFLOP/s (ResNet-18: ~2 s a seed); archive 0.6 ms a file + 40 MB/s",
     conv_flops_per_s=10e9, tensor_overhead_s=0.25e-3, tensor_seed_overhead_s=0.03e-3,
@@ -151,17 +151,17 @@ GPU = Device(
 )  # fmt: skip
 #: Start-up of a job process: import torch (1.6 s) and MLflow (1.2 s), tracking, data load.
 STARTUP_S = 15.0
-#: A job process's resident memory before its work: torch + MLflow imported (FACTS.md: 1,307 MB
+#: A job process's resident memory before its work: torch + MLflow imported (measured: 1,307 MB
 #: peak RSS for a 4.3 M-parameter MLP with 11 checkpoints).
 BASE_RAM = 1.2 * GB
 #: Sequential write speed of the node's disk (assumed).
 DISK_BYTES_PER_S = 500e6
 #: The analysis rules' time per observation (a run's checkpoint): the default study's joint
-#: comparisons, 138 s for 80 runs x 321 checkpoints (FACTS.md, measured 2026-11-24).
+#: comparisons, 138 s for 80 runs x 321 checkpoints (measured 2026-11-24, 2 cores).
 ANALYSIS_S_PER_OBSERVATION = 138.0 / (80 * 321)
 ANALYSIS_SOURCE = (
     "measured: the default study's joint comparison, 138 s for 80 runs x 321 checkpoints "
-    "(FACTS.md), scaled by runs x checkpoints"
+    "(2 cores), scaled by runs x checkpoints"
 )
 
 

@@ -497,10 +497,9 @@ def trajectory_metrics(
             if cache is None:
                 found = _pooled_rows(parts, n)
             else:  # copies: a non-finite checkpoint's row is patched in place below
-                found = (
-                    cache[key] if key in cache else cache.setdefault(key, _pooled_rows(parts, n))
-                )
-                found = tuple(array.copy() for array in found)
+                if key not in cache:
+                    cache[key] = _pooled_rows(parts, n)
+                found = tuple(array.copy() for array in cache[key])
             values[f"{prefix}_mean"], values[f"{prefix}_median"], values[f"{prefix}_var"] = found
         return values
 
