@@ -15,7 +15,9 @@ states, and the study's question can be read off directly:
 * the verdict table (:func:`trainmap.dynamics.certainty.compare_methods`): for every pair of groups,
   the effect on each state's occupancy, on the time in detour states and on the convergence step,
   with a bootstrap interval, a Holm-corrected permutation p-value and a verdict in words, "not
-  enough runs" included. The runs are not refitted: their decoded states are relabelled.
+  enough runs" included; the convergence step by the log-rank test, runs that never converged
+  censored at their last checkpoint step. The runs are not refitted: their decoded states are
+  relabelled.
 
 Groups are compared in the order they first appear in ``groups`` (the grid's order: the first
 method listed is the reference).
@@ -30,7 +32,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from trainmap.dynamics.certainty import compare_methods, run_quantities, verdict_markdown
+from trainmap.dynamics.certainty import (
+    censoring_steps,
+    compare_methods,
+    run_quantities,
+    verdict_markdown,
+)
 from trainmap.dynamics.hmm import TrainingHMM
 from trainmap.dynamics.regression import (
     DetourRegression,
@@ -170,6 +177,7 @@ def compare_groups(
     verdicts = compare_methods(quantities.loc[list(ordered_groups)], ordered_groups,
                                n_permutations=settings["permutations"],
                                confidence=settings["confidence"], alpha=settings["alpha"],
-                               seed=settings["seed"])  # fmt: skip
+                               seed=settings["seed"],
+                               censored_at=censoring_steps(runs, convergence, status))  # fmt: skip
     return JointComparison(hmm, states, dict(groups), detours, with_groups, occupancy,
                            visit_rates, table, dissimilarity, verdicts, dict(settings))  # fmt: skip

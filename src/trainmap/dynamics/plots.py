@@ -153,13 +153,17 @@ def plot_verdicts(
         axis.set_yticks(range(len(part)), [f"{r.second} vs {r.first}: {r.quantity}\n{r.verdict}"
                                            for r in part.itertuples()], fontsize=7)  # fmt: skip
         axis.invert_yaxis()
-        axis.set_xlabel("convergence step difference" if is_step else "occupancy difference")
+        axis.set_xlabel("restricted mean convergence step difference" if is_step
+                        else "occupancy difference")  # fmt: skip
     figure.suptitle(title or "verdicts", fontsize=10)
     _save(figure, path)
     return (
         f"Verdicts per method pair: the difference of means (second method minus first) with its "
         f"{confidence:.0%} bootstrap interval; green: significant after Holm's correction "
-        "(permutation test), blue: no evidence of a difference, grey: not enough runs to tell."
+        "(permutation test), blue: no evidence of a difference, grey: not enough runs to tell. "
+        "Right: the convergence step as time to an event (runs that never converged censored at "
+        "their last step): the difference of restricted mean convergence steps of the "
+        "Kaplan-Meier curves, tested by the log-rank test."
     )
 
 

@@ -12,7 +12,10 @@ authors' code was wrong for negative t). States no included run visits have no c
 
 Which runs the regression uses: runs that completed and converged (a convergence step exists).
 Diverged runs and runs that never reached the threshold are counted and listed in the result
-(``excluded``), never dropped silently.
+(``excluded``), never dropped silently. A run that never converged has no convergence step to
+regress (OLS has no censoring), so it is left out here; the convergence comparison between methods
+(:func:`~trainmap.dynamics.certainty.compare_methods`) counts it as censored at its last step
+(log-rank test), and :data:`EXCLUDED_NOTE` says so in the written summary.
 
 A detour state (sec. 2.3): positive coefficient and not visited by every included run, and, as
 the paper recommends ("only interpreting the coefficients when they are statistically
@@ -79,6 +82,11 @@ def pairwise_distances(distributions: np.ndarray, ground: str = "total_variation
 
 
 DEFAULT_ALPHA = 0.05
+EXCLUDED_NOTE = (
+    "runs that never converged are left out of the regression (OLS has no censoring); the "
+    "convergence comparison between groups counts them as censored at their last step (log-rank "
+    "test)"
+)
 
 
 @dataclass
@@ -130,6 +138,7 @@ class DetourRegression:
             "correction": "holm",
             "detour_states": self.detour_states,
             "excluded": self.excluded,
+            "excluded_note": EXCLUDED_NOTE,
             "rank_deficient": self.rank_deficient,
             "coefficients": [
                 {key: _finite_or_none(value) for key, value in row.items()}
@@ -165,7 +174,8 @@ def regress_detours(
 
     ``extra`` (index = run ids) adds covariates, e.g. method indicators for a joint comparison;
     their coefficients are appended to the table with ``state`` = their column name. A detour's
-    coefficient must be significant at ``alpha`` after Holm's correction across the states.
+    coefficient must be significant at ``alpha`` after Holm's correction across the states. Runs
+    that never converged or diverged are left out and listed in ``excluded`` (:data:`EXCLUDED_NOTE`).
     """
     import statsmodels.api as sm
 
