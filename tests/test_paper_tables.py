@@ -92,15 +92,52 @@ def test_contrasts_pair_each_forking_setting_with_each_linear_one_papers_pairs_f
     assert contrasts(["mnist_5k", "modular_addition_stabilised"]) == []
 
 
-def test_authors_pass_overrides_exactly_the_authors_choices() -> None:
-    base = {"k_max": 6, "covariance_type": "full", "bootstrap": 7}
+def test_authors_pass_is_the_authors_script_as_they_ran_it() -> None:
+    base = {"k_max": 6, "covariance_type": "diag", "bootstrap": 7}
     assert analysis_settings(base, "trainmap") == base
     authors = analysis_settings(base, "authors")
-    assert authors == base | {"standardisation": "per_run", "covariance_type": "diag",
-                              "init": "hmmlearn", "restart_rule": "mean"}  # fmt: skip
-    assert set(AUTHORS_SETTINGS) == {"standardisation", "covariance_type", "init", "restart_rule"}
+    # model_selection.py run with --cov_type full --num_iters 32: hmmlearn's own start and tol
+    # (0.01 on the total log-likelihood), per-run z-scores of the first 1000 rows, NaN runs out,
+    # K = 1..8, 5 restarts, the mean BIC over them, 20 % held out.
+    assert authors == base | {"standardisation": "per_run", "covariance_type": "full",
+                              "init": "hmmlearn", "restart_rule": "mean", "n_iter": 32,
+                              "tol": 0.01, "tol_scale": "total", "first_n": 1000,
+                              "nan_runs": "runs", "k_max": 8, "restarts": 5, "holdout": 0.2,
+                              "selection": "holdout", "emission": "plain"}  # fmt: skip
     with pytest.raises(ValueError, match="'mine'.*authors, trainmap"):
         analysis_settings(base, "mine")
+
+
+def test_authors_pass_sees_the_authors_checkpoints_per_run_where_the_runs_have_them() -> None:
+    # Stabilised modular addition: 30 per run in the authors' plots; trainmap's runs keep 101.
+    assert analysis_settings({}, "authors", "modular_addition_stabilised", 101)[
+        "checkpoints_per_run"] == 30  # fmt: skip
+    assert analysis_settings({}, "authors", "sparse_parities", 601)["checkpoints_per_run"] == 300
+    # MNIST: the authors' 250 are more than the 5k subset's 101 checkpoints: every one is used.
+    assert analysis_settings({}, "authors", "mnist_5k", 101)["checkpoints_per_run"] is None
+    assert "checkpoints_per_run" not in analysis_settings({}, "trainmap", "mnist_5k", 101)
+
+
+def test_checkpoint_cuts_spread_evenly_then_take_the_first_rows() -> None:
+    from trainmap.dynamics.tables import analysis_tables, checkpoint_rows
+
+    assert checkpoint_rows(101, 30, None).tolist()[:4] == [0, 3, 7, 10]
+    assert len(checkpoint_rows(101, 30, None)) == 30 and checkpoint_rows(101, 30, None)[-1] == 100
+    assert checkpoint_rows(601, 300, 1000).tolist() == checkpoint_rows(601, 300, None).tolist()
+    assert checkpoint_rows(10, None, 4).tolist() == [0, 1, 2, 3]
+    with pytest.raises(ValueError, match="analysis.checkpoints_per_run: 300 is more than the "
+                                         "run's 101 checkpoints"):  # fmt: skip
+        checkpoint_rows(101, 300, None)
+    assert len(checkpoint_rows(101, 30, 50)) == 30  # head(50) of 30 rows: all 30 (pandas' head)
+    good = pd.DataFrame({"step": range(5), "l2": [1.0, 2, 3, 4, 5]})
+    bad = good.assign(l2=[1.0, 2, float("nan"), 4, 5])
+    tables, out = analysis_tables({"a": good, "b": bad}, ["l2"], nan_runs="runs")
+    assert list(tables) == ["a"] and list(out) == ["b"]
+    # Cut first: a NaN outside the rows the map sees does not drop the run (the authors' order).
+    tables, out = analysis_tables({"a": good, "b": bad}, ["l2"], first_n=2, nan_runs="runs")
+    assert list(tables) == ["a", "b"] and len(tables["b"]) == 2 and not out
+    tables, out = analysis_tables({"a": good, "b": bad}, ["l2"])
+    assert list(tables) == ["a", "b"] and not out
 
 
 def test_difference_interval_is_the_percentile_interval_of_paired_differences() -> None:
@@ -201,11 +238,14 @@ def test_bootstrap_records_each_resamples_r2_and_both_dissimilarities(mapped) ->
     assert np.all(index >= total - 1e-12) and np.all((total >= 0) & (total <= 1))
 
 
-def test_authors_pass_fits_diagonal_per_run_models(mapped: dict[str, Path]) -> None:
+def test_authors_pass_fits_full_per_run_models_of_32_iterations(mapped: dict[str, Path]) -> None:
     authors = json.loads((mapped["authors"] / "hmm.json").read_text())
     ours = json.loads((mapped["trainmap"] / "hmm.json").read_text())
-    text = json.dumps(authors)
-    assert '"diag"' in text and '"per_run"' in text and '"mean"' in text
+    estimator = authors["estimator"]
+    assert (estimator["covariance_type"], estimator["standardisation"], estimator["restart_rule"],
+            estimator["n_iter"], estimator["tol"], estimator["tol_scale"]) == (
+        "full", "per_run", "mean", 32, 0.01, "total")  # fmt: skip
+    assert max(row["iterations"] for row in authors["restarts"]) <= 32
     assert '"full"' in json.dumps(ours) and '"pooled"' in json.dumps(ours)
 
 

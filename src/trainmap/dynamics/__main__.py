@@ -39,6 +39,7 @@ from trainmap.dynamics.hmm import (
 )
 from trainmap.dynamics.pipeline import (
     Outcomes,
+    analysis_runs,
     convergence_from_tables,
     joint_group,
     map_runs,
@@ -281,6 +282,7 @@ def main(argv: list[str] | None = None) -> int:
                 "covariance_type": args.covariance_type,
                 "standardisation": args.standardisation, "selection": args.selection,
                 "folds": args.folds, "emission": args.emission}  # fmt: skip
+    runs, outcomes = analysis_runs(runs, outcomes, settings)
     args.out.mkdir(parents=True, exist_ok=True)
     print(f"{len(runs)} runs; fitting K = 1..{args.k_max} with {args.restarts} restarts each")
     _, regression, _ = map_runs(runs, outcomes, settings, args.out, n_jobs=args.jobs)

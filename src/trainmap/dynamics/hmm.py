@@ -106,6 +106,10 @@ SELECTION_RULES = ("holdout", "folds")
 #: often as 2 or 5 folds, at less cost than 5).
 DEFAULT_FOLDS = 3
 INITIALISATIONS = ("sticky", "hmmlearn")
+#: What EM's ``tol`` is measured on: the training log-likelihood per observation
+#: (``per_observation``, trainmap's: one tolerance whatever the number of runs) or in total
+#: (``total``, hmmlearn's own ``tol``, which the training-maps authors' script left at 0.01).
+TOL_SCALES = ("per_observation", "total")
 #: Emission models (setting ``emission``): the paper's Gaussian HMM (``plain``), and the Gaussian
 #: HMM with a per-run offset (``run_offset``), a per-run offset and linear drift
 #: (``run_offset_drift``) and a per-run offset, linear drift and scale (``run_affine``) of
@@ -244,13 +248,14 @@ def has_run_terms(model: Any) -> bool:
 def make_model(n_states: int, settings: Mapping[str, Any], n_observations: int, **kw: Any) -> Any:
     """An unfitted model of the settings' emission model (:func:`emission_model`; settings
     without ``emission``: ``plain``) with the estimator's EM settings."""
+    per_observation = settings.get("tol_scale", "per_observation") == "per_observation"
     return emission_model(
         n_states,
         settings.get("emission", "plain"),
         covariance_type=settings["covariance_type"],
         n_iter=settings["n_iter"],
-        # hmmlearn's tol is on the total log-likelihood; ours is per observation.
-        tol=settings["tol"] * n_observations,
+        # hmmlearn's tol is on the total log-likelihood; ours is per observation by default.
+        tol=settings["tol"] * (n_observations if per_observation else 1),
         min_covar=settings["min_covar"],
         **kw,
     )
@@ -760,6 +765,7 @@ class TrainingHMM:
         emission: str = "plain",
         n_iter: int = 500,
         tol: float = 1e-3,
+        tol_scale: str = "per_observation",
         min_covar: float = 1e-3,
         random_state: int = 0,
         n_jobs: int = 1,
@@ -783,6 +789,8 @@ class TrainingHMM:
             raise ValueError(f"folds: {folds!r} is not allowed; it must be an integer >= 2")
         check_choice("init", init, INITIALISATIONS)
         check_choice("emission", emission, EMISSIONS)
+        check_choice("tol_scale", tol_scale, TOL_SCALES)
+        self.tol_scale = tol_scale
         self.k_max, self.restarts, self.holdout = k_max, restarts, holdout
         self.covariance_type, self.standardisation = covariance_type, standardisation
         self.restart_rule, self.init, self.n_iter, self.tol = restart_rule, init, n_iter, tol
@@ -838,6 +846,7 @@ class TrainingHMM:
             "emission": self.emission,
             "n_iter": self.n_iter,
             "tol": self.tol,
+            "tol_scale": self.tol_scale,
             "min_covar": self.min_covar,
             "random_state": self.random_state,
         }

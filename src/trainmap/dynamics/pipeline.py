@@ -49,6 +49,7 @@ import pandas as pd
 
 from trainmap.dynamics import plots
 from trainmap.dynamics.certainty import BootstrapResult, bootstrap_map
+from trainmap.dynamics.columns import METRIC_NAMES
 from trainmap.dynamics.hmm import TrainingHMM, baseline_table
 from trainmap.dynamics.joint import JointComparison, compare_groups
 from trainmap.dynamics.regression import (
@@ -71,6 +72,7 @@ __all__ = [
     "GroupRegression",
     "JointResult",
     "Outcomes",
+    "analysis_runs",
     "convergence_from_tables",
     "fit_group",
     "joint_group",
@@ -89,6 +91,32 @@ class Outcomes:
 
     convergence: dict[str, int | None]
     status: dict[str, str]
+
+
+def analysis_runs(
+    runs: Mapping[str, pd.DataFrame], outcomes: Outcomes, settings: Mapping[str, Any]
+) -> tuple[dict[str, pd.DataFrame], Outcomes]:
+    """The runs and outcomes a map is made from under the analysis settings: each run's
+    checkpoints cut by ``checkpoints_per_run`` and ``first_n``, and with ``nan_runs: runs`` the runs
+    with a non-finite metric left out (:func:`trainmap.dynamics.tables.analysis_tables`; a warning
+    names them). Every analysis entry point (the workflow's jobs, ``python -m trainmap.dynamics``)
+    calls it before :func:`fit_group` or :func:`joint_group`; the convergence step stays the run's
+    own (its whole evaluation history)."""
+    import warnings
+
+    from trainmap.dynamics.tables import analysis_tables
+
+    settings = with_defaults(settings)
+    tables, left_out = analysis_tables(dict(runs), settings.get("features") or METRIC_NAMES,
+                                       settings["checkpoints_per_run"], settings["first_n"],
+                                       settings["nan_runs"])  # fmt: skip
+    if left_out:
+        shown = ", ".join(list(left_out)[:5]) + (" ..." if len(left_out) > 5 else "")
+        warnings.warn(f"{len(left_out)} of {len(runs)} runs left out of the map (nan_runs: runs): "
+                      f"{shown}", stacklevel=2)  # fmt: skip
+    kept = Outcomes({run: outcomes.convergence.get(run) for run in tables},
+                    {run: outcomes.status.get(run, "completed") for run in tables})  # fmt: skip
+    return tables, kept
 
 
 def convergence_from_tables(

@@ -13,7 +13,7 @@ from typing import Any
 from trainmap.dynamics.hmm import DEFAULT_FOLDS, TrainingHMM
 
 HMM_SETTINGS = ("k_max", "restarts", "holdout", "selection", "folds", "covariance_type",
-                "standardisation", "restart_rule", "init", "emission", "n_iter", "tol", "min_covar",
+                "standardisation", "restart_rule", "init", "emission", "n_iter", "tol", "tol_scale", "min_covar",
                 "n_jobs", "features")  # fmt: skip
 #: The analysis settings and their defaults (params.yaml ``analysis`` documents each).
 ANALYSIS_DEFAULTS = {
@@ -30,6 +30,10 @@ ANALYSIS_DEFAULTS = {
     "emission": "plain",
     "n_iter": 500,
     "tol": 1e-3,
+    "tol_scale": "per_observation",
+    "checkpoints_per_run": None,
+    "first_n": None,
+    "nan_runs": "features",
     "baseline_k_max": 16,
     "alpha": 0.05,
     "dissimilarity": "total_variation",

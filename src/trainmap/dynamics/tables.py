@@ -153,3 +153,59 @@ def _more(flags: np.ndarray) -> str:
     """`` (and N more such cells)`` when there are more than one."""
     extra = int(flags.sum()) - 1
     return f" (and {extra} more such cell{'s' * (extra > 1)})" if extra else ""
+
+
+#: How a run with a non-finite metric enters a map (analysis setting ``nan_runs``): ``features``
+#: (default) keeps every run and the HMM leaves the feature out by name
+#: (:meth:`trainmap.dynamics.hmm.TrainingHMM.fit`); ``runs`` leaves out every run with a NaN or
+#: infinite value among the features, as the training-maps authors' ``make_hmm_data`` does
+#: (``dfs = [df for df in dfs if not df.isnull().values.any()]``, after its row cut).
+NAN_RUNS = ("features", "runs")
+
+
+def checkpoint_rows(n_rows: int, per_run: int | None, first_n: int | None) -> np.ndarray:
+    """The row indices of a run of ``n_rows`` checkpoints that a map sees.
+
+    ``per_run``: that many checkpoints spread evenly over the run, the first and the last kept
+    (``round(linspace(0, n_rows - 1, per_run))``): the cadence of a run checkpointed more
+    sparsely over the same training. ``first_n``: then only the first ``first_n`` of those (the
+    training-maps authors' ``df.head(first_n)``, which keeps a shorter run whole; the config check
+    refuses a ``first_n`` beyond the grid's runs before any job). None: no change. A run with
+    fewer than ``per_run`` checkpoints cannot be spread to it: ValueError naming the setting.
+    """
+    rows = np.arange(n_rows)
+    if per_run is not None:
+        if per_run > n_rows:
+            raise ValueError(f"analysis.checkpoints_per_run: {per_run} is more than the run's "
+                             f"{n_rows} checkpoints; lower it or leave it null")  # fmt: skip
+        rows = np.unique(np.round(np.linspace(0, n_rows - 1, per_run)).astype(int))
+    if first_n is not None:
+        rows = rows[:first_n]
+    return rows
+
+
+def analysis_tables(
+    runs: dict[str, pd.DataFrame],
+    features: Sequence[str],
+    per_run: int | None = None,
+    first_n: int | None = None,
+    nan_runs: str = "features",
+) -> tuple[dict[str, pd.DataFrame], dict[str, str]]:
+    """``(tables, left_out)``: each run's checkpoints the map sees (:func:`checkpoint_rows`) and,
+    with ``nan_runs="runs"``, without the runs that have a non-finite value among ``features``
+    in those rows (run -> why, for the map's files). Every table keeps its columns."""
+    if nan_runs not in NAN_RUNS:
+        raise ValueError(f"analysis.nan_runs: {nan_runs!r} is not allowed; choose one of "
+                         f"{', '.join(NAN_RUNS)}")  # fmt: skip
+    cut = {}
+    for run, table in runs.items():
+        rows = checkpoint_rows(len(table), per_run, first_n)
+        cut[run] = table if len(rows) == len(table) else table.iloc[rows].reset_index(drop=True)
+    left_out = {}
+    if nan_runs == "runs":
+        for run, table in cut.items():
+            values = table[[f for f in features if f in table]].to_numpy(dtype=float)
+            if not np.isfinite(values).all():
+                left_out[run] = "a metric is NaN or infinite at some checkpoint (nan_runs: runs)"
+        cut = {run: table for run, table in cut.items() if run not in left_out}
+    return cut, left_out

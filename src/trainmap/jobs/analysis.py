@@ -21,6 +21,7 @@ from trainmap.dynamics.certainty import BootstrapResult
 from trainmap.dynamics.pipeline import (
     FittedMap,
     Outcomes,
+    analysis_runs,
     fit_group,
     joint_group,
     map_group,
@@ -58,6 +59,21 @@ def read_group_runs(
         for label, path in zip(labels, metrics_paths, strict=True)
     }  # fmt: skip
     return runs, outcomes
+
+
+def rows_of_fit(
+    runs: dict[str, pd.DataFrame], outcomes: Outcomes, states_csv: str | Path
+) -> tuple[dict[str, pd.DataFrame], Outcomes]:
+    """The runs and checkpoints a fitted map was made from (its ``states.csv``: run, step), so a
+    later rule sees what the fit saw (:func:`trainmap.dynamics.pipeline.analysis_runs`)."""
+    states = pd.read_csv(states_csv, usecols=["run", "step"], dtype={"run": str})
+    steps = {run: group["step"].to_numpy() for run, group in states.groupby("run", sort=False)}
+    cut = {run: table if len(table) == len(steps[run]) else
+           table[table["step"].isin(steps[run])].reset_index(drop=True)
+           for run, table in runs.items() if run in steps}  # fmt: skip
+    return cut, Outcomes(
+        {run: outcomes.convergence[run] for run in cut}, {run: outcomes.status[run] for run in cut}
+    )
 
 
 def joint_run_ids(labels: list[str], cells: list[dict]) -> list[str]:
@@ -124,6 +140,7 @@ def fit_hmm_job(
     baselines and its bootstrap over runs (``threads`` parallel processes)."""
     out_dir = Path(out_dir)
     runs, outcomes = read_group_runs(metrics_paths, evaluation_paths, seed_labels(cells))
+    runs, outcomes = analysis_runs(runs, outcomes, settings)
     task = Cell.of(cells[0]).task
     with rule_run(tracking, "fit_hmm", task=task, params={"analysis": settings, "group": group},
                   config_hash=settings_hash([settings, group])) as run:  # fmt: skip
@@ -185,6 +202,7 @@ def training_map_job(
     out_dir = Path(out_dir)
     runs, outcomes = read_group_runs(metrics_paths, evaluation_paths, seed_labels(cells))
     fit = FittedMap.load(out_dir)
+    runs, outcomes = rows_of_fit(runs, outcomes, out_dir / "states.csv")
     detours = load_json(out_dir / "detours.json")["detour_states"]
     with rule_run(tracking, "training_map", task=Cell.of(cells[0]).task, params={"group": group},
                   config_hash=settings_hash(group)) as run:  # fmt: skip
@@ -217,7 +235,8 @@ def joint_comparison_job(
     metrics_paths = [*metrics_paths, *(run["metrics"] for run in external)]
     evaluation_paths = [*evaluation_paths, *(run["evaluation"] for run in external)]
     runs, outcomes = read_group_runs(metrics_paths, evaluation_paths, run_ids)
-    groups = dict(zip(run_ids, labels, strict=True))
+    runs, outcomes = analysis_runs(runs, outcomes, settings)
+    groups = {run: label for run, label in zip(run_ids, labels, strict=True) if run in runs}
     task = Cell.of(cells[0]).task if cells else "external"
     with rule_run(tracking, "joint_comparison", task=task,
                   params={"analysis": settings, "joint": name},

@@ -23,7 +23,7 @@ from trainmap.dynamics.paper import (
     paper_row,
     table_markdown,
 )
-from trainmap.dynamics.pipeline import map_runs
+from trainmap.dynamics.pipeline import analysis_runs, map_runs
 from trainmap.io import write_atomic
 from trainmap.jobs.analysis import read_group_runs, seed_labels
 from trainmap.jobs.common import settings_hash
@@ -39,7 +39,9 @@ def paper_map_job(
     ``trainmap``), written to ``out_dir``."""
     out_dir = Path(out_dir)
     runs, outcomes = read_group_runs(metrics_paths, evaluation_paths, seed_labels(cells))
-    settings = analysis_settings(settings, analysis)
+    shortest = min(len(table) for table in runs.values())
+    settings = analysis_settings(settings, analysis, setting, shortest)
+    runs, outcomes = analysis_runs(runs, outcomes, settings)
     params = {"analysis": settings, "setting": setting, "pass": analysis}
     with rule_run(tracking, "paper_map", task=setting, params=params,
                   config_hash=settings_hash([settings, setting, analysis])) as run:  # fmt: skip
