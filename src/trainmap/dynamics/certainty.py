@@ -213,19 +213,30 @@ class Refit:
     starts: dict[int, dict[str, np.ndarray]] | None  # K -> the full fit's parameters, or None
     selection: str = "holdout"  # the full fit's selection rule (TrainingHMM.selection)
     folds: int = DEFAULT_FOLDS
+    # the reproducible rule's settings (TrainingHMM.reproducibility()), the runs' groups (run ->
+    # group: halves are drawn per group) and, warm-started, the full fit's half maps (split -> K
+    # -> parameters): each half of a refit continues from the full fit's half of that split
+    reproducibility: dict[str, Any] = field(default_factory=dict)
+    strata: dict[str, str] | None = None
+    half_starts: dict[int, dict[int, dict[str, np.ndarray]]] | None = None
 
     @classmethod
     def of(cls, hmm: TrainingHMM, max_iter: int | None = None, warm_start: bool = True) -> Refit:
         """The refit of ``hmm``'s resamples: warm-started from its model of every K for at most
         ``max_iter`` EM iterations, or (``warm_start=False``) its own restarts from fresh starts."""
-        rule = {"selection": hmm.selection, "folds": hmm.folds}
+        rule = {"selection": hmm.selection, "folds": hmm.folds,
+                "reproducibility": hmm.reproducibility(),
+                "strata": getattr(hmm, "strata_", None)}  # fmt: skip
         if not warm_start:
             return cls(hmm.standardisation_, hmm.settings(), list(range(1, hmm.k_max + 1)),
                        hmm.restarts, hmm.restart_rule, None, **rule)  # fmt: skip
         starts = {k: model_parameters(model) for k, model in hmm.models_.items()}
+        halves = {split: {k: model_parameters(model) for k, model in models.items()}
+                  for split, models in getattr(hmm, "half_models_", {}).items()}  # fmt: skip
         settings = hmm.settings() | ({"n_iter": max_iter} if max_iter else {})
-        return cls(hmm.standardisation_, settings, sorted(starts), 1, hmm.restart_rule, starts,
-                   **rule)  # fmt: skip
+        ks = sorted(set(starts).intersection(*halves.values()) if halves else starts)
+        return cls(hmm.standardisation_, settings, ks, 1, hmm.restart_rule, starts, **rule,
+                   half_starts=halves or None)  # fmt: skip
 
 
 @dataclass
@@ -258,15 +269,20 @@ def refit_resample(
     z, statistics = standardise_runs({run: raw[run] for run in set(drawn)}, full["kind"],
                                      pooled_over=drawn, fallback_std=fallback)  # fmt: skip
     shift, scale = unit_change(full, statistics)
-    starts = None
+    starts, half_starts = None, None
+    covariance_type = refit.settings["covariance_type"]
     if refit.starts is not None:
-        covariance_type = refit.settings["covariance_type"]
         starts = {k: in_units(parameters, shift, scale, covariance_type)
-                  for k, parameters in refit.starts.items()}  # fmt: skip
+                  for k, parameters in refit.starts.items() if k in refit.ks}  # fmt: skip
+    if refit.starts is not None and refit.half_starts:
+        half_starts = {split: {k: in_units(parameters, shift, scale, covariance_type)
+                               for k, parameters in models.items() if k in refit.ks}
+                       for split, models in refit.half_starts.items()}  # fmt: skip
     selection = select_model(
         z, train, heldout, refit.settings, refit.ks, selection=refit.selection, folds=refit.folds,
         restarts=refit.restarts, restart_rule=refit.restart_rule, starts=starts,
-        score_train=starts is None,
+        score_train=starts is None, **refit.reproducibility, strata=refit.strata,
+        half_starts=half_starts, cap_halves=True,
     )  # fmt: skip
     return RefitResult(selection, drawn, z, shift, scale)
 

@@ -84,7 +84,7 @@ import os
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -101,10 +101,16 @@ NUMERICALLY_CONSTANT = 1e-7
 COVARIANCE_TYPES = ("full", "diag")
 STANDARDISATIONS = ("pooled", "per_run")
 RESTART_RULES = ("best", "mean")
-SELECTION_RULES = ("holdout", "folds")
+SELECTION_RULES = ("holdout", "folds", "reproducible")
 #: Folds of the runs for ``selection="folds"`` (bench/selection_nuisance.py: 3 recovered K as
 #: often as 2 or 5 folds, at less cost than 5).
 DEFAULT_FOLDS = 3
+#: The ``reproducible`` rule's defaults: random splits of the runs into two halves, the agreement
+#: two half maps must reach (adjusted Rand index of their decodings of every run) and the share of
+#: splits that must reach it (bench/selection_reproducible.py).
+DEFAULT_HALVES = 5
+DEFAULT_REPRODUCE_ARI = 0.8
+DEFAULT_REPRODUCE_SHARE = 0.8
 INITIALISATIONS = ("sticky", "hmmlearn")
 #: What EM's ``tol`` is measured on: the training log-likelihood per observation
 #: (``per_observation``, trainmap's: one tolerance whatever the number of runs) or in total
@@ -216,6 +222,49 @@ def fold_split(run_ids: Sequence[str], folds: int, random_state: int) -> list[li
     n_folds = min(folds, len(ordered))
     order = np.random.default_rng(random_state).permutation(len(ordered))
     return [sorted(ordered[i] for i in order[fold::n_folds]) for fold in range(n_folds)]
+
+
+def half_splits(
+    run_ids: Sequence[str], n_splits: int, random_state: int,
+    strata: Mapping[str, str] | None = None, cap: bool = False,
+) -> list[tuple[list[str], list[str]]]:  # fmt: skip
+    """``n_splits`` random splits of the sorted distinct runs into two disjoint halves, each a
+    seeded permutation (``SeedSequence([random_state, split])``), within each stratum of
+    ``strata`` (run -> group: per method in a joint comparison; the first half of a stratum of odd
+    size has the smaller part). Splits may repeat when the runs allow few distinct ones; more splits
+    than distinct halvings, or a stratum with fewer than 2 runs, is a ValueError naming the key
+    (``cap``, a refit's resample: as many splits as exist, and :class:`SelectionFailed` for a
+    stratum of one run)."""
+    ordered = sorted(set(run_ids))
+    groups: dict[str, list[str]] = {}
+    for run in ordered:
+        groups.setdefault(strata.get(run, "") if strata else "", []).append(run)
+    small = {group: len(ids) for group, ids in groups.items() if len(ids) < 2}
+    if small and cap:
+        raise SelectionFailed(f"groups {sorted(small)} have one distinct run: no halves")
+    if small:
+        raise ValueError(f"analysis.halves: the reproducible rule splits every group's runs in two "
+                         f"halves, but {small} have fewer than 2 runs; use selection holdout or "
+                         "more seeds")  # fmt: skip
+    distinct = math.prod(math.comb(len(ids), len(ids) // 2) for ids in groups.values())
+    distinct //= 2 if len(groups) == 1 and len(ordered) % 2 == 0 else 1
+    if n_splits > distinct and cap:
+        n_splits = distinct
+    elif n_splits > distinct:
+        raise ValueError(f"analysis.halves: {n_splits} splits of {len(ordered)} runs into halves "
+                         f"but only {distinct} distinct ones exist; lower analysis.halves to at "
+                         f"most {distinct} or add seeds")  # fmt: skip
+    splits = []
+    for split in range(n_splits):
+        rng = np.random.default_rng(np.random.SeedSequence([random_state, split]))
+        first, second = [], []
+        for group in sorted(groups):
+            ids = groups[group]
+            order = rng.permutation(len(ids))
+            first += [ids[i] for i in order[: len(ids) // 2]]
+            second += [ids[i] for i in order[len(ids) // 2 :]]
+        splits.append((sorted(first), sorted(second)))
+    return splits
 
 
 def stack(sequences: Sequence[np.ndarray]) -> tuple[np.ndarray, list[int]]:
@@ -508,16 +557,21 @@ def fit_restarts(
     n_jobs: int,
     starts: Mapping[int, Mapping[str, np.ndarray]] | None = None,
     score_train: bool = True,
+    split_starts: Mapping[int, Mapping[int, Mapping[str, np.ndarray]]] | None = None,
 ) -> list[dict[str, Any]]:
     """Every (split, K, restart) fit, serially or in parallel processes (the same numbers either
     way); each fit's row names its ``split``. The Ks of one (split, restart) are fitted together
-    (:func:`_fit_group`), whatever ``n_jobs``: processes share out such groups."""
+    (:func:`_fit_group`), whatever ``n_jobs``: processes share out such groups. ``starts`` (K ->
+    parameters) warm-starts every split; ``split_starts`` (split -> K -> parameters) the splits it
+    names instead."""
     groups: dict[tuple[int, int], list[int]] = {}
     for part, k, r in tasks:
         groups.setdefault((part, r), []).append(k)
     order = sorted(groups)
+    split_starts = split_starts or {}
     arguments = [(sorted(groups[part, r]), r, splits[part].train, splits[part].heldout, settings,
-                  splits[part].weights, starts, score_train) for part, r in order]  # fmt: skip
+                  splits[part].weights, split_starts.get(part, starts), score_train)
+                 for part, r in order]  # fmt: skip
     if n_jobs == 1:
         from threadpoolctl import threadpool_limits
 
@@ -604,12 +658,76 @@ def folds_curve(fits: Sequence[dict[str, Any]], restart_rule: str, n_folds: int)
     return pd.DataFrame(rows)
 
 
+def reproducibility_curve(
+    fits: Sequence[dict[str, Any]], z: Mapping[str, np.ndarray], n_halves: int,
+    restart_rule: str, target_ari: float, target_share: float, n_observations: int,
+) -> tuple[pd.DataFrame, dict[int, dict[int, Any]]]:  # fmt: skip
+    """The selection curve of the ``reproducible`` rule and the half maps: one row per K, the fit
+    of all runs (split ``2 n_halves``: its best restart, training log-likelihood and in-sample
+    BIC/AIC) and, over the ``n_halves`` splits into halves (splits 2s and 2s + 1), the adjusted
+    Rand index between the two half maps' Viterbi decodings of every run of ``z`` (``ari_median``,
+    ``ari_min``), the share of splits whose ARI reaches ``target_ari`` (``reproduced``) and whether
+    that share reaches ``target_share`` (``reproducible``). A split where a half could not be
+    fitted at K counts as not reproduced. K = 1 decodes every run alike. Returns the curve and the
+    best model of each half split and K (split -> K -> model)."""
+    from sklearn.metrics import adjusted_rand_score
+    from threadpoolctl import threadpool_limits
+
+    final = selection_curve([fit for fit in fits if fit["split"] == 2 * n_halves], restart_rule)
+    halves: dict[int, dict[int, Any]] = {}
+    for part in range(2 * n_halves):
+        for k in sorted({fit["n_states"] for fit in fits}):
+            usable = [fit for fit in fits if fit["split"] == part and fit["n_states"] == k
+                      and fit["model"] is not None]  # fmt: skip
+            if usable:
+                halves.setdefault(part, {})[k] = best_restart(usable)["model"]
+    sequences = [z[run] for run in sorted(z)]
+    rows = []
+    with threadpool_limits(limits=1):
+        for row in final.to_dict(orient="records"):
+            k = row["n_states"]
+            aris = []
+            for split in range(n_halves):
+                first, second = (
+                    halves.get(2 * split, {}).get(k),
+                    halves.get(2 * split + 1, {}).get(k),
+                )
+                if first is None or second is None:
+                    aris.append(math.nan)
+                    continue
+                labels = [np.concatenate(m.predict_runs(sequences)) for m in (first, second)]
+                aris.append(float(adjusted_rand_score(*labels)))
+            aris_arr = np.array(aris)
+            found = np.isfinite(aris_arr).any()
+            share = float(np.mean(np.nan_to_num(aris_arr, nan=-1.0) >= target_ari))
+            criteria = {"bic": math.nan, "aic": math.nan}
+            if row["restart"] >= 0 and np.isfinite(row["train_log_likelihood"]):
+                model = next(f["model"] for f in fits if f["split"] == 2 * n_halves
+                             and f["n_states"] == k and f["restart"] == row["restart"])  # fmt: skip
+                criteria = information_criteria(row["train_log_likelihood"],
+                                                n_free_parameters(model), n_observations)  # fmt: skip
+            row |= {"bic": criteria["bic"], "aic": criteria["aic"],
+                    "bic_best_restart": criteria["bic"],
+                    "ari_median": float(np.nanmedian(aris_arr)) if found else math.nan,
+                    "ari_min": float(np.nanmin(aris_arr)) if found else math.nan,
+                    "reproduced": share,
+                    "reproducible": bool(share >= target_share and row["restart"] >= 0)}  # fmt: skip
+            rows.append(row)
+    return pd.DataFrame(rows), halves
+
+
 class SelectionFailed(ValueError):
     """No K could be fitted and scored (every fit lost its states, or none could be scored)."""
 
 
 def choose_k(selection: pd.DataFrame) -> int:
-    """The K with the lowest criterion ``bic`` (the smaller K on a tie)."""
+    """The K with the lowest criterion ``bic`` (the smaller K on a tie); with the ``reproducible``
+    rule's curve (a ``reproducible`` column): the largest K whose half maps reproduce."""
+    if "reproducible" in selection:
+        chosen = selection[selection["reproducible"].astype(bool)]
+        if chosen.empty:
+            raise SelectionFailed("no K could be fitted on every run and on the halves")
+        return int(chosen["n_states"].max())
     finite = selection[np.isfinite(selection["bic"])]
     if finite.empty:
         raise SelectionFailed("no K could be scored: every restart of every K failed")
@@ -626,6 +744,8 @@ class ModelSelection:
     models: dict[int, Any]  # K -> its best restart's model
     n_states: int  # the chosen K
     folds: list[list[str]]  # the held-out runs of each split that scored K
+    # the reproducible rule's half maps: split -> K -> its best model (empty for other rules)
+    half_models: dict[int, dict[int, Any]] = field(default_factory=dict)
 
     @property
     def model(self) -> Any:
@@ -641,7 +761,8 @@ def _run_weights(counts: Sequence[float]) -> np.ndarray | None:
 
 def selection_splits(
     z: Mapping[str, np.ndarray], train: Mapping[str, float], heldout: Mapping[str, float],
-    selection: str, folds: int, random_state: int,
+    selection: str, folds: int, random_state: int, halves_n: int = DEFAULT_HALVES,
+    strata: Mapping[str, str] | None = None, cap_halves: bool = False,
 ) -> tuple[list[Split], list[list[str]]]:  # fmt: skip
     """The splits a selection rule scores K on, and their held-out runs (run -> times drawn in
     ``train`` and ``heldout``; the runs' z-scores in ``z``).
@@ -650,13 +771,30 @@ def selection_splits(
     fit of ``train``. ``"folds"``: the runs of both parts pooled and dealt into ``folds`` folds
     (:func:`fold_split`, seeded by ``random_state``; a run drawn several times stays in one fold,
     so no copy of a held-out run is trained on), one split per fold (the other folds against it),
-    then a last split of every run unscored, each K's model.
+    then a last split of every run unscored, each K's model. ``"reproducible"``: the runs of both
+    parts pooled and split ``halves_n`` times into two halves (:func:`half_splits`, within each
+    stratum of ``strata``: run -> group), one unscored split per half (first, second, first,
+    ...), then the split of every run, each K's model; the second halves are returned as the
+    held-out runs.
     """
     check_choice("selection", selection, SELECTION_RULES)
 
     def part(counts: Mapping[str, float]) -> tuple[Data, Any]:
         return stack([z[run] for run in counts]), _run_weights(list(counts.values()))
 
+    if selection == "reproducible":
+        pooled = dict(train)
+        for run, count in heldout.items():
+            pooled[run] = pooled.get(run, 0.0) + count
+        halves = half_splits(list(pooled), halves_n, random_state, strata, cap_halves)
+        splits = []
+        for first, second in halves:
+            for half in (first, second):
+                data, weights = part({run: pooled[run] for run in half})
+                splits.append(Split(data, None, (weights, None)))
+        everything, weights = part(pooled)
+        splits.append(Split(everything, None, (weights, None)))
+        return splits, [second for _, second in halves]
     if selection == "holdout":
         (train_data, train_weights), (heldout_data, heldout_weights) = part(train), part(heldout)
         return [Split(train_data, heldout_data, (train_weights, heldout_weights))], [list(heldout)]
@@ -690,6 +828,12 @@ def select_model(
     n_jobs: int = 1,
     starts: Mapping[int, Mapping[str, np.ndarray]] | None = None,
     score_train: bool = True,
+    halves: int = DEFAULT_HALVES,
+    reproduce_ari: float = DEFAULT_REPRODUCE_ARI,
+    reproduce_share: float = DEFAULT_REPRODUCE_SHARE,
+    strata: Mapping[str, str] | None = None,
+    half_starts: Mapping[int, Mapping[int, Mapping[str, np.ndarray]]] | None = None,
+    cap_halves: bool = False,
 ) -> ModelSelection:
     """Fit every K of ``ks`` on the standardised runs ``z``, score each on held-out runs and choose
     K by held-out BIC: the one selection of the full fit (:meth:`TrainingHMM.fit`) and of every
@@ -703,21 +847,42 @@ def select_model(
     K's score by ``restart_rule`` (:func:`selection_curve`). ``starts`` (K -> parameters in the
     standard units of ``z``) warm-starts every fit of K from those parameters with one EM run
     instead of fresh restarts; ``score_train=False`` then skips the training log-likelihood, which
-    only picks among restarts. Raises :class:`SelectionFailed` when no K could be fitted and scored.
+    only picks among restarts. ``"reproducible"`` fits every K on each half of ``halves`` random
+    splits of the runs (within each stratum of ``strata``: per method in a joint comparison) and
+    on all runs, and K is the largest K whose two half maps decode every run alike (adjusted Rand
+    index >= ``reproduce_ari``) in a share >= ``reproduce_share`` of the splits
+    (:func:`reproducibility_curve`); K's model is its fit of all runs. Warm-started, each half
+    continues from ``half_starts[split]`` (the full fit's half maps, fitted independently, so two
+    halves never share a start) and the fit of all runs from ``starts``; a refit (warm-started,
+    or ``cap_halves``) uses as many splits as its runs allow. Raises
+    :class:`SelectionFailed` when no K could be fitted and scored.
     """
     if starts is not None and (restarts != 1 or set(ks) - set(starts)):
         raise ValueError("a warm-started selection runs one EM fit per K and needs a start for "
                          "every K")  # fmt: skip
     if not score_train and restarts > 1:
         raise ValueError("choosing among restarts needs their training log-likelihood")
-    splits, held = selection_splits(z, train, heldout, selection, folds, settings["random_state"])
+    if not 0 < reproduce_ari <= 1 or not 0 < reproduce_share <= 1:
+        raise ValueError(f"analysis.reproduce_ari {reproduce_ari!r} and analysis.reproduce_share "
+                         f"{reproduce_share!r} must be in (0, 1]")  # fmt: skip
+    splits, held = selection_splits(z, train, heldout, selection, folds, settings["random_state"],
+                                    halves, strata, cap_halves=starts is not None or cap_halves)  # fmt: skip
     tasks = [(part, k, r) for part in range(len(splits)) for k in ks for r in range(restarts)]
-    fits = fit_restarts(tasks, splits, settings, n_jobs, starts, score_train)
+    split_starts = dict(half_starts) if (starts is not None and half_starts) else None
+    fits = fit_restarts(tasks, splits, settings, n_jobs, starts, score_train, split_starts)
     modelled = len(splits) - 1  # the split whose fits are the models: the last
+    half_models: dict[int, dict[int, Any]] = {}
     if selection == "holdout":
         curve = selection_curve(fits, restart_rule)
-    else:
+    elif selection == "folds":
         curve = folds_curve(fits, restart_rule, n_folds=modelled)
+    else:
+        everything = splits[-1]
+        n_observations = (len(everything.train[0]) if everything.weights[0] is None else
+                          int(np.asarray(everything.weights[0]) @ np.asarray(everything.train[1])))  # fmt: skip
+        pooled = {run: z[run] for run in {*train, *heldout}}
+        curve, half_models = reproducibility_curve(fits, pooled, len(held), restart_rule,
+                                                   reproduce_ari, reproduce_share, n_observations)  # fmt: skip
     models = {}
     for row in curve.itertuples():
         if row.restart >= 0:
@@ -730,7 +895,7 @@ def select_model(
         raise SelectionFailed("every HMM fit failed (EM lost all states); the runs may be too "
                               "short or the features degenerate")  # fmt: skip
     table = pd.DataFrame([{k: v for k, v in f.items() if k != "model"} for f in fits])
-    return ModelSelection(table, curve, models, choose_k(curve), held)
+    return ModelSelection(table, curve, models, choose_k(curve), held, half_models)
 
 
 class TrainingHMM:
@@ -761,6 +926,9 @@ class TrainingHMM:
         restart_rule: str = "best",
         selection: str = "holdout",
         folds: int = DEFAULT_FOLDS,
+        halves: int = DEFAULT_HALVES,
+        reproduce_ari: float = DEFAULT_REPRODUCE_ARI,
+        reproduce_share: float = DEFAULT_REPRODUCE_SHARE,
         init: str = "sticky",
         emission: str = "plain",
         n_iter: int = 500,
@@ -790,7 +958,13 @@ class TrainingHMM:
         check_choice("init", init, INITIALISATIONS)
         check_choice("emission", emission, EMISSIONS)
         check_choice("tol_scale", tol_scale, TOL_SCALES)
-        self.tol_scale = tol_scale
+        if not isinstance(halves, int) or isinstance(halves, bool) or halves < 1:
+            raise ValueError(f"halves: {halves!r} is not allowed; it must be an integer >= 1")
+        for key, value in (("reproduce_ari", reproduce_ari), ("reproduce_share", reproduce_share)):
+            if not (isinstance(value, int | float) and 0 < value <= 1):
+                raise ValueError(f"{key}: {value!r} is not allowed; it must be in (0, 1]")
+        self.tol_scale, self.halves = tol_scale, halves
+        self.reproduce_ari, self.reproduce_share = reproduce_ari, reproduce_share
         self.k_max, self.restarts, self.holdout = k_max, restarts, holdout
         self.covariance_type, self.standardisation = covariance_type, standardisation
         self.restart_rule, self.init, self.n_iter, self.tol = restart_rule, init, n_iter, tol
@@ -800,12 +974,18 @@ class TrainingHMM:
 
     # --- fitting -------------------------------------------------------------------------------
 
-    def fit(self, runs: Mapping[str, pd.DataFrame]) -> TrainingHMM:
-        """Standardise, split, select K by held-out BIC and keep the chosen model.
+    def fit(
+        self, runs: Mapping[str, pd.DataFrame], strata: Mapping[str, str] | None = None
+    ) -> TrainingHMM:
+        """Standardise, split, select K by the selection rule and keep the chosen model.
 
         ``selection="holdout"``: the model is fitted on ``train_runs_``, K scored on
         ``heldout_runs_``; ``"folds"``: the model is fitted on every run (``train_runs_``, no
-        ``heldout_runs_``), K scored on each fold of ``folds_``."""
+        ``heldout_runs_``), K scored on each fold of ``folds_``; ``"reproducible"``: the model is
+        fitted on every run, K the largest whose half maps agree (``folds_``: the second halves;
+        ``half_models_``: split -> K -> model). ``strata`` (run -> group; ``strata_``): the
+        reproducible rule halves each group's runs (a joint comparison's methods)."""
+        self.strata_ = dict(strata) if strata else None
         self.features_, self.dropped_features_ = self._usable_features(runs)
         if self.selection == "holdout":
             self.train_runs_, self.heldout_runs_ = holdout_split(
@@ -819,9 +999,11 @@ class TrainingHMM:
             standardised, dict.fromkeys(self.train_runs_, 1.0),
             dict.fromkeys(self.heldout_runs_, 1.0), self.settings(), range(1, self.k_max + 1),
             selection=self.selection, folds=self.folds, restarts=self.restarts,
-            restart_rule=self.restart_rule, n_jobs=self.n_jobs,
+            restart_rule=self.restart_rule, n_jobs=self.n_jobs, **self.reproducibility(),
+            strata=self.strata_,
         )  # fmt: skip
         self.folds_ = selection.folds
+        self.half_models_ = selection.half_models
         self.restarts_, self.selection_ = selection.restarts, selection.curve
         self.models_, self.n_states_ = selection.models, selection.n_states
         self.model_ = selection.model
@@ -830,8 +1012,16 @@ class TrainingHMM:
             warnings.warn(self.ceiling_message(), stacklevel=2)
         return self
 
+    def reproducibility(self) -> dict[str, Any]:
+        """The ``reproducible`` rule's settings (:func:`select_model`'s keywords)."""
+        return {"halves": self.halves, "reproduce_ari": self.reproduce_ari,
+                "reproduce_share": self.reproduce_share}  # fmt: skip
+
     def ceiling_message(self) -> str:
         """What a selection that chose K_max means, and the fix."""
+        if self.selection == "reproducible":
+            return (f"the half maps still agree at K_max = {self.k_max}: K = {self.k_max} is a "
+                    "ceiling; raise analysis.k_max to see whether more states reproduce")  # fmt: skip
         return (
             f"held-out BIC is still falling at K_max = {self.k_max}: K = {self.k_max} is a "
             "ceiling, not a minimum; raise analysis.k_max (and check covariance_type and "
@@ -1035,6 +1225,7 @@ class TrainingHMM:
             "restart_rule": self.restart_rule,
             "selection": self.selection,
             "folds": self.folds,
+            **self.reproducibility(),
             **self.settings(),
             "n_jobs": self.n_jobs,
             "features": list(self.features),
@@ -1202,5 +1393,7 @@ def baseline_table(
     rows = []
     for name, curve in curves.items():
         best = curve.loc[curve["bic"].idxmin()]
+        if name == "HMM":  # the map's own K, whatever its rule (reproducible: not a BIC minimum)
+            best = curve.set_index("n_states", drop=False).loc[hmm.n_states_]
         rows.append({"model": name, "components": int(best["n_states"]), "bic": float(best["bic"])})
     return pd.DataFrame(rows), curves

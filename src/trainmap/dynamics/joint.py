@@ -135,7 +135,7 @@ def compare_groups(
     ``confidence``, ``seed``; :data:`trainmap.dynamics.settings.ANALYSIS_DEFAULTS` fills the rest).
     """
     settings = with_defaults(settings or {})
-    hmm.fit(runs)
+    hmm.fit(runs, strata=groups)
     states = hmm.decode(runs)
     distributions = {run: state_distribution(s, hmm.n_states_) for run, s in states.items()}
     detours = regress_detours(distributions, convergence, status, alpha=settings["alpha"])

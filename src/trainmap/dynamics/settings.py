@@ -10,9 +10,16 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from trainmap.dynamics.hmm import DEFAULT_FOLDS, TrainingHMM
+from trainmap.dynamics.hmm import (
+    DEFAULT_FOLDS,
+    DEFAULT_HALVES,
+    DEFAULT_REPRODUCE_ARI,
+    DEFAULT_REPRODUCE_SHARE,
+    TrainingHMM,
+)
 
-HMM_SETTINGS = ("k_max", "restarts", "holdout", "selection", "folds", "covariance_type",
+HMM_SETTINGS = ("k_max", "restarts", "holdout", "selection", "folds", "halves", "reproduce_ari",
+                "reproduce_share", "covariance_type",
                 "standardisation", "restart_rule", "init", "emission", "n_iter", "tol", "tol_scale", "min_covar",
                 "n_jobs", "features")  # fmt: skip
 #: The analysis settings and their defaults (params.yaml ``analysis`` documents each).
@@ -22,6 +29,9 @@ ANALYSIS_DEFAULTS = {
     "holdout": 0.2,
     "selection": "holdout",
     "folds": DEFAULT_FOLDS,
+    "halves": DEFAULT_HALVES,
+    "reproduce_ari": DEFAULT_REPRODUCE_ARI,
+    "reproduce_share": DEFAULT_REPRODUCE_SHARE,
     "seed": 0,
     "covariance_type": "full",
     "standardisation": "pooled",
