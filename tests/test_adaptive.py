@@ -97,9 +97,9 @@ ROUND_0 = {"round": 0, "rounds": 2, "step": 2, "max": 8, "seeds_per_method": 4, 
 
 
 def curve(sufficient: int | None) -> MapStability:
-    ks = [1, 1]
+    ks = [2, 2]  # a map of two states: one of one state is never stable by itself
     summary = {"targets": {"ari": 0.9, "share": 0.9, "require_k": False}, "full_n": 8,
-               "n_states": 1, "detour_states": [], "max_fraction": 0.8, "groups": ["a", "b"],
+               "n_states": 2, "detour_states": [], "max_fraction": 0.8, "groups": ["a", "b"],
                "seed": 0, "points": [{"n": 4, "ks": ks, "detour_found": {},
                                       "ari": [1.0, 1.0] if sufficient else [0.1, 0.1]}]}  # fmt: skip
     return MapStability(StabilityCurve.from_dict(summary))

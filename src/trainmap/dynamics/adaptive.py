@@ -11,7 +11,9 @@ walks the rounds into ``adaptive.json`` and ``joint_comparison`` presents the la
   targets) exactly as a fixed comparison does, then decides (:func:`round_decision`,
   ``round.json``): stop when the curve calls its seeds sufficient ("stable from n = ..."), when
   another round would pass ``max`` seeds per method, or when no curve could be measured;
-  otherwise ask for the next round, whose seeds only then train (a Snakemake checkpoint);
+  otherwise ask for the next round, whose seeds only then train (a Snakemake checkpoint). A map of
+  one state never calls its seeds sufficient by itself (only its verdicts can), and its reason
+  says "one state";
 * the comparison's own files are the last round's, with the trace of every round, the final seed
   count and why it stopped in ``joint.json`` (``adaptive``) and at the top of ``verdicts.md``
   (:func:`present_final_round`).
@@ -53,7 +55,9 @@ def round_decision(stability: MapStability, adaptive_round: Mapping[str, Any]) -
                               f"{adaptive_round['step']} would pass adaptive.max = "
                               f"{adaptive_round['max']}; {stability.line}")  # fmt: skip
     else:
-        stop, reason = False, (f"not stable at {n} seeds per method ({stability.line}); round "
+        # A map of one state is no evidence of enough seeds: more may separate states.
+        status = "one state" if curve.one_state else "not stable"
+        stop, reason = False, (f"{status} at {n} seeds per method ({stability.line}); round "
                                f"{adaptive_round['round'] + 1} adds {adaptive_round['step']} "
                                "more")  # fmt: skip
     return dict(adaptive_round) | {"stop": stop, "reason": reason, "sufficient_n": sufficient,

@@ -34,7 +34,10 @@ of its subsamples reach ARI >= 0.9 with the full map and every detour of the ful
 again in >= 90 % of them and (joint comparisons) every verdict of the full map holds again in
 >= 90 % of them (optionally also: K reproduced in >= 90 %). The curve is "stable from
 n = n*" when n* and every larger n of the ladder meet the targets (a single lucky n below an
-unstable one does not count), otherwise "not stable at n = n_max" (the largest n tried).
+unstable one does not count), otherwise "not stable at n = n_max" (the largest n tried). A map of
+one state (K = 1 selected) is never called stable on its own: its states cannot disagree, so every
+subsample "agrees"; its line says the map has one state, and only the verdicts it follows can be
+stable from some n.
 
 **Why the ladder stops at ``max_fraction`` of the runs (default 0.8).** A subsample is compared
 with a map fitted on a superset of its runs. Near n = N the subsample *is* most of the full fit's
@@ -69,6 +72,7 @@ from trainmap.dynamics.certainty import (
     NO_EVIDENCE,
     NOT_ENOUGH_RUNS,
     RefitResult,
+    censoring_steps,
     compare_methods,
     refit_detours,
     refit_payload,
@@ -222,11 +226,26 @@ class StabilityCurve:
         return ladder_limit(self.full_n, self.max_fraction)
 
     @property
+    def one_state(self) -> bool:
+        """Whether the full map has one state (K = 1 selected): every map of one state agrees with
+        it, so the map's own stability says nothing; only followed verdicts can be stable."""
+        return self.n_states == 1
+
+    @property
     def sufficient_n(self) -> int | None:
         """The smallest n of the ladder from which on every n meets the targets, or None (also
-        when the comparison gives no answer at all: every verdict "not enough runs")."""
+        when the comparison gives no answer at all: every verdict "not enough runs"). For a map of
+        one state (:attr:`one_state`) only the followed verdicts count, and without any it is
+        None: the map's agreement is no evidence of enough seeds."""
         if self.unanswered:
             return None
+        if self.one_state:
+            if not self.verdicts:
+                return None
+            share = self.targets.share
+            return self._stable_from(
+                lambda point: all(point.verdict_held.get(v, 0.0) >= share for v in self.verdicts)
+            )
         return self._stable_from(lambda point: point.meets(self.targets))
 
     def _stable_from(self, holds: Any) -> int | None:
@@ -260,7 +279,8 @@ class StabilityCurve:
         return lines
 
     def line(self) -> str:
-        """One sentence: 'stable from n = ... seeds (per method)' or 'not stable at n = ...'."""
+        """One sentence: 'stable from n = ... seeds (per method)' or 'not stable at n = ...'; for a
+        map of one state, that the map's stability is not informative (and its verdicts')."""
         unit = "seeds per method" if self.groups else "seeds"
         criterion = f"ARI >= {self.targets.ari:g} with the full map"
         if self.detour_states:
@@ -272,6 +292,8 @@ class StabilityCurve:
         of = (f"{len(self.points[0].ks) if self.points else 0} subsamples per n, ladder up to "
               f"{self.ladder_limit} of {self.full_n} runs{' per method' * bool(self.groups)}")  # fmt: skip
         sufficient = self.sufficient_n
+        if self.one_state:
+            return self._one_state_line(unit, of)
         if sufficient is not None:
             return (f"stable from n = {sufficient} {unit} ({criterion} in >= "
                     f"{self.targets.share:.0%} of subsamples; {of})")  # fmt: skip
@@ -284,6 +306,27 @@ class StabilityCurve:
         return (f"not stable at n = {last.n} {unit}: ARI >= {self.targets.ari:g} in "
                 f"{last.ari_share:.0%} of subsamples{self._detour_part(last)} (target "
                 f"{self.targets.share:.0%}; {of})")  # fmt: skip
+
+    def _one_state_line(self, unit: str, of: str) -> str:
+        """:meth:`line` of a map of one state: no claim about the map, the verdicts' own."""
+        text = ("the map has one state (K = 1 selected): its states cannot disagree, so the "
+                "stability of the map is not informative")  # fmt: skip
+        if self.unanswered:
+            return (f"{text}; too few runs for any verdict to reach significance (every verdict "
+                    f"is 'not enough runs'; {of})")  # fmt: skip
+        if not self.verdicts:
+            return f"{text} ({of})"
+        sufficient = self.sufficient_n
+        if sufficient is not None:
+            return (f"{text}; its verdicts hold again from n = {sufficient} {unit} (in >= "
+                    f"{self.targets.share:.0%} of subsamples; {of})")  # fmt: skip
+        if not self.points:
+            return f"{text}; no seed count could be tried ({of})"
+        last = max(self.points, key=lambda p: p.n)
+        worst = min(self.verdicts, key=lambda v: last.verdict_held.get(v, 0.0))
+        return (f"{text}; its verdicts do not all hold again at n = {last.n} {unit} ({worst}: "
+                f"{last.verdict_held.get(worst, 0.0):.0%}, target {self.targets.share:.0%}; "
+                f"{of})")  # fmt: skip
 
     def _detour_part(self, point: StabilityPoint) -> str:
         text = ""
@@ -299,6 +342,7 @@ class StabilityCurve:
         return {
             "line": self.line(),
             "sufficient_n": self.sufficient_n,
+            "one_state": self.one_state,
             "targets": {
                 "ari": self.targets.ari,
                 "share": self.targets.share,
@@ -440,7 +484,8 @@ def stability_curve(
     payload |= {"z_full": z_full, "full_labels": full_labels, "ids_by_group": ids_by_group,
                 "holdout": hmm.holdout, "groups": groups, "verdicts": followed,
                 "compare": {"n_permutations": permutations, "confidence": confidence,
-                            "alpha": alpha, "seed": seed}}  # fmt: skip
+                            "alpha": alpha, "seed": seed,
+                            "censored_at": censoring_steps(runs, convergence, status)}}  # fmt: skip
     tasks = [(n, b) for n in ladder for b in range(n_subsamples)]
     outcomes = dict(zip(tasks, run_refits(_one_subsample, tasks, payload, n_jobs), strict=True))
     points = []
@@ -587,7 +632,8 @@ class MapStability:
 
     def to_dict(self) -> dict[str, Any]:
         if self.curve is None:
-            return {"measured": False, "line": self.line, "sufficient_n": None}
+            return {"measured": False, "line": self.line, "sufficient_n": None,
+                    "one_state": False}  # fmt: skip
         return {"measured": True} | self.curve.to_dict()
 
 
