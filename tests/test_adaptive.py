@@ -162,7 +162,11 @@ def test_an_adaptive_comparison_adds_seeds_until_it_stops(repo_root, tmp_path):
     verdicts = (root / "results/joint/parity_init/verdicts.md").read_text().split("\n\n")
     assert verdicts[0] == f"**Stability:** {decisions[-1]['line']}."
     assert verdicts[1].startswith(f"**Adaptive seeds:** {n} seeds per method after {final} "
-                                  f"round(s) (seeds 4-{n - 1} added); stopped because ")  # fmt: skip
+                                  f"round(s) (seeds 4-{n - 1} added); K by round: 4 seeds: K = ")  # fmt: skip
+    assert "; stopped because " in verdicts[1]
+    assert trace["rounds"][0]["map"] == "first" and "n_states" in trace["rounds"][-1]
+    if final:  # each later round says whether its map is the previous one's
+        assert trace["rounds"][1]["map"] in ("changed", "unchanged")
     again = snakemake("--cores", "2", "--configfile", "adaptive.yaml", "-n", cwd=root)
     assert "Nothing to be done" in again.stdout + again.stderr
 
@@ -178,3 +182,32 @@ def test_two_adaptive_comparisons_of_one_task_need_one_step(repo_root, tmp_path)
                                           "adaptive joint comparison 'parity_kaiming'"):  # fmt: skip
         load_config(repo_root / "params.yaml", repo_root / "config/config.yaml", path,
                     check_paths_from=repo_root)  # fmt: skip
+
+
+def test_each_round_says_whether_more_seeds_changed_the_map(tmp_path):
+    from trainmap.dynamics.adaptive import adaptive_line, map_changes
+
+    def round_dir(name: str, k: int, states: dict[str, list[int]]) -> str:
+        directory = tmp_path / name
+        directory.mkdir()
+        (directory / "hmm.json").write_text(json.dumps({"n_states": k,
+                                                        "estimator": {"reproduce_ari": 0.8}}))
+        rows = [f"{run},{step * 10},{s}" for run, seq in states.items()
+                for step, s in enumerate(seq)]  # fmt: skip
+        (directory / "states.csv").write_text("run,step,state\n" + "\n".join(rows) + "\n")
+        return str(directory)
+
+    first = {"a": [0, 0, 1, 1], "b": [0, 1, 1, 1]}
+    relabelled = {"a": [1, 1, 0, 0], "b": [1, 0, 0, 0], "c": [1, 1, 1, 0]}  # same map, new names
+    split = {"a": [0, 2, 1, 1], "b": [0, 1, 1, 2], "c": [0, 0, 1, 2]}  # a third state
+    changes = map_changes([round_dir("r0", 2, first), round_dir("r1", 2, relabelled),
+                           round_dir("r2", 3, split)])  # fmt: skip
+    assert [c["map"] for c in changes] == ["first", "unchanged", "changed"]
+    assert changes[1]["ari_with_previous"] == pytest.approx(1.0) and changes[1]["common_runs"] == 2
+    assert [c["n_states"] for c in changes] == [2, 2, 3]
+    rounds = [{"seeds_per_method": n} | c for n, c in zip((40, 56, 72), changes, strict=True)]
+    trace = {"seeds_per_method": 72, "final_round": 2, "seeds_added": list(range(40, 72)),
+             "stopped_because": "maximum reached", "rounds": rounds}  # fmt: skip
+    line = adaptive_line(trace)
+    assert "40 seeds: K = 2, 56 seeds: K = 2 (map unchanged, ARI with the previous map 1.00)" in line
+    assert "72 seeds: K = 3 (map changed" in line

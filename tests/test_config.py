@@ -910,6 +910,50 @@ def test_duplicate_joint_names_are_refused(config: dict) -> None:
         check_config(config)
 
 
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"checkpoints_per_run": 500}, r"analysis.checkpoints_per_run: 500 is more than the 321 "
+                                       r"checkpoints of the shortest run of group"),
+        ({"first_n": 400}, r"analysis.first_n: 400 is beyond the 321 checkpoints"),
+        ({"checkpoints_per_run": 30, "first_n": 31}, r"analysis.first_n: 31 is beyond the 30"),
+        ({"selection": "reproducible", "halves": 40}, r"analysis.halves: 40 splits into halves, "
+                                                      r"but the runs of group .* \(8 per group\) "
+                                                      r"allow 35 distinct ones"),
+    ],
+)  # fmt: skip
+def test_analysis_settings_beyond_what_the_runs_allow_are_refused_before_any_job(
+    config: dict, change: dict, message: str
+) -> None:
+    config["analysis"] |= change
+    validate_schema(config)
+    with pytest.raises(ConfigError, match=message):
+        check_config(config)
+
+
+@pytest.mark.parametrize("key", ["reproduce_ari", "reproduce_share"])
+@pytest.mark.parametrize("value", [0, 1.5])
+def test_a_reproducibility_target_outside_0_1_is_a_schema_error(
+    config: dict, key: str, value: float
+) -> None:
+    config["analysis"] |= {"selection": "reproducible", key: value}
+    with pytest.raises(ConfigError, match=f"analysis.{key}"):
+        validate_schema(config)
+
+
+def test_a_joint_comparison_halves_each_method_and_is_checked_per_method(config: dict) -> None:
+    config["analysis"]["joint"] = [{"name": "nets", "task": "digits",
+                                    "archs": ["vgg_bn", "resnet_bn"],
+                                    "analysis": {"selection": "reproducible", "halves": 5000}}]  # fmt: skip
+    validate_schema(config)
+    # 8 seeds per arch: C(8, 4) x C(8, 4) = 4900 distinct splits with each arch halved
+    with pytest.raises(ConfigError, match=r"analysis.joint\[0\].analysis.halves: 5000 .* allow "
+                                          r"4900 distinct ones"):  # fmt: skip
+        check_config(config)
+    config["analysis"]["joint"][0]["analysis"]["halves"] = 5
+    check_config(config)
+
+
 def test_a_joint_comparison_can_have_its_own_analysis_settings(config: dict) -> None:
     from trainmap.grid import joint_settings
 

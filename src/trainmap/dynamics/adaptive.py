@@ -64,6 +64,35 @@ def round_decision(stability: MapStability, adaptive_round: Mapping[str, Any]) -
                                    "line": stability.line}  # fmt: skip
 
 
+def map_changes(round_dirs: Sequence[str | os.PathLike]) -> list[dict[str, Any]]:
+    """Per round (its directory: ``hmm.json``, ``states.csv``): its K and whether its map is the
+    previous round's: both maps decode the previous round's runs (their common runs and
+    checkpoints), and the map is ``unchanged`` when K is the same and the two decodings agree
+    (adjusted Rand index >= the map's ``reproduce_ari``, the selection rule's own agreement
+    target), else ``changed``; round 0 has no previous map (``first``)."""
+    import pandas as pd
+    from sklearn.metrics import adjusted_rand_score
+
+    from trainmap.dynamics.hmm import DEFAULT_REPRODUCE_ARI
+
+    rows: list[dict[str, Any]] = []
+    previous = None
+    for directory in map(Path, round_dirs):
+        meta = load_json(directory / "hmm.json")
+        states = pd.read_csv(directory / "states.csv", dtype={"run": str})
+        target = meta["estimator"].get("reproduce_ari", DEFAULT_REPRODUCE_ARI)
+        row = {"n_states": int(meta["n_states"]), "ari_with_previous": None, "map": "first"}
+        if previous is not None:
+            common = previous[1].merge(states, on=["run", "step"], suffixes=("_before", ""))
+            ari = float(adjusted_rand_score(common["state_before"], common["state"]))
+            same = row["n_states"] == previous[0] and ari >= target
+            row |= {"ari_with_previous": ari, "common_runs": int(common["run"].nunique()),
+                    "map": "unchanged" if same else "changed"}  # fmt: skip
+        rows.append(row)
+        previous = (row["n_states"], states)
+    return rows
+
+
 def adaptive_trace(decisions: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """``joint.json``'s ``adaptive`` entry (and ``adaptive.json``): every round's seed count and
     line, the final seed count and why it stopped. Raises ValueError when the last round did not
@@ -92,8 +121,15 @@ def adaptive_line(trace: Mapping[str, Any]) -> str:
     """The sentence under the stability line of ``verdicts.md``."""
     seeds = trace["seeds_added"]
     added = f"seeds {seeds[0]}-{seeds[-1]} added" if seeds else "no seeds added"
+    maps = ""
+    if all("n_states" in entry for entry in trace["rounds"]):
+        maps = "; K by round: " + ", ".join(
+            f"{entry['seeds_per_method']} seeds: K = {entry['n_states']}"
+            + ("" if entry["map"] == "first" else f" (map {entry['map']}, ARI with the previous "
+               f"map {entry['ari_with_previous']:.2f})")
+            for entry in trace["rounds"])  # fmt: skip
     return (f"{trace['seeds_per_method']} seeds per method after {trace['final_round']} "
-            f"round(s) ({added}); stopped because {trace['stopped_because']}")  # fmt: skip
+            f"round(s) ({added}){maps}; stopped because {trace['stopped_because']}")  # fmt: skip
 
 
 def present_final_round(trace: Mapping[str, Any], out_dir: str | os.PathLike) -> None:

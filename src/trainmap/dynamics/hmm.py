@@ -224,6 +224,14 @@ def fold_split(run_ids: Sequence[str], folds: int, random_state: int) -> list[li
     return [sorted(ordered[i] for i in order[fold::n_folds]) for fold in range(n_folds)]
 
 
+def distinct_halvings(group_sizes: Sequence[int]) -> int:
+    """How many distinct splits into two halves (each group halved, :func:`half_splits`) runs in
+    groups of ``group_sizes`` allow: the product of C(n, n // 2) over groups, halved for one group
+    of even size (a split and its mirror image are one)."""
+    distinct = math.prod(math.comb(n, n // 2) for n in group_sizes)
+    return distinct // 2 if len(group_sizes) == 1 and group_sizes[0] % 2 == 0 else distinct
+
+
 def half_splits(
     run_ids: Sequence[str], n_splits: int, random_state: int,
     strata: Mapping[str, str] | None = None, cap: bool = False,
@@ -246,8 +254,7 @@ def half_splits(
         raise ValueError(f"analysis.halves: the reproducible rule splits every group's runs in two "
                          f"halves, but {small} have fewer than 2 runs; use selection holdout or "
                          "more seeds")  # fmt: skip
-    distinct = math.prod(math.comb(len(ids), len(ids) // 2) for ids in groups.values())
-    distinct //= 2 if len(groups) == 1 and len(ordered) % 2 == 0 else 1
+    distinct = distinct_halvings([len(ids) for ids in groups.values()])
     if n_splits > distinct and cap:
         n_splits = distinct
     elif n_splits > distinct:

@@ -42,12 +42,16 @@ from trainmap.grid.cells import (
     AdaptiveJoint,
     Cell,
     adaptive_joints,
+    analysis_groups,
+    analysis_settings,
     data_options,
     data_settings,
     expand_grid,
     in_joint,
     is_sparse,
     joint_groups,
+    joint_labels,
+    joint_settings,
     method_retrains,
     model_settings,
     paper_groups,
@@ -230,6 +234,7 @@ def check_config(config: dict, base_dir: Path | None = None) -> None:
     _check_paper(config)
     check_external(config, base_dir)
     _check_features(config)
+    _check_analysis_runs(config)
     _check_sparsifiable(config, _check_buildable(config, base_dir))
     _check_tracking_uri(config)
 
@@ -720,6 +725,47 @@ def _check_joint_against_grid(config: dict, where: str, spec: Mapping[str, Any])
                     f"add {name!r} to the grid's {key} for {spec['task']!r} or remove it here "
                     "(a config file can replace the whole list: analysis: {joint: [...]})"
                 )
+
+
+def _check_analysis_runs(config: dict) -> None:
+    """Each map's runs allow its analysis settings: a checkpoint cut (``checkpoints_per_run``,
+    ``first_n``) within the runs' checkpoints, and the ``reproducible`` rule's ``halves`` within
+    the distinct splits of its runs into halves (per method in a joint comparison)."""
+    from trainmap.dynamics.hmm import distinct_halvings
+    from trainmap.plan import run_checkpoints
+
+    maps = [
+        (f"group {name}", analysis_settings(config), "analysis", {name: cells})
+        for name, cells in analysis_groups(config).items()
+    ]
+    for index, spec in enumerate(config.get("analysis", {}).get("joint", [])):
+        cells = joint_groups(config).get(spec["name"])
+        if cells:
+            by_group: dict[str, list[Cell]] = {}
+            for cell, label in zip(cells, joint_labels(cells), strict=True):
+                by_group.setdefault(label, []).append(cell)
+            maps.append((f"joint comparison {spec['name']!r}", joint_settings(config, spec["name"]),
+                         f"analysis.joint[{index}].analysis", by_group))  # fmt: skip
+    for what, settings, where, groups in maps:
+        cells = [cell for group in groups.values() for cell in group]
+        shortest = min(run_checkpoints(config, cell) for cell in cells)
+        per_run, first_n = settings.get("checkpoints_per_run"), settings.get("first_n")
+        if per_run is not None and per_run > shortest:
+            raise ConfigError(f"config key analysis.checkpoints_per_run: {per_run} is more than the "
+                              f"{shortest} checkpoints of the shortest run of {what}; lower it to "
+                              f"at most {shortest} or leave it null")  # fmt: skip
+        if first_n is not None and first_n > (per_run or shortest):
+            raise ConfigError(f"config key analysis.first_n: {first_n} is beyond the "
+                              f"{per_run or shortest} checkpoints the runs of {what} have; lower "
+                              "it or leave it null")  # fmt: skip
+        if settings.get("selection") == "reproducible":
+            sizes = [len({cell.seed for cell in group}) for group in groups.values()]
+            halves, distinct = settings.get("halves", 5), distinct_halvings(sizes)
+            if min(sizes) < 2 or halves > distinct:
+                raise ConfigError(f"config key {where}.halves: {halves} splits into halves, but "
+                                  f"the runs of {what} ({', '.join(map(str, sizes))} per group) "
+                                  f"allow {distinct if min(sizes) >= 2 else 0} distinct ones; "
+                                  "lower halves, add seeds or use selection holdout")  # fmt: skip
 
 
 def _check_features(config: dict) -> None:

@@ -16,7 +16,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from trainmap.dynamics.adaptive import adaptive_trace, present_final_round, round_decision
+from trainmap.dynamics.adaptive import (
+    adaptive_trace,
+    map_changes,
+    present_final_round,
+    round_decision,
+)
 from trainmap.dynamics.certainty import BootstrapResult
 from trainmap.dynamics.pipeline import (
     FittedMap,
@@ -270,6 +275,9 @@ def adaptive_rounds_job(decisions: list[str], trace_path: str | Path) -> None:
     """Rule ``adaptive_rounds``: the trace of an adaptive comparison's rounds (``adaptive.json``:
     :func:`trainmap.dynamics.adaptive.adaptive_trace` and the rounds' decision files)."""
     trace = adaptive_trace([load_json(path) for path in decisions])
+    changes = map_changes([Path(path).parent for path in decisions])
+    for entry, change in zip(trace["rounds"], changes, strict=True):
+        entry |= change
     save_json(trace | {"decisions": [str(path) for path in decisions]}, trace_path)
 
 
