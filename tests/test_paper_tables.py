@@ -46,7 +46,8 @@ def _row(setting: str, analysis: str = "trainmap", *, r2: float, dissimilarity: 
     rng = np.random.default_rng(seed)
     with_detour = int(round(detour_share * draws))
     return {
-        "setting": setting, "analysis": analysis, "seeds": 40, "k": 3, "k_at_ceiling": False,
+        "setting": setting, "analysis": analysis, "seeds": 40, "checkpoints": 301, "k": 3,
+        "k_at_ceiling": False,
         "kmeans": 8, "hmm1": 5, "r2": r2, "r2_adjusted": r2, "p_value": 1e-4,
         "regression_runs": 40, "not_fitted": None, "never_converged": 0, "diverged": 0,
         "dissimilarity_state_index": dissimilarity,
@@ -180,7 +181,9 @@ def test_table_lists_paper_values_claims_and_the_commands_of_settings_not_run() 
     rows = [_row("sparse_parities", r2=0.9, dissimilarity=0.5, detours=[0], detour_share=0.9),
             _row("mnist_5k", r2=0.1, dissimilarity=0.05, detours=[])]  # fmt: skip
     text = table_markdown(rows, claims(rows), not_run=["modular_addition", "cifar100"])
-    assert "| Sparse parities | trainmap | 40 (40) | 3 (6) | 8 (16) | 5 (13) |" in text
+    assert "| Sparse parities | trainmap | 40 (40) | 301 | 3 (6) | 8 (16) | 5 (13) |" in text
+    authors = table_markdown([rows[0] | {"analysis": "authors"}], [])
+    assert "| Sparse parities | authors | 40 (40) | 301 (300) | 3 (6) |" in authors
     assert "(0.961)" in text and "MNIST (5k subset)" in text and "(0.049)" in text
     # the detour, found again in 90 % of resamples; the paper's; the paper's rule without a test
     assert "| 0 (90%) (0) | 0, 7 |" in text

@@ -10,8 +10,9 @@ Hu et al. ("Latent state models of training dynamics") report, per setting and 4
 
 :data:`PAPER` holds those numbers (and nothing else from the paper). A setting's map is computed
 twice, by the one analysis path (:func:`trainmap.dynamics.pipeline.map_runs`), with two sets of
-analysis settings (:data:`ANALYSES`): ``authors``, the authors' script (per-run z-scores, diagonal
-covariances, hmmlearn's random EM start, each K's BIC averaged over its restarts), and
+analysis settings (:data:`ANALYSES`): ``authors``, the authors' script as they ran it (per-run
+z-scores, full covariances, hmmlearn's random EM start, 32 EM iterations at hmmlearn's tol, runs
+with a NaN left out, their checkpoints per run, each K's BIC averaged over its restarts), and
 ``trainmap``, trainmap's defaults (``params.yaml`` ``analysis:``). :func:`paper_row` reads one
 map's files into a row; :func:`claims` states the paper's comparative claims (forking settings
 have higher R^2, higher dissimilarity and detours; linear settings have none) as verdicts with
@@ -186,6 +187,7 @@ def paper_row(directory: str | os.PathLike, setting: str, analysis: str) -> dict
         "setting": setting,
         "analysis": analysis,
         "seeds": int(states["run"].nunique()),
+        "checkpoints": int(states.groupby("run").size().median()),
         "k": n_states,
         "k_at_ceiling": bool(detours.get("selection_at_ceiling", False)),
         "kmeans": _components(baselines, "k-means"),
@@ -396,6 +398,7 @@ def _row_cells(row: Mapping[str, Any], confidence: float) -> list[str]:
         label_of(row["setting"]),
         row["analysis"],
         f"{row['seeds']} ({paper.seeds})" + _left_out(row),
+        _checkpoints(row),
         f"{k} ({paper.k})",
         f"{row['kmeans']} ({paper.kmeans})",
         f"{row['hmm1']} ({paper.hmm1})",
@@ -412,6 +415,16 @@ def _row_cells(row: Mapping[str, Any], confidence: float) -> list[str]:
         _k_counts(row["bootstrap_k"]),
         _stable_from(row),
     ]
+
+
+def _checkpoints(row: Mapping[str, Any]) -> str:
+    """Checkpoints per run the map saw; the authors' pass: theirs in parentheses."""
+    seen = row.get("checkpoints")
+    if seen is None:
+        return "-"
+    if row["analysis"] != "authors":
+        return f"{seen}"
+    return f"{seen} ({AUTHORS_CHECKPOINTS[PAPER_ROW.get(row['setting'], row['setting'])]})"
 
 
 def _left_out(row: Mapping[str, Any]) -> str:
@@ -434,7 +447,7 @@ def _stable_from(row: Mapping[str, Any]) -> str:
     return f"not at n <= {row.get('stability_ladder')}"
 
 
-HEADER = ["setting", "analysis", "seeds", "K", "k-means", "HMM-1", "R^2", "p",
+HEADER = ["setting", "analysis", "seeds", "checkpoints per run", "K", "k-means", "HMM-1", "R^2", "p",
           "dissimilarity, eq. 1", "dissimilarity, total variation", "map", "detours",
           "positive and skipped (untested)",
           "bootstrap K (resamples)", "stable from"]  # fmt: skip
@@ -472,9 +485,10 @@ def table_markdown(
         "Each cell: trainmap's value (the paper's in parentheses: tables 1, 2 and 4 of Hu et al.). "
         f"Intervals: {level} percentile intervals over the map's bootstrap resamples (runs "
         "resampled, the map refitted, K reselected). Two analysis passes over the same runs: "
-        "`authors` = the authors' script (per-run z-scores, diagonal covariances, hmmlearn's "
-        "random start, each K's BIC averaged over restarts); `trainmap` = trainmap's defaults "
-        "(pooled z-scores, full covariances, sticky start, best restart). Detours: the state, "
+        "`authors` = the authors' script as they ran it (per-run z-scores, full covariances, "
+        "hmmlearn's random start, 32 EM iterations at hmmlearn's tol 0.01, runs with a NaN left "
+        "out, their checkpoints per run spread over the run (in parentheses), each K's BIC "
+        "averaged over restarts); `trainmap` = trainmap's defaults. Detours: the state, "
         "and how often the bootstrap finds it again as a detour (trainmap's rule: a positive "
         "coefficient, a state some runs skip, significant after Holm's correction); beside it "
         "the states the paper's rule alone would mark (positive and skipped, no test). R^2 of a one-state map is 0 "
