@@ -1,0 +1,97 @@
+"""The ``reproducible`` selection rule: K is the largest K whose maps fitted on two disjoint halves
+of the runs decode every run alike (known answer, bad settings, the halves, the bootstrap)."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+from sklearn.metrics import adjusted_rand_score
+
+from trainmap.dynamics.certainty import bootstrap_map
+from trainmap.dynamics.hmm import TrainingHMM, half_splits
+from trainmap.dynamics.synthetic import sample_runs
+
+K_MAX = 5
+
+
+@pytest.fixture(scope="module")
+def fitted():
+    """A reproducible map of 24 runs x 120 checkpoints from 3 true states (no nuisance)."""
+    runs, _, _ = sample_runs(3, n_runs=24, length=120, seed=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        hmm = TrainingHMM(selection="reproducible", restarts=2, k_max=K_MAX).fit(runs)
+    return hmm, runs
+
+
+def test_the_reproducible_rule_finds_the_true_k(fitted) -> None:
+    hmm, runs = fitted
+    assert hmm.n_states_ == 3
+    curve = hmm.selection_.set_index("n_states")
+    assert curve.loc[[1, 2, 3], "reproducible"].all()
+    assert not curve.loc[4, "reproducible"]
+    assert {"ari_median", "ari_min", "reproduced"} <= set(curve.columns)
+    # half_models_: splits 2s and 2s + 1 are the two halves of split s, each K -> its model; their
+    # decodings of every run give the curve's ARIs
+    assert sorted(hmm.half_models_) == list(range(2 * hmm.halves))
+    sequences = [hmm.transform(runs[run]) for run in sorted(runs)]
+    for k in (3, 4):
+        aris = []
+        for split in range(hmm.halves):
+            labels = [np.concatenate(hmm.half_models_[part][k].predict_runs(sequences))
+                      for part in (2 * split, 2 * split + 1)]  # fmt: skip
+            aris.append(adjusted_rand_score(*labels))
+        assert np.median(aris) == pytest.approx(curve.loc[k, "ari_median"])
+        assert min(aris) == pytest.approx(curve.loc[k, "ari_min"])
+
+
+@pytest.mark.parametrize(
+    ("settings", "key"),
+    [
+        ({"reproduce_ari": 0}, "reproduce_ari"),
+        ({"reproduce_ari": 1.5}, "reproduce_ari"),
+        ({"reproduce_share": 0}, "reproduce_share"),
+        ({"halves": 0}, "halves"),
+    ],
+)
+def test_bad_settings_are_refused_by_name(settings, key) -> None:
+    with pytest.raises(ValueError, match=key):
+        TrainingHMM(selection="reproducible", **settings)
+
+
+def test_more_splits_than_the_runs_allow_names_the_key_and_the_count() -> None:
+    runs, _, _ = sample_runs(3, n_runs=4, length=60, seed=0)
+    hmm = TrainingHMM(selection="reproducible", halves=5, restarts=1, k_max=2)
+    with pytest.raises(ValueError, match="analysis.halves") as error:
+        hmm.fit(runs)
+    assert "only 3 distinct" in str(error.value)  # {a,b | c,d}, {a,c | b,d}, {a,d | b,c}
+
+
+def test_halves_split_every_group_evenly_disjointly_and_reproducibly() -> None:
+    runs = [f"{method}_seed{seed}" for method in ("a", "b") for seed in range(6)]
+    strata = {run: run.split("_")[0] for run in runs}
+    splits = half_splits(runs, 4, random_state=7, strata=strata)
+    assert len(splits) == 4
+    for first, second in splits:
+        assert not set(first) & set(second)
+        assert sorted(first + second) == sorted(runs)
+        for half in (first, second):
+            assert sorted(strata[run] for run in half) == ["a"] * 3 + ["b"] * 3
+    assert len({tuple(first) for first, _ in splits}) > 1  # random, not one split repeated
+    assert half_splits(runs, 4, random_state=7, strata=strata) == splits
+    assert half_splits(list(reversed(runs)), 4, random_state=7, strata=strata) == splits
+    assert half_splits(runs, 4, random_state=8, strata=strata) != splits
+
+
+def test_the_bootstrap_refits_with_the_reproducible_rule(fitted) -> None:
+    hmm, runs = fitted
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        result = bootstrap_map(hmm, runs, {run: 100 for run in runs},
+                               dict.fromkeys(runs, "completed"), detour_states=[],
+                               n_resamples=3, max_iter=5)  # fmt: skip
+    assert result.n_resamples == 3
+    assert len(result.ks) == 3
+    assert all(1 <= k <= K_MAX for k in result.ks)
