@@ -667,20 +667,23 @@ def folds_curve(fits: Sequence[dict[str, Any]], restart_rule: str, n_folds: int)
 
 def reproducibility_curve(
     fits: Sequence[dict[str, Any]], z: Mapping[str, np.ndarray], n_halves: int,
-    restart_rule: str, target_ari: float, target_share: float, n_observations: int,
+    restart_rule: str, target_ari: float, target_share: float,
 ) -> tuple[pd.DataFrame, dict[int, dict[int, Any]]]:  # fmt: skip
-    """The selection curve of the ``reproducible`` rule and the half maps: one row per K, the fit
-    of all runs (split ``2 n_halves``: its best restart, training log-likelihood and in-sample
-    BIC/AIC) and, over the ``n_halves`` splits into halves (splits 2s and 2s + 1), the adjusted
-    Rand index between the two half maps' Viterbi decodings of every run of ``z`` (``ari_median``,
-    ``ari_min``), the share of splits whose ARI reaches ``target_ari`` (``reproduced``) and whether
-    that share reaches ``target_share`` (``reproducible``). A split where a half could not be
-    fitted at K counts as not reproduced. K = 1 decodes every run alike. Returns the curve and the
-    best model of each half split and K (split -> K -> model)."""
+    """The selection curve of the ``reproducible`` rule and the half maps.
+
+    Splits 2s and 2s + 1 are the two halves of split s, each fitted on its half and scored on the
+    other; split ``2 n_halves`` is the fit of all runs. One row per K: the mean held-out BIC over
+    the 2 ``n_halves`` half fits (:func:`folds_curve`: repeated two-fold cross-validation, K's
+    model its fit of all runs) and, per split, the adjusted Rand index between the two half maps'
+    Viterbi decodings of every run of ``z`` (``ari_median``, ``ari_min``), the share of splits
+    whose ARI reaches ``target_ari`` (``reproduced``) and whether that share reaches
+    ``target_share`` (``reproducible``). A split where a half could not be fitted at K counts as
+    not reproduced; K = 1 decodes every run alike. Returns the curve and the best model of each
+    half and K (split -> K -> model)."""
     from sklearn.metrics import adjusted_rand_score
     from threadpoolctl import threadpool_limits
 
-    final = selection_curve([fit for fit in fits if fit["split"] == 2 * n_halves], restart_rule)
+    curve = folds_curve(fits, restart_rule, n_folds=2 * n_halves)
     halves: dict[int, dict[int, Any]] = {}
     for part in range(2 * n_halves):
         for k in sorted({fit["n_states"] for fit in fits}):
@@ -691,32 +694,20 @@ def reproducibility_curve(
     sequences = [z[run] for run in sorted(z)]
     rows = []
     with threadpool_limits(limits=1):
-        for row in final.to_dict(orient="records"):
-            k = row["n_states"]
-            aris = []
+        for row in curve.to_dict(orient="records"):
+            k, aris = row["n_states"], []
             for split in range(n_halves):
-                first, second = (
-                    halves.get(2 * split, {}).get(k),
-                    halves.get(2 * split + 1, {}).get(k),
-                )
-                if first is None or second is None:
+                pair = [halves.get(2 * split + h, {}).get(k) for h in (0, 1)]
+                if pair[0] is None or pair[1] is None:
                     aris.append(math.nan)
                     continue
-                labels = [np.concatenate(m.predict_runs(sequences)) for m in (first, second)]
+                labels = [np.concatenate(model.predict_runs(sequences)) for model in pair]
                 aris.append(float(adjusted_rand_score(*labels)))
-            aris_arr = np.array(aris)
-            found = np.isfinite(aris_arr).any()
-            share = float(np.mean(np.nan_to_num(aris_arr, nan=-1.0) >= target_ari))
-            criteria = {"bic": math.nan, "aic": math.nan}
-            if row["restart"] >= 0 and np.isfinite(row["train_log_likelihood"]):
-                model = next(f["model"] for f in fits if f["split"] == 2 * n_halves
-                             and f["n_states"] == k and f["restart"] == row["restart"])  # fmt: skip
-                criteria = information_criteria(row["train_log_likelihood"],
-                                                n_free_parameters(model), n_observations)  # fmt: skip
-            row |= {"bic": criteria["bic"], "aic": criteria["aic"],
-                    "bic_best_restart": criteria["bic"],
-                    "ari_median": float(np.nanmedian(aris_arr)) if found else math.nan,
-                    "ari_min": float(np.nanmin(aris_arr)) if found else math.nan,
+            values = np.array(aris)
+            found = bool(np.isfinite(values).any())
+            share = float(np.mean(np.nan_to_num(values, nan=-1.0) >= target_ari))
+            row |= {"ari_median": float(np.nanmedian(values)) if found else math.nan,
+                    "ari_min": float(np.nanmin(values)) if found else math.nan,
                     "reproduced": share,
                     "reproducible": bool(share >= target_share and row["restart"] >= 0)}  # fmt: skip
             rows.append(row)
@@ -729,17 +720,17 @@ class SelectionFailed(ValueError):
 
 def choose_k(selection: pd.DataFrame) -> int:
     """The K with the lowest criterion ``bic`` (the smaller K on a tie); with the ``reproducible``
-    rule's curve (a ``reproducible`` column): the largest K whose half maps reproduce."""
-    if "reproducible" in selection:
-        chosen = selection[selection["reproducible"].astype(bool)]
-        if chosen.empty:
-            raise SelectionFailed("no K could be fitted on every run and on the halves")
-        return int(chosen["n_states"].max())
+    rule's curve (a ``reproducible`` column): the largest K up to that one whose half maps
+    reproduce (more states than the held-out BIC supports are not selected however well they
+    reproduce; fewer are, when the BIC's extra states differ between halves of the runs)."""
     finite = selection[np.isfinite(selection["bic"])]
     if finite.empty:
         raise SelectionFailed("no K could be scored: every restart of every K failed")
-    best = finite.sort_values(["bic", "n_states"], kind="stable").iloc[0]
-    return int(best["n_states"])
+    best = int(finite.sort_values(["bic", "n_states"], kind="stable").iloc[0]["n_states"])
+    if "reproducible" in selection:
+        below = selection[selection["reproducible"].astype(bool) & (selection["n_states"] <= best)]
+        return int(below["n_states"].max()) if not below.empty else best
+    return best
 
 
 @dataclass
@@ -780,9 +771,9 @@ def selection_splits(
     so no copy of a held-out run is trained on), one split per fold (the other folds against it),
     then a last split of every run unscored, each K's model. ``"reproducible"``: the runs of both
     parts pooled and split ``halves_n`` times into two halves (:func:`half_splits`, within each
-    stratum of ``strata``: run -> group), one unscored split per half (first, second, first,
-    ...), then the split of every run, each K's model; the second halves are returned as the
-    held-out runs.
+    stratum of ``strata``: run -> group), one split per half scored on the other half (first,
+    second, first, ...), then the split of every run, each K's model; the second halves are
+    returned as the held-out runs.
     """
     check_choice("selection", selection, SELECTION_RULES)
 
@@ -796,9 +787,12 @@ def selection_splits(
         halves = half_splits(list(pooled), halves_n, random_state, strata, cap_halves)
         splits = []
         for first, second in halves:
-            for half in (first, second):
-                data, weights = part({run: pooled[run] for run in half})
-                splits.append(Split(data, None, (weights, None)))
+            for half, other in ((first, second), (second, first)):
+                (data, weights), (held_data, held_weights) = (
+                    part({run: pooled[run] for run in half}),
+                    part({run: pooled[run] for run in other}),
+                )
+                splits.append(Split(data, held_data, (weights, held_weights)))
         everything, weights = part(pooled)
         splits.append(Split(everything, None, (weights, None)))
         return splits, [second for _, second in halves]
@@ -875,7 +869,10 @@ def select_model(
     splits, held = selection_splits(z, train, heldout, selection, folds, settings["random_state"],
                                     halves, strata, cap_halves=starts is not None or cap_halves)  # fmt: skip
     tasks = [(part, k, r) for part in range(len(splits)) for k in ks for r in range(restarts)]
-    split_starts = dict(half_starts) if (starts is not None and half_starts) else None
+    split_starts = None
+    if starts is not None and half_starts:  # each half from its own; the fit of all runs: starts
+        split_starts = {part: half_starts[part] for part in range(len(splits) - 1)
+                        if part in half_starts}  # fmt: skip
     fits = fit_restarts(tasks, splits, settings, n_jobs, starts, score_train, split_starts)
     modelled = len(splits) - 1  # the split whose fits are the models: the last
     half_models: dict[int, dict[int, Any]] = {}
@@ -884,12 +881,9 @@ def select_model(
     elif selection == "folds":
         curve = folds_curve(fits, restart_rule, n_folds=modelled)
     else:
-        everything = splits[-1]
-        n_observations = (len(everything.train[0]) if everything.weights[0] is None else
-                          int(np.asarray(everything.weights[0]) @ np.asarray(everything.train[1])))  # fmt: skip
         pooled = {run: z[run] for run in {*train, *heldout}}
         curve, half_models = reproducibility_curve(fits, pooled, len(held), restart_rule,
-                                                   reproduce_ari, reproduce_share, n_observations)  # fmt: skip
+                                                   reproduce_ari, reproduce_share)  # fmt: skip
     models = {}
     for row in curve.itertuples():
         if row.restart >= 0:
