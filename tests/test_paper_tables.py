@@ -364,3 +364,21 @@ def test_the_papers_detour_rule_alone_takes_positive_skipped_states_without_a_te
         {"state": "method_b", "coefficient": 2.0, "visited_by": None, "visited_by_all": None},
     ]}  # fmt: skip
     assert _unchecked_detours(detours) == [0]
+
+
+def test_analysis_runs_cut_every_run_and_leave_out_nan_runs_with_their_outcomes() -> None:
+    from trainmap.dynamics.pipeline import analysis_runs
+
+    table = pd.DataFrame({"step": range(0, 1010, 10), "l2": np.linspace(1, 2, 101),
+                          "test_acc": np.linspace(0, 1, 101)})  # fmt: skip
+    broken = table.assign(l2=np.where(table["step"] == 1000, np.nan, table["l2"]))  # kept: last
+    runs = {"a": table, "b": broken}
+    outcomes = Outcomes({"a": 300, "b": 400}, {"a": "completed", "b": "completed"})
+    settings = {"features": ["l2"], "checkpoints_per_run": 30, "nan_runs": "runs"}
+    with pytest.warns(UserWarning, match="1 of 2 runs left out of the map"):
+        cut, kept = analysis_runs(runs, outcomes, settings)
+    assert list(cut) == ["a"] and len(cut["a"]) == 30 and kept.convergence == {"a": 300}
+    assert cut["a"]["step"].iloc[[0, -1]].tolist() == [0, 1000]
+    # The convergence step stays the run's own: it comes from the whole history, not the cut.
+    same, _ = analysis_runs(runs, outcomes, {"features": ["l2"]})
+    assert same["a"] is runs["a"] and len(same) == 2

@@ -1,0 +1,132 @@
+"""The selection rules side by side on real runs: K, the stability line, the verdicts and the cost.
+
+For each joint comparison of a finished study (``analysis.joint`` of its config) and each paper
+setting (``paper``), the map is made by the one analysis path (:func:`~trainmap.dynamics.pipeline.
+joint_group` for a comparison, :func:`~trainmap.dynamics.pipeline.fit_group` for a paper setting
+with trainmap's pass) under each selection rule, everything else at the config's analysis
+settings: ``holdout`` (the paper's held-out BIC), ``folds`` (its mean over 3 folds) and
+``reproducible`` (the largest K up to the two-fold BIC minimum whose half maps reproduce). Per map:
+K, the bootstrap's K distribution, the stability line, the verdicts that found a difference (joint
+comparisons) and the seconds of the full fit, the bootstrap and the stability curve, measured side
+by side in one process (one rule after the other, ``--jobs`` processes each).
+
+Usage::
+
+    .venv/bin/python bench/selection_real.py --config config/config.yaml            # default study
+    .venv/bin/python bench/selection_real.py --config config/paper/cpu.yaml --paper
+    .venv/bin/python bench/selection_real.py --config config/config.yaml --only parity_init \
+        --bootstrap 50 --stability 10
+
+The study must have run (its metric tables and evaluations under the config's results root).
+Prints a Markdown table and, with ``--out``, writes it there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+import warnings
+from collections import Counter
+from pathlib import Path
+
+from trainmap.dynamics.pipeline import analysis_runs, fit_group, joint_group, with_defaults
+from trainmap.grid import load_config, results_root
+from trainmap.grid.cells import joint_groups, joint_labels, joint_settings, paper_groups
+from trainmap.jobs.analysis import joint_run_ids, read_group_runs, seed_labels
+
+RULES = ("holdout", "folds", "reproducible")
+
+
+def _paths(root: str, cells: list, filename: str, rule_dir: str) -> list[str]:
+    return [f"{root}/{rule_dir}/{cell.id}/{filename}" for cell in cells]
+
+
+def joint_maps(config: dict, only: list[str]) -> dict[str, tuple]:
+    """Each joint comparison's runs, outcomes, groups and settings."""
+    root, found = results_root(config), {}
+    for name, cells in joint_groups(config).items():
+        if only and name not in only:
+            continue
+        labels = joint_labels(cells)
+        ids = joint_run_ids(labels, [cell.to_dict() for cell in cells])
+        runs, outcomes = read_group_runs(_paths(root, cells, "metrics.csv", "metrics"),
+                                         _paths(root, cells, "evaluation.json", "evaluate"), ids)  # fmt: skip
+        found[name] = (runs, outcomes, dict(zip(ids, labels, strict=True)),
+                       joint_settings(config, name))  # fmt: skip
+    return found
+
+
+def paper_maps(config: dict, only: list[str]) -> dict[str, tuple]:
+    """Each paper setting's runs and outcomes (trainmap's pass: the config's analysis settings)."""
+    root, found = results_root(config), {}
+    for setting, cells in paper_groups(config).items():
+        if only and setting not in only:
+            continue
+        runs, outcomes = read_group_runs(_paths(root, cells, "metrics.csv", "metrics"),
+                                         _paths(root, cells, "evaluation.json", "evaluate"),
+                                         seed_labels([cell.to_dict() for cell in cells]))  # fmt: skip
+        found[setting] = (runs, outcomes, None, config["analysis"])
+    return found
+
+
+def one(name: str, data: tuple, rule: str, args: argparse.Namespace) -> dict:
+    runs, outcomes, groups, settings = data
+    settings = with_defaults(settings) | {"selection": rule, "bootstrap": args.bootstrap,
+                                          "stability": args.stability}  # fmt: skip
+    runs, outcomes = analysis_runs(runs, outcomes, settings)
+    started = time.perf_counter()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if groups is None:
+            result = fit_group(runs, outcomes, settings, n_jobs=args.jobs)
+            verdicts = []
+        else:
+            result = joint_group(runs, groups, outcomes, settings, n_jobs=args.jobs)
+            table = result.comparison.verdicts
+            verdicts = [f"{r.second} vs {r.first}, {r.quantity}: {r.verdict}"
+                        for r in table.itertuples() if r.verdict.endswith(("higher", "lower"))]  # fmt: skip
+    seconds = time.perf_counter() - started
+    counts = Counter(result.bootstrap.ks)
+    return {"map": name, "rule": rule, "runs": len(runs), "K": result.hmm.n_states_,
+            "bootstrap K": ", ".join(f"{k}: {c}" for k, c in sorted(counts.items()) if k > 0),
+            "stability": result.stability.line, "verdicts": "; ".join(verdicts) or "-",
+            "bootstrap s": result.bootstrap.seconds, "seconds": seconds}  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", default="config/config.yaml", help="the study's config file")
+    parser.add_argument("--paper", action="store_true", help="the paper settings, not the joints")
+    parser.add_argument("--only", nargs="*", default=[], help="these comparisons/settings only")
+    parser.add_argument("--rules", nargs="*", default=list(RULES), choices=RULES)
+    parser.add_argument("--bootstrap", type=int, default=200, help="resamples (default 200)")
+    parser.add_argument("--stability", type=int, default=20, help="subsamples per n (default 20)")
+    parser.add_argument("--jobs", type=int, default=2, help="processes per map (default 2)")
+    parser.add_argument("--out", type=Path, help="write the Markdown table here too")
+    args = parser.parse_args(argv)
+    config = load_config("params.yaml", "config/config.yaml", args.config)
+    maps = paper_maps(config, args.only) if args.paper else joint_maps(config, args.only)
+    rows = []
+    for name, data in maps.items():
+        for rule in args.rules:
+            row = one(name, data, rule, args)
+            rows.append(row)
+            print(f"{name} {rule}: K = {row['K']}, {row['seconds']:.0f} s; {row['stability']}",
+                  flush=True)  # fmt: skip
+    header = list(rows[0]) if rows else []
+    lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+    for row in rows:
+        lines.append("| " + " | ".join(f"{v:.1f}" if isinstance(v, float) else str(v)
+                                        for v in row.values()) + " |")  # fmt: skip
+    text = (f"`bench/selection_real.py --config {args.config}{' --paper' * args.paper}` "
+            f"(bootstrap {args.bootstrap}, stability {args.stability}, {args.jobs} processes)\n\n"
+            + "\n".join(lines))  # fmt: skip
+    print(text)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
