@@ -12,7 +12,6 @@ from typing import Any
 
 from trainmap.dynamics.hmm import (
     DEFAULT_FOLDS,
-    DEFAULT_HALVES,
     DEFAULT_REPRODUCE_ARI,
     DEFAULT_REPRODUCE_SHARE,
     TrainingHMM,
@@ -29,7 +28,7 @@ ANALYSIS_DEFAULTS = {
     "holdout": 0.2,
     "selection": "holdout",
     "folds": DEFAULT_FOLDS,
-    "halves": DEFAULT_HALVES,
+    "halves": None,
     "reproduce_ari": DEFAULT_REPRODUCE_ARI,
     "reproduce_share": DEFAULT_REPRODUCE_SHARE,
     "seed": 0,
