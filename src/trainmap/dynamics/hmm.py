@@ -28,7 +28,15 @@ and bench/hmm_select.py):
    10 sampler seeds x K = 3, 5, 3 folds recover K as often as one split with nuisance (13 of 20:
    7 against 3 at K = 5, but 6 against 10 at K = 3, where they add a fourth state) and more often
    without (20 against 19), at about 3.5 times the cost of a fit and 4 of a warm-started refit
-   (the bootstrap's and the stability curve's). The default stays the paper's rule.
+   (the bootstrap's and the stability curve's). ``"reproducible"``: split the runs ``halves``
+   times into two random halves (within each group of ``strata``: per method in a joint
+   comparison), fit each half and score it on the other (repeated two-fold held-out BIC, minimum
+   K_BIC), and take the largest K <= K_BIC whose two half maps decode every run alike (adjusted
+   Rand index >= ``reproduce_ari`` in >= ``reproduce_share`` of the splits); K's model is its fit
+   of all runs. Held-out BIC picks more states the more runs it sees (real seeds differ by small
+   consistent amounts that more data pays for); the half maps' agreement does not grow with the
+   runs that way (bench/selection_real.py, bench/selection_reproducible.py). The class default
+   stays the paper's rule; the workflow's default (``params.yaml``) is ``reproducible``.
 3. For K = 1..K_max fit R restarts of a Gaussian HMM (hmmlearn's Baum-Welch; E-step vectorised
    over runs by :class:`~trainmap.dynamics.batched_hmm.BatchedGaussianHMM`; one restart's Ks fitted
    in lockstep, :func:`~trainmap.dynamics.batched_hmm.fit_together`), each seeded from
@@ -853,10 +861,11 @@ def select_model(
     standard units of ``z``) warm-starts every fit of K from those parameters with one EM run
     instead of fresh restarts; ``score_train=False`` then skips the training log-likelihood, which
     only picks among restarts. ``"reproducible"`` fits every K on each half of ``halves`` random
-    splits of the runs (within each stratum of ``strata``: per method in a joint comparison) and
-    on all runs, and K is the largest K whose two half maps decode every run alike (adjusted Rand
-    index >= ``reproduce_ari``) in a share >= ``reproduce_share`` of the splits
-    (:func:`reproducibility_curve`); K's model is its fit of all runs. Warm-started, each half
+    splits of the runs (within each stratum of ``strata``: per method in a joint comparison),
+    each half scored on the other, and on all runs; K is the largest K up to the minimum of that
+    two-fold held-out BIC whose two half maps decode every run alike (adjusted Rand index >=
+    ``reproduce_ari``) in a share >= ``reproduce_share`` of the splits
+    (:func:`reproducibility_curve`, :func:`choose_k`); K's model is its fit of all runs. Warm-started, each half
     continues from ``half_starts[split]`` (the full fit's half maps, fitted independently, so two
     halves never share a start) and the fit of all runs from ``starts``; a refit (warm-started,
     or ``cap_halves``) uses as many splits as its runs allow. Raises
@@ -989,7 +998,8 @@ class TrainingHMM:
         ``selection="holdout"``: the model is fitted on ``train_runs_``, K scored on
         ``heldout_runs_``; ``"folds"``: the model is fitted on every run (``train_runs_``, no
         ``heldout_runs_``), K scored on each fold of ``folds_``; ``"reproducible"``: the model is
-        fitted on every run, K the largest whose half maps agree (``folds_``: the second halves;
+        fitted on every run, K the largest up to the two-fold BIC's minimum whose half maps agree
+        (``folds_``: the second halves;
         ``half_models_``: split -> K -> model). ``strata`` (run -> group; ``strata_``): the
         reproducible rule halves each group's runs (a joint comparison's methods)."""
         self.strata_ = dict(strata) if strata else None
