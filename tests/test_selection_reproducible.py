@@ -95,3 +95,18 @@ def test_the_bootstrap_refits_with_the_reproducible_rule(fitted) -> None:
     assert result.n_resamples == 3
     assert len(result.ks) == 3
     assert all(1 <= k <= K_MAX for k in result.ks)
+
+
+def test_a_refit_decodes_only_down_to_the_first_reproducible_k_and_selects_the_same(
+    fitted, monkeypatch
+) -> None:
+    import trainmap.dynamics.hmm as hmm_module
+    from trainmap.dynamics.certainty import bootstrap_map
+
+    hmm, runs = fitted[0], fitted[1]
+    args = (hmm, runs, dict.fromkeys(runs, 100), dict.fromkeys(runs, "completed"), [])
+    lazy = bootstrap_map(*args, n_resamples=4, max_iter=5)
+    every = hmm_module.reproducibility_curve
+    monkeypatch.setattr(hmm_module, "reproducibility_curve",
+                        lambda *a, **k: every(*a, **(k | {"every_k": True})))  # fmt: skip
+    assert bootstrap_map(*args, n_resamples=4, max_iter=5).ks == lazy.ks

@@ -679,7 +679,7 @@ def folds_curve(fits: Sequence[dict[str, Any]], restart_rule: str, n_folds: int)
 
 def reproducibility_curve(
     fits: Sequence[dict[str, Any]], z: Mapping[str, np.ndarray], n_halves: int,
-    restart_rule: str, target_ari: float, target_share: float,
+    restart_rule: str, target_ari: float, target_share: float, every_k: bool = True,
 ) -> tuple[pd.DataFrame, dict[int, dict[int, Any]]]:  # fmt: skip
     """The selection curve of the ``reproducible`` rule and the half maps.
 
@@ -690,8 +690,10 @@ def reproducibility_curve(
     Viterbi decodings of every run of ``z`` (``ari_median``, ``ari_min``), the share of splits
     whose ARI reaches ``target_ari`` (``reproduced``) and whether that share reaches
     ``target_share`` (``reproducible``). A split where a half could not be fitted at K counts as
-    not reproduced; K = 1 decodes every run alike. Returns the curve and the best model of each
-    half and K (split -> K -> model)."""
+    not reproduced; K = 1 decodes every run alike. ``every_k=False`` (a refit: only its K
+    matters) decodes from K_BIC down and stops at the first K that reproduces, the others' ARI
+    columns NaN and ``reproducible`` False: the same K (:func:`choose_k`), a fraction of the
+    decoding. Returns the curve and the best model of each half and K (split -> K -> model)."""
     from sklearn.metrics import adjusted_rand_score
     from threadpoolctl import threadpool_limits
 
@@ -704,10 +706,18 @@ def reproducibility_curve(
             if usable:
                 halves.setdefault(part, {})[k] = best_restart(usable)["model"]
     sequences = [z[run] for run in sorted(z)]
-    rows = []
+    finite = curve[np.isfinite(curve["bic"])]
+    k_bic = (int(finite.sort_values(["bic", "n_states"], kind="stable").iloc[0]["n_states"])
+             if not finite.empty else 0)  # fmt: skip
+    rows, found_k = [], False
     with threadpool_limits(limits=1):
-        for row in curve.to_dict(orient="records"):
+        for row in sorted(curve.to_dict(orient="records"), key=lambda r: -r["n_states"]):
             k, aris = row["n_states"], []
+            if not every_k and (found_k or k > k_bic):
+                row |= {"ari_median": math.nan, "ari_min": math.nan, "reproduced": math.nan,
+                        "reproducible": False}  # fmt: skip
+                rows.append(row)
+                continue
             for split in range(n_halves):
                 pair = [halves.get(2 * split + h, {}).get(k) for h in (0, 1)]
                 if pair[0] is None or pair[1] is None:
@@ -722,8 +732,9 @@ def reproducibility_curve(
                     "ari_min": float(np.nanmin(values)) if found else math.nan,
                     "reproduced": share,
                     "reproducible": bool(share >= target_share and row["restart"] >= 0)}  # fmt: skip
+            found_k = found_k or row["reproducible"]
             rows.append(row)
-    return pd.DataFrame(rows), halves
+    return pd.DataFrame(rows[::-1]), halves
 
 
 class SelectionFailed(ValueError):
@@ -896,7 +907,8 @@ def select_model(
     else:
         pooled = {run: z[run] for run in {*train, *heldout}}
         curve, half_models = reproducibility_curve(fits, pooled, len(held), restart_rule,
-                                                   reproduce_ari, reproduce_share)  # fmt: skip
+                                                   reproduce_ari, reproduce_share,
+                                                   every_k=starts is None and not cap_halves)  # fmt: skip
     models = {}
     for row in curve.itertuples():
         if row.restart >= 0:
