@@ -173,7 +173,9 @@ def main() -> int:
         logged = logged_ratios(config, log)
         if len(logged):
             logged["ratio"] = logged["measured_s"] / logged["planned_s"]
-            print(f"jobs of {log} (measured: Snakemake start to finish; planned: start-up excluded):")
+            print(
+                f"jobs of {log} (measured: Snakemake start to finish; planned: start-up excluded):"
+            )
             print(logged.to_string(index=False))
             print("per rule, measured / planned:")
             print(rule_summary(logged).to_string(float_format=lambda v: f"{v:.2f}"))
@@ -187,9 +189,11 @@ def main() -> int:
     here["ram"] = here["measured_rss"] / here["planned_ram"]
     print("blocks trained here (measured / planned):")
     print(here[["job", "measured_s", "planned_s", "time", "bytes", "ram"]].to_string(index=False))
-    print(f"plan_accuracy train_time={statistics.median(here['time']):.2f} "
-          f"train_bytes={statistics.median(here['bytes']):.2f} "
-          f"train_ram={statistics.median(here['ram']):.2f} (measured / planned, medians)")
+    print(
+        f"plan_accuracy train_time={statistics.median(here['time']):.2f} "
+        f"train_bytes={statistics.median(here['bytes']):.2f} "
+        f"train_ram={statistics.median(here['ram']):.2f} (measured / planned, medians)"
+    )
     return 0
 
 

@@ -93,6 +93,36 @@ def one(name: str, data: tuple, rule: str, args: argparse.Namespace) -> dict:
             "bootstrap s": result.bootstrap.seconds, "seconds": seconds}  # fmt: skip
 
 
+def k_by_seeds(name: str, data: tuple, rule: str, per_method: list[int], draws: int) -> dict:
+    """K of the full fit (no bootstrap, no curve) on ``draws`` seeded draws of n runs per method,
+    for each n of ``per_method``: does the map's size grow with the seeds?"""
+    import numpy as np
+
+    from trainmap.dynamics.settings import make_hmm
+
+    runs, outcomes, groups, settings = data
+    groups = groups or dict.fromkeys(runs, name)
+    settings = with_defaults(settings) | {"selection": rule}
+    runs, _ = analysis_runs(runs, outcomes, settings)
+    by_group: dict[str, list[str]] = {}
+    for run in sorted(runs):
+        by_group.setdefault(groups[run], []).append(run)
+    row = {"map": name, "rule": rule}
+    for n in per_method:
+        ks = []
+        for draw in range(draws):
+            rng = np.random.default_rng(np.random.SeedSequence([draw, n]))
+            chosen = [run for ids in by_group.values()
+                      for run in sorted(rng.choice(ids, size=min(n, len(ids)), replace=False))]  # fmt: skip
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                hmm = make_hmm(settings | {"n_jobs": 2})
+                hmm.fit({run: runs[run] for run in chosen}, strata=groups)
+            ks.append(hmm.n_states_)
+        row[f"K at n = {n}"] = ", ".join(map(str, ks))
+    return row
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", default="config/config.yaml", help="the study's config file")
@@ -103,16 +133,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stability", type=int, default=20, help="subsamples per n (default 20)")
     parser.add_argument("--jobs", type=int, default=2, help="processes per map (default 2)")
     parser.add_argument("--out", type=Path, help="write the Markdown table here too")
+    parser.add_argument("--seeds-per-method", type=int, nargs="*", default=[],
+                        help="instead: K of the full fit at these seed counts per method")  # fmt: skip
+    parser.add_argument("--draws", type=int, default=3, help="draws per seed count (default 3)")
     args = parser.parse_args(argv)
     config = load_config("params.yaml", "config/config.yaml", args.config)
     maps = paper_maps(config, args.only) if args.paper else joint_maps(config, args.only)
     rows = []
     for name, data in maps.items():
         for rule in args.rules:
-            row = one(name, data, rule, args)
+            if args.seeds_per_method:
+                row = k_by_seeds(name, data, rule, args.seeds_per_method, args.draws)
+                print(row, flush=True)
+            else:
+                row = one(name, data, rule, args)
+                print(f"{name} {rule}: K = {row['K']}, {row['seconds']:.0f} s; "
+                      f"{row['stability']}", flush=True)  # fmt: skip
             rows.append(row)
-            print(f"{name} {rule}: K = {row['K']}, {row['seconds']:.0f} s; {row['stability']}",
-                  flush=True)  # fmt: skip
     header = list(rows[0]) if rows else []
     lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
     for row in rows:

@@ -86,8 +86,9 @@ def split_aris(hmm: TrainingHMM, runs: dict[str, pd.DataFrame]) -> list[dict[str
                 if first is not None and second is not None:
                     labels = [np.concatenate(m.predict_runs(sequences)) for m in (first, second)]
                     ari = float(adjusted_rand_score(*labels))
-                rows.append({"k": k, "split": split, "ari": ari, "fitted": k in hmm.models_,
-                             "k_bic": k_bic})
+                rows.append(
+                    {"k": k, "split": split, "ari": ari, "fitted": k in hmm.models_, "k_bic": k_bic}
+                )
     return rows
 
 

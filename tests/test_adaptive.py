@@ -190,8 +190,9 @@ def test_each_round_says_whether_more_seeds_changed_the_map(tmp_path):
     def round_dir(name: str, k: int, states: dict[str, list[int]]) -> str:
         directory = tmp_path / name
         directory.mkdir()
-        (directory / "hmm.json").write_text(json.dumps({"n_states": k,
-                                                        "estimator": {"reproduce_ari": 0.8}}))
+        (directory / "hmm.json").write_text(
+            json.dumps({"n_states": k, "estimator": {"reproduce_ari": 0.8}})
+        )
         rows = [f"{run},{step * 10},{s}" for run, seq in states.items()
                 for step, s in enumerate(seq)]  # fmt: skip
         (directory / "states.csv").write_text("run,step,state\n" + "\n".join(rows) + "\n")
@@ -209,5 +210,7 @@ def test_each_round_says_whether_more_seeds_changed_the_map(tmp_path):
     trace = {"seeds_per_method": 72, "final_round": 2, "seeds_added": list(range(40, 72)),
              "stopped_because": "maximum reached", "rounds": rounds}  # fmt: skip
     line = adaptive_line(trace)
-    assert "40 seeds: K = 2, 56 seeds: K = 2 (map unchanged, ARI with the previous map 1.00)" in line
+    assert (
+        "40 seeds: K = 2, 56 seeds: K = 2 (map unchanged, ARI with the previous map 1.00)" in line
+    )
     assert "72 seeds: K = 3 (map changed" in line

@@ -14,7 +14,6 @@ import pytest
 from conftest import copy_workflow, snakemake
 
 from trainmap.dynamics.paper import (
-    AUTHORS_SETTINGS,
     PAPER,
     REPRODUCED,
     REVERSED,

@@ -35,7 +35,9 @@ def test_the_reproducible_rule_finds_the_true_k(fitted) -> None:
     assert {"ari_median", "ari_min", "reproduced"} <= set(curve.columns)
     # half_models_: splits 2s and 2s + 1 are the two halves of split s, each K -> its model; their
     # decodings of every run give the curve's ARIs
-    assert sorted(hmm.half_models_) == list(range(2 * 5))  # halves None: 5 splits (24 runs allow more)
+    assert sorted(hmm.half_models_) == list(
+        range(2 * 5)
+    )  # halves None: 5 splits (24 runs allow more)
     sequences = [hmm.transform(runs[run]) for run in sorted(runs)]
     for k in (3, 4):
         aris = []
