@@ -36,7 +36,8 @@ and bench/hmm_select.py):
    of all runs. Held-out BIC picks more states the more runs it sees (real seeds differ by small
    consistent amounts that more data pays for); the half maps' agreement does not grow with the
    runs that way (bench/selection_real.py, bench/selection_reproducible.py). The class default
-   stays the paper's rule; the workflow's default (``params.yaml``) is ``reproducible``.
+   and the workflow's default (``params.yaml``) stay the paper's rule: the reproducible rule's refits
+   cost several times more, and on a real comparison made adaptive its K still moves.
 3. For K = 1..K_max fit R restarts of a Gaussian HMM (hmmlearn's Baum-Welch; E-step vectorised
    over runs by :class:`~trainmap.dynamics.batched_hmm.BatchedGaussianHMM`; one restart's Ks fitted
    in lockstep, :func:`~trainmap.dynamics.batched_hmm.fit_together`), each seeded from

@@ -26,7 +26,7 @@ ANALYSIS_DEFAULTS = {
     "k_max": 8,
     "restarts": 5,
     "holdout": 0.2,
-    "selection": "reproducible",
+    "selection": "holdout",
     "folds": DEFAULT_FOLDS,
     "halves": None,
     "reproduce_ari": DEFAULT_REPRODUCE_ARI,
