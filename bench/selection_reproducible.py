@@ -68,9 +68,9 @@ def split_aris(hmm: TrainingHMM, runs: dict[str, pd.DataFrame]) -> list[dict[str
     """Per K and split of a reproducible fit: the ARI of the two half maps' decodings of every run
     (NaN where a half could not be fitted at K), whether K's fit of all runs exists, and the
     fit's K_BIC (the minimum of its two-fold held-out BIC)."""
-    from trainmap.dynamics.hmm import choose_k
+    from trainmap.dynamics.hmm import bic_minimum
 
-    k_bic = choose_k(hmm.selection_.drop(columns=["reproducible"]))
+    k_bic = bic_minimum(hmm.selection_)
     from sklearn.metrics import adjusted_rand_score
     from threadpoolctl import threadpool_limits
 

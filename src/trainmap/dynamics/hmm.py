@@ -707,9 +707,7 @@ def reproducibility_curve(
             if usable:
                 halves.setdefault(part, {})[k] = best_restart(usable)["model"]
     sequences = [z[run] for run in sorted(z)]
-    finite = curve[np.isfinite(curve["bic"])]
-    k_bic = (int(finite.sort_values(["bic", "n_states"], kind="stable").iloc[0]["n_states"])
-             if not finite.empty else 0)  # fmt: skip
+    k_bic = bic_minimum(curve) or 0
     rows, found_k = [], False
     with threadpool_limits(limits=1):
         for row in sorted(curve.to_dict(orient="records"), key=lambda r: -r["n_states"]):
@@ -742,15 +740,22 @@ class SelectionFailed(ValueError):
     """No K could be fitted and scored (every fit lost its states, or none could be scored)."""
 
 
+def bic_minimum(selection: pd.DataFrame) -> int | None:
+    """The K with the lowest criterion ``bic`` (the smaller K on a tie); None when no K scored."""
+    finite = selection[np.isfinite(selection["bic"])]
+    if finite.empty:
+        return None
+    return int(finite.sort_values(["bic", "n_states"], kind="stable").iloc[0]["n_states"])
+
+
 def choose_k(selection: pd.DataFrame) -> int:
     """The K with the lowest criterion ``bic`` (the smaller K on a tie); with the ``reproducible``
     rule's curve (a ``reproducible`` column): the largest K up to that one whose half maps
     reproduce (more states than the held-out BIC supports are not selected however well they
     reproduce; fewer are, when the BIC's extra states differ between halves of the runs)."""
-    finite = selection[np.isfinite(selection["bic"])]
-    if finite.empty:
+    best = bic_minimum(selection)
+    if best is None:
         raise SelectionFailed("no K could be scored: every restart of every K failed")
-    best = int(finite.sort_values(["bic", "n_states"], kind="stable").iloc[0]["n_states"])
     if "reproducible" in selection:
         below = selection[selection["reproducible"].astype(bool) & (selection["n_states"] <= best)]
         return int(below["n_states"].max()) if not below.empty else best

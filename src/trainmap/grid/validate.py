@@ -738,8 +738,9 @@ def _check_analysis_runs(config: dict) -> None:
         (f"group {name}", analysis_settings(config), "analysis", {name: cells})
         for name, cells in analysis_groups(config).items()
     ]
+    joints = joint_groups(config)
     for index, spec in enumerate(config.get("analysis", {}).get("joint", [])):
-        cells = joint_groups(config).get(spec["name"])
+        cells = joints.get(spec["name"])
         if cells:
             by_group: dict[str, list[Cell]] = {}
             for cell, label in zip(cells, joint_labels(cells), strict=True):
