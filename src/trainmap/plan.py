@@ -537,15 +537,6 @@ def gradinit_job(config: Mapping[str, Any], block: SeedRange) -> JobPlan:
     )  # fmt: skip
 
 
-def run_checkpoints(config: Mapping[str, Any], cell: Cell) -> int:
-    """How many checkpoints (HMM observations) a cell's run has: its train or sparse retraining."""
-    if grid.is_sparse(cell):
-        settings = _with_defaults(grid.stage_settings(config, "sparse", cell.task).get("train", {}))
-    else:
-        settings = _with_defaults(grid.train_settings(config, cell.task))
-    return len(checkpoint_steps(int(settings["steps"]), int(settings["checkpoint_every"])))
-
-
 def analysis_job(
     config: Mapping[str, Any], rule: str, job: str, cells: Sequence[Cell], fraction: float = 1.0
 ) -> JobPlan:
@@ -553,7 +544,7 @@ def analysis_job(
     memory from the observations x (14 metrics + k_max states) in float64 x 10 working copies,
     time scaled from the default study's measured joint comparison (x ``fraction`` for lighter
     rules)."""
-    observations = sum(run_checkpoints(config, cell) for cell in cells)
+    observations = sum(grid.run_checkpoints(config, cell) for cell in cells)
     k_max = int(grid.analysis_settings(config).get("k_max", 8))
     return small_job(
         rule,
@@ -674,7 +665,7 @@ def block_job(
             f"({SMALL_RULES_SOURCE})",
         )  # fmt: skip
     if rule == "collect_metrics":
-        n_ckpt = run_checkpoints(config, block.cells[0])
+        n_ckpt = grid.run_checkpoints(config, block.cells[0])
         return small_job(
             rule, block.id, seeds, seeds * n_ckpt * 22 * 20,
             BASE_RAM + seeds * n_ckpt * 3 * 22 * 8 * 4,

@@ -207,6 +207,23 @@ def is_sparse(cell: Cell) -> bool:
     return method_of(cell).has_stage("sparse")
 
 
+def run_checkpoints(config: Mapping[str, Any], cell: Cell) -> int:
+    """How many checkpoints (HMM observations) a cell's run has: its train or sparse retraining,
+    each setting it omits at TrainConfig's default."""
+    from dataclasses import MISSING, fields
+
+    from trainmap.training.archive import checkpoint_steps
+    from trainmap.training.loop import TrainConfig
+
+    if is_sparse(cell):
+        given = stage_settings(dict(config), "sparse", cell.task).get("train", {})
+    else:
+        given = train_settings(dict(config), cell.task)
+    known = {f.name: f.default for f in fields(TrainConfig) if f.default is not MISSING}
+    settings = {**known, **given}
+    return len(checkpoint_steps(int(settings["steps"]), int(settings["checkpoint_every"])))
+
+
 def retrains(cell: Cell) -> bool:
     """Whether the cell trains at all, i.e. has a trajectory (one-shot pruning does not)."""
     return method_retrains(cell.method)

@@ -56,6 +56,7 @@ from trainmap.grid.cells import (
     model_settings,
     paper_groups,
     retrains,
+    run_checkpoints,
 )
 from trainmap.grid.effective import params_edit_hint, under_dvc
 from trainmap.grid.errors import ConfigError, did_you_mean, key_path
@@ -732,7 +733,6 @@ def _check_analysis_runs(config: dict) -> None:
     ``first_n``) within the runs' checkpoints, and the ``reproducible`` rule's ``halves`` within
     the distinct splits of its runs into halves (per method in a joint comparison)."""
     from trainmap.dynamics.hmm import distinct_halvings
-    from trainmap.plan import run_checkpoints
 
     maps = [
         (f"group {name}", analysis_settings(config), "analysis", {name: cells})
