@@ -1,16 +1,18 @@
-"""The ``reproducible`` selection rule: K is the largest K whose maps fitted on two disjoint halves
-of the runs decode every run alike (known answer, bad settings, the halves, the bootstrap)."""
+"""The ``reproducible`` selection rule: K is the largest K such that the maps of K and of every
+smaller K, fitted on two disjoint halves of the runs, decode every run alike (known answer, the
+first failure decides, bad settings, the halves, the bootstrap)."""
 
 from __future__ import annotations
 
 import warnings
 
 import numpy as np
+import pandas as pd
 import pytest
 from sklearn.metrics import adjusted_rand_score
 
 from trainmap.dynamics.certainty import bootstrap_map
-from trainmap.dynamics.hmm import TrainingHMM, half_splits
+from trainmap.dynamics.hmm import TrainingHMM, choose_k, half_splits
 from trainmap.dynamics.synthetic import sample_runs
 
 K_MAX = 5
@@ -47,6 +49,22 @@ def test_the_reproducible_rule_finds_the_true_k(fitted) -> None:
             aris.append(adjusted_rand_score(*labels))
         assert np.median(aris) == pytest.approx(curve.loc[k, "ari_median"])
         assert min(aris) == pytest.approx(curve.loc[k, "ari_min"])
+
+
+@pytest.mark.parametrize(
+    ("reproducible", "expected"),
+    [
+        ([True, True, False, True, True, True], 2),  # K = 4..6 reproduce again: not chosen
+        ([True, True, True, True, True, True], 5),  # all reproduce: the BIC minimum caps K
+        ([True, False, False, False, False, False], 1),
+    ],
+)
+def test_the_first_k_that_does_not_reproduce_decides(reproducible, expected) -> None:
+    """Finer splits of the states can reproduce again beyond a K that does not (more runs make
+    the halves agree on them): K stops before the first failure, never past the BIC minimum."""
+    curve = pd.DataFrame({"n_states": range(1, 7), "bic": [9.0, 8, 7, 6, 5, 5.5],
+                          "reproducible": reproducible})  # fmt: skip
+    assert choose_k(curve) == expected
 
 
 @pytest.mark.parametrize(
@@ -99,7 +117,7 @@ def test_the_bootstrap_refits_with_the_reproducible_rule(fitted) -> None:
     assert all(1 <= k <= K_MAX for k in result.ks)
 
 
-def test_a_refit_decodes_only_down_to_the_first_reproducible_k_and_selects_the_same(
+def test_a_refit_decodes_only_up_to_the_first_k_that_fails_and_selects_the_same(
     fitted, monkeypatch
 ) -> None:
     import trainmap.dynamics.hmm as hmm_module

@@ -22,7 +22,7 @@ and bench/hmm_select.py):
    folds and score K on each fold with models fitted on the other folds, every run held out once;
    K's model is then fitted on all runs. Real seeds differ by more than their state (an offset, a
    scale, a slow drift of the metrics per run): one 20 % split then decides K by which few runs it
-   holds out (issue 22; bench/selection_nuisance.py). On known-answer runs with such nuisance
+   holds out (bench/selection_nuisance.py). On known-answer runs with such nuisance
    (:func:`trainmap.dynamics.synthetic.sample_runs`, ``nuisance=1``) one split chose K = 4, 5, 6, 4
    for one data set under four estimator seeds; the mean over 3 folds chose K = 5 for each. Over
    10 sampler seeds x K = 3, 5, 3 folds recover K as often as one split with nuisance (13 of 20:
@@ -31,13 +31,16 @@ and bench/hmm_select.py):
    (the bootstrap's and the stability curve's). ``"reproducible"``: split the runs ``halves``
    times into two random halves (within each group of ``strata``: per method in a joint
    comparison), fit each half and score it on the other (repeated two-fold held-out BIC, minimum
-   K_BIC), and take the largest K <= K_BIC whose two half maps decode every run alike (adjusted
-   Rand index >= ``reproduce_ari`` in >= ``reproduce_share`` of the splits); K's model is its fit
-   of all runs. Held-out BIC picks more states the more runs it sees (real seeds differ by small
-   consistent amounts that more data pays for); the half maps' agreement does not grow with the
-   runs that way (bench/selection_real.py, bench/selection_reproducible.py). The class default
-   and the workflow's default (``params.yaml``) stay the paper's rule: the reproducible rule's refits
-   cost several times more, and on a real comparison made adaptive its K still moves.
+   K_BIC), and take the largest K <= K_BIC such that the two half maps of K and of every smaller
+   K decode every run alike (adjusted Rand index >= ``reproduce_ari`` in >= ``reproduce_share``
+   of the splits); K's model is its fit of all runs. Held-out BIC picks more states the more runs
+   it sees (real seeds differ by small consistent amounts that more data pays for), and so does
+   "the largest K that reproduces": with more runs the halves agree on finer splits of the states
+   too. The first K that fails to reproduce does not move that way (bench/selection_settle.py,
+   bench/selection_real.py, bench/selection_reproducible.py). The class default and the
+   workflow's default (``params.yaml``) stay the paper's rule: the reproducible rule fits every K
+   2 x ``halves`` + 1 times, and the bootstrap's and the stability curve's refits with it take
+   make run past its budget.
 3. For K = 1..K_max fit R restarts of a Gaussian HMM (hmmlearn's Baum-Welch; E-step vectorised
    over runs by :class:`~trainmap.dynamics.batched_hmm.BatchedGaussianHMM`; one restart's Ks fitted
    in lockstep, :func:`~trainmap.dynamics.batched_hmm.fit_together`), each seeded from
@@ -692,9 +695,9 @@ def reproducibility_curve(
     whose ARI reaches ``target_ari`` (``reproduced``) and whether that share reaches
     ``target_share`` (``reproducible``). A split where a half could not be fitted at K counts as
     not reproduced; K = 1 decodes every run alike. ``every_k=False`` (a refit: only its K
-    matters) decodes from K_BIC down and stops at the first K that reproduces, the others' ARI
-    columns NaN and ``reproducible`` False: the same K (:func:`choose_k`), a fraction of the
-    decoding. Returns the curve and the best model of each half and K (split -> K -> model)."""
+    matters) decodes from K = 1 up and stops at the first K that does not reproduce, the larger
+    Ks' ARI columns NaN and ``reproducible`` False: the same K (:func:`choose_k`), a fraction of
+    the decoding. Returns the curve and the best model of each half and K (split -> K -> model)."""
     from sklearn.metrics import adjusted_rand_score
     from threadpoolctl import threadpool_limits
 
@@ -708,11 +711,11 @@ def reproducibility_curve(
                 halves.setdefault(part, {})[k] = best_restart(usable)["model"]
     sequences = [z[run] for run in sorted(z)]
     k_bic = bic_minimum(curve) or 0
-    rows, found_k = [], False
+    rows, failed = [], False
     with threadpool_limits(limits=1):
-        for row in sorted(curve.to_dict(orient="records"), key=lambda r: -r["n_states"]):
+        for row in sorted(curve.to_dict(orient="records"), key=lambda r: r["n_states"]):
             k, aris = row["n_states"], []
-            if not every_k and (found_k or k > k_bic):
+            if not every_k and (failed or k > k_bic):
                 row |= {"ari_median": math.nan, "ari_min": math.nan, "reproduced": math.nan,
                         "reproducible": False}  # fmt: skip
                 rows.append(row)
@@ -731,9 +734,9 @@ def reproducibility_curve(
                     "ari_min": float(np.nanmin(values)) if found else math.nan,
                     "reproduced": share,
                     "reproducible": bool(share >= target_share and row["restart"] >= 0)}  # fmt: skip
-            found_k = found_k or row["reproducible"]
+            failed = failed or not row["reproducible"]
             rows.append(row)
-    return pd.DataFrame(rows[::-1]), halves
+    return pd.DataFrame(rows), halves
 
 
 class SelectionFailed(ValueError):
@@ -750,15 +753,26 @@ def bic_minimum(selection: pd.DataFrame) -> int | None:
 
 def choose_k(selection: pd.DataFrame) -> int:
     """The K with the lowest criterion ``bic`` (the smaller K on a tie); with the ``reproducible``
-    rule's curve (a ``reproducible`` column): the largest K up to that one whose half maps
-    reproduce (more states than the held-out BIC supports are not selected however well they
-    reproduce; fewer are, when the BIC's extra states differ between halves of the runs)."""
+    rule's curve (a ``reproducible`` column): the largest K up to that one such that the half
+    maps of K and of every smaller K reproduce, i.e. one less than the smallest K that does not
+    (more states than the held-out BIC supports are not selected however well they reproduce;
+    fewer are, when the BIC's extra states differ between halves of the runs). A larger K whose
+    maps reproduce beyond a K that does not is not chosen: with more runs the halves agree on
+    ever finer splits of the states, and that K grows with the seeds (bench/selection_settle.py);
+    the first K that fails does not."""
     best = bic_minimum(selection)
     if best is None:
         raise SelectionFailed("no K could be scored: every restart of every K failed")
     if "reproducible" in selection:
-        below = selection[selection["reproducible"].astype(bool) & (selection["n_states"] <= best)]
-        return int(below["n_states"].max()) if not below.empty else best
+        below = selection[selection["n_states"] <= best].sort_values("n_states")
+        chosen = int(below["n_states"].iloc[0])
+        for k, reproduced in zip(
+            below["n_states"], below["reproducible"].astype(bool), strict=True
+        ):
+            if not reproduced:
+                break
+            chosen = int(k)
+        return chosen
     return best
 
 

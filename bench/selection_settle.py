@@ -1,0 +1,110 @@
+"""Does the map's size settle as seeds are added? K of the ``reproducible`` rule by round.
+
+For one adaptive joint comparison of a finished study (its rounds' runs trained), the full fit
+(no bootstrap, no stability curve) is made with ``selection: reproducible`` on the runs each round
+pools (the grid's seeds, then each round's added seeds), once per split seed (``analysis.seed``:
+which random halves). Per fit: the rule's K (the largest K <= K_BIC such that K and every smaller
+K reproduce), K_BIC (the two-fold held-out BIC minimum), the largest K whose half maps reproduce
+regardless of the smaller Ks (what the rule would give without that condition), the share of
+splits reproduced at each K, and the fit's seconds. Fits run in ``--jobs`` processes, one core
+each.
+
+Usage::
+
+    .venv/bin/python bench/selection_settle.py --config config/adaptive_parity_init.yaml \
+        --comparison parity_init --split-seeds 0 1 2 3 --jobs 2 \
+        --out bench/results/selection_settle.md
+
+The study must have run every round (``snakemake --configfile config/adaptive_parity_init.yaml``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+import warnings
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+RESULTS: dict = {}  # the runs of each round, set in each worker by _load
+
+
+def _load(config_file: str, comparison: str) -> None:
+    """Read the comparison's runs once per worker process (the analysis rows every map sees)."""
+    from selection_real import _paths
+
+    from trainmap.dynamics.pipeline import analysis_runs, with_defaults
+    from trainmap.grid import load_config, results_root
+    from trainmap.grid.cells import adaptive_joints, joint_groups, joint_labels, joint_settings
+    from trainmap.jobs.analysis import joint_run_ids, read_group_runs
+
+    config = load_config("params.yaml", "config/config.yaml", config_file)
+    joint = adaptive_joints(config)[comparison]
+    cells = joint.cells(joint_groups(config)[comparison], joint.rounds)
+    labels = joint_labels(cells)
+    ids = joint_run_ids(labels, [cell.to_dict() for cell in cells])
+    root = results_root(config)
+    runs, outcomes = read_group_runs(_paths(root, cells, "metrics.csv", "metrics"),
+                                     _paths(root, cells, "evaluation.json", "evaluate"), ids)  # fmt: skip
+    settings = with_defaults(joint_settings(config, comparison))
+    runs, _ = analysis_runs(runs, outcomes, settings)
+    seeds = dict(zip(ids, (cell.seed for cell in cells), strict=True))
+    RESULTS.update(runs=runs, groups=dict(zip(ids, labels, strict=True)), seeds=seeds,
+                   settings=settings, joint=joint)  # fmt: skip
+
+
+def fit_round(round_: int, split_seed: int) -> dict:
+    """The reproducible rule's full fit on the runs round ``round_`` pools."""
+    from trainmap.dynamics.hmm import bic_minimum
+    from trainmap.dynamics.settings import make_hmm
+
+    joint, seeds = RESULTS["joint"], RESULTS["seeds"]
+    n = joint.seeds_per_method(round_)
+    last_seed = joint.first_seed + round_ * joint.step  # the seeds below this are pooled
+    chosen = {run: table for run, table in RESULTS["runs"].items() if seeds[run] < last_seed}
+    settings = RESULTS["settings"] | {"selection": "reproducible", "seed": split_seed, "n_jobs": 1}
+    started = time.perf_counter()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        hmm = make_hmm(settings).fit(chosen, strata=RESULTS["groups"])
+    curve = hmm.selection_.sort_values("n_states")
+    k_bic = bic_minimum(curve)
+    reproduced = curve[curve["reproducible"].astype(bool) & (curve["n_states"] <= k_bic)]
+    return {"seeds per method": n, "split seed": split_seed, "K": hmm.n_states_, "K_BIC": k_bic,
+            "largest K that reproduces": int(reproduced["n_states"].max()),
+            "share reproduced, K = 1..": " ".join(f"{v:.1f}" for v in curve["reproduced"]),
+            "seconds": round(time.perf_counter() - started, 1)}  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", default="config/adaptive_parity_init.yaml",
+                        help="the adaptive study's config file")  # fmt: skip
+    parser.add_argument("--comparison", default="parity_init", help="its adaptive comparison")
+    parser.add_argument("--split-seeds", type=int, nargs="+", default=[0],
+                        help="analysis.seed values: which random halves (default 0)")  # fmt: skip
+    parser.add_argument("--jobs", type=int, default=2, help="fits at once (default 2)")
+    parser.add_argument("--out", type=Path, help="write the Markdown table here too")
+    args = parser.parse_args(argv)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    _load(args.config, args.comparison)
+    work = [(r, s) for r in range(RESULTS["joint"].rounds + 1) for s in args.split_seeds]
+    with ProcessPoolExecutor(args.jobs, initializer=_load,
+                             initargs=(args.config, args.comparison)) as pool:  # fmt: skip
+        rows = list(pool.map(fit_round, *zip(*work, strict=True)))
+    rows.sort(key=lambda row: (row["seeds per method"], row["split seed"]))
+    header = list(rows[0])
+    lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+    lines += ["| " + " | ".join(str(v) for v in row.values()) + " |" for row in rows]
+    text = (f"`bench/selection_settle.py --config {args.config} --comparison {args.comparison}` "
+            f"({args.jobs} processes)\n\n" + "\n".join(lines))  # fmt: skip
+    print(text)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
