@@ -942,6 +942,12 @@ def test_a_reproducibility_target_outside_0_1_is_a_schema_error(
         validate_schema(config)
 
 
+def test_an_unknown_reproduce_k_is_a_schema_error_naming_the_choices(config: dict) -> None:
+    config["analysis"] |= {"selection": "reproducible", "reproduce_k": "smallest"}
+    with pytest.raises(ConfigError, match="analysis.reproduce_k.*largest.*nested"):
+        validate_schema(config)
+
+
 def test_a_joint_comparison_halves_each_method_and_is_checked_per_method(config: dict) -> None:
     config["analysis"]["joint"] = [{"name": "nets", "task": "digits",
                                     "archs": ["vgg_bn", "resnet_bn"],

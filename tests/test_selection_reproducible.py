@@ -1,6 +1,6 @@
-"""The ``reproducible`` selection rule: K is the largest K such that the maps of K and of every
-smaller K, fitted on two disjoint halves of the runs, decode every run alike (known answer, the
-first failure decides, bad settings, the halves, the bootstrap)."""
+"""The ``reproducible`` selection rule: K is the largest K whose maps fitted on two disjoint halves
+of the runs decode every run alike, or (``reproduce_k: nested``) the largest such that every
+smaller K does too (known answer, the two variants, bad settings, the halves, the bootstrap)."""
 
 from __future__ import annotations
 
@@ -52,19 +52,24 @@ def test_the_reproducible_rule_finds_the_true_k(fitted) -> None:
 
 
 @pytest.mark.parametrize(
-    ("reproducible", "expected"),
+    ("reproducible", "largest", "nested"),
     [
-        ([True, True, False, True, True, True], 2),  # K = 4..6 reproduce again: not chosen
-        ([True, True, True, True, True, True], 5),  # all reproduce: the BIC minimum caps K
-        ([True, False, False, False, False, False], 1),
+        ([True, True, False, True, True, True], 5, 2),  # K = 4..6 reproduce again
+        ([True, True, True, True, True, True], 5, 5),  # all reproduce: the BIC minimum caps K
+        ([True, False, False, False, False, False], 1, 1),
+        ([False] * 6, 5, 1),  # none could be decoded: the BIC's K, or the smallest
     ],
 )
-def test_the_first_k_that_does_not_reproduce_decides(reproducible, expected) -> None:
-    """Finer splits of the states can reproduce again beyond a K that does not (more runs make
-    the halves agree on them): K stops before the first failure, never past the BIC minimum."""
+def test_reproduce_k_takes_the_largest_reproducing_k_or_stops_at_the_first_failure(
+    reproducible, largest, nested
+) -> None:
+    """``largest``: the largest K <= K_BIC whose halves agree; ``nested``: finer splits of the
+    states can reproduce again beyond a K that does not (more runs make the halves agree on them),
+    so K stops before the first failure; never past the BIC minimum (K = 5 here)."""
     curve = pd.DataFrame({"n_states": range(1, 7), "bic": [9.0, 8, 7, 6, 5, 5.5],
                           "reproducible": reproducible})  # fmt: skip
-    assert choose_k(curve) == expected
+    assert choose_k(curve) == choose_k(curve, "largest") == largest
+    assert choose_k(curve, "nested") == nested
 
 
 @pytest.mark.parametrize(
@@ -74,6 +79,7 @@ def test_the_first_k_that_does_not_reproduce_decides(reproducible, expected) -> 
         ({"reproduce_ari": 1.5}, "reproduce_ari"),
         ({"reproduce_share": 0}, "reproduce_share"),
         ({"halves": 0}, "halves"),
+        ({"reproduce_k": "smallest"}, "reproduce_k"),
     ],
 )
 def test_bad_settings_are_refused_by_name(settings, key) -> None:
@@ -117,13 +123,15 @@ def test_the_bootstrap_refits_with_the_reproducible_rule(fitted) -> None:
     assert all(1 <= k <= K_MAX for k in result.ks)
 
 
-def test_a_refit_decodes_only_up_to_the_first_k_that_fails_and_selects_the_same(
-    fitted, monkeypatch
+@pytest.mark.parametrize("reproduce_k", ["largest", "nested"])
+def test_a_refit_decodes_only_the_deciding_ks_and_selects_the_same(
+    fitted, monkeypatch, reproduce_k
 ) -> None:
     import trainmap.dynamics.hmm as hmm_module
     from trainmap.dynamics.certainty import bootstrap_map
 
     hmm, runs = fitted[0], fitted[1]
+    monkeypatch.setattr(hmm, "reproduce_k", reproduce_k)
     args = (hmm, runs, dict.fromkeys(runs, 100), dict.fromkeys(runs, "completed"), [])
     lazy = bootstrap_map(*args, n_resamples=4, max_iter=5)
     every = hmm_module.reproducibility_curve

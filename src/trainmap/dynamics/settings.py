@@ -18,7 +18,7 @@ from trainmap.dynamics.hmm import (
 )
 
 HMM_SETTINGS = ("k_max", "restarts", "holdout", "selection", "folds", "halves", "reproduce_ari",
-                "reproduce_share", "covariance_type",
+                "reproduce_share", "reproduce_k", "covariance_type",
                 "standardisation", "restart_rule", "init", "emission", "n_iter", "tol", "tol_scale", "min_covar",
                 "n_jobs", "features")  # fmt: skip
 #: The analysis settings and their defaults (params.yaml ``analysis`` documents each).
@@ -31,6 +31,7 @@ ANALYSIS_DEFAULTS = {
     "halves": None,
     "reproduce_ari": DEFAULT_REPRODUCE_ARI,
     "reproduce_share": DEFAULT_REPRODUCE_SHARE,
+    "reproduce_k": "largest",
     "seed": 0,
     "covariance_type": "full",
     "standardisation": "pooled",
