@@ -527,7 +527,7 @@ def test_sparse_start_choices_are_accepted(config: dict, repo_root: Path) -> Non
 
 #: Leaves that legitimately take any text or null (names, paths, URIs).
 TAKES_TEXT = ("mlflow.*", "data.*.path", "analysis.joint[[]*[]].name")
-TAKES_NULL = ("mlflow.tracking_uri", "*.grad_clip", "analysis.halves",
+TAKES_NULL = ("mlflow.tracking_uri", "*.grad_clip", "analysis.halves", "analysis.half_size",
               "analysis.checkpoints_per_run", "analysis.first_n")  # fmt: skip
 
 
@@ -921,6 +921,8 @@ def test_duplicate_joint_names_are_refused(config: dict) -> None:
         ({"selection": "reproducible", "halves": 40}, r"analysis.halves: 40 splits into halves, "
                                                       r"but the runs of group .* \(8 per group\) "
                                                       r"allow 35 distinct ones"),
+        ({"selection": "reproducible", "half_size": 1, "halves": 30},
+         r"analysis.halves: 30 splits into halves, but the runs of group .* allow 28 distinct"),
     ],
 )  # fmt: skip
 def test_analysis_settings_beyond_what_the_runs_allow_are_refused_before_any_job(
@@ -953,9 +955,9 @@ def test_a_joint_comparison_halves_each_method_and_is_checked_per_method(config:
                                     "archs": ["vgg_bn", "resnet_bn"],
                                     "analysis": {"selection": "reproducible", "halves": 5000}}]  # fmt: skip
     validate_schema(config)
-    # 8 seeds per arch: C(8, 4) x C(8, 4) = 4900 distinct splits with each arch halved
+    # 8 seeds per arch: C(8, 4) x C(8, 4) / 2 = 2450 distinct splits with each arch halved
     with pytest.raises(ConfigError, match=r"analysis.joint\[0\].analysis.halves: 5000 .* allow "
-                                          r"4900 distinct ones"):  # fmt: skip
+                                          r"2450 distinct ones"):  # fmt: skip
         check_config(config)
     config["analysis"]["joint"][0]["analysis"]["halves"] = 5
     check_config(config)

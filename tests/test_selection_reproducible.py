@@ -80,6 +80,7 @@ def test_reproduce_k_takes_the_largest_reproducing_k_or_stops_at_the_first_failu
         ({"reproduce_share": 0}, "reproduce_share"),
         ({"halves": 0}, "halves"),
         ({"reproduce_k": "smallest"}, "reproduce_k"),
+        ({"half_size": 0}, "half_size"),
     ],
 )
 def test_bad_settings_are_refused_by_name(settings, key) -> None:
@@ -109,6 +110,47 @@ def test_halves_split_every_group_evenly_disjointly_and_reproducibly() -> None:
     assert half_splits(runs, 4, random_state=7, strata=strata) == splits
     assert half_splits(list(reversed(runs)), 4, random_state=7, strata=strata) == splits
     assert half_splits(runs, 4, random_state=8, strata=strata) != splits
+
+
+def test_a_half_size_draws_that_many_runs_of_each_group_into_each_half() -> None:
+    """Two draws of a fixed number of seeds per method, whatever the runs' count: the halves
+    hold min(half_size, n // 2) runs of each group, disjoint, the rest in neither."""
+    runs = [f"{method}_seed{seed}" for method, n in (("a", 9), ("b", 5)) for seed in range(n)]
+    strata = {run: run.split("_")[0] for run in runs}
+    splits = half_splits(runs, 6, random_state=3, strata=strata, half_size=3)
+    for first, second in splits:
+        assert not set(first) & set(second)
+        for half in (first, second):
+            assert sorted(strata[run] for run in half) == ["a"] * 3 + ["b"] * 2
+    unused = {run for first, second in splits for run in runs if run not in first + second}
+    assert unused  # 3 of a's 9 and 1 of b's 5 sit out each split
+    assert half_splits(runs, 6, random_state=3, strata=strata, half_size=3) == splits
+
+
+@pytest.mark.parametrize(("sizes", "half_size"), [([4], None), ([5], None), ([4], 1), ([5], 2),
+                                                  ([3, 4], 1), ([4, 4], None)])  # fmt: skip
+def test_distinct_halvings_counts_the_splits_by_enumeration(sizes, half_size) -> None:
+    from itertools import combinations, product
+
+    from trainmap.dynamics.hmm import distinct_halvings
+
+    per_group = []
+    for g, n in enumerate(sizes):
+        ids = [f"{g}{i}" for i in range(n)]
+        h = n // 2 if half_size is None else min(half_size, n // 2)
+        rest = n - h if half_size is None else h
+        per_group.append([(a, b) for a in combinations(ids, h)
+                          for b in combinations([i for i in ids if i not in a], rest)
+                          if half_size is not None or len(a) + len(b) == n])  # fmt: skip
+    found = set()
+    for choice in product(*per_group):
+        first = frozenset(x for a, _ in choice for x in a)
+        second = frozenset(x for _, b in choice for x in b)
+        found.add(frozenset((first, second)))
+    if half_size is None and len(sizes) > 1:  # counted as ordered pairs there: an upper bound
+        assert distinct_halvings(sizes) >= len(found)
+    else:
+        assert distinct_halvings(sizes, half_size) == len(found)
 
 
 def test_the_bootstrap_refits_with_the_reproducible_rule(fitted) -> None:

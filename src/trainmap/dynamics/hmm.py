@@ -38,8 +38,10 @@ and bench/hmm_select.py):
    more data pays for), and so does the largest K that reproduces: with more runs the halves agree
    on finer splits of the states too. The first K that fails to reproduce does not move that way,
    but it stops short of a true K whose merges into fewer states are ambiguous
-   (:data:`REPRODUCE_K`; bench/selection_settle.py, bench/selection_real.py,
-   bench/selection_reproducible.py). The class default and the
+   (:data:`REPRODUCE_K`). Halves of a fixed size (``half_size``, default 20 runs of each group:
+   two draws of 20 seeds per method, the other runs sitting out) keep the largest reproducing K
+   from following the seed count without that cost (:data:`DEFAULT_HALF_SIZE`;
+   bench/selection_settle.py, bench/selection_real.py, bench/selection_reproducible.py). The class default and the
    workflow's default (``params.yaml``) stay the paper's rule: the reproducible rule fits every K
    2 x ``halves`` + 1 times, and the bootstrap's and the stability curve's refits with it take
    make run past its budget.
@@ -135,6 +137,13 @@ DEFAULT_REPRODUCE_SHARE = 0.8
 #: seeds per method, bench/selection_settle.py): largest grows 3 -> 6-7, nested stays at 3 in 12 of
 #: 16 fits.
 REPRODUCE_K = ("largest", "nested")
+#: Runs of each group in each half (setting ``half_size``; None: half of each group's runs). The
+#: halves of a fixed size are two draws of a fixed number of seeds per method, so the rule's K
+#: answers "which states do two studies of 20 seeds per method both find" and does not follow
+#: the seed count: parity_init made adaptive (bench/selection_settle.py) gave K = 3, 3, 3, 3 at
+#: 88 seeds per method under four split seeds with halves of 20, and 7, 6, 6, 6 with halves of 44.
+#: Up to 40 runs per group it is the plain two-fold split (the known-answer bench's 40 runs).
+DEFAULT_HALF_SIZE = 20
 INITIALISATIONS = ("sticky", "hmmlearn")
 #: What EM's ``tol`` is measured on: the training log-likelihood per observation
 #: (``per_observation``, trainmap's: one tolerance whatever the number of runs) or in total
@@ -248,22 +257,29 @@ def fold_split(run_ids: Sequence[str], folds: int, random_state: int) -> list[li
     return [sorted(ordered[i] for i in order[fold::n_folds]) for fold in range(n_folds)]
 
 
-def distinct_halvings(group_sizes: Sequence[int]) -> int:
+def distinct_halvings(group_sizes: Sequence[int], half_size: int | None = None) -> int:
     """How many distinct splits into two halves (each group halved, :func:`half_splits`) runs in
     groups of ``group_sizes`` allow: the product of C(n, n // 2) over groups, halved for one group
-    of even size (a split and its mirror image are one)."""
+    of even size (a split and its mirror image are one). With ``half_size`` (h = min(half_size,
+    n // 2) runs of each group in each half, the rest in neither): the product of
+    C(n, h) C(n - h, h), halved (the two halves are interchangeable)."""
+    if half_size is not None:
+        sizes = [(n, min(half_size, n // 2)) for n in group_sizes]
+        return math.prod(math.comb(n, h) * math.comb(n - h, h) for n, h in sizes) // 2
     distinct = math.prod(math.comb(n, n // 2) for n in group_sizes)
     return distinct // 2 if len(group_sizes) == 1 and group_sizes[0] % 2 == 0 else distinct
 
 
 def half_splits(
     run_ids: Sequence[str], n_splits: int | None, random_state: int,
-    strata: Mapping[str, str] | None = None, cap: bool = False,
+    strata: Mapping[str, str] | None = None, cap: bool = False, half_size: int | None = None,
 ) -> list[tuple[list[str], list[str]]]:  # fmt: skip
     """``n_splits`` random splits of the sorted distinct runs into two disjoint halves, each a
     seeded permutation (``SeedSequence([random_state, split])``), within each stratum of
     ``strata`` (run -> group: per method in a joint comparison; the first half of a stratum of odd
-    size has the smaller part). Splits may repeat when the runs allow few distinct ones; more splits
+    size has the smaller part). ``half_size``: each half takes min(half_size, n // 2) runs of each
+    stratum of n runs, the rest sit out that split (two draws of a fixed number of seeds per
+    method, whatever the runs' count). Splits may repeat when the runs allow few distinct ones; more splits
     than distinct halvings, or a stratum with fewer than 2 runs, is a ValueError naming the key
     (``cap``, a refit's resample: as many splits as exist, and :class:`SelectionFailed` for a
     stratum of one run). ``n_splits`` None: :data:`DEFAULT_HALVES`, or as many as exist."""
@@ -280,7 +296,7 @@ def half_splits(
         raise ValueError(f"analysis.halves: the reproducible rule splits every group's runs in two "
                          f"halves, but {small} have fewer than 2 runs; use selection holdout or "
                          "more seeds")  # fmt: skip
-    distinct = distinct_halvings([len(ids) for ids in groups.values()])
+    distinct = distinct_halvings([len(ids) for ids in groups.values()], half_size)
     if n_splits > distinct and cap:
         n_splits = distinct
     elif n_splits > distinct:
@@ -294,8 +310,9 @@ def half_splits(
         for group in sorted(groups):
             ids = groups[group]
             order = rng.permutation(len(ids))
-            first += [ids[i] for i in order[: len(ids) // 2]]
-            second += [ids[i] for i in order[len(ids) // 2 :]]
+            size = len(ids) // 2 if half_size is None else min(half_size, len(ids) // 2)
+            first += [ids[i] for i in order[:size]]
+            second += [ids[i] for i in order[size : None if half_size is None else 2 * size]]
         splits.append((sorted(first), sorted(second)))
     return splits
 
@@ -815,6 +832,7 @@ def selection_splits(
     z: Mapping[str, np.ndarray], train: Mapping[str, float], heldout: Mapping[str, float],
     selection: str, folds: int, random_state: int, halves_n: int | None = None,
     strata: Mapping[str, str] | None = None, cap_halves: bool = False,
+    half_size: int | None = None,
 ) -> tuple[list[Split], list[list[str]]]:  # fmt: skip
     """The splits a selection rule scores K on, and their held-out runs (run -> times drawn in
     ``train`` and ``heldout``; the runs' z-scores in ``z``).
@@ -825,9 +843,9 @@ def selection_splits(
     so no copy of a held-out run is trained on), one split per fold (the other folds against it),
     then a last split of every run unscored, each K's model. ``"reproducible"``: the runs of both
     parts pooled and split ``halves_n`` times into two halves (:func:`half_splits`, within each
-    stratum of ``strata``: run -> group), one split per half scored on the other half (first,
-    second, first, ...), then the split of every run, each K's model; the second halves are
-    returned as the held-out runs.
+    stratum of ``strata``: run -> group; ``half_size`` runs of each in each half), one split per
+    half scored on the other half (first, second, first, ...), then the split of every run, each
+    K's model; the second halves are returned as the held-out runs.
     """
     check_choice("selection", selection, SELECTION_RULES)
 
@@ -838,7 +856,7 @@ def selection_splits(
         pooled = dict(train)
         for run, count in heldout.items():
             pooled[run] = pooled.get(run, 0.0) + count
-        halves = half_splits(list(pooled), halves_n, random_state, strata, cap_halves)
+        halves = half_splits(list(pooled), halves_n, random_state, strata, cap_halves, half_size)
         splits = []
         for first, second in halves:
             for half, other in ((first, second), (second, first)):
@@ -887,6 +905,7 @@ def select_model(
     reproduce_ari: float = DEFAULT_REPRODUCE_ARI,
     reproduce_share: float = DEFAULT_REPRODUCE_SHARE,
     reproduce_k: str = "largest",
+    half_size: int | None = DEFAULT_HALF_SIZE,
     strata: Mapping[str, str] | None = None,
     half_starts: Mapping[int, Mapping[int, Mapping[str, np.ndarray]]] | None = None,
     cap_halves: bool = False,
@@ -908,7 +927,8 @@ def select_model(
     each half scored on the other, and on all runs; K is the largest K up to the minimum of that
     two-fold held-out BIC whose two half maps decode every run alike (adjusted Rand index >=
     ``reproduce_ari``) in a share >= ``reproduce_share`` of the splits (``reproduce_k``: the
-    largest such K, or the largest such that every smaller K reproduces too)
+    largest such K, or the largest such that every smaller K reproduces too; ``half_size``: each
+    half holds that many runs of each stratum, at most half of them)
     (:func:`reproducibility_curve`, :func:`choose_k`); K's model is its fit of all runs. Warm-started, each half
     continues from ``half_starts[split]`` (the full fit's half maps, fitted independently, so two
     halves never share a start) and the fit of all runs from ``starts``; a refit (warm-started,
@@ -924,7 +944,8 @@ def select_model(
         raise ValueError(f"analysis.reproduce_ari {reproduce_ari!r} and analysis.reproduce_share "
                          f"{reproduce_share!r} must be in (0, 1]")  # fmt: skip
     splits, held = selection_splits(z, train, heldout, selection, folds, settings["random_state"],
-                                    halves, strata, cap_halves=starts is not None or cap_halves)  # fmt: skip
+                                    halves, strata, cap_halves=starts is not None or cap_halves,
+                                    half_size=half_size)  # fmt: skip
     tasks = [(part, k, r) for part in range(len(splits)) for k in ks for r in range(restarts)]
     split_starts = None
     if starts is not None and half_starts:  # each half from its own; the fit of all runs: starts
@@ -990,6 +1011,7 @@ class TrainingHMM:
         reproduce_ari: float = DEFAULT_REPRODUCE_ARI,
         reproduce_share: float = DEFAULT_REPRODUCE_SHARE,
         reproduce_k: str = "largest",
+        half_size: int | None = DEFAULT_HALF_SIZE,
         init: str = "sticky",
         emission: str = "plain",
         n_iter: int = 500,
@@ -1020,6 +1042,10 @@ class TrainingHMM:
         check_choice("emission", emission, EMISSIONS)
         check_choice("tol_scale", tol_scale, TOL_SCALES)
         check_choice("reproduce_k", reproduce_k, REPRODUCE_K)
+        if half_size is not None and (not isinstance(half_size, int) or isinstance(half_size, bool)
+                                      or half_size < 1):  # fmt: skip
+            raise ValueError(f"half_size: {half_size!r} is not allowed; it must be an integer >= 1 "
+                             "(or None: half of each group's runs)")  # fmt: skip
         if halves is not None and (not isinstance(halves, int) or isinstance(halves, bool)
                                    or halves < 1):  # fmt: skip
             raise ValueError(f"halves: {halves!r} is not allowed; it must be an integer >= 1 "
@@ -1029,7 +1055,7 @@ class TrainingHMM:
                 raise ValueError(f"{key}: {value!r} is not allowed; it must be in (0, 1]")
         self.tol_scale, self.halves = tol_scale, halves
         self.reproduce_ari, self.reproduce_share = reproduce_ari, reproduce_share
-        self.reproduce_k = reproduce_k
+        self.reproduce_k, self.half_size = reproduce_k, half_size
         self.k_max, self.restarts, self.holdout = k_max, restarts, holdout
         self.covariance_type, self.standardisation = covariance_type, standardisation
         self.restart_rule, self.init, self.n_iter, self.tol = restart_rule, init, n_iter, tol
@@ -1081,7 +1107,8 @@ class TrainingHMM:
     def reproducibility(self) -> dict[str, Any]:
         """The ``reproducible`` rule's settings (:func:`select_model`'s keywords)."""
         return {"halves": self.halves, "reproduce_ari": self.reproduce_ari,
-                "reproduce_share": self.reproduce_share, "reproduce_k": self.reproduce_k}  # fmt: skip
+                "reproduce_share": self.reproduce_share, "reproduce_k": self.reproduce_k,
+                "half_size": self.half_size}  # fmt: skip
 
     def ceiling_message(self) -> str:
         """What a selection that chose K_max means, and the fix."""

@@ -12,13 +12,14 @@ from typing import Any
 
 from trainmap.dynamics.hmm import (
     DEFAULT_FOLDS,
+    DEFAULT_HALF_SIZE,
     DEFAULT_REPRODUCE_ARI,
     DEFAULT_REPRODUCE_SHARE,
     TrainingHMM,
 )
 
 HMM_SETTINGS = ("k_max", "restarts", "holdout", "selection", "folds", "halves", "reproduce_ari",
-                "reproduce_share", "reproduce_k", "covariance_type",
+                "reproduce_share", "reproduce_k", "half_size", "covariance_type",
                 "standardisation", "restart_rule", "init", "emission", "n_iter", "tol", "tol_scale", "min_covar",
                 "n_jobs", "features")  # fmt: skip
 #: The analysis settings and their defaults (params.yaml ``analysis`` documents each).
@@ -32,6 +33,7 @@ ANALYSIS_DEFAULTS = {
     "reproduce_ari": DEFAULT_REPRODUCE_ARI,
     "reproduce_share": DEFAULT_REPRODUCE_SHARE,
     "reproduce_k": "largest",
+    "half_size": DEFAULT_HALF_SIZE,
     "seed": 0,
     "covariance_type": "full",
     "standardisation": "pooled",

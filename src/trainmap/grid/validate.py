@@ -761,7 +761,8 @@ def _check_analysis_runs(config: dict) -> None:
                               "it or leave it null")  # fmt: skip
         if settings.get("selection") == "reproducible":
             sizes = [len({cell.seed for cell in group}) for group in groups.values()]
-            halves, distinct = settings.get("halves"), distinct_halvings(sizes)
+            halves = settings.get("halves")
+            distinct = distinct_halvings(sizes, settings.get("half_size"))
             if min(sizes) < 2 or (halves is not None and halves > distinct):
                 raise ConfigError(f"config key {where}.halves: {halves or 5} splits into halves, but "
                                   f"the runs of {what} ({', '.join(map(str, sizes))} per group) "
