@@ -3,7 +3,8 @@
 For one adaptive joint comparison of a finished study (its rounds' runs trained), the full fit
 (no bootstrap, no stability curve) is made with ``selection: reproducible`` on the runs each round
 pools (the grid's seeds, then each round's added seeds), once per split seed (``analysis.seed``:
-which random halves). Per fit: K under ``reproduce_k: nested`` (the largest K <= K_BIC such that
+which random halves) and per ``--half-sizes`` value (``analysis.half_size``: runs of each method in
+each half; null: half of them). Per fit: K under ``reproduce_k: nested`` (the largest K <= K_BIC such that
 K and every smaller K reproduce), K_BIC (the two-fold held-out BIC minimum), K under ``largest``
 (the largest K <= K_BIC whose half maps reproduce), the share of splits reproduced at each K, and
 the fit's seconds (one fit gives both: the full fit decodes every K). Fits run in ``--jobs`` processes, one core
@@ -54,7 +55,7 @@ def _load(config_file: str, comparison: str) -> None:
                    settings=settings, joint=joint)  # fmt: skip
 
 
-def fit_round(round_: int, split_seed: int) -> dict:
+def fit_round(round_: int, split_seed: int, half_size: int | None) -> dict:
     """The reproducible rule's full fit on the runs round ``round_`` pools."""
     from trainmap.dynamics.hmm import bic_minimum
     from trainmap.dynamics.settings import make_hmm
@@ -64,7 +65,7 @@ def fit_round(round_: int, split_seed: int) -> dict:
     last_seed = joint.first_seed + round_ * joint.step  # the seeds below this are pooled
     chosen = {run: table for run, table in RESULTS["runs"].items() if seeds[run] < last_seed}
     settings = RESULTS["settings"] | {"selection": "reproducible", "seed": split_seed, "n_jobs": 1,
-                                      "reproduce_k": "nested"}  # fmt: skip
+                                      "reproduce_k": "nested", "half_size": half_size}  # fmt: skip
     started = time.perf_counter()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -72,7 +73,7 @@ def fit_round(round_: int, split_seed: int) -> dict:
     curve = hmm.selection_.sort_values("n_states")
     k_bic = bic_minimum(curve)
     reproduced = curve[curve["reproducible"].astype(bool) & (curve["n_states"] <= k_bic)]
-    return {"seeds per method": n, "split seed": split_seed, "K (nested)": hmm.n_states_,
+    return {"seeds per method": n, "half size": half_size or "half", "split seed": split_seed, "K (nested)": hmm.n_states_,
             "K_BIC": k_bic, "K (largest)": int(reproduced["n_states"].max()),
             "share reproduced, K = 1..": " ".join(f"{v:.1f}" for v in curve["reproduced"]),
             "seconds": round(time.perf_counter() - started, 1)}  # fmt: skip
@@ -85,16 +86,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--comparison", default="parity_init", help="its adaptive comparison")
     parser.add_argument("--split-seeds", type=int, nargs="+", default=[0],
                         help="analysis.seed values: which random halves (default 0)")  # fmt: skip
+    parser.add_argument("--half-sizes", nargs="+", default=["20", "null"],
+                        help="analysis.half_size values (null: half the runs; default 20 null)")  # fmt: skip
     parser.add_argument("--jobs", type=int, default=2, help="fits at once (default 2)")
     parser.add_argument("--out", type=Path, help="write the Markdown table here too")
     args = parser.parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     _load(args.config, args.comparison)
-    work = [(r, s) for r in range(RESULTS["joint"].rounds + 1) for s in args.split_seeds]
+    sizes = [None if value == "null" else int(value) for value in args.half_sizes]
+    work = [(r, s, h) for h in sizes for r in range(RESULTS["joint"].rounds + 1)
+            for s in args.split_seeds]  # fmt: skip
     with ProcessPoolExecutor(args.jobs, initializer=_load,
                              initargs=(args.config, args.comparison)) as pool:  # fmt: skip
         rows = list(pool.map(fit_round, *zip(*work, strict=True)))
-    rows.sort(key=lambda row: (row["seeds per method"], row["split seed"]))
+    rows.sort(key=lambda row: (str(row["half size"]), row["seeds per method"], row["split seed"]))
     header = list(rows[0])
     lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
     lines += ["| " + " | ".join(str(v) for v in row.values()) + " |" for row in rows]
