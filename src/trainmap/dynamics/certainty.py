@@ -614,7 +614,9 @@ def censoring_steps(
 def verdict_markdown(verdicts: pd.DataFrame, confidence: float) -> str:
     """The verdict table as Markdown (one line per method pair and quantity). The runs column
     counts the runs right-censored in the convergence comparison (never converged within their
-    budget); a note (e.g. no run converged at all) follows the verdict."""
+    budget); the verdict column holds the verdict's label where the table has one
+    (:func:`trainmap.dynamics.labels.label_verdicts`: findings marked), then a note (e.g. no run
+    converged at all)."""
     lines = [f"| pair | quantity | effect | {confidence:.0%} interval | p (Holm) | runs | verdict |",
              "| --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
     for row in verdicts.to_dict(orient="records"):
@@ -626,7 +628,9 @@ def verdict_markdown(verdicts: pd.DataFrame, confidence: float) -> str:
                     int(row.get("n_censored_first", 0) or 0))  # fmt: skip
         if row["quantity"] == CONVERGENCE_STEP and any(censored):
             runs += f" ({censored[0]} vs {censored[1]} censored)"
-        verdict = row["verdict"] + (f" ({row['note']})" if row.get("note") else "")
+        label = row.get("label") or row["verdict"]
+        verdict = ("**finding:** " * bool(row.get("finding")) + label
+                   + (f" ({row['note']})" if row.get("note") else ""))  # fmt: skip
         cells = [f"{row['second']} vs {row['first']}", row["quantity"], _number(row["effect"]),
                  interval, p, runs, verdict]  # fmt: skip
         lines.append("| " + " | ".join(cells) + " |")

@@ -24,7 +24,8 @@ the files it just wrote.
     ``map.json``, ``map.png``, ``map.svg``.
 :func:`joint_group` -> :class:`JointResult` (rule ``joint_comparison``)
     ``verdicts.csv`` / ``verdicts.md`` / ``verdicts.png`` (per method pair: effect, interval, p,
-    verdict), ``joint.json``, ``occupancy.png``, ``convergence.png``, ``map.png``, ``map.svg``,
+    verdict and its label, a finding only when it also holds again on subsamples:
+    :mod:`trainmap.dynamics.labels`), ``joint.json``, ``occupancy.png``, ``convergence.png``, ``map.png``, ``map.svg``,
     ``regression.csv``, ``bootstrap.json`` and the shared model (``hmm.npz``, ``hmm.json``,
     ``states.csv``).
 
@@ -52,6 +53,7 @@ from trainmap.dynamics.certainty import BootstrapResult, bootstrap_map
 from trainmap.dynamics.columns import METRIC_NAMES
 from trainmap.dynamics.hmm import TrainingHMM, baseline_table
 from trainmap.dynamics.joint import JointComparison, compare_groups
+from trainmap.dynamics.labels import label_verdicts, supported_detours
 from trainmap.dynamics.regression import (
     DetourRegression,
     regress_detours,
@@ -417,6 +419,12 @@ class JointResult:
         """The detour states of the pooled regression."""
         return self.comparison.detours.detour_states
 
+    @property
+    def supported_detours(self) -> list[int]:
+        """The detour states the map and convergence.png show as detours: those the regression
+        with the group indicators keeps (:func:`trainmap.dynamics.labels.supported_detours`)."""
+        return supported_detours(self.detour_states, self.comparison.detours_explained_by_group)
+
     def summary(self) -> dict[str, Any]:
         """``joint.json``: the comparison's summary, the bootstrap and the stability curve."""
         return self.comparison.summary() | {"bootstrap": self.bootstrap.to_dict(),
@@ -444,7 +452,7 @@ class JointResult:
         save_json(self.summary(), out / "joint.json")
         _write_csv(comparison.with_groups.coefficients, out / "regression.csv")
         map_caption = draw_training_map(self.training_map, out / "map.png", out / "map.svg",
-                                        title=title, detour_states=self.detour_states)  # fmt: skip
+                                        title=title, detour_states=self.supported_detours)  # fmt: skip
         self.captions = {
             "verdicts.png": plots.plot_verdicts(
                 comparison.verdicts,
@@ -457,7 +465,7 @@ class JointResult:
             ),
             "convergence.png": plots.plot_group_convergence(
                 comparison.convergence,
-                comparison.visit_rates,
+                comparison.visit_rates if self.supported_detours else {},
                 out / "convergence.png",
                 title=title,
             ),
@@ -481,6 +489,8 @@ def joint_group(
     stability = map_stability(comparison.hmm, runs, groups, outcomes.convergence, outcomes.status,
                               comparison.detours.detour_states, settings, n_jobs,
                               verdicts=comparison.verdicts)  # fmt: skip
+    comparison.verdicts = label_verdicts(comparison.verdicts, stability,
+                                         comparison.detours_explained_by_group)  # fmt: skip
     training_map = build_training_map(comparison.hmm, runs, comparison.states,
                                       outcomes.convergence)  # fmt: skip
     result = JointResult(comparison, bootstrap, stability, training_map, _steps(runs))

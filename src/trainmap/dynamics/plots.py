@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import textwrap
 from collections.abc import Mapping
 from typing import Any
 
@@ -138,19 +139,24 @@ def plot_stability(stability: Any, path: str | os.PathLike, title: str = "") -> 
 def plot_verdicts(
     verdicts: pd.DataFrame, confidence: float, path: str | os.PathLike, title: str = ""
 ) -> str:
-    """Effects with intervals per method pair and quantity, coloured by verdict."""
+    """Effects with intervals per method pair and quantity, coloured by verdict; with a
+    ``finding`` column (:func:`trainmap.dynamics.labels.label_verdicts`) green marks findings
+    only, orange a significant difference that is not one, and the labels are the verdicts'."""
     rows = verdicts.reset_index(drop=True)
     figure, axes = plt.subplots(1, 2, figsize=(9, 0.9 + 0.32 * max(len(rows), 1)),
                                 gridspec_kw={"width_ratios": [3, 1]})  # fmt: skip
     for axis, is_step in zip(axes, (False, True), strict=True):
         part = rows[rows["quantity"].eq("convergence step") == is_step]
         for position, row in enumerate(part.itertuples()):
-            colour = ("0.6" if row.verdict == "not enough runs" else
-                      "C2" if "higher" in row.verdict or "lower" in row.verdict else "C0")  # fmt: skip
+            significant = "higher" in row.verdict or "lower" in row.verdict
+            finding = getattr(row, "finding", significant)
+            colour = ("0.6" if row.verdict == "not enough runs" else "C2" if finding else
+                      "C1" if significant else "C0")  # fmt: skip
             axis.plot([row.low, row.high], [position] * 2, color=colour, lw=2)
             axis.plot([row.effect], [position], "o", color=colour)
         axis.axvline(0, color="0.3", lw=0.8)
-        axis.set_yticks(range(len(part)), [f"{r.second} vs {r.first}: {r.quantity}\n{r.verdict}"
+        axis.set_yticks(range(len(part)), [f"{r.second} vs {r.first}: {r.quantity}\n"
+                                           + textwrap.fill(getattr(r, "label", r.verdict), 60)
                                            for r in part.itertuples()], fontsize=7)  # fmt: skip
         axis.invert_yaxis()
         axis.set_xlabel("restricted mean convergence step difference" if is_step
@@ -159,8 +165,10 @@ def plot_verdicts(
     _save(figure, path)
     return (
         f"Verdicts per method pair: the difference of means (second method minus first) with its "
-        f"{confidence:.0%} bootstrap interval; green: significant after Holm's correction "
-        "(permutation test), blue: no evidence of a difference, grey: not enough runs to tell. "
+        f"{confidence:.0%} bootstrap interval; green: a finding (significant after Holm's "
+        "correction and holding again on subsamples of the seeds), orange: significant but not "
+        "a finding (its label says why), blue: no evidence of a difference, grey: not enough "
+        "runs to tell. "
         "Right: the convergence step as time to an event (runs that never converged censored at "
         "their last step): the difference of restricted mean convergence steps of the "
         "Kaplan-Meier curves, tested by the log-rank test."
@@ -260,7 +268,8 @@ def plot_group_convergence(
     convergence: pd.DataFrame, visit_rates: Mapping[str, float], path: str | os.PathLike,
     title: str = "",
 ) -> str:  # fmt: skip
-    """Convergence steps per group: boxes plus every run; the legend gives detour visit rates."""
+    """Convergence steps per group: boxes plus every run; the labels give detour visit rates
+    (none when ``visit_rates`` is empty: no detour the group regression keeps)."""
     groups = list(dict.fromkeys(convergence["group"]))
     figure, axis = plt.subplots(figsize=(max(4.5, 1.3 * len(groups) + 2), 3.4))
     data = [convergence.loc[convergence["group"] == g, "convergence_step"].dropna() for g in groups]
@@ -268,11 +277,13 @@ def plot_group_convergence(
     rng = np.random.default_rng(0)  # jitter only; fixed so the figure is reproducible
     for index, values in enumerate(data, start=1):
         axis.scatter(index + rng.uniform(-0.12, 0.12, len(values)), values, s=12, alpha=0.7)
-    axis.set_xticks(range(1, len(groups) + 1),
-                    [f"{g}\ndetour rate {visit_rates.get(g, float('nan')):.0%}" for g in groups],
-                    fontsize=8)  # fmt: skip
+    labels = [f"{g}\ndetour rate {visit_rates[g]:.0%}" if g in visit_rates else g for g in groups]
+    axis.set_xticks(range(1, len(groups) + 1), labels, fontsize=8)
     axis.set(ylabel="convergence step", title=title or "convergence step per group")
     _save(figure, path)
+    if not visit_rates:
+        return ("Convergence step per group (box: quartiles; dots: runs); no detour rates: no "
+                "state is a detour once the group enters the regression.")  # fmt: skip
     return "Convergence step per group (box: quartiles; dots: runs) with each group's detour rate."
 
 

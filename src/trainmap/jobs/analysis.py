@@ -9,6 +9,7 @@ cell hash}``, a rule param) names the parent run of each cell whose metrics a jo
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -116,6 +117,18 @@ def _log_stability(run: RuleRun, stability: MapStability) -> None:
     sufficient = stability.curve.sufficient_n if stability.curve is not None else None
     if sufficient is not None:
         run.log_metrics({"stability_sufficient_n": sufficient})
+
+
+def verdict_tags(verdicts: pd.DataFrame) -> dict[str, str]:
+    """Each verdict's label as an MLflow tag, ``verdict/<second> vs <first>/<quantity>`` (the
+    characters MLflow refuses in a key replaced by '_'); findings start with 'finding: '."""
+    tags = {}
+    for row in verdicts.to_dict(orient="records"):
+        key = re.sub(r"[^\w\-. :/]", "_", f"verdict/{row['second']} vs {row['first']}/"
+                                             f"{row['quantity']}")  # fmt: skip
+        label = row.get("label") or row["verdict"]
+        tags[key] = ("finding: " if row.get("finding") else "") + label
+    return tags
 
 
 def _log_occupancy(
@@ -250,6 +263,7 @@ def joint_comparison_job(
                              n_jobs=threads)  # fmt: skip
         run.set_tags({"joint": name, "detour_states": result.detour_states})
         _log_stability(run, result.stability)
+        run.set_tags(verdict_tags(result.comparison.verdicts))
         for group, rate in result.comparison.visit_rates.items():
             run.log_metrics({f"{group}.detour_visit_rate": rate})
         _log_figures(run, result.captions, out_dir)

@@ -1,0 +1,83 @@
+"""One verdict, everywhere: the label each verdict of a joint comparison carries in
+``verdicts.md``, ``verdicts.csv``, ``verdicts.png`` and MLflow, made once from all its evidence.
+
+A verdict (:func:`trainmap.dynamics.certainty.compare_methods`: one quantity, one pair of methods)
+is a **finding** only when both hold:
+
+1. the difference is significant after Holm's correction (permutation test; log-rank test for the
+   convergence step), and
+2. it holds again on subsamples of the seeds at the stability target: from some n of the
+   stability curve's ladder on, in a share >= the target of the subsamples, in the same direction
+   and significant (:meth:`trainmap.dynamics.stability.StabilityCurve.verdict_sufficient_n`).
+
+Everything else is said as what it is: "significant at n = 40 vs 40 runs, holds again in 0 % of
+subsamples of 32 seeds per method: not reproducible"; "not tested on subsamples (stability 0)";
+and a time-in-detour verdict whose detour states the group regression rejects (the group predicts
+the slower convergence as well as the state does) is not a finding about detours. The map draws as
+detours only the states the group regression keeps (:func:`supported_detours`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import pandas as pd
+
+from trainmap.dynamics.certainty import NO_EVIDENCE, NOT_ENOUGH_RUNS
+from trainmap.dynamics.stability import MapStability, verdict_key
+
+#: The quantity of :func:`trainmap.dynamics.certainty.run_quantities` that reads the detours.
+TIME_IN_DETOURS = "time in detour states"
+#: The label's ending for a significant verdict that is not a finding (and a stand-alone word).
+NOT_REPRODUCIBLE = "not reproducible"
+NOT_TESTED = "not tested on subsamples"
+
+
+def verdict_label(
+    row: Mapping[str, Any], stability: MapStability, explained_detours: Sequence[int] = ()
+) -> tuple[str, bool]:
+    """The label of one verdict row and whether it is a finding (module docstring).
+
+    ``row``: a row of the verdict table (``first``, ``second``, ``quantity``, ``verdict``,
+    ``n_first``, ``n_second``); ``stability``: the comparison's stability (its curve follows the
+    verdicts that found a difference); ``explained_detours``: detour states that are no detours
+    once the group indicators enter the regression."""
+    verdict = str(row["verdict"])
+    if verdict in (NOT_ENOUGH_RUNS, NO_EVIDENCE):
+        return verdict, False
+    significant = f"significant at n = {int(row['n_second'])} vs {int(row['n_first'])} runs"
+    if row["quantity"] == TIME_IN_DETOURS and explained_detours:
+        states = ", ".join(map(str, explained_detours))
+        return (f"{verdict}: {significant}, but detour state(s) {states} are no detours once the "
+                "group enters the regression: not a finding about detours", False)  # fmt: skip
+    curve = stability.curve
+    key = verdict_key(row)
+    if curve is None or key not in curve.verdicts or not curve.points:
+        why = stability.reason or "the stability curve does not follow it"
+        return f"{verdict}: {significant}; {NOT_TESTED} ({why}): not a finding yet", False
+    unit = "seeds per method" if curve.groups else "seeds"
+    sufficient = curve.verdict_sufficient_n().get(key)
+    if sufficient is not None:
+        return f"{verdict} (significant; holds again from n = {sufficient} {unit})", True
+    largest = max(curve.points, key=lambda point: point.n)
+    share = largest.verdict_held.get(key, 0.0)
+    return (f"{verdict}: {significant}, holds again in {share:.0%} of subsamples of {largest.n} "
+            f"{unit}: {NOT_REPRODUCIBLE}", False)  # fmt: skip
+
+
+def label_verdicts(
+    verdicts: pd.DataFrame, stability: MapStability, explained_detours: Sequence[int] = ()
+) -> pd.DataFrame:
+    """``verdicts`` with two columns added: ``label`` (:func:`verdict_label`) and ``finding``."""
+    labelled = verdicts.copy()
+    pairs = [verdict_label(row, stability, explained_detours)
+             for row in verdicts.to_dict(orient="records")]  # fmt: skip
+    labelled["label"] = [label for label, _ in pairs]
+    labelled["finding"] = [finding for _, finding in pairs]
+    return labelled
+
+
+def supported_detours(detour_states: Sequence[int], explained: Sequence[int]) -> list[int]:
+    """The detour states the map draws as detours: those the group regression keeps."""
+    return [state for state in detour_states if state not in set(explained)]
