@@ -39,6 +39,35 @@ matplotlib.rcParams["svg.hashsalt"] = "trainmap"
 register_backend("svg", DatelessSVGCanvas, "Scalable Vector Graphics")
 
 
+def text_outside(figure: plt.Figure, tolerance: float = 1.0) -> list[str]:
+    """The texts ``figure`` draws (titles, labels, tick labels, legends, annotations) that leave
+    its canvas: each one's string. An empty list is a figure whose every word can be read whole
+    (``tolerance``: pixels of slack). Only what is drawn counts: the texts the renderer is asked
+    to draw, at the extents they are drawn with."""
+    figure.canvas.draw()
+    renderer = figure.canvas.get_renderer()
+    drawn = []
+    draw_text = renderer.draw_text
+
+    def record(gc, x, y, s, prop, angle, ismath=False, mtext=None):  # noqa: ANN001, ANN202
+        if mtext is not None and str(s).strip():
+            drawn.append(mtext)
+        return draw_text(gc, x, y, s, prop, angle, ismath=ismath, mtext=mtext)
+
+    renderer.draw_text = record
+    try:
+        figure.draw(renderer)
+    finally:
+        del renderer.draw_text
+    box, outside = figure.bbox, []
+    for text in dict.fromkeys(drawn):
+        extent = text.get_window_extent(renderer)
+        if (extent.x0 < box.x0 - tolerance or extent.y0 < box.y0 - tolerance
+                or extent.x1 > box.x1 + tolerance or extent.y1 > box.y1 + tolerance):  # fmt: skip
+            outside.append(text.get_text())
+    return outside
+
+
 def save_figure(figure: plt.Figure, path: str | Path, format: str = "png", dpi: int = 110,
                 close: bool = True) -> None:  # fmt: skip
     """Write ``figure`` to ``path`` atomically as ``format`` ("png", "svg"), the same bytes for

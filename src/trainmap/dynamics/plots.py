@@ -94,18 +94,25 @@ def plot_bootstrap(bootstrap: Any, path: str | os.PathLike, title: str = "") -> 
     )
 
 
+#: Colour, line style and marker of the stability figure's verdict lines, in order: told apart
+#: by style as well as by colour.
+VERDICT_STYLES = (("C2", "-", "v"), ("C4", "--", "P"), ("C5", "-.", "X"), ("C6", ":", "*"),
+                  ("C8", "-", "h"), ("C9", "--", "p"))  # fmt: skip
+
+
 def plot_stability(stability: Any, path: str | os.PathLike, title: str = "") -> str:
     """The stability curve: per seed count n, the share of subsamples whose map agrees with the
     full map (ARI at the target), the mean ARI, how often K is the full map's and each detour is
     found again, with the target share."""
-    figure, axis = plt.subplots(figsize=(6, 3.4))
+    figure, axis = plt.subplots(figsize=(9, 3.6))
     curve = stability.curve
     if curve is None or not curve.points:
         axis.axis("off")
-        axis.text(0.5, 0.5, stability.line, ha="center", va="center", wrap=True, fontsize=9)
+        axis.text(0.5, 0.5, textwrap.fill(stability.line, 90), ha="center", va="center",
+                  fontsize=9)  # fmt: skip
     else:
         ns = [point.n for point in curve.points]
-        axis.plot(ns, [p.ari_share for p in curve.points], "o-", color="C0",
+        axis.plot(ns, [p.ari_share for p in curve.points], "o-", color="C0", lw=2,
                   label=f"share with ARI >= {curve.targets.ari:g}")  # fmt: skip
         axis.plot(ns, [p.ari_mean for p in curve.points], "s--", color="C0", alpha=0.6,
                   label="mean ARI")  # fmt: skip
@@ -115,24 +122,27 @@ def plot_stability(stability: Any, path: str | os.PathLike, title: str = "") -> 
             axis.plot(ns, [p.detour_found.get(detour, np.nan) for p in curve.points], "d-",
                       color="#e8a33d", label=f"detour {detour} found again")  # fmt: skip
         for index, verdict in enumerate(curve.verdicts):
-            axis.plot(ns, [p.verdict_held.get(verdict, np.nan) for p in curve.points], "v-",
-                      color=plt.cm.Greens(0.5 + 0.4 * index / max(len(curve.verdicts), 1)),
-                      label=f"holds again: {verdict}")  # fmt: skip
-        axis.axhline(curve.targets.share, color="C3", lw=0.8, ls="--", label="target share")
+            colour, style, marker = VERDICT_STYLES[index % len(VERDICT_STYLES)]
+            axis.plot(ns, [p.verdict_held.get(verdict, np.nan) for p in curve.points],
+                      linestyle=style, marker=marker, color=colour,
+                      label=textwrap.fill(f"holds again: {verdict}", 42))  # fmt: skip
+        axis.axhline(curve.targets.share, color="C3", lw=1, ls="--",
+                     label=f"target share {curve.targets.share:.0%}")  # fmt: skip
         if curve.sufficient_n is not None:
-            axis.axvline(curve.sufficient_n, color="C2", lw=0.8)
+            axis.axvline(curve.sufficient_n, color="C2", lw=1, label="stable from here")
         axis.set(xlabel="seeds" + (" per method" if curve.groups else "") + " in a subsample",
                  ylabel="share of subsamples / ARI", ylim=(-0.02, 1.05), xticks=ns)  # fmt: skip
-        axis.legend(fontsize=7, loc="lower right")
+        axis.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0)
     figure.suptitle(title or "stability over seed counts", fontsize=10)
     _save(figure, path)
     return (
         "Stability curve: subsamples of n seeds (per method) refitted as the full map was; solid "
         "blue, the share whose decoding of all runs agrees with the full map's (adjusted Rand "
         "index at the target); dashed, the mean ARI; grey, the share selecting the same K; orange, "
-        "each detour found again; green triangles, each verdict of the comparison that holds again "
-        "(same direction, significant after Holm). Red dashed: the target share; green: the n from which the map is "
-        f"stable. {stability.line}."
+        "each detour found again; one line per verdict of the comparison (each its own colour, "
+        "style and marker): the share of subsamples in which it holds again (same direction, "
+        "significant after Holm). Red dashed: the target share; green: the n from which the map "
+        f"is stable. The legend sits beside the data. {stability.line}."
     )
 
 
@@ -159,7 +169,7 @@ def plot_verdicts(
                                            + textwrap.fill(getattr(r, "label", r.verdict), 60)
                                            for r in part.itertuples()], fontsize=7)  # fmt: skip
         axis.invert_yaxis()
-        axis.set_xlabel("restricted mean convergence step difference" if is_step
+        axis.set_xlabel("difference of restricted mean\nconvergence steps" if is_step
                         else "occupancy difference")  # fmt: skip
     figure.suptitle(title or "verdicts", fontsize=10)
     _save(figure, path)

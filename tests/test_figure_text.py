@@ -1,0 +1,104 @@
+"""Figures a researcher can read: every figure of a group's analysis and of a joint comparison
+is rendered as the jobs render it, and no text (title, axis label, tick label, legend entry,
+annotation) leaves the canvas."""
+
+from __future__ import annotations
+
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+
+import trainmap.dynamics.training_map as training_map_module
+import trainmap.figures as figures
+from trainmap.dynamics.pipeline import fit_group, joint_group, map_group, regress_group
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_analysis_results import SETTINGS, read_runs  # noqa: E402
+from test_dynamics_cli import write_tables  # noqa: E402
+
+
+@pytest.fixture
+def cut(monkeypatch) -> dict[str, list[str]]:
+    """Figure file name -> its texts that leave the canvas, for every figure saved meanwhile."""
+    found: dict[str, list[str]] = {}
+    save = figures.save_figure
+
+    def checked(figure, path, *args, **kwargs):
+        found[Path(path).name] = figures.text_outside(figure)
+        return save(figure, path, *args, **kwargs)
+
+    monkeypatch.setattr(figures, "save_figure", checked)
+    monkeypatch.setattr(training_map_module, "save_figure", checked)
+    return found
+
+
+def test_text_outside_finds_a_cut_label() -> None:
+    """Positive control: a y label pushed off the canvas is found, the same label inside is not."""
+    figure, axis = figures.plt.subplots(figsize=(4, 3))
+    axis.set_ylabel("test accuracy")
+    figure.tight_layout()
+    assert figures.text_outside(figure) == []
+    figure.subplots_adjust(left=0.0)
+    assert "test accuracy" in figures.text_outside(figure)
+    figures.plt.close(figure)
+
+
+def test_no_analysis_figure_cuts_a_word(tmp_path, cut) -> None:
+    write_tables(tmp_path / "tables", n_runs=8, seed=3)
+    runs, outcomes = read_runs(tmp_path / "tables")
+    groups = {run: "gradinit" if int(run[-1]) % 2 else "kaiming" for run in runs}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fit = fit_group(runs, outcomes, SETTINGS, tmp_path / "group", title="sparse_parity/mlp")
+        regression = regress_group(fit, outcomes, SETTINGS, regression=fit.regression,
+                                   bootstrap=fit.bootstrap, out_dir=tmp_path / "group",
+                                   title="sparse_parity/mlp")  # fmt: skip
+        map_group(fit, runs, outcomes, regression.detour_states, tmp_path / "group",
+                  title="sparse_parity/mlp")  # fmt: skip
+        joint_group(runs, groups, outcomes, SETTINGS | {"stability": 4}, tmp_path / "joint",
+                    title="parity_init")  # fmt: skip
+    expected = {"selection.png", "states.png", "bootstrap.png", "stability.png", "verdicts.png",
+                "coefficients.png", "convergence.png", "map.png", "occupancy.png"}  # fmt: skip
+    assert expected <= set(cut), sorted(cut)
+    assert {name: words for name, words in cut.items() if words} == {}
+
+
+def test_the_stability_legend_sits_beside_the_data_and_the_verdicts_differ_in_style(
+    tmp_path, monkeypatch
+) -> None:
+    from trainmap.dynamics.plots import plot_stability
+    from trainmap.dynamics.stability import (
+        MapStability,
+        StabilityCurve,
+        StabilityPoint,
+        StabilityTargets,
+    )
+
+    verdicts = [f"gradinit vs kaiming, occupancy of state {k}: gradinit lower" for k in range(3)]
+    points = [StabilityPoint(n=n, n_states=6, ks=[6] * 10, ari=[0.5 + n / 100] * 10,
+                             detour_found={2: 0.1}, verdict_held=dict.fromkeys(verdicts, 0.2))
+              for n in (8, 16, 24, 32)]  # fmt: skip
+    curve = StabilityCurve(points=points, targets=StabilityTargets(), full_n=40, n_states=6,
+                           detour_states=[2], groups=["kaiming", "gradinit"], verdicts=verdicts)  # fmt: skip
+    shown = {}
+    save = figures.save_figure
+
+    def keep(figure, path, *args, **kwargs):
+        axis = figure.axes[0]
+        legend = axis.get_legend()
+        figure.canvas.draw()
+        renderer = figure.canvas.get_renderer()
+        shown.update(
+            outside=figures.text_outside(figure),
+            beside=legend.get_window_extent(renderer).x0 >= axis.get_window_extent(renderer).x1,
+            styles={(line.get_color(), line.get_linestyle(), line.get_marker())
+                    for line in axis.get_lines() if line.get_label().startswith("holds again")},
+        )  # fmt: skip
+        return save(figure, path, *args, **kwargs)
+
+    monkeypatch.setattr(figures, "save_figure", keep)
+    plot_stability(MapStability(curve), tmp_path / "stability.png", "parity_init")
+    assert shown["outside"] == [] and shown["beside"]
+    assert len(shown["styles"]) == 3 and len({style for _, style, _ in shown["styles"]}) == 3
