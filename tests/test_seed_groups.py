@@ -131,13 +131,13 @@ def test_group_run_carries_series_figure_and_seed_count(tracking, tmp_path: Path
     half = len(steps) // 2
     assert history(client, run_id, "n_seeds") == (list(steps), [4.0] * half + [3.0] * half)
     for name in ("test_acc", "test_loss", *METRIC_NAMES):
-        for prefix, column in (("seed_mean", "mean"), ("seed_lo", "lo"), ("seed_hi", "hi")):
-            logged_steps, values = history(client, run_id, f"{prefix}/{name}")
-            assert logged_steps == list(steps), (prefix, name)
-            assert values == pytest.approx(expected.loc[name, column].tolist()), (prefix, name)
+        for column in ("mean", "lo", "hi"):
+            logged_steps, values = history(client, run_id, f"{name}/{column}")
+            assert logged_steps == list(steps), (column, name)
+            assert values == pytest.approx(expected.loc[name, column].tolist()), (column, name)
     # Where a seed has no finite value at a step, the count per metric is logged; elsewhere not.
-    assert history(client, run_id, "seed_n/test_loss")[1][:2] == [3.0, 4.0]
-    assert client.get_metric_history(run_id, "seed_n/test_acc") == []
+    assert history(client, run_id, "test_loss/n")[1][:2] == [3.0, 4.0]
+    assert client.get_metric_history(run_id, "test_acc/n") == []
     assert len(logged.data.metrics) == 1 + 3 * len(SERIES) + 1
 
 
@@ -160,12 +160,12 @@ def test_joint_runs_one_child_per_group_with_the_same_metric_names(tracking, tmp
     children = client.search_runs([experiment], f"tags.mlflow.parentRunId = '{parent_id}'")
     assert sorted(child.data.tags["group"] for child in children) == ["a/x", "a/y"]
     keys = [set(child.data.metrics) for child in children]
-    assert keys[0] == keys[1] and "seed_mean/test_acc" in keys[0]
+    assert keys[0] == keys[1] and "test_acc/mean" in keys[0]
     for child in children:
         tags = child.data.tags
         assert (tags["role"], tags["arch"], tags["task"]) == ("seed_group", "a", "digits")
         assert tags["method"] == tags["group"].split("/")[1]
         subset = {run_id: runs[run_id] for run_id in runs if groups[run_id] == tags["group"]}
         expected = seed_statistics(subset).set_index(["metric", "step"])
-        assert history(client, child.info.run_id, "seed_hi/l2") == (
+        assert history(client, child.info.run_id, "l2/hi") == (
             list(steps), pytest.approx(expected.loc["l2", "hi"].tolist()))  # fmt: skip

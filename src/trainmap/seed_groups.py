@@ -22,8 +22,10 @@ statistics; ``n`` counts the seeds that remain.
 **In MLflow** (:func:`log_group`, :func:`log_joint`), one run per group with step-indexed metrics, so
 the UI charts each against step:
 
-* ``seed_mean/<metric>``, ``seed_lo/<metric>``, ``seed_hi/<metric>``: mean and interval bounds;
-* ``n_seeds``: runs with a checkpoint at the step; ``seed_n/<metric>``: seeds with a finite value,
+* ``<metric>/mean``, ``<metric>/lo``, ``<metric>/hi``: mean and interval bounds (the UI groups
+  charts into sections by the key's first part, so a metric's mean and interval sit together in
+  its section, e.g. ``test_acc``);
+* ``n_seeds``: runs with a checkpoint at the step; ``<metric>/n``: seeds with a finite value,
   logged only for a metric where that is fewer at some step;
 * params ``n_seeds`` (runs in the group) and ``n_diverged``; the run's description says all of this.
 
@@ -33,7 +35,7 @@ run; the rule's run names it in its tag ``seed_group_run``), and carries the gro
 ``stability.png``. A joint comparison gets a parent run ``seeds <name>`` (``role=seed_joint``,
 ``joint``, the joint map's ``stability.png`` and seed counts) and under it one run per compared
 group (``seeds <name>: <group>``, ``role=seed_group``, ``joint``, ``group``, ``method`` and, when
-the label has it, ``arch``). One run per method, not ``seed_mean/<method>/<metric>`` keys in one
+the label has it, ``arch``). One run per method, not ``<metric>/<method>/mean`` keys in one
 run: the UI draws one chart per metric key with a line per run, so the same keys in every group's
 run put the methods on one chart per metric without configuring a chart, its grouping by tag
 (``method``, ``arch``, ``joint``) works on them, and they compare with the fit_hmm groups' runs.
@@ -114,6 +116,12 @@ def _mean_interval(
     return n, mean, mean - half, mean + half
 
 
+def seed_key(metric: str, statistic: str) -> str:
+    """The MLflow key of a metric's across-seed ``statistic`` (mean, lo, hi, n):
+    ``<metric>/<statistic>``, so the UI's section of the metric holds all of them."""
+    return f"{metric}/{statistic}"
+
+
 def log_statistics(run: RuleRun, statistics: pd.DataFrame) -> int:
     """Queue ``statistics`` (:func:`seed_statistics`) as step-indexed metrics of ``run`` (module
     docstring); :class:`~trainmap.tracking.RuleRun` sends them in batches. The number of points."""
@@ -122,13 +130,11 @@ def log_statistics(run: RuleRun, statistics: pd.DataFrame) -> int:
     for step, count in counts.items():
         by_step[int(step)] = {"n_seeds": float(count)}
     for metric, rows in statistics.groupby("metric", sort=False):
-        columns = {"seed_mean": "mean", "seed_lo": "lo", "seed_hi": "hi"}
-        if (rows["n"] < rows["n_seeds"]).any():
-            columns["seed_n"] = "n"
-        for prefix, column in columns.items():
+        columns = ["mean", "lo", "hi"] + ["n"] * bool((rows["n"] < rows["n_seeds"]).any())
+        for column in columns:
             for step, value in zip(rows["step"], rows[column].astype(float), strict=True):
                 if np.isfinite(value):
-                    by_step[int(step)][f"{prefix}/{metric}"] = float(value)
+                    by_step[int(step)][seed_key(metric, column)] = float(value)
     for step in sorted(by_step):
         run.log_metrics(by_step[step], step)
     return sum(len(values) for values in by_step.values())
@@ -203,10 +209,10 @@ def _description(what: str, runs: Mapping[str, pd.DataFrame], status: Mapping[st
     diverged = _diverged(runs, status)
     return (
         f"Across-seed statistics of {what}: {len(runs)} runs ({diverged} diverged). Per checkpoint "
-        "step, seed_mean/<metric> is the mean over seeds and seed_lo/<metric>, seed_hi/<metric> "
+        "step, <metric>/mean is the mean over seeds and <metric>/lo, <metric>/hi "
         f"the {CONFIDENCE:.0%} Student-t confidence interval of that mean (mean +/- t(0.975, n-1) "
         "s/sqrt(n), s the sample SD over seeds; no interval from one seed). n_seeds: runs with a "
-        "checkpoint at the step (a diverged run stops at its divergence); seed_n/<metric>: seeds "
+        "checkpoint at the step (a diverged run stops at its divergence); <metric>/n: seeds "
         "with a finite value, where fewer. Metrics: test/train accuracy and loss, the 14 map "
         "metrics."
     )
