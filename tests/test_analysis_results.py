@@ -159,6 +159,12 @@ def test_jobs_log_from_the_results(tables, tmp_path):
     assert by_rule["regress_detours"].data.tags["detour_states"] == str(detours["detour_states"])
     assert "caption.map.png" in by_rule["training_map"].data.tags
     assert by_rule["joint_comparison"].data.tags["joint"] == "self"
+    names = {rule: run.data.tags["mlflow.runName"] for rule, run in by_rule.items() if rule}
+    assert names == {"fit_hmm": "fit_hmm t/a/m", "regress_detours": "regress_detours t/a/m",
+                     "training_map": "training_map t/a/m", "joint_comparison": "joint self"}  # fmt: skip
+    verdict_tags = {k: v for k, v in by_rule["joint_comparison"].data.tags.items()
+                    if k.startswith("verdict/")}  # fmt: skip
+    assert verdict_tags and all(v for v in verdict_tags.values())
     parent = client.search_runs([experiment], "tags.cell = 't/a/m/seed1' and tags.role = 'cell'")
     assert len(parent) == 1 and parent[0].data.tags["config_hash"] == "h1"
     metrics_logged = parent[0].data.metrics

@@ -253,16 +253,19 @@ def rule_run(
     task: str | None = None,
     params: Mapping | None = None,
     config_hash: str | None = None,
+    name: str | None = None,
 ) -> Iterator[RuleRun]:
     """Open the MLflow run of one rule invocation (``tracking``: :func:`tracking_settings`); cell
     rules nest under the cell's parent run at ``config_hash`` (the cell's
-    :func:`trainmap.grid.cell_hash`)."""
+    :func:`trainmap.grid.cell_hash`). The run is named ``name``, by default ``<rule> <cell id>``
+    (or ``<rule> <task>``): a rule run once per group or comparison of a task names it, so no
+    two runs share a name."""
     client, experiment_id = _client(tracking)
     config_hash = config_hash or "none"
     tags = _run_tags(rule, cell, task, config_hash)
     if cell is not None:
         tags["mlflow.parentRunId"] = _cell_parent_run(client, experiment_id, cell, tags)
-    name = f"{rule} {cell.id if cell else task or 'all'}"
+    name = name or f"{rule} {cell.id if cell else task or 'all'}"
     parent_run_id = tags.get("mlflow.parentRunId")
     try:
         with _open_run(client, experiment_id, name, tags, params) as run:

@@ -161,7 +161,7 @@ def fit_hmm_job(
     runs, outcomes = analysis_runs(runs, outcomes, settings)
     task = Cell.of(cells[0]).task
     with rule_run(tracking, "fit_hmm", task=task, params={"analysis": settings, "group": group},
-                  config_hash=settings_hash([settings, group])) as run:  # fmt: skip
+                  config_hash=settings_hash([settings, group]), name=f"fit_hmm {group}") as run:  # fmt: skip
         fit = fit_group(runs, outcomes, settings, out_dir, title=group, n_jobs=threads)
         hmm = fit.hmm
         if hmm.at_ceiling_:
@@ -195,8 +195,8 @@ def regress_detours_job(
     fit = FittedMap.load(out_dir)
     bootstrap = BootstrapResult.load(out_dir / "bootstrap.json")
     with rule_run(tracking, "regress_detours", task=Cell.of(cells[0]).task,
-                  params={"group": group},
-                  config_hash=settings_hash([settings, group])) as run:  # fmt: skip
+                  params={"group": group}, config_hash=settings_hash([settings, group]),
+                  name=f"regress_detours {group}") as run:  # fmt: skip
         result = regress_group(fit, outcomes, settings, bootstrap=bootstrap, out_dir=out_dir,
                                title=group)  # fmt: skip
         regression = result.regression
@@ -223,7 +223,7 @@ def training_map_job(
     runs, outcomes = rows_of_fit(runs, outcomes, out_dir / "states.csv")
     detours = load_json(out_dir / "detours.json")["detour_states"]
     with rule_run(tracking, "training_map", task=Cell.of(cells[0]).task, params={"group": group},
-                  config_hash=settings_hash(group)) as run:  # fmt: skip
+                  config_hash=settings_hash(group), name=f"training_map {group}") as run:  # fmt: skip
         result = map_group(fit, runs, outcomes, detour_states=detours, out_dir=out_dir,
                            title=group)  # fmt: skip
         run.set_tags({"group": group})
@@ -258,7 +258,9 @@ def joint_comparison_job(
     task = Cell.of(cells[0]).task if cells else "external"
     with rule_run(tracking, "joint_comparison", task=task,
                   params={"analysis": settings, "joint": name},
-                  config_hash=settings_hash([settings, name, run_ids])) as run:  # fmt: skip
+                  config_hash=settings_hash([settings, name, run_ids]),
+                  name=f"joint {name}" + (f" round {adaptive_round['round']}"
+                                          if adaptive_round is not None else "")) as run:  # fmt: skip
         result = joint_group(runs, groups, outcomes, settings, out_dir, title=name,
                              n_jobs=threads)  # fmt: skip
         run.set_tags({"joint": name, "detour_states": result.detour_states})
@@ -305,7 +307,8 @@ def adaptive_joint_job(
     trace = load_json(trace_path)
     with rule_run(tracking, "joint_comparison", task=trace["task"],
                   params={"joint": name, "adaptive": {k: trace[k] for k in ("step", "max")}},
-                  config_hash=settings_hash([name, trace["decisions"]])) as run:  # fmt: skip
+                  config_hash=settings_hash([name, trace["decisions"]]),
+                  name=f"joint {name}") as run:  # fmt: skip
         present_final_round(trace, out_dir)
         run.set_tags({"joint": name, "adaptive_rounds": trace["final_round"],
                       "adaptive_stopped_because": trace["stopped_because"],
