@@ -165,6 +165,12 @@ def test_jobs_log_from_the_results(tables, tmp_path):
     verdict_tags = {k: v for k, v in by_rule["joint_comparison"].data.tags.items()
                     if k.startswith("verdict/")}  # fmt: skip
     assert verdict_tags and all(v for v in verdict_tags.values())
+    joint_run = by_rule["joint_comparison"].info.run_id
+    figures = {a.path for a in client.list_artifacts(joint_run, "figures")}
+    assert "figures/stability.png" in figures and "figures/timing" in figures
+    assert {p for p in figures if not p.endswith(".png")} == {"figures/timing"}  # figures only
+    assert "figures/timing/stability.timing.json" in {
+        a.path for a in client.list_artifacts(joint_run, "figures/timing")}  # fmt: skip
     parent = client.search_runs([experiment], "tags.cell = 't/a/m/seed1' and tags.role = 'cell'")
     assert len(parent) == 1 and parent[0].data.tags["config_hash"] == "h1"
     metrics_logged = parent[0].data.metrics

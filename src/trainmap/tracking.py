@@ -235,13 +235,15 @@ class RuleRun:
 
     def log_artifact(self, path: str | os.PathLike, artifact_path: str | None = None) -> None:
         """Upload one file to the run's artifacts, with its timing sidecar when it has one (the
-        measured times the file itself leaves out: ``trainmap.io.timing_path``)."""
+        measured times the file itself leaves out: ``trainmap.io.timing_path``) in a ``timing``
+        folder below it, not beside the file (a figure's folder holds figures only)."""
         from trainmap.io import timing_path  # imports torch: only once a job logs a file
 
         self.client.log_artifact(self.run_id, str(path), artifact_path)
         sidecar = timing_path(path)
         if sidecar.exists():
-            self.client.log_artifact(self.run_id, str(sidecar), artifact_path)
+            where = f"{artifact_path}/timing" if artifact_path else "timing"
+            self.client.log_artifact(self.run_id, str(sidecar), where)
 
 
 @contextmanager
