@@ -150,19 +150,25 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{name} {rule}: K = {row['K']}, {row['seconds']:.0f} s; "
                       f"{row['stability']}", flush=True)  # fmt: skip
             rows.append(row)
+    report(f"`bench/selection_real.py --config {args.config}{' --paper' * args.paper}` "
+           f"(bootstrap {args.bootstrap}, stability {args.stability}, {args.jobs} processes)",
+           rows, args.out)  # fmt: skip
+    return 0
+
+
+def report(heading: str, rows: list[dict], out: Path | None) -> None:
+    """Print ``heading`` and ``rows`` as a Markdown table (floats to one decimal); write both to
+    ``out`` too when given."""
     header = list(rows[0]) if rows else []
     lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
     for row in rows:
         lines.append("| " + " | ".join(f"{v:.1f}" if isinstance(v, float) else str(v)
                                         for v in row.values()) + " |")  # fmt: skip
-    text = (f"`bench/selection_real.py --config {args.config}{' --paper' * args.paper}` "
-            f"(bootstrap {args.bootstrap}, stability {args.stability}, {args.jobs} processes)\n\n"
-            + "\n".join(lines))  # fmt: skip
+    text = heading + "\n\n" + "\n".join(lines)
     print(text)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
-    return 0
+    if out:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text + "\n")
 
 
 if __name__ == "__main__":

@@ -28,12 +28,13 @@ import warnings
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
+from selection_real import _paths, report
+
 RESULTS: dict = {}  # the runs of each round, set in each worker by _load
 
 
 def _load(config_file: str, comparison: str) -> None:
     """Read the comparison's runs once per worker process (the analysis rows every map sees)."""
-    from selection_real import _paths
 
     from trainmap.dynamics.pipeline import analysis_runs, with_defaults
     from trainmap.grid import load_config, results_root
@@ -100,15 +101,8 @@ def main(argv: list[str] | None = None) -> int:
                              initargs=(args.config, args.comparison)) as pool:  # fmt: skip
         rows = list(pool.map(fit_round, *zip(*work, strict=True)))
     rows.sort(key=lambda row: (str(row["half size"]), row["seeds per method"], row["split seed"]))
-    header = list(rows[0])
-    lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
-    lines += ["| " + " | ".join(str(v) for v in row.values()) + " |" for row in rows]
-    text = (f"`bench/selection_settle.py --config {args.config} --comparison {args.comparison}` "
-            f"({args.jobs} processes)\n\n" + "\n".join(lines))  # fmt: skip
-    print(text)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
+    report(f"`bench/selection_settle.py --config {args.config} --comparison {args.comparison}` "
+           f"({args.jobs} processes)", rows, args.out)  # fmt: skip
     return 0
 
 
