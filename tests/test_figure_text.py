@@ -1,6 +1,7 @@
 """Figures a researcher can read: every figure of a group's analysis and of a joint comparison
 is rendered as the jobs render it, and no text (title, axis label, tick label, legend entry,
-annotation) leaves the canvas."""
+annotation) leaves the canvas; the stability legend sits beside the data; a joint map counts its
+states' and edges' runs per method."""
 
 from __future__ import annotations
 
@@ -55,14 +56,23 @@ def test_no_analysis_figure_cuts_a_word(tmp_path, cut) -> None:
         regression = regress_group(fit, outcomes, SETTINGS, regression=fit.regression,
                                    bootstrap=fit.bootstrap, out_dir=tmp_path / "group",
                                    title="sparse_parity/mlp")  # fmt: skip
-        map_group(fit, runs, outcomes, regression.detour_states, tmp_path / "group",
-                  title="sparse_parity/mlp")  # fmt: skip
-        joint_group(runs, groups, outcomes, SETTINGS | {"stability": 4}, tmp_path / "joint",
-                    title="parity_init")  # fmt: skip
+        group_map = map_group(fit, runs, outcomes, regression.detour_states, tmp_path / "group",
+                              title="sparse_parity/mlp")  # fmt: skip
+        joint = joint_group(runs, groups, outcomes, SETTINGS | {"stability": 4},
+                            tmp_path / "joint", title="parity_init")  # fmt: skip
     expected = {"selection.png", "states.png", "bootstrap.png", "stability.png", "verdicts.png",
                 "coefficients.png", "convergence.png", "map.png", "occupancy.png"}  # fmt: skip
     assert expected <= set(cut), sorted(cut)
     assert {name: words for name, words in cut.items() if words} == {}
+    # the joint map counts each state's visitors and each edge's runs per method
+    shared = joint.training_map
+    assert shared.group_runs == {"kaiming": 4, "gradinit": 4}
+    for k in range(shared.n_states):
+        assert sum(visits[k] for visits in shared.visited_by_group.values()) == shared.visited_by[k]
+    for edge in shared.edges:
+        assert sum(edge.runs_by_group.values()) == edge.runs
+    assert sum(shared.start_states.values()) == len(runs)
+    assert group_map.training_map.group_runs == {} == group_map.training_map.visited_by_group
 
 
 def test_the_stability_legend_sits_beside_the_data_and_the_verdicts_differ_in_style(

@@ -492,7 +492,7 @@ def joint_group(
     comparison.verdicts = label_verdicts(comparison.verdicts, stability,
                                          comparison.detours_explained_by_group)  # fmt: skip
     training_map = build_training_map(comparison.hmm, runs, comparison.states,
-                                      outcomes.convergence)  # fmt: skip
+                                      outcomes.convergence, groups=groups)  # fmt: skip
     result = JointResult(comparison, bootstrap, stability, training_map, _steps(runs))
     if out_dir is not None:
         result.write(out_dir, title)

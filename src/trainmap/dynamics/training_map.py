@@ -19,7 +19,7 @@ above and below), arrows whose width grows with frequency, and labels with the t
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -53,6 +53,7 @@ class Edge:
     mean_convergence_step: float | None
     occurrences: int
     top_features: list[FeatureChange] = field(default_factory=list)
+    runs_by_group: dict[str, int] = field(default_factory=dict)  # a joint map: group -> runs
 
 
 @dataclass
@@ -65,6 +66,9 @@ class TrainingMap:
     visited_by: list[int]
     first_visit: list[float | None]  # mean first-visit checkpoint index of the runs visiting
     start_states: dict[int, int]  # state -> runs starting there
+    # a joint map: group -> its runs, and per state how many of them visit it
+    group_runs: dict[str, int] = field(default_factory=dict)
+    visited_by_group: dict[str, list[int]] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         """JSON-ready."""
@@ -86,8 +90,11 @@ def build_training_map(
     runs: Mapping[str, pd.DataFrame],
     states: Mapping[str, np.ndarray],
     convergence: Mapping[str, int | None],
+    groups: Mapping[str, str] | None = None,
 ) -> TrainingMap:
-    """The map of ``hmm`` on the decoded ``runs`` (``states``: Viterbi sequences)."""
+    """The map of ``hmm`` on the decoded ``runs`` (``states``: Viterbi sequences); with
+    ``groups`` (run -> method, a joint map) each state's visitors and each edge's runs are also
+    counted per group."""
     n_states, features = hmm.n_states_, list(hmm.features_)
     importance_sum: dict[tuple[int, int], np.ndarray] = {}
     occurrences: dict[tuple[int, int], int] = {}
@@ -115,6 +122,7 @@ def build_training_map(
                 source=j,
                 target=k,
                 runs=len(takers[(j, k)]),
+                runs_by_group=_by_group(takers[(j, k)], groups),
                 frequency=len(takers[(j, k)]) / len(states),
                 mean_convergence_step=float(np.mean(steps)) if steps else None,
                 occurrences=occurrences[(j, k)],
@@ -138,7 +146,26 @@ def build_training_map(
                 *np.unique([s[0] for s in states.values()], return_counts=True), strict=True
             )
         },  # fmt: skip
+        group_runs=_by_group(states, groups),
+        visited_by_group={
+            group: [
+                sum(int((s == k).any()) for run, s in states.items() if groups[run] == group)
+                for k in range(n_states)
+            ]
+            for group in _by_group(states, groups)
+        },  # fmt: skip
     )
+
+
+def _by_group(runs: Iterable[str], groups: Mapping[str, str] | None) -> dict[str, int]:
+    """Runs per group, in the groups' order of first appearance in ``groups`` (empty without)."""
+    if not groups:
+        return {}
+    taken = set(runs)
+    counts = {group: 0 for group in dict.fromkeys(groups.values())}
+    for run, group in groups.items():
+        counts[group] += run in taken
+    return counts
 
 
 def _pulls(hmm: TrainingHMM, z: np.ndarray) -> np.ndarray:
@@ -174,14 +201,28 @@ def _layout(training_map: TrainingMap) -> dict[int, tuple[float, float]]:
     return positions
 
 
-def _edge_label(edge: Edge) -> str:
+def _edge_label(edge: Edge, group_runs: Mapping[str, int] | None = None) -> str:
+    """An edge's label: the share of runs taking it (per group in a joint map), their mean
+    convergence step and its top features."""
     arrows = [
         f"{'↑' if c.change > 0 else '↓'}{c.feature} {c.change:+.1f}" for c in edge.top_features
     ]
     converged = (
-        f", conv {edge.mean_convergence_step:.0f}" if edge.mean_convergence_step is not None else ""
+        f"conv {edge.mean_convergence_step:.0f}" if edge.mean_convergence_step is not None else ""
     )
-    return f"{edge.frequency:.0%}{converged}\n" + "\n".join(arrows)
+    if group_runs:
+        shares = [f"{group} {edge.runs_by_group.get(group, 0) / n:.0%}"
+                  for group, n in group_runs.items() if n]  # fmt: skip
+        return "\n".join([*shares, *([converged] if converged else []), *arrows])
+    return f"{edge.frequency:.0%}{', ' + converged if converged else ''}\n" + "\n".join(arrows)
+
+
+def _state_label(training_map: TrainingMap, k: int) -> str:
+    """Who visits state ``k``: runs of all runs, or per group in a joint map."""
+    if training_map.group_runs:
+        return "\n".join(f"{group} {training_map.visited_by_group[group][k]}/{n}"
+                         for group, n in training_map.group_runs.items())  # fmt: skip
+    return f"{training_map.visited_by[k]}/{training_map.n_runs} runs"
 
 
 def draw_training_map(
@@ -202,7 +243,7 @@ def draw_training_map(
     detours = set(detour_states or [])
     xs = [p[0] for p in positions.values()] or [0.0]
     ys = [p[1] for p in positions.values()] or [0.0]
-    limits_x = (min(xs) - 1.0, max(xs) + 1.0)
+    limits_x = (min(xs) - 1.6, max(xs) + 1.0)  # room on the left for the start marker
     limits_y = (min(ys) - 1.0, max(ys) + 1.3)
     inches = 1.2  # per data unit; the axes keep an equal aspect, so circles stay round
     figure, axis = plt.subplots(figsize=(inches * (limits_x[1] - limits_x[0]),
@@ -217,14 +258,23 @@ def draw_training_map(
         # Just outside the midpoint of matplotlib's arc3 curve (halfway to its control point).
         mx = (x0 + x1) / 2 + 0.75 * rad * (y1 - y0)
         my = (y0 + y1) / 2 - 0.75 * rad * (x1 - x0)
-        axis.text(mx, my, _edge_label(edge), fontsize=7, ha="center", va="center", zorder=3,
+        axis.text(mx, my, _edge_label(edge, training_map.group_runs), fontsize=8, ha="center",
+                  va="center", zorder=3,
                   bbox={"boxstyle": "round", "fc": "white", "ec": "0.8", "alpha": 0.9})  # fmt: skip
     for k, (x, y) in positions.items():
         colour = "#e8a33d" if k in detours else "#8fb3d9"
         axis.add_patch(Circle((x, y), 0.28, fc=colour, ec="0.2", lw=1.2, zorder=2))
-        axis.text(x, y, str(k), ha="center", va="center", fontsize=12, weight="bold", zorder=4)
-        axis.text(x, y - 0.34, f"{training_map.visited_by[k]}/{training_map.n_runs} runs",
-                  ha="center", va="top", fontsize=7, zorder=4)  # fmt: skip
+        axis.text(x, y, str(k), ha="center", va="center", fontsize=13, weight="bold", zorder=4)
+        axis.text(x, y - 0.34, _state_label(training_map, k), ha="center", va="top", fontsize=8,
+                  zorder=4)  # fmt: skip
+    # The start: an arrow into each state runs begin in, with how many begin there.
+    for k, count in training_map.start_states.items():
+        if k not in positions:
+            continue
+        x, y = positions[k]
+        axis.annotate(f"start\n{count} runs", xy=(x - 0.3, y), xytext=(x - 1.0, y + 0.35),
+                      fontsize=8, ha="center", va="center", color="0.25",
+                      arrowprops={"arrowstyle": "-|>", "color": "0.25", "lw": 1.2})  # fmt: skip
     axis.set_xlim(*limits_x)
     axis.set_ylim(*limits_y)
     axis.set_aspect("equal")
@@ -237,9 +287,11 @@ def draw_training_map(
     if svg_path is not None:
         save_figure(figure, svg_path, "svg", dpi=figure.dpi)
     return (
-        "Training map: hidden states (circles, with how many runs visit them; orange = detour) "
-        "from left to right by when runs first reach them, and an arrow wherever a decoded run "
-        "changes state. Labels: fraction of runs taking the transition, their mean convergence "
+        "Training map: hidden states (circles, with how many runs visit them, per method in a "
+        "joint map; orange = a detour the regression keeps) from left to right by when runs first "
+        "reach them, 'start' where runs begin, and an arrow wherever a decoded run changes state. "
+        "Labels: fraction of runs taking the transition (per method in a joint map), their mean "
+        "convergence "
         "step, and the three most influential features for the target state with their change in "
         "standard units."
     )
