@@ -175,23 +175,69 @@ def find_tables(paths: list[Path]) -> dict[str, Path]:
 
 def find_runs(paths: list[Path]) -> dict[str, Path]:
     """Run id -> metric CSV or external run directory (:func:`is_external_run`). A directory is an
-    external run, a directory of external runs, or searched for ``metrics.csv`` files."""
-    found = []
+    external run, a directory of external runs, or searched for trainmap metric tables
+    (``metrics.csv`` files whose header names a step and trainmap's metrics: another tool's
+    ``metrics.csv``, such as Lightning's, is not one). With fewer than 2 runs the error lists each
+    place looked at and why it is not a run."""
+    found: list[Path] = []
+    passed_over: list[str] = []
     for path in paths:
         if is_external_run(path):
             found.append(path)
         elif path.is_dir():
             runs = sorted(d for d in path.iterdir() if is_external_run(d))
-            found += runs or sorted(path.rglob("metrics.csv"))
+            if runs:
+                found += runs
+                continue
+            for table in sorted(path.rglob("metrics.csv")):
+                why = not_a_metric_table(table)
+                found += [table] if why is None else []
+                passed_over += [] if why is None else [f"{table}: {why}"]
+            passed_over += [f"{d}: {why_not_a_run(d)}" for d in sorted(path.iterdir())
+                            if d.is_dir() and not any(f.is_relative_to(d) for f in found)]  # fmt: skip
         elif path.is_file():
             found.append(path)
         else:
             raise SystemExit(f"error: {path} is neither a metrics CSV nor a directory")
     if len(found) < 2:
+        shown = passed_over[:20] + ([f"... and {len(passed_over) - 20} more"]
+                                    if len(passed_over) > 20 else [])  # fmt: skip
+        looked = "".join(f"\n  {line}" for line in shown) or f"\n  (nothing under {paths})"
         raise SystemExit(f"error: found {len(found)} run(s) (metric tables or checkpoint "
-                         "directories); a training map needs >= 2")  # fmt: skip
+                         f"directories); a training map needs >= 2. Looked at:{looked}\nA run is "
+                         f"a directory of checkpoints named by step ({', '.join(CHECKPOINT_SUFFIXES)}, "
+                         "e.g. step_100.pt) with an evaluation.csv, or a trainmap metrics.csv")  # fmt: skip
     parent = Path(os.path.commonpath([_run_dir(f).resolve().parent for f in found]))
     return {_run_id(f, parent): f for f in found}
+
+
+def not_a_metric_table(path: Path) -> str | None:
+    """None when ``path``'s header is a trainmap metric table's (``step`` and at least one of the
+    14 metrics); else why it is not."""
+    from trainmap.dynamics.metrics import METRIC_NAMES
+
+    with open(path, newline="") as handle:
+        header = [name.strip() for name in handle.readline().strip().split(",")]
+    if "step" in header and set(header) & set(METRIC_NAMES):
+        return None
+    shown = ", ".join(header[:6]) + (", ..." if len(header) > 6 else "")
+    return (
+        f"not a trainmap metric table (header: {shown}; a trainmap table has 'step' and the "
+        f"weight metrics, e.g. {', '.join(METRIC_NAMES[:3])})"
+    )
+
+
+def why_not_a_run(directory: Path) -> str:
+    """Why ``directory`` (holding no checkpoint files of its own) is not a run: what it holds."""
+    children = sorted(directory.iterdir())
+    folders = [c.name for c in children if c.is_dir()]
+    files = [c.name for c in children if c.is_file()]
+    if not children:
+        return "empty"
+    held = ", ".join((folders + files)[:5]) + (", ..." if len(children) > 5 else "")
+    return (
+        f"no checkpoint files ({', '.join(CHECKPOINT_SUFFIXES)}) directly inside; it holds {held}"
+    )
 
 
 def is_external_run(path: Path) -> bool:
