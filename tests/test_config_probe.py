@@ -17,7 +17,7 @@ from trainmap.grid import ConfigError, check_config, load_config, validate_schem
 
 BAD_VALUES = [float("nan"), float("inf"), float("-inf"), "text", True, None, [1]]
 #: (key, value) pairs that are valid settings although they replace a number.
-ALLOWED = {("grad_clip", None), ("srste_t0", None), ("n_train", None)}
+ALLOWED = {("grad_clip", None), ("srste_t0", None), ("n_train", None), ("half_size", None)}
 
 
 def numbers(value: Any, path: list) -> Iterator[tuple[list, Any]]:
