@@ -1,4 +1,4 @@
-"""K recovery with a per-run emission offset (issue 22): the analysis setting ``emission`` of
+"""K recovery with a per-run emission offset: the analysis setting ``emission`` of
 :class:`trainmap.dynamics.hmm.TrainingHMM`, ``plain`` against ``run_offset``, ``run_offset_drift``
 and ``run_affine`` (:mod:`trainmap.dynamics.run_offset`), through trainmap's one selection path.
 

@@ -1,4 +1,4 @@
-"""K recovery under run-to-run nuisance (issue 22, item 2): one held-out split against folds.
+"""K recovery under run-to-run nuisance: one held-out split against folds.
 
 Real seeds differ by more than their states: an offset, a scale and a slow drift of the metrics per
 run. :func:`trainmap.dynamics.synthetic.sample_runs` with ``nuisance`` > 0 gives every run its own

@@ -16,8 +16,8 @@ three times and the ratio stability / (fit + bootstrap).
 Snakemake's own log of the run (``.snakemake/log/*.snakemake.log`` beside ``results``: the time
 each job started and finished, to the second). Printed per rule: jobs, summed job time, and the
 time at least one of its jobs was running; then the analysis rules' (``fit_hmm``,
-``regress_detours``, ``training_map``, ``joint_comparison``) share of the run's wall time (issue 22:
-<= 35 %), and inside ``joint_comparison`` the bootstrap's and the stability curve's own times
+``regress_detours``, ``training_map``, ``joint_comparison``) share of the run's wall time (the
+budget: <= 35 %), and inside ``joint_comparison`` the bootstrap's and the stability curve's own times
 (``results/joint/*/bootstrap.timing.json`` and ``stability.timing.json``), which no rule times
 separately (they run inside ``fit_hmm`` and ``joint_comparison``).
 

@@ -1,4 +1,4 @@
-"""The stability curve's seed count against a direct Monte Carlo over fresh seeds (issue 22, item 3).
+"""The stability curve's seed count against a direct Monte Carlo over fresh seeds.
 
 :func:`trainmap.dynamics.stability.stability_curve` answers "from which n does a map of n of our N
 runs reproduce the map of all N" by *subsampling* the N runs. What a user wants to know is "are n

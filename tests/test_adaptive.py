@@ -1,4 +1,4 @@
-"""Adaptive seeds (issue 22, item 4): a joint comparison grows by rounds until its stability curve
+"""Adaptive seeds: a joint comparison grows by rounds until its stability curve
 meets the target, checked on the grid model, the round decision, bad settings, and a real
 Snakemake run on a small grid."""
 

@@ -1,4 +1,4 @@
-"""Analysis results are objects (issue 20): each step of trainmap.dynamics.pipeline returns one
+"""Analysis results are objects: each step of trainmap.dynamics.pipeline returns one
 result (fit, states, regression, detours, bootstrap, verdicts, captions) that the command line
 passes on and the jobs log from. A later step gives the same files whether it gets the fit in memory
 (the command line) or reads what the fit rule wrote (the workflow), and the jobs log what the result

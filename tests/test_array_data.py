@@ -1,4 +1,4 @@
-"""Issue 21, data without code: the ``arrays`` data kind reads a user's .npz or torch.save file of
+"""Data without code: the ``arrays`` data kind reads a user's .npz or torch.save file of
 train/test arrays; every check names the file and the array, and the config check reads it before
 any job runs."""
 

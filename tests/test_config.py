@@ -98,7 +98,7 @@ def test_default_config_loads_and_expands(repo_root: Path, base_config: dict) ->
 def test_default_study_has_at_least_32_seeds_per_method_in_every_joint_comparison(
     base_config: dict,
 ) -> None:
-    """Issue 15: the default study's answers rest on enough seeds (the paper: 40 per setting)."""
+    """The default study's answers rest on enough seeds (the paper: 40 per setting)."""
     from trainmap.grid import joint_groups
 
     joints = joint_groups(base_config)
@@ -350,7 +350,7 @@ def test_bad_config_is_refused(
     assert message.startswith("config key "), message
 
 
-# Issue 14: malformed configs a new user wrote. Each is refused at parse time (validate_schema in the
+# Malformed configs a new user wrote. Each is refused at parse time (validate_schema in the
 # Snakefile, check_config in common.smk, before any rule or job exists), and the error's FIRST line
 # leads with the key, then names the bad value and what is allowed.
 # (id, mutation, key, bad value as printed, what is allowed)
@@ -438,7 +438,7 @@ def test_issue14_config_first_line_names_key_value_and_allowed(
 
 
 def test_dvc_yaml_quotes_the_config_file_in_every_command(repo_root: Path) -> None:
-    """Issue 14 case 13: dvc.yaml pastes ${dvc.configfile} into shell commands; it is quoted there
+    """``dvc.yaml`` pastes ${dvc.configfile} into shell commands; it is quoted there
     (and the schema test cases above keep shell characters out of the value)."""
     stages = read_yaml(repo_root / "dvc.yaml")["stages"]
     commands = [stage["cmd"] for stage in stages.values()]
@@ -501,8 +501,8 @@ def test_seed_blocks_second_order_and_conv_groups_are_accepted(config: dict, rep
 def test_sparse_start_must_be_a_checkpoint_of_the_dense_runs(
     config: dict, repo_root: Path, start, key: str, message: str
 ) -> None:
-    """Issue 22: sparse.<task>.start {step: N} prunes the dense run's checkpoint at step N; a step
-    the dense runs never record (digits: every 5 of 240 steps) is refused before any job."""
+    """``sparse.<task>.start`` {step: N} prunes the dense run's checkpoint at step N; a step the
+    dense runs never record (digits: every 5 of 240 steps) is refused before any job."""
     config["grid"][1]["methods"] = ["kaiming", "ast"]
     config["sparse"]["digits"]["start"] = start
     with pytest.raises(ConfigError) as caught:
@@ -550,7 +550,7 @@ def _dotted(path) -> str:
 def test_every_setting_with_a_wrong_value_is_a_config_error_naming_it(
     config: dict, repo_root: Path, bad
 ) -> None:
-    """Issue 14 case 4 over the whole config: every leaf of params.yaml + the grid set to text, a
+    """Over the whole config: every leaf of params.yaml + the grid set to text, a
     negative number or null is a ConfigError naming that key (or its parent), never a crash."""
     import fnmatch
 
@@ -653,7 +653,7 @@ def test_load_config_refuses_bad_override_file(
 
 
 # --------------------------------------------------------------------------------------------------
-# Config files (issue 14 cases 6 and 8)
+# Config files
 
 
 @pytest.mark.parametrize(
@@ -700,7 +700,7 @@ def test_a_key_may_repeat_in_different_mappings(tmp_path: Path) -> None:
 
 
 def test_a_config_file_using_yte_runs_python(tmp_path: Path, repo_root: Path) -> None:
-    """Issue 14 case 8: `__use_yte__: true` makes a config file a template whose ?expressions are
+    """`__use_yte__: true` makes a config file a template whose ?expressions are
     Python, evaluated when the file is read, also in a dry run; the README says to trust such a
     file like a Snakefile."""
     marker = tmp_path / "ran"
@@ -837,7 +837,7 @@ def test_snakemake_refuses_bad_config_before_any_job(
 def test_snakemake_names_file_and_line_of_a_yaml_syntax_error(
     repo_root: Path, tmp_path: Path
 ) -> None:
-    """Issue 14 case 6: the Snakefile's own config files are read strictly before Snakemake's
+    """The Snakefile's own config files are read strictly before Snakemake's
     loader, which would only say "Config file is not valid JSON or YAML"."""
     workdir = copy_workflow(repo_root, tmp_path / "workflow")
     grid = workdir / "config" / "config.yaml"

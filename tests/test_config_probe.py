@@ -1,4 +1,4 @@
-"""Issue 19's broad probe, kept as a test: every number of the merged configuration replaced by a
+"""A broad probe, kept as a test: every number of the merged configuration replaced by a
 value no setting takes (NaN, +-infinity, text, a boolean, a list) must be refused before any job,
 the message's first line leading with that key (or, inside a model option's list, with the
 option's key and its name). ``grad_clip: null`` is the one documented exception (no clipping)."""

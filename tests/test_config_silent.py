@@ -1,4 +1,4 @@
-"""Issue 19: settings that used to pass silently are refused before any job, naming the key.
+"""Settings that used to pass silently are refused before any job, naming the key.
 
 NaN and infinity in any number, cross-setting checks (metric names, N:M patterns no layer takes,
 joint comparisons the grid cannot fill as written, data directories without their files, MLflow

@@ -1,4 +1,4 @@
-"""Issue 14 case 11: a damaged resume.pt no longer fails its cell on every rerun.
+"""A damaged resume.pt no longer fails its cell on every rerun.
 
 Snakemake does not track resume files, so it never remakes a damaged one; before, its cell failed
 at load on every rerun. Now the training loop (trainmap.training.loop via trainmap.io.load_resume_or_none)

@@ -1,4 +1,4 @@
-"""Model selection with a known answer (issue 16): K, decoding and the map's edges.
+"""Model selection with a known answer: K, decoding and the map's edges.
 
 Runs sampled from left-to-right Gaussian HMMs with 3 and 5 states over 14 correlated features
 (two shared factors, raw units from 1e-3 to 1e3), 40 runs x 200 checkpoints, runs differing in
@@ -73,7 +73,7 @@ def test_diagonal_covariances_run_to_the_ceiling_on_correlated_features():
 
 
 def test_folds_recover_k_under_run_nuisance_where_one_split_does_not():
-    """Issue 22: seeds differ by an offset, a scale and a drift of their metrics (``nuisance``).
+    """Seeds differ by an offset, a scale and a drift of their metrics (``nuisance``).
     On this data set (true K = 5; bench/selection_nuisance.py: K = 5 for every estimator seed with
     3 folds) the paper's one held-out split selects K = 4; the mean held-out BIC over 3 folds of the
     runs, the model refitted on all of them, recovers K and decodes the states."""

@@ -1,4 +1,4 @@
-"""The stability curve over seed counts (issue 22), checked on runs from known HMMs.
+"""The stability curve over seed counts, checked on runs from known HMMs.
 
 Four known answers, 40-48 runs x 200-300 checkpoints each, fitted with small settings (K_max 4-5, 2
 restarts; ~0.2 s a fit) and subsampled 10 times per n (~2 s a curve):

@@ -1,4 +1,4 @@
-"""Integration (issue 21): the worked example examples/my_cnn, a user's CNN and init scheme from a
+"""Integration: the worked example examples/my_cnn, a user's CNN and init scheme from a
 plugin and data from an .npz file, through train -> evaluate -> metrics -> a joint training map with
 verdicts, at smoke size (examples/my_cnn/smoke.yaml) in a temporary copy of the workflow."""
 

@@ -1,4 +1,4 @@
-"""External runs (issue 21): checkpoints written by a plain PyTorch loop, with no trainmap code,
+"""External runs: checkpoints written by a plain PyTorch loop, with no trainmap code,
 give the metrics trainmap computes for the same weights through its own path (to 1e-12 in
 float64), a map with verdicts comes out, and bad run directories are refused naming the file."""
 

@@ -196,8 +196,8 @@ def reference_gradinit(model, draws, iterations, *, batch_size, overlap, variant
 @pytest.mark.parametrize("variant", ["sgd", "adam"])
 def test_gradinit_matches_an_independent_loop_over_every_parameter(digits, arch, variant):
     """A small CNN (no BN / BN) from Kaiming init, zero biases and BN beta included: ||g|| per
-    iteration and the learned scales equal the independent computation in float64 (issue 13:
-    leaving the zero-initialised tensors out of g made ||g|| 11-14 % too small)."""
+    iteration and the learned scales equal the independent computation in float64 (leaving
+    the zero-initialised tensors out of g made ||g|| 11-14 % too small)."""
     from trainmap.methods.gradinit import batch_draws
 
     options = {"widths": [4, 8], "convs_per_stage": [2, 1]}

@@ -1,4 +1,4 @@
-"""The package's import graph has no cycle (issue 20): every import between trainmap's modules, at
+"""The package's import graph has no cycle: every import between trainmap's modules, at
 module level or inside a function (a deferred import hides a cycle, it does not remove it), read
 from the source with ``ast``. ``if TYPE_CHECKING:`` imports are left out: they never run."""
 

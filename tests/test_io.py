@@ -152,7 +152,7 @@ def test_load_torch_refuses_arbitrary_pickles(tmp_path):
     os.remove(marker)
 
 
-# --- checksums (issue 14 cases 9-11) ----------------------------------------------------------
+# --- checksums ----------------------------------------------------------
 
 
 def assert_one_clear_error(error: DamagedFileError, path: Path, problem: str) -> None:

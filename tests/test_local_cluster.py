@@ -1,4 +1,4 @@
-"""Issue 14 case 14: profiles/slurm/local_cluster.sh keeps its root-owned state in a private directory.
+"""``profiles/slurm/local_cluster.sh`` keeps its root-owned state in a private directory.
 
 The script runs as root and writes (slurm.conf, logs) and reads (pid files it kills by) its state
 directory. It used a fixed /tmp/trainmap-slurm, where any local user could plant a symbolic link.

@@ -1,4 +1,4 @@
-"""Metric tables are read strictly (trainmap.dynamics.tables): issue 19's damaged-table cases.
+"""Metric tables are read strictly (trainmap.dynamics.tables): the damaged-table cases.
 
 A damaged table stops the job with an error naming the file, the column, the step and the fix; a
 diverged run's NaN rows and a model without biases still work, and a feature unusable for every

@@ -1,11 +1,11 @@
-"""One model selection (issue 20): the full fit (:meth:`TrainingHMM.fit`) and every bootstrap refit
+"""One model selection: the full fit (:meth:`TrainingHMM.fit`) and every bootstrap refit
 (:func:`trainmap.dynamics.certainty.refit_resample`) standardise, fit every K and choose K through
 the same functions (:func:`~trainmap.dynamics.hmm.standardise_runs`,
 :func:`~trainmap.dynamics.hmm.select_model`, :func:`~trainmap.dynamics.hmm.choose_k`), warm starts
 being an option of that one path. So a "resample" that draws every run once, with the full fit's
 held-out split, reproduces the full fit: exactly its selection when refitted as the full fit is
 (fresh seeded restarts), and its K and likelihoods when warm-started from it (as the bootstrap
-refits). The selection rule (one held-out split, or folds of the runs: issue 22) is part of that
+refits). The selection rule (one held-out split, or folds of the runs) is part of that
 path: the stability curve's refits and the bootstrap's use the full fit's rule."""
 
 from __future__ import annotations

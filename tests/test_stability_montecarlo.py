@@ -1,4 +1,4 @@
-"""The stability curve's seed count against a direct Monte Carlo over fresh seeds (issue 22, item 3).
+"""The stability curve's seed count against a direct Monte Carlo over fresh seeds.
 
 The curve subsamples the N runs we have; the question it stands for is whether n *fresh* seeds
 give the same map. On runs from a known HMM (the weakly separated answer of

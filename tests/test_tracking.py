@@ -1,6 +1,6 @@
 """MLflow tracking: rule runs nested under cell runs, batched metrics, failures, URIs, artifacts.
 
-The parallel test reproduces the FACTS.md set-up the Snakefile relies on: the database and experiment
+The parallel test reproduces the set-up the Snakefile relies on: the database and experiment
 are created once (as the ``onstart`` handler does), then 16 independent processes log their runs
 against the same fresh SQLite file at once; every one of them must land, nested under its cell.
 """

@@ -1,4 +1,4 @@
-"""Issue 19: a block job killed mid-run is finished by the next plain `snakemake`, and said so.
+"""A block job killed mid-run is finished by the next plain `snakemake`, and said so.
 
 Snakemake deletes a job's manifest before it runs the job, and reruns a job whose output is missing
 only when a job that needs it has to run. After `kill -9` of a forced training block a plain rerun

@@ -1,4 +1,4 @@
-"""Models that cannot be vectorised (issue 21): a block whose model vmap refuses, or runs with other
+"""Models that cannot be vectorised: a block whose model vmap refuses, or runs with other
 numbers, is found by one trial step when the block is built; its seeds then train one at a time,
 each as a block of one, with a warning naming the architecture and the reason, and each seed's
 files are exactly those it gives trained alone."""

@@ -148,7 +148,7 @@ def test_switch_off_starts_no_server(jobs_module, monkeypatch):
     assert worker.start_server(jobs_module / "state") is None
 
 
-# --- access (issue 14 case 12) ------------------------------------------------------------------
+# --- access ------------------------------------------------------------------
 
 
 def test_socket_is_private_whatever_the_umask(jobs_module, monkeypatch):

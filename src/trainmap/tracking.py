@@ -3,7 +3,7 @@
 * The tracking URI comes from the config (``mlflow.tracking_uri``), else ``$MLFLOW_TRACKING_URI``,
   else ``sqlite:///mlflow.db`` in the working directory. An ``http://host:port`` server works alike.
 * :func:`init_tracking` creates the database schema and the experiment once, before parallel jobs
-  start: a fresh SQLite database migrated by several processes at once loses runs (FACTS.md: 7 of 8
+  start: a fresh SQLite database migrated by several processes at once loses runs (measured: 7 of 8
   jobs crashed), so the Snakefile's ``onstart`` handler calls it from the single Snakemake process.
 * :func:`rule_run` opens a run tagged ``rule``/``task``/``arch``/``method``/``seed``, the git commit and a
   config hash, and parents it (tag ``mlflow.parentRunId``) under the cell's run so the UI nests a

@@ -1,4 +1,4 @@
-"""Seed blocks that a killed job left unfinished, found when the workflow is parsed (issue 19).
+"""Seed blocks that a killed job left unfinished, found when the workflow is parsed.
 
 Snakemake deletes a job's outputs just before it runs the job. A block job killed mid-run
 (``kill -9``, a lost node, an interrupted ``--forcerun``) therefore leaves no manifest, while its

@@ -1,7 +1,7 @@
 """A job server that keeps the heavy imports warm, so a short workflow job starts in milliseconds.
 
 Every Snakemake job is a fresh Python process, and a trainmap job imports torch, pandas, matplotlib
-and MLflow before it does anything (FACTS.md: ~1.6 s + ~1.2 s, more under load), which is longer
+and MLflow before it does anything (measured: ~1.6 s + ~1.2 s, more under load), which is longer
 than many jobs compute. When Snakemake executes jobs on this machine, the Snakefile's ``onstart``
 starts one server per workflow run (:func:`start_server`); it imports those libraries once and
 then, for every job, forks a child that already has them. The job's Snakemake script stays a thin

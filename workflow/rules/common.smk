@@ -40,7 +40,7 @@ JOB_SERVER = {}
 
 
 onstart:
-    # Create the tracking database and experiment once, before parallel jobs (FACTS.md: a fresh
+    # Create the tracking database and experiment once, before parallel jobs (measured: a fresh
     # SQLite database migrated by 8 jobs at once lost 7 of their runs).
     tracking = tracking_settings(config)
     # Cluster jobs (--executor slurm, profiles/slurm) log from compute nodes: a loopback or SQLite
@@ -133,7 +133,7 @@ METRIC_BLOCKS = blocks_by_id(
 )
 
 
-# --- blocks a killed job left unfinished (trainmap.unfinished, issue 19) ---------------------------
+# --- blocks a killed job left unfinished (trainmap.unfinished) ---------------------------
 
 
 def rerun_command():
@@ -679,7 +679,7 @@ def analysis_outputs():
     files = manifests("metrics", of_grid(METRIC_BLOCKS))
     for group in HMM_GROUPS:
         # hmm.npz too: a killed (forced) fit's missing model is refitted by a plain run, and the
-        # map and regression after it (else Snakemake keeps the old ones: issue 19).
+        # map and regression after it (else Snakemake keeps the old ones).
         files += [
             f"{RESULTS}/hmm/{group}/{name}"
             for name in ("hmm.npz", "map.json", "detours.json")

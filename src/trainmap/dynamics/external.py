@@ -1,4 +1,4 @@
-"""External runs: the 14 metrics of checkpoints trainmap did not train (issue 21).
+"""External runs: the 14 metrics of checkpoints trainmap did not train.
 
 An external run is one directory holding
 

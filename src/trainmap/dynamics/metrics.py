@@ -237,7 +237,7 @@ class WeightLayout:
 def state_dict_layout(
     shapes: Mapping[str, tuple[int, ...]], convention: str = "paper", heads: int | None = None
 ) -> WeightLayout:
-    """The counted matrices of a state dict without its model, by name and shape (issue 21).
+    """The counted matrices of a state dict without its model, by name and shape.
 
     Rules, in state-dict order: a 1-D ``weight`` is a normalisation layer's scale (left out with
     its bias); a 2-D ``weight`` is a Linear (out, in) matrix unless its name holds an embedding

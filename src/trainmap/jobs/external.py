@@ -1,4 +1,4 @@
-"""The external rules: metrics and a training map of runs trainmap did not train (issue 21).
+"""The external rules: metrics and a training map of runs trainmap did not train.
 
 ``external_metrics`` reads one set's run directories (:mod:`trainmap.dynamics.external`) and writes,
 per run, ``runs/<run>/metrics.csv`` (the format of ``collect_metrics``) and ``evaluation.json``

@@ -7,7 +7,7 @@ through besides ``train`` and ``evaluate``:
     He et al. (2015), "Delving deep into rectifiers", eq. (10): every Conv and Linear weight is drawn
     from N(0, 2 / fan_in) (``kaiming_normal_``, fan-in mode, ReLU gain), biases are zero, normalisation
     layers start at gamma = 1, beta = 0, embeddings keep their N(0, 1) default. Zero biases matter
-    later: GradInit skips tensors of zero norm (NOTES.md, GradInit). An architecture with an
+    later: GradInit skips tensors of zero norm (the authors' code). An architecture with an
     initialisation of its own (FixUp) defines ``standard_init(generator)``, which ``kaiming`` calls.
 ``gradinit`` / ``metainit`` (stage ``gradinit``, ``trainmap.methods.gradinit``)
     Kaiming init of every layer (non-zero, as GradInit's appendix does for FixUp networks too),

@@ -1,7 +1,7 @@
 """GradInit and MetaInit: learn one scale per parameter tensor of an initialised network.
 
 Zhu et al., "GradInit: Learning to Initialize Neural Networks for Stable and Efficient Training"
-(NeurIPS 2021), Algorithm 1, as summarised in ``../shared/papers/NOTES.md`` and the appendix:
+(NeurIPS 2021), Algorithm 1 and the appendix:
 
 * Every parameter tensor theta_i (Conv, Linear and normalisation weights and biases) gets a scale
   alpha_i, initialised to 1; the network computes with theta_i = alpha_i * theta_i^0. Tensors whose

@@ -9,8 +9,8 @@ A Linear weight (out, in) has one layout: each output row's inputs in groups of 
   N:M sparse tensor cores accelerate (an implicit GEMM's reduction axis runs over input channels at
   each kernel position). Needs in_channels (per conv group) divisible by M.
 * ``flattened``: M consecutive entries of the (out, in*kh*kw) row, i.e. in (in, kh, kw) order; for a
-  3x3 kernel and M = 4, 12 of every 36 groups then span two input channels. trainmap's layout before
-  issue 13; kept as an option (and assumed for sparse checkpoints that do not name a layout).
+  3x3 kernel and M = 4, 12 of every 36 groups then span two input channels. trainmap's earlier
+  layout; kept as an option (and assumed for sparse checkpoints that do not name a layout).
 
 :func:`nm_groups` gives the (out, groups, M) view of a tensor in either layout and
 :func:`from_nm_groups` inverts it. The packed format (:func:`trainmap.methods.quantize.pack_nm`) stores
