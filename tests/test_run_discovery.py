@@ -41,14 +41,14 @@ def test_zero_runs_lists_each_place_looked_at_and_why(tmp_path) -> None:
     assert "it holds checkpoints, hparams.yaml, metrics.csv" in message
 
 
-def test_checkpoint_folders_one_level_down_are_named_in_the_search(tmp_path) -> None:
-    """A Hugging Face Trainer output directory (checkpoint-N/ folders) holds no checkpoint file of
-    its own: the error says what it holds instead of only counting."""
+def test_checkpoint_folders_without_weights_are_named_in_the_search(tmp_path) -> None:
+    """A folder of ``checkpoint-N/`` folders without weights (a Trainer run saved without its
+    model) is no run: the error says what it holds instead of only counting."""
     for run in ("lr0.01_seed0", "lr0.01_seed1"):
         for step in (20, 40):
             folder = tmp_path / "runs" / run / f"checkpoint-{step}"
             folder.mkdir(parents=True)
-            (folder / "model.safetensors").write_bytes(b"")
+            (folder / "training_args.bin").write_bytes(b"")
         (tmp_path / "runs" / run / "trainer_state.json").write_text("{}")
     with pytest.raises(SystemExit) as error:
         find_runs([tmp_path / "runs"])

@@ -26,8 +26,10 @@ from trainmap.dynamics.columns import CONVENTIONS, METRIC_NAMES
 from trainmap.dynamics.external import (
     CHECKPOINT_SUFFIXES,
     EVALUATION_FILE,
+    HF_ACCURACY_KEY,
     ExternalRunError,
     external_run_metrics,
+    is_hf_run,
     read_external_run,
 )
 from trainmap.dynamics.hmm import (
@@ -80,6 +82,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--evaluation",
         default=EVALUATION_FILE,
         help=f"each run's evaluation curve (default {EVALUATION_FILE})",
+    )
+    external.add_argument(
+        "--accuracy-key",
+        default=None,
+        help="a Hugging Face Trainer run's accuracy: this key of trainer_state.json's "
+        f"log_history (default {HF_ACCURACY_KEY})",
     )
     external.add_argument(
         "--arch",
@@ -241,8 +249,10 @@ def why_not_a_run(directory: Path) -> str:
 
 
 def is_external_run(path: Path) -> bool:
-    """Whether ``path`` is a directory holding checkpoint files (an external run)."""
-    return path.is_dir() and any(p.suffix in CHECKPOINT_SUFFIXES for p in path.iterdir())
+    """Whether ``path`` is a directory holding checkpoint files (an external run), or a Hugging
+    Face Trainer output directory (``checkpoint-<step>/`` folders)."""
+    return path.is_dir() and (any(p.suffix in CHECKPOINT_SUFFIXES for p in path.iterdir())
+                              or is_hf_run(path))  # fmt: skip
 
 
 def _run_dir(path: Path) -> Path:
@@ -265,7 +275,8 @@ def external_tables(runs: dict[str, Path], args: argparse.Namespace) -> dict[str
         return runs
     model = _external_model(args)
     try:
-        read = {run: read_external_run(path, args.evaluation) for run, path in external.items()}
+        read = {run: read_external_run(path, args.evaluation, args.accuracy_key)
+                for run, path in external.items()}  # fmt: skip
         tables = {run: external_run_metrics(r, args.convention, args.heads, model)
                   for run, r in tqdm(read.items(), desc="external runs", unit="run")}  # fmt: skip
     except ExternalRunError as error:

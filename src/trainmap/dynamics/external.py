@@ -48,6 +48,12 @@ from trainmap.dynamics.metrics import (
 
 CHECKPOINT_SUFFIXES = (".pt", ".pth", ".safetensors")
 EVALUATION_FILE = "evaluation.csv"
+#: The Hugging Face Trainer layout: ``checkpoint-<step>/`` folders, each holding one of these.
+HF_CHECKPOINT_DIR = re.compile(r"^checkpoint-(\d+)$")
+HF_WEIGHTS = ("model.safetensors", "pytorch_model.bin")
+HF_STATE = "trainer_state.json"
+#: The ``log_history`` key a Hugging Face run's accuracy is read from unless one is named.
+HF_ACCURACY_KEY = "eval_accuracy"
 #: A checkpoint's file stem: a prefix of letters, ``_`` and ``-``, then the step.
 STEP_NAME = re.compile(r"^[A-Za-z_\-]*?(\d+)$")
 #: Keys under which training scripts commonly nest a state dict in a ``.pt`` file.
@@ -230,11 +236,89 @@ def read_evaluation(path: Path, steps: list[int]) -> pd.DataFrame:
     return table[columns].drop_duplicates("step", keep="last")
 
 
-def read_external_run(directory: str | Path, evaluation_file: str = EVALUATION_FILE) -> ExternalRun:
+def is_hf_run(directory: Path) -> bool:
+    """Whether ``directory`` is a Hugging Face Trainer output directory: ``checkpoint-<step>/``
+    folders holding ``model.safetensors`` or ``pytorch_model.bin``."""
+    return directory.is_dir() and any(
+        HF_CHECKPOINT_DIR.match(child.name) and any((child / w).is_file() for w in HF_WEIGHTS)
+        for child in directory.iterdir()
+    )
+
+
+def hf_checkpoints(directory: Path) -> dict[int, Path]:
+    """Step -> weights file of a Hugging Face Trainer run (its ``checkpoint-<step>/`` folders;
+    ``model.safetensors`` where a folder holds both), in step order. A folder without weights,
+    or whose ``trainer_state.json`` gives another ``global_step``, is an error naming it."""
+    checkpoints = {}
+    for child in sorted(directory.iterdir()):
+        match = HF_CHECKPOINT_DIR.match(child.name)
+        if not match or not child.is_dir():
+            continue
+        step = int(match.group(1))
+        weights = next((child / w for w in HF_WEIGHTS if (child / w).is_file()), None)
+        if weights is None:
+            raise ExternalRunError(f"{child}: a checkpoint folder without {' or '.join(HF_WEIGHTS)}"
+                                   "; save the model with the checkpoint or remove the folder")  # fmt: skip
+        state = child / HF_STATE
+        if state.is_file():
+            recorded = _json(state).get("global_step")
+            if recorded is not None and int(recorded) != step:
+                raise ExternalRunError(f"{state}: global_step {recorded} but the folder says step "
+                                       f"{step}; rename the folder or restore its state file")  # fmt: skip
+        checkpoints[step] = weights
+    return dict(sorted(checkpoints.items()))
+
+
+def hf_evaluation(directory: Path, steps: list[int], accuracy_key: str) -> pd.DataFrame:
+    """A Hugging Face run's evaluation curve from ``trainer_state.json``'s ``log_history``: the
+    run's own file, else its last checkpoint's; ``step`` and ``test_acc`` (the value under
+    ``accuracy_key``), ``test_loss`` from ``eval_loss`` where logged."""
+    last = directory / f"checkpoint-{steps[-1]}" / HF_STATE
+    path = directory / HF_STATE if (directory / HF_STATE).is_file() else last
+    if not path.is_file():
+        raise ExternalRunError(f"{directory}: no {HF_STATE} (nor in checkpoint-{steps[-1]}/); "
+                               "the Trainer writes it with each checkpoint")  # fmt: skip
+    entries = [entry for entry in _json(path).get("log_history", []) if accuracy_key in entry]
+    if not entries:
+        keys = sorted({k for e in _json(path).get("log_history", []) for k in e} - {"step"})
+        raise ExternalRunError(f"{path}: no log_history entry has {accuracy_key!r} (keys logged: "
+                               f"{', '.join(keys[:8]) or 'none'}); name the accuracy key "
+                               "(--accuracy-key) or evaluate at each checkpoint")  # fmt: skip
+    table = pd.DataFrame({"step": [int(e["step"]) for e in entries],
+                          "test_acc": [float(e[accuracy_key]) for e in entries],
+                          "test_loss": [float(e.get("eval_loss", np.nan)) for e in entries]})  # fmt: skip
+    absent = sorted(set(steps) - set(table["step"]))
+    if absent:
+        raise ExternalRunError(f"{path}: {accuracy_key!r} is not logged at checkpoint step(s) "
+                               f"{absent[:5]}; evaluate at every checkpoint (eval_strategy and "
+                               "save_strategy at the same steps)")  # fmt: skip
+    if table["test_loss"].isna().all():
+        table = table.drop(columns="test_loss")
+    return table.drop_duplicates("step", keep="last").reset_index(drop=True)
+
+
+def _json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as error:
+        raise ExternalRunError(f"{path}: not readable JSON ({type(error).__name__}); restore the "
+                               "file the Trainer wrote") from None  # fmt: skip
+
+
+def read_external_run(
+    directory: str | Path, evaluation_file: str = EVALUATION_FILE, accuracy_key: str | None = None
+) -> ExternalRun:
     """One external run directory, its checkpoints found and its evaluation curve checked. A
     trainmap run's checkpoint archive (``<run>/checkpoints``, trainmap.training.archive) reads
-    as one: without an ``evaluation.csv`` of its own, its run's ``history.csv`` is the curve."""
+    as one: without an ``evaluation.csv`` of its own, its run's ``history.csv`` is the curve. A
+    Hugging Face Trainer output directory (:func:`is_hf_run`) reads as it is: its
+    ``checkpoint-<step>/`` folders, and its accuracy under ``accuracy_key`` (default
+    :data:`HF_ACCURACY_KEY`) in ``trainer_state.json``."""
     directory = Path(directory)
+    if is_hf_run(directory):
+        checkpoints = hf_checkpoints(directory)
+        evaluation = hf_evaluation(directory, list(checkpoints), accuracy_key or HF_ACCURACY_KEY)
+        return ExternalRun(directory, checkpoints, evaluation)
     checkpoints = find_checkpoints(directory)
     evaluation_path = directory / evaluation_file
     history = directory.parent / "history.csv"
