@@ -103,3 +103,30 @@ def test_an_accuracy_missing_at_a_checkpoint_names_the_steps(tmp_path) -> None:
     with pytest.raises(ExternalRunError, match=r"'eval_accuracy' is not logged at checkpoint "
                                                r"step\(s\) \[30\]"):  # fmt: skip
         read_external_run(run)
+
+
+def test_a_config_external_set_of_trainer_runs_is_checked_with_its_accuracy_key(tmp_path) -> None:
+    from conftest import REPO_ROOT
+
+    from trainmap.dynamics.external import run_files
+    from trainmap.grid import ConfigError, load_config
+
+    for seed in (0, 1):
+        hf_run(tmp_path / "hf" / f"lr0.01_seed{seed}", seed, key="eval_acc")
+    spec = '{name: trainer, runs: ["hf/lr*"], threshold: 0.5%s}'
+    config = tmp_path / "c.yaml"
+    config.write_text(f"dvc: {{configfile: c.yaml}}\nexternal: [{spec % ''}]\n")
+    with pytest.raises(ConfigError, match=r"config key external\[0\]\.runs: .*no log_history "
+                                          r"entry has 'eval_accuracy'"):  # fmt: skip
+        load_config(REPO_ROOT / "params.yaml", REPO_ROOT / "config/config.yaml", config,
+                    check_paths_from=tmp_path)  # fmt: skip
+    config.write_text(f"dvc: {{configfile: c.yaml}}\n"
+                      f"external: [{spec % ', accuracy_key: eval_acc'}]\n")  # fmt: skip
+    loaded = load_config(REPO_ROOT / "params.yaml", REPO_ROOT / "config/config.yaml", config,
+                         check_paths_from=tmp_path)  # fmt: skip
+    assert loaded["external"][0]["accuracy_key"] == "eval_acc"
+    # the workflow reruns a set's metrics when any file it reads changes: weights and states
+    files = {p.relative_to(tmp_path / "hf" / "lr0.01_seed0").as_posix()
+             for p in run_files(tmp_path / "hf" / "lr0.01_seed0")}  # fmt: skip
+    assert files == {"trainer_state.json", *(f"checkpoint-{s}/{n}" for s in STEPS
+                                             for n in ("model.safetensors", "trainer_state.json"))}  # fmt: skip

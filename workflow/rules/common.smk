@@ -701,16 +701,14 @@ EXTERNAL_RUNS = {
 
 def external_files(wildcards):
     """Every checkpoint and evaluation file of one set: a changed file reruns its metrics."""
-    spec = EXTERNAL_SETS[wildcards.external]
-    evaluation = spec.get("evaluation", "evaluation.csv")
-    files = []
-    for run_dir in EXTERNAL_RUNS[wildcards.external].values():
-        files += sorted(
-            str(p)
-            for p in Path(run_dir).iterdir()
-            if p.suffix in (".pt", ".pth", ".safetensors") or p.name == evaluation
-        )
-    return files
+    from trainmap.dynamics.external import run_files
+
+    evaluation = EXTERNAL_SETS[wildcards.external].get("evaluation", "evaluation.csv")
+    return [
+        str(path)
+        for run_dir in EXTERNAL_RUNS[wildcards.external].values()
+        for path in run_files(run_dir, evaluation)
+    ]
 
 
 def external_run_files(name, filename):

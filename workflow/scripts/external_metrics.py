@@ -17,6 +17,7 @@ run_job(
     threshold=spec["threshold"],
     heads=spec.get("heads"),
     evaluation=spec.get("evaluation", "evaluation.csv"),
+    accuracy_key=spec.get("accuracy_key"),
     convention=snakemake.params.convention,
     arch=snakemake.params.arch,
 )

@@ -305,6 +305,19 @@ def _json(path: Path) -> dict:
                                "file the Trainer wrote") from None  # fmt: skip
 
 
+def run_files(directory: str | Path, evaluation_file: str = EVALUATION_FILE) -> list[Path]:
+    """Every file a run is read from (a changed one reruns its metrics): its checkpoint files and
+    evaluation curve, or a Hugging Face run's weights and ``trainer_state.json`` files."""
+    directory = Path(directory)
+    if is_hf_run(directory):
+        folders = [c for c in directory.iterdir() if HF_CHECKPOINT_DIR.match(c.name) and c.is_dir()]
+        files = [f for folder in folders for f in folder.iterdir()
+                 if f.name in (*HF_WEIGHTS, HF_STATE)]  # fmt: skip
+        return sorted(files + [p for p in [directory / HF_STATE] if p.is_file()])
+    return sorted(p for p in directory.iterdir()
+                  if p.suffix in CHECKPOINT_SUFFIXES or p.name == evaluation_file)  # fmt: skip
+
+
 def read_external_run(
     directory: str | Path, evaluation_file: str = EVALUATION_FILE, accuracy_key: str | None = None
 ) -> ExternalRun:

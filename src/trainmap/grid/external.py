@@ -75,7 +75,9 @@ def check_external(config: Mapping[str, Any], base_dir: str | Path) -> None:
         for run_dir in runs.values():
             try:
                 check_run_shapes(
-                    read_external_run(run_dir, spec.get("evaluation", "evaluation.csv"))
+                    read_external_run(
+                        run_dir, spec.get("evaluation", "evaluation.csv"), spec.get("accuracy_key")
+                    )  # fmt: skip
                 )
             except ExternalRunError as error:
                 raise ConfigError(f"{where}.runs: {error}") from None

@@ -26,14 +26,16 @@ def external_metrics_job(
     name: str, runs: Mapping[str, str], out_dir: str | Path, manifest: str | Path,
     tracking: Mapping[str, str], *, threshold: float, heads: int | None = None,
     evaluation: str = "evaluation.csv", convention: str = "paper", arch: dict | None = None,
+    accuracy_key: str | None = None,
 ) -> None:  # fmt: skip
     """Rule ``external_metrics``: every run of external set ``name`` (``runs``: run id -> its
     directory) read and checked first, then its metric table and evaluation record written; the
-    manifest last. ``arch`` (``{"arch", "meta", "options"}``) reads the state dicts through that
-    architecture's model instead of by name and shape."""
+    manifest last. ``accuracy_key``: a Hugging Face Trainer run's accuracy key. ``arch``
+    (``{"arch", "meta", "options"}``) reads the state dicts through that architecture's model
+    instead of by name and shape."""
     out_dir = Path(out_dir)
     model = _model(arch)
-    read = {run: read_external_run(path, evaluation) for run, path in runs.items()}
+    read = {run: read_external_run(path, evaluation, accuracy_key) for run, path in runs.items()}
     params = {"set": name, "runs": len(runs), "threshold": threshold, "heads": heads,
               "metrics": convention, "arch": (arch or {}).get("arch")}  # fmt: skip
     with rule_run(tracking, "external_metrics", task=f"external/{name}", params=params,
