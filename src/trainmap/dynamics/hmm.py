@@ -41,10 +41,10 @@ and bench/hmm_select.py):
    (:data:`REPRODUCE_K`). Halves of a fixed size (``half_size``, default 20 runs of each group:
    two draws of 20 seeds per method, the other runs sitting out) keep the largest reproducing K
    from following the seed count without that cost (:data:`DEFAULT_HALF_SIZE`;
-   bench/selection_settle.py, bench/selection_real.py, bench/selection_reproducible.py). The class default and the
-   workflow's default (``params.yaml``) stay the paper's rule: the reproducible rule fits every K
-   2 x ``halves`` + 1 times, and the bootstrap's and the stability curve's refits with it take
-   make run past its budget.
+   bench/selection_settle.py, bench/selection_real.py, bench/selection_reproducible.py). The
+   class default and the workflow's default (``params.yaml``) stay the paper's rule: the
+   reproducible rule fits every K 2 x ``halves`` + 1 times, and the bootstrap's and the
+   stability curve's refits with it take make run past its budget.
 3. For K = 1..K_max fit R restarts of a Gaussian HMM (hmmlearn's Baum-Welch; E-step vectorised
    over runs by :class:`~trainmap.dynamics.batched_hmm.BatchedGaussianHMM`; one restart's Ks fitted
    in lockstep, :func:`~trainmap.dynamics.batched_hmm.fit_together`), each seeded from
@@ -279,10 +279,11 @@ def half_splits(
     ``strata`` (run -> group: per method in a joint comparison; the first half of a stratum of odd
     size has the smaller part). ``half_size``: each half takes min(half_size, n // 2) runs of each
     stratum of n runs, the rest sit out that split (two draws of a fixed number of seeds per
-    method, whatever the runs' count). Splits may repeat when the runs allow few distinct ones; more splits
-    than distinct halvings, or a stratum with fewer than 2 runs, is a ValueError naming the key
-    (``cap``, a refit's resample: as many splits as exist, and :class:`SelectionFailed` for a
-    stratum of one run). ``n_splits`` None: :data:`DEFAULT_HALVES`, or as many as exist."""
+    method, whatever the runs' count). Splits may repeat when the runs allow few distinct ones;
+    more splits than distinct halvings, or a stratum with fewer than 2 runs, is a ValueError
+    naming the key (``cap``, a refit's resample: as many splits as exist, and
+    :class:`SelectionFailed` for a stratum of one run). ``n_splits`` None:
+    :data:`DEFAULT_HALVES`, or as many as exist."""
     if n_splits is None:
         n_splits, cap = DEFAULT_HALVES, True
     ordered = sorted(set(run_ids))
@@ -726,7 +727,8 @@ def reproducibility_curve(
     matters) decodes only the Ks that can decide :func:`choose_k` under ``reproduce_k``: from
     K_BIC down to the first K that reproduces (``largest``), or from K = 1 up to the first that
     does not (``nested``); the others' ARI columns NaN and ``reproducible`` False: the same K, a
-    fraction of the decoding. Returns the curve and the best model of each half and K (split -> K -> model)."""
+    fraction of the decoding. Returns the curve and the best model of each half and K (split ->
+    K -> model)."""
     from sklearn.metrics import adjusted_rand_score
     from threadpoolctl import threadpool_limits
 
