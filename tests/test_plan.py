@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from trainmap import plan
+from trainmap import grid, plan
 from trainmap.grid import SeedRange
 from trainmap.training.archive import ArchivePolicy, checkpoint_steps
 
@@ -71,7 +71,7 @@ def test_archive_bytes_are_kept_checkpoints_times_state_times_dtype(smoke: dict,
     dtype_bytes = {"float32": 4, "bfloat16": 2, "float16": 2}[policy.dtype]
     expected = len(policy.kept_steps(steps)) * profile.n_params * dtype_bytes
     assert plan.archive_bytes(profile, len(steps), policy) == expected
-    settings = {**plan._with_defaults({"steps": 300, "checkpoint_every": 25})}
+    settings = {**grid.with_train_defaults({"steps": 300, "checkpoint_every": 25})}
     if archive is not None:
         settings["archive"] = archive
     block = SeedRange("sparse_parity", "mlp", "kaiming", 0, 1, (0, 1))

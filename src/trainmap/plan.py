@@ -44,7 +44,7 @@ import json
 import math
 import sys
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import MISSING, asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -405,14 +405,6 @@ def device_of(settings: Mapping[str, Any]) -> Device:
     return GPU if str(settings.get("device", "cpu")).startswith("cuda") else CPU
 
 
-def _with_defaults(settings: Mapping[str, Any]) -> dict[str, Any]:
-    """Train-style ``settings`` over TrainConfig's defaults (those with a plain default)."""
-    from trainmap.training.loop import TrainConfig
-
-    known = {f.name: f.default for f in fields(TrainConfig) if f.default is not MISSING}
-    return {**known, **settings}
-
-
 def training_job(
     config: Mapping[str, Any],
     rule: str,
@@ -425,7 +417,7 @@ def training_job(
     """The plan of a training block job (rules train, sparse_retrain): see the module docstring.
     ``settings``: the train-style mapping at config ``key``; ``flop_factor``: extra forward work
     per step (a distillation teacher: 4/3)."""
-    settings = _with_defaults(settings)
+    settings = grid.with_train_defaults(settings)
     profile = model_profile(config, block.task, block.arch)
     device = device_of(settings)
     seeds = len(block.seeds)
@@ -511,7 +503,7 @@ def gradinit_job(config: Mapping[str, Any], block: SeedRange) -> JobPlan:
     """GradInit / MetaInit: ``iterations`` steps of two forward/backward passes (the inner step
     and the objective's) of ``batch_size`` examples, S seeds at once on the training device."""
     settings = grid.stage_settings(config, "gradinit", block.task)
-    train = _with_defaults(grid.train_settings(config, block.task))
+    train = grid.with_train_defaults(grid.train_settings(config, block.task))
     profile = model_profile(config, block.task, block.arch)
     device, seeds = device_of(train), len(block.seeds)
     batch, iterations = int(settings.get("batch_size", 128)), int(settings.get("iterations", 100))

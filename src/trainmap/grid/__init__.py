@@ -44,6 +44,7 @@ from trainmap.grid.cells import (
     teacher_cell,
     train_settings,
     trained_cells,
+    with_train_defaults,
 )
 from trainmap.grid.effective import (
     check_params_edits,
@@ -151,5 +152,6 @@ __all__ = [
     "tracking_uri_problem",
     "train_settings",
     "trained_cells",
+    "with_train_defaults",
     "validate_schema",
 ]

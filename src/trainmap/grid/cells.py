@@ -207,20 +207,25 @@ def is_sparse(cell: Cell) -> bool:
     return method_of(cell).has_stage("sparse")
 
 
-def run_checkpoints(config: Mapping[str, Any], cell: Cell) -> int:
-    """How many checkpoints (HMM observations) a cell's run has: its train or sparse retraining,
-    each setting it omits at TrainConfig's default."""
-    from dataclasses import MISSING, fields
+def with_train_defaults(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """Train-style ``settings`` (a task's ``train``, a stage's retraining) over TrainConfig's
+    defaults: what every omitted training setting takes."""
+    from dataclasses import asdict
 
-    from trainmap.training.archive import checkpoint_steps
     from trainmap.training.loop import TrainConfig
+
+    return {**asdict(TrainConfig()), **settings}
+
+
+def run_checkpoints(config: Mapping[str, Any], cell: Cell) -> int:
+    """How many checkpoints (HMM observations) a cell's run has: its train or sparse retraining."""
+    from trainmap.training.archive import checkpoint_steps
 
     if is_sparse(cell):
         given = stage_settings(dict(config), "sparse", cell.task).get("train", {})
     else:
         given = train_settings(dict(config), cell.task)
-    known = {f.name: f.default for f in fields(TrainConfig) if f.default is not MISSING}
-    settings = {**known, **given}
+    settings = with_train_defaults(given)
     return len(checkpoint_steps(int(settings["steps"]), int(settings["checkpoint_every"])))
 
 

@@ -57,6 +57,7 @@ from trainmap.grid.cells import (
     paper_groups,
     retrains,
     run_checkpoints,
+    with_train_defaults,
 )
 from trainmap.grid.effective import params_edit_hint, under_dvc
 from trainmap.grid.errors import ConfigError, did_you_mean, key_path
@@ -530,7 +531,7 @@ def _validate_stage_settings(config: dict, stage: str, task: str) -> None:
     except (ValueError, TypeError) as error:
         raise ConfigError(f"config key {stage}.{task}: {error}") from None
     if "train" in resolved:  # a stage that retrains: its steps and checkpoints fit like train's
-        _check_train(f"{stage}.{task}.train", {**_train_defaults(), **resolved["train"]})
+        _check_train(f"{stage}.{task}.train", with_train_defaults(resolved["train"]))
 
 
 def _check_sparse_start(config: dict, task: str, start: Any) -> None:
@@ -546,7 +547,7 @@ def _check_sparse_start(config: dict, task: str, start: Any) -> None:
         raise ConfigError(f"config key sparse.{task}.{error}") from None
     if step is None or not any(c.task == task and is_sparse(c) for c in expand_grid(config)):
         return
-    train = {**_train_defaults(), **config["train"][task]}
+    train = with_train_defaults(config["train"][task])
     every, steps = train["checkpoint_every"], train["steps"]
     if step > steps or (step % every and step != steps):
         raise ConfigError(
@@ -565,15 +566,6 @@ def _check_sparse_start(config: dict, task: str, start: Any) -> None:
             f"{len(kept)} checkpoints{f', {kept[0]} to {kept[-1]}' if kept else ''}); use "
             "schedule: all, an 'every N' whose checkpoints include it, or another start.step"
         )
-
-
-def _train_defaults() -> dict:
-    """What an omitted training setting of a stage's retraining takes (TrainConfig's defaults)."""
-    from dataclasses import asdict
-
-    from trainmap.training.loop import TrainConfig
-
-    return asdict(TrainConfig())
 
 
 def _check_quantize(config: dict) -> None:
