@@ -44,7 +44,6 @@ def text_outside(figure: plt.Figure, tolerance: float = 1.0) -> list[str]:
     its canvas: each one's string. An empty list is a figure whose every word can be read whole
     (``tolerance``: pixels of slack). Only what is drawn counts: the texts the renderer is asked
     to draw, at the extents they are drawn with."""
-    figure.canvas.draw()
     renderer = figure.canvas.get_renderer()
     drawn = []
     draw_text = renderer.draw_text

@@ -278,9 +278,10 @@ def hf_evaluation(directory: Path, steps: list[int], accuracy_key: str) -> pd.Da
     if not path.is_file():
         raise ExternalRunError(f"{directory}: no {HF_STATE} (nor in checkpoint-{steps[-1]}/); "
                                "the Trainer writes it with each checkpoint")  # fmt: skip
-    entries = [entry for entry in _json(path).get("log_history", []) if accuracy_key in entry]
+    history = _json(path).get("log_history", [])
+    entries = [entry for entry in history if accuracy_key in entry]
     if not entries:
-        keys = sorted({k for e in _json(path).get("log_history", []) for k in e} - {"step"})
+        keys = sorted({k for e in history for k in e} - {"step"})
         raise ExternalRunError(f"{path}: no log_history entry has {accuracy_key!r} (keys logged: "
                                f"{', '.join(keys[:8]) or 'none'}); name the accuracy key "
                                "(--accuracy-key) or evaluate at each checkpoint")  # fmt: skip

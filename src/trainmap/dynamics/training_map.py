@@ -134,6 +134,7 @@ def build_training_map(
                 ],  # fmt: skip
             )
         )
+    group_runs = _by_group(states, groups)
     return TrainingMap(
         n_states=n_states,
         n_runs=len(states),
@@ -146,13 +147,13 @@ def build_training_map(
                 *np.unique([s[0] for s in states.values()], return_counts=True), strict=True
             )
         },  # fmt: skip
-        group_runs=_by_group(states, groups),
+        group_runs=group_runs,
         visited_by_group={
             group: [
                 sum(int((s == k).any()) for run, s in states.items() if groups[run] == group)
                 for k in range(n_states)
             ]
-            for group in _by_group(states, groups)
+            for group in group_runs
         },  # fmt: skip
     )
 
