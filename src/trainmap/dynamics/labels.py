@@ -35,14 +35,16 @@ NOT_TESTED = "not tested on subsamples"
 
 
 def verdict_label(
-    row: Mapping[str, Any], stability: MapStability, explained_detours: Sequence[int] = ()
-) -> tuple[str, bool]:
+    row: Mapping[str, Any], stability: MapStability, explained_detours: Sequence[int] = (),
+    evidence: Mapping[str, tuple[int | None, int, float]] | None = None,
+) -> tuple[str, bool]:  # fmt: skip
     """The label of one verdict row and whether it is a finding (module docstring).
 
     ``row``: a row of the verdict table (``first``, ``second``, ``quantity``, ``verdict``,
     ``n_first``, ``n_second``); ``stability``: the comparison's stability (its curve follows the
     verdicts that found a difference); ``explained_detours``: detour states that are no detours
-    once the group indicators enter the regression."""
+    once the group indicators enter the regression; ``evidence``: the curve's
+    :meth:`~trainmap.dynamics.stability.StabilityCurve.verdict_evidence` when already at hand."""
     verdict = str(row["verdict"])
     if verdict in (NOT_ENOUGH_RUNS, NO_EVIDENCE):
         return verdict, False
@@ -52,18 +54,17 @@ def verdict_label(
         return (f"{verdict}: {significant}, but detour state(s) {states} are no detours once the "
                 "group enters the regression: not a finding about detours", False)  # fmt: skip
     curve = stability.curve
+    if evidence is None:
+        evidence = curve.verdict_evidence() if curve is not None else {}
     key = verdict_key(row)
-    if curve is None or key not in curve.verdicts or not curve.points:
+    if key not in evidence:
         why = stability.reason or "the stability curve does not follow it"
         return f"{verdict}: {significant}; {NOT_TESTED} ({why}): not a finding yet", False
-    unit = "seeds per method" if curve.groups else "seeds"
-    sufficient = curve.verdict_sufficient_n().get(key)
+    sufficient, largest, share = evidence[key]
     if sufficient is not None:
-        return f"{verdict} (significant; holds again from n = {sufficient} {unit})", True
-    largest = max(curve.points, key=lambda point: point.n)
-    share = largest.verdict_held.get(key, 0.0)
-    return (f"{verdict}: {significant}, holds again in {share:.0%} of subsamples of {largest.n} "
-            f"{unit}: {NOT_REPRODUCIBLE}", False)  # fmt: skip
+        return f"{verdict} (significant; holds again from n = {sufficient} {curve.unit})", True
+    return (f"{verdict}: {significant}, holds again in {share:.0%} of subsamples of {largest} "
+            f"{curve.unit}: {NOT_REPRODUCIBLE}", False)  # fmt: skip
 
 
 def label_verdicts(
@@ -71,7 +72,8 @@ def label_verdicts(
 ) -> pd.DataFrame:
     """``verdicts`` with two columns added: ``label`` (:func:`verdict_label`) and ``finding``."""
     labelled = verdicts.copy()
-    pairs = [verdict_label(row, stability, explained_detours)
+    evidence = stability.curve.verdict_evidence() if stability.curve is not None else {}
+    pairs = [verdict_label(row, stability, explained_detours, evidence)
              for row in verdicts.to_dict(orient="records")]  # fmt: skip
     labelled["label"] = [label for label, _ in pairs]
     labelled["finding"] = [finding for _, finding in pairs]

@@ -265,23 +265,31 @@ class StabilityCurve:
         return {verdict: self._stable_from(lambda p, v=verdict: p.verdict_held.get(v, 0.0) >= share)
                 for verdict in self.verdicts}  # fmt: skip
 
+    @property
+    def unit(self) -> str:
+        """What n counts: seeds, or seeds per method in a joint comparison."""
+        return "seeds per method" if self.groups else "seeds"
+
+    def verdict_evidence(self) -> dict[str, tuple[int | None, int, float]]:
+        """Per followed verdict: the n from which it holds again (:meth:`verdict_sufficient_n`),
+        the largest n of the ladder and the share of its subsamples in which the verdict holds
+        again; empty without points."""
+        if not self.points:
+            return {}
+        largest = max(self.points, key=lambda p: p.n)
+        return {verdict: (n, largest.n, largest.verdict_held.get(verdict, 0.0))
+                for verdict, n in self.verdict_sufficient_n().items()}  # fmt: skip
+
     def verdict_lines(self) -> list[str]:
         """One line per followed verdict: from which n it holds again, or where it does not."""
-        unit = "seeds per method" if self.groups else "seeds"
-        lines = []
-        largest = max(self.points, key=lambda p: p.n) if self.points else None
-        for verdict, n in self.verdict_sufficient_n().items():
-            if n is not None:
-                lines.append(f"{verdict}: holds again from n = {n} {unit}")
-            elif largest is not None:
-                lines.append(f"{verdict}: not at n = {largest.n} {unit} (holds again in "
-                             f"{largest.verdict_held.get(verdict, 0.0):.0%})")  # fmt: skip
-        return lines
+        return [f"{verdict}: holds again from n = {n} {self.unit}" if n is not None else
+                f"{verdict}: not at n = {largest} {self.unit} (holds again in {share:.0%})"
+                for verdict, (n, largest, share) in self.verdict_evidence().items()]  # fmt: skip
 
     def line(self) -> str:
         """One sentence: 'stable from n = ... seeds (per method)' or 'not stable at n = ...'; for a
         map of one state, that the map's stability is not informative (and its verdicts')."""
-        unit = "seeds per method" if self.groups else "seeds"
+        unit = self.unit
         criterion = f"ARI >= {self.targets.ari:g} with the full map"
         if self.detour_states:
             criterion += ", detours found again"
