@@ -149,24 +149,24 @@ def plot_stability(stability: Any, path: str | os.PathLike, title: str = "") -> 
 def plot_verdicts(
     verdicts: pd.DataFrame, confidence: float, path: str | os.PathLike, title: str = ""
 ) -> str:
-    """Effects with intervals per method pair and quantity, coloured by verdict; with a
-    ``finding`` column (:func:`trainmap.dynamics.labels.label_verdicts`) green marks findings
-    only, orange a significant difference that is not one, and the labels are the verdicts'."""
+    """Effects with intervals per method pair and quantity of a labelled verdict table
+    (:func:`trainmap.dynamics.labels.label_verdicts`), coloured by verdict: green marks findings
+    only, orange a significant difference that is not one; each row shows its label."""
+    from trainmap.dynamics.certainty import NO_EVIDENCE, NOT_ENOUGH_RUNS
+
     rows = verdicts.reset_index(drop=True)
     figure, axes = plt.subplots(1, 2, figsize=(9, 0.9 + 0.32 * max(len(rows), 1)),
                                 gridspec_kw={"width_ratios": [3, 1]})  # fmt: skip
     for axis, is_step in zip(axes, (False, True), strict=True):
         part = rows[rows["quantity"].eq("convergence step") == is_step]
         for position, row in enumerate(part.itertuples()):
-            significant = "higher" in row.verdict or "lower" in row.verdict
-            finding = getattr(row, "finding", significant)
-            colour = ("0.6" if row.verdict == "not enough runs" else "C2" if finding else
-                      "C1" if significant else "C0")  # fmt: skip
+            colour = ("0.6" if row.verdict == NOT_ENOUGH_RUNS else "C2" if row.finding else
+                      "C0" if row.verdict == NO_EVIDENCE else "C1")  # fmt: skip
             axis.plot([row.low, row.high], [position] * 2, color=colour, lw=2)
             axis.plot([row.effect], [position], "o", color=colour)
         axis.axvline(0, color="0.3", lw=0.8)
         axis.set_yticks(range(len(part)), [f"{r.second} vs {r.first}: {r.quantity}\n"
-                                           + textwrap.fill(getattr(r, "label", r.verdict), 60)
+                                           + textwrap.fill(r.label, 60)
                                            for r in part.itertuples()], fontsize=7)  # fmt: skip
         axis.invert_yaxis()
         axis.set_xlabel("difference of restricted mean\nconvergence steps" if is_step
