@@ -41,19 +41,19 @@ def _paths(root: str, cells: list, filename: str, rule_dir: str) -> list[str]:
     return [f"{root}/{rule_dir}/{cell.id}/{filename}" for cell in cells]
 
 
+def read_joint_cells(config: dict, cells: list) -> tuple[dict, object, dict]:
+    """The runs, outcomes and groups (run id -> method label) of a joint comparison's cells."""
+    root, labels = results_root(config), joint_labels(cells)
+    ids = joint_run_ids(labels, [cell.to_dict() for cell in cells])
+    runs, outcomes = read_group_runs(_paths(root, cells, "metrics.csv", "metrics"),
+                                     _paths(root, cells, "evaluation.json", "evaluate"), ids)  # fmt: skip
+    return runs, outcomes, dict(zip(ids, labels, strict=True))
+
+
 def joint_maps(config: dict, only: list[str]) -> dict[str, tuple]:
     """Each joint comparison's runs, outcomes, groups and settings."""
-    root, found = results_root(config), {}
-    for name, cells in joint_groups(config).items():
-        if only and name not in only:
-            continue
-        labels = joint_labels(cells)
-        ids = joint_run_ids(labels, [cell.to_dict() for cell in cells])
-        runs, outcomes = read_group_runs(_paths(root, cells, "metrics.csv", "metrics"),
-                                         _paths(root, cells, "evaluation.json", "evaluate"), ids)  # fmt: skip
-        found[name] = (runs, outcomes, dict(zip(ids, labels, strict=True)),
-                       joint_settings(config, name))  # fmt: skip
-    return found
+    return {name: (*read_joint_cells(config, cells), joint_settings(config, name))
+            for name, cells in joint_groups(config).items() if not only or name in only}  # fmt: skip
 
 
 def paper_maps(config: dict, only: list[str]) -> dict[str, tuple]:

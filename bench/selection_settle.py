@@ -28,7 +28,7 @@ import warnings
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-from selection_real import _paths, report
+from selection_real import read_joint_cells, report
 
 RESULTS: dict = {}  # the runs of each round, set in each worker by _load
 
@@ -37,23 +37,17 @@ def _load(config_file: str, comparison: str) -> None:
     """Read the comparison's runs once per worker process (the analysis rows every map sees)."""
 
     from trainmap.dynamics.pipeline import analysis_runs, with_defaults
-    from trainmap.grid import load_config, results_root
-    from trainmap.grid.cells import adaptive_joints, joint_groups, joint_labels, joint_settings
-    from trainmap.jobs.analysis import joint_run_ids, read_group_runs
+    from trainmap.grid import load_config
+    from trainmap.grid.cells import adaptive_joints, joint_groups, joint_settings
 
     config = load_config("params.yaml", "config/config.yaml", config_file)
     joint = adaptive_joints(config)[comparison]
     cells = joint.cells(joint_groups(config)[comparison], joint.rounds)
-    labels = joint_labels(cells)
-    ids = joint_run_ids(labels, [cell.to_dict() for cell in cells])
-    root = results_root(config)
-    runs, outcomes = read_group_runs(_paths(root, cells, "metrics.csv", "metrics"),
-                                     _paths(root, cells, "evaluation.json", "evaluate"), ids)  # fmt: skip
+    runs, outcomes, groups = read_joint_cells(config, cells)
     settings = with_defaults(joint_settings(config, comparison))
     runs, _ = analysis_runs(runs, outcomes, settings)
-    seeds = dict(zip(ids, (cell.seed for cell in cells), strict=True))
-    RESULTS.update(runs=runs, groups=dict(zip(ids, labels, strict=True)), seeds=seeds,
-                   settings=settings, joint=joint)  # fmt: skip
+    seeds = dict(zip(groups, (cell.seed for cell in cells), strict=True))
+    RESULTS.update(runs=runs, groups=groups, seeds=seeds, settings=settings, joint=joint)
 
 
 def fit_round(round_: int, split_seed: int, half_size: int | None) -> dict:
