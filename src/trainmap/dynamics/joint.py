@@ -25,7 +25,7 @@ method listed is the reference).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -121,6 +121,18 @@ class JointComparison:
         }
 
 
+def detour_visit_rates(
+    states: Mapping[str, np.ndarray], groups: Mapping[str, str], detour_states: Sequence[int]
+) -> dict[str, float]:
+    """Per group (in the order of ``groups``), the share of its decoded runs that visit any of
+    ``detour_states`` (0 for every group when there are none)."""
+    detour_set = set(detour_states)
+    order = list(dict.fromkeys(groups[run] for run in groups))
+    return {g: float(np.mean([bool(detour_set & set(states[r].tolist()))
+                              for r in states if groups[r] == g]))
+            for g in order}  # fmt: skip
+
+
 def compare_groups(
     runs: Mapping[str, pd.DataFrame],
     groups: Mapping[str, str],
@@ -151,13 +163,7 @@ def compare_groups(
         index=order,
         columns=range(hmm.n_states_),
     )
-    detour_set = set(detours.detour_states)
-    visit_rates = {
-        g: float(
-            np.mean([bool(detour_set & set(states[r].tolist())) for r in runs if groups[r] == g])
-        )  # fmt: skip
-        for g in order
-    }
+    visit_rates = detour_visit_rates(states, groups, detours.detour_states)
     table = pd.DataFrame(
         {
             "run": list(runs),

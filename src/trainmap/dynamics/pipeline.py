@@ -52,7 +52,7 @@ from trainmap.dynamics import plots
 from trainmap.dynamics.certainty import BootstrapResult, bootstrap_map
 from trainmap.dynamics.columns import METRIC_NAMES
 from trainmap.dynamics.hmm import TrainingHMM, baseline_table
-from trainmap.dynamics.joint import JointComparison, compare_groups
+from trainmap.dynamics.joint import JointComparison, compare_groups, detour_visit_rates
 from trainmap.dynamics.labels import label_verdicts, supported_detours
 from trainmap.dynamics.regression import (
     DetourRegression,
@@ -465,7 +465,9 @@ class JointResult:
             ),
             "convergence.png": plots.plot_group_convergence(
                 comparison.convergence,
-                comparison.visit_rates if self.supported_detours else {},
+                detour_visit_rates(comparison.states, comparison.groups, self.supported_detours)
+                if self.supported_detours
+                else {},  # no rate of a detour the map does not draw
                 out / "convergence.png",
                 title=title,
             ),
