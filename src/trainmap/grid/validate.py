@@ -724,7 +724,7 @@ def _check_analysis_runs(config: dict) -> None:
     """Each map's runs allow its analysis settings: a checkpoint cut (``checkpoints_per_run``,
     ``first_n``) within the runs' checkpoints, and the ``reproducible`` rule's ``halves`` within
     the distinct splits of its runs into halves (per method in a joint comparison)."""
-    from trainmap.dynamics.hmm import distinct_halvings
+    from trainmap.dynamics.hmm import DEFAULT_HALVES, distinct_halvings
 
     maps = [
         (f"group {name}", analysis_settings(config), "analysis", {name: cells})
@@ -756,7 +756,7 @@ def _check_analysis_runs(config: dict) -> None:
             halves = settings.get("halves")
             distinct = distinct_halvings(sizes, settings.get("half_size"))
             if min(sizes) < 2 or (halves is not None and halves > distinct):
-                raise ConfigError(f"config key {where}.halves: {halves or 5} splits into halves, but "
+                raise ConfigError(f"config key {where}.halves: {halves or DEFAULT_HALVES} splits into halves, but "
                                   f"the runs of {what} ({', '.join(map(str, sizes))} per group) "
                                   f"allow {distinct if min(sizes) >= 2 else 0} distinct ones; "
                                   "lower halves, add seeds or use selection holdout")  # fmt: skip
