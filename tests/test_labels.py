@@ -1,14 +1,22 @@
 """One verdict, everywhere: a verdict is a finding only when it is significant after Holm *and*
 holds again on subsamples at the stability target; the label says which, and the same label
-reaches verdicts.md, verdicts.csv, verdicts.png and MLflow."""
+reaches verdicts.md, verdicts.html (the report's page), verdicts.csv, verdicts.png and MLflow."""
 
 from __future__ import annotations
+
+from html.parser import HTMLParser
+from pathlib import Path
 
 import pandas as pd
 import pytest
 
 from trainmap.dynamics.certainty import NO_EVIDENCE, NOT_ENOUGH_RUNS, verdict_markdown
-from trainmap.dynamics.labels import label_verdicts, supported_detours, verdict_label
+from trainmap.dynamics.labels import (
+    label_verdicts,
+    supported_detours,
+    verdict_label,
+    write_verdicts,
+)
 from trainmap.dynamics.stability import (
     MapStability,
     StabilityCurve,
@@ -85,3 +93,48 @@ def test_the_same_label_reaches_the_table_the_markdown_and_mlflow() -> None:
     assert verdict_tags(found)["verdict/gradinit vs kaiming/time in detour states"].startswith(
         "finding: gradinit lower"
     )
+
+
+class _Cells(HTMLParser):
+    """The text of every table cell of a page, and whether it loads anything from outside."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cells: list[str] = []
+        self.external: list[str] = []
+        self._in_cell = False
+
+    def handle_starttag(self, tag: str, attrs: list) -> None:
+        self._in_cell = tag in ("td", "th") or (self._in_cell and tag == "strong")
+        if tag in ("td", "th"):
+            self.cells.append("")
+        self.external += [value for name, value in attrs if name in ("src", "href")]
+        self.external += ["<script>"] if tag == "script" else []
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag in ("td", "th"):
+            self._in_cell = False
+
+    def handle_data(self, data: str) -> None:
+        if self._in_cell:
+            self.cells[-1] += data
+
+
+def test_the_report_page_renders_the_stability_line_and_the_verdict_table(tmp_path: Path) -> None:
+    verdicts = pd.DataFrame([ROW, ROW | {"quantity": "occupancy of state 1 <x>"}])
+    labelled = label_verdicts(verdicts, stability({8: 1.0, 16: 1.0, 24: 1.0, 32: 1.0}))
+    markdown = (
+        f"**Stability:** stable from n = 16 seeds per method.\n\n{verdict_markdown(labelled, 0.95)}"
+    )
+    write_verdicts(tmp_path, markdown, "parity_init")
+    assert (tmp_path / "verdicts.md").read_text() == markdown
+    page = (tmp_path / "verdicts.html").read_text()
+    assert page.index("Stability:") < page.index("<table>")  # the line first, then the table
+    cells = _Cells()
+    cells.feed(page)
+    assert not cells.external  # self-contained: the report embeds it as it is
+    assert "occupancy of state 1 <x>" in cells.cells  # escaped, and shown as written
+    header = cells.cells[: cells.cells.index("gradinit vs kaiming")]
+    row = cells.cells[len(header) : 2 * len(header)]
+    assert row[header.index("verdict")] == "finding: " + labelled.loc[0, "label"]
+    assert "<strong>finding:</strong>" in page

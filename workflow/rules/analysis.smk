@@ -1,4 +1,12 @@
 GROUP = "{task}/{arch}/{method}"
+# The report's category of the joint comparisons, first in its menu; within a comparison the
+# report sorts its results by label, so each label starts with its place on the page: the
+# answers (stability line and verdict table) first, then the map, occupancy, stability and the rest.
+ANSWERS = "Answers"
+
+
+def answer_labels(place, item):
+    return {"comparison": "{name}", "item": f"{place}. {item}"}
 
 
 rule collect_metrics:
@@ -221,9 +229,9 @@ rule adaptive_rounds:
         trace=report(
             f"{RESULTS}/joint/{{name}}/adaptive.json",
             caption="../report/adaptive.rst",
-            category="Certainty",
+            category=ANSWERS,
             subcategory="{name}",
-            labels={"comparison": "{name}", "table": "adaptive seeds: the rounds"},
+            labels=answer_labels("4", "adaptive seeds: the rounds"),
         ),
     log:
         "logs/adaptive_rounds/{name}.log",
@@ -244,60 +252,70 @@ rule joint_comparison:
         adaptive=adaptive_trace_of_joint,
     output:
         summary=f"{RESULTS}/joint/{{name}}/joint.json",
-        verdicts=report(
-            f"{RESULTS}/joint/{{name}}/verdicts.csv",
-            caption="../report/verdicts.rst",
-            category="Certainty",
+        verdicts_page=report(
+            f"{RESULTS}/joint/{{name}}/verdicts.html",
+            caption="../report/verdicts_page.rst",
+            category=ANSWERS,
             subcategory="{name}",
-            labels={"comparison": "{name}", "table": "verdicts per method pair"},
-        ),
-        verdicts_markdown=f"{RESULTS}/joint/{{name}}/verdicts.md",
-        verdicts_plot=report(
-            f"{RESULTS}/joint/{{name}}/verdicts.png",
-            caption="../report/verdicts_plot.rst",
-            category="Certainty",
-            subcategory="{name}",
-            labels={"comparison": "{name}", "figure": "verdicts per method pair"},
-        ),
-        bootstrap=f"{RESULTS}/joint/{{name}}/bootstrap.json",
-        stability=f"{RESULTS}/joint/{{name}}/stability.json",
-        stability_plot=report(
-            f"{RESULTS}/joint/{{name}}/stability.png",
-            caption="../report/stability.rst",
-            category="Certainty",
-            subcategory="{name}",
-            labels={"comparison": "{name}", "figure": "stability over seed counts"},
-        ),
-        occupancy=report(
-            f"{RESULTS}/joint/{{name}}/occupancy.png",
-            caption="../report/joint_occupancy.rst",
-            category="Joint comparison",
-            subcategory="{name}",
-            labels={"comparison": "{name}", "figure": "state occupancy"},
-        ),
-        convergence=report(
-            f"{RESULTS}/joint/{{name}}/convergence.png",
-            caption="../report/joint_convergence.rst",
-            category="Joint comparison",
-            subcategory="{name}",
-            labels={"comparison": "{name}", "figure": "convergence steps"},
+            labels=answer_labels("1", "the answers: stability line and verdicts"),
         ),
         map=report(
             f"{RESULTS}/joint/{{name}}/map.png",
             caption="../report/joint_map.rst",
-            category="Joint comparison",
+            category=ANSWERS,
             subcategory="{name}",
-            labels={"comparison": "{name}", "figure": "shared training map"},
+            labels=answer_labels("2", "shared training map"),
+        ),
+        occupancy=report(
+            f"{RESULTS}/joint/{{name}}/occupancy.png",
+            caption="../report/joint_occupancy.rst",
+            category=ANSWERS,
+            subcategory="{name}",
+            labels=answer_labels("3", "state occupancy per method"),
+        ),
+        stability_plot=report(
+            f"{RESULTS}/joint/{{name}}/stability.png",
+            caption="../report/stability.rst",
+            category=ANSWERS,
+            subcategory="{name}",
+            labels=answer_labels("4", "stability over seed counts"),
+        ),
+        verdicts_plot=report(
+            f"{RESULTS}/joint/{{name}}/verdicts.png",
+            caption="../report/verdicts_plot.rst",
+            category=ANSWERS,
+            subcategory="{name}",
+            labels=answer_labels("5", "verdicts per method pair (figure)"),
+        ),
+        convergence=report(
+            f"{RESULTS}/joint/{{name}}/convergence.png",
+            caption="../report/joint_convergence.rst",
+            category=ANSWERS,
+            subcategory="{name}",
+            labels=answer_labels("6", "convergence steps"),
+        ),
+        verdicts=report(
+            f"{RESULTS}/joint/{{name}}/verdicts.csv",
+            caption="../report/verdicts.rst",
+            category=ANSWERS,
+            subcategory="{name}",
+            labels=answer_labels("7", "verdicts per method pair (table)"),
+        ),
+        verdicts_markdown=f"{RESULTS}/joint/{{name}}/verdicts.md",
+        bootstrap=f"{RESULTS}/joint/{{name}}/bootstrap.json",
+        stability=report(
+            f"{RESULTS}/joint/{{name}}/stability.json",
+            caption="../report/stability_json.rst",
+            category=ANSWERS,
+            subcategory="{name}",
+            labels=answer_labels("8", "stability curve (data)"),
         ),
         regression=report(
             f"{RESULTS}/joint/{{name}}/regression.csv",
             caption="../report/joint_regression.rst",
-            category="Joint comparison",
+            category=ANSWERS,
             subcategory="{name}",
-            labels={
-                "comparison": "{name}",
-                "table": "regression with method indicators",
-            },
+            labels=answer_labels("9", "regression with method indicators"),
         ),
     log:
         "logs/joint_comparison/{name}.log",

@@ -30,6 +30,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from trainmap.dynamics.labels import write_verdicts
 from trainmap.dynamics.stability import MapStability
 from trainmap.io import load_json, save_json, write_atomic
 
@@ -138,11 +139,16 @@ def present_final_round(trace: Mapping[str, Any], out_dir: str | os.PathLike) ->
     ``joint.json`` and a line to ``verdicts.md``."""
     source, out = Path(trace["decisions"][-1]).parent, Path(out_dir)
     for path in sorted(source.iterdir()):
-        if path.is_file() and path.name not in ("round.json", "joint.json", "verdicts.md"):
+        if path.is_file() and path.name not in (
+            "round.json",
+            "joint.json",
+            "verdicts.md",
+            "verdicts.html",
+        ):
             write_atomic(out / path.name, lambda tmp, path=path: shutil.copyfile(path, tmp))
     entry = {key: value for key, value in trace.items() if key != "decisions"}
     save_json(load_json(source / "joint.json") | {"adaptive": entry}, out / "joint.json")
     verdicts = (source / "verdicts.md").read_text()
     line = f"**Adaptive seeds:** {adaptive_line(trace)}.\n\n"
     head, _, rest = verdicts.partition("\n\n")
-    write_atomic(out / "verdicts.md", lambda tmp: tmp.write_text(f"{head}\n\n{line}{rest}"))
+    write_verdicts(out, f"{head}\n\n{line}{rest}", out.name)

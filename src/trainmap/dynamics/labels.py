@@ -15,17 +15,26 @@ subsamples of 32 seeds per method: not reproducible"; "not tested on subsamples 
 and a time-in-detour verdict whose detour states the group regression rejects (the group predicts
 the slower convergence as well as the state does) is not a finding about detours. The map draws as
 detours only the states the group regression keeps (:func:`supported_detours`).
+
+``verdicts.md`` is written together with ``verdicts.html``, the same page rendered
+(:func:`write_verdicts`): the first page of a comparison in the Snakemake report, which shows HTML
+in place where it would offer a Markdown or CSV file for download.
 """
 
 from __future__ import annotations
 
+import html
+import os
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
+from markdown_it import MarkdownIt
 
 from trainmap.dynamics.certainty import NO_EVIDENCE, NOT_ENOUGH_RUNS
 from trainmap.dynamics.stability import MapStability, verdict_key
+from trainmap.io import write_atomic
 
 #: The quantity of :func:`trainmap.dynamics.certainty.run_quantities` that reads the detours.
 TIME_IN_DETOURS = "time in detour states"
@@ -83,3 +92,35 @@ def label_verdicts(
 def supported_detours(detour_states: Sequence[int], explained: Sequence[int]) -> list[int]:
     """The detour states the map draws as detours: those the group regression keeps."""
     return [state for state in detour_states if state not in set(explained)]
+
+
+#: The rendered page's style: a readable table at the report's width, findings' bold in green.
+_PAGE_STYLE = """
+body { font-family: system-ui, sans-serif; font-size: 15px; line-height: 1.45; margin: 1em 1.5em;
+       max-width: 70em; color: #222; }
+table { border-collapse: collapse; margin: 1em 0; font-size: 14px; }
+th, td { border: 1px solid #ccc; padding: 0.3em 0.6em; text-align: left; vertical-align: top; }
+th { background: #f2f2f2; }
+tr:nth-child(even) td { background: #fafafa; }
+td strong { color: #1a7f37; }
+"""
+
+
+def verdict_page(markdown: str, title: str) -> str:
+    """``verdicts.md`` (``markdown``: the stability line, the verdict table with its labels and
+    notes) as one self-contained HTML page headed ``title``: CommonMark with tables, raw HTML in it
+    escaped (method names are the user's), no scripts, no external resources."""
+    body = MarkdownIt("commonmark", {"html": False}).enable("table").render(markdown)
+    return (f"<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>{html.escape(title)}"
+            f"</title><style>{_PAGE_STYLE}</style></head>\n<body>\n<h2>{html.escape(title)}</h2>\n"
+            f"{body}</body></html>\n")  # fmt: skip
+
+
+def write_verdicts(out_dir: str | os.PathLike, markdown: str, name: str) -> None:
+    """Write ``verdicts.md`` and its rendering ``verdicts.html`` (:func:`verdict_page`, headed by
+    the comparison's ``name``) to ``out_dir``, each atomically: the one writer of both, so the
+    report's page never lags the Markdown."""
+    out = Path(out_dir)
+    write_atomic(out / "verdicts.md", lambda tmp: tmp.write_text(markdown))
+    page = verdict_page(markdown, f"{name}: the answers, read these first")
+    write_atomic(out / "verdicts.html", lambda tmp: tmp.write_text(page))

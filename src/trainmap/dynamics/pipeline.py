@@ -53,7 +53,7 @@ from trainmap.dynamics.certainty import BootstrapResult, bootstrap_map
 from trainmap.dynamics.columns import METRIC_NAMES
 from trainmap.dynamics.hmm import TrainingHMM, baseline_table
 from trainmap.dynamics.joint import JointComparison, compare_groups, detour_visit_rates
-from trainmap.dynamics.labels import label_verdicts, supported_detours
+from trainmap.dynamics.labels import label_verdicts, supported_detours, write_verdicts
 from trainmap.dynamics.regression import (
     DetourRegression,
     regress_detours,
@@ -448,7 +448,7 @@ class JointResult:
         save_json(self.bootstrap.to_dict(), out / "bootstrap.json")
         save_json(self.stability.to_dict(), out / "stability.json")
         _write_csv(comparison.verdicts, out / "verdicts.csv")
-        write_atomic(out / "verdicts.md", lambda tmp: tmp.write_text(self.verdict_markdown()))
+        write_verdicts(out, self.verdict_markdown(), title or out.name)
         save_json(self.summary(), out / "joint.json")
         _write_csv(comparison.with_groups.coefficients, out / "regression.csv")
         map_caption = draw_training_map(self.training_map, out / "map.png", out / "map.svg",

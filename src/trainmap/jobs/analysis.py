@@ -275,7 +275,7 @@ def joint_comparison_job(
                           extra_tags=adaptive_round and {"adaptive_round": adaptive_round["round"]})  # fmt: skip
         run.set_tags({"seed_group_run": seeds})
         for artifact in ("joint.json", "regression.csv", "verdicts.csv", "verdicts.md",
-                         "stability.json"):  # fmt: skip
+                         "verdicts.html", "stability.json"):  # fmt: skip
             run.log_artifact(out_dir / artifact)
         if adaptive_round is not None:
             decision = round_decision(result.stability, adaptive_round)
@@ -315,5 +315,6 @@ def adaptive_joint_job(
                       "stability": trace["rounds"][-1]["line"]})  # fmt: skip
         run.log_metrics({"seeds_per_method": trace["seeds_per_method"],
                          "adaptive_rounds": trace["final_round"]})  # fmt: skip
-        for artifact in ("joint.json", "verdicts.md", "stability.json", "stability.png"):
+        for artifact in ("joint.json", "verdicts.md", "verdicts.html", "stability.json",
+                         "stability.png"):  # fmt: skip
             run.log_artifact(out_dir / artifact)
