@@ -95,6 +95,14 @@ def test_the_same_label_reaches_the_table_the_markdown_and_mlflow() -> None:
     )
 
 
+def test_a_verdicts_note_reads_the_same_in_the_table_and_in_mlflow() -> None:
+    row = ROW | {"quantity": "convergence step", "verdict": NOT_ENOUGH_RUNS,
+                 "note": "no run of either method converged"}  # fmt: skip
+    labelled = label_verdicts(pd.DataFrame([row]), stability({16: 1.0}))
+    (tag,) = verdict_tags(labelled).values()
+    assert tag == "not enough runs (no run of either method converged)"
+    assert f"| {tag} |" in verdict_markdown(labelled, 0.95)
+
 class _Cells(HTMLParser):
     """The text of every table cell of a page, and whether it loads anything from outside."""
 

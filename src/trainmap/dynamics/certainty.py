@@ -611,6 +611,18 @@ def censoring_steps(
             and "step" in table and len(table)}  # fmt: skip
 
 
+def verdict_text(row: Mapping[str, Any], emphasis: str = "") -> str:
+    """A verdict row's words wherever it is shown (``verdicts.md``, ``verdicts.html``, MLflow's
+    tags): the label where the table has one (:func:`trainmap.dynamics.labels.label_verdicts`),
+    else the verdict; ``finding:`` first for a finding (between ``emphasis`` marks, e.g. ``**``
+    in Markdown); then the row's note in parentheses (e.g. no run converged at all)."""
+    text = str(row.get("label") or row["verdict"])
+    if row.get("finding"):
+        text = f"{emphasis}finding:{emphasis} {text}"
+    note = row.get("note")
+    return f"{text} ({note})" if isinstance(note, str) and note else text
+
+
 def verdict_markdown(verdicts: pd.DataFrame, confidence: float) -> str:
     """The verdict table as Markdown (one line per method pair and quantity). The runs column
     counts the runs right-censored in the convergence comparison (never converged within their
@@ -628,11 +640,8 @@ def verdict_markdown(verdicts: pd.DataFrame, confidence: float) -> str:
                     int(row.get("n_censored_first", 0) or 0))  # fmt: skip
         if row["quantity"] == CONVERGENCE_STEP and any(censored):
             runs += f" ({censored[0]} vs {censored[1]} censored)"
-        label = row.get("label") or row["verdict"]
-        verdict = ("**finding:** " * bool(row.get("finding")) + label
-                   + (f" ({row['note']})" if row.get("note") else ""))  # fmt: skip
         cells = [f"{row['second']} vs {row['first']}", row["quantity"], _number(row["effect"]),
-                 interval, p, runs, verdict]  # fmt: skip
+                 interval, p, runs, verdict_text(row, emphasis="**")]  # fmt: skip
         lines.append("| " + " | ".join(cells) + " |")
     text = "\n".join(lines) + "\n"
     if (verdicts["quantity"] == CONVERGENCE_STEP).any():

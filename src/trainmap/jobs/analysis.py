@@ -23,7 +23,7 @@ from trainmap.dynamics.adaptive import (
     present_final_round,
     round_decision,
 )
-from trainmap.dynamics.certainty import BootstrapResult
+from trainmap.dynamics.certainty import BootstrapResult, verdict_text
 from trainmap.dynamics.pipeline import (
     FittedMap,
     Outcomes,
@@ -120,14 +120,14 @@ def _log_stability(run: RuleRun, stability: MapStability) -> None:
 
 
 def verdict_tags(verdicts: pd.DataFrame) -> dict[str, str]:
-    """Each verdict's label as an MLflow tag, ``verdict/<second> vs <first>/<quantity>`` (the
-    characters MLflow refuses in a key replaced by '_'); findings start with 'finding: '."""
+    """Each verdict's words (:func:`~trainmap.dynamics.certainty.verdict_text`, as in
+    ``verdicts.md``) as an MLflow tag, ``verdict/<second> vs <first>/<quantity>`` (the characters
+    MLflow refuses in a key replaced by '_'); findings start with 'finding: '."""
     tags = {}
     for row in verdicts.to_dict(orient="records"):
         key = re.sub(r"[^\w\-. :/]", "_", f"verdict/{row['second']} vs {row['first']}/"
                                              f"{row['quantity']}")  # fmt: skip
-        label = row.get("label") or row["verdict"]
-        tags[key] = ("finding: " if row.get("finding") else "") + label
+        tags[key] = verdict_text(row)
     return tags
 
 
