@@ -123,8 +123,8 @@ bench: setup  ## every benchmark in bench/ (side-by-side ratios), then one table
 	@echo; echo "== figures (last line of each benchmark; logs in logs/bench/)"
 	@for log in logs/bench/*.log; do printf "%-20s %s\n" "$$(basename $$log .log)" "$$(tail -n 1 $$log)"; done
 
-mlflow-ui: setup  ## browse and compare runs at http://127.0.0.1:$(PORT) (prints each experiment's runs table)
-	@$(RUN) python -c "from trainmap.tracking import runs_table_urls; print('\n'.join(['runs tables (MLflow opens an experiment on its GenAI overview):'] + runs_table_urls('sqlite:///mlflow.db', 'http://127.0.0.1:$(PORT)')))"
+mlflow-ui: setup  ## browse and compare runs at http://127.0.0.1:$(PORT) (prints each experiment's runs table and, per comparison, a chart of each method's mean and interval; METRIC=test_acc)
+	@$(RUN) python -m trainmap.seed_groups --uri sqlite:///mlflow.db --address http://127.0.0.1:$(PORT) --metric $(or $(METRIC),test_acc)
 	$(RUN) mlflow ui --backend-store-uri sqlite:///mlflow.db --host 127.0.0.1 --port $(PORT)
 
 mlflow-server: setup  ## a tracking server for cluster jobs on HOST:PORT (cluster: HOST=0.0.0.0; mlflow.tracking_uri: http://<this node>:PORT)

@@ -1,7 +1,8 @@
 """Integration: what a researcher sees in a real browser. The smoke study's Snakemake report and
 its MLflow run page, opened in headless Chromium (Debian's package, installed here if absent),
 show the comparison's stability line and its verdict table as visible text, with the labels of
-``verdicts.md``."""
+``verdicts.md``; the chart ``make mlflow-ui`` links shows every method's mean and interval on one
+chart."""
 
 from __future__ import annotations
 
@@ -112,5 +113,27 @@ def test_the_mlflow_run_page_shows_the_stability_line_and_the_verdicts(
         assert visible(line) in shown, shown[:3000]
         for label in labels:
             assert visible(label) in shown, shown[:3000]
+    finally:
+        server.stop()
+
+
+def test_make_mlflow_ui_links_a_chart_of_each_methods_mean_and_interval(
+    smoke_run: Path, browser, tmp_path: Path
+) -> None:
+    from trainmap.seed_groups import seed_chart_urls
+
+    server = MlflowServer(tmp_path / "mlflow", backend=f"sqlite:///{smoke_run / 'mlflow.db'}")
+    try:
+        (line,) = seed_chart_urls(f"sqlite:///{smoke_run / 'mlflow.db'}", server.uri)
+        assert line.startswith(f"trainmap-smoke {COMPARISON} (test_acc, every method): ")
+        page = browser.new_page(viewport={"width": 2200, "height": 1200})
+        page.goto(line.rsplit(": ", 1)[1])
+        title = page.get_by_text("test_acc/mean vs test_acc/lo vs test_acc/hi")
+        title.first.wait_for(timeout=60_000)  # one chart, the three keys
+        page.get_by_text(f"seeds {COMPARISON}: kaiming (test_acc/hi)").first.wait_for()
+        legend = visible(page.locator("body").inner_text())  # the chart's legend: a line per curve
+        for method in ("kaiming", "gradinit"):
+            for key in ("test_acc/mean", "test_acc/lo", "test_acc/hi"):
+                assert f"seeds {COMPARISON}: {method} ({key})" in legend, legend[:2000]
     finally:
         server.stop()

@@ -103,6 +103,7 @@ def test_a_verdicts_note_reads_the_same_in_the_table_and_in_mlflow() -> None:
     assert tag == "not enough runs (no run of either method converged)"
     assert f"| {tag} |" in verdict_markdown(labelled, 0.95)
 
+
 class _Cells(HTMLParser):
     """The text of every table cell of a page, and whether it loads anything from outside."""
 

@@ -12,7 +12,7 @@ from mlflow import MlflowClient
 from scipy import stats
 
 from trainmap.dynamics.metrics import METRIC_NAMES
-from trainmap.seed_groups import SERIES, log_group, log_joint, seed_statistics
+from trainmap.seed_groups import SERIES, log_group, log_joint, seed_chart_urls, seed_statistics
 from trainmap.tracking import METRICS_PER_BATCH, init_tracking
 
 
@@ -169,3 +169,36 @@ def test_joint_runs_one_child_per_group_with_the_same_metric_names(tracking, tmp
         expected = seed_statistics(subset).set_index(["metric", "step"])
         assert history(client, child.info.run_id, "l2/hi") == (
             list(steps), pytest.approx(expected.loc["l2", "hi"].tolist()))  # fmt: skip
+
+
+def test_the_chart_link_names_the_latest_comparisons_method_runs(tmp_path) -> None:
+    """``make mlflow-ui``'s chart per comparison: MLflow's metric page with the latest seed-group
+    children (one per method) and the metric's mean and bounds as the plotted keys."""
+    import json
+    import time
+    import urllib.parse
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    assert seed_chart_urls(uri, "http://ui") == []  # no store yet
+    setting = {"uri": uri, "experiment": "study"}
+    init_tracking(uri, "study")
+    runs = metric_tables(2, np.arange(0, 30, 10), seed=3)
+    both = {f"{method}/{seed}": table for method in ("kaiming", "gradinit")
+            for seed, table in runs.items()}  # fmt: skip
+    groups = {run_id: run_id.split("/")[0] for run_id in both}
+    status = dict.fromkeys(both, "completed")
+    log_joint(setting, "cmp", both, groups, status, task="t")
+    time.sleep(0.01)
+    latest = log_joint(setting, "cmp", both, groups, status, task="t")  # a rerun: the newer
+    (line,) = seed_chart_urls(uri, "http://ui/", metric="l2")
+    prefix = "study cmp (l2, every method): http://ui/#/metric/l2%2Fmean?"
+    assert line.startswith(prefix)
+    query = urllib.parse.parse_qs(line.removeprefix(prefix))
+    assert line.removeprefix(prefix).startswith("runs=")  # the page reads it first
+    client = MlflowClient(tracking_uri=uri)
+    children = {run.info.run_id for run in client.search_runs(
+        [client.get_experiment_by_name("study").experiment_id],
+        f"tags.mlflow.parentRunId = '{latest}'")}  # fmt: skip
+    assert set(json.loads(query["runs"][0])) == children and len(children) == 2
+    assert json.loads(query["plot_metric_keys"][0]) == ["l2/mean", "l2/lo", "l2/hi"]
+    assert json.loads(query["metric"][0]) == "l2/mean" and query["x_axis"] == ["step"]

@@ -42,12 +42,21 @@ run put the methods on one chart per metric without configuring a chart, its gro
 Metrics go in batches of :data:`trainmap.tracking.METRICS_PER_BATCH` through
 :class:`trainmap.tracking.RuleRun` (one ``log_batch`` per 1000 points: on SQLite about 100 times
 faster than one call per point).
+
+**One chart per comparison** (:func:`seed_chart_urls`, printed by ``make mlflow-ui``): MLflow's
+metric page plots several metric keys of several runs on one chart, given in its address (the runs,
+``plot_metric_keys``); the address of a comparison's latest seed-group runs with
+``<metric>/mean``, ``/lo`` and ``/hi`` shows every method's mean and interval together, each method
+one colour, the bounds dashed and dotted.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import urllib.parse
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -216,3 +225,71 @@ def _description(what: str, runs: Mapping[str, pd.DataFrame], status: Mapping[st
         "with a finite value, where fewer. Metrics: test/train accuracy and loss, the 14 map "
         "metrics."
     )
+
+
+def seed_chart_url(
+    address: str, experiment_id: str, run_ids: Sequence[str], metric: str = "test_acc"
+) -> str:
+    """The MLflow metric page (at ``address``) that plots ``metric``'s mean and interval bounds
+    (``<metric>/mean``, ``/lo``, ``/hi``) of the seed-group runs ``run_ids`` on one chart against
+    the step. The page reads ``runs`` first, then the metric and the plot's settings, as JSON."""
+    keys = [seed_key(metric, statistic) for statistic in ("mean", "lo", "hi")]
+    query = {"runs": json.dumps(list(run_ids)), "metric": json.dumps(keys[0]),
+             "experiments": json.dumps([experiment_id]), "plot_metric_keys": json.dumps(keys),
+             "plot_layout": "{}", "x_axis": "step", "y_axis_scale": "linear",
+             "line_smoothness": "1", "show_point": "false", "deselected_curves": "[]",
+             "last_linear_y_axis_range": "[]"}  # fmt: skip
+    return (f"{address.rstrip('/')}/#/metric/{urllib.parse.quote(keys[0], safe='')}?"
+            + urllib.parse.urlencode(query))  # fmt: skip
+
+
+def seed_chart_urls(uri: str, address: str, metric: str = "test_acc") -> list[str]:
+    """``<experiment> <comparison>: <url>`` per joint comparison logged in the store at ``uri``:
+    :func:`seed_chart_url` of its latest seed-group parent run's children (one per method).
+    Empty when the store does not exist yet or holds no comparison."""
+    from mlflow import MlflowClient
+
+    if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).exists():
+        return []
+    client, lines = MlflowClient(tracking_uri=uri), []
+    for experiment in client.search_experiments():
+        latest: dict[str, str] = {}  # comparison -> its latest parent run
+        for parent in client.search_runs([experiment.experiment_id], "tags.role = 'seed_joint'",
+                                         order_by=["attributes.start_time DESC"]):  # fmt: skip
+            latest.setdefault(parent.data.tags["joint"], parent.info.run_id)
+        for name, parent_id in sorted(latest.items()):
+            children = client.search_runs([experiment.experiment_id],
+                                          f"tags.mlflow.parentRunId = '{parent_id}'")  # fmt: skip
+            ids = [run.info.run_id for run in sorted(children, key=lambda r: r.info.run_name)]
+            if ids:
+                url = seed_chart_url(address, experiment.experiment_id, ids, metric)
+                lines.append(f"{experiment.name} {name} ({metric}, every method): {url}")
+    return lines
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """``python -m trainmap.seed_groups``: the addresses ``make mlflow-ui`` prints."""
+    import argparse
+
+    from trainmap.tracking import runs_table_urls
+
+    parser = argparse.ArgumentParser(
+        prog="python -m trainmap.seed_groups",
+        description="Print MLflow UI addresses: each experiment's runs table, and per joint "
+        "comparison one chart of every method's across-seed mean and 95%% interval of a metric.",
+    )
+    parser.add_argument("--uri", default="sqlite:///mlflow.db", help="the tracking store")
+    parser.add_argument("--address", default="http://127.0.0.1:5000", help="where the UI runs")
+    parser.add_argument("--metric", default="test_acc",
+                        help="the charted metric: test_acc, train_loss, ... or a map metric (l2)")  # fmt: skip
+    args = parser.parse_args(argv)
+    tables = runs_table_urls(args.uri, args.address)
+    charts = seed_chart_urls(args.uri, args.address, args.metric)
+    print("\n".join(["runs tables (MLflow opens an experiment on its GenAI overview):", *tables]))
+    if charts:
+        print("\n".join(["across-seed charts, mean and interval of each method on one chart:",
+                         *charts]))  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
