@@ -144,6 +144,12 @@ def test_every_rule_invocation_is_an_mlflow_run(smoke_run: Path) -> None:
     train_run = next(run for run in children if run.data.tags["rule"] == "train")
     history = client.get_metric_history(train_run.info.run_id, "test_acc")
     assert len(history) > 3 and history[0].step == 0
+    # A comparison's run and its seed groups: one name, the seed groups nested inside it.
+    by_name = {run.info.run_name: run for run in runs}
+    joint, seeds = by_name["joint parity_init"], by_name["seeds parity_init"]
+    assert seeds.data.tags["mlflow.parentRunId"] == joint.info.run_id
+    assert joint.data.tags["seed_group_run"] == seeds.info.run_id
+    assert len([run for run in runs if run.info.run_name == "joint parity_init"]) == 1
 
 
 def test_second_run_has_nothing_to_do(smoke_run: Path) -> None:

@@ -32,8 +32,9 @@ the UI charts each against step:
 A group's run is named ``seeds <task>/<arch>/<method>``, tagged ``role=seed_group``, ``group``,
 ``task``, ``arch``, ``method`` and the rule's ``config_hash`` (no ``rule`` tag: it is no rule's
 run; the rule's run names it in its tag ``seed_group_run``), and carries the group's
-``stability.png``. A joint comparison gets a parent run ``seeds <name>`` (``role=seed_joint``,
-``joint``, the joint map's ``stability.png`` and seed counts) and under it one run per compared
+``stability.png``. A joint comparison gets a run ``seeds <name>`` nested under the comparison's
+run ``joint <name>`` (``role=seed_joint``, ``joint``, the joint map's ``stability.png`` and seed
+counts) and under it one run per compared
 group (``seeds <name>: <group>``, ``role=seed_group``, ``joint``, ``group``, ``method`` and, when
 the label has it, ``arch``). One run per method, not ``<metric>/<method>/mean`` keys in one
 run: the UI draws one chart per metric key with a line per run, so the same keys in every group's
@@ -172,12 +173,14 @@ def log_joint(
     tracking: Mapping[str, str], name: str, runs: Mapping[str, pd.DataFrame],
     groups: Mapping[str, str], status: Mapping[str, str], *, task: str,
     stability_figure: str | os.PathLike | None = None, config_hash: str = "none",
-    extra_tags: Mapping[str, object] | None = None,
+    extra_tags: Mapping[str, object] | None = None, comparison_run_id: str | None = None,
 ) -> str:  # fmt: skip
     """The seed-group runs of joint comparison ``name``: a parent run with the joint map's stability
     figure and seed counts, and under it one run per compared group (``groups``: run id -> group
     label, ``arch/method`` or ``method``, or an external set's name) with its runs' statistics. The
-    parent's run id. ``extra_tags`` go on every run (e.g. an adaptive comparison's round)."""
+    parent's run id. ``extra_tags`` go on every run (e.g. an adaptive comparison's round); the
+    parent is nested under the comparison's own run ``comparison_run_id`` when given, so the UI
+    shows the seed groups inside ``joint <name>``."""
     members: dict[str, list[str]] = {}
     for run_id, label in groups.items():
         members.setdefault(label, []).append(run_id)
@@ -185,7 +188,8 @@ def log_joint(
     tags |= dict(extra_tags or {})
     description = (f"Seed groups of joint comparison {name}: one child run per compared group "
                    f"({', '.join(members)}) with its across-seed statistics.")  # fmt: skip
-    with summary_run(tracking, f"seeds {name}", tags, description=description) as parent:
+    with summary_run(tracking, f"seeds {name}", tags, description=description,
+                     parent_run_id=comparison_run_id) as parent:  # fmt: skip
         parent.log_params({"n_seeds": len(runs), "n_groups": len(members),
                            "n_diverged": _diverged(runs, status)}
                           | {f"n_seeds.{label}": len(ids) for label, ids in members.items()})  # fmt: skip

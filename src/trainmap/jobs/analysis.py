@@ -272,7 +272,8 @@ def joint_comparison_job(
         seeds = log_joint(tracking, name, runs, groups, outcomes.status, task=task,
                           stability_figure=out_dir / "stability.png",
                           config_hash=settings_hash([settings, name, run_ids]),
-                          extra_tags=adaptive_round and {"adaptive_round": adaptive_round["round"]})  # fmt: skip
+                          extra_tags=adaptive_round and {"adaptive_round": adaptive_round["round"]},
+                          comparison_run_id=run.run_id)  # fmt: skip
         run.set_tags({"seed_group_run": seeds})
         for artifact in ("joint.json", "regression.csv", "verdicts.csv", "verdicts.md",
                          "verdicts.html", "stability.json"):  # fmt: skip
