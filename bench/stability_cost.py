@@ -25,6 +25,7 @@ Usage::
 
     .venv/bin/python bench/stability_cost.py [results]          # ~5 min on 2 cores
     .venv/bin/python bench/stability_cost.py results --log-only  # the run's timings only
+    .venv/bin/python bench/stability_cost.py results --selection holdout reproducible  # ~20 min
 
 Last line: ``stability_cost fit_s=... bootstrap_s=... stability_s=... ratio=... analysis_share=...``.
 """
@@ -39,6 +40,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from trainmap.dynamics.hmm import SELECTION_RULES as RULES
 from trainmap.dynamics.pipeline import Outcomes, joint_group
 from trainmap.grid import analysis_settings, joint_groups, joint_labels, load_config
 from trainmap.io import load_json
@@ -69,14 +71,18 @@ def load_joint(
     return runs, dict(zip(run_ids, labels, strict=True)), outcomes
 
 
-def time_joint(results: Path, name: str, config: dict, threads: int) -> dict[str, float]:
+def time_joint(
+    results: Path, name: str, config: dict, threads: int, selection: str | None = None
+) -> dict[str, float]:
     """The full fit, the bootstrap and the stability curve of one joint comparison, timed in one
-    call of :func:`~trainmap.dynamics.pipeline.joint_group`."""
+    call of :func:`~trainmap.dynamics.pipeline.joint_group` (under selection rule ``selection``
+    when given, else the config's)."""
     runs, groups, outcomes = load_joint(results, name, config)
-    settings = analysis_settings(config)
+    settings = analysis_settings(config) | ({"selection": selection} if selection else {})
     sizes = pd.Series(groups).value_counts().to_dict()
     length = {len(table) for table in runs.values()}
-    print(f"{name}: {len(runs)} runs ({sizes}), {sorted(length)} checkpoints; bootstrap "
+    print(f"{name}: {len(runs)} runs ({sizes}), {sorted(length)} checkpoints; selection "
+          f"{settings['selection']}; bootstrap "
           f"{settings['bootstrap']} refits, stability {settings['stability']} subsamples per n, "
           f"{threads} processes")  # fmt: skip
     started = time.perf_counter()
@@ -138,9 +144,10 @@ def recorded_seconds(directory: Path, part: str) -> float | None:
 def run_timings(results: Path) -> float:
     """Print the per-rule times of the latest Snakemake run beside ``results`` and the analysis
     rules' share of its wall time; returns that share (NaN without a log)."""
-    logs = sorted((results.parent / ".snakemake" / "log").glob("*.snakemake.log"))
-    if not logs:
-        print(f"no Snakemake log under {results.parent / '.snakemake' / 'log'}: per-job times "
+    logs = [log for log in sorted((results.parent / ".snakemake" / "log").glob("*.snakemake.log"))
+            if any(FINISHED.match(line) for line in log.read_text().splitlines())]  # fmt: skip
+    if not logs:  # the latest log with a finished job: a rerun that failed has none
+        print(f"no Snakemake log with a finished job under {results.parent / '.snakemake' / 'log'}: per-job times "
               "are not recorded anywhere else (the rules declare no benchmark: directive)")  # fmt: skip
         return float("nan")
     jobs = job_intervals(logs[-1])
@@ -175,6 +182,9 @@ def main() -> None:
     parser.add_argument("--config", nargs="+", default=["params.yaml", "config/config.yaml"],
                         help="config files, relative to the results directory's parent")  # fmt: skip
     parser.add_argument("--log-only", action="store_true", help="only the run's timings")
+    parser.add_argument("--selection", nargs="*", choices=RULES, default=[],
+                        help="time the comparison under each of these selection rules, side by "
+                        "side (default: the config's rule)")  # fmt: skip
     parser.add_argument("--quick", action="store_true",
                         help="the same (it times one comparison once; make bench's fast pass)")  # fmt: skip
     args = parser.parse_args()
@@ -187,10 +197,21 @@ def main() -> None:
     if not args.log_only:
         project = results.parent
         config = load_config(*(project / path for path in args.config), check_paths_from=project)
-        times = time_joint(results, args.joint, config, args.threads)
-        print(f"  full fit + comparison {times['fit']:.1f} s, bootstrap {times['bootstrap']:.1f} "
-              f"s, stability curve {times['stability']:.1f} s (total {times['total']:.1f} s); "
-              f"stability / (fit + bootstrap) = {times['ratio']:.2f}")  # fmt: skip
+        by_rule = {}
+        for rule in args.selection or [None]:  # side by side, one after the other
+            times = by_rule[rule] = time_joint(results, args.joint, config, args.threads, rule)
+            print(f"  full fit + comparison {times['fit']:.1f} s, bootstrap "
+                  f"{times['bootstrap']:.1f} s, stability curve {times['stability']:.1f} s (total "
+                  f"{times['total']:.1f} s); stability / (fit + bootstrap) = "
+                  f"{times['ratio']:.2f}")  # fmt: skip
+        if len(by_rule) > 1:
+            first, *others = by_rule
+            for rule in others:
+                ratios = {key: by_rule[rule][key] / by_rule[first][key]
+                          for key in ("fit", "bootstrap", "stability", "total")}  # fmt: skip
+                print(f"  {rule} / {first}: " + ", ".join(f"{key} x{value:.1f}"
+                                                          for key, value in ratios.items()))  # fmt: skip
+        times = by_rule[(args.selection or [None])[0]]
     share = run_timings(results)
     figures = " ".join(f"{key}_s={times[key]:.1f}" for key in ("fit", "bootstrap", "stability")
                        if key in times)  # fmt: skip
