@@ -12,10 +12,10 @@ from trainmap.dynamics.__main__ import find_runs, not_a_metric_table
 
 
 def lightning_layout(root: Path) -> Path:
-    """lightning_logs/version_0/ with Lightning's own metrics.csv and checkpoints/*.ckpt."""
+    """lightning_logs/version_0/ with Lightning's own metrics.csv and hparams.yaml but no
+    checkpoints (a run logged without ModelCheckpoint): no run."""
     version = root / "lightning_logs" / "version_0"
     (version / "checkpoints").mkdir(parents=True)
-    (version / "checkpoints" / "epoch=0-step=100.ckpt").write_bytes(b"")
     (version / "hparams.yaml").write_text("lr: 0.01\n")
     (version / "metrics.csv").write_text("epoch,step,val_acc\n0,100,0.5\n,,\n")
     return root / "lightning_logs"
@@ -54,8 +54,9 @@ def test_checkpoint_folders_without_weights_are_named_in_the_search(tmp_path) ->
         find_runs([tmp_path / "runs"])
     message = str(error.value)
     assert (f"{tmp_path / 'runs' / 'lr0.01_seed0'}: no checkpoint files (.pt, .pth, "
-            ".safetensors) directly inside; it holds checkpoint-20, checkpoint-40, "
-            "trainer_state.json") in message  # fmt: skip
+            ".safetensors, .ckpt) directly inside, no checkpoint-<step>/ folders with weights "
+            "(Hugging Face), no checkpoints/*.ckpt (Lightning); it holds checkpoint-20, "
+            "checkpoint-40, trainer_state.json") in message  # fmt: skip
 
 
 def test_metric_tables_are_still_found_beside_foreign_csvs(tmp_path) -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -27,10 +28,14 @@ from trainmap.dynamics.external import (
     CHECKPOINT_SUFFIXES,
     EVALUATION_FILE,
     HF_ACCURACY_KEY,
+    HYPERPARAMETER_FILES,
+    LIGHTNING_ACCURACY_KEY,
     ExternalRunError,
     external_run_metrics,
     is_hf_run,
+    is_lightning_run,
     read_external_run,
+    run_hyperparameters,
 )
 from trainmap.dynamics.hmm import (
     COVARIANCE_TYPES,
@@ -49,6 +54,9 @@ from trainmap.dynamics.pipeline import (
 from trainmap.dynamics.tables import REGENERATE, MetricTableError, read_metric_table
 from trainmap.io import write_atomic
 
+#: How deep :func:`find_runs` looks for run directories below a directory it is given.
+RUN_SEARCH_DEPTH = 4
+
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
@@ -62,7 +70,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="per-run metric CSV files, directories searched for metrics.csv, "
                         "or external runs: a directory of checkpoints (step_100.pt, "
                         "checkpoint-100.safetensors, ...) with evaluation.csv (step, test_acc), "
-                        "or a directory of such run directories (a run is named by its path "
+                        "a Hugging Face Trainer output directory (checkpoint-<step>/ folders), "
+                        "a Lightning run (version_<n>/ with checkpoints/*.ckpt and metrics.csv), "
+                        "or a directory with such runs below it (a run is named by its path "
                         "relative to the common parent)")  # fmt: skip
     parser.add_argument("--out", type=Path, required=True, help="output directory")
     parser.add_argument("--threshold", type=float,
@@ -87,7 +97,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--accuracy-key",
         default=None,
         help="a Hugging Face Trainer run's accuracy: this key of trainer_state.json's "
-        f"log_history (default {HF_ACCURACY_KEY})",
+        f"log_history (default {HF_ACCURACY_KEY}); a Lightning run's: this column of its "
+        f"metrics.csv (default {LIGHTNING_ACCURACY_KEY})",
     )
     external.add_argument(
         "--arch",
@@ -114,9 +125,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         action="store_true",
         help="write the external runs' metric tables and stop",
     )
-    parser.add_argument("--groups", type=Path,
-                        help="CSV with columns run,group: also fit one shared map of all runs and "
-                        "compare the groups (joint comparison)")  # fmt: skip
+    grouping = parser.add_mutually_exclusive_group()
+    grouping.add_argument("--groups", type=Path,
+                          help="CSV with columns run,group: also fit one shared map of all runs "
+                          "and compare the groups (joint comparison); checked against the runs "
+                          "found before anything is fitted")  # fmt: skip
+    grouping.add_argument("--group-by", metavar="KEY",
+                          help="group the runs by this hyperparameter of their own files "
+                          f"({', '.join(HYPERPARAMETER_FILES)} in the run or its parent "
+                          "directories), e.g. --group-by lr")  # fmt: skip
+    grouping.add_argument("--group-by-path", metavar="REGEX",
+                          help="group the runs by the first group of this regular expression "
+                          "searched in each run's id (its path), e.g. 'lr=([^/]+)'")  # fmt: skip
     parser.add_argument("--k-max", type=int, default=8, help="largest K tried (default 8)")
     parser.add_argument("--restarts", type=int, default=5, help="seeded restarts per K (default 5)")
     parser.add_argument("--holdout", type=float, default=0.2,
@@ -197,10 +217,13 @@ def find_runs(paths: list[Path]) -> dict[str, Path]:
             if runs:
                 found += runs
                 continue
+            tables = []
             for table in sorted(path.rglob("metrics.csv")):
                 why = not_a_metric_table(table)
-                found += [table] if why is None else []
+                tables += [table] if why is None else []
                 passed_over += [] if why is None else [f"{table}: {why}"]
+            # runs deeper down (a sweep's lr0.1/lightning_logs/version_0) when no table is
+            found += tables or runs_below(path)
             passed_over += [f"{d}: {why_not_a_run(d)}" for d in sorted(path.iterdir())
                             if d.is_dir() and not any(f.is_relative_to(d) for f in found)]  # fmt: skip
         elif path.is_file():
@@ -244,15 +267,108 @@ def why_not_a_run(directory: Path) -> str:
         return "empty"
     held = ", ".join((folders + files)[:5]) + (", ..." if len(children) > 5 else "")
     return (
-        f"no checkpoint files ({', '.join(CHECKPOINT_SUFFIXES)}) directly inside; it holds {held}"
+        f"no checkpoint files ({', '.join(CHECKPOINT_SUFFIXES)}) directly inside, no "
+        "checkpoint-<step>/ folders with weights (Hugging Face), no checkpoints/*.ckpt "
+        f"(Lightning); it holds {held}"
     )
 
 
 def is_external_run(path: Path) -> bool:
-    """Whether ``path`` is a directory holding checkpoint files (an external run), or a Hugging
-    Face Trainer output directory (``checkpoint-<step>/`` folders)."""
+    """Whether ``path`` is a directory holding checkpoint files (an external run), a Hugging
+    Face Trainer output directory (``checkpoint-<step>/`` folders) or a Lightning run
+    (``checkpoints/*.ckpt``)."""
     return path.is_dir() and (any(p.suffix in CHECKPOINT_SUFFIXES for p in path.iterdir())
-                              or is_hf_run(path))  # fmt: skip
+                              or is_hf_run(path) or is_lightning_run(path))  # fmt: skip
+
+
+def runs_below(directory: Path, depth: int = RUN_SEARCH_DEPTH) -> list[Path]:
+    """The run directories (:func:`is_external_run`) below ``directory``, at most ``depth``
+    levels down, not looking inside a run (its ``checkpoint-<n>/`` or ``checkpoints/``)."""
+    found = []
+    for child in sorted(d for d in directory.iterdir() if d.is_dir()):
+        if is_external_run(child):
+            found.append(child)
+        elif depth > 1:
+            found += runs_below(child, depth - 1)
+    return found
+
+
+class GroupingError(ValueError):
+    """The runs cannot be grouped as asked; the message names the run, the key or the file."""
+
+
+def run_groups(runs: dict[str, Path], args: argparse.Namespace) -> dict[str, str]:
+    """Run id -> group, from ``--groups`` (a CSV of run,group: every run found needs a group, and
+    every run it names must have been found), ``--group-by`` (a hyperparameter of each run's own
+    files, :func:`trainmap.dynamics.external.run_hyperparameters`) or ``--group-by-path`` (a
+    regular expression's first group in the run id); empty without any of them. Every check
+    runs before anything is fitted, and a grouping with fewer than 2 groups is refused."""
+    if args.groups:
+        groups = read_groups_file(args.groups, list(runs))
+    elif args.group_by:
+        groups = {}
+        for run, path in runs.items():
+            folder = path if path.is_dir() else path.parent
+            values = run_hyperparameters(folder)
+            if args.group_by not in values:
+                shown = ", ".join(sorted(values)[:12]) or "none"
+                raise GroupingError(f"--group-by {args.group_by}: run {run} ({folder}) has no such "
+                                    f"hyperparameter (found: {shown}; read from "
+                                    f"{', '.join(HYPERPARAMETER_FILES)})")  # fmt: skip
+            groups[run] = f"{args.group_by}={values[args.group_by]}"
+    elif args.group_by_path:
+        try:
+            pattern = re.compile(args.group_by_path)
+        except re.error as error:
+            raise GroupingError(f"--group-by-path {args.group_by_path!r}: not a regular "
+                                f"expression ({error})") from None  # fmt: skip
+        if pattern.groups < 1:
+            raise GroupingError(f"--group-by-path {args.group_by_path!r}: no group in it; put "
+                                "the part that names the group in parentheses, e.g. 'lr=([^/]+)'")  # fmt: skip
+        groups = {}
+        for run in runs:
+            match = pattern.search(run)
+            if match is None or match.group(1) is None:
+                raise GroupingError(f"--group-by-path {args.group_by_path!r} does not match run "
+                                    f"{run!r}; runs found: {', '.join(list(runs)[:5])}")  # fmt: skip
+            groups[run] = match.group(1)
+    else:
+        return {}
+    if len(set(groups.values())) < 2:
+        raise GroupingError(f"the runs form {len(set(groups.values()))} group(s) "
+                            f"({', '.join(sorted(set(groups.values())))}); a joint comparison "
+                            "needs >= 2")  # fmt: skip
+    return groups
+
+
+def read_groups_file(path: Path, runs: list[str]) -> dict[str, str]:
+    """``--groups``: run -> group, checked against the run ids found (``runs``)."""
+    try:
+        table = pd.read_csv(path, dtype=str)
+    except (OSError, ValueError) as error:
+        raise GroupingError(f"--groups {path}: not a readable CSV ({error})") from None
+    missing = [column for column in ("run", "group") if column not in table]
+    if missing:
+        raise GroupingError(f"--groups {path}: no column {' or '.join(missing)} (it has "
+                            f"{', '.join(table.columns)}); write run,group")  # fmt: skip
+    blank = table.index[table["run"].isna() | table["group"].isna()]
+    if len(blank):
+        raise GroupingError(f"--groups {path}: row {int(blank[0]) + 2} has an empty run or group")
+    repeated = sorted(table["run"][table["run"].duplicated()].unique())
+    if repeated:
+        raise GroupingError(f"--groups {path}: runs listed twice: {repeated[:5]}")
+    groups = dict(zip(table["run"], table["group"], strict=True))
+    unknown = sorted(set(groups) - set(runs))
+    if unknown:
+        raise GroupingError(f"--groups {path} names runs that were not found: {unknown[:5]}; the "
+                            f"runs found are named {', '.join(sorted(runs)[:5])}"
+                            f"{', ...' if len(runs) > 5 else ''} (their paths relative to "
+                            "their common parent)")  # fmt: skip
+    ungrouped = sorted(set(runs) - set(groups))
+    if ungrouped:
+        raise GroupingError(f"--groups {path} has no group for runs {ungrouped[:5]}"
+                            f"{' and more' if len(ungrouped) > 5 else ''}; add a row per run")  # fmt: skip
+    return groups
 
 
 def _run_dir(path: Path) -> Path:
@@ -317,7 +433,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.threshold is None and not args.metrics_only:
         raise SystemExit("error: --threshold is required (or --metrics-only)")
-    files = external_tables(find_runs(args.tables), args)
+    found = find_runs(args.tables)
+    try:
+        groups = run_groups(found, args)  # a wrong groups file stops here, before any work
+    except GroupingError as error:
+        raise SystemExit(f"error: {error}") from None
+    files = external_tables(found, args)
     if args.metrics_only:
         return 0
     unknown = sorted(set(args.diverged) - set(files))
@@ -350,12 +471,8 @@ def main(argv: list[str] | None = None) -> int:
     ceiling = " (BIC still falling at K_max: a ceiling)" if detours["selection_at_ceiling"] else ""
     print(f"K = {detours['n_states']}{ceiling}, {fitted}, detour states = "
           f"{detours['detour_states']}, dissimilarity = {detours['dissimilarity']:.3f}")  # fmt: skip
-    if args.groups:
-        table = pd.read_csv(args.groups, dtype={"run": str, "group": str})
-        groups = dict(zip(table["run"], table["group"], strict=True))
-        unknown = sorted(set(runs) - set(groups))
-        if unknown:
-            raise SystemExit(f"error: --groups has no group for runs {unknown[:5]}")
+    if groups:
+        groups = {run: group for run, group in groups.items() if run in runs}
         joint = joint_group(runs, groups, outcomes, settings, args.out / "joint", n_jobs=args.jobs)
         print(joint.verdict_markdown())
         print(f"joint comparison written to {args.out / 'joint'}")

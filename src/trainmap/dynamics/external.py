@@ -10,6 +10,20 @@ An external run is one directory holding
   first checkpoint whose ``test_acc`` reaches the threshold), optionally ``train_loss``,
   ``train_acc``, ``test_loss``; one row per checkpoint step at least.
 
+The output directories of the two most used training frameworks read as they are:
+
+* **Hugging Face Trainer** (:func:`is_hf_run`): ``checkpoint-<step>/`` folders holding
+  ``model.safetensors`` or ``pytorch_model.bin``; the accuracy is a key of ``trainer_state.json``'s
+  ``log_history`` (default ``eval_accuracy``).
+* **Lightning** (:func:`is_lightning_run`, a ``lightning_logs/version_<n>/`` folder):
+  ``checkpoints/*.ckpt`` (the step from ``step=<n>`` in the name, else the file's
+  ``global_step``; the weights under ``state_dict``, their names as the LightningModule holds
+  them, e.g. ``model.0.weight``); the accuracy is a column of the CSVLogger's ``metrics.csv``
+  (default ``val_acc``; the rows of other logging calls, blank there, are skipped).
+
+A run's own hyperparameters (``hparams.yaml``, ``config.json``, ``trainer_state.json``:
+:func:`run_hyperparameters`) group runs on the command line (``--group-by lr``).
+
 :func:`external_run_metrics` gives the run's metric table in the format of
 :func:`trainmap.dynamics.metrics.collect_run_metrics`, so everything after it (maps, regressions,
 joint comparisons, also together with trainmap's own runs) reads external and own runs alike. The
@@ -46,7 +60,7 @@ from trainmap.dynamics.metrics import (
     state_dict_layout,
 )
 
-CHECKPOINT_SUFFIXES = (".pt", ".pth", ".safetensors")
+CHECKPOINT_SUFFIXES = (".pt", ".pth", ".safetensors", ".ckpt")
 EVALUATION_FILE = "evaluation.csv"
 #: The Hugging Face Trainer layout: ``checkpoint-<step>/`` folders, each holding one of these.
 HF_CHECKPOINT_DIR = re.compile(r"^checkpoint-(\d+)$")
@@ -54,6 +68,19 @@ HF_WEIGHTS = ("model.safetensors", "pytorch_model.bin")
 HF_STATE = "trainer_state.json"
 #: The ``log_history`` key a Hugging Face run's accuracy is read from unless one is named.
 HF_ACCURACY_KEY = "eval_accuracy"
+#: The Lightning layout (``lightning_logs/version_<n>/``): ``checkpoints/*.ckpt`` named
+#: ``epoch=<e>-step=<step>.ckpt`` (else the file's ``global_step``), the CSVLogger's
+#: ``metrics.csv`` (a ``step`` column, one row per logging call, other columns blank) and
+#: ``hparams.yaml``.
+LIGHTNING_CHECKPOINTS = "checkpoints"
+LIGHTNING_SUFFIX = ".ckpt"
+LIGHTNING_METRICS = "metrics.csv"
+LIGHTNING_STEP = re.compile(r"(?:^|[-_])step=(\d+)(?:-v\d+)?$")
+#: The ``metrics.csv`` column a Lightning run's accuracy is read from unless one is named.
+LIGHTNING_ACCURACY_KEY = "val_acc"
+#: A run's own hyperparameters (``--group-by``), looked for in the run's directory and its parent:
+#: Lightning's, a Hugging Face model's config and the Trainer's state.
+HYPERPARAMETER_FILES = ("hparams.yaml", "config.json", HF_STATE)
 #: A checkpoint's file stem: a prefix of letters, ``_`` and ``-``, then the step.
 STEP_NAME = re.compile(r"^[A-Za-z_\-]*?(\d+)$")
 #: Keys under which training scripts commonly nest a state dict in a ``.pt`` file.
@@ -76,8 +103,10 @@ class ExternalRun:
 
 
 def step_of(path: Path) -> int:
-    """The step a checkpoint file's name holds (``step_100.pt`` -> 100)."""
-    match = STEP_NAME.match(path.name.removesuffix(path.suffix))
+    """The step a checkpoint file's name holds (``step_100.pt`` -> 100; Lightning's
+    ``epoch=0-step=100.ckpt`` -> 100)."""
+    stem = path.name.removesuffix(path.suffix)
+    match = STEP_NAME.match(stem) or LIGHTNING_STEP.search(stem)
     if match is None:
         raise ExternalRunError(
             f"{path}: the file name holds no integer step; name each checkpoint "
@@ -298,6 +327,124 @@ def hf_evaluation(directory: Path, steps: list[int], accuracy_key: str) -> pd.Da
     return table.drop_duplicates("step", keep="last").reset_index(drop=True)
 
 
+def is_lightning_run(directory: Path) -> bool:
+    """Whether ``directory`` is a Lightning run (``lightning_logs/version_<n>/``): a
+    ``checkpoints/`` folder holding ``.ckpt`` files."""
+    folder = directory / LIGHTNING_CHECKPOINTS
+    return folder.is_dir() and any(p.suffix == LIGHTNING_SUFFIX for p in folder.iterdir())
+
+
+def lightning_checkpoints(directory: Path) -> dict[int, Path]:
+    """Step -> ``.ckpt`` file of a Lightning run, in step order: the step from ``step=<n>`` in the
+    name, else the file's ``global_step``. ``last.ckpt`` (ModelCheckpoint's ``save_last``) repeats
+    a step already saved under its own name and is passed over; two other files of one step are
+    an error naming both."""
+    checkpoints: dict[int, Path] = {}
+    files = sorted(p for p in (directory / LIGHTNING_CHECKPOINTS).iterdir()
+                   if p.suffix == LIGHTNING_SUFFIX)  # fmt: skip
+    named = [p for p in files if LIGHTNING_STEP.search(p.stem)]
+    for path in named + [p for p in files if p not in named]:  # the named ones first
+        match = LIGHTNING_STEP.search(path.stem)
+        step = int(match.group(1)) if match else _global_step(path)
+        if step in checkpoints:
+            if match is None:
+                continue  # e.g. last.ckpt, the same step as a named checkpoint
+            raise ExternalRunError(f"{path} and {checkpoints[step]} both hold step {step}; keep "
+                                   "one checkpoint per step")  # fmt: skip
+        checkpoints[step] = path
+    return dict(sorted(checkpoints.items()))
+
+
+def _global_step(path: Path) -> int:
+    """A Lightning checkpoint's ``global_step`` (its name holds no ``step=<n>``)."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception as error:  # noqa: BLE001 - every failure to read is one clear error
+        raise _damaged(path, error) from None
+    step = state.get("global_step") if isinstance(state, Mapping) else None
+    if not isinstance(step, int):
+        raise ExternalRunError(f"{path}: neither its name (step=<n>) nor the file (global_step) "
+                               "gives its step; rename it epoch=<e>-step=<n>.ckpt")  # fmt: skip
+    return step
+
+
+def lightning_evaluation(directory: Path, steps: list[int], accuracy_key: str) -> pd.DataFrame:
+    """A Lightning run's evaluation curve from the CSVLogger's ``metrics.csv``: the rows where
+    ``accuracy_key`` is logged (the others, blank there, are other logging calls), ``step`` and
+    ``test_acc`` (its value), ``test_loss`` from ``val_loss`` where logged. Lightning logs a
+    validation one step before the checkpoint saved after it (``step=N``); when every checkpoint
+    step's accuracy is at N - 1 and not at N, the curve is read one step on."""
+    path = directory / LIGHTNING_METRICS
+    if not path.is_file():
+        raise ExternalRunError(f"{path}: missing; log with Lightning's CSVLogger (the default "
+                               "logger without TensorBoard) or give an evaluation.csv")  # fmt: skip
+    try:
+        table = pd.read_csv(path)
+    except Exception as error:  # noqa: BLE001 - every failure to read is one clear error
+        raise ExternalRunError(f"{path}: not a readable CSV ({type(error).__name__})") from None
+    if "step" not in table or accuracy_key not in table:
+        shown = ", ".join(c for c in table.columns if c != "step") or "none"
+        raise ExternalRunError(f"{path}: no column {'step' if 'step' not in table else repr(accuracy_key)} "
+                               f"(columns logged: {shown}); name the accuracy column "
+                               "(--accuracy-key, or accuracy_key in the config)")  # fmt: skip
+    rows = table[pd.to_numeric(table[accuracy_key], errors="coerce").notna()]
+    result = pd.DataFrame({"step": rows["step"].astype(int).to_numpy(),
+                           "test_acc": rows[accuracy_key].astype(float).to_numpy()})  # fmt: skip
+    if "val_loss" in rows:
+        result["test_loss"] = pd.to_numeric(rows["val_loss"], errors="coerce").to_numpy()
+    logged = set(result["step"])
+    if not set(steps) <= logged and {step - 1 for step in steps} <= logged:
+        # Lightning logs the validation after N optimizer steps at step N - 1 (measured with
+        # lightning 2.6: val_check_interval=8 logs steps 7, 15, ...; the checkpoints are step=8,
+        # step=16, ...): the curve moves one step on to meet the checkpoint saved there
+        result["step"] += 1
+    absent = sorted(set(steps) - set(result["step"]))
+    if absent:
+        raise ExternalRunError(f"{path}: {accuracy_key!r} is not logged at checkpoint step(s) "
+                               f"{absent[:5]}; validate at every checkpoint (a checkpoint after "
+                               "each validation, e.g. ModelCheckpoint(every_n_train_steps=N) with "
+                               "val_check_interval=N)")  # fmt: skip
+    return result.drop_duplicates("step", keep="last").reset_index(drop=True)
+
+
+def run_hyperparameters(directory: Path) -> dict[str, str]:
+    """A run's own hyperparameters, flat (``optimizer.lr``; a nested key also under its last
+    part, ``lr``, when that is unambiguous): :data:`HYPERPARAMETER_FILES` in ``directory`` and,
+    for those it lacks, its parent (a sweep's folder per setting)."""
+    import yaml
+
+    values: dict[str, str] = {}
+    for folder in (directory, directory.parent):
+        for name in HYPERPARAMETER_FILES:
+            path = folder / name
+            if not path.is_file():
+                continue
+            try:
+                loaded = (yaml.safe_load(path.read_text()) if path.suffix == ".yaml"
+                          else json.loads(path.read_text()))  # fmt: skip
+            except (OSError, ValueError, yaml.YAMLError) as error:
+                raise ExternalRunError(f"{path}: not readable ({type(error).__name__})") from None
+            for key, value in _flat(loaded if isinstance(loaded, Mapping) else {}).items():
+                values.setdefault(key, value)
+    short: dict[str, set[str]] = {}
+    for key, value in values.items():
+        short.setdefault(key.rsplit(".", 1)[-1], set()).add(value)
+    for key, found in short.items():
+        if key not in values and len(found) == 1:
+            values[key] = next(iter(found))
+    return values
+
+
+def _flat(mapping: Mapping, prefix: str = "") -> dict[str, str]:
+    flat: dict[str, str] = {}
+    for key, value in mapping.items():
+        if isinstance(value, Mapping):
+            flat |= _flat(value, f"{prefix}{key}.")
+        elif not isinstance(value, list):  # log_history and the like are no hyperparameters
+            flat[f"{prefix}{key}"] = str(value)
+    return flat
+
+
 def _json(path: Path) -> dict:
     try:
         return json.loads(path.read_text())
@@ -310,6 +457,10 @@ def run_files(directory: str | Path, evaluation_file: str = EVALUATION_FILE) -> 
     """Every file a run is read from (a changed one reruns its metrics): its checkpoint files and
     evaluation curve, or a Hugging Face run's weights and ``trainer_state.json`` files."""
     directory = Path(directory)
+    if is_lightning_run(directory):
+        checkpoints = directory / LIGHTNING_CHECKPOINTS
+        files = [p for p in checkpoints.iterdir() if p.suffix == LIGHTNING_SUFFIX]
+        return sorted(files + [p for p in [directory / LIGHTNING_METRICS] if p.is_file()])
     if is_hf_run(directory):
         folders = [c for c in directory.iterdir() if HF_CHECKPOINT_DIR.match(c.name) and c.is_dir()]
         files = [f for folder in folders for f in folder.iterdir()
@@ -327,8 +478,16 @@ def read_external_run(
     as one: without an ``evaluation.csv`` of its own, its run's ``history.csv`` is the curve. A
     Hugging Face Trainer output directory (:func:`is_hf_run`) reads as it is: its
     ``checkpoint-<step>/`` folders, and its accuracy under ``accuracy_key`` (default
-    :data:`HF_ACCURACY_KEY`) in ``trainer_state.json``."""
+    :data:`HF_ACCURACY_KEY`) in ``trainer_state.json``. So does a Lightning run
+    (:func:`is_lightning_run`, without an ``evaluation.csv`` of its own): ``checkpoints/*.ckpt``
+    and the column ``accuracy_key`` (default :data:`LIGHTNING_ACCURACY_KEY`) of its
+    ``metrics.csv``."""
     directory = Path(directory)
+    if is_lightning_run(directory) and not (directory / evaluation_file).is_file():
+        checkpoints = lightning_checkpoints(directory)
+        evaluation = lightning_evaluation(directory, list(checkpoints),
+                                          accuracy_key or LIGHTNING_ACCURACY_KEY)  # fmt: skip
+        return ExternalRun(directory, checkpoints, evaluation)
     if is_hf_run(directory):
         checkpoints = hf_checkpoints(directory)
         evaluation = hf_evaluation(directory, list(checkpoints), accuracy_key or HF_ACCURACY_KEY)
