@@ -168,3 +168,16 @@ def test_the_command_line_maps_the_sweep_by_learning_rate(sweep: Path, tmp_path:
 def options(**chosen) -> argparse.Namespace:
     return argparse.Namespace(**({"groups": None, "group_by": None, "group_by_path": None}
                                  | chosen))  # fmt: skip
+
+
+def test_a_configs_external_set_takes_lightning_runs(sweep: Path) -> None:
+    """config key external: the same runs, matched by a pattern, pass the checks made before any
+    job, and a missing accuracy column is refused there, naming the key."""
+    from trainmap.grid import ConfigError
+    from trainmap.grid.external import check_external, external_runs
+
+    spec = {"name": "fast", "runs": ["lr0.1/lightning_logs/version_*"], "threshold": 0.8}
+    assert sorted(external_runs(spec, sweep)) == ["version_0", "version_1"]
+    check_external({"external": [spec]}, sweep)
+    with pytest.raises(ConfigError, match=r"config key external\[0\]\.runs: .*no column 'acc'"):
+        check_external({"external": [spec | {"accuracy_key": "acc"}]}, sweep)
