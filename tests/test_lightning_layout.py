@@ -28,6 +28,7 @@ from trainmap.dynamics.external import (
     run_files,
     run_hyperparameters,
 )
+from trainmap.recorder.lightning import MetricCallback
 
 STEPS, EVERY = 24, 8
 
@@ -56,9 +57,10 @@ class Net(L.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=self.hparams.lr)
 
 
-def train(root: Path, seed: int, lr: float) -> Path:
+def train(root: Path, seed: int, lr: float, recorded: Path) -> Path:
     """One Lightning run under ``root``: validation and a checkpoint every :data:`EVERY` steps,
-    training loss logged every 4 (rows interleaved with the validation rows)."""
+    training loss logged every 4 (rows interleaved with the validation rows), and the recorder's
+    callback writing the same run's metric table to ``recorded``."""
     L.seed_everything(seed, verbose=False)
     generator = torch.Generator().manual_seed(0)
     x = torch.randn(256, 8, generator=generator)
@@ -66,7 +68,8 @@ def train(root: Path, seed: int, lr: float) -> Path:
     data = DataLoader(TensorDataset(x, y), batch_size=32, shuffle=True)
     checkpoints = ModelCheckpoint(every_n_train_steps=EVERY, save_top_k=-1, save_last=True)
     trainer = L.Trainer(max_steps=STEPS, val_check_interval=EVERY, check_val_every_n_epoch=None,
-                        callbacks=[checkpoints], logger=CSVLogger(root), log_every_n_steps=4,
+                        callbacks=[checkpoints, MetricCallback(recorded)],
+                        logger=CSVLogger(root), log_every_n_steps=4,
                         enable_progress_bar=False, enable_model_summary=False,
                         accelerator="cpu", devices=1)  # fmt: skip
     trainer.fit(Net(lr), data, DataLoader(TensorDataset(x, y), batch_size=256))
@@ -75,16 +78,17 @@ def train(root: Path, seed: int, lr: float) -> Path:
 
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory) -> Path:
-    """Two learning rates x two seeds, each under ``lr<x>/lightning_logs/version_<seed>``."""
+    """Two learning rates x two seeds, each under ``sweep/lr<x>/lightning_logs/version_<seed>``
+    (the recorder's tables beside the sweep, in ``recorded/lr<x>_seed<seed>``)."""
     root, threads = tmp_path_factory.mktemp("lightning"), torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         for lr in (0.1, 0.01):
             for seed in (0, 1):
-                train(root / f"lr{lr}", seed, lr)
+                train(root / "sweep" / f"lr{lr}", seed, lr, root / f"recorded/lr{lr}_seed{seed}")
     finally:
         torch.set_num_threads(threads)
-    return root
+    return root / "sweep"
 
 
 def test_a_lightning_run_reads_as_it_is(sweep: Path) -> None:
@@ -181,3 +185,18 @@ def test_a_configs_external_set_takes_lightning_runs(sweep: Path) -> None:
     check_external({"external": [spec]}, sweep)
     with pytest.raises(ConfigError, match=r"config key external\[0\]\.runs: .*no column 'acc'"):
         check_external({"external": [spec | {"accuracy_key": "acc"}]}, sweep)
+
+
+def test_the_recorders_callback_equals_the_checkpoints(sweep: Path) -> None:
+    """MetricCallback in the same Trainer: its table holds the metrics of the checkpoints saved
+    at the same steps, and the accuracy and loss Lightning logged there."""
+    from trainmap.dynamics.columns import METRIC_NAMES
+
+    run = read_external_run(sweep / "lr0.1/lightning_logs/version_1")
+    expected = external_run_metrics(run)
+    recorded = pd.read_csv(sweep.parent / "recorded/lr0.1_seed1/metrics.csv")
+    assert recorded["step"].tolist() == [8, 16, 24] == expected["step"].tolist()
+    difference = (recorded[list(METRIC_NAMES)] - expected[list(METRIC_NAMES)]).abs().to_numpy()
+    assert difference.max() <= 1e-12 * max(1.0, expected[list(METRIC_NAMES)].abs().to_numpy().max())
+    assert recorded["test_acc"].tolist() == pytest.approx(run.evaluation["test_acc"].tolist())
+    assert recorded["test_loss"].tolist() == pytest.approx(run.evaluation["test_loss"].tolist())

@@ -24,6 +24,7 @@ from trainmap.dynamics.external import (
     read_external_run,
     run_hyperparameters,
 )
+from trainmap.recorder.huggingface import MetricCallback
 
 STEPS, EVERY = 12, 4
 
@@ -69,7 +70,8 @@ def train(out: Path, seed: int, lr: float) -> Path:
                                   save_strategy="steps", save_steps=EVERY, logging_steps=EVERY,
                                   report_to=[], seed=seed, use_cpu=True, disable_tqdm=True)  # fmt: skip
     trainer = Trainer(model=Net(), args=arguments, train_dataset=Points(),
-                      eval_dataset=Points(), compute_metrics=accuracy)  # fmt: skip
+                      eval_dataset=Points(), compute_metrics=accuracy,
+                      callbacks=[MetricCallback(out.parent / f"recorded/{out.name}")])  # fmt: skip
     trainer.train()
     trainer.save_state()
     return out
@@ -110,6 +112,21 @@ def test_its_metrics_equal_the_same_weights_in_the_plain_layout(runs: Path, tmp_
     trainer_run.evaluation.to_csv(plain / "evaluation.csv", index=False)
     expected = external_run_metrics(read_external_run(plain))
     pd.testing.assert_frame_equal(external_run_metrics(trainer_run), expected)
+
+
+def test_the_recorders_callback_equals_the_checkpoints(runs: Path) -> None:
+    """MetricCallback in the same Trainer: its table holds the metrics of the checkpoints saved
+    at the same steps, and the evaluation's accuracy and loss."""
+    from trainmap.dynamics.columns import METRIC_NAMES
+
+    run = read_external_run(runs / "lr0.1_seed1")
+    expected = external_run_metrics(run)
+    recorded = pd.read_csv(runs / "recorded/lr0.1_seed1/metrics.csv")
+    assert recorded["step"].tolist() == [4, 8, 12] == expected["step"].tolist()
+    difference = (recorded[list(METRIC_NAMES)] - expected[list(METRIC_NAMES)]).abs().to_numpy()
+    assert difference.max() <= 1e-12 * max(1.0, expected[list(METRIC_NAMES)].abs().to_numpy().max())
+    assert recorded["test_acc"].tolist() == pytest.approx(run.evaluation["test_acc"].tolist())
+    assert recorded["test_loss"].tolist() == pytest.approx(run.evaluation["test_loss"].tolist())
 
 
 def test_the_command_line_maps_the_runs_by_learning_rate(runs: Path, tmp_path: Path) -> None:
