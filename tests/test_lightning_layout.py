@@ -200,3 +200,30 @@ def test_the_recorders_callback_equals_the_checkpoints(sweep: Path) -> None:
     assert difference.max() <= 1e-12 * max(1.0, expected[list(METRIC_NAMES)].abs().to_numpy().max())
     assert recorded["test_acc"].tolist() == pytest.approx(run.evaluation["test_acc"].tolist())
     assert recorded["test_loss"].tolist() == pytest.approx(run.evaluation["test_loss"].tolist())
+
+
+class Opaque:
+    """An object a checkpoint may hold besides tensors (unpickling it could run code)."""
+
+
+def test_a_checkpoint_holding_a_pickled_object_is_refused_naming_it(tmp_path: Path) -> None:
+    run = tmp_path / "version_0"
+    (run / "checkpoints").mkdir(parents=True)
+    path = run / "checkpoints/epoch=0-step=8.ckpt"
+    torch.save({"state_dict": {"w": torch.ones(2, 2)}, "global_step": 8, "extra": Opaque()}, path)
+    (run / "metrics.csv").write_text("step,val_acc\n7,0.5\n")
+    read = read_external_run(run)  # found and its curve read; the weights only when needed
+    with pytest.raises(ExternalRunError, match=r"epoch=0-step=8.ckpt: holds pickled objects "
+                       r"besides tensors, which loading with weights_only=True refuses"):  # fmt: skip
+        external_run_metrics(read)
+
+
+def test_a_folder_with_two_layouts_is_refused(sweep: Path, tmp_path: Path) -> None:
+    import shutil
+
+    mixed = tmp_path / "mixed"
+    shutil.copytree(sweep / "lr0.1/lightning_logs/version_0", mixed)
+    (mixed / "checkpoint-8").mkdir()
+    shutil.copy(mixed / "checkpoints/epoch=0-step=8.ckpt", mixed / "checkpoint-8/pytorch_model.bin")
+    with pytest.raises(ExternalRunError, match="holds runs in Hugging Face and Lightning layouts"):
+        read_external_run(mixed)

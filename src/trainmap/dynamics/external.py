@@ -223,6 +223,12 @@ def _differing_entries(shapes: Mapping[str, tuple], reference: Mapping[str, tupl
 
 def _damaged(path: Path, error: Exception) -> ExternalRunError:
     first = str(error).splitlines()[0] if str(error) else ""
+    if "Weights only load failed" in str(error):
+        return ExternalRunError(
+            f"{path}: holds pickled objects besides tensors, which loading with "
+            "weights_only=True refuses (unpickling them could run code); save tensors and plain "
+            "containers only (model.state_dict(), or Lightning's save_weights_only=True)"
+        )
     return ExternalRunError(
         f"{path}: damaged or not a state dict ({type(error).__name__}: {first}); replace the "
         "file, or move it out of the run directory"
@@ -325,6 +331,16 @@ def hf_evaluation(directory: Path, steps: list[int], accuracy_key: str) -> pd.Da
     if table["test_loss"].isna().all():
         table = table.drop(columns="test_loss")
     return table.drop_duplicates("step", keep="last").reset_index(drop=True)
+
+
+def run_layouts(directory: Path) -> list[str]:
+    """The layouts ``directory`` holds checkpoints in: ``plain`` (checkpoint files directly
+    inside), ``Hugging Face`` (:func:`is_hf_run`), ``Lightning`` (:func:`is_lightning_run`)."""
+    if not directory.is_dir():
+        return []
+    plain = any(p.suffix in CHECKPOINT_SUFFIXES and p.is_file() for p in directory.iterdir())
+    return [name for name, found in (("plain", plain), ("Hugging Face", is_hf_run(directory)),
+                                     ("Lightning", is_lightning_run(directory))) if found]  # fmt: skip
 
 
 def is_lightning_run(directory: Path) -> bool:
@@ -483,6 +499,11 @@ def read_external_run(
     and the column ``accuracy_key`` (default :data:`LIGHTNING_ACCURACY_KEY`) of its
     ``metrics.csv``."""
     directory = Path(directory)
+    layouts = run_layouts(directory)
+    if len(layouts) > 1:
+        raise ExternalRunError(f"{directory}: holds runs in {' and '.join(layouts)} layouts at "
+                               "once; keep one run per directory (move the other checkpoints "
+                               "into a directory of their own)")  # fmt: skip
     if is_lightning_run(directory) and not (directory / evaluation_file).is_file():
         checkpoints = lightning_checkpoints(directory)
         evaluation = lightning_evaluation(directory, list(checkpoints),
