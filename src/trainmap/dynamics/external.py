@@ -223,11 +223,12 @@ def _differing_entries(shapes: Mapping[str, tuple], reference: Mapping[str, tupl
 
 def _damaged(path: Path, error: Exception) -> ExternalRunError:
     first = str(error).splitlines()[0] if str(error) else ""
-    if "Weights only load failed" in str(error):
+    refused = re.search(r"Unsupported global: GLOBAL (\S+)", str(error))
+    if refused:  # a pickled object (a module, an optimizer, a custom class) beside the tensors
         return ExternalRunError(
-            f"{path}: holds pickled objects besides tensors, which loading with "
-            "weights_only=True refuses (unpickling them could run code); save tensors and plain "
-            "containers only (model.state_dict(), or Lightning's save_weights_only=True)"
+            f"{path}: damaged or not a state dict: it holds a pickled {refused.group(1)}, which "
+            "loading with weights_only=True refuses (unpickling it could run code); save tensors "
+            "and plain containers only (model.state_dict(), or Lightning's save_weights_only=True)"
         )
     return ExternalRunError(
         f"{path}: damaged or not a state dict ({type(error).__name__}: {first}); replace the "
@@ -235,16 +236,22 @@ def _damaged(path: Path, error: Exception) -> ExternalRunError:
     )
 
 
+def _read_csv(path: Path, when_missing: str, when_unreadable: str) -> pd.DataFrame:
+    """``path`` as a table; a missing or unreadable file is an :class:`ExternalRunError` naming
+    it and the fix."""
+    if not path.is_file():
+        raise ExternalRunError(f"{path}: missing; {when_missing}")
+    try:
+        return pd.read_csv(path)
+    except Exception as error:  # noqa: BLE001 - every failure to read is one clear error
+        raise ExternalRunError(f"{path}: not a readable CSV ({type(error).__name__}); "
+                               f"{when_unreadable}") from None  # fmt: skip
+
+
 def read_evaluation(path: Path, steps: list[int]) -> pd.DataFrame:
     """The run's evaluation curve: ``step``, ``test_acc`` and the optional history columns."""
-    if not path.is_file():
-        raise ExternalRunError(f"{path}: missing; each run needs its evaluation curve, a CSV "
-                               "with columns step and test_acc")  # fmt: skip
-    try:
-        table = pd.read_csv(path)
-    except Exception as error:  # noqa: BLE001 - every failure to read is one clear error
-        raise ExternalRunError(f"{path}: not a readable CSV ({type(error).__name__}); write it "
-                               "with columns step and test_acc") from None  # fmt: skip
+    table = _read_csv(path, "each run needs its evaluation curve, a CSV with columns step and "
+                      "test_acc", "write it with columns step and test_acc")  # fmt: skip
     missing = [column for column in ("step", "test_acc") if column not in table]
     if missing:
         raise ExternalRunError(
@@ -391,13 +398,8 @@ def lightning_evaluation(directory: Path, steps: list[int], accuracy_key: str) -
     validation one step before the checkpoint saved after it (``step=N``); when every checkpoint
     step's accuracy is at N - 1 and not at N, the curve is read one step on."""
     path = directory / LIGHTNING_METRICS
-    if not path.is_file():
-        raise ExternalRunError(f"{path}: missing; log with Lightning's CSVLogger (the default "
-                               "logger without TensorBoard) or give an evaluation.csv")  # fmt: skip
-    try:
-        table = pd.read_csv(path)
-    except Exception as error:  # noqa: BLE001 - every failure to read is one clear error
-        raise ExternalRunError(f"{path}: not a readable CSV ({type(error).__name__})") from None
+    table = _read_csv(path, "log with Lightning's CSVLogger (the default logger without "
+                      "TensorBoard) or give an evaluation.csv", "restore the file Lightning wrote")  # fmt: skip
     if "step" not in table or accuracy_key not in table:
         shown = ", ".join(c for c in table.columns if c != "step") or "none"
         raise ExternalRunError(f"{path}: no column {'step' if 'step' not in table else repr(accuracy_key)} "
