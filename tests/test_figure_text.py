@@ -112,3 +112,42 @@ def test_the_stability_legend_sits_beside_the_data_and_the_verdicts_differ_in_st
     plot_stability(MapStability(curve), tmp_path / "stability.png", "parity_init")
     assert shown["outside"] == [] and shown["beside"]
     assert len(shown["styles"]) == 3 and len({style for _, style, _ in shown["styles"]}) == 3
+
+
+def test_edge_labels_keep_off_each_other_and_the_states(monkeypatch, tmp_path) -> None:
+    """A map whose edges' middles crowd one place (every forward edge of 5 states, two of them
+    off the main line, and two backward edges; drawn at the arcs' middles, two labels overlap):
+    each label finds a spot along its arc where it overlaps no other label and no state circle."""
+    from trainmap.dynamics import training_map as module
+    from trainmap.dynamics.training_map import Edge, FeatureChange, TrainingMap
+
+    figures = []
+    monkeypatch.setattr(module, "save_figure", lambda figure, *a, **k: figures.append(figure))
+    features = [FeatureChange("l2", 1.0, 0.5), FeatureChange("w_var", 0.5, -0.3),
+                FeatureChange("l1_l2", 0.2, 0.1)]  # fmt: skip
+    pairs = [(a, b) for a in range(5) for b in range(a + 1, 5)] + [(3, 2), (4, 1)]
+    edges = [Edge(a, b, 5, 0.5, 1000.0, 6, features) for a, b in pairs]
+    # states 1 and 3 visited by some runs only: drawn off the line, their edges cross the others
+    drawn = TrainingMap(5, 10, edges, [10, 6, 10, 4, 10], [0.0, 1.0, 2.0, 3.0, 4.0], {0: 10})
+    module.draw_training_map(drawn, tmp_path / "map.png")
+    (figure,) = figures
+    renderer = figure.canvas.get_renderer()
+    figure.draw(renderer)
+    axis = figure.axes[0]
+    labels = [t.get_window_extent(renderer) for t in axis.texts if t.get_bbox_patch()]
+    circles = [patch.get_window_extent(renderer) for patch in axis.patches
+               if type(patch).__name__ == "Circle"]  # fmt: skip
+    assert len(labels) == len(pairs) and len(circles) == 5
+
+    def overlap(a, b) -> float:
+        return max(0.0, min(a.x1, b.x1) - max(a.x0, b.x0)) * max(
+            0.0, min(a.y1, b.y1) - max(a.y0, b.y0)
+        )
+
+    crowded = [(i, j) for i in range(len(labels)) for j in range(i + 1, len(labels))
+               if overlap(labels[i], labels[j]) > 1.0]  # fmt: skip
+    assert not crowded, [(pairs[i], pairs[j]) for i, j in crowded]
+    assert not [i for i, box in enumerate(labels) if any(overlap(box, c) > 1.0 for c in circles)]
+    import matplotlib.pyplot as plt
+
+    plt.close(figure)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -226,6 +227,44 @@ def _state_label(training_map: TrainingMap, k: int) -> str:
     return f"{training_map.visited_by[k]}/{training_map.n_runs} runs"
 
 
+#: Where along an edge's arc its label may sit (Bezier parameter), the middle first.
+LABEL_SPOTS = (0.5, 0.38, 0.62, 0.28, 0.72, 0.2, 0.8)
+
+
+def _circle_box(axis: Any, x: float, y: float, radius: float) -> Any:
+    """A state circle's extent in display coordinates."""
+    from matplotlib.transforms import Bbox
+
+    return Bbox([[x - radius, y - radius], [x + radius, y + radius]]).transformed(axis.transData)
+
+
+def _place_on_arc(label: Any, start: tuple[float, float], end: tuple[float, float], rad: float,
+                  taken: list[Any], renderer: Any) -> Any:  # fmt: skip
+    """Move ``label`` to the first spot of :data:`LABEL_SPOTS` along matplotlib's arc3 curve
+    from ``start`` to ``end`` (just outside it) where it overlaps none of the boxes ``taken``
+    (display coordinates: other labels, the state circles); where every spot overlaps, the one
+    that overlaps least. Returns the label's box there."""
+    (x0, y0), (x1, y1) = start, end
+    # arc3's control point: off the chord's midpoint by rad times the chord, to its side
+    cx, cy = (x0 + x1) / 2 + rad * (y1 - y0), (y0 + y1) / 2 - rad * (x1 - x0)
+    best, best_overlap = None, None
+    for t in LABEL_SPOTS:
+        bx = (1 - t) ** 2 * x0 + 2 * t * (1 - t) * cx + t**2 * x1
+        by = (1 - t) ** 2 * y0 + 2 * t * (1 - t) * cy + t**2 * y1
+        outward = t * (1 - t)  # just outside the curve, most at its middle
+        label.set_position((bx + outward * rad * (y1 - y0), by - outward * rad * (x1 - x0)))
+        box = label.get_window_extent(renderer)
+        overlap = sum(max(0.0, min(box.x1, other.x1) - max(box.x0, other.x0))
+                      * max(0.0, min(box.y1, other.y1) - max(box.y0, other.y0))
+                      for other in taken)  # fmt: skip
+        if best_overlap is None or overlap < best_overlap:
+            best, best_overlap = (label.get_position(), box), overlap
+        if overlap == 0:
+            break
+    label.set_position(best[0])
+    return best[1]
+
+
 def draw_training_map(
     training_map: TrainingMap,
     png_path: str | os.PathLike,
@@ -249,6 +288,12 @@ def draw_training_map(
     inches = 1.2  # per data unit; the axes keep an equal aspect, so circles stay round
     figure, axis = plt.subplots(figsize=(inches * (limits_x[1] - limits_x[0]),
                                          inches * (limits_y[1] - limits_y[0]) + 0.4))  # fmt: skip
+    axis.set_xlim(*limits_x)
+    axis.set_ylim(*limits_y)
+    axis.set_aspect("equal")
+    axis.apply_aspect()
+    renderer = figure.canvas.get_renderer()
+    taken = [_circle_box(axis, x, y, 0.3) for x, y in positions.values()]  # labels keep off these
     rad = -0.25  # forward edges (left to right) arc above the line, backward ones below
     for edge in training_map.edges:
         (x0, y0), (x1, y1) = positions[edge.source], positions[edge.target]
@@ -256,12 +301,10 @@ def draw_training_map(
             (x0, y0), (x1, y1), connectionstyle=f"arc3,rad={rad}", arrowstyle="-|>",
             mutation_scale=14, lw=0.8 + 4 * edge.frequency, color="0.35",
             shrinkA=26, shrinkB=26, zorder=1))  # fmt: skip
-        # Just outside the midpoint of matplotlib's arc3 curve (halfway to its control point).
-        mx = (x0 + x1) / 2 + 0.75 * rad * (y1 - y0)
-        my = (y0 + y1) / 2 - 0.75 * rad * (x1 - x0)
-        axis.text(mx, my, _edge_label(edge, training_map.group_runs), fontsize=8, ha="center",
-                  va="center", zorder=3,
-                  bbox={"boxstyle": "round", "fc": "white", "ec": "0.8", "alpha": 0.9})  # fmt: skip
+        label = axis.text(0, 0, _edge_label(edge, training_map.group_runs), fontsize=8,
+                          ha="center", va="center", zorder=3,
+                          bbox={"boxstyle": "round", "fc": "white", "ec": "0.8", "alpha": 0.9})  # fmt: skip
+        taken.append(_place_on_arc(label, (x0, y0), (x1, y1), rad, taken, renderer))
     for k, (x, y) in positions.items():
         colour = "#e8a33d" if k in detours else "#8fb3d9"
         axis.add_patch(Circle((x, y), 0.28, fc=colour, ec="0.2", lw=1.2, zorder=2))
@@ -276,9 +319,6 @@ def draw_training_map(
         axis.annotate(f"start\n{count} runs", xy=(x - 0.3, y), xytext=(x - 1.0, y + 0.35),
                       fontsize=8, ha="center", va="center", color="0.25",
                       arrowprops={"arrowstyle": "-|>", "color": "0.25", "lw": 1.2})  # fmt: skip
-    axis.set_xlim(*limits_x)
-    axis.set_ylim(*limits_y)
-    axis.set_aspect("equal")
     axis.axis("off")
     axis.set_title(title or f"training map: {training_map.n_states} states, "
                    f"{training_map.n_runs} runs", fontsize=10)  # fmt: skip
