@@ -132,8 +132,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                           "found before anything is fitted")  # fmt: skip
     grouping.add_argument("--group-by", metavar="KEY",
                           help="group the runs by this hyperparameter of their own files "
-                          f"({', '.join(HYPERPARAMETER_FILES)} in the run or its parent "
-                          "directories), e.g. --group-by lr")  # fmt: skip
+                          f"({', '.join(HYPERPARAMETER_FILES)} in the run's directory or its "
+                          "parent), e.g. --group-by lr")  # fmt: skip
     grouping.add_argument("--group-by-path", metavar="REGEX",
                           help="group the runs by the first group of this regular expression "
                           "searched in each run's id (its path), e.g. 'lr=([^/]+)'")  # fmt: skip
@@ -222,7 +222,7 @@ def find_runs(paths: list[Path]) -> dict[str, Path]:
                 why = not_a_metric_table(table)
                 tables += [table] if why is None else []
                 passed_over += [] if why is None else [f"{table}: {why}"]
-            # runs deeper down (a sweep's lr0.1/lightning_logs/version_0) when no table is
+            # without trainmap tables, runs deeper down (a sweep's lr0.1/lightning_logs/version_0)
             found += tables or runs_below(path)
             passed_over += [f"{d}: {why_not_a_run(d)}" for d in sorted(path.iterdir())
                             if d.is_dir() and not any(f.is_relative_to(d) for f in found)]  # fmt: skip
@@ -436,7 +436,7 @@ def main(argv: list[str] | None = None) -> int:
     found = find_runs(args.tables)
     try:
         groups = run_groups(found, args)  # a wrong groups file stops here, before any work
-    except GroupingError as error:
+    except (GroupingError, ExternalRunError) as error:
         raise SystemExit(f"error: {error}") from None
     files = external_tables(found, args)
     if args.metrics_only:
