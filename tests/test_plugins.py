@@ -145,8 +145,8 @@ def test_plugin_data_kind_is_checked_like_a_built_in(tmp_path: Path) -> None:
     ("plugin", "message"),
     [
         ("plugins/absent.py", "plugin file 'plugins/absent.py' does not exist"),
-        ("../outside.py", "plugin file '../outside.py' lies outside the project directory"),
-        ("/etc/passwd.py", "plugin file '/etc/passwd.py' lies outside the project directory"),
+        ("../absent.py", "plugin file '../absent.py' does not exist"),
+        ("/etc/passwd.py", "plugin file '/etc/passwd.py' does not exist"),
         ("lab_no_such_module", "plugin 'lab_no_such_module' failed to import: ModuleNotFound"),
         ("not a module", "'not a module' is neither a module name nor a .py file"),
     ],
@@ -158,6 +158,21 @@ def test_bad_plugin_is_refused(tmp_path: Path, plugin: str, message: str) -> Non
         load(root)
     assert first_line(error).startswith(f"config key plugins[0]: {message}")
     assert "tiny_net" not in models.ARCHITECTURES
+
+
+@pytest.mark.parametrize("where", ["relative", "absolute"])
+def test_a_listed_plugin_file_outside_the_project_is_loaded(tmp_path: Path, where: str) -> None:
+    """A lab's shared plugin outside the project, listed by a path relative to the project or an
+    absolute one, loads as one inside it does, and is an input of the rules that build models."""
+    shared = tmp_path / "lab" / "tiny_net.py"
+    shared.parent.mkdir()
+    shared.write_text(TINY_NET)
+    listed = "../lab/tiny_net.py" if where == "relative" else str(shared)
+    root = project(tmp_path / "project", plugin=listed)
+    (root / "plugins" / "tiny_net.py").unlink()  # only the shared one exists
+    config = load(root)
+    assert "tiny_net" in models.ARCHITECTURES and config["plugins"] == [listed]
+    assert plugins.plugin_sources(config["plugins"], root) == [str(shared.resolve())]
 
 
 def test_plugin_raising_on_import_is_refused(tmp_path: Path) -> None:

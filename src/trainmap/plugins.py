@@ -7,14 +7,23 @@ treats its names and options as strictly as a built-in's. Two sources:
 
 * the installed packages' entry points of group :data:`ENTRY_POINT_GROUP` (``trainmap.plugins``),
   each naming a module to import (``my_net = my_lab.trainmap_plugin``);
-* the config key ``plugins``: importable module names (``my_lab.trainmap_plugin``) or Python files
-  inside the project directory (``plugins/my_net.py``).
+* the config key ``plugins``: importable module names (``my_lab.trainmap_plugin``) or Python files,
+  relative to the project directory (``plugins/my_net.py``) or absolute
+  (``/home/me/lab/my_net.py``, ``~/lab/my_net.py``).
 
 They are loaded by every entry point before the config is validated: the Snakefile (at parse time,
 so also in every cluster job, which re-parses it), ``python -m trainmap.grid``
 (:func:`trainmap.grid.load_config`), the job server before it forks its jobs, and a job that runs in
 its own process (both from :data:`PLUGINS_ENV`, which :func:`load_plugins` sets for the processes
 Snakemake starts). A plugin is code: it runs with the workflow's rights, like a Snakefile.
+
+**The trust rule.** A plugin runs when the workflow is parsed (a dry run too) and in every job, on
+every node a job runs on, with the rights of whoever runs it; trainmap never finds plugins by
+itself, it imports only what the config lists or an installed package declares. So list only code
+you would run yourself; a file outside the project is as trusted as one inside it, and must be
+readable at the same path wherever a job runs (a cluster's shared file system). Its source is an
+input of the rules that build data and models (:func:`plugin_sources`), inside the project or not:
+editing it reruns them.
 """
 
 from __future__ import annotations
@@ -42,8 +51,8 @@ def load_plugins(names: object, base_dir: str | os.PathLike) -> list[str]:
     ``plugins``; files relative to ``base_dir``, the project directory); return the modules imported.
 
     Importing a plugin twice in one process is a no-op. Raises :class:`ConfigError` (first line
-    ``config key plugins[i]: ...``) for a value that is not a module name or a ``.py`` file inside
-    the project, a missing file, or a plugin whose import fails (a registration under a name
+    ``config key plugins[i]: ...``) for a value that is not a module name or a ``.py`` file, a
+    missing file, or a plugin whose import fails (a registration under a name
     already taken included), naming the plugin and the exception. Records the list in
     :data:`PLUGINS_ENV` so that the jobs Snakemake starts load the same plugins.
     """
@@ -74,7 +83,7 @@ def plugin_sources(names: object, base_dir: str | os.PathLike) -> list[str]:
     modules = [entry_point.module for entry_point in _entry_points()]
     for name in _plugin_names(names):
         if _is_file_name(name):
-            sources.append(str((base / name).resolve()))
+            sources.append(str((base / Path(name).expanduser()).resolve()))
         else:
             modules.append(name)
     for module in modules:
@@ -96,7 +105,7 @@ def _plugin_names(names: object) -> list[str]:
     if not isinstance(names, list):
         raise ConfigError(
             f"config key plugins: {names!r} is not a list; allowed: a list of module names "
-            "(my_lab.trainmap_plugin) or .py files inside the project (plugins/my_net.py)"
+            "(my_lab.trainmap_plugin) or .py files (plugins/my_net.py, /abs/path/my_net.py)"
         )
     for index, name in enumerate(names):
         if not isinstance(name, str) or not name:
@@ -129,7 +138,7 @@ def _load_named(index: int, name: str, base: Path) -> str:
     if not is_file and not _MODULE_NAME.match(name):
         raise ConfigError(
             f"{where}: {name!r} is neither a module name nor a .py file; allowed: a dotted module "
-            "name (my_lab.trainmap_plugin) or a .py file inside the project (plugins/my_net.py)"
+            "name (my_lab.trainmap_plugin) or a .py file (plugins/my_net.py, /abs/path/my_net.py)"
         )
     try:
         if is_file:
@@ -145,16 +154,13 @@ def _load_named(index: int, name: str, base: Path) -> str:
 
 
 def _plugin_path(where: str, name: str, base: Path) -> Path:
-    path = (base / name).resolve()
-    if not path.is_relative_to(base):
-        raise ConfigError(
-            f"{where}: plugin file {name!r} lies outside the project directory {base} (it resolves "
-            f"to {path}); allowed: a .py file inside the project"
-        )
+    """A plugin file's path: relative to the project directory ``base``, or absolute (``~``
+    expanded); inside the project or outside it (module docstring: the trust rule)."""
+    path = (base / Path(name).expanduser()).resolve()
     if path.suffix != ".py" or not path.is_file():
         raise ConfigError(
             f"{where}: plugin file {name!r} does not exist (looked for {path}); allowed: a .py "
-            "file inside the project"
+            "file, relative to the project or absolute"
         )
     return path
 
