@@ -212,11 +212,10 @@ def test_a_checkpoint_holding_a_pickled_object_is_refused_naming_it(tmp_path: Pa
     path = run / "checkpoints/epoch=0-step=8.ckpt"
     torch.save({"state_dict": {"w": torch.ones(2, 2)}, "global_step": 8, "extra": Opaque()}, path)
     (run / "metrics.csv").write_text("step,val_acc\n7,0.5\n")
-    read = read_external_run(run)  # found and its curve read; the weights only when needed
     with pytest.raises(ExternalRunError, match=r"epoch=0-step=8.ckpt: damaged or not a state "
                        r"dict: it holds a pickled test_lightning_layout.Opaque, which loading "
                        r"with weights_only=True refuses"):  # fmt: skip
-        external_run_metrics(read)
+        read_external_run(run)  # refused when the run is read, before any metric
 
 
 def test_a_folder_with_two_layouts_is_refused(sweep: Path, tmp_path: Path) -> None:
@@ -228,3 +227,14 @@ def test_a_folder_with_two_layouts_is_refused(sweep: Path, tmp_path: Path) -> No
     shutil.copy(mixed / "checkpoints/epoch=0-step=8.ckpt", mixed / "checkpoint-8/pytorch_model.bin")
     with pytest.raises(ExternalRunError, match="holds runs in Hugging Face and Lightning layouts"):
         read_external_run(mixed)
+
+
+def test_a_checkpoint_named_for_another_step_is_refused(sweep: Path, tmp_path: Path) -> None:
+    import shutil
+
+    run = tmp_path / "version_0"
+    shutil.copytree(sweep / "lr0.1/lightning_logs/version_0", run)
+    (run / "checkpoints/epoch=0-step=8.ckpt").rename(run / "checkpoints/epoch=0-step=12.ckpt")
+    with pytest.raises(ExternalRunError, match=r"step=12.ckpt: global_step 8 but the name says "
+                       r"step 12"):  # fmt: skip
+        read_external_run(run)

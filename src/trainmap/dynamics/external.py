@@ -359,16 +359,21 @@ def is_lightning_run(directory: Path) -> bool:
 
 def lightning_checkpoints(directory: Path) -> dict[int, Path]:
     """Step -> ``.ckpt`` file of a Lightning run, in step order: the step from ``step=<n>`` in the
-    name, else the file's ``global_step``. ``last.ckpt`` (ModelCheckpoint's ``save_last``) repeats
-    a step already saved under its own name and is passed over; two other files of one step are
-    an error naming both."""
+    name, which must be the file's ``global_step`` (else that; read memory-mapped, without the
+    weights). ``last.ckpt`` (ModelCheckpoint's ``save_last``) repeats a step already saved under
+    its own name and is passed over; two other files of one step, or a name that disagrees with
+    the file's ``global_step``, are an error naming the file."""
     checkpoints: dict[int, Path] = {}
     files = sorted(p for p in (directory / LIGHTNING_CHECKPOINTS).iterdir()
                    if p.suffix == LIGHTNING_SUFFIX)  # fmt: skip
     named = [p for p in files if LIGHTNING_STEP.search(p.stem)]
     for path in named + [p for p in files if p not in named]:  # the named ones first
         match = LIGHTNING_STEP.search(path.stem)
-        step = int(match.group(1)) if match else _global_step(path)
+        recorded = _global_step(path)
+        step = int(match.group(1)) if match else recorded
+        if step != recorded:
+            raise ExternalRunError(f"{path}: global_step {recorded} but the name says step {step}; "
+                                   "rename the file or restore the checkpoint Lightning saved")  # fmt: skip
         if step in checkpoints:
             if match is None:
                 continue  # e.g. last.ckpt, the same step as a named checkpoint
@@ -379,7 +384,7 @@ def lightning_checkpoints(directory: Path) -> dict[int, Path]:
 
 
 def _global_step(path: Path) -> int:
-    """A Lightning checkpoint's ``global_step`` (its name holds no ``step=<n>``)."""
+    """A Lightning checkpoint's ``global_step``."""
     try:
         state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception as error:  # noqa: BLE001 - every failure to read is one clear error
