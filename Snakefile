@@ -7,6 +7,8 @@ from trainmap.grid import (
     check_config_files,
     check_params_edits,
     config_problems_reported,
+    own_study,
+    read_config_file,
     validate_schema,
 )
 from trainmap.plugins import load_plugins
@@ -32,7 +34,12 @@ configfile: "config/config.yaml"
 # architectures, data kinds and methods first; then workflow/schemas/config.schema.yaml and what a
 # schema cannot express (trainmap.grid). An error's first line reads `config key <path>: ...`.
 # Under DVC, a params.yaml key `dvc exp run -S` set must be the value the jobs read.
+# Your config file is your study: --configfile files that bring their own grid (or only external
+# run sets) do not inherit the default study's grid and joint comparisons (trainmap.grid.own_study).
 with config_problems_reported(VERBOSE):
+    own_study(
+        config, [(f, read_config_file(f)) for f in workflow.overwrite_configfiles]
+    )
     load_plugins(config.get("plugins"), workflow.basedir)
     validate_schema(config)
     check_config(config, base_dir=Path(workflow.basedir))
@@ -60,14 +67,11 @@ include: "workflow/rules/settings.smk"
 
 rule all:
     input:
-        f"{RESULTS}/summary/evaluation.csv",
-        f"{RESULTS}/summary/metrics.json",
-        f"{RESULTS}/summary/learning_curves.png",
-        summary_figures(),
+        grid_summary(),
         analysis_outputs(),
         unfinished_manifests(),
         # Every dataset is a target too: a killed (forced) data job's missing file is remade by
-        # the next plain run, and what depends on it reruns (issue 19).
+        # the next plain run, and what depends on it reruns.
         datasets_of_grid(),
         # What the jobs read, as DVC metrics (dvc exp show; stage settings in dvc.yaml).
         f"{RESULTS}/summary/settings.json",

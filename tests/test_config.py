@@ -306,7 +306,7 @@ BAD_CONFIGS = [
     ("missing_grid", _delete("grid"),
      ["config key grid:", "missing", "requires 'grid'"]),
     ("empty_grid", _set("grid", []),
-     ["grid", "[]", "non-empty"]),
+     ["config key grid:", "empty, and no external: run sets"]),
     ("grid_entry_unknown_key", _set("grid", 0, "seed", 3),
      ["grid[0].seed", "'seed'", "unknown key", "did you mean 'seeds'?"]),
     ("duplicate_cell_across_entries", _append_grid(

@@ -293,11 +293,18 @@ def test_the_check_command_prints_the_message_only(repo_root: Path, tmp_path: Pa
     assert "Traceback" in verbose.stderr and verbose.returncode == 1
 
 
+#: A config of one's own with a joint comparison on a task its grid does not run: a warning, not
+#: an error (the comparison is skipped).
+WARNED = (
+    "grid:\n  - {task: digits, archs: [vgg_bn], methods: [kaiming], seeds: [0]}\n"
+    "analysis:\n  joint:\n    - {name: elsewhere, task: sparse_parity, archs: [mlp], "
+    "methods: [kaiming, gradinit]}\n"
+)
+
+
 def test_the_check_command_prints_warnings_as_messages(repo_root: Path, tmp_path: Path) -> None:
     grid = tmp_path / "digits.yaml"
-    grid.write_text(
-        "grid:\n  - {task: digits, archs: [vgg_bn], methods: [kaiming], seeds: [0, 1]}\n"
-    )
+    grid.write_text(WARNED)
     result = run_check_command(repo_root, str(grid))
     assert result.returncode == 0, result.stderr
     warned = [line for line in result.stderr.splitlines() if line]
@@ -313,7 +320,7 @@ def test_snakemake_prints_config_problems_without_traceback(
     workdir = copy_workflow(repo_root, tmp_path / "workflow")
     cases = {
         "bad.yaml": "analysis:\n  features: [spectrl]\n",
-        "warn.yaml": "grid:\n  - {task: digits, archs: [vgg_bn], methods: [kaiming], seeds: [0]}\n",
+        "warn.yaml": WARNED,
         "empty.yaml": "# nothing here\n",
     }
     outputs = {}
@@ -327,7 +334,7 @@ def test_snakemake_prints_config_problems_without_traceback(
     assert 'File "' not in output and "Error in file" not in output, output
     code, output = outputs["warn.yaml"]
     assert code == 0, output
-    assert "warning: config key analysis.joint[0] ('parity_init'):" in output, output
+    assert "warning: config key analysis.joint[0] ('elsewhere'):" in output, output
     assert "UserWarning" not in output, output
     code, output = outputs["empty.yaml"]
     assert code != 0 and "Job stats" not in output, output

@@ -465,6 +465,19 @@ def summary_figures():
     return [f"{RESULTS}/summary/flip_rates.png"] if retrained_sparse_cells() else []
 
 
+def grid_summary():
+    """The evaluation summary of the grid's cells and its figures; none for a study of external
+    run sets alone (an empty grid)."""
+    if not CELLS:
+        return []
+    return [
+        f"{RESULTS}/summary/evaluation.csv",
+        f"{RESULTS}/summary/metrics.json",
+        f"{RESULTS}/summary/learning_curves.png",
+        *summary_figures(),
+    ]
+
+
 # --- training-map groups -------------------------------------------------------------------------
 
 

@@ -27,7 +27,7 @@ import sys
 import traceback
 import warnings
 from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -69,12 +69,44 @@ SCHEMA_PATH = REPO_ROOT / "workflow" / "schemas" / "config.schema.yaml"
 READER_KINDS = {"mnist", "cifar10", "cifar100", "arrays"}
 
 
+#: The default study's config file, relative to the project.
+DEFAULT_STUDY = "config/config.yaml"
+
+
+def own_study(config: dict, layers: Sequence[tuple[str, dict]]) -> dict:
+    """Your config file is your study: ``config`` merged from ``params.yaml``, the default study
+    (:data:`DEFAULT_STUDY`) and the user's files ``layers`` (path, contents; Snakemake's
+    ``--configfile`` files) loses what belongs to the default study's grid when the user's files
+    bring their own. A user file that sets ``grid`` gets none of the default study's joint
+    comparisons (``analysis.joint``) unless a user file sets them; user files that set
+    ``external:`` but no ``grid`` run those sets alone (no grid). Hyperparameters, analysis
+    settings and the default study's other sections layer as before. Listing
+    :data:`DEFAULT_STUDY` among the user's files says "start from the default study" and keeps
+    it whole. Returns ``config``, changed in place."""
+    if not layers or any(Path(path).as_posix().endswith(DEFAULT_STUDY) for path, _ in layers):
+        return config
+    own_grid = any("grid" in contents for _, contents in layers)
+    own_external = any("external" in contents for _, contents in layers)
+    own_joint = any("joint" in (contents.get("analysis") or {}) for _, contents in layers)
+    if not own_grid and own_external:
+        config["grid"] = []
+    if (own_grid or not config["grid"]) and not own_joint:
+        config.setdefault("analysis", {})["joint"] = []
+    return config
+
+
 def load_config(*paths: str | os.PathLike, check_paths_from: Path | None = None) -> dict:
     """Merge YAML files left to right (params.yaml first), load the config's ``plugins`` (files
-    relative to ``check_paths_from``, the project directory), validate and return the config."""
+    relative to ``check_paths_from``, the project directory), validate and return the config.
+    The files after ``params.yaml`` and :data:`DEFAULT_STUDY` are the user's (:func:`own_study`)."""
     config: dict = {}
-    for path in paths:
-        config = merge_config(config, read_config_file(path))
+    layers = []
+    for index, path in enumerate(paths):
+        contents = read_config_file(path)
+        config = merge_config(config, contents)
+        if index and not (index == 1 and Path(path).as_posix().endswith(DEFAULT_STUDY)):
+            layers.append((str(path), contents))
+    own_study(config, layers)
     plugins.load_plugins(config.get("plugins"), check_paths_from or Path.cwd())
     validate_schema(config)
     check_config(config, base_dir=check_paths_from or Path.cwd())
@@ -225,6 +257,9 @@ def check_config(config: dict, base_dir: Path | None = None) -> None:
             _check_model_options(task, arch, options)
     for task, settings in config["train"].items():
         _check_train(f"train.{task}", settings)
+    if not config["grid"] and not config.get("external"):
+        raise ConfigError("config key grid: empty, and no external: run sets; a study needs at "
+                          "least one grid entry or one external set")  # fmt: skip
     for index, entry in enumerate(config["grid"]):
         _check_grid_entry(config, index, entry, base_dir)
     _check_unique_cells(config)
