@@ -8,6 +8,7 @@ layout."""
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 import lightning as L
@@ -238,3 +239,27 @@ def test_a_checkpoint_named_for_another_step_is_refused(sweep: Path, tmp_path: P
     with pytest.raises(ExternalRunError, match=r"step=12.ckpt: global_step 8 but the name says "
                        r"step 12"):  # fmt: skip
         read_external_run(run)
+
+
+@pytest.mark.integration
+def test_the_workflow_maps_a_lightning_sweep_as_a_config_of_its_own(sweep: Path, tmp_path) -> None:
+    """A config holding only two external sets of Lightning runs (one per learning rate) and
+    their joint comparison: snakemake reads the runs as Lightning left them and maps both."""
+    import shutil
+
+    from conftest import copy_workflow, snakemake
+
+    workdir = copy_workflow(tmp_path / "project")
+    shutil.copytree(sweep, workdir / "sweep")
+    (workdir / "sweep.yaml").write_text(
+        "external:\n"
+        "  - {name: fast, runs: ['sweep/lr0.1/lightning_logs/version_*'], threshold: 0.8}\n"
+        "  - {name: slow, runs: ['sweep/lr0.01/lightning_logs/version_*'], threshold: 0.8}\n"
+        "analysis:\n  bootstrap: 0\n  stability: 0\n  k_max: 2\n  restarts: 1\n"
+        "  joint: [{name: lr, external: [fast, slow]}]\n"
+    )
+    snakemake("--cores", "2", "--configfile", "sweep.yaml", cwd=workdir)
+    results = workdir / "results"
+    joint = json.loads((results / "joint/lr/joint.json").read_text())
+    assert set(joint["groups"]) == {"fast", "slow"}
+    assert not (results / "train").exists()  # no grid: nothing of the default study ran
