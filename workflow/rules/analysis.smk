@@ -1,12 +1,4 @@
 GROUP = "{task}/{arch}/{method}"
-# The report's category of the joint comparisons, first in its menu; within a comparison the
-# report sorts its results by label, so each label starts with its place on the page: the
-# answers (stability line and verdict table) first, then the map, occupancy, stability and the rest.
-ANSWERS = "Answers"
-
-
-def answer_labels(place, item):
-    return {"comparison": "{name}", "item": f"{place}. {item}"}
 
 
 rule collect_metrics:

@@ -465,6 +465,17 @@ def summary_figures():
     return [f"{RESULTS}/summary/flip_rates.png"] if retrained_sparse_cells() else []
 
 
+# The report's category of the joint comparisons, first in its menu; within a comparison the
+# report sorts its results by label, so each label starts with its place on the page: the
+# answers (stability line and verdict table) first, then the map, occupancy, stability and the rest.
+ANSWERS = "Answers"
+
+
+def answer_labels(place, item):
+    """A joint comparison's report labels: the comparison, and the item with its place."""
+    return {"comparison": "{name}", "item": f"{place}. {item}"}
+
+
 def grid_summary():
     """The evaluation summary of the grid's cells and its figures; none for a study of external
     run sets alone (an empty grid)."""
