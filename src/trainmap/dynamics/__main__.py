@@ -32,10 +32,9 @@ from trainmap.dynamics.external import (
     LIGHTNING_ACCURACY_KEY,
     ExternalRunError,
     external_run_metrics,
-    is_hf_run,
-    is_lightning_run,
     read_external_run,
     run_hyperparameters,
+    run_layouts,
 )
 from trainmap.dynamics.hmm import (
     COVARIANCE_TYPES,
@@ -277,8 +276,7 @@ def is_external_run(path: Path) -> bool:
     """Whether ``path`` is a directory holding checkpoint files (an external run), a Hugging
     Face Trainer output directory (``checkpoint-<step>/`` folders) or a Lightning run
     (``checkpoints/*.ckpt``)."""
-    return path.is_dir() and (any(p.suffix in CHECKPOINT_SUFFIXES for p in path.iterdir())
-                              or is_hf_run(path) or is_lightning_run(path))  # fmt: skip
+    return bool(run_layouts(path))
 
 
 def runs_below(directory: Path, depth: int = RUN_SEARCH_DEPTH) -> list[Path]:

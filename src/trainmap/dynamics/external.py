@@ -248,6 +248,15 @@ def _read_csv(path: Path, when_missing: str, when_unreadable: str) -> pd.DataFra
                                f"{when_unreadable}") from None  # fmt: skip
 
 
+def _check_every_step(path: Path, curve: pd.DataFrame, steps: list[int], what: str,
+                      fix: str) -> None:  # fmt: skip
+    """An evaluation curve must cover every checkpoint step; else an error naming the file, the
+    first missing steps and the fix (the plain, Hugging Face and Lightning readers' one check)."""
+    absent = sorted(set(steps) - set(curve["step"]))
+    if absent:
+        raise ExternalRunError(f"{path}: {what} checkpoint step(s) {absent[:5]}; {fix}")
+
+
 def read_evaluation(path: Path, steps: list[int]) -> pd.DataFrame:
     """The run's evaluation curve: ``step``, ``test_acc`` and the optional history columns."""
     table = _read_csv(path, "each run needs its evaluation curve, a CSV with columns step and "
@@ -270,10 +279,8 @@ def read_evaluation(path: Path, steps: list[int]) -> pd.DataFrame:
     if not (table["step"] == table["step"].round()).all():
         raise ExternalRunError(f"{path}: a step is not an integer; steps are whole numbers")
     table["step"] = table["step"].astype(int)
-    absent = sorted(set(steps) - set(table["step"]))
-    if absent:
-        raise ExternalRunError(f"{path}: no row for checkpoint step(s) {absent[:5]}; evaluate "
-                               "every checkpoint (a row per checkpoint step)")  # fmt: skip
+    _check_every_step(path, table, steps, "has no row for",
+                      "evaluate every checkpoint (a row per checkpoint step)")  # fmt: skip
     columns = ["step", *[c for c in HISTORY_COLUMNS if c in table]]
     return table[columns].drop_duplicates("step", keep="last")
 
@@ -330,11 +337,9 @@ def hf_evaluation(directory: Path, steps: list[int], accuracy_key: str) -> pd.Da
     table = pd.DataFrame({"step": [int(e["step"]) for e in entries],
                           "test_acc": [float(e[accuracy_key]) for e in entries],
                           "test_loss": [float(e.get("eval_loss", np.nan)) for e in entries]})  # fmt: skip
-    absent = sorted(set(steps) - set(table["step"]))
-    if absent:
-        raise ExternalRunError(f"{path}: {accuracy_key!r} is not logged at checkpoint step(s) "
-                               f"{absent[:5]}; evaluate at every checkpoint (eval_strategy and "
-                               "save_strategy at the same steps)")  # fmt: skip
+    _check_every_step(path, table, steps, f"{accuracy_key!r} is not logged at",
+                      "evaluate at every checkpoint (eval_strategy and save_strategy at the same "
+                      "steps)")  # fmt: skip
     if table["test_loss"].isna().all():
         table = table.drop(columns="test_loss")
     return table.drop_duplicates("step", keep="last").reset_index(drop=True)
@@ -421,12 +426,9 @@ def lightning_evaluation(directory: Path, steps: list[int], accuracy_key: str) -
         # lightning 2.6: val_check_interval=8 logs steps 7, 15, ...; the checkpoints are step=8,
         # step=16, ...): the curve moves one step on to meet the checkpoint saved there
         result["step"] += 1
-    absent = sorted(set(steps) - set(result["step"]))
-    if absent:
-        raise ExternalRunError(f"{path}: {accuracy_key!r} is not logged at checkpoint step(s) "
-                               f"{absent[:5]}; validate at every checkpoint (a checkpoint after "
-                               "each validation, e.g. ModelCheckpoint(every_n_train_steps=N) with "
-                               "val_check_interval=N)")  # fmt: skip
+    _check_every_step(path, result, steps, f"{accuracy_key!r} is not logged at",
+                      "validate at every checkpoint (a checkpoint after each validation, e.g. "
+                      "ModelCheckpoint(every_n_train_steps=N) with val_check_interval=N)")  # fmt: skip
     return result.drop_duplicates("step", keep="last").reset_index(drop=True)
 
 

@@ -96,10 +96,6 @@ class MetricRecorder:
         write_atomic(self.path, lambda tmp: table.to_csv(tmp, index=False))
         return row
 
-    def table(self) -> pd.DataFrame:
-        """The rows recorded so far (:data:`COLUMNS`), in step order."""
-        return pd.DataFrame(self.rows, columns=COLUMNS).sort_values("step", kind="stable")
-
 
 def _number(value: Any) -> float:
     if value is None:
