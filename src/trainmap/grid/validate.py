@@ -73,6 +73,10 @@ READER_KINDS = {"mnist", "cifar10", "cifar100", "arrays"}
 DEFAULT_STUDY = "config/config.yaml"
 
 
+def _is_default_study(path: str | os.PathLike) -> bool:
+    return Path(path).as_posix().endswith(DEFAULT_STUDY)
+
+
 def own_study(config: dict, layers: Sequence[tuple[str, dict]]) -> dict:
     """Your config file is your study: ``config`` merged from ``params.yaml``, the default study
     (:data:`DEFAULT_STUDY`) and the user's files ``layers`` (path, contents; Snakemake's
@@ -83,7 +87,7 @@ def own_study(config: dict, layers: Sequence[tuple[str, dict]]) -> dict:
     settings and the default study's other sections layer as before. Listing
     :data:`DEFAULT_STUDY` among the user's files says "start from the default study" and keeps
     it whole. Returns ``config``, changed in place."""
-    if not layers or any(Path(path).as_posix().endswith(DEFAULT_STUDY) for path, _ in layers):
+    if not layers or any(_is_default_study(path) for path, _ in layers):
         return config
     own_grid = any("grid" in contents for _, contents in layers)
     own_external = any("external" in contents for _, contents in layers)
@@ -104,7 +108,7 @@ def load_config(*paths: str | os.PathLike, check_paths_from: Path | None = None)
     for index, path in enumerate(paths):
         contents = read_config_file(path)
         config = merge_config(config, contents)
-        if index and not (index == 1 and Path(path).as_posix().endswith(DEFAULT_STUDY)):
+        if index and not (index == 1 and _is_default_study(path)):
             layers.append((str(path), contents))
     own_study(config, layers)
     plugins.load_plugins(config.get("plugins"), check_paths_from or Path.cwd())
