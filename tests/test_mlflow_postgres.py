@@ -165,7 +165,9 @@ def test_a_rule_run_is_stored_in_postgres(server, cluster):
         assert cursor.fetchall() == [("FINISHED",)]
 
 
-# One workflow job: waits for the go file, then logs a cell's training run one step per request.
+# One workflow job: waits for the go file, opens a cell's training run, waits until the other
+# job's run is open too (so the two log at the same time however the scheduler orders them), then
+# logs one step per request.
 PARALLEL_JOB = """
 import sys, time
 from pathlib import Path
@@ -178,6 +180,11 @@ while not go.exists():
     time.sleep(0.05)
 with rule_run({"uri": uri, "experiment": "postgres-parallel"}, "train",
               cell=Cell("parity", "mlp", "kaiming", seed), config_hash="h2") as run:
+    Path(f"{go}.open{seed}").touch()
+    deadline = time.monotonic() + 120
+    while not all(Path(f"{go}.open{other}").exists() for other in (1, 2)):
+        assert time.monotonic() < deadline, "the other job's run did not open within 120 s"
+        time.sleep(0.05)
     for step in range(20):
         run.log_metrics({"train_loss": seed + 1 / (step + 1)}, step)
         run.flush()
