@@ -9,6 +9,7 @@ from trainmap.grid import (
     config_problems_reported,
     own_study,
     read_config_file,
+    study_files,
     validate_schema,
 )
 from trainmap.plugins import load_plugins
@@ -35,17 +36,18 @@ configfile: "config/config.yaml"
 # schema cannot express (trainmap.grid). An error's first line reads `config key <path>: ...`.
 # Under DVC, a params.yaml key `dvc exp run -S` set must be the value the jobs read.
 # Your config file is your study: --configfile files that bring their own grid (or only external
-# run sets) do not inherit the default study's grid and joint comparisons (trainmap.grid.own_study).
+# run sets) start from params.yaml, not from the default study (trainmap.grid.own_study).
 with config_problems_reported(VERBOSE):
     own_study(
-        config, [(f, read_config_file(f)) for f in workflow.overwrite_configfiles]
+        config,
+        [(f, read_config_file(f)) for f in workflow.overwrite_configfiles],
+        base=read_config_file("params.yaml"),
+        overrides=workflow.config_settings.overwrite_config,
     )
     load_plugins(config.get("plugins"), workflow.basedir)
     validate_schema(config)
     check_config(config, base_dir=Path(workflow.basedir))
-    check_params_edits(
-        config, ["params.yaml", "config/config.yaml", *workflow.overwrite_configfiles]
-    )
+    check_params_edits(config, study_files(workflow.overwrite_configfiles))
 
 
 report: "workflow/report/workflow.rst"

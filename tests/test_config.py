@@ -90,9 +90,7 @@ def test_default_config_loads_and_expands(repo_root: Path, base_config: dict) ->
     assert grid_tasks(base_config) == list(dict.fromkeys(e["task"] for e in raw_grid))
     # params.yaml's hyperparameters survive the merge with the grid file.
     assert base_config["train"] == read_yaml(repo_root / PARAMS)["train"]
-    assert (
-        base_config["mlflow"]["experiment"] == read_yaml(repo_root / GRID)["mlflow"]["experiment"]
-    )
+    assert base_config["mlflow"] == read_yaml(repo_root / PARAMS)["mlflow"]
 
 
 def test_default_study_has_at_least_32_seeds_per_method_in_every_joint_comparison(

@@ -10,7 +10,7 @@ import pytest
 import torch
 from conftest import REPO_ROOT, copy_workflow, dry_run_job_counts, snakemake
 
-from trainmap.grid import ConfigError, load_config
+from trainmap.grid import ConfigError, load_config, merge_config, merged_config, read_config_file
 
 PARAMS, DEFAULT = REPO_ROOT / "params.yaml", REPO_ROOT / "config/config.yaml"
 ONE_CELL = (
@@ -34,9 +34,16 @@ def test_a_grid_of_ones_own_gets_no_default_comparison(tmp_path: Path) -> None:
     mine.write_text(ONE_CELL)
     config = load_config(PARAMS, DEFAULT, mine, check_paths_from=REPO_ROOT)
     assert config["analysis"]["joint"] == [] and len(config["grid"]) == 1
-    # the default study's hyperparameters and analysis settings still apply
-    assert config["train"]["sparse_parity"]["steps"] == 16000
-    assert config["analysis"]["k_max"] == load_config(PARAMS, DEFAULT)["analysis"]["k_max"]
+    # params.yaml's hyperparameters and analysis settings apply; none of the default study's
+    # sections do (its sparse recipe, model widths, quantised methods, analysis choices)
+    params, default = read_config_file(PARAMS), read_config_file(DEFAULT)
+    assert config["train"]["sparse_parity"]["steps"] == params["train"]["sparse_parity"]["steps"]
+    assert config["analysis"]["k_max"] == params["analysis"]["k_max"]
+    for key in ("sparse", "model", "quantize"):
+        assert config[key] == params[key] != merge_config(params, default)[key], key
+    for key in ("repvgg_weights", "group_maps"):
+        assert config["analysis"][key] == params["analysis"][key] != default["analysis"][key], key
+    assert config["mlflow"] == params["mlflow"]
     # its own comparisons are its own
     mine.write_text(ONE_CELL.replace("[kaiming]", "[kaiming, gradinit]")
                     + "analysis:\n  joint:\n    - {name: mine, task: sparse_parity, archs: [mlp],"
@@ -83,3 +90,23 @@ def test_the_workflow_runs_external_sets_alone(tmp_path: Path) -> None:
     snakemake("--cores", "2", "--configfile", "sets.yaml", cwd=workdir)
     assert (workdir / "results/external/mine/map/hmm.json").is_file()
     assert not (workdir / "results/train").exists()
+
+
+def test_command_line_overrides_apply_to_a_study_of_ones_own(tmp_path: Path) -> None:
+    """Snakemake's --config values (``overrides``) still win over a study of one's own, and a
+    tweak with no grid keeps the default study's sections."""
+    from trainmap.grid import own_study
+
+    mine = tmp_path / "mine.yaml"
+    mine.write_text(ONE_CELL)
+    params = read_config_file(PARAMS)
+    config = merge_config(merge_config(params, read_config_file(DEFAULT)), read_config_file(mine))
+    own_study(config, [(str(mine), read_config_file(mine))], base=params,
+              overrides={"analysis": {"k_max": 5}})  # fmt: skip
+    assert config["analysis"]["k_max"] == 5 and config["analysis"]["joint"] == []
+    assert config["sparse"] == params["sparse"]
+    tweak = tmp_path / "tweak.yaml"
+    tweak.write_text("analysis: {k_max: 6}\n")
+    kept = merged_config(PARAMS, DEFAULT, tweak)
+    assert kept["analysis"]["k_max"] == 6
+    assert kept["sparse"]["sparse_parity"]["start"] == {"step": 2000}

@@ -791,15 +791,14 @@ def format_plan(jobs: pd.DataFrame, limits: NodeLimits) -> str:
 
 
 def load_plan_config(files: Iterable[str]) -> dict:
-    """params.yaml, config/config.yaml, then ``files``, merged and validated as the workflow does,
+    """params.yaml, config/config.yaml, then ``files``, merged (:func:`trainmap.grid.merged_config`:
+    files with a grid of their own start from params.yaml alone) and validated as the workflow does,
     except that a reader kind's data files (MNIST, CIFAR) need not be here: the plan knows their
     sizes (:func:`dataset_examples`). A missing data directory is a warning; the checks after it
     (the schema has passed) are then skipped."""
     from trainmap import plugins
 
-    config: dict = {}
-    for path in ("params.yaml", "config/config.yaml", *files):
-        config = grid.merge_config(config, grid.read_config_file(path))
+    config = grid.merged_config("params.yaml", "config/config.yaml", *files)
     plugins.load_plugins(config.get("plugins"), Path.cwd())
     grid.validate_schema(config)
     try:
@@ -821,7 +820,8 @@ def main(argv: list[str] | None = None) -> int:
         "the node limits, naming the key to change.",
     )
     parser.add_argument("--configfile", nargs="*", default=[], metavar="CONFIG",
-                        help="config files merged over params.yaml and config/config.yaml")  # fmt: skip
+                        help="config files merged over params.yaml and config/config.yaml (a "
+                        "file with a grid of its own: over params.yaml alone)")  # fmt: skip
     parser.add_argument("--node-gpu-gb", type=float, default=NodeLimits.gpu_gb)
     parser.add_argument("--node-ram-gb", type=float, default=NodeLimits.ram_gb)
     parser.add_argument("--node-disk-tb", type=float, default=NodeLimits.disk_tb)
@@ -832,7 +832,7 @@ def main(argv: list[str] | None = None) -> int:
     with grid.config_problems_reported():
         config = load_plan_config(args.configfile)
     jobs = plan_jobs(config, grid.results_root(config))
-    print(f"plan of {' + '.join(['params.yaml', 'config/config.yaml', *args.configfile])}")
+    print(f"plan of {' + '.join(grid.study_files(args.configfile))}")
     print(format_plan(jobs, limits))
     if args.jobs:
         columns = ["rule", "job", "seeds", "device", "bytes", "ram", "gpu", "seconds"]

@@ -77,32 +77,57 @@ def _is_default_study(path: str | os.PathLike) -> bool:
     return Path(path).as_posix().endswith(DEFAULT_STUDY)
 
 
-def own_study(config: dict, layers: Sequence[tuple[str, dict]]) -> dict:
-    """Your config file is your study: ``config`` merged from ``params.yaml``, the default study
-    (:data:`DEFAULT_STUDY`) and the user's files ``layers`` (path, contents; Snakemake's
-    ``--configfile`` files) loses what belongs to the default study's grid when the user's files
-    bring their own. A user file that sets ``grid`` gets none of the default study's joint
-    comparisons (``analysis.joint``) unless a user file sets them; user files that set
-    ``external:`` but no ``grid`` run those sets alone (no grid). Hyperparameters, analysis
-    settings and the default study's other sections layer as before. Listing
-    :data:`DEFAULT_STUDY` among the user's files says "start from the default study" and keeps
-    it whole. Returns ``config``, changed in place."""
-    if not layers or any(_is_default_study(path) for path, _ in layers):
+def is_own_study(layers: Sequence[tuple[str, dict]]) -> bool:
+    """Whether the user's config files ``layers`` (path, contents) are a study of their own: one
+    of them sets ``grid`` or ``external:`` and none is :data:`DEFAULT_STUDY` (:func:`own_study`)."""
+    if any(_is_default_study(path) for path, _ in layers):
+        return False
+    return any("grid" in contents or "external" in contents for _, contents in layers)
+
+
+def study_files(user_files: Sequence[str | os.PathLike]) -> list[str]:
+    """The config files a run of ``user_files`` (``--configfile``) merges, in order:
+    ``params.yaml``, :data:`DEFAULT_STUDY` unless the user's files are a study of their own
+    (:func:`is_own_study`), then the user's files."""
+    user = [str(path) for path in user_files]
+    own = is_own_study([(path, read_config_file(path)) for path in user])
+    return ["params.yaml", *([] if own else [DEFAULT_STUDY]), *user]
+
+
+def own_study(
+    config: dict,
+    layers: Sequence[tuple[str, dict]],
+    base: dict,
+    overrides: dict | None = None,
+) -> dict:
+    """Your config file is your study. ``config`` is merged from ``params.yaml`` (``base``), the
+    default study (:data:`DEFAULT_STUDY`), the user's files ``layers`` (path, contents; Snakemake's
+    ``--configfile`` files) and ``overrides`` (``--config key=value``). When the user's files bring
+    their own grid or ``external:`` run sets, the study is theirs: ``config`` becomes ``base``
+    merged with ``layers`` and ``overrides`` alone, so none of the default study's sections apply
+    (its grid, joint comparisons, model widths, sparse recipe, quantised methods and analysis
+    choices); ``params.yaml``'s hyperparameters and analysis settings do. Such a study has no joint
+    comparisons unless a user file sets them, and files with ``external:`` but no ``grid`` run
+    those sets alone (no grid). User files with neither (hyperparameter tweaks) change the default
+    study. Listing :data:`DEFAULT_STUDY` among the user's files says "start from the default study"
+    and keeps it whole. Returns ``config``, changed in place."""
+    if not is_own_study(layers):
         return config
-    own_grid = any("grid" in contents for _, contents in layers)
-    own_external = any("external" in contents for _, contents in layers)
-    own_joint = any("joint" in (contents.get("analysis") or {}) for _, contents in layers)
-    if not own_grid and own_external:
-        config["grid"] = []
-    if (own_grid or not config["grid"]) and not own_joint:
-        config.setdefault("analysis", {})["joint"] = []
+    mine = base
+    for _, contents in layers:
+        mine = merge_config(mine, contents)
+    mine = merge_config(mine, overrides or {})
+    config.clear()
+    config.update(mine)
+    config.setdefault("grid", [])
+    config.setdefault("analysis", {}).setdefault("joint", [])
     return config
 
 
-def load_config(*paths: str | os.PathLike, check_paths_from: Path | None = None) -> dict:
-    """Merge YAML files left to right (params.yaml first), load the config's ``plugins`` (files
-    relative to ``check_paths_from``, the project directory), validate and return the config.
-    The files after ``params.yaml`` and :data:`DEFAULT_STUDY` are the user's (:func:`own_study`)."""
+def merged_config(*paths: str | os.PathLike) -> dict:
+    """YAML files merged left to right as the workflow merges them: ``params.yaml`` first, then
+    :data:`DEFAULT_STUDY` (when second), then the user's files, which make a study of their own
+    when they bring a grid or external run sets (:func:`own_study`). Not validated."""
     config: dict = {}
     layers = []
     for index, path in enumerate(paths):
@@ -110,7 +135,14 @@ def load_config(*paths: str | os.PathLike, check_paths_from: Path | None = None)
         config = merge_config(config, contents)
         if index and not (index == 1 and _is_default_study(path)):
             layers.append((str(path), contents))
-    own_study(config, layers)
+    return own_study(config, layers, base=read_config_file(paths[0]) if paths else {})
+
+
+def load_config(*paths: str | os.PathLike, check_paths_from: Path | None = None) -> dict:
+    """Merge YAML files left to right (params.yaml first), load the config's ``plugins`` (files
+    relative to ``check_paths_from``, the project directory), validate and return the config.
+    The files after ``params.yaml`` and :data:`DEFAULT_STUDY` are the user's (:func:`own_study`)."""
+    config = merged_config(*paths)
     plugins.load_plugins(config.get("plugins"), check_paths_from or Path.cwd())
     validate_schema(config)
     check_config(config, base_dir=check_paths_from or Path.cwd())
@@ -319,7 +351,8 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m trainmap.grid",
         description="Check a trainmap configuration as the workflow will, before any job runs: "
         "params.yaml, then config/config.yaml, then each FILE (as snakemake --configfile merges "
-        "them). Exit status 0: ok; 1: the first problem, its line leading with the config key.",
+        "them; files with a grid or external run sets of their own start from params.yaml "
+        "alone). Exit status 0: ok; 1: the first problem, its line leading with the config key.",
     )
     parser.add_argument("files", nargs="*", metavar="FILE", help="config files to merge on top")
     parser.add_argument("-v", "--verbose", action="store_true",
@@ -340,7 +373,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.results_root:
         print(results_root(config))
         return 0
-    print(f"ok: {' + '.join(map(str, paths))} define {len(expand_grid(config))} grid cells")
+    print(f"ok: {' + '.join(study_files(args.files))} define {len(expand_grid(config))} grid cells")
     return 0
 
 
