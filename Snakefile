@@ -46,7 +46,11 @@ with config_problems_reported(VERBOSE):
     )
     load_plugins(config.get("plugins"), workflow.basedir)
     validate_schema(config)
-    check_config(config, base_dir=Path(workflow.basedir))
+    # The main process reads every external run's checkpoint headers; a cluster job's parse
+    # of this file does not read them again.
+    check_config(
+        config, base_dir=Path(workflow.basedir), read_runs=workflow.is_main_process
+    )
     check_params_edits(config, study_files(workflow.overwrite_configfiles))
 
 

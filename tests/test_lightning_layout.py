@@ -188,6 +188,40 @@ def test_a_configs_external_set_takes_lightning_runs(sweep: Path) -> None:
         check_external({"external": [spec | {"accuracy_key": "acc"}]}, sweep)
 
 
+def test_each_checkpoint_is_read_once_from_the_config_check_to_its_metrics(
+    sweep: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run set's config check (every file's step and shapes), then its metric job (the runs
+    read again, then their metrics): each checkpoint's header is read once (memory-mapped: the
+    pickled structure, not the tensors' data) and its weights once; last.ckpt, a repeat of a
+    saved step, only for its header."""
+    import shutil
+    from collections import Counter
+
+    from trainmap.grid.external import check_external, external_runs
+
+    for version in ("version_0", "version_1"):  # fresh paths: nothing read in this process yet
+        shutil.copytree(sweep / f"lr0.1/lightning_logs/{version}", tmp_path / version)
+    loads: Counter = Counter()
+    real_load = torch.load
+
+    def counted_load(path, *args, **kwargs):
+        loads[Path(path).relative_to(tmp_path).as_posix(), bool(kwargs.get("mmap"))] += 1
+        return real_load(path, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "load", counted_load)
+    spec = {"name": "fast", "runs": ["version_*"], "threshold": 0.8}
+    check_external({"external": [spec]}, tmp_path)
+    for run_dir in external_runs(spec, tmp_path).values():
+        external_run_metrics(read_external_run(run_dir))
+    files = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*.ckpt"))
+    assert len(files) == 8
+    for name in files:
+        weights = 0 if name.endswith("last.ckpt") else 1
+        assert (loads[name, True], loads[name, False]) == (1, weights), name
+    assert sum(loads.values()) == len(files) + 6
+
+
 def test_the_recorders_callback_equals_the_checkpoints(sweep: Path) -> None:
     """MetricCallback in the same Trainer: its table holds the metrics of the checkpoints saved
     at the same steps, and the accuracy and loss Lightning logged there."""

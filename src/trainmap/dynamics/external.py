@@ -40,6 +40,7 @@ Command line: ``python -m trainmap.dynamics.external RUN_DIR... --out DIR --thre
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import struct
@@ -138,15 +139,26 @@ def find_checkpoints(directory: Path) -> dict[int, Path]:
 
 def load_state_dict_file(path: Path, mmap: bool = False) -> dict[str, torch.Tensor]:
     """A checkpoint's floating-point tensors (``weights_only=True`` for ``.pt``/``.pth``)."""
+    return _weights_of(path, _load(path, mmap))
+
+
+def _load(path: Path, mmap: bool = False) -> object:
+    """What a checkpoint file holds: a safetensors file's tensors, a torch file loaded with
+    ``weights_only=True`` (memory-mapped when ``mmap``: the pickled structure is read, the
+    tensors' data only where touched)."""
     try:
         if path.suffix == ".safetensors":
             from safetensors.torch import load_file
 
-            state = load_file(path, device="cpu")
-        else:
-            state = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+            return load_file(path, device="cpu")
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except Exception as error:  # noqa: BLE001 - every failure to read is one clear error
         raise _damaged(path, error) from None
+
+
+def _weights_of(path: Path, state: object) -> dict[str, torch.Tensor]:
+    """The floating-point tensors of a loaded checkpoint ``state`` (a state dict, or one nested
+    under :data:`NESTED_STATE_KEYS`)."""
     if isinstance(state, Mapping):
         nested = [key for key in NESTED_STATE_KEYS if isinstance(state.get(key), Mapping)]
         state = state[nested[0]] if nested else state
@@ -161,18 +173,46 @@ def load_state_dict_file(path: Path, mmap: bool = False) -> dict[str, torch.Tens
     return weights
 
 
+@dataclass(frozen=True)
+class CheckpointHeader:
+    """What a checkpoint says of itself without its weights' values: the name -> shape of its
+    floating-point tensors and, for a Lightning ``.ckpt``, its ``global_step`` (else None)."""
+
+    shapes: dict[str, tuple[int, ...]]
+    global_step: int | None
+
+
+def checkpoint_header(path: Path) -> CheckpointHeader:
+    """The header of the checkpoint at ``path``, read once per process while the file is
+    unchanged (size and modification time): a safetensors file's JSON header (its data's length
+    checked against the file's), a ``.pt``/``.ckpt`` zip memory-mapped (the pickled structure,
+    not the tensors' data), a legacy (non-zip) torch file whole. A damaged file raises
+    :class:`ExternalRunError` naming it. The config check, the run's step check and its metric
+    job all ask here, so each file's weights are read once, by the metric job."""
+    try:
+        stat = path.stat()
+    except OSError as error:
+        raise _damaged(path, error) from None
+    return _header(path, stat.st_size, stat.st_mtime_ns)
+
+
+@functools.cache
+def _header(path: Path, size: int, mtime_ns: int) -> CheckpointHeader:
+    if path.suffix == ".safetensors":
+        return CheckpointHeader(_safetensors_shapes(path), None)
+    try:
+        state = _load(path, mmap=True)
+    except ExternalRunError:  # a legacy (non-zip) torch.save file cannot be memory-mapped
+        state = _load(path)
+    step = state.get("global_step") if isinstance(state, Mapping) else None
+    shapes = {key: tuple(value.shape) for key, value in _weights_of(path, state).items()}
+    return CheckpointHeader(shapes, step if isinstance(step, int) else None)
+
+
 def checkpoint_shapes(path: Path) -> dict[str, tuple[int, ...]]:
     """Name -> shape of a checkpoint's floating-point tensors, without reading their values where
-    the format allows (a safetensors header, its data's length checked against the file's; a
-    ``.pt`` zip memory-mapped): the cheap check of a run before any job (a damaged file raises
-    :class:`ExternalRunError` naming it)."""
-    if path.suffix == ".safetensors":
-        return _safetensors_shapes(path)
-    try:
-        state = load_state_dict_file(path, mmap=True)
-    except ExternalRunError:  # a legacy (non-zip) torch.save file cannot be memory-mapped
-        state = load_state_dict_file(path)
-    return {key: tuple(value.shape) for key, value in state.items()}
+    the format allows (:func:`checkpoint_header`): the cheap check of a run before any job."""
+    return dict(checkpoint_header(path).shapes)
 
 
 def _safetensors_shapes(path: Path) -> dict[str, tuple[int, ...]]:
@@ -364,8 +404,8 @@ def is_lightning_run(directory: Path) -> bool:
 
 def lightning_checkpoints(directory: Path) -> dict[int, Path]:
     """Step -> ``.ckpt`` file of a Lightning run, in step order: the step from ``step=<n>`` in the
-    name, which must be the file's ``global_step`` (else that; read memory-mapped, without the
-    weights). ``last.ckpt`` (ModelCheckpoint's ``save_last``) repeats a step already saved under
+    name, which must be the file's ``global_step`` (else that; from its header,
+    :func:`checkpoint_header`, without the weights). ``last.ckpt`` (ModelCheckpoint's ``save_last``) repeats a step already saved under
     its own name and is passed over; two other files of one step, or a name that disagrees with
     the file's ``global_step``, are an error naming the file."""
     checkpoints: dict[int, Path] = {}
@@ -389,13 +429,9 @@ def lightning_checkpoints(directory: Path) -> dict[int, Path]:
 
 
 def _global_step(path: Path) -> int:
-    """A Lightning checkpoint's ``global_step``."""
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except Exception as error:  # noqa: BLE001 - every failure to read is one clear error
-        raise _damaged(path, error) from None
-    step = state.get("global_step") if isinstance(state, Mapping) else None
-    if not isinstance(step, int):
+    """A Lightning checkpoint's ``global_step`` (:func:`checkpoint_header`)."""
+    step = checkpoint_header(path).global_step
+    if step is None:
         raise ExternalRunError(f"{path}: neither its name (step=<n>) nor the file (global_step) "
                                "gives its step; rename it epoch=<e>-step=<n>.ckpt")  # fmt: skip
     return step

@@ -49,11 +49,12 @@ def joint_external_sets(spec: Mapping[str, Any]) -> list[str]:
     return list(spec.get("external", []))
 
 
-def check_external(config: Mapping[str, Any], base_dir: str | Path) -> None:
+def check_external(config: Mapping[str, Any], base_dir: str | Path, read_runs: bool = True) -> None:
     """Names unique and apart from the grid's method/arch labels, every pattern matching run
     directories, every run readable (:func:`trainmap.dynamics.external.read_external_run` and the
     cheap shape check of each checkpoint), ``arch`` a registered architecture built for ``task``'s
-    data, and each joint comparison's ``external`` naming a set. Raises :class:`ConfigError`."""
+    data, and each joint comparison's ``external`` naming a set. Raises :class:`ConfigError`.
+    ``read_runs=False`` skips reading the runs (their directories are still matched)."""
     from trainmap.dynamics.external import ExternalRunError, check_run_shapes, read_external_run
 
     seen: set[str] = set()
@@ -72,7 +73,7 @@ def check_external(config: Mapping[str, Any], base_dir: str | Path) -> None:
                 f"least {MIN_EXTERNAL_RUNS} (one directory per run, patterns relative to the "
                 "project, e.g. runs/seed*)"
             )
-        for run_dir in runs.values():
+        for run_dir in runs.values() if read_runs else ():
             try:
                 check_run_shapes(
                     read_external_run(

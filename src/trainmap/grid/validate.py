@@ -282,8 +282,11 @@ def _check_task_names(config: dict) -> None:
 # --- semantic checks ----------------------------------------------------------------------------
 
 
-def check_config(config: dict, base_dir: Path | None = None) -> None:
-    """Semantic checks a schema cannot express; raises :class:`ConfigError` on the first problem."""
+def check_config(config: dict, base_dir: Path | None = None, read_runs: bool = True) -> None:
+    """Semantic checks a schema cannot express; raises :class:`ConfigError` on the first problem.
+    ``read_runs=False`` leaves the external runs' checkpoint headers unread (their directories
+    are still matched): a cluster job's parse of the workflow, after the main process checked
+    them (a file changed since is refused by the job that reads it)."""
     base_dir = base_dir or Path.cwd()
     _check_dvc(config, base_dir)
     for task in config["data"]:  # every task's settings, used by the grid or not
@@ -305,7 +308,7 @@ def check_config(config: dict, base_dir: Path | None = None) -> None:
     _check_quantize(config)
     _check_joint_groups(config)
     _check_paper(config)
-    check_external(config, base_dir)
+    check_external(config, base_dir, read_runs)
     _check_features(config)
     _check_analysis_runs(config)
     _check_sparsifiable(config, _check_buildable(config, base_dir))
