@@ -405,9 +405,10 @@ def is_lightning_run(directory: Path) -> bool:
 def lightning_checkpoints(directory: Path) -> dict[int, Path]:
     """Step -> ``.ckpt`` file of a Lightning run, in step order: the step from ``step=<n>`` in the
     name, which must be the file's ``global_step`` (else that; from its header,
-    :func:`checkpoint_header`, without the weights). ``last.ckpt`` (ModelCheckpoint's ``save_last``) repeats a step already saved under
-    its own name and is passed over; two other files of one step, or a name that disagrees with
-    the file's ``global_step``, are an error naming the file."""
+    :func:`checkpoint_header`, without the weights). ``last.ckpt`` (ModelCheckpoint's
+    ``save_last``) repeats a step already saved under its own name and is passed over; two other
+    files of one step, or a name that disagrees with the file's ``global_step``, are an error
+    naming the file."""
     checkpoints: dict[int, Path] = {}
     files = sorted(p for p in (directory / LIGHTNING_CHECKPOINTS).iterdir()
                    if p.suffix == LIGHTNING_SUFFIX)  # fmt: skip
