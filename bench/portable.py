@@ -15,7 +15,9 @@ the ``train`` rule runs):
 * ``mlp``: sparse parity (n = 40, k = 3), MLP 40-128-2, SGD, batch 32, a block of 40 seeds (the
   kaiming, GradInit and AST / one-shot retraining blocks all train this model);
 * ``repvgg`` / ``repvgg_plain``: 8x8 digits, widths 8-16-32-64, SGD momentum, cosine, batch 128,
-  a block of 8 seeds.
+  a block of 8 seeds;
+* ``transformer_ln``: the paper's stabilised modular addition (``make paper``), a one-layer
+  transformer with LayerNorm (d 128, 4 heads, MLP 512), AdamW, batch 256, one seed.
 
 Usage::
 
@@ -53,6 +55,12 @@ WORKLOADS = {
                      {"lr": 0.05, "momentum": 0.9, "weight_decay": 1e-4, "batch_size": 128,
                       "schedule": "cosine", "grad_clip": 1.0, "checkpoint_every": 5,
                       "resume_every": 100}, 8, 30, 10),
+    # the paper's stabilised modular addition (make paper): one seed per job on a CPU
+    "transformer_ln": ("modular_addition", {"p": 113, "train_frac": 0.3, "seed": 0},
+                       "transformer_ln", {"d_model": 128, "n_heads": 4, "d_mlp": 512},
+                       {"optimizer": "adamw", "lr": 0.001, "betas": [0.9, 0.98],
+                        "weight_decay": 1.0, "batch_size": 256, "warmup_steps": 10,
+                        "checkpoint_every": 50, "resume_every": 1000}, 1, 200, 50),
 }  # fmt: skip
 
 
