@@ -1,6 +1,7 @@
-"""Your config file is your study: a user's config file that brings its own grid does not inherit
-the default study's joint comparisons; one holding only external run sets runs just those; listing
-config/config.yaml says "start from the default study" and keeps it whole."""
+"""Your config file is your study: a user's config file that brings its own grid starts from
+params.yaml alone (none of the default study's sections, its joint comparisons included); one
+holding only external run sets runs just those; listing config/config.yaml says "start from the
+default study" and keeps it whole."""
 
 from __future__ import annotations
 
