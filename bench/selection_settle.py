@@ -1,4 +1,5 @@
-"""Does the map's size settle as seeds are added? K of the ``reproducible`` rule by round.
+"""Does the map's size settle as seeds are added? K of a selection rule by round (``reproducible``
+by default; ``--selection folds`` or ``holdout`` for held-out BIC).
 
 For one adaptive joint comparison of a finished study (its rounds' runs trained), the full fit
 (no bootstrap, no stability curve) is made with ``selection: reproducible`` on the runs each round
@@ -50,8 +51,9 @@ def _load(config_file: str, comparison: str) -> None:
     RESULTS.update(runs=runs, groups=groups, seeds=seeds, settings=settings, joint=joint)
 
 
-def fit_round(round_: int, split_seed: int, half_size: int | None) -> dict:
-    """The reproducible rule's full fit on the runs round ``round_`` pools."""
+def fit_round(round_: int, split_seed: int, half_size: int | None,
+              selection: str = "reproducible") -> dict:  # fmt: skip
+    """The full fit by ``selection`` on the runs round ``round_`` pools."""
     from trainmap.dynamics.hmm import bic_minimum
     from trainmap.dynamics.settings import make_hmm
 
@@ -59,6 +61,14 @@ def fit_round(round_: int, split_seed: int, half_size: int | None) -> dict:
     n = joint.seeds_per_method(round_)
     last_seed = joint.first_seed + round_ * joint.step  # the seeds below this are pooled
     chosen = {run: table for run, table in RESULTS["runs"].items() if seeds[run] < last_seed}
+    if selection != "reproducible":  # held-out BIC, on one split or over folds of the runs
+        started = time.perf_counter()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            hmm = make_hmm(RESULTS["settings"] | {"selection": selection, "seed": split_seed,
+                                                  "n_jobs": 1}).fit(chosen, strata=RESULTS["groups"])  # fmt: skip
+        return {"rule": selection, "seeds per method": n, "split seed": split_seed,
+                "K": hmm.n_states_, "seconds": round(time.perf_counter() - started, 1)}  # fmt: skip
     settings = RESULTS["settings"] | {"selection": "reproducible", "seed": split_seed, "n_jobs": 1,
                                       "reproduce_k": "nested", "half_size": half_size}  # fmt: skip
     started = time.perf_counter()
@@ -83,20 +93,27 @@ def main(argv: list[str] | None = None) -> int:
                         help="analysis.seed values: which random halves (default 0)")  # fmt: skip
     parser.add_argument("--half-sizes", nargs="+", default=["20", "null"],
                         help="analysis.half_size values (null: half the runs; default 20 null)")  # fmt: skip
+    parser.add_argument("--selection", default="reproducible",
+                        choices=("reproducible", "folds", "holdout"),
+                        help="the selection rule fitted each round (default reproducible; folds "
+                        "and holdout ignore --half-sizes)")  # fmt: skip
     parser.add_argument("--jobs", type=int, default=2, help="fits at once (default 2)")
     parser.add_argument("--out", type=Path, help="write the Markdown table here too")
     args = parser.parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     _load(args.config, args.comparison)
     sizes = [None if value == "null" else int(value) for value in args.half_sizes]
-    work = [(r, s, h) for h in sizes for r in range(RESULTS["joint"].rounds + 1)
+    if args.selection != "reproducible":
+        sizes = [None]
+    work = [(r, s, h, args.selection) for h in sizes for r in range(RESULTS["joint"].rounds + 1)
             for s in args.split_seeds]  # fmt: skip
     with ProcessPoolExecutor(args.jobs, initializer=_load,
                              initargs=(args.config, args.comparison)) as pool:  # fmt: skip
         rows = list(pool.map(fit_round, *zip(*work, strict=True)))
-    rows.sort(key=lambda row: (str(row["half size"]), row["seeds per method"], row["split seed"]))
-    report(f"`bench/selection_settle.py --config {args.config} --comparison {args.comparison}` "
-           f"({args.jobs} processes)", rows, args.out)  # fmt: skip
+    rows.sort(key=lambda row: (str(row.get("half size")), row["seeds per method"],
+                               row["split seed"]))  # fmt: skip
+    report(f"`bench/selection_settle.py --config {args.config} --comparison {args.comparison} "
+           f"--selection {args.selection}` ({args.jobs} processes)", rows, args.out)  # fmt: skip
     return 0
 
 
