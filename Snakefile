@@ -10,6 +10,7 @@ from trainmap.grid import (
     own_study,
     read_config_file,
     study_files,
+    user_layers,
     validate_schema,
 )
 from trainmap.plugins import load_plugins
@@ -38,9 +39,10 @@ configfile: "config/config.yaml"
 # Your config file is your study: --configfile files that bring their own grid (or only external
 # run sets) start from params.yaml, not from the default study (trainmap.grid.own_study).
 with config_problems_reported(VERBOSE):
+    USER_LAYERS = user_layers(workflow.overwrite_configfiles)
     own_study(
         config,
-        [(f, read_config_file(f)) for f in workflow.overwrite_configfiles],
+        USER_LAYERS,
         base=read_config_file("params.yaml"),
         overrides=workflow.config_settings.overwrite_config,
     )
@@ -51,7 +53,7 @@ with config_problems_reported(VERBOSE):
     check_config(
         config, base_dir=Path(workflow.basedir), read_runs=workflow.is_main_process
     )
-    check_params_edits(config, study_files(workflow.overwrite_configfiles))
+    check_params_edits(config, study_files(USER_LAYERS))
 
 
 report: "workflow/report/workflow.rst"

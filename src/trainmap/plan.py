@@ -832,7 +832,7 @@ def main(argv: list[str] | None = None) -> int:
     with grid.config_problems_reported():
         config = load_plan_config(args.configfile)
     jobs = plan_jobs(config, grid.results_root(config))
-    print(f"plan of {' + '.join(grid.study_files(args.configfile))}")
+    print(f"plan of {' + '.join(grid.study_files(grid.user_layers(args.configfile)))}")
     print(format_plan(jobs, limits))
     if args.jobs:
         columns = ["rule", "job", "seeds", "device", "bytes", "ram", "gpu", "seconds"]

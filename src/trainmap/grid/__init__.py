@@ -87,6 +87,7 @@ from trainmap.grid.validate import (
     results_root,
     study_files,
     tracking_uri_problem,
+    user_layers,
     validate_schema,
 )
 
@@ -158,6 +159,7 @@ __all__ = [
     "stage_settings",
     "teacher_cell",
     "tracking_uri_problem",
+    "user_layers",
     "train_settings",
     "trained_cells",
     "with_train_defaults",

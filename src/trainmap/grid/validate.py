@@ -85,13 +85,17 @@ def is_own_study(layers: Sequence[tuple[str, dict]]) -> bool:
     return any("grid" in contents or "external" in contents for _, contents in layers)
 
 
-def study_files(user_files: Sequence[str | os.PathLike]) -> list[str]:
-    """The config files a run of ``user_files`` (``--configfile``) merges, in order:
-    ``params.yaml``, :data:`DEFAULT_STUDY` unless the user's files are a study of their own
+def study_files(layers: Sequence[tuple[str, dict]]) -> list[str]:
+    """The config files a run of the user's files ``layers`` (path, contents; ``--configfile``)
+    merges, in order: ``params.yaml``, :data:`DEFAULT_STUDY` unless they are a study of their own
     (:func:`is_own_study`), then the user's files."""
-    user = [str(path) for path in user_files]
-    own = is_own_study([(path, read_config_file(path)) for path in user])
-    return ["params.yaml", *([] if own else [DEFAULT_STUDY]), *user]
+    user = [str(path) for path, _ in layers]
+    return ["params.yaml", *([] if is_own_study(layers) else [DEFAULT_STUDY]), *user]
+
+
+def user_layers(user_files: Sequence[str | os.PathLike]) -> list[tuple[str, dict]]:
+    """The user's config files (``--configfile``) as (path, contents), each read once."""
+    return [(str(path), read_config_file(path)) for path in user_files]
 
 
 def own_study(
@@ -129,13 +133,16 @@ def merged_config(*paths: str | os.PathLike) -> dict:
     :data:`DEFAULT_STUDY` (when second), then the user's files, which make a study of their own
     when they bring a grid or external run sets (:func:`own_study`). Not validated."""
     config: dict = {}
+    base: dict = {}
     layers = []
     for index, path in enumerate(paths):
         contents = read_config_file(path)
         config = merge_config(config, contents)
-        if index and not (index == 1 and _is_default_study(path)):
+        if index == 0:
+            base = contents
+        elif not (index == 1 and _is_default_study(path)):
             layers.append((str(path), contents))
-    return own_study(config, layers, base=read_config_file(paths[0]) if paths else {})
+    return own_study(config, layers, base=base)
 
 
 def load_config(*paths: str | os.PathLike, check_paths_from: Path | None = None) -> dict:
@@ -376,7 +383,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.results_root:
         print(results_root(config))
         return 0
-    print(f"ok: {' + '.join(study_files(args.files))} define {len(expand_grid(config))} grid cells")
+    files = study_files(user_layers(args.files))
+    print(f"ok: {' + '.join(files)} define {len(expand_grid(config))} grid cells")
     return 0
 
 
