@@ -61,20 +61,16 @@ def fit_round(round_: int, split_seed: int, half_size: int | None,
     n = joint.seeds_per_method(round_)
     last_seed = joint.first_seed + round_ * joint.step  # the seeds below this are pooled
     chosen = {run: table for run, table in RESULTS["runs"].items() if seeds[run] < last_seed}
-    if selection != "reproducible":  # held-out BIC, on one split or over folds of the runs
-        started = time.perf_counter()
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            hmm = make_hmm(RESULTS["settings"] | {"selection": selection, "seed": split_seed,
-                                                  "n_jobs": 1}).fit(chosen, strata=RESULTS["groups"])  # fmt: skip
-        return {"rule": selection, "seeds per method": n, "split seed": split_seed,
-                "K": hmm.n_states_, "seconds": round(time.perf_counter() - started, 1)}  # fmt: skip
-    settings = RESULTS["settings"] | {"selection": "reproducible", "seed": split_seed, "n_jobs": 1,
-                                      "reproduce_k": "nested", "half_size": half_size}  # fmt: skip
+    settings = RESULTS["settings"] | {"selection": selection, "seed": split_seed, "n_jobs": 1}
+    if selection == "reproducible":
+        settings |= {"reproduce_k": "nested", "half_size": half_size}
     started = time.perf_counter()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         hmm = make_hmm(settings).fit(chosen, strata=RESULTS["groups"])
+    if selection != "reproducible":  # held-out BIC, on one split or over folds of the runs
+        return {"rule": selection, "seeds per method": n, "split seed": split_seed,
+                "K": hmm.n_states_, "seconds": round(time.perf_counter() - started, 1)}  # fmt: skip
     curve = hmm.selection_.sort_values("n_states")
     k_bic = bic_minimum(curve)
     reproduced = curve[curve["reproducible"].astype(bool) & (curve["n_states"] <= k_bic)]
