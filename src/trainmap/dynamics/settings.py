@@ -27,7 +27,7 @@ ANALYSIS_DEFAULTS = {
     "k_max": 8,
     "restarts": 5,
     "holdout": 0.2,
-    "selection": "holdout",
+    "selection": "reproducible",
     "folds": DEFAULT_FOLDS,
     "halves": None,
     "reproduce_ari": DEFAULT_REPRODUCE_ARI,
