@@ -72,11 +72,17 @@ def load_joint(
 
 
 def time_joint(
-    results: Path, name: str, config: dict, threads: int, selection: str | None = None
+    results: Path,
+    name: str,
+    config: dict,
+    threads: int,
+    selection: str | None = None,
+    out: Path | None = None,
 ) -> dict[str, float]:
     """The full fit, the bootstrap and the stability curve of one joint comparison, timed in one
     call of :func:`~trainmap.dynamics.pipeline.joint_group` (under selection rule ``selection``
-    when given, else the config's)."""
+    when given, else the config's); with ``out``, its answers (K, then ``verdicts.md`` as the rule
+    writes it) go to ``out/<name>-<rule>.md``."""
     runs, groups, outcomes = load_joint(results, name, config)
     settings = analysis_settings(config) | ({"selection": selection} if selection else {})
     sizes = pd.Series(groups).value_counts().to_dict()
@@ -94,6 +100,12 @@ def time_joint(
     fit = total - bootstrap - stability
     ladder = curve.ladder if curve is not None else []
     print(f"  K = {result.hmm.n_states_}; stability ladder {ladder}: {result.stability.line}")
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        rule = settings["selection"]
+        (out / f"{name}-{rule}.md").write_text(
+            f"# {name}, selection {rule}: K = {result.hmm.n_states_}\n\n{result.verdict_markdown()}"
+        )
     return {"fit": fit, "bootstrap": bootstrap, "stability": stability, "total": total,
             "ratio": stability / (fit + bootstrap)}  # fmt: skip
 
@@ -185,6 +197,8 @@ def main() -> None:
     parser.add_argument("--selection", nargs="*", choices=RULES, default=[],
                         help="time the comparison under each of these selection rules, side by "
                         "side (default: the config's rule)")  # fmt: skip
+    parser.add_argument("--out", type=Path,
+                        help="write each rule's answers (K, verdicts.md) to OUT/<joint>-<rule>.md")  # fmt: skip
     parser.add_argument("--quick", action="store_true",
                         help="the same (it times one comparison once; make bench's fast pass)")  # fmt: skip
     args = parser.parse_args()
@@ -199,7 +213,9 @@ def main() -> None:
         config = load_config(*(project / path for path in args.config), check_paths_from=project)
         by_rule = {}
         for rule in args.selection or [None]:  # side by side, one after the other
-            times = by_rule[rule] = time_joint(results, args.joint, config, args.threads, rule)
+            times = by_rule[rule] = time_joint(
+                results, args.joint, config, args.threads, rule, args.out
+            )
             print(f"  full fit + comparison {times['fit']:.1f} s, bootstrap "
                   f"{times['bootstrap']:.1f} s, stability curve {times['stability']:.1f} s (total "
                   f"{times['total']:.1f} s); stability / (fit + bootstrap) = "
