@@ -699,8 +699,8 @@ def test_a_key_may_repeat_in_different_mappings(tmp_path: Path) -> None:
 
 def test_a_config_file_using_yte_runs_python(tmp_path: Path, repo_root: Path) -> None:
     """`__use_yte__: true` makes a config file a template whose ?expressions are
-    Python, evaluated when the file is read, also in a dry run; the README says to trust such a
-    file like a Snakefile."""
+    Python, evaluated when the file is read, also in a dry run; the configuration page says to
+    trust such a file like a Snakefile."""
     marker = tmp_path / "ran"
     path = tmp_path / "template.yaml"
     path.write_text(
@@ -709,8 +709,8 @@ def test_a_config_file_using_yte_runs_python(tmp_path: Path, repo_root: Path) ->
     )
     assert read_config_file(path) == {"mlflow": {"experiment": "x"}}
     assert marker.exists(), "the template's Python ran"
-    readme = (repo_root / "README.md").read_text()
-    assert "__use_yte__" in readme and "like a Snakefile" in readme
+    page = (repo_root / "docs" / "configuration.md").read_text()
+    assert "__use_yte__" in page and "like a Snakefile" in page
 
 
 def test_check_command_reports_a_bad_file(
