@@ -352,7 +352,7 @@ def test_bad_config_is_refused(
 # Snakefile, check_config in common.smk, before any rule or job exists), and the error's FIRST line
 # leads with the key, then names the bad value and what is allowed.
 # (id, mutation, key, bad value as printed, what is allowed)
-ISSUE14_CONFIGS = [
+MALFORMED_CONFIGS = [
     # 1. unknown keys at every level, the top included, with a suggestion when one is close
     ("1_top_level_grdi", lambda c: c.update(grdi=c["grid"]),
      "grdi", "'grdi'", "did you mean 'grid'?"),
@@ -421,9 +421,9 @@ ISSUE14_CONFIGS = [
 
 @pytest.mark.parametrize(
     ("mutate", "key", "value", "allowed"),
-    [pytest.param(*case[1:], id=case[0]) for case in ISSUE14_CONFIGS],
+    [pytest.param(*case[1:], id=case[0]) for case in MALFORMED_CONFIGS],
 )
-def test_issue14_config_first_line_names_key_value_and_allowed(
+def test_malformed_config_first_line_names_key_value_and_allowed(
     config: dict, repo_root: Path, mutate, key: str, value: str, allowed: str
 ) -> None:
     mutate(config)
