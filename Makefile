@@ -8,7 +8,7 @@ PORT ?= 5000
 # A DVC remote, opt-in: the cache (.dvc/cache, linked to results/ by .dvc/config's cache.type, no
 # copy) already holds every version here, and a remote on the same disk would be a second full copy.
 # Set it to storage elsewhere, e.g. a cluster's shared or project file system:
-# make run DVC_REMOTE=/project/<group>/trainmap-dvc (README: DVC and MLflow on a cluster). make run
+# make run DVC_REMOTE=/project/<group>/trainmap-dvc (docs/running.md: DVC on a cluster). make run
 # and make repro push to it, or to a default remote set with `dvc remote add -d`.
 DVC_REMOTE ?=
 
@@ -47,7 +47,7 @@ ALLOWED_HOSTS ?=
 # The local SLURM's state, logs and pid files: a private (0700) directory, never a shared /tmp path.
 SLURM_DIR ?= $(CURDIR)/.slurm
 
-.PHONY: help setup run plan paper repro report test test-fast lint format bench mlflow-ui mlflow-server \
+.PHONY: help setup run plan paper repro report test test-fast lint format bench docs mlflow-ui mlflow-server \
 	slurm-up slurm-down dvc-remote clean
 
 help:  ## list the targets
@@ -75,7 +75,8 @@ run: setup dvc-remote  ## the study on CONFIG (default: the embedded grid); vers
 	    echo "Not versioned by DVC: dvc.yaml runs $(DVC_CONFIG) (params.yaml: dvc.configfile)"; \
 	fi
 	@echo "Evaluation table: $(call RESULTS_OF,$(CONFIG))/summary/evaluation.csv   Report: make report   Runs: make mlflow-ui"
-	@# The published answer (README, "What it found"): every result file's sha256 beside the config.
+	@# The published answer (docs/getting-started.md, "What it found"): every result file's sha256
+	@# beside the config.
 	@$(RUN) python -m trainmap.digest check $(basename $(CONFIG)).results.sha256 $(call RESULTS_OF,$(CONFIG))
 
 plan: setup  ## bytes written, peak RAM/GPU memory and time of every job of CONFIG, checked against one node (python -m trainmap.plan --help)
@@ -122,6 +123,10 @@ bench: setup  ## every benchmark in bench/ (side-by-side ratios), then one table
 	done
 	@echo; echo "== figures (last line of each benchmark; logs in logs/bench/)"
 	@for log in logs/bench/*.log; do printf "%-20s %s\n" "$$(basename $$log .log)" "$$(tail -n 1 $$log)"; done
+
+docs: setup  ## the docs site from docs/ (MkDocs, warnings as errors: a broken link fails) into site/
+	NO_MKDOCS_2_WARNING=1 $(RUN) mkdocs build --strict --site-dir site
+	@echo "Docs: site/index.html"
 
 mlflow-ui: setup  ## browse and compare runs at http://127.0.0.1:$(PORT) (prints each experiment's runs table and, per comparison, a chart of each method's mean and interval; METRIC=test_acc)
 	@$(RUN) python -m trainmap.seed_groups --uri sqlite:///mlflow.db --address http://127.0.0.1:$(PORT) --metric $(or $(METRIC),test_acc)

@@ -9,7 +9,7 @@ preprocessing (:class:`trainmap.dynamics.hmm.TrainingHMM` with its defaults).
 Studies (``--study``, default all):
 
 ``known``   every sampler seed (10 per sampler): the selected K, decoding accuracy up to relabelling,
-            whether the map's kept edges are exactly the true transitions (the issue's criteria:
+            whether the map's kept edges are exactly the true transitions (the targets:
             K right in >= 9 of 10 seeds, accuracy >= 95 %, edges equal).
 ``causes``  the same data under variants that differ in one setting from the default (covariance
             type, standardisation, how BIC is taken over restarts, EM start, convergence), plus the

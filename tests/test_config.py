@@ -352,7 +352,7 @@ def test_bad_config_is_refused(
 # Snakefile, check_config in common.smk, before any rule or job exists), and the error's FIRST line
 # leads with the key, then names the bad value and what is allowed.
 # (id, mutation, key, bad value as printed, what is allowed)
-ISSUE14_CONFIGS = [
+MALFORMED_CONFIGS = [
     # 1. unknown keys at every level, the top included, with a suggestion when one is close
     ("1_top_level_grdi", lambda c: c.update(grdi=c["grid"]),
      "grdi", "'grdi'", "did you mean 'grid'?"),
@@ -421,9 +421,9 @@ ISSUE14_CONFIGS = [
 
 @pytest.mark.parametrize(
     ("mutate", "key", "value", "allowed"),
-    [pytest.param(*case[1:], id=case[0]) for case in ISSUE14_CONFIGS],
+    [pytest.param(*case[1:], id=case[0]) for case in MALFORMED_CONFIGS],
 )
-def test_issue14_config_first_line_names_key_value_and_allowed(
+def test_malformed_config_first_line_names_key_value_and_allowed(
     config: dict, repo_root: Path, mutate, key: str, value: str, allowed: str
 ) -> None:
     mutate(config)
@@ -699,8 +699,8 @@ def test_a_key_may_repeat_in_different_mappings(tmp_path: Path) -> None:
 
 def test_a_config_file_using_yte_runs_python(tmp_path: Path, repo_root: Path) -> None:
     """`__use_yte__: true` makes a config file a template whose ?expressions are
-    Python, evaluated when the file is read, also in a dry run; the README says to trust such a
-    file like a Snakefile."""
+    Python, evaluated when the file is read, also in a dry run; the configuration page says to
+    trust such a file like a Snakefile."""
     marker = tmp_path / "ran"
     path = tmp_path / "template.yaml"
     path.write_text(
@@ -709,8 +709,8 @@ def test_a_config_file_using_yte_runs_python(tmp_path: Path, repo_root: Path) ->
     )
     assert read_config_file(path) == {"mlflow": {"experiment": "x"}}
     assert marker.exists(), "the template's Python ran"
-    readme = (repo_root / "README.md").read_text()
-    assert "__use_yte__" in readme and "like a Snakefile" in readme
+    page = (repo_root / "docs" / "configuration.md").read_text()
+    assert "__use_yte__" in page and "like a Snakefile" in page
 
 
 def test_check_command_reports_a_bad_file(

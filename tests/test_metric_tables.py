@@ -71,7 +71,7 @@ def damaged(runs: dict[str, pd.DataFrame], label: str, change) -> dict[str, pd.D
     return runs | {label: change(runs[label].copy())}
 
 
-# --- the cases -------------------------------------------------------------------------
+# --- damaged tables: NaN and infinite values, missing columns, text, damaged steps ------------
 
 
 def test_nan_in_one_healthy_runs_l2_names_the_file_the_column_the_step_and_the_block(

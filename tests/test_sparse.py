@@ -220,7 +220,7 @@ def test_slorb_init_restores_each_group_mean():
 
 def test_slorb_partial_last_group_is_the_mean_of_its_own_inputs():
     """d = 40, k = 16: groups of 16, 16 and 8 inputs; S of the last is the mean of its 8 pruned
-    weights (dividing by k = 16 halved it: mean off by 0.07 in the issue's measurement)."""
+    weights (a divisor of k = 16 halved it: measured, the mean was off by 0.07)."""
     torch.manual_seed(5)
     dense = nn.Sequential(nn.Linear(40, 6))
     with torch.no_grad():
