@@ -50,6 +50,7 @@ from trainmap.dynamics.pipeline import (
     joint_group,
     map_runs,
 )
+from trainmap.dynamics.settings import ANALYSIS_DEFAULTS
 from trainmap.dynamics.tables import REGENERATE, MetricTableError, read_metric_table
 from trainmap.io import write_atomic
 
@@ -140,9 +141,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--restarts", type=int, default=5, help="seeded restarts per K (default 5)")
     parser.add_argument("--holdout", type=float, default=0.2,
                         help="fraction of runs held out for BIC (default 0.2)")  # fmt: skip
-    parser.add_argument("--selection", choices=SELECTION_RULES, default="holdout",
-                        help="K by held-out BIC on one split (holdout, the paper's; default) or "
-                        "its mean over folds of the runs (folds)")  # fmt: skip
+    parser.add_argument("--selection", choices=SELECTION_RULES,
+                        default=ANALYSIS_DEFAULTS["selection"],
+                        help="reproducible (default: the largest K whose maps fitted on two "
+                        "halves of the runs decode every run alike, per group with --groups; "
+                        "needs >= 2 runs per group), holdout (held-out BIC on one split, the "
+                        "paper's) or folds (its mean over folds of the runs)")  # fmt: skip
     parser.add_argument("--folds", type=int, default=DEFAULT_FOLDS,
                         help="folds of the runs for --selection folds (default 3)")  # fmt: skip
     parser.add_argument("--seed", type=int, default=0, help="random state (default 0)")
