@@ -77,7 +77,7 @@ def make_model(n_states: int, settings: Mapping[str, Any], n_observations: int, 
 def quietly() -> Iterator[None]:
     """hmmlearn without its chatter: it logs every EM step that lowers the likelihood by rounding
     (fits are judged by their final likelihood instead) and warns about convergence and
-    degenerate fits (judged by :func:`training_score`)."""
+    degenerate fits (judged by :func:`~trainmap.dynamics.hmm.selection.training_score`)."""
     logging.getLogger("hmmlearn").setLevel(logging.ERROR)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -121,7 +121,7 @@ def in_units(
     parameters: Mapping[str, np.ndarray], shift: np.ndarray, scale: np.ndarray, covariance_type: str
 ) -> dict[str, np.ndarray]:
     """``parameters`` re-expressed in other standard units, z = (z_reference - shift) / scale
-    (:func:`unit_change`)."""
+    (:func:`~trainmap.dynamics.hmm.estimator.unit_change`)."""
     covars = parameters["covars"]
     if covariance_type == "full":
         covars = covars / scale[None, :, None] / scale[None, None, :]
