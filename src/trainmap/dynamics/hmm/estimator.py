@@ -134,7 +134,7 @@ def unit_change(
 
 
 class TrainingHMM:
-    """A Gaussian HMM over standardised per-checkpoint metrics of many runs (see module docstring).
+    """A Gaussian HMM over standardised per-checkpoint metrics of many runs (module docstring).
 
     ``fit(runs)`` takes a mapping run id -> metrics table (columns named by ``features``); after
     fitting: ``n_states_``, ``features_`` (used), ``dropped_features_`` (feature -> why it was
@@ -146,7 +146,7 @@ class TrainingHMM:
     ``emission`` (:data:`EMISSIONS`): ``plain`` (default) is the paper's Gaussian HMM;
     ``run_offset`` and ``run_offset_drift`` add a per-run offset (and linear drift) to the emission
     means, ``run_affine`` a per-run offset, linear drift and scale of the emissions
-    (:mod:`trainmap.dynamics.run_offset`), fitted with the states and estimated for every run the
+    (:mod:`trainmap.dynamics.hmm.run_terms`), fitted with the states and estimated for every run the
     model decodes or scores; every use of the fitted model below works on the run's residuals
     (:meth:`residuals`).
     """
@@ -259,7 +259,7 @@ class TrainingHMM:
         return self
 
     def reproducibility(self) -> dict[str, Any]:
-        """The ``reproducible`` rule's settings (:func:`select_model`'s keywords)."""
+        """The ``reproducible`` rule's settings (:func:`~trainmap.dynamics.hmm.selection.select_model`'s keywords)."""
         return {"halves": self.halves, "reproduce_ari": self.reproduce_ari,
                 "reproduce_share": self.reproduce_share, "reproduce_k": self.reproduce_k,
                 "half_size": self.half_size}  # fmt: skip
@@ -389,7 +389,7 @@ class TrainingHMM:
         """One run's observations as the emission model sees them: ``z`` itself (``plain``), or
         its residuals z_t - b - c u_t (``run_affine``: divided by the run's scale a) with the run's
         terms estimated given the fitted parameters (``run_offset``, ``run_offset_drift``,
-        ``run_affine``; :meth:`~trainmap.dynamics.run_offset.RunOffsetHMM.residuals`), for the
+        ``run_affine``; :meth:`~trainmap.dynamics.hmm.run_terms.RunOffsetHMM.residuals`), for the
         whole run."""
         return self.model_.residuals(z)
 
@@ -416,8 +416,8 @@ class TrainingHMM:
         log_emission = self.log_emissions(z, residualised)
         log_transition = np.log(np.maximum(self.model_.transmat_, 1e-300))
         log_alpha = np.log(np.maximum(self.model_.startprob_, 1e-300)) + log_emission[0]
-        # numpy's log-add reduction: scipy's logsumexp costs ~0.1 ms a call in array-API checks,
-        # 6 of a default-study map's 18 s (80 runs x 321 checkpoints, two calls per step).
+        # numpy's log-add reduction: scipy's logsumexp is slower per call here
+        # (docs/decisions/hmm-engine.md).
         log_sum = np.logaddexp.reduce
         filtered = np.empty_like(log_emission)
         filtered[0] = log_alpha - log_sum(log_alpha)
