@@ -259,7 +259,8 @@ class TrainingHMM:
         return self
 
     def reproducibility(self) -> dict[str, Any]:
-        """The ``reproducible`` rule's settings (:func:`~trainmap.dynamics.hmm.selection.select_model`'s keywords)."""
+        """The ``reproducible`` rule's settings
+        (:func:`~trainmap.dynamics.hmm.selection.select_model`'s keywords)."""
         return {"halves": self.halves, "reproduce_ari": self.reproduce_ari,
                 "reproduce_share": self.reproduce_share, "reproduce_k": self.reproduce_k,
                 "half_size": self.half_size}  # fmt: skip
@@ -454,7 +455,8 @@ class TrainingHMM:
     def state_means_original(
         self, runs: Mapping[str, pd.DataFrame], states: Mapping[str, np.ndarray]
     ) -> pd.DataFrame:
-        """Per-state means in original units: the mean raw value of the checkpoints in each state."""
+        """Per-state means in original units: the mean raw value of the checkpoints in each
+        state."""
         raw = pd.concat([table[self.features_] for table in runs.values()], ignore_index=True)
         labels = np.concatenate([states[run] for run in runs])
         means = raw.groupby(labels).mean().reindex(range(self.n_states_))

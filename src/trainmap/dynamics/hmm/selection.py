@@ -170,10 +170,11 @@ def _fit_group_single_threaded(
     weights: tuple[Any, Any], starts: Mapping[int, Mapping[str, np.ndarray]] | None,
     score_train: bool,
 ) -> list[dict[str, Any]]:  # fmt: skip
-    """A fit of every K of ``ks`` on one split, each scored on the held-out runs (``heldout``
-    None: not scored, models of all runs): seeded restart ``restart`` from :func:`~trainmap.dynamics.hmm.factory.initialise` (or
-    hmmlearn's start), or EM continued from ``starts[K]`` (warm starts). Models that fit in
-    lockstep (:attr:`SelectableHMM.fits_in_lockstep`): the Ks' EM iterations run together
+    """A fit of every K of ``ks`` on one split, each scored on the held-out runs (``heldout`` None:
+    not scored, models of all runs): seeded restart ``restart`` from
+    :func:`~trainmap.dynamics.hmm.factory.initialise` (or hmmlearn's start), or EM continued from
+    ``starts[K]`` (warm starts). Models that fit in lockstep
+    (:attr:`SelectableHMM.fits_in_lockstep`): the Ks' EM iterations run together
     (:func:`~trainmap.dynamics.hmm.gaussian.fit_together`; each K's fit is the one it would have
     alone); the others each by its own fit (:func:`_fit_alone`)."""
     train_weights = weights[0]
@@ -315,15 +316,16 @@ def selection_splits(
     """The splits a selection rule scores K on, and their held-out runs (run -> times drawn in
     ``train`` and ``heldout``; the runs' z-scores in ``z``).
 
-    ``"holdout"`` (the paper's): one split, ``train`` against ``heldout``; each K's model is its
-    fit of ``train``. ``"folds"``: the runs of both parts pooled and dealt into ``folds`` folds
-    (:func:`~trainmap.dynamics.hmm.splits.fold_split`, seeded by ``random_state``; a run drawn several times stays in one fold,
-    so no copy of a held-out run is trained on), one split per fold (the other folds against it),
-    then a last split of every run unscored, each K's model. ``"reproducible"``: the runs of both
-    parts pooled and split ``halves_n`` times into two halves (:func:`~trainmap.dynamics.hmm.splits.half_splits`, within each
-    stratum of ``strata``: run -> group; ``half_size`` runs of each in each half), one split per
-    half scored on the other half (first, second, first, ...), then the split of every run, each
-    K's model; the second halves are returned as the held-out runs.
+    ``"holdout"`` (the paper's): one split, ``train`` against ``heldout``; each K's model is its fit
+    of ``train``. ``"folds"``: the runs of both parts pooled and dealt into ``folds`` folds
+    (:func:`~trainmap.dynamics.hmm.splits.fold_split`, seeded by ``random_state``; a run drawn
+    several times stays in one fold, so no copy of a held-out run is trained on), one split per fold
+    (the other folds against it), then a last split of every run unscored, each K's model.
+    ``"reproducible"``: the runs of both parts pooled and split ``halves_n`` times into two halves
+    (:func:`~trainmap.dynamics.hmm.splits.half_splits`, within each stratum of ``strata``: run ->
+    group; ``half_size`` runs of each in each half), one split per half scored on the other half
+    (first, second, first, ...), then the split of every run, each K's model; the second halves are
+    returned as the held-out runs.
     """
     check_choice("selection", selection, SELECTION_RULES)
 
@@ -389,28 +391,30 @@ def select_model(
     cap_halves: bool = False,
 ) -> ModelSelection:
     """Fit every K of ``ks`` on the standardised runs ``z``, score each on held-out runs and choose
-    K by held-out BIC: the one selection of the full fit (:meth:`~trainmap.dynamics.hmm.estimator.TrainingHMM.fit`) and of every
-    refit (:func:`trainmap.dynamics.certainty.refit_resample`, the bootstrap's and the stability
-    curve's).
+    K by held-out BIC: the one selection of the full fit
+    (:meth:`~trainmap.dynamics.hmm.estimator.TrainingHMM.fit`) and of every refit
+    (:func:`trainmap.dynamics.certainty.refit_resample`, the bootstrap's and the stability curve's).
 
     ``train`` and ``heldout``: run -> times drawn (a bootstrap draw; 1: once). ``selection`` is the
     rule (:func:`selection_splits`): ``"holdout"`` scores K on ``heldout`` once, ``"folds"`` scores
-    it on each of ``folds`` folds of all the runs and takes the mean BIC (:func:`~trainmap.dynamics.hmm.curves.folds_curve`).
-    ``restarts`` seeded restarts per K and split, K's model its best by training log-likelihood and
-    K's score by ``restart_rule`` (:func:`~trainmap.dynamics.hmm.curves.selection_curve`). ``starts`` (K -> parameters in the
+    it on each of ``folds`` folds of all the runs and takes the mean BIC
+    (:func:`~trainmap.dynamics.hmm.curves.folds_curve`). ``restarts`` seeded restarts per K and
+    split, K's model its best by training log-likelihood and K's score by ``restart_rule``
+    (:func:`~trainmap.dynamics.hmm.curves.selection_curve`). ``starts`` (K -> parameters in the
     standard units of ``z``) warm-starts every fit of K from those parameters with one EM run
     instead of fresh restarts; ``score_train=False`` then skips the training log-likelihood, which
     only picks among restarts. ``"reproducible"`` fits every K on each half of ``halves`` random
-    splits of the runs (within each stratum of ``strata``: per method in a joint comparison),
-    each half scored on the other, and on all runs; K is the largest K up to the minimum of that
-    two-fold held-out BIC whose two half maps decode every run alike (adjusted Rand index >=
-    ``reproduce_ari``) in a share >= ``reproduce_share`` of the splits (``reproduce_k``: the
-    largest such K, or the largest such that every smaller K reproduces too; ``half_size``: each
-    half holds that many runs of each stratum, at most half of them)
-    (:func:`~trainmap.dynamics.hmm.curves.reproducibility_curve`, :func:`~trainmap.dynamics.hmm.curves.choose_k`); K's model is its fit of all runs. Warm-started, each half
-    continues from ``half_starts[split]`` (the full fit's half maps, fitted independently, so two
-    halves never share a start) and the fit of all runs from ``starts``; a refit (warm-started,
-    or ``cap_halves``) uses as many splits as its runs allow. Raises
+    splits of the runs (within each stratum of ``strata``: per method in a joint comparison), each
+    half scored on the other, and on all runs; K is the largest K up to the minimum of that two-fold
+    held-out BIC whose two half maps decode every run alike (adjusted Rand index >=
+    ``reproduce_ari``) in a share >= ``reproduce_share`` of the splits (``reproduce_k``: the largest
+    such K, or the largest such that every smaller K reproduces too; ``half_size``: each half holds
+    that many runs of each stratum, at most half of them)
+    (:func:`~trainmap.dynamics.hmm.curves.reproducibility_curve`,
+    :func:`~trainmap.dynamics.hmm.curves.choose_k`); K's model is its fit of all runs. Warm-started,
+    each half continues from ``half_starts[split]`` (the full fit's half maps, fitted independently,
+    so two halves never share a start) and the fit of all runs from ``starts``; a refit
+    (warm-started, or ``cap_halves``) uses as many splits as its runs allow. Raises
     :class:`~trainmap.dynamics.hmm.splits.SelectionFailed` when no K could be fitted and scored.
     """
     if starts is not None and (restarts != 1 or set(ks) - set(starts)):
