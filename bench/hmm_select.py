@@ -4,7 +4,7 @@ run to K_max.
 Data: :func:`trainmap.dynamics.synthetic.sample_runs`: 40 runs x 200 checkpoints of 14 correlated
 metrics (two shared factors, raw units between 1e-3 and 1e3) from a left-to-right Gaussian HMM with
 3 or 5 states; runs differ in how long they stay in each state. Everything goes through the default
-preprocessing (:class:`trainmap.dynamics.hmm.TrainingHMM` with its defaults).
+preprocessing (:class:`trainmap.dynamics.hmm.estimator.TrainingHMM` with its defaults).
 
 Studies (``--study``, default all):
 
@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 from joblib import Parallel, delayed
 
-from trainmap.dynamics.hmm import TrainingHMM
+from trainmap.dynamics.hmm.estimator import TrainingHMM
 from trainmap.dynamics.synthetic import known_answer_scores, sample_runs
 from trainmap.dynamics.training_map import transitions
 
@@ -177,7 +177,7 @@ def study_analysis(n_jobs: int, quick: bool) -> float:
 
 
 def fit_each_alone(models: list, X: np.ndarray, lengths: list[int], weights=None) -> list[bool]:
-    """:func:`~trainmap.dynamics.batched_hmm.fit_together`'s contract, each model by its own
+    """:func:`~trainmap.dynamics.hmm.gaussian.fit_together`'s contract, each model by its own
     ``fit`` (hmmlearn's loop)."""
     completed = []
     for model in models:
@@ -190,8 +190,8 @@ def fit_each_alone(models: list, X: np.ndarray, lengths: list[int], weights=None
 
 
 def study_cost(n_jobs: int, quick: bool) -> tuple[float, float]:
-    from trainmap.dynamics import batched_hmm
-    from trainmap.dynamics.batched_hmm import BatchedGaussianHMM
+    from trainmap.dynamics.hmm import gaussian
+    from trainmap.dynamics.hmm.gaussian import BatchedGaussianHMM
 
     n_runs, length = (10, 100) if quick else (40, 300)
     runs, _, _ = sample_runs(5, n_runs=n_runs, length=length, seed=0)
@@ -207,18 +207,18 @@ def study_cost(n_jobs: int, quick: bool) -> tuple[float, float]:
     # hmmlearn's own E-step and score on the same selection (serial), each K fitted alone (not in
     # lockstep with the others): same numbers, more time.
     overrides = {name: getattr(BatchedGaussianHMM, name) for name in ("_do_estep", "score")}
-    together = batched_hmm.fit_together
+    together = gaussian.fit_together
     try:
         for name in overrides:
             delattr(BatchedGaussianHMM, name)
-        batched_hmm.fit_together = fit_each_alone
+        gaussian.fit_together = fit_each_alone
         started = time.perf_counter()
         slow = TrainingHMM(random_state=0, n_jobs=1).fit(runs)
         timings["hmmlearn E-step"] = time.perf_counter() - started
     finally:
         for name, method in overrides.items():
             setattr(BatchedGaussianHMM, name, method)
-        batched_hmm.fit_together = together
+        gaussian.fit_together = together
     same = np.allclose(slow.selection_["bic"], fitted["serial"].selection_["bic"], rtol=1e-8)
     print(f"hmmlearn E-step, serial  {timings['hmmlearn E-step']:7.1f} s")
     print(f"batched E-step, serial   {timings['serial']:7.1f} s  (same BICs: {same})")

@@ -1,12 +1,12 @@
 """K recovery with a per-run emission offset: the analysis setting ``emission`` of
-:class:`trainmap.dynamics.hmm.TrainingHMM`, ``plain`` against ``run_offset``, ``run_offset_drift``
-and ``run_affine`` (:mod:`trainmap.dynamics.run_offset`), through trainmap's one selection path.
+:class:`trainmap.dynamics.hmm.estimator.TrainingHMM`, ``plain`` against ``run_offset``, ``run_offset_drift``
+and ``run_affine`` (:mod:`trainmap.dynamics.hmm.run_terms`), through trainmap's one selection path.
 
 Data as bench/selection_nuisance.py: :func:`trainmap.dynamics.synthetic.sample_runs`, 40 runs x 200
 checkpoints of 14 metrics, true K = 3 and 5, nuisance 0 and 1, sampler seeds 0..N-1. Every row is
 ``TrainingHMM(restarts=2, emission=...)`` (pooled z-scores, the paper's 20 % held-out split,
 K = 1..8, 2 seeded sticky restarts, K by held-out BIC: the selection of
-:func:`~trainmap.dynamics.hmm.select_model`):
+:func:`~trainmap.dynamics.hmm.selection.select_model`):
 
 ``plain``             the paper's Gaussian HMM (the default);
 ``run_offset``        a per-run offset of the emission means, fitted with the states (ECM);

@@ -4,7 +4,7 @@
 runs reproduce the map of all N" by *subsampling* the N runs. What a user wants to know is "are n
 seeds enough", i.e. would a map of n *fresh* seeds agree. On runs from a known HMM the second
 question can be answered directly: draw fresh sets of n runs from the true model (new sampler
-seeds, none of them among the N), fit a :class:`~trainmap.dynamics.hmm.TrainingHMM` on each with
+seeds, none of them among the N), fit a :class:`~trainmap.dynamics.hmm.estimator.TrainingHMM` on each with
 the same settings, and measure the same criterion (ARI >= 0.9 of the decodings in >= 90 % of the
 draws; :class:`~trainmap.dynamics.stability.StabilityTargets`) against a reference:
 
@@ -52,7 +52,7 @@ import numpy as np
 import pandas as pd
 from sklearn.metrics import adjusted_rand_score
 
-from trainmap.dynamics.hmm import TrainingHMM
+from trainmap.dynamics.hmm.estimator import TrainingHMM
 from trainmap.dynamics.metrics import METRIC_NAMES
 from trainmap.dynamics.stability import (
     DEFAULT_MAX_FRACTION,

@@ -18,7 +18,7 @@ from trainmap.dynamics.certainty import (
     smallest_p,
     verdict_markdown,
 )
-from trainmap.dynamics.hmm import TrainingHMM
+from trainmap.dynamics.hmm.estimator import TrainingHMM
 from trainmap.dynamics.regression import holm
 from trainmap.dynamics.synthetic import sample_runs
 

@@ -11,7 +11,9 @@ import pandas as pd
 import pytest
 from hmmlearn.hmm import GaussianHMM
 
-from trainmap.dynamics.hmm import TrainingHMM, baseline_table, fold_split, standardise
+from trainmap.dynamics.hmm.baselines import baseline_table
+from trainmap.dynamics.hmm.estimator import TrainingHMM, standardise
+from trainmap.dynamics.hmm.splits import fold_split
 
 FEATURES = ("f0", "f1", "f2", "f3")
 
@@ -187,7 +189,7 @@ def test_batched_e_step_equals_hmmlearns(synthetic):
     """The vectorised E-step (and its run weights) give hmmlearn's statistics and likelihood."""
     from hmmlearn.base import BaseHMM
 
-    from trainmap.dynamics.batched_hmm import BatchedGaussianHMM
+    from trainmap.dynamics.hmm.gaussian import BatchedGaussianHMM
 
     runs, _ = synthetic
     tables = [table.to_numpy(dtype=float)[:, :4] / 10 - 10 for table in list(runs.values())[:9]]
@@ -221,13 +223,9 @@ def test_runs_the_scaled_recursion_cannot_hold_are_redone_in_log_space():
     (which redoes every run). A model EM left without mass (NaN) stops at once, a failed fit."""
     from hmmlearn.base import BaseHMM
 
-    from trainmap.dynamics.batched_hmm import (
-        BatchedGaussianHMM,
-        estep_together,
-        fit_together,
-        forward_time_major,
-    )
-    from trainmap.dynamics.hmm import training_score
+    from trainmap.dynamics.hmm.forward_backward import forward_time_major
+    from trainmap.dynamics.hmm.gaussian import BatchedGaussianHMM, estep_together, fit_together
+    from trainmap.dynamics.hmm.selection import training_score
 
     rng = np.random.default_rng(3)
     model = BatchedGaussianHMM(3, covariance_type="full", init_params="", random_state=0)
@@ -272,7 +270,7 @@ def test_models_fitted_together_are_the_models_fitted_alone(synthetic, covarianc
     """EM of several models of the same runs in lockstep (one recursion per step for all of them)
     gives each model its own fit: the same parameters, iterations and convergence, with and
     without run weights; a model EM leaves without mass is dropped without touching the others."""
-    from trainmap.dynamics.batched_hmm import BatchedGaussianHMM, fit_together
+    from trainmap.dynamics.hmm.gaussian import BatchedGaussianHMM, fit_together
 
     runs, _ = synthetic
     tables = [table.to_numpy(dtype=float)[:, :4] / 10 - 10 for table in list(runs.values())[:9]]
@@ -319,7 +317,7 @@ def test_decoding_many_runs_at_once_is_hmmlearns_viterbi_of_each(fitted, synthet
 
 
 def test_outer_products_follow_an_array_changed_in_place():
-    from trainmap.dynamics.batched_hmm import outer_products
+    from trainmap.dynamics.hmm.gaussian import outer_products
 
     x = np.arange(12.0).reshape(4, 3)
     first = outer_products(x).copy()
@@ -330,7 +328,8 @@ def test_outer_products_follow_an_array_changed_in_place():
 
 
 def test_held_out_bic_is_hmmlearns(fitted, synthetic):
-    from trainmap.dynamics.hmm import score_heldout, stack
+    from trainmap.dynamics.hmm.selection import score_heldout
+    from trainmap.dynamics.hmm.splits import stack
 
     runs, _ = synthetic
     heldout = stack([fitted.transform(runs[run]) for run in fitted.heldout_runs_])

@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from trainmap.dynamics.hmm import TrainingHMM
+from trainmap.dynamics.hmm.estimator import TrainingHMM
 from trainmap.dynamics.joint import compare_groups
 from trainmap.dynamics.regression import (
     regress_detours,
@@ -108,7 +108,7 @@ def test_dissimilarity_is_the_mean_pairwise_wasserstein_distance():
 
 
 def test_default_dissimilarity_does_not_depend_on_state_labels():
-    """Eq. (1) over state indices changes when two arbitrary labels swap (the issue's hand
+    """Eq. (1) over state indices changes when two arbitrary labels swap (a hand
     example: 1.333 -> 1.0); total variation does not."""
     distributions = {"a": np.array([1.0, 0, 0]), "b": np.array([0, 0, 1.0]),
                      "c": np.array([0.5, 0.5, 0])}  # fmt: skip

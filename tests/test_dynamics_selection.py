@@ -20,7 +20,7 @@ import pandas as pd
 import pytest
 from joblib import Parallel, delayed
 
-from trainmap.dynamics.hmm import TrainingHMM
+from trainmap.dynamics.hmm.estimator import TrainingHMM
 from trainmap.dynamics.synthetic import known_answer_scores, sample_runs
 from trainmap.dynamics.training_map import build_training_map
 
@@ -63,7 +63,7 @@ def test_decoding_and_edges_match_the_truth(selections, n_states):
 
 
 def test_diagonal_covariances_run_to_the_ceiling_on_correlated_features():
-    """The cause measured in the issue: with correlated features a diagonal model's BIC keeps
+    """With correlated features a diagonal model's BIC keeps
     falling to K_max; the fit says so."""
     runs, _, _ = sample_runs(3, seed=0)
     with pytest.warns(UserWarning, match="still falling at K_max = 5"):

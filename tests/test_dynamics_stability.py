@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from trainmap.dynamics.hmm import TrainingHMM
+from trainmap.dynamics.hmm.estimator import TrainingHMM
 from trainmap.dynamics.metrics import METRIC_NAMES
 from trainmap.dynamics.regression import regress_detours, state_distribution
 from trainmap.dynamics.stability import (

@@ -17,7 +17,7 @@ import pytest
 import torch
 from torch import nn
 
-from trainmap.dynamics.hmm import TrainingHMM
+from trainmap.dynamics.hmm.estimator import TrainingHMM
 from trainmap.dynamics.joint import compare_groups
 from trainmap.dynamics.metrics import METRIC_NAMES, trajectory_metrics
 from trainmap.dynamics.synthetic import sample_runs

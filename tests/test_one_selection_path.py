@@ -1,7 +1,7 @@
 """One model selection: the full fit (:meth:`TrainingHMM.fit`) and every bootstrap refit
 (:func:`trainmap.dynamics.certainty.refit_resample`) standardise, fit every K and choose K through
-the same functions (:func:`~trainmap.dynamics.hmm.standardise_runs`,
-:func:`~trainmap.dynamics.hmm.select_model`, :func:`~trainmap.dynamics.hmm.choose_k`), warm starts
+the same functions (:func:`~trainmap.dynamics.hmm.estimator.standardise_runs`,
+:func:`~trainmap.dynamics.hmm.selection.select_model`, :func:`~trainmap.dynamics.hmm.curves.choose_k`), warm starts
 being an option of that one path. So a "resample" that draws every run once, with the full fit's
 held-out split, reproduces the full fit: exactly its selection when refitted as the full fit is
 (fresh seeded restarts), and its K and likelihoods when warm-started from it (as the bootstrap
@@ -15,9 +15,11 @@ import warnings
 import numpy as np
 import pytest
 
-from trainmap.dynamics import certainty, hmm
+from trainmap.dynamics import certainty
 from trainmap.dynamics.certainty import Refit, bootstrap_map, refit_resample
-from trainmap.dynamics.hmm import TrainingHMM
+from trainmap.dynamics.hmm import estimator
+from trainmap.dynamics.hmm import selection as selection_module
+from trainmap.dynamics.hmm.estimator import TrainingHMM
 from trainmap.dynamics.synthetic import sample_runs
 
 CURVE = ("train_log_likelihood", "heldout_log_likelihood", "bic", "aic")
@@ -85,9 +87,10 @@ def test_the_full_fit_and_the_bootstrap_run_the_same_selection(fitted, monkeypat
 
         return counted
 
-    for name in ("standardise_runs", "select_model", "choose_k"):
-        counted = spy(name, getattr(hmm, name))
-        monkeypatch.setattr(hmm, name, counted)
+    for name, module in (("standardise_runs", estimator), ("select_model", estimator),
+                         ("choose_k", selection_module)):  # fmt: skip
+        counted = spy(name, getattr(module, name))
+        monkeypatch.setattr(module, name, counted)
         if hasattr(certainty, name):
             monkeypatch.setattr(certainty, name, counted)
     with warnings.catch_warnings():

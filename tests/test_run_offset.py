@@ -1,6 +1,6 @@
 """The run-offset emission model as an option of trainmap's one selection.
 
-:class:`~trainmap.dynamics.run_offset.RunOffsetHMM` (a per-run offset, and drift, of the emission
+:class:`~trainmap.dynamics.hmm.run_terms.RunOffsetHMM` (a per-run offset, and drift, of the emission
 means, and with ``run_affine`` a per-run scale, fitted by ECM) is the analysis setting
 ``emission``: run weights equal duplicated runs, ECM does not decrease eq. 0, on known-answer runs
 with run-to-run nuisance it recovers K where the plain model does not (with a per-run scale:
@@ -20,22 +20,15 @@ import pytest
 from scipy.optimize import minimize_scalar
 from scipy.stats import multivariate_normal
 
-from trainmap.dynamics.batched_hmm import BatchedGaussianHMM
 from trainmap.dynamics.certainty import bootstrap_map
 from trainmap.dynamics.columns import METRIC_NAMES
-from trainmap.dynamics.hmm import (
-    TrainingHMM,
-    emission_model,
-    model_parameters,
-    n_free_parameters,
-    quietly,
-    score_heldout,
-    select_model,
-    stack,
-    standardise_runs,
-    start_from,
-)
-from trainmap.dynamics.run_offset import RunOffsetHMM, run_time, scale_sums, solve_scales
+from trainmap.dynamics.hmm.estimator import TrainingHMM, standardise_runs
+from trainmap.dynamics.hmm.factory import emission_model, model_parameters, quietly, start_from
+from trainmap.dynamics.hmm.gaussian import BatchedGaussianHMM
+from trainmap.dynamics.hmm.run_term_updates import run_time, scale_sums, solve_scales
+from trainmap.dynamics.hmm.run_terms import RunOffsetHMM
+from trainmap.dynamics.hmm.selection import n_free_parameters, score_heldout, select_model
+from trainmap.dynamics.hmm.splits import stack
 from trainmap.dynamics.settings import make_hmm
 from trainmap.dynamics.synthetic import known_answer_scores, left_to_right_hmm, sample_runs
 from trainmap.dynamics.training_map import build_training_map

@@ -12,7 +12,9 @@ import pytest
 from sklearn.metrics import adjusted_rand_score
 
 from trainmap.dynamics.certainty import bootstrap_map
-from trainmap.dynamics.hmm import TrainingHMM, choose_k, half_splits
+from trainmap.dynamics.hmm.curves import choose_k
+from trainmap.dynamics.hmm.estimator import TrainingHMM
+from trainmap.dynamics.hmm.splits import half_splits
 from trainmap.dynamics.synthetic import sample_runs
 
 K_MAX = 5
@@ -132,7 +134,7 @@ def test_a_half_size_draws_that_many_runs_of_each_group_into_each_half() -> None
 def test_distinct_halvings_counts_the_splits_by_enumeration(sizes, half_size) -> None:
     from itertools import combinations, product
 
-    from trainmap.dynamics.hmm import distinct_halvings
+    from trainmap.dynamics.hmm.splits import distinct_halvings
 
     per_group = []
     for g, n in enumerate(sizes):
@@ -169,14 +171,14 @@ def test_the_bootstrap_refits_with_the_reproducible_rule(fitted) -> None:
 def test_a_refit_decodes_only_the_deciding_ks_and_selects_the_same(
     fitted, monkeypatch, reproduce_k
 ) -> None:
-    import trainmap.dynamics.hmm as hmm_module
     from trainmap.dynamics.certainty import bootstrap_map
+    from trainmap.dynamics.hmm import selection
 
     hmm, runs = fitted[0], fitted[1]
     monkeypatch.setattr(hmm, "reproduce_k", reproduce_k)
     args = (hmm, runs, dict.fromkeys(runs, 100), dict.fromkeys(runs, "completed"), [])
     lazy = bootstrap_map(*args, n_resamples=4, max_iter=5)
-    every = hmm_module.reproducibility_curve
-    monkeypatch.setattr(hmm_module, "reproducibility_curve",
+    every = selection.reproducibility_curve
+    monkeypatch.setattr(selection, "reproducibility_curve",
                         lambda *a, **k: every(*a, **(k | {"every_k": True})))  # fmt: skip
     assert bootstrap_map(*args, n_resamples=4, max_iter=5).ks == lazy.ks

@@ -30,7 +30,7 @@ import pandas as pd
 import pytest
 from sklearn.metrics import adjusted_rand_score
 
-from trainmap.dynamics.hmm import TrainingHMM
+from trainmap.dynamics.hmm.estimator import TrainingHMM
 from trainmap.dynamics.metrics import METRIC_NAMES
 from trainmap.dynamics.stability import (
     StabilityCurve,

@@ -4,10 +4,9 @@ training dynamics"), implemented reproducibly.
 * :mod:`~trainmap.dynamics.metrics`: the 14 weight metrics of every checkpoint of a run.
 * :mod:`~trainmap.dynamics.tables`: reading a run's metric table strictly (a damaged one stops the
   analysis, naming the file, the column and the step).
-* :mod:`~trainmap.dynamics.hmm`: the Gaussian HMM over many runs, selected by held-out BIC, and the
-  appendix C baselines (k-means, HMM-1).
-* :mod:`~trainmap.dynamics.run_offset`: the emission model with per-run offset (drift, scale) of the
-  metrics (setting ``emission``), for seeds that differ by more than their states.
+* :mod:`~trainmap.dynamics.hmm`: the Gaussian HMM over many runs, selected by held-out BIC, the
+  emission model with per-run offset (drift, scale) of the metrics (setting ``emission``), for
+  seeds that differ by more than their states, and the appendix C baselines (k-means, HMM-1).
 * :mod:`~trainmap.dynamics.training_map`: states, the transitions runs take, their labels, the figure.
 * :mod:`~trainmap.dynamics.regression`: detour states (OLS of convergence step on the bag of
   states) and trajectory dissimilarity (eq. 1).
@@ -30,9 +29,9 @@ _EXPORTS = {
     "DetourRegression": "trainmap.dynamics.regression",
     "JointComparison": "trainmap.dynamics.joint",
     "MetricTableError": "trainmap.dynamics.tables",
-    "TrainingHMM": "trainmap.dynamics.hmm",
+    "TrainingHMM": "trainmap.dynamics.hmm.estimator",
     "TrainingMap": "trainmap.dynamics.training_map",
-    "baseline_table": "trainmap.dynamics.hmm",
+    "baseline_table": "trainmap.dynamics.hmm.baselines",
     "build_training_map": "trainmap.dynamics.training_map",
     "collect_run_metrics": "trainmap.dynamics.metrics",
     "compare_groups": "trainmap.dynamics.joint",

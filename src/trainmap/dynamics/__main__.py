@@ -36,13 +36,9 @@ from trainmap.dynamics.external import (
     run_hyperparameters,
     run_layouts,
 )
-from trainmap.dynamics.hmm import (
-    COVARIANCE_TYPES,
-    DEFAULT_FOLDS,
-    EMISSIONS,
-    SELECTION_RULES,
-    STANDARDISATIONS,
-)
+from trainmap.dynamics.hmm.estimator import STANDARDISATIONS
+from trainmap.dynamics.hmm.factory import COVARIANCE_TYPES, EMISSIONS
+from trainmap.dynamics.hmm.selection import DEFAULT_FOLDS, SELECTION_RULES
 from trainmap.dynamics.pipeline import (
     Outcomes,
     analysis_runs,

@@ -74,7 +74,7 @@ def map_changes(round_dirs: Sequence[str | os.PathLike]) -> list[dict[str, Any]]
     import pandas as pd
     from sklearn.metrics import adjusted_rand_score
 
-    from trainmap.dynamics.hmm import DEFAULT_REPRODUCE_ARI
+    from trainmap.dynamics.hmm.curves import DEFAULT_REPRODUCE_ARI
 
     rows: list[dict[str, Any]] = []
     previous = None

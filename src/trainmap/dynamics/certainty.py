@@ -7,8 +7,8 @@ trainmap asks what another draw of seeds would have said:
 draws a fresh 80/20 split of the run ids, then draws runs with replacement within each part (a
 held-out copy of a training run would flatter the fit), re-standardises (pooled statistics of the
 drawn runs), refits every K = 1..K_max and selects K by held-out BIC with the full fit's own
-functions (:func:`refit_resample`: :func:`~trainmap.dynamics.hmm.standardise_runs`,
-:func:`~trainmap.dynamics.hmm.select_model`, each run weighted by how often it was drawn; with the
+functions (:func:`refit_resample`: :func:`~trainmap.dynamics.hmm.estimator.standardise_runs`,
+:func:`~trainmap.dynamics.hmm.selection.select_model`, each run weighted by how often it was drawn; with the
 full fit's selection rule: a full fit scored on folds has no held-out runs, so its resamples draw
 all runs with replacement and score K on folds of the runs drawn, each run's copies in one fold);
 it then decodes the drawn runs and reruns the detour regression. Each refit starts from the full
@@ -65,17 +65,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from trainmap.dynamics.hmm import (
-    DEFAULT_FOLDS,
-    ModelSelection,
-    SelectionFailed,
-    TrainingHMM,
-    in_units,
-    model_parameters,
-    select_model,
-    standardise_runs,
-    unit_change,
-)
+from trainmap.dynamics.hmm.estimator import TrainingHMM, standardise_runs, unit_change
+from trainmap.dynamics.hmm.factory import in_units, model_parameters
+from trainmap.dynamics.hmm.selection import DEFAULT_FOLDS, ModelSelection, select_model
+from trainmap.dynamics.hmm.splits import SelectionFailed
 from trainmap.dynamics.regression import (
     GROUND_METRICS,
     fill_holm,
@@ -257,11 +250,11 @@ def refit_resample(
     refit: Refit,
 ) -> RefitResult:
     """Refit a resample of the runs exactly as the full fit selects its model: standardise
-    (:func:`~trainmap.dynamics.hmm.standardise_runs`, pooled over the runs as drawn), fit every K
-    and choose K (:func:`~trainmap.dynamics.hmm.select_model`, with the full fit's selection rule:
+    (:func:`~trainmap.dynamics.hmm.estimator.standardise_runs`, pooled over the runs as drawn), fit every K
+    and choose K (:func:`~trainmap.dynamics.hmm.selection.select_model`, with the full fit's selection rule:
     ``holdout`` scores on ``heldout``; ``folds`` pools both parts and scores on folds of the
     drawn runs), each run of ``train`` and ``heldout`` (run -> times drawn) weighted by how often
-    it was drawn. Raises :class:`~trainmap.dynamics.hmm.SelectionFailed` when no K fits."""
+    it was drawn. Raises :class:`~trainmap.dynamics.hmm.splits.SelectionFailed` when no K fits."""
     drawn = [run for part in (train, heldout) for run, count in part.items()
              for _ in range(int(count))]  # fmt: skip
     full = refit.standardisation

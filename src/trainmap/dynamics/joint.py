@@ -2,7 +2,7 @@
 
 The paper fits one HMM per setting, so the states of two settings cannot be compared. Here the runs
 of several groups (e.g. kaiming, gradinit and metainit on the same task and architecture) are
-pooled into one :class:`~trainmap.dynamics.hmm.TrainingHMM`, so every group is described in the same
+pooled into one :class:`~trainmap.dynamics.hmm.estimator.TrainingHMM`, so every group is described in the same
 states, and the study's question can be read off directly:
 
 * per group, the mean state occupancy (fraction of checkpoints in each state);
@@ -38,7 +38,7 @@ from trainmap.dynamics.certainty import (
     run_quantities,
     verdict_markdown,
 )
-from trainmap.dynamics.hmm import TrainingHMM
+from trainmap.dynamics.hmm.estimator import TrainingHMM
 from trainmap.dynamics.regression import (
     DetourRegression,
     regress_detours,

@@ -51,7 +51,8 @@ import pandas as pd
 from trainmap.dynamics import plots
 from trainmap.dynamics.certainty import BootstrapResult, bootstrap_map
 from trainmap.dynamics.columns import METRIC_NAMES
-from trainmap.dynamics.hmm import TrainingHMM, baseline_table
+from trainmap.dynamics.hmm.baselines import baseline_table
+from trainmap.dynamics.hmm.estimator import TrainingHMM
 from trainmap.dynamics.joint import JointComparison, compare_groups, detour_visit_rates
 from trainmap.dynamics.labels import label_verdicts, supported_detours, write_verdicts
 from trainmap.dynamics.regression import (

@@ -1,5 +1,5 @@
 """The analysis settings (``params.yaml`` ``analysis:``, checked by the config schema), their
-defaults, and the :class:`~trainmap.dynamics.hmm.TrainingHMM` they configure.
+defaults, and the :class:`~trainmap.dynamics.hmm.estimator.TrainingHMM` they configure.
 
 Its own module so that every analysis step (:mod:`~trainmap.dynamics.pipeline`,
 :mod:`~trainmap.dynamics.joint`) reads the same defaults without importing another step.
@@ -10,13 +10,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from trainmap.dynamics.hmm import (
-    DEFAULT_FOLDS,
-    DEFAULT_HALF_SIZE,
-    DEFAULT_REPRODUCE_ARI,
-    DEFAULT_REPRODUCE_SHARE,
-    TrainingHMM,
-)
+from trainmap.dynamics.hmm.curves import DEFAULT_REPRODUCE_ARI, DEFAULT_REPRODUCE_SHARE
+from trainmap.dynamics.hmm.estimator import TrainingHMM
+from trainmap.dynamics.hmm.selection import DEFAULT_FOLDS, DEFAULT_HALF_SIZE
 
 HMM_SETTINGS = ("k_max", "restarts", "holdout", "selection", "folds", "halves", "reproduce_ari",
                 "reproduce_share", "reproduce_k", "half_size", "covariance_type",

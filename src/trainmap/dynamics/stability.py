@@ -80,7 +80,8 @@ from trainmap.dynamics.certainty import (
     run_quantities,
     run_refits,
 )
-from trainmap.dynamics.hmm import SelectionFailed, TrainingHMM
+from trainmap.dynamics.hmm.estimator import TrainingHMM
+from trainmap.dynamics.hmm.splits import SelectionFailed
 
 DEFAULT_STEP = 8
 DEFAULT_MAX_FRACTION = 0.8
@@ -427,7 +428,7 @@ def draw_subsample(
 ) -> tuple[list[str], list[str]]:
     """``(train, heldout)``: n runs drawn without replacement from each group (groups and runs in
     sorted order, so the draw depends on the seed only), each group's draw split as the full fit
-    splits (:func:`~trainmap.dynamics.hmm.holdout_split`'s rule: round(holdout x n) held out, at
+    splits (:func:`~trainmap.dynamics.hmm.splits.holdout_split`'s rule: round(holdout x n) held out, at
     least one, leaving at least one to train on)."""
     train, heldout = [], []
     n_heldout = min(n - 1, max(1, round(holdout * n)))

@@ -23,7 +23,7 @@ A metric may be non-finite without damage in three ways, and only these pass:
   (:data:`UNDEFINED_BY_ARCHITECTURE`): the bias statistics of a model without biases.
 
 Such a feature is then unusable for a map of every run, and the HMM leaves it out by name
-(:meth:`trainmap.dynamics.hmm.TrainingHMM.fit`: ``dropped_features_``, with the reason), never
+(:meth:`trainmap.dynamics.hmm.estimator.TrainingHMM.fit`: ``dropped_features_``, with the reason), never
 because one run's table was damaged: that error comes here first.
 """
 
@@ -157,7 +157,7 @@ def _more(flags: np.ndarray) -> str:
 
 #: How a run with a non-finite metric enters a map (analysis setting ``nan_runs``): ``features``
 #: (default) keeps every run and the HMM leaves the feature out by name
-#: (:meth:`trainmap.dynamics.hmm.TrainingHMM.fit`); ``runs`` leaves out every run with a NaN or
+#: (:meth:`trainmap.dynamics.hmm.estimator.TrainingHMM.fit`); ``runs`` leaves out every run with a NaN or
 #: infinite value among the features, as the training-maps authors' ``make_hmm_data`` does
 #: (``dfs = [df for df in dfs if not df.isnull().values.any()]``, after its row cut).
 NAN_RUNS = ("features", "runs")

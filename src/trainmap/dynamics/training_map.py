@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from trainmap.dynamics.hmm import TrainingHMM
+from trainmap.dynamics.hmm.estimator import TrainingHMM
 from trainmap.figures import save_figure
 from trainmap.io import save_json
 
@@ -172,7 +172,7 @@ def _by_group(runs: Iterable[str], groups: Mapping[str, str] | None) -> dict[str
 
 def _pulls(hmm: TrainingHMM, z: np.ndarray) -> np.ndarray:
     """Sigma_h^-1 (mu_h - z_t) for every t and state h, [T, K, d] (``z``: the run as the emission
-    model sees it, :meth:`~trainmap.dynamics.hmm.TrainingHMM.residuals`)."""
+    model sees it, :meth:`~trainmap.dynamics.hmm.estimator.TrainingHMM.residuals`)."""
     differences = hmm.model_.means_[None, :, :] - z[:, None, :]
     return np.einsum("hij,thj->thi", hmm.precisions(), differences)
 

@@ -807,7 +807,7 @@ def _check_analysis_runs(config: dict) -> None:
     """Each map's runs allow its analysis settings: a checkpoint cut (``checkpoints_per_run``,
     ``first_n``) within the runs' checkpoints, and the ``reproducible`` rule's ``halves`` within
     the distinct splits of its runs into halves (per method in a joint comparison)."""
-    from trainmap.dynamics.hmm import DEFAULT_HALVES, distinct_halvings
+    from trainmap.dynamics.hmm.splits import DEFAULT_HALVES, distinct_halvings
 
     maps = [
         (f"group {name}", analysis_settings(config), "analysis", {name: cells})

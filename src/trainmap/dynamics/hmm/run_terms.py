@@ -1,17 +1,14 @@
-"""A Gaussian HMM whose emissions carry a per-run offset (and, optionally, a per-run linear drift
-and a per-run scale).
+"""Run terms of the emissions: a Gaussian HMM with a per-run offset (drift, scale), fitted by ECM.
 
 Real seeds differ by more than their states: an offset, a scale and a slow drift of the metrics per
 run (:func:`trainmap.dynamics.synthetic.run_nuisance`). A plain HMM covers those differences with
 extra states or merges true ones (bench/selection_nuisance.py). :class:`RunOffsetHMM` models them.
-
-An option of trainmap's one model selection: the analysis setting ``emission``
-(:class:`~trainmap.dynamics.hmm.TrainingHMM`, ``params.yaml`` ``analysis.emission``) is ``plain``
-(the paper's Gaussian HMM, the default), ``run_offset`` or ``run_offset_drift`` (this model without
-and with drift) or ``run_affine`` (with drift and scale, eq. 3);
-:func:`~trainmap.dynamics.hmm.make_model` builds it and :func:`~trainmap.dynamics.hmm.select_model`
-fits, scores and chooses K with it as with the plain one, in the full fit and in every bootstrap and
-stability refit. Measured by bench/run_offsets.py (README, "Run-to-run nuisance").
+It is the analysis setting ``emission`` (``params.yaml`` ``analysis.emission``): ``run_offset``
+and ``run_offset_drift`` (this model without and with drift) and ``run_affine`` (with drift and
+scale, eq. 3), made by :func:`~trainmap.dynamics.hmm.factory.make_model` and fitted, scored and
+selected by :func:`~trainmap.dynamics.hmm.selection.select_model` as the plain model is, in the
+full fit and in every bootstrap and stability refit. Measured by bench/run_offsets.py (README,
+"Run-to-run nuisance"); design record: docs/decisions/run-terms.md.
 
 Model
 -----
@@ -28,141 +25,82 @@ since log N(b; 0, tau^2 I) = -|b|^2 / (2 tau^2) + const):
     F(theta, b, c) = sum_r log p(x_r | theta, b_r, c_r) - lambda_b/2 sum_r |b_r|^2
                      - lambda_c/2 sum_r |c_r|^2,           lambda = 1 / tau^2.        (eq. 0)
 
-Estimation: ECM (Meng & Rubin 1993, "Maximum likelihood estimation via the ECM algorithm",
-Biometrika 80: the M-step replaced by conditional maximisations, each of which raises the same
-expected complete-data log-likelihood Q, so F never decreases):
-
-* E-step: given (theta, b, c) the residuals y_{r,t} = x_{r,t} - b_r - c_r u_{r,t} are an ordinary
-  HMM's observations; the scaled forward-backward (Rabiner 1989, eqs. 91-93; the module-level
-  functions of :mod:`trainmap.dynamics.batched_hmm`) gives gamma_{r,t,k} = p(s_t = k | x_r) and
-  the expected transition counts.
-* CM-step 1: theta maximising Q given (b, c): hmmlearn's Gaussian M-step on the statistics of y.
-* CM-step 2: (b_r, c_r) maximising Q(theta_new, b, c) minus the penalty, gamma held fixed. With
-  P_k = Sigma_k^-1 the part of Q that depends on run r's terms is
-
-      -1/2 sum_t sum_k gamma_{tk} (x_t - mu_k - b_r - c_r u_t)^T P_k (x_t - mu_k - b_r - c_r u_t),
-
-  and setting its gradient (with the penalty's) to zero gives, offset only,
-
-      (sum_k G0_k P_k + lambda_b I) b_r = sum_k P_k (S0_k - G0_k mu_k),                  (eq. 1)
-
-  and with drift the 2d x 2d system
-
-      [ sum_k G0_k P_k + lambda_b I   sum_k G1_k P_k              ] [b_r]   [ h0_r ]
-      [ sum_k G1_k P_k                sum_k G2_k P_k + lambda_c I ] [c_r] = [ h1_r ],   (eq. 2)
-
-      hj_r = sum_k P_k (Sj_k - Gj_k mu_k),
-
-  where Gj_k = sum_t gamma_{tk} u_t^j and Sj_k = sum_t gamma_{tk} u_t^j x_t (sums over run r).
-  The ridge terms lambda keep an offset from "explaining" a run that sits in one state all along:
-  moving such a run to another state's mean by its offset costs lambda_b |mu_k - mu_h|^2 / 2.
-* Identifiability: mu_k + b_r is unchanged by mu_k -> mu_k + m, b_r -> b_r - m. After CM-step 2 the
-  offsets are centred, m = mean_r b_r (weighted by the run weights below), b_r -= m, mu_k += m: the
-  likelihood is unchanged and the penalty can only fall (the mean minimises sum_r |b_r - m|^2), so F
-  still does not decrease. A common drift is no such reparametrisation (the means are constant in
-  time), but it competes with the states' progression (a left-to-right process looks like a drift
-  shared by every run), so the drifts are constrained to sum to zero: CM-step 2 then solves eq. 2
-  under sum_r c_r = 0 with a Lagrange multiplier nu (M_r [b_r; c_r] = h_r - [0; nu]):
-  nu = (sum_r W_r^cc)^-1 sum_r c_r^0, [b_r; c_r] = [b_r^0; c_r^0] - W_r[:, c] nu, with
-  W_r = M_r^-1 and [b_r^0; c_r^0] the unconstrained solution of eq. 2.
-
-Per-run scale (``scale=True``; the emission ``run_affine`` is offset, drift and scale): a scalar
-a_r > 0 per run multiplies the state's mean and noise,
+With a per-run scale (``scale=True``) a_r > 0 multiplies the state's mean and noise, with no prior:
 
     x_{r,t} = a_r (mu_{s_t} + eps_{r,t}) + b_r + c_r u_{r,t},
     i.e. x_{r,t} | s_t = k ~ N(a_r mu_k + b_r + c_r u_{r,t}, a_r^2 Sigma_k),                (eq. 3)
 
-with no prior on a_r. The residuals y_{r,t} = (x_{r,t} - b_r - c_r u_{r,t}) / a_r are an ordinary
-HMM's observations, and the density of x gets the Jacobian: log p(x_t | k) = log N(y_t; mu_k,
-Sigma_k) - d log a_r. So the E-step runs on y, each run's log-likelihood (and eq. 0) has
--T_r d log a_r in it, and the ECM has three CM-steps:
+so log p(x_t | k) = log N(y_t; mu_k, Sigma_k) - d log a_r with the residuals
+y_{r,t} = (x_{r,t} - b_r - c_r u_{r,t}) / a_r, and eq. 0 has -T_r d log a_r in each run's term.
 
-* CM-step 1: theta given (a, b, c): hmmlearn's M-step on the statistics of y (as above; the
-  Jacobian does not depend on theta).
-* CM-step 2: (b_r, c_r) given a_r and theta. Run r's part of Q is
-  -1/(2 a_r^2) sum_t sum_k gamma_{tk} (x_t - a_r mu_k - b_r - c_r u_t)^T P_k (...); its gradient
-  with the penalty's, times a_r^2, is eqs. 1-2 with mu_k -> a_r mu_k and lambda -> lambda a_r^2
-  (hj_r = sum_k P_k (Sj_k - a_r Gj_k mu_k)). Solved as the gradient of Q itself (the system
-  divided by a_r^2: M_r = sum_k Gj_k P_k / a_r^2 + lambda I, h_r / a_r^2), so that W_r = M_r^-1 of
-  the drift constraint above is the inverse Hessian of Q it must be (the multiplier enters Q's
-  gradient, not the multiplied one).
-* CM-step 3: a_r given (b_r, c_r) and theta. With y'_t = x_t - b_r - c_r u_t,
-  A_r = sum_t sum_k gamma_{tk} y'_t^T P_k y'_t and B_r = sum_t sum_k gamma_{tk} y'_t^T P_k mu_k,
-  run r's part of Q is -T_r d log a - A_r / (2 a^2) + B_r / a + const, whose derivative
-  (A_r - B_r a - T_r d a^2) / a^3 is positive below and negative above the one positive root, so
+Estimation: ECM (Meng & Rubin 1993, Biometrika 80: the M-step replaced by conditional
+maximisations, each raising the same expected complete-data log-likelihood Q, so F never
+decreases). E-step: the residuals y are an ordinary HMM's observations; the engine
+(:func:`~trainmap.dynamics.hmm.forward_backward.forward_backward_runs`) gives gamma_{r,t,k} and the
+expected transitions, and :func:`~trainmap.dynamics.hmm.gaussian.gaussian_statistics` the
+statistics of y. CM-step 1: hmmlearn's Gaussian M-step on them. CM-step 2: (b_r, c_r) by eqs. 1-2;
+CM-step 3 (with scale): a_r in closed form (:mod:`~trainmap.dynamics.hmm.run_term_updates`).
 
-      a_r = (-B_r + sqrt(B_r^2 + 4 T_r d A_r)) / (2 T_r d)   (= 2 A_r / (B_r + sqrt(...)))
+Identifiability: mu_k + b_r is unchanged by mu_k -> mu_k + m, b_r -> b_r - m, so after CM-step 2
+the offsets are centred, m = the run-weighted mean of b_r, b_r -= m, mu_k += m (the likelihood is
+unchanged and the penalty can only fall). A common drift competes with the states' progression (a
+left-to-right process looks like a drift shared by every run), so the drifts are constrained to
+sum_r w_r c_r = 0. With scale, a_r -> a_r / g, mu -> g mu, Sigma -> g^2 Sigma leaves every density
+unchanged: the scales are normalised to weighted geometric mean 1, and the centring takes
+m = sum_r w_r a_r b_r / sum_r w_r a_r^2 (b_r -> b_r - a_r m). None of these lowers eq. 0.
 
-  is its maximum (A_r > 0; the second form where B_r > 0, without cancellation).
-* Identifiability: a_r -> a_r / g, mu -> g mu, Sigma -> g^2 Sigma leaves every density unchanged,
-  so after CM-step 3 the scales are normalised to weighted geometric mean 1,
-  g = exp(sum_r w_r log a_r / sum_r w_r) (the means and covariances move). The offsets'
-  reparametrisation is now mu_k -> mu_k + m, b_r -> b_r - a_r m, and the centring takes the m that
-  minimises the penalty sum_r w_r |b_r - a_r m|^2: m = sum_r w_r a_r b_r / sum_r w_r a_r^2. Both
-  leave the drifts alone, so sum_r w_r c_r = 0 still holds after them; Q (gamma fixed) is
-  unchanged and the penalty does not rise, so eq. 0 still does not decrease.
+Local optima: a run's likelihood is multimodal in b_r (an offset of about one state step makes a
+run's segments look like their neighbour states). So the run terms are searched
+(:meth:`RunOffsetHMM.search_run_terms`, theta fixed) from several starts: the current terms, the
+offsets that put the mean of the run's first (last) :data:`SEARCH_WINDOW` checkpoints on each
+state's mean and, with scale, the (a_r, b_r) that put the means of the first and last checkpoints
+on states j < k (least squares, a_r > 0); the best few by penalised likelihood are refined and the
+best kept. A fit alternates ECM to convergence with such a search of the fitted runs' terms (the
+current terms among the starts, so no run's penalised likelihood falls) until the search moves no
+run by more than :data:`SEARCH_MOVE` (at most ``search_rounds`` ECM runs; the terms of a search
+that moved nothing are not kept).
 
-Local optima: a run's likelihood is multimodal in b_r. An offset of about one state step makes a
-run's segments look like their neighbour states (a run that passes quickly through state 1 and stays
-in state 2 fits "state 1 all along" with b_r = mu_2 - mu_1), and alternating posteriors and eq. 1
-from b_r = 0 can stop there (on the nuisance data it cost up to 5 % of decoding accuracy). So the
-run terms are searched (:meth:`RunOffsetHMM.search_run_terms`, theta fixed) from several starts: the
-current terms, and the offsets that put the mean of the run's first (last) few checkpoints on each
-state's mean (with scale: a_r = 1, and the (a_r, b_r) that put the means of the first and last few
-checkpoints on states j < k, by least squares, where a_r > 0: a run of small scale otherwise ends up
-with a drift across a state step); the best few by penalised likelihood are refined by the
-alternations and the best kept. A fit alternates ECM to convergence with such a search of the fitted
-runs' terms (the current terms are among the starts, so no run's penalised likelihood falls, and eq.
-0 still does not decrease; with drift the searched drifts are projected back onto sum_r c_r = 0,
-which can cost a little) until the search moves no run by more than :data:`SEARCH_MOVE` (at most
-``search_rounds`` ECM runs; the terms of a search that moved nothing are not kept, so the fitted
-terms are always those of a CM-step).
+Run weights (:meth:`RunOffsetHMM.fit_weighted`: run r counts w_r times): eq. 0 becomes
+sum_r w_r [log p(x_r | theta, b_r, c_r) - lambda_b/2 |b_r|^2 - lambda_c/2 |c_r|^2], the fit of the
+data with run r repeated w_r times; the statistics, the centring, the drift constraint and the
+scales' normalisation are weighted by w_r.
 
-Run weights (a bootstrap draw: run r counts w_r times; :meth:`RunOffsetHMM.fit_weighted`): every run
-keeps its own terms, and eq. 0 becomes sum_r w_r [log p(x_r | theta, b_r, c_r) - lambda_b/2 |b_r|^2
-- lambda_c/2 |c_r|^2], the fit of the data with run r repeated w_r times. The E-step's statistics
-are weighted by w_r; eqs. 1-2 are per run (w_r multiplies both sides); the centring takes the
-weighted mean m = sum_r w_r b_r / sum_r w_r and the drift constraint is sum_r w_r c_r = 0 (nu =
-(sum_r w_r W_r^cc)^-1 sum_r w_r c_r^0); with scale, CM-step 3 is per run and the scales' geometric
-mean and the centring are weighted by w_r (eq. 3): so a weight of 2 gives the fit of the run
-duplicated (identical copies keep identical terms), to round-off.
-
-Warm starts (the bootstrap's and the stability curve's refits: the model made with
-``init_params=""`` and set to a fitted theta, :func:`trainmap.dynamics.hmm.start_from`): the run
-terms are not part of the start (they belong to the runs, and a resample has other runs), so the fit
-first estimates them with theta fixed (the search of new runs, below, from b = c = 0, a = 1; then
-the centring and, with drift, the constraint) and continues ECM from there.
-
-In a selection (:func:`trainmap.dynamics.hmm.select_model`) each K is fitted on its own (ECM, not
-the plain models' lockstep EM), its restarts ranked by their fit's eq. 0 (``objective_``; the
-``train_log_likelihood`` of the selection table).
+Warm starts (a model made with ``init_params=""`` and set to a fitted theta,
+:func:`~trainmap.dynamics.hmm.factory.start_from`): the run terms belong to the runs, so the fit
+first searches them with theta fixed (from b = c = 0, a = 1; then the centring and the constraint)
+and continues ECM from there. In a selection each K is fitted on its own (``fits_in_lockstep``
+False), its restarts ranked by eq. 0 (``objective_``, :meth:`RunOffsetHMM.training_objective`).
 
 New runs (held-out scoring, decoding): theta stays fixed and each run's terms come from the search
-above started from b = c = 0 (and a = 1; alternations of the E-step and eq. 1 / eq. 2, with scale
-CM-steps 2 and 3: an EM for the run's MAP terms given theta; no centring, no normalisation, no
-constraint). :meth:`RunOffsetHMM.score` is then the profile log-likelihood
-sum_r log p(x_r | theta, b_r, c_r, a_r) (prior not added; with scale the Jacobian included), the
-held-out BIC counts the d (2d with drift, 2d + 1 with drift and scale) run terms of every scored
-run on top of hmmlearn's count (:meth:`RunOffsetHMM.n_run_parameters`; the same for every K, but
-counted), and :meth:`RunOffsetHMM.predict_runs` is hmmlearn's Viterbi on the residuals
-x - b_r - c_r u_t (with scale divided by a_r), as is every other use of a fitted map
-(:meth:`trainmap.dynamics.hmm.TrainingHMM.residuals`).
+above started from b = c = 0 (and a = 1; no centring, normalisation or constraint).
+:meth:`RunOffsetHMM.score` is the profile log-likelihood sum_r log p(x_r | theta, b_r, c_r, a_r)
+(prior not added; with scale the Jacobian included), the held-out BIC counts the d (2d with drift,
+2d + 1 with drift and scale) terms of every scored run (:meth:`RunOffsetHMM.n_run_parameters`),
+and :meth:`RunOffsetHMM.predict_runs` is hmmlearn's Viterbi on the residuals.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from trainmap.dynamics.batched_hmm import (
-    BatchedGaussianHMM,
-    forward_backward_time_major,
+from trainmap.dynamics.hmm.forward_backward import (
+    forward_backward_runs,
     run_log_likelihoods,
     run_starts,
     runs_of_equal_length,
+)
+from trainmap.dynamics.hmm.gaussian import BatchedGaussianHMM, gaussian_statistics
+from trainmap.dynamics.hmm.run_term_updates import (
+    offset_system,
+    run_sums,
+    run_time,
+    scale_sums,
+    solve_run_terms,
+    solve_scales,
 )
 
 #: Default prior standard deviation of an offset (and a drift), in standardised units.
@@ -183,14 +121,6 @@ DEFAULT_SEARCH_ROUNDS = 3
 SEARCH_MOVE = 0.05
 
 
-# --- forward-backward on groups of runs of equal length ----------------------------------------
-
-
-def run_time(lengths: Sequence[int]) -> np.ndarray:
-    """u_{r,t} = t / (T_r - 1) for every row of the concatenated runs (0 for a run of length 1)."""
-    return np.concatenate([np.linspace(0.0, 1.0, n) if n > 1 else np.zeros(1) for n in lengths])
-
-
 def posteriors_and_likelihood(
     log_frames: np.ndarray,
     startprob: np.ndarray,
@@ -198,125 +128,24 @@ def posteriors_and_likelihood(
     lengths: Sequence[int],
     weights: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Forward-backward of every run (the E-step of the module docstring): posteriors [N, K],
-    expected transitions [K, K] (each run's times its weight), each run's first-step posterior
-    [R, K] and log-likelihood [R] (scaled, log-space where it underflows)."""
+    """The engine's E-step of every run (:func:`~trainmap.dynamics.hmm.forward_backward.
+    forward_backward_runs`), in the runs' own order: posteriors [N, K], expected transitions
+    [K, K] (each run's times its weight), each run's first-step posterior [R, K] and
+    log-likelihood [R]."""
     n_states = log_frames.shape[1]
+    groups = runs_of_equal_length(lengths)
+    answer = forward_backward_runs([(positions, log_frames[rows.T]) for positions, rows in groups],
+                                   startprob, transmat, [n_states], weights)  # fmt: skip
     posteriors = np.empty_like(log_frames)
-    transitions = np.zeros((n_states, n_states))
     first = np.empty((len(lengths), n_states))
     log_likelihood = np.empty(len(lengths))
-    for positions, rows in runs_of_equal_length(lengths):
-        group_weights = None if weights is None else weights[positions]
-        gamma, group_transitions, group_ll = forward_backward_time_major(
-            log_frames[rows.T], startprob, transmat, [n_states], group_weights
-        )
+    for (positions, rows), gamma, run_log_likelihood in zip(
+        groups, answer.posteriors, answer.log_likelihoods, strict=True
+    ):
         posteriors[rows.T] = gamma
-        transitions += group_transitions
         first[positions] = gamma[0]
-        log_likelihood[positions] = group_ll[:, 0]
-    return posteriors, transitions, first, log_likelihood
-
-
-# --- the closed-form update of the run terms (eqs. 1 and 2) ------------------------------------
-
-
-def run_sums(
-    X: np.ndarray, posteriors: np.ndarray, lengths: Sequence[int], time: np.ndarray, drift: bool
-) -> dict[str, np.ndarray]:
-    """Per run r and state k: Gj_k = sum_t gamma_tk u_t^j [R, K] and Sj_k = sum_t gamma_tk
-    u_t^j x_t [R, K, d] (j = 0, and j = 1, 2 with drift; module docstring, eqs. 1-2)."""
-    starts = run_starts(lengths)
-
-    def per_run(values: np.ndarray) -> np.ndarray:  # the runs are contiguous blocks of rows
-        return np.add.reduceat(values, starts, axis=0)
-
-    sums = {"G0": per_run(posteriors), "S0": per_run(posteriors[:, :, None] * X[:, None, :])}
-    if drift:
-        weighted = posteriors * time[:, None]
-        sums["G1"] = per_run(weighted)
-        sums["G2"] = per_run(weighted * time[:, None])
-        sums["S1"] = per_run(weighted[:, :, None] * X[:, None, :])
-    return sums
-
-
-def offset_system(
-    sums: Mapping[str, np.ndarray], means: np.ndarray, precisions: np.ndarray,
-    ridge: tuple[float, float], drift: bool, scales: np.ndarray | None = None,
-) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
-    """The normal equations of every run's terms: matrices [R, m, m] and right-hand sides [R, m]
-    (m = d, or 2d with drift; eqs. 1 and 2 of the module docstring). ``scales`` a_r [R] (a scale
-    per run): the system of eq. 3, mu_k -> a_r mu_k, sums over k divided by a_r^2."""
-    d = means.shape[1]
-    eye = np.eye(d)
-    scales = np.ones(len(sums["G0"])) if scales is None else scales  # a_r = 1: eqs. 1-2 exactly
-    inverse_square = 1.0 / scales**2
-
-    def block(g: np.ndarray) -> np.ndarray:  # sum_k g_rk P_k / a_r^2
-        return np.einsum("rk,kij->rij", g * inverse_square[:, None], precisions)
-
-    def rhs(g: np.ndarray, s: np.ndarray) -> np.ndarray:  # sum_k P_k (s - g a mu_k) / a^2
-        shifted = s - (g * scales[:, None])[:, :, None] * means[None]
-        return np.einsum("kij,rkj->ri", precisions, shifted * inverse_square[:, None, None])
-
-    top_left = block(sums["G0"]) + ridge[0] * eye
-    top = rhs(sums["G0"], sums["S0"])
-    if not drift:
-        return top_left, top
-    corner = block(sums["G1"])
-    bottom_right = block(sums["G2"]) + ridge[1] * eye
-    matrix = np.block([[top_left, corner], [corner, bottom_right]])
-    return matrix, np.concatenate([top, rhs(sums["G1"], sums["S1"])], axis=1)
-
-
-def solve_run_terms(
-    matrix: np.ndarray, rhs: np.ndarray, drift: bool, centre: bool,
-    weights: np.ndarray | None = None,
-) -> np.ndarray:  # fmt: skip
-    """Every run's terms [R, m] from its normal equations (eqs. 1-2); ``centre`` with drift: under
-    the constraint sum_r w_r c_r = 0 (``weights`` w, default 1), by the Lagrange multiplier
-    nu = (sum_r w_r W_r^cc)^-1 sum_r w_r c_r^0 of the module docstring."""
-    inverse = np.linalg.inv(matrix)
-    terms = np.einsum("rij,rj->ri", inverse, rhs)
-    if not (drift and centre):
-        return terms
-    d = matrix.shape[1] // 2
-    w = np.ones(len(terms)) if weights is None else weights
-    multiplier = np.linalg.solve(np.einsum("r,rij->ij", w, inverse[:, d:, d:]), w @ terms[:, d:])
-    return terms - np.einsum("rij,j->ri", inverse[:, :, d:], multiplier)
-
-
-def scale_sums(
-    shifted: np.ndarray, posteriors: np.ndarray, lengths: Sequence[int], means: np.ndarray,
-    precisions: np.ndarray,
-) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
-    """Per run r, with y'_t = x_t - b_r - c_r u_t (``shifted`` [N, d]): A_r = sum_t sum_k
-    gamma_tk y'_t^T P_k y'_t and B_r = sum_t sum_k gamma_tk y'_t^T P_k mu_k, [R] each (CM-step 3
-    of the module docstring)."""
-    starts = run_starts(lengths)
-    quadratic = np.empty_like(posteriors)
-    linear = np.empty_like(posteriors)
-    for k in range(len(means)):
-        pulled = shifted @ precisions[k]  # P_k y'_t (P_k symmetric)
-        quadratic[:, k] = np.einsum("nd,nd->n", pulled, shifted)
-        linear[:, k] = pulled @ means[k]
-    A = np.add.reduceat((posteriors * quadratic).sum(axis=1), starts)
-    B = np.add.reduceat((posteriors * linear).sum(axis=1), starts)
-    return A, B
-
-
-def solve_scales(A: np.ndarray, B: np.ndarray, lengths: Sequence[int], d: int) -> np.ndarray:
-    """a_r maximising -T_r d log a - A_r / (2 a^2) + B_r / a: the positive root of
-    T_r d a^2 + B_r a - A_r = 0, (-B + sqrt(B^2 + 4 T_r d A)) / (2 T_r d), written as
-    2 A / (B + sqrt(B^2 + 4 T_r d A)) where B > 0 (no cancellation)."""
-    n = np.asarray(lengths, dtype=float) * d
-    root = np.sqrt(B**2 + 4 * n * A)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        scales = np.where(B > 0, 2 * A / (B + root), (root - B) / (2 * n))
-    return scales
-
-
-# --- the model ---------------------------------------------------------------------------------
+        log_likelihood[positions] = run_log_likelihood[:, 0]
+    return posteriors, answer.transitions, first, log_likelihood
 
 
 class RunOffsetHMM(BatchedGaussianHMM):
@@ -335,6 +164,9 @@ class RunOffsetHMM(BatchedGaussianHMM):
     :meth:`fit_weighted`) and ``n_iterations_`` (ECM iterations over all runs). Run weights:
     :meth:`fit_weighted`, :meth:`score_weighted`.
     """
+
+    #: Each model fits by its own ECM (the search of the run terms does not run in lockstep).
+    fits_in_lockstep = False
 
     def __init__(
         self, n_components: int = 1, covariance_type: str = "full", *, drift: bool = False,
@@ -402,6 +234,15 @@ class RunOffsetHMM(BatchedGaussianHMM):
     def precisions(self) -> np.ndarray:
         """P_k = Sigma_k^-1 [K, d, d] (pseudo-inverse where singular to rounding)."""
         return np.linalg.pinv(self.covars_, hermitian=True)  # covars_: full for every type
+
+    def training_objective(self, X: np.ndarray, lengths: Any, weights: Any = None) -> float:
+        """What the fit maximised: eq. 0 at its last E-step (``objective_``; rescoring the runs
+        would search their terms again), NaN where ECM left a state without mass."""
+        return float(self.objective_) if np.isfinite(self.means_).all() else math.nan
+
+    def fit_iterations(self) -> int:
+        """ECM iterations of the last fit, over all its rounds."""
+        return int(self.n_iterations_)
 
     # --- fitting (ECM) -------------------------------------------------------------------------
 
@@ -512,17 +353,8 @@ class RunOffsetHMM(BatchedGaussianHMM):
             log_frames, self.startprob_, self.transmat_, lengths, w)  # fmt: skip
         self._posteriors = posteriors
         weighted = posteriors * np.repeat(w, lengths)[:, None]
-        stats = self._initialize_sufficient_statistics()
-        stats["nobs"] = float(w.sum())
-        stats["start"] = w @ first
-        stats["trans"] = transitions
-        stats["post"] = weighted.sum(axis=0)
-        stats["obs"] = weighted.T @ residual
-        if self.covariance_type == "diag":
-            stats["obs**2"] = weighted.T @ residual**2
-        else:
-            stats["obs*obs.T"] = np.stack([(residual * weighted[:, [k]]).T @ residual
-                                           for k in range(self.n_components)])  # fmt: skip
+        stats = gaussian_statistics([self], weighted, residual, w @ first, transitions,
+                                    float(w.sum()), packed=False)[0]  # fmt: skip
         self.train_log_likelihood_ = float(w @ run_ll)
         self.objective_ = self.train_log_likelihood_ - float(w @ self._penalties(self._terms))
         self.objective_history_[-1].append(self.objective_)
