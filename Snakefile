@@ -59,16 +59,25 @@ with config_problems_reported(VERBOSE):
 report: "workflow/report/workflow.rst"
 
 
+# Each rule family's rules, after its input functions (<family>_inputs.smk) where it has any.
 include: "workflow/rules/common.smk"
+include: "workflow/rules/data_inputs.smk"
 include: "workflow/rules/data.smk"
+include: "workflow/rules/gradinit_inputs.smk"
 include: "workflow/rules/gradinit.smk"
+include: "workflow/rules/train_inputs.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/reparam.smk"
+include: "workflow/rules/sparse_inputs.smk"
 include: "workflow/rules/sparse.smk"
 include: "workflow/rules/quantize.smk"
+include: "workflow/rules/evaluate_inputs.smk"
 include: "workflow/rules/evaluate.smk"
+include: "workflow/rules/external_inputs.smk"
 include: "workflow/rules/external.smk"
+include: "workflow/rules/analysis_inputs.smk"
 include: "workflow/rules/analysis.smk"
+include: "workflow/rules/paper_inputs.smk"
 include: "workflow/rules/paper.smk"
 include: "workflow/rules/settings.smk"
 

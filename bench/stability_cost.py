@@ -59,8 +59,8 @@ def load_joint(
     results: Path, name: str, config: dict
 ) -> tuple[dict[str, pd.DataFrame], dict[str, str], Outcomes]:
     """The runs of joint comparison ``name`` as rule ``joint_comparison`` reads them: run ids
-    ``<method>/seed<seed>`` (``<arch>/<method>`` when archs differ, as workflow/rules/common.smk's
-    ``groups_of_joint``), strict metric tables, outcomes from the evaluations."""
+    ``<method>/seed<seed>`` (``<arch>/<method>`` when archs differ, the labels of
+    ``trainmap.grid.joint_labels``), strict metric tables, outcomes from the evaluations."""
     cells = joint_groups(config)[name]
     labels = joint_labels(cells)
     run_ids = joint_run_ids(labels, cells)

@@ -178,10 +178,6 @@ COLLECT_S, COLLECT_ROW_S = 4.0, 0.1e-3
 GRADINIT_SEED_ITERATION_S = 15e-3
 SMALL_RULES_SOURCE = "measured: the default study's Snakemake log (bench/plan_accuracy.py)"
 
-#: The rules whose jobs are seed blocks, in workflow order (:func:`block_job`).
-BLOCK_RULES = ("gradinit", "train", "sparse_retrain", "reparam", "quantize", "evaluate",
-               "collect_metrics")  # fmt: skip
-
 
 class PlanError(ValueError):
     """A plan past the limits of the node it was given; the message names the rule, the job, the
@@ -574,18 +570,9 @@ def block_jobs(config: Mapping[str, Any], results: str | None = None) -> list[Jo
             "size-based: 3 copies of the data set while it is read and saved",
             f"assumed: start-up + {DATA_S:g} s (the default study's 1-3 s) + reading at 50 MB/s",
         ))  # fmt: skip
-    rules = (
-        ("gradinit", lambda c: grid.method_of(c).has_stage("gradinit"), cells),
-        ("train", lambda c: True, grid.trained_cells(config)),
-        ("sparse_retrain", grid.is_sparse, cells),
-        ("reparam", lambda c: grid.has_deploy_form(c.arch) and not grid.is_sparse(c), cells),
-        ("quantize", lambda c: bool(grid.quantized_schemes(config, c)), cells),
-        ("evaluate", lambda c: True, cells),
-        ("collect_metrics", grid.retrains, cells),
-    )
-    for rule, selected, of in rules:
-        for block in grid.seed_ranges_of(config, (c for c in of if selected(c))):
-            plans.append(block_job(config, rule, block, results))
+    for rule in grid.BLOCK_RULES:
+        for block in grid.seed_ranges_of(config, rule.cells(config, cells)):
+            plans.append(block_job(config, rule.name, block, results))
     return plans
 
 
@@ -668,7 +655,7 @@ def block_job(
             "(the metrics come with the run)",
         )  # fmt: skip
     raise PlanError(f"rule {rule!r}: the plan has no estimate for its jobs (block rules: "
-                    f"{', '.join(BLOCK_RULES)})")  # fmt: skip
+                    f"{', '.join(r.name for r in grid.BLOCK_RULES)})")  # fmt: skip
 
 
 def analysis_jobs(config: Mapping[str, Any]) -> list[JobPlan]:

@@ -1,3 +1,6 @@
+# Training maps: each block's metric tables (collect_metrics), a map per (task, arch, method)
+# group (fit_hmm, training_map, regress_detours) and joint comparisons of several methods or archs
+# (joint_comparison; adaptive ones by rounds: joint_round, adaptive_rounds).
 GROUP = "{task}/{arch}/{method}"
 
 
@@ -31,8 +34,8 @@ rule collect_metrics:
 
 rule fit_hmm:
     input:
-        metrics=metrics_of_group,
-        evaluations=evaluations_of_group,
+        metrics=of_cells("metric_manifests", group_cells),
+        evaluations=of_cells("evaluation_manifests", group_cells),
     output:
         model=f"{RESULTS}/hmm/{GROUP}/hmm.npz",
         meta=f"{RESULTS}/hmm/{GROUP}/hmm.json",
@@ -77,14 +80,14 @@ rule fit_hmm:
     # (K, restart) fits and bootstrap resamples run in parallel processes
     threads: 2
     resources:
-        mem_mb=planned("fit_hmm", "mem_mb"),
-        runtime=planned("fit_hmm", "runtime"),
+        mem_mb=planned("fit_hmm", "mem_mb", group_cells),
+        runtime=planned("fit_hmm", "runtime", group_cells),
     params:
         settings=grid.analysis_settings(config),
         group=GROUP,
-        cells=cells_of_group,
-        metrics=metric_tables_of_group,
-        evaluations=evaluation_files_of_group,
+        cells=of_cells("cells", group_cells),
+        metrics=of_cells("metric_tables", group_cells),
+        evaluations=of_cells("evaluation_files", group_cells),
     script:
         "../scripts/fit_hmm.py"
 
@@ -95,8 +98,8 @@ rule training_map:
         meta=f"{RESULTS}/hmm/{GROUP}/hmm.json",
         states=f"{RESULTS}/hmm/{GROUP}/states.csv",
         detours=f"{RESULTS}/hmm/{GROUP}/detours.json",
-        metrics=metrics_of_group,
-        evaluations=evaluations_of_group,
+        metrics=of_cells("metric_manifests", group_cells),
+        evaluations=of_cells("evaluation_manifests", group_cells),
     output:
         map=f"{RESULTS}/hmm/{GROUP}/map.json",
         png=report(
@@ -117,9 +120,9 @@ rule training_map:
         runtime=10,
     params:
         group=GROUP,
-        cells=cells_of_group,
-        metrics=metric_tables_of_group,
-        evaluations=evaluation_files_of_group,
+        cells=of_cells("cells", group_cells),
+        metrics=of_cells("metric_tables", group_cells),
+        evaluations=of_cells("evaluation_files", group_cells),
     script:
         "../scripts/training_map.py"
 
@@ -131,7 +134,7 @@ rule regress_detours:
         states=f"{RESULTS}/hmm/{GROUP}/states.csv",
         # how often the bootstrap finds each detour again
         bootstrap=f"{RESULTS}/hmm/{GROUP}/bootstrap.json",
-        evaluations=evaluations_of_group,
+        evaluations=of_cells("evaluation_manifests", group_cells),
     output:
         detours=f"{RESULTS}/hmm/{GROUP}/detours.json",
         coefficients=report(
@@ -166,10 +169,10 @@ rule regress_detours:
     params:
         settings=grid.analysis_settings(config),
         group=GROUP,
-        cells=cells_of_group,
+        cells=of_cells("cells", group_cells),
         # each cell's parent MLflow run gets its state occupancy
-        cell_hashes=cell_hashes_of_group,
-        evaluations=evaluation_files_of_group,
+        cell_hashes=of_cells("cell_hashes", group_cells),
+        evaluations=of_cells("evaluation_files", group_cells),
     script:
         "../scripts/regress_detours.py"
 
@@ -181,8 +184,8 @@ rule regress_detours:
 # presents the last round's comparison with the trace of all rounds.
 checkpoint joint_round:
     input:
-        metrics=metrics_of_joint,
-        evaluations=evaluations_of_joint,
+        metrics=of_cells("metric_manifests", joint_cells),
+        evaluations=of_cells("evaluation_manifests", joint_cells),
         external=external_manifests_of_joint,
     output:
         summary=f"{RESULTS}/joint/{{name}}/rounds/round{{round}}/joint.json",
@@ -201,11 +204,11 @@ checkpoint joint_round:
     params:
         settings=settings_of_round,
         adaptive_round=adaptive_round_of_joint,
-        groups=groups_of_joint,
-        cells=cells_of_joint,
-        cell_hashes=cell_hashes_of_joint,
-        metrics=metric_tables_of_joint,
-        evaluations=evaluation_files_of_joint,
+        groups=of_cells("labels", joint_cells),
+        cells=of_cells("cells", joint_cells),
+        cell_hashes=of_cells("cell_hashes", joint_cells),
+        metrics=of_cells("metric_tables", joint_cells),
+        evaluations=of_cells("evaluation_files", joint_cells),
         external=external_runs_of_joint,
     script:
         "../scripts/joint_comparison.py"
@@ -238,8 +241,8 @@ rule adaptive_rounds:
 
 rule joint_comparison:
     input:
-        metrics=metrics_of_joint,
-        evaluations=evaluations_of_joint,
+        metrics=of_cells("metric_manifests", joint_cells),
+        evaluations=of_cells("evaluation_manifests", joint_cells),
         external=external_manifests_of_joint,
         adaptive=adaptive_trace_of_joint,
     output:
@@ -315,17 +318,17 @@ rule joint_comparison:
         "../envs/trainmap.yaml"
     threads: 2
     resources:
-        mem_mb=planned("joint_comparison", "mem_mb"),
-        runtime=planned("joint_comparison", "runtime"),
+        mem_mb=planned("joint_comparison", "mem_mb", grid_cells_of_joint),
+        runtime=planned("joint_comparison", "runtime", grid_cells_of_joint),
     params:
         adaptive=is_adaptive_joint,
         settings=settings_of_joint,
-        groups=groups_of_joint,
-        cells=cells_of_joint,
+        groups=of_cells("labels", joint_cells),
+        cells=of_cells("cells", joint_cells),
         # each cell's parent MLflow run gets its occupancy of the shared states
-        cell_hashes=cell_hashes_of_joint,
-        metrics=metric_tables_of_joint,
-        evaluations=evaluation_files_of_joint,
+        cell_hashes=of_cells("cell_hashes", joint_cells),
+        metrics=of_cells("metric_tables", joint_cells),
+        evaluations=of_cells("evaluation_files", joint_cells),
         # runs of external sets pooled beside the cells (external.smk)
         external=external_runs_of_joint,
     script:

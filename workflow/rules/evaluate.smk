@@ -21,7 +21,7 @@ rule evaluate:
 
 rule summary:
     input:
-        manifests=manifests("evaluate", of_grid(GRID_BLOCKS)),
+        manifests=BLOCKS["evaluate"].grid_manifests(),
     output:
         table=report(
             f"{RESULTS}/summary/evaluation.csv",
@@ -57,8 +57,8 @@ rule summary:
         mem_mb=2000,
         runtime=10,
     params:
-        evaluations=cell_paths("evaluate", CELLS, "evaluation.json"),
-        histories=run_paths_of_cells(CELLS, "history.csv"),
+        evaluations=BLOCKS["evaluate"].cell_files(CELLS, "evaluation.json"),
+        histories=BLOCKS.run_files(CELLS, "history.csv"),
     script:
         "../scripts/summary.py"
 

@@ -22,11 +22,9 @@ rule external_metrics:
         mem_mb=4000,
         runtime=60,
     params:
-        runs=lambda wildcards: EXTERNAL_RUNS[wildcards.external],
-        spec=lambda wildcards: EXTERNAL_SETS[wildcards.external],
-        arch=lambda wildcards: grid.external_arch(
-            config, EXTERNAL_SETS[wildcards.external], workflow.basedir
-        ),
+        runs=runs_of_external,
+        spec=spec_of_external,
+        arch=arch_of_external,
         convention=grid.analysis_settings(config).get("metrics", "paper"),
     script:
         "../scripts/external_metrics.py"
@@ -56,10 +54,8 @@ rule external_map:
         runtime=60,
     params:
         settings=grid.analysis_settings(config),
-        run_ids=lambda wildcards: list(EXTERNAL_RUNS[wildcards.external]),
-        metrics=lambda wildcards: external_run_files(wildcards.external, "metrics.csv"),
-        evaluations=lambda wildcards: external_run_files(
-            wildcards.external, "evaluation.json"
-        ),
+        run_ids=run_ids_of_external,
+        metrics=metric_tables_of_external,
+        evaluations=evaluation_files_of_external,
     script:
         "../scripts/external_map.py"

@@ -34,4 +34,4 @@ rule gradinit:
 
 rule all_gradinit:
     input:
-        manifests("gradinit", of_grid(GRADINIT_BLOCKS)),
+        BLOCKS["gradinit"].grid_manifests(),

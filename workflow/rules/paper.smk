@@ -5,8 +5,8 @@
 
 rule paper_map:
     input:
-        metrics=metrics_of_setting,
-        evaluations=evaluations_of_setting,
+        metrics=of_cells("metric_manifests", setting_cells),
+        evaluations=of_cells("evaluation_manifests", setting_cells),
     output:
         detours=f"{RESULTS}/paper/{{setting}}/{{analysis}}/detours.json",
         bootstrap=f"{RESULTS}/paper/{{setting}}/{{analysis}}/bootstrap.json",
@@ -23,7 +23,7 @@ rule paper_map:
     log:
         "logs/paper_map/{setting}/{analysis}.log",
     wildcard_constraints:
-        setting=names_regex(PAPER_GROUPS),
+        setting=grid.names_regex(PAPER_GROUPS),
         analysis="|".join(PAPER_ANALYSES),
     conda:
         "../envs/trainmap.yaml"
@@ -33,9 +33,9 @@ rule paper_map:
         runtime=60,
     params:
         settings=grid.analysis_settings(config),
-        cells=cells_of_setting,
-        metrics=metric_tables_of_setting,
-        evaluations=evaluation_files_of_setting,
+        cells=of_cells("cells", setting_cells),
+        metrics=of_cells("metric_tables", setting_cells),
+        evaluations=of_cells("evaluation_files", setting_cells),
     script:
         "../scripts/paper_map.py"
 

@@ -1,3 +1,6 @@
+QUANT_SCHEMES = list(config.get("quantize", {}).get("schemes", []))
+
+
 rule quantize:
     input:
         dataset=DATASET,

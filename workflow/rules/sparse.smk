@@ -34,7 +34,7 @@ rule sparse_retrain:
 
 rule flip_rates:
     input:
-        manifests=retrained_sparse_manifests(),
+        manifests=BLOCKS["sparse_retrain"].manifests_of_cells(retrained_sparse_cells()),
     output:
         table=f"{RESULTS}/summary/flip_rates.csv",
         plot=report(
@@ -52,8 +52,8 @@ rule flip_rates:
         mem_mb=2000,
         runtime=10,
     params:
-        cells=retrained_sparse_cells(),
-        flips=flips_of_grid(),
+        cells=cell_dicts(retrained_sparse_cells()),
+        flips=BLOCKS["sparse_retrain"].cell_files(retrained_sparse_cells(), "flips.csv"),
     script:
         "../scripts/flip_rates.py"
 

@@ -1,6 +1,6 @@
 rule train:
     input:
-        unpack(train_inputs),
+        unpack(dataset_and_init_of_block),
         plugins=PLUGIN_FILES,
     output:
         manifest=f"{RESULTS}/train/{BLOCK}.json",
@@ -26,4 +26,4 @@ rule train:
 
 rule all_train:
     input:
-        manifests("train", of_grid(TRAIN_BLOCKS)),
+        BLOCKS["train"].grid_manifests(),

@@ -1,11 +1,20 @@
 """The study's grid: its configuration read strictly (:mod:`.files`), validated (:mod:`.validate`:
 the JSON schema, then what a schema cannot express) and expanded into cells and seed ranges
-(:mod:`.cells`); what the jobs read and the params.yaml edits a DVC run must honour
-(:mod:`.effective`). Errors: :class:`ConfigError` (:mod:`.errors`). ``python -m trainmap.grid FILE``
-checks a config file as the workflow will."""
+(:mod:`.cells`) and into the seed ranges each of the workflow's block rules runs (:mod:`.blocks`);
+what the jobs read and the params.yaml edits a DVC run must honour (:mod:`.effective`). Errors:
+:class:`ConfigError` (:mod:`.errors`). ``python -m trainmap.grid FILE`` checks a config file as the
+workflow will."""
 
 from __future__ import annotations
 
+from trainmap.grid.blocks import (
+    BLOCK_RULES,
+    BlockRule,
+    RuleBlocks,
+    StudyBlocks,
+    run_rule_of,
+    study_blocks,
+)
 from trainmap.grid.cells import (
     MIN_RUNS_PER_GROUP,
     AdaptiveJoint,
@@ -33,6 +42,7 @@ from trainmap.grid.cells import (
     methods_with_stage,
     methods_without_stage,
     model_settings,
+    names_regex,
     paper_groups,
     quantized_schemes,
     retrains,
@@ -93,6 +103,8 @@ from trainmap.grid.validate import (
 
 __all__ = [
     "AdaptiveJoint",
+    "BLOCK_RULES",
+    "BlockRule",
     "Cell",
     "ConfigError",
     "DATABASE_DRIVERS",
@@ -141,6 +153,7 @@ __all__ = [
     "methods_with_stage",
     "methods_without_stage",
     "model_settings",
+    "names_regex",
     "is_own_study",
     "own_study",
     "study_files",
@@ -152,11 +165,15 @@ __all__ = [
     "retrains",
     "results_root",
     "round_ranges",
+    "RuleBlocks",
+    "run_rule_of",
     "run_checkpoints",
     "save_effective_settings",
     "seed_block",
     "seed_ranges_of",
     "stage_settings",
+    "StudyBlocks",
+    "study_blocks",
     "teacher_cell",
     "tracking_uri_problem",
     "user_layers",

@@ -250,6 +250,12 @@ def methods_without_stage(stage: str) -> str:
     return "|".join(name for name, spec in methods.METHODS.items() if not spec.has_stage(stage))
 
 
+def names_regex(names: Iterable[str]) -> str:
+    """A regex matching exactly ``names`` (for wildcard constraints), and nothing when there are
+    none."""
+    return "|".join(names) or "(?!x)x"
+
+
 def teacher_cell(cell: Cell) -> Cell:
     """The dense cell whose trained model a sparse cell starts from (same task, arch and seed)."""
     return Cell(cell.task, cell.arch, methods.DENSE_BASE_METHOD, cell.seed)
@@ -361,6 +367,20 @@ class AdaptiveJoint:
     def seeds_per_method(self, round_: int) -> int:
         """Seeds per method the comparison pools at round ``round_``."""
         return self.base_n + round_ * self.step
+
+    def round_params(self, round_: int) -> dict[str, int | str]:
+        """What round ``round_`` needs to decide whether to stop (rule ``joint_round``): the round,
+        the most rounds, the step, the task, the maximum, its seeds per method and the first
+        added seed."""
+        return {
+            "round": round_,
+            "rounds": self.rounds,
+            "step": self.step,
+            "task": self.task,
+            "max": self.max,
+            "seeds_per_method": self.seeds_per_method(round_),
+            "first_seed": self.first_seed,
+        }
 
     def added_cells(self, round_: int) -> list[Cell]:
         """The cells round ``round_`` (>= 1) adds, in (arch, method, seed) order."""

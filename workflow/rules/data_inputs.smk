@@ -1,0 +1,19 @@
+# The data rules' params and input functions (rules in data.smk).
+
+TASKS = grid.grid_tasks(config)
+
+
+@input_function
+def data_settings_of_task(wildcards):
+    return grid.data_settings(config, wildcards.task)
+
+
+def data_files_of_task(wildcards):
+    """The user's file of an ``arrays`` task: an input, so editing it remakes the data and all
+    that follows."""
+    settings = grid.data_settings(config, wildcards.task)
+    return [settings["path"]] if settings["kind"] == "arrays" else []
+
+
+def datasets_of_grid():
+    return [DATASET.format(task=task) for task in TASKS]
