@@ -82,7 +82,7 @@ def cluster_tracking_problem(uri: str) -> str | None:
     """
     from urllib.parse import urlsplit
 
-    fix = ("run `make mlflow-server HOST=0.0.0.0` (README: MLflow on a cluster) on the login "
+    fix = ("run `make mlflow-server HOST=0.0.0.0` (docs/running.md: MLflow on a cluster) on the login "
            "node and set mlflow.tracking_uri: http://<login node>:5000")  # fmt: skip
     if uri.startswith("sqlite:"):
         return (f"config key mlflow.tracking_uri: {uri!r} is an SQLite file, which jobs on "

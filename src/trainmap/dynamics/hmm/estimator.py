@@ -17,7 +17,7 @@ runs (Hu et al., sec. 2.1, appendices A and C), fitted and saved reproducibly.
    and the selection figure).
 3. The emission model is the setting ``emission`` (:data:`~trainmap.dynamics.hmm.factory.
    EMISSIONS`): ``plain`` (default), the paper's Gaussian HMM, or per-run terms of the emissions
-   (:mod:`~trainmap.dynamics.hmm.run_terms`, README "Run-to-run nuisance").
+   (:mod:`~trainmap.dynamics.hmm.run_terms`, docs/training-maps.md, "Run-to-run nuisance").
 4. Decode runs with Viterbi; filtered posteriors p(s_t | z_1:t) come from the forward algorithm
    (:meth:`TrainingHMM.filtered_posteriors`), as appendix A's feature importance needs. With run
    terms, every run is decoded and evaluated on its residuals (:meth:`TrainingHMM.residuals`).

@@ -7,7 +7,7 @@ It is the analysis setting ``emission`` (``params.yaml`` ``analysis.emission``):
 and ``run_offset_drift`` (this model without and with drift) and ``run_affine`` (with drift and
 scale, eq. 3), made by :func:`~trainmap.dynamics.hmm.factory.make_model` and fitted, scored and
 selected by :func:`~trainmap.dynamics.hmm.selection.select_model` as the plain model is, in the
-full fit and in every bootstrap and stability refit. Measured by bench/run_offsets.py (README,
+full fit and in every bootstrap and stability refit. Measured by bench/run_offsets.py (docs/training-maps.md,
 "Run-to-run nuisance"); design record: docs/decisions/run-terms.md.
 
 Model
