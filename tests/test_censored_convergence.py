@@ -10,19 +10,19 @@ import pytest
 from scipy import stats
 from statsmodels.duration.survfunc import SurvfuncRight
 
-from trainmap.dynamics.certainty import (
-    NO_EVIDENCE,
-    NOT_ENOUGH_RUNS,
-    censoring_steps,
-    compare_methods,
-    verdict_markdown,
-)
 from trainmap.dynamics.stability import StabilityCurve, StabilityPoint, StabilityTargets
 from trainmap.dynamics.survival import (
     kaplan_meier,
     logrank_permutation_p,
     logrank_statistic,
     restricted_mean,
+)
+from trainmap.dynamics.verdicts import (
+    NO_EVIDENCE,
+    NOT_ENOUGH_RUNS,
+    censoring_steps,
+    compare_methods,
+    verdict_markdown,
 )
 
 

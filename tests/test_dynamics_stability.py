@@ -297,7 +297,7 @@ def test_each_verdict_of_a_joint_comparison_is_tested_again_on_the_subsamples(de
 
 
 def test_a_comparison_with_too_few_runs_for_any_verdict_is_not_stable(weak):
-    from trainmap.dynamics.certainty import compare_methods, run_quantities
+    from trainmap.dynamics.verdicts import compare_methods, run_quantities
 
     hmm, runs, convergence, status = weak
     few = {run: runs[run] for run in sorted(runs)[:6]}

@@ -10,7 +10,6 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from trainmap.dynamics.certainty import NO_EVIDENCE, NOT_ENOUGH_RUNS, verdict_markdown
 from trainmap.dynamics.labels import (
     label_verdicts,
     supported_detours,
@@ -24,6 +23,7 @@ from trainmap.dynamics.stability import (
     StabilityTargets,
     verdict_key,
 )
+from trainmap.dynamics.verdicts import NO_EVIDENCE, NOT_ENOUGH_RUNS, verdict_markdown
 from trainmap.jobs.analysis import verdict_tags
 
 ROW = {"first": "kaiming", "second": "gradinit", "quantity": "time in detour states",

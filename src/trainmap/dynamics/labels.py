@@ -1,7 +1,7 @@
 """One verdict, everywhere: the label each verdict of a joint comparison carries in
 ``verdicts.md``, ``verdicts.csv``, ``verdicts.png`` and MLflow, made once from all its evidence.
 
-A verdict (:func:`trainmap.dynamics.certainty.compare_methods`: one quantity, one pair of methods)
+A verdict (:func:`trainmap.dynamics.verdicts.compare_methods`: one quantity, one pair of methods)
 is a **finding** only when both hold:
 
 1. the difference is significant after Holm's correction (permutation test; log-rank test for the
@@ -32,11 +32,11 @@ from typing import Any
 import pandas as pd
 from markdown_it import MarkdownIt
 
-from trainmap.dynamics.certainty import NO_EVIDENCE, NOT_ENOUGH_RUNS
 from trainmap.dynamics.stability import MapStability, verdict_key
+from trainmap.dynamics.verdicts import NO_EVIDENCE, NOT_ENOUGH_RUNS
 from trainmap.io import write_atomic
 
-#: The quantity of :func:`trainmap.dynamics.certainty.run_quantities` that reads the detours.
+#: The quantity of :func:`trainmap.dynamics.verdicts.run_quantities` that reads the detours.
 TIME_IN_DETOURS = "time in detour states"
 #: The label's ending for a significant verdict that is not a finding (and a stand-alone word).
 NOT_REPRODUCIBLE = "not reproducible"

@@ -22,7 +22,7 @@ every K, as the bootstrap refits) and records
 * in a joint comparison, whether each *verdict* of the full map holds again (same direction, still
   significant after Holm): the subsample's drawn runs, decoded by its own model, give each run's
   occupancy of every state matched to a full state, its time in the subsample's own detour states
-  and its convergence step, and :func:`~trainmap.dynamics.certainty.compare_methods` tests them
+  and its convergence step, and :func:`~trainmap.dynamics.verdicts.compare_methods` tests them
   between the methods as the full comparison does. A verdict about a state the subsample's model
   does not have (no state matched to it) does not hold again. Only verdicts that found a
   difference are followed: "no evidence" at n runs says nothing about fewer. A comparison whose
@@ -69,19 +69,21 @@ import numpy as np
 import pandas as pd
 
 from trainmap.dynamics.certainty import (
-    NO_EVIDENCE,
-    NOT_ENOUGH_RUNS,
     RefitResult,
-    censoring_steps,
-    compare_methods,
     refit_detours,
     refit_payload,
     refit_resample,
-    run_quantities,
     run_refits,
 )
 from trainmap.dynamics.hmm.estimator import TrainingHMM
 from trainmap.dynamics.hmm.splits import SelectionFailed
+from trainmap.dynamics.verdicts import (
+    NO_EVIDENCE,
+    NOT_ENOUGH_RUNS,
+    censoring_steps,
+    compare_methods,
+    run_quantities,
+)
 
 DEFAULT_STEP = 8
 DEFAULT_MAX_FRACTION = 0.8
@@ -467,7 +469,7 @@ def stability_curve(
     :func:`default_ladder` of the smallest group); ``max_iter`` caps each warm-started refit's EM
     iterations (default the fit's ``n_iter``), ``warm_start=False`` refits with the full fit's
     restarts (:class:`~trainmap.dynamics.certainty.Refit`). ``verdicts``: the joint comparison's
-    verdict table (:func:`~trainmap.dynamics.certainty.compare_methods`, run with
+    verdict table (:func:`~trainmap.dynamics.verdicts.compare_methods`, run with
     ``permutations``, ``confidence``, ``alpha``); its verdicts that found a difference are tested
     again on every subsample (module docstring). Raises ValueError for a ladder entry
     that is not an integer >= 2, exceeds the runs available per method or the ladder limit.
