@@ -27,14 +27,8 @@ import pytest
 from trainmap.dynamics.hmm.estimator import TrainingHMM
 from trainmap.dynamics.metrics import METRIC_NAMES
 from trainmap.dynamics.regression import regress_detours, state_distribution
-from trainmap.dynamics.stability import (
-    StabilityCurve,
-    StabilityTargets,
-    default_ladder,
-    draw_subsample,
-    ladder_limit,
-    stability_curve,
-)
+from trainmap.dynamics.stability import default_ladder, draw_subsample, stability_curve
+from trainmap.dynamics.stability_results import StabilityCurve, StabilityTargets, ladder_limit
 from trainmap.dynamics.synthetic import left_to_right_hmm, sample_runs
 
 LADDER = [8, 16, 24, 32]

@@ -16,7 +16,7 @@ from trainmap.dynamics.labels import (
     verdict_label,
     write_verdicts,
 )
-from trainmap.dynamics.stability import (
+from trainmap.dynamics.stability_results import (
     MapStability,
     StabilityCurve,
     StabilityPoint,

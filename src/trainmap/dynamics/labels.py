@@ -8,7 +8,7 @@ is a **finding** only when both hold:
    convergence step), and
 2. it holds again on subsamples of the seeds at the stability target: from some n of the
    stability curve's ladder on, in a share >= the target of the subsamples, in the same direction
-   and significant (:meth:`trainmap.dynamics.stability.StabilityCurve.verdict_sufficient_n`).
+   and significant (:meth:`trainmap.dynamics.stability_results.StabilityCurve.verdict_sufficient_n`).
 
 Everything else is said as what it is: "significant at n = 40 vs 40 runs, holds again in 0 % of
 subsamples of 32 seeds per method: not reproducible"; "not tested on subsamples (stability 0)";
@@ -32,7 +32,7 @@ from typing import Any
 import pandas as pd
 from markdown_it import MarkdownIt
 
-from trainmap.dynamics.stability import MapStability, verdict_key
+from trainmap.dynamics.stability_results import MapStability, verdict_key
 from trainmap.dynamics.verdicts import NO_EVIDENCE, NOT_ENOUGH_RUNS
 from trainmap.io import write_atomic
 
@@ -53,7 +53,7 @@ def verdict_label(
     ``n_first``, ``n_second``); ``stability``: the comparison's stability (its curve follows the
     verdicts that found a difference); ``explained_detours``: detour states that are no detours
     once the group indicators enter the regression; ``evidence``: the curve's
-    :meth:`~trainmap.dynamics.stability.StabilityCurve.verdict_evidence` when already at hand."""
+    :meth:`~trainmap.dynamics.stability_results.StabilityCurve.verdict_evidence` when already at hand."""
     verdict = str(row["verdict"])
     if verdict in (NOT_ENOUGH_RUNS, NO_EVIDENCE):
         return verdict, False

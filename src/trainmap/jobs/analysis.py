@@ -33,7 +33,7 @@ from trainmap.dynamics.pipeline import (
     map_group,
     regress_group,
 )
-from trainmap.dynamics.stability import MapStability
+from trainmap.dynamics.stability_results import MapStability
 from trainmap.dynamics.tables import read_metric_table
 from trainmap.dynamics.verdicts import verdict_text
 from trainmap.grid import Cell
