@@ -1,4 +1,4 @@
-"""Quantisation (trainmap.methods.quantize): error bounds, AWQ, packed N:M + 4-bit storage, table 1."""
+"""Quantisation (trainmap.methods.quantize, .packing): error bounds, AWQ, packed N:M + 4-bit storage, table 1."""
 
 from __future__ import annotations
 
@@ -8,19 +8,21 @@ import pytest
 import torch
 from torch import nn
 
-from trainmap.methods.quantize import (
+from trainmap.methods.packing import (
     compression_ratio,
-    dequantize_rows,
     index_bits,
     load_packed,
     pack_nm,
     patterns,
+    save_packed,
+    unpack_nm,
+)
+from trainmap.methods.quantize import (
+    dequantize_rows,
     quantize_model,
     quantize_rows,
     quantized_layers,
-    save_packed,
     save_quantized,
-    unpack_nm,
 )
 from trainmap.methods.sparse import nm_mask, save_sparse, sparsify
 from trainmap.training.checkpoints import load_model
