@@ -24,7 +24,7 @@ from trainmap.methods.quantize import (
     quantized_layers,
     save_quantized,
 )
-from trainmap.methods.sparse import nm_mask, save_sparse, sparsify
+from trainmap.methods.sparse_layers import nm_mask, save_sparse, sparsify
 from trainmap.training.checkpoints import load_model
 
 TABLE_1 = {1: 7.81, 2: 8.33, 4: 8.66, 8: 8.93, 16: 9.10, 32: 9.22}  # %, Huffman
