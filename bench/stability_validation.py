@@ -6,7 +6,7 @@ seeds enough", i.e. would a map of n *fresh* seeds agree. On runs from a known H
 question can be answered directly: draw fresh sets of n runs from the true model (new sampler
 seeds, none of them among the N), fit a :class:`~trainmap.dynamics.hmm.estimator.TrainingHMM` on each with
 the same settings, and measure the same criterion (ARI >= 0.9 of the decodings in >= 90 % of the
-draws; :class:`~trainmap.dynamics.stability.StabilityTargets`) against a reference:
+draws; :class:`~trainmap.dynamics.stability_results.StabilityTargets`) against a reference:
 
 * ``MC vs full``: the full N-run map's decoding of the N runs, the curve's own reference. Fresh
   maps share no run with the full fit, so the difference to the subsample curve at the same n is
@@ -54,13 +54,13 @@ from sklearn.metrics import adjusted_rand_score
 
 from trainmap.dynamics.hmm.estimator import TrainingHMM
 from trainmap.dynamics.metrics import METRIC_NAMES
-from trainmap.dynamics.stability import (
+from trainmap.dynamics.stability import stability_curve
+from trainmap.dynamics.stability_results import (
     DEFAULT_MAX_FRACTION,
     StabilityCurve,
     StabilityPoint,
     StabilityTargets,
     ladder_limit,
-    stability_curve,
 )
 from trainmap.dynamics.synthetic import KnownHMM, sample_runs
 

@@ -12,7 +12,7 @@ import yaml
 from conftest import copy_workflow, snakemake
 
 from trainmap.dynamics.adaptive import adaptive_trace, round_decision
-from trainmap.dynamics.stability import MapStability, StabilityCurve
+from trainmap.dynamics.stability_results import MapStability, StabilityCurve
 from trainmap.grid import (
     Cell,
     ConfigError,

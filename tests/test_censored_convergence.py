@@ -10,19 +10,19 @@ import pytest
 from scipy import stats
 from statsmodels.duration.survfunc import SurvfuncRight
 
-from trainmap.dynamics.certainty import (
-    NO_EVIDENCE,
-    NOT_ENOUGH_RUNS,
-    censoring_steps,
-    compare_methods,
-    verdict_markdown,
-)
-from trainmap.dynamics.stability import StabilityCurve, StabilityPoint, StabilityTargets
+from trainmap.dynamics.stability_results import StabilityCurve, StabilityPoint, StabilityTargets
 from trainmap.dynamics.survival import (
     kaplan_meier,
     logrank_permutation_p,
     logrank_statistic,
     restricted_mean,
+)
+from trainmap.dynamics.verdicts import (
+    NO_EVIDENCE,
+    NOT_ENOUGH_RUNS,
+    censoring_steps,
+    compare_methods,
+    verdict_markdown,
 )
 
 
@@ -155,7 +155,7 @@ def test_a_one_state_map_is_not_called_stable():
 def test_paper_and_adaptive_do_not_call_a_one_state_map_stable():
     from trainmap.dynamics.adaptive import round_decision
     from trainmap.dynamics.paper import _stable_from
-    from trainmap.dynamics.stability import MapStability
+    from trainmap.dynamics.stability_results import MapStability
 
     summary = {"measured": True} | one_state_curve([]).to_dict()
     row = {"stability_measured": True, "stable_from": summary["sufficient_n"],

@@ -8,19 +8,18 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from trainmap.dynamics.certainty import (
+from trainmap.dynamics.certainty import bootstrap_map, match_by_means
+from trainmap.dynamics.hmm.estimator import TrainingHMM
+from trainmap.dynamics.regression import holm
+from trainmap.dynamics.synthetic import sample_runs
+from trainmap.dynamics.verdicts import (
     NO_EVIDENCE,
     NOT_ENOUGH_RUNS,
-    bootstrap_map,
     compare_methods,
-    match_by_means,
     run_quantities,
     smallest_p,
     verdict_markdown,
 )
-from trainmap.dynamics.hmm.estimator import TrainingHMM
-from trainmap.dynamics.regression import holm
-from trainmap.dynamics.synthetic import sample_runs
 
 
 @pytest.fixture(scope="module")

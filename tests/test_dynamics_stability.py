@@ -27,14 +27,8 @@ import pytest
 from trainmap.dynamics.hmm.estimator import TrainingHMM
 from trainmap.dynamics.metrics import METRIC_NAMES
 from trainmap.dynamics.regression import regress_detours, state_distribution
-from trainmap.dynamics.stability import (
-    StabilityCurve,
-    StabilityTargets,
-    default_ladder,
-    draw_subsample,
-    ladder_limit,
-    stability_curve,
-)
+from trainmap.dynamics.stability import default_ladder, draw_subsample, stability_curve
+from trainmap.dynamics.stability_results import StabilityCurve, StabilityTargets, ladder_limit
 from trainmap.dynamics.synthetic import left_to_right_hmm, sample_runs
 
 LADDER = [8, 16, 24, 32]
@@ -297,7 +291,7 @@ def test_each_verdict_of_a_joint_comparison_is_tested_again_on_the_subsamples(de
 
 
 def test_a_comparison_with_too_few_runs_for_any_verdict_is_not_stable(weak):
-    from trainmap.dynamics.certainty import compare_methods, run_quantities
+    from trainmap.dynamics.verdicts import compare_methods, run_quantities
 
     hmm, runs, convergence, status = weak
     few = {run: runs[run] for run in sorted(runs)[:6]}

@@ -79,7 +79,7 @@ def test_the_stability_legend_sits_beside_the_data_and_the_verdicts_differ_in_st
     tmp_path, monkeypatch
 ) -> None:
     from trainmap.dynamics.plots import plot_stability
-    from trainmap.dynamics.stability import (
+    from trainmap.dynamics.stability_results import (
         MapStability,
         StabilityCurve,
         StabilityPoint,

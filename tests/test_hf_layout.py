@@ -17,9 +17,9 @@ from trainmap.dynamics.__main__ import find_runs
 from trainmap.dynamics.external import (
     ExternalRunError,
     external_run_metrics,
-    is_hf_run,
     read_external_run,
 )
+from trainmap.dynamics.external_layouts import is_hf_run
 
 STEPS = (10, 20, 30)
 

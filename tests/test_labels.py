@@ -10,20 +10,20 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from trainmap.dynamics.certainty import NO_EVIDENCE, NOT_ENOUGH_RUNS, verdict_markdown
 from trainmap.dynamics.labels import (
     label_verdicts,
     supported_detours,
     verdict_label,
     write_verdicts,
 )
-from trainmap.dynamics.stability import (
+from trainmap.dynamics.stability_results import (
     MapStability,
     StabilityCurve,
     StabilityPoint,
     StabilityTargets,
     verdict_key,
 )
+from trainmap.dynamics.verdicts import NO_EVIDENCE, NOT_ENOUGH_RUNS, verdict_markdown
 from trainmap.jobs.analysis import verdict_tags
 
 ROW = {"first": "kaiming", "second": "gradinit", "quantity": "time in detour states",

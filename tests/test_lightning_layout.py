@@ -24,11 +24,11 @@ from trainmap.dynamics.__main__ import GroupingError, find_runs, main, run_group
 from trainmap.dynamics.external import (
     ExternalRunError,
     external_run_metrics,
-    is_lightning_run,
     read_external_run,
     run_files,
     run_hyperparameters,
 )
+from trainmap.dynamics.external_layouts import is_lightning_run
 from trainmap.recorder.lightning import MetricCallback
 
 STEPS, EVERY = 24, 8

@@ -1,4 +1,4 @@
-"""Quantisation (trainmap.methods.quantize): error bounds, AWQ, packed N:M + 4-bit storage, table 1."""
+"""Quantisation (trainmap.methods.quantize, .packing): error bounds, AWQ, packed N:M + 4-bit storage, table 1."""
 
 from __future__ import annotations
 
@@ -8,21 +8,23 @@ import pytest
 import torch
 from torch import nn
 
-from trainmap.methods.quantize import (
+from trainmap.methods.packing import (
     compression_ratio,
-    dequantize_rows,
     index_bits,
     load_packed,
     pack_nm,
     patterns,
+    save_packed,
+    unpack_nm,
+)
+from trainmap.methods.quantize import (
+    dequantize_rows,
     quantize_model,
     quantize_rows,
     quantized_layers,
-    save_packed,
     save_quantized,
-    unpack_nm,
 )
-from trainmap.methods.sparse import nm_mask, save_sparse, sparsify
+from trainmap.methods.sparse_layers import nm_mask, save_sparse, sparsify
 from trainmap.training.checkpoints import load_model
 
 TABLE_1 = {1: 7.81, 2: 8.33, 4: 8.66, 8: 8.93, 16: 9.10, 32: 9.22}  # %, Huffman

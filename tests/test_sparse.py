@@ -12,17 +12,19 @@ from trainmap.methods import METHODS
 from trainmap.methods.nm import from_nm_groups, nm_groups
 from trainmap.methods.sparse import (
     SparseHooks,
-    SparseLinear,
-    check_nm,
     check_settings,
     distillation_loss,
-    nm_mask,
-    nm_mask_from_scores,
     run_sparse_block,
     run_sparse_method,
+    srste_lambda,
+)
+from trainmap.methods.sparse_layers import (
+    SparseLinear,
+    check_nm,
+    nm_mask,
+    nm_mask_from_scores,
     sparse_layers,
     sparsify,
-    srste_lambda,
     wanda_scores,
 )
 from trainmap.training.archive import read_archive
@@ -351,7 +353,7 @@ def test_sparse_checkpoint_round_trip(teacher, parity, tmp_path):
 def test_conv_sparse_checkpoint_keeps_its_group_layout(tmp_path, layout):
     """A sparse CNN saved and rebuilt keeps its conv group layout; a checkpoint written before the
     layout was recorded is read as the flattened layout it was made with."""
-    from trainmap.methods.sparse import model_from_sparse, save_sparse
+    from trainmap.methods.sparse_layers import model_from_sparse, save_sparse
 
     meta = {"input_kind": "image", "input_shape": [1, 8, 8], "num_classes": 10}
     options = {"widths": [8, 16], "convs_per_stage": [2, 2]}

@@ -32,13 +32,8 @@ from sklearn.metrics import adjusted_rand_score
 
 from trainmap.dynamics.hmm.estimator import TrainingHMM
 from trainmap.dynamics.metrics import METRIC_NAMES
-from trainmap.dynamics.stability import (
-    StabilityCurve,
-    StabilityPoint,
-    StabilityTargets,
-    default_ladder,
-    stability_curve,
-)
+from trainmap.dynamics.stability import default_ladder, stability_curve
+from trainmap.dynamics.stability_results import StabilityCurve, StabilityPoint, StabilityTargets
 from trainmap.dynamics.synthetic import sample_runs
 
 FEATURES = list(METRIC_NAMES[:6])

@@ -20,10 +20,10 @@ from transformers import Trainer, TrainingArguments
 from trainmap.dynamics.__main__ import find_runs, main
 from trainmap.dynamics.external import (
     external_run_metrics,
-    is_hf_run,
     read_external_run,
     run_hyperparameters,
 )
+from trainmap.dynamics.external_layouts import is_hf_run
 from trainmap.recorder.huggingface import MetricCallback
 
 STEPS, EVERY = 12, 4

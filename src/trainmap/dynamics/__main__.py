@@ -25,15 +25,17 @@ from tqdm import tqdm
 
 from trainmap.dynamics.columns import CONVENTIONS, METRIC_NAMES
 from trainmap.dynamics.external import (
-    CHECKPOINT_SUFFIXES,
-    EVALUATION_FILE,
-    HF_ACCURACY_KEY,
     HYPERPARAMETER_FILES,
-    LIGHTNING_ACCURACY_KEY,
     ExternalRunError,
     external_run_metrics,
     read_external_run,
     run_hyperparameters,
+)
+from trainmap.dynamics.external_layouts import (
+    CHECKPOINT_SUFFIXES,
+    EVALUATION_FILE,
+    HF_ACCURACY_KEY,
+    LIGHTNING_ACCURACY_KEY,
     run_layouts,
 )
 from trainmap.dynamics.hmm.estimator import STANDARDISATIONS

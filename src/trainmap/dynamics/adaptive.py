@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from trainmap.dynamics.labels import write_verdicts
-from trainmap.dynamics.stability import MapStability
+from trainmap.dynamics.stability_results import MapStability
 from trainmap.io import load_json, save_json, write_atomic
 
 STABLE = "stable"

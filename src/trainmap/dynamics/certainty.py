@@ -1,4 +1,4 @@
-"""How sure a training map is: the bootstrap over runs, and permutation tests between methods.
+"""How sure a training map is: the bootstrap over runs, and the refits the stability curve reuses.
 
 None of the anchor papers states its uncertainty. A training map rests on a sample of seeds, so
 trainmap asks what another draw of seeds would have said:
@@ -15,10 +15,8 @@ it then decodes the drawn runs and reruns the detour regression. Each refit star
 fit's model at that K (its parameters re-expressed in the resample's standard units) with one EM
 run instead of R fresh restarts: the full fit already found the basin, and a resample's optimum
 lies close to it. The refit runs at most ``max_iter`` EM iterations (a k-step bootstrap, Andrews
-2002): on the paper's sparse-parity setting (40 runs x 321 checkpoints) refits to convergence took
-3-63 iterations (1.3 CPU s per resample); capped at 10 the distribution of K over 40 resamples was
-the same within resampling noise ({1: 2, 3: 3, 4: 9, 5: 3, 6: 16, 7: 6, 8: 1} against
-{1: 2, 3: 4, 4: 10, 5: 3, 6: 15, 7: 6}) at half the time. Reported: the distribution of the selected K; per state of the full map how often
+2002; why the cap: docs/decisions/certainty.md). Reported: the distribution of
+the selected K; per state of the full map how often
 a state with nearly the same emission mean is found again (Hungarian matching of emission means,
 accepted when closer than half the distance to the nearest other state of the full map); per
 detour state how often that state is found again *as a detour*; per resample its regression's R^2,
@@ -26,30 +24,8 @@ its number of detours and eq. 1's dissimilarity (both ground metrics), so that t
 can be compared with intervals. Resamples are seeded
 (``SeedSequence([seed, b])``) and run in parallel; the result does not depend on ``n_jobs``.
 
-**Permutation tests between methods** (:func:`compare_methods`; Good 2005, ch. 3). In a joint
-comparison all runs share one map, so each run's state occupancy (fraction of checkpoints in each
-state), its time in detour states and its convergence step are numbers that can be compared
-between two methods without refitting: the effect is the difference of the group means (second
-method minus first), its interval a percentile bootstrap interval (runs resampled within each
-method), its p-value two-sided from random relabellings of the two methods' runs,
-p = (1 + #{|effect*| >= |effect|}) / (1 + P). p-values are Holm-corrected within each method pair.
-A verdict is "not enough runs" when even a perfect separation of the two methods could not reach
-significance: the smallest p-value any relabelling test can give, 1/C(n_A + n_B, n_A) (doubled for
-equal sizes, whose mirror image is as extreme), exceeds Holm's first threshold alpha / m for the m
-tests of the pair, or a method has fewer than 2 runs with the quantity.
-
-**The convergence step is compared as time to an event** (:mod:`trainmap.dynamics.survival`): a
-run that never converged within its budget is right-censored at its last checkpoint step
-(``censored_at``), not dropped, so "never converged" counts as the strongest evidence of slow
-convergence it is. Its effect is the difference of restricted mean survival times of the
-Kaplan-Meier curves (second method minus first, at the steps both curves cover; the difference of
-means when every run converged), with a bootstrap percentile interval; its p-value the log-rank
-test's, from random relabellings of the runs (as above), Holm-corrected with the pair's other
-tests. Diverged runs are left out of it (their
-training failed; ``joint.json`` counts them). It is "not enough runs" when a method has fewer than
-2 runs (converged or censored), when even a perfect separation could not reach Holm's first
-threshold (as above), or when no run of either method converged (every run censored:
-no evidence can be had; the table's ``note`` says so).
+The permutation tests between methods that share one map, and their verdict table, are
+:mod:`trainmap.dynamics.verdicts`.
 """
 
 from __future__ import annotations
@@ -71,19 +47,11 @@ from trainmap.dynamics.hmm.selection import DEFAULT_FOLDS, ModelSelection, selec
 from trainmap.dynamics.hmm.splits import SelectionFailed
 from trainmap.dynamics.regression import (
     GROUND_METRICS,
-    fill_holm,
     regress_detours,
     state_distribution,
     trajectory_dissimilarity,
 )
-from trainmap.dynamics.survival import compare_survival
 from trainmap.io import load_json
-
-NOT_ENOUGH_RUNS = "not enough runs"
-NO_EVIDENCE = "no evidence of a difference"
-CONVERGENCE_STEP = "convergence step"
-NO_RUN_CONVERGED = "no run of either method converged: every run censored, no evidence can be had"
-
 
 # --- bootstrap over runs -----------------------------------------------------------------------
 
@@ -410,241 +378,3 @@ def match_by_means(full_means: np.ndarray, means: np.ndarray) -> dict[int, int]:
     radius = 0.5 * between.min(axis=1)
     return {int(r): int(c) for r, c in zip(rows, columns, strict=True)
             if distances[r, c] < radius[r]}  # fmt: skip
-
-
-# --- permutation tests between methods ---------------------------------------------------------
-
-
-def _permutation_test(
-    values: np.ndarray, in_first: np.ndarray, n_permutations: int, rng: np.random.Generator
-) -> tuple[float, np.ndarray]:
-    """Two-sided p-values of mean(second) - mean(first) for each column of ``values`` [n, q]."""
-    n_first = int(in_first.sum())
-    observed = values[~in_first].mean(axis=0) - values[in_first].mean(axis=0)
-    masks = np.zeros((n_permutations, len(values)), dtype=bool)
-    for row in range(n_permutations):
-        masks[row, rng.permutation(len(values))[:n_first]] = True
-    first = masks.astype(float) @ values / n_first
-    second = (~masks).astype(float) @ values / (len(values) - n_first)
-    extreme = (np.abs(second - first) >= np.abs(observed) - 1e-12).sum(axis=0)
-    return observed, (1 + extreme) / (1 + n_permutations)
-
-
-def _bootstrap_interval(
-    first: np.ndarray, second: np.ndarray, n_resamples: int, confidence: float,
-    rng: np.random.Generator,
-) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
-    """Percentile interval of mean(second) - mean(first), runs resampled within each group."""
-    a = first[rng.integers(0, len(first), (n_resamples, len(first)))].mean(axis=1)
-    b = second[rng.integers(0, len(second), (n_resamples, len(second)))].mean(axis=1)
-    tail = (1 - confidence) / 2
-    return np.quantile(b - a, tail, axis=0), np.quantile(b - a, 1 - tail, axis=0)
-
-
-def smallest_p(n_first: int, n_second: int, n_permutations: int) -> float:
-    """The smallest p-value a two-sided relabelling test of these group sizes can give."""
-    assignments = math.comb(n_first + n_second, n_first)
-    exact = (2 if n_first == n_second else 1) / assignments
-    return max(exact, 1 / (1 + n_permutations))
-
-
-def compare_methods(
-    quantities: pd.DataFrame,
-    groups: Mapping[str, str],
-    n_permutations: int = 2000,
-    confidence: float = 0.95,
-    alpha: float = 0.05,
-    seed: int = 0,
-    censored_at: Mapping[str, float] | None = None,
-) -> pd.DataFrame:
-    """The verdict table: every pair of methods x every quantity (module docstring).
-
-    ``quantities`` has one row per run (index = run ids) and one column per quantity (NaN where a
-    run has none, e.g. the convergence step of a run that never converged); ``groups`` maps runs to
-    methods, in the order the methods should be compared (the first is the reference).
-    ``censored_at``: run -> the step at which a run without a convergence step is right-censored
-    (its last checkpoint step; :func:`censoring_steps`); a run with neither is left out of the
-    convergence comparison. The table's columns: first, second, quantity, effect, low, high, p,
-    p_holm, n_first, n_second (runs compared; censored runs included), verdict, n_censored_first,
-    n_censored_second (runs censored, convergence step only; 0 elsewhere) and note.
-    """
-    order = list(dict.fromkeys(groups[run] for run in groups))
-    rows = []
-    for i, first in enumerate(order):
-        for second in order[i + 1 :]:
-            pair = _compare_pair(quantities, groups, first, second, n_permutations, confidence,
-                                 seed + 1000 * len(rows), censored_at or {})  # fmt: skip
-            fill_holm(pair, key="p")
-            threshold = alpha / max(len(pair), 1)
-            for row in pair:
-                row["verdict"] = _verdict(row, threshold, alpha, n_permutations)
-            rows += pair
-    columns = ["first", "second", "quantity", "effect", "low", "high", "p", "p_holm", "n_first",
-               "n_second", "verdict", "n_censored_first", "n_censored_second", "note"]  # fmt: skip
-    return pd.DataFrame(rows, columns=columns)
-
-
-def _compare_pair(
-    quantities: pd.DataFrame, groups: Mapping[str, str], first: str, second: str,
-    n_permutations: int, confidence: float, seed: int, censored_at: Mapping[str, float],
-) -> list[dict[str, Any]]:  # fmt: skip
-    rng = np.random.default_rng(seed)
-    rows = []
-    tested = quantities.drop(columns=[CONVERGENCE_STEP], errors="ignore")
-    # Columns with the same missing runs are tested together (one matrix product for all).
-    for mask, columns in _columns_by_availability(tested, groups, first, second):
-        subset = tested.loc[mask, columns]
-        in_first = np.array([groups[run] == first for run in subset.index], dtype=bool)
-        n_first, n_second = int(in_first.sum()), int((~in_first).sum())
-        values = subset.to_numpy(dtype=float)
-        if n_first < 2 or n_second < 2:
-            effect = p = low = high = np.full(len(columns), np.nan)
-            if n_first and n_second:
-                effect = values[~in_first].mean(axis=0) - values[in_first].mean(axis=0)
-        else:
-            effect, p = _permutation_test(values, in_first, n_permutations, rng)
-            low, high = _bootstrap_interval(values[in_first], values[~in_first], n_permutations,
-                                            confidence, rng)  # fmt: skip
-        smallest = smallest_p(n_first, n_second, n_permutations)
-        for j, column in enumerate(columns):
-            rows.append({"first": first, "second": second, "quantity": column,
-                         "effect": float(effect[j]), "low": float(low[j]), "high": float(high[j]),
-                         "p": float(p[j]), "p_holm": float("nan"), "n_first": n_first,
-                         "n_second": n_second, "n_censored_first": 0, "n_censored_second": 0,
-                         "note": "", "smallest_p": smallest})  # fmt: skip
-    if CONVERGENCE_STEP in quantities:
-        rows.append(_compare_convergence(quantities[CONVERGENCE_STEP], groups, first, second,
-                                         n_permutations, confidence, rng, censored_at))  # fmt: skip
-    order = list(quantities.columns)
-    return sorted(rows, key=lambda row: order.index(row["quantity"]))
-
-
-def _compare_convergence(
-    steps: pd.Series, groups: Mapping[str, str], first: str, second: str, n_permutations: int,
-    confidence: float, rng: np.random.Generator, censored_at: Mapping[str, float],
-) -> dict[str, Any]:  # fmt: skip
-    """The convergence-step row of a pair: converged runs have their event at their step, runs
-    in ``censored_at`` without a step are censored there (:func:`compare_survival`)."""
-    samples = []
-    for group in (first, second):
-        runs = [run for run in steps.index if groups[run] == group]
-        times, events = [], []
-        for run in runs:
-            if np.isfinite(steps[run]):
-                times.append(float(steps[run]))
-                events.append(True)
-            elif run in censored_at:
-                times.append(float(censored_at[run]))
-                events.append(False)
-        samples.append((np.array(times), np.array(events, dtype=bool)))
-    result = compare_survival(samples[0], samples[1], n_permutations, confidence, rng)
-    return {"first": first, "second": second, "quantity": CONVERGENCE_STEP,
-            "effect": result.effect, "low": result.low, "high": result.high, "p": result.p,
-            "p_holm": float("nan"), "n_first": result.n_first, "n_second": result.n_second,
-            "n_censored_first": result.censored_first,
-            "n_censored_second": result.censored_second,
-            "note": NO_RUN_CONVERGED if result.no_events and result.n_first else "",
-            "smallest_p": smallest_p(result.n_first, result.n_second, n_permutations)}  # fmt: skip
-
-
-def _columns_by_availability(
-    quantities: pd.DataFrame, groups: Mapping[str, str], first: str, second: str
-) -> list[tuple[pd.Series, list[str]]]:
-    in_pair = np.array([groups[run] in (first, second) for run in quantities.index])
-    found: dict[tuple, list[str]] = {}
-    for column in quantities.columns:
-        available = tuple(in_pair & quantities[column].notna().to_numpy())
-        found.setdefault(available, []).append(column)
-    return [(pd.Series(mask, index=quantities.index).to_numpy(), columns)
-            for mask, columns in found.items()]  # fmt: skip
-
-
-def _verdict(row: dict[str, Any], threshold: float, alpha: float, n_permutations: int) -> str:
-    n_first, n_second = row["n_first"], row["n_second"]
-    if n_first < 2 or n_second < 2 or row["smallest_p"] > threshold or not np.isfinite(row["p"]):
-        return NOT_ENOUGH_RUNS
-    if row["p_holm"] < alpha:
-        return f"{row['second']} {'higher' if row['effect'] > 0 else 'lower'}"
-    return NO_EVIDENCE
-
-
-def run_quantities(
-    states: Mapping[str, np.ndarray],
-    n_states: int,
-    convergence: Mapping[str, int | None],
-    status: Mapping[str, str],
-    detour_states: Sequence[int],
-) -> pd.DataFrame:
-    """Per run: occupancy of each state, time in detour states (when there are detours) and the
-    convergence step (NaN for runs that never converged or diverged; :func:`compare_methods`
-    counts the runs that never converged as censored at :func:`censoring_steps`)."""
-    rows = {}
-    for run, sequence in states.items():
-        occupancy = state_distribution(sequence, n_states)
-        row = {f"occupancy of state {k}": occupancy[k] for k in range(n_states)}
-        if detour_states:
-            row["time in detour states"] = float(occupancy[list(detour_states)].sum())
-        step = convergence.get(run)
-        converged = step is not None and status.get(run, "completed") != "diverged"
-        row["convergence step"] = float(step) if converged else np.nan
-        rows[run] = row
-    return pd.DataFrame.from_dict(rows, orient="index")
-
-
-def censoring_steps(
-    runs: Mapping[str, pd.DataFrame],
-    convergence: Mapping[str, int | None],
-    status: Mapping[str, str],
-) -> dict[str, float]:
-    """Run -> the step at which a run that never converged is right-censored: its last checkpoint
-    step (the largest ``step`` of its metric table), the last step known not to have converged.
-    Diverged runs and runs whose table has no ``step`` column are not censored (left out)."""
-    return {run: float(table["step"].max()) for run, table in runs.items()
-            if convergence.get(run) is None and status.get(run, "completed") != "diverged"
-            and "step" in table and len(table)}  # fmt: skip
-
-
-def verdict_text(row: Mapping[str, Any], emphasis: str = "") -> str:
-    """A verdict row's words wherever it is shown (``verdicts.md``, ``verdicts.html``, MLflow's
-    tags): the label where the table has one (:func:`trainmap.dynamics.labels.label_verdicts`),
-    else the verdict; ``finding:`` first for a finding (between ``emphasis`` marks, e.g. ``**``
-    in Markdown); then the row's note in parentheses (e.g. no run converged at all)."""
-    text = str(row.get("label") or row["verdict"])
-    if row.get("finding"):
-        text = f"{emphasis}finding:{emphasis} {text}"
-    note = row.get("note")
-    return f"{text} ({note})" if isinstance(note, str) and note else text
-
-
-def verdict_markdown(verdicts: pd.DataFrame, confidence: float) -> str:
-    """The verdict table as Markdown (one line per method pair and quantity). The runs column
-    counts the runs right-censored in the convergence comparison (never converged within their
-    budget); the verdict column holds the verdict's label where the table has one
-    (:func:`trainmap.dynamics.labels.label_verdicts`: findings marked), then a note (e.g. no run
-    converged at all)."""
-    lines = [f"| pair | quantity | effect | {confidence:.0%} interval | p (Holm) | runs | verdict |",
-             "| --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
-    for row in verdicts.to_dict(orient="records"):
-        low, high = row["low"], row["high"]
-        interval = "" if not np.isfinite(low) else f"[{_number(low)}, {_number(high)}]"
-        p = "" if not np.isfinite(row["p_holm"]) else f"{row['p_holm']:.3g}"
-        runs = f"{row['n_second']} vs {row['n_first']}"
-        censored = (int(row.get("n_censored_second", 0) or 0),
-                    int(row.get("n_censored_first", 0) or 0))  # fmt: skip
-        if row["quantity"] == CONVERGENCE_STEP and any(censored):
-            runs += f" ({censored[0]} vs {censored[1]} censored)"
-        cells = [f"{row['second']} vs {row['first']}", row["quantity"], _number(row["effect"]),
-                 interval, p, runs, verdict_text(row, emphasis="**")]  # fmt: skip
-        lines.append("| " + " | ".join(cells) + " |")
-    text = "\n".join(lines) + "\n"
-    if (verdicts["quantity"] == CONVERGENCE_STEP).any():
-        text += ("\nConvergence step: log-rank test; effect = difference of restricted mean "
-                 "convergence steps (Kaplan-Meier); runs that never converged are censored at "
-                 "their last step, diverged runs left out.\n")  # fmt: skip
-    return text
-
-
-def _number(value: float) -> str:
-    if not np.isfinite(value):
-        return ""
-    return f"{value:+.0f}" if abs(value) >= 100 else f"{value:+.3f}"

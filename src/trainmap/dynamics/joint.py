@@ -12,7 +12,7 @@ states, and the study's question can be read off directly:
 * a regression of convergence step on the state distribution plus group indicators (the first group
   is the reference): a group's coefficient is the shift in convergence step the states alone do
   not explain;
-* the verdict table (:func:`trainmap.dynamics.certainty.compare_methods`): for every pair of groups,
+* the verdict table (:func:`trainmap.dynamics.verdicts.compare_methods`): for every pair of groups,
   the effect on each state's occupancy, on the time in detour states and on the convergence step,
   with a bootstrap interval, a Holm-corrected permutation p-value and a verdict in words, "not
   enough runs" included; the convergence step by the log-rank test, runs that never converged
@@ -32,12 +32,6 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from trainmap.dynamics.certainty import (
-    censoring_steps,
-    compare_methods,
-    run_quantities,
-    verdict_markdown,
-)
 from trainmap.dynamics.hmm.estimator import TrainingHMM
 from trainmap.dynamics.regression import (
     DetourRegression,
@@ -46,6 +40,12 @@ from trainmap.dynamics.regression import (
     trajectory_dissimilarity,
 )
 from trainmap.dynamics.settings import with_defaults
+from trainmap.dynamics.verdicts import (
+    censoring_steps,
+    compare_methods,
+    run_quantities,
+    verdict_markdown,
+)
 
 
 @dataclass

@@ -1,14 +1,14 @@
 """One verdict, everywhere: the label each verdict of a joint comparison carries in
 ``verdicts.md``, ``verdicts.csv``, ``verdicts.png`` and MLflow, made once from all its evidence.
 
-A verdict (:func:`trainmap.dynamics.certainty.compare_methods`: one quantity, one pair of methods)
+A verdict (:func:`trainmap.dynamics.verdicts.compare_methods`: one quantity, one pair of methods)
 is a **finding** only when both hold:
 
 1. the difference is significant after Holm's correction (permutation test; log-rank test for the
    convergence step), and
 2. it holds again on subsamples of the seeds at the stability target: from some n of the
    stability curve's ladder on, in a share >= the target of the subsamples, in the same direction
-   and significant (:meth:`trainmap.dynamics.stability.StabilityCurve.verdict_sufficient_n`).
+   and significant (:meth:`trainmap.dynamics.stability_results.StabilityCurve.verdict_sufficient_n`).
 
 Everything else is said as what it is: "significant at n = 40 vs 40 runs, holds again in 0 % of
 subsamples of 32 seeds per method: not reproducible"; "not tested on subsamples (stability 0)";
@@ -32,11 +32,11 @@ from typing import Any
 import pandas as pd
 from markdown_it import MarkdownIt
 
-from trainmap.dynamics.certainty import NO_EVIDENCE, NOT_ENOUGH_RUNS
-from trainmap.dynamics.stability import MapStability, verdict_key
+from trainmap.dynamics.stability_results import MapStability, verdict_key
+from trainmap.dynamics.verdicts import NO_EVIDENCE, NOT_ENOUGH_RUNS
 from trainmap.io import write_atomic
 
-#: The quantity of :func:`trainmap.dynamics.certainty.run_quantities` that reads the detours.
+#: The quantity of :func:`trainmap.dynamics.verdicts.run_quantities` that reads the detours.
 TIME_IN_DETOURS = "time in detour states"
 #: The label's ending for a significant verdict that is not a finding (and a stand-alone word).
 NOT_REPRODUCIBLE = "not reproducible"
@@ -53,7 +53,7 @@ def verdict_label(
     ``n_first``, ``n_second``); ``stability``: the comparison's stability (its curve follows the
     verdicts that found a difference); ``explained_detours``: detour states that are no detours
     once the group indicators enter the regression; ``evidence``: the curve's
-    :meth:`~trainmap.dynamics.stability.StabilityCurve.verdict_evidence` when already at hand."""
+    :meth:`~trainmap.dynamics.stability_results.StabilityCurve.verdict_evidence` when already at hand."""
     verdict = str(row["verdict"])
     if verdict in (NOT_ENOUGH_RUNS, NO_EVIDENCE):
         return verdict, False

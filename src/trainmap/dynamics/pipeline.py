@@ -62,7 +62,8 @@ from trainmap.dynamics.regression import (
     trajectory_dissimilarity,
 )
 from trainmap.dynamics.settings import ANALYSIS_DEFAULTS, HMM_SETTINGS, make_hmm, with_defaults
-from trainmap.dynamics.stability import MapStability, map_stability
+from trainmap.dynamics.stability import map_stability
+from trainmap.dynamics.stability_results import MapStability
 from trainmap.dynamics.training_map import TrainingMap, build_training_map, draw_training_map
 from trainmap.io import save_json, write_atomic
 

@@ -152,7 +152,7 @@ def plot_verdicts(
     """Effects with intervals per method pair and quantity of a labelled verdict table
     (:func:`trainmap.dynamics.labels.label_verdicts`), coloured by verdict: green marks findings
     only, orange a significant difference that is not one; each row shows its label."""
-    from trainmap.dynamics.certainty import NO_EVIDENCE, NOT_ENOUGH_RUNS
+    from trainmap.dynamics.verdicts import NO_EVIDENCE, NOT_ENOUGH_RUNS
 
     rows = verdicts.reset_index(drop=True)
     figure, axes = plt.subplots(1, 2, figsize=(9, 0.9 + 0.32 * max(len(rows), 1)),

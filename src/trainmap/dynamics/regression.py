@@ -14,7 +14,7 @@ Which runs the regression uses: runs that completed and converged (a convergence
 Diverged runs and runs that never reached the threshold are counted and listed in the result
 (``excluded``), never dropped silently. A run that never converged has no convergence step to
 regress (OLS has no censoring), so it is left out here; the convergence comparison between methods
-(:func:`~trainmap.dynamics.certainty.compare_methods`) counts it as censored at its last step
+(:func:`~trainmap.dynamics.verdicts.compare_methods`) counts it as censored at its last step
 (log-rank test), and :data:`EXCLUDED_NOTE` says so in the written summary.
 
 A detour state (sec. 2.3): positive coefficient and not visited by every included run, and, as

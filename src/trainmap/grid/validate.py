@@ -900,14 +900,15 @@ def _check_sparsifiable(config: dict, built: Mapping[tuple[str, str], Any]) -> N
     the configured ``dense_layers`` (else sparse retraining would fail in its first job);
     ``built``: the grid's models (:func:`_check_buildable`)."""
     from trainmap.methods import sparse
+    from trainmap.methods.sparse_layers import grouped_input_sizes, sparsifiable_layers
 
     pairs = dict.fromkeys((c.task, c.arch) for c in expand_grid(config) if is_sparse(c))
     for task, arch in pairs:
         cfg = sparse.check_settings(config["sparse"][task])
         model = built[(task, arch)]
-        if sparse.sparsifiable_layers(model, cfg["m"], cfg["dense_layers"], cfg["conv_groups"]):
+        if sparsifiable_layers(model, cfg["m"], cfg["dense_layers"], cfg["conv_groups"]):
             continue
-        sizes = list(sparse.grouped_input_sizes(model, cfg["conv_groups"]).values())
+        sizes = list(grouped_input_sizes(model, cfg["conv_groups"]).values())
         where, pattern = f"config key sparse.{task}", f"{cfg['n']}:{cfg['m']}"
         if cfg["dense_layers"] == "first_last" and len(sizes) <= 2:
             raise ConfigError(

@@ -23,7 +23,7 @@ from trainmap.dynamics.adaptive import (
     present_final_round,
     round_decision,
 )
-from trainmap.dynamics.certainty import BootstrapResult, verdict_text
+from trainmap.dynamics.certainty import BootstrapResult
 from trainmap.dynamics.pipeline import (
     FittedMap,
     Outcomes,
@@ -33,8 +33,9 @@ from trainmap.dynamics.pipeline import (
     map_group,
     regress_group,
 )
-from trainmap.dynamics.stability import MapStability
+from trainmap.dynamics.stability_results import MapStability
 from trainmap.dynamics.tables import read_metric_table
+from trainmap.dynamics.verdicts import verdict_text
 from trainmap.grid import Cell
 from trainmap.io import block_manifest_of, load_json, save_json
 from trainmap.jobs.common import settings_hash
@@ -120,7 +121,7 @@ def _log_stability(run: RuleRun, stability: MapStability) -> None:
 
 
 def verdict_tags(verdicts: pd.DataFrame) -> dict[str, str]:
-    """Each verdict's words (:func:`~trainmap.dynamics.certainty.verdict_text`, as in
+    """Each verdict's words (:func:`~trainmap.dynamics.verdicts.verdict_text`, as in
     ``verdicts.md``) as an MLflow tag, ``verdict/<second> vs <first>/<quantity>`` (the characters
     MLflow refuses in a key replaced by '_'); findings start with 'finding: '."""
     tags = {}

@@ -12,9 +12,9 @@ from trainmap.data import load_task_data
 from trainmap.grid import Cell, SeedRange
 from trainmap.io import save_json, write_atomic
 from trainmap.jobs.common import SeedRangeJob
-from trainmap.methods.gradinit import (
+from trainmap.methods.gradinit import check_settings
+from trainmap.methods.gradinit_report import (
     GradInitReport,
-    check_settings,
     plot_block,
     plot_diagnostics,
     plot_history,

@@ -8,7 +8,8 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from trainmap.dynamics.external import CHUNK, ExternalRun, checkpoint_shapes, stacked_states
+from trainmap.dynamics.external import CHUNK, ExternalRun, stacked_states
+from trainmap.dynamics.external_layouts import checkpoint_shapes
 from trainmap.dynamics.metrics import collect_run_metrics
 from trainmap.dynamics.streamed import (
     STREAMED_FILE,

@@ -12,7 +12,8 @@ from trainmap.data import load_task_data
 from trainmap.grid import Cell, SeedRange
 from trainmap.io import load_torch, save_json
 from trainmap.jobs.common import SeedRangeJob
-from trainmap.methods.quantize import quantize_model, save_packed, save_quantized
+from trainmap.methods.packing import save_packed
+from trainmap.methods.quantize import quantize_model, save_quantized
 from trainmap.tracking import RuleRun
 from trainmap.training.checkpoints import model_from_checkpoint
 

@@ -11,9 +11,8 @@ Zhu et al., "GradInit: Learning to Initialize Neural Networks for Stable and Eff
   half-batches A, B, C with S = [A; B], S~ = [A; C]); g = grad_theta L(S; theta) over **all**
   trainable parameters, the unscaled zero-norm tensors included: they count in ||g||, in the
   direction A[g], and they move in the inner step, as in the paper ("the gradient over all
-  parameters") and the authors' code (``get_ordered_params`` lists every weight and bias). Leaving
-  them out made ||g|| 11-14 % too small on a 3-conv CNN and changed which iterations hit the
-  constraint.
+  parameters") and the authors' code (``get_ordered_params`` lists every weight and bias; why:
+  docs/decisions/gradinit.md).
 * Constraint step, when ||g|| > gamma: minimise ||g|| itself. Objective step otherwise: minimise
   L(S~; theta - eta * A[g]) / eta, with A[g] = g / ||g||_2 and the L2 norm for the SGD variant, or
   A[g] = sign(g) and the L1 norm for the Adam variant.
@@ -48,16 +47,15 @@ An iteration whose objective or scale gradient is not finite leaves the scales u
 marked ``finite: False`` in the history, instead of writing NaN into the network.
 
 :func:`layer_diagnostics` gives the appendix's figures 4-8 per layer: the averaged per-dimension
-weight magnitude ||W_i|| / d_i and the standard deviation of the gradient over minibatches.
-:func:`rescale_with_diagnostics` rescales one model and measures it before and after (the gradinit
-rule's work); its :class:`GradInitReport` holds the run, the diagnostics and the summary.
+weight magnitude ||W_i|| / d_i and the standard deviation of the gradient over minibatches. The
+gradinit rule's report (one model rescaled and measured before and after) and its figures are
+:mod:`trainmap.methods.gradinit_report`.
 """
 
 from __future__ import annotations
 
 import functools
 import math
-import os
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -69,7 +67,6 @@ from torch import nn
 from torch.func import functional_call
 
 from trainmap.data import TaskData
-from trainmap.training.loop import derive_seed
 
 #: Defaults of the ``gradinit.<task>`` settings: the paper's CIFAR-10 setting (SGD variant,
 #: eta 0.1, gamma 1, batch 128, r = 0.5, T = one epoch of iterations at batch 128).
@@ -540,148 +537,6 @@ def layer_diagnostics(
             "grad_std": float(stacked.std(dim=0, unbiased=n_batches > 1).mean()),
         })  # fmt: skip
     return pd.DataFrame(rows)
-
-
-def diagnostics_table(
-    before: pd.DataFrame, after: pd.DataFrame, scales: Mapping[str, float]
-) -> pd.DataFrame:
-    """Before/after diagnostics side by side, with the learned scale of each layer's weight."""
-    table = before.merge(after, on=["layer", "name", "kind"], suffixes=("_before", "_after"))
-    table["scale"] = [scales.get(name, 1.0) for name in table["name"]]
-    return table
-
-
-@dataclass
-class GradInitReport:
-    """One model rescaled by GradInit or MetaInit (:func:`rescale_with_diagnostics`): the run and
-    its layer diagnostics before and after, on the same minibatches."""
-
-    objective: str
-    result: GradInitResult
-    diagnostics: pd.DataFrame  # :func:`diagnostics_table`: each layer before, after, its scale
-
-    @property
-    def history(self) -> pd.DataFrame:
-        """Per iteration: ``iteration``, ``grad_norm``, ``objective``, ``constraint``, ``finite``."""
-        return self.result.history
-
-    @functools.cached_property
-    def summary(self) -> dict[str, Any]:
-        """The run in numbers (the gradinit rule's ``scales.json``): the learned scales, the
-        tensors left unscaled, iterations, constraint and non-finite steps, and ||g|| at the first
-        and the last iteration."""
-        history = self.result.history
-        return {
-            "objective": self.objective,
-            "scales": self.result.scales,
-            "skipped": self.result.skipped,
-            "iterations": len(history),
-            "constraint_steps": self.result.constraint_steps,
-            "non_finite_steps": int((~history["finite"]).sum()),
-            "initial_grad_norm": float(history["grad_norm"].iloc[0]),
-            "final_grad_norm": float(history["grad_norm"].iloc[-1]),
-        }
-
-
-def rescale_with_diagnostics(
-    model: nn.Module,
-    data: TaskData,
-    settings: Mapping[str, Any],
-    seed: int,
-    objective: str = "gradinit",
-    progress: bool = False,
-) -> GradInitReport:
-    """:func:`run_gradinit` on ``model`` (rescaled in place), with :func:`layer_diagnostics` on the
-    same seeded minibatches before and after. ``seed`` is the grid cell's: GradInit's draws and the
-    diagnostics' each get a seed of their own derived from it."""
-    cfg = check_settings(settings)
-    probe = draws_for(data, cfg["batch_size"], derive_seed(seed, "gradinit-diagnostics"))
-    before = layer_diagnostics(model, probe(), cfg["diagnostic_batches"])
-    result = run_gradinit(model, data, cfg, derive_seed(seed, "gradinit"), objective,
-                          progress=progress)  # fmt: skip
-    after = layer_diagnostics(model, probe(), cfg["diagnostic_batches"])
-    return GradInitReport(objective, result, diagnostics_table(before, after, result.scales))
-
-
-def plot_diagnostics(table: pd.DataFrame, path: str | os.PathLike, title: str = "") -> str:
-    """Weight magnitude, gradient std and scale per layer, before vs after (figures 4-8 style)."""
-    from trainmap.figures import plt, save_png
-
-    figure, axes = plt.subplots(1, 3, figsize=(14, 3.6))
-    layers = table["layer"]
-    for axis, column, label in ((axes[0], "weight_magnitude", "||W_i|| / d_i"),
-                                (axes[1], "grad_std", "sigma(g_i)")):  # fmt: skip
-        axis.semilogy(layers, table[f"{column}_before"], "o-", ms=3, label="before (Kaiming)")
-        axis.semilogy(layers, table[f"{column}_after"], "s-", ms=3, label="after")
-        axis.set(xlabel="layer (shallow to deep)", ylabel=label)
-        axis.legend(fontsize=8)
-    colours = ["C0" if kind == "linear" else "C2" for kind in table["kind"]]
-    axes[2].bar(layers, table["scale"], color=colours)
-    axes[2].axhline(1.0, color="0.3", lw=0.8)
-    axes[2].set(xlabel="layer (blue: conv/linear, green: norm)", ylabel="learned scale alpha_i")
-    if len(layers) <= 30:
-        for axis in axes:
-            axis.set_xticks(list(layers))
-    figure.suptitle(title or "GradInit diagnostics", fontsize=10)
-    figure.tight_layout()
-    save_png(figure, path)
-    return (
-        "Per layer, shallow to deep: averaged per-dimension weight magnitude and gradient standard "
-        "deviation over minibatches before and after the initialisation method, and the learned "
-        "scale factor of each weight."
-    )
-
-
-def plot_history(
-    history: pd.DataFrame, gamma: float, path: str | os.PathLike, title: str = ""
-) -> str:
-    """||g|| and the objective over the iterations; constraint steps marked."""
-    from trainmap.figures import plt, save_png
-
-    figure, axes = plt.subplots(1, 2, figsize=(10, 3.4))
-    axes[0].semilogy(history["iteration"], history["grad_norm"], lw=1)
-    constrained = history[history["constraint"]]
-    axes[0].scatter(constrained["iteration"], constrained["grad_norm"], s=8, color="C3",
-                    label="constraint step", zorder=3)  # fmt: skip
-    axes[0].axhline(gamma, color="0.3", ls="--", lw=0.8, label=f"gamma = {gamma}")
-    axes[0].set(xlabel="iteration", ylabel="||g||")
-    axes[0].legend(fontsize=8)
-    axes[1].plot(history["iteration"], history["objective"], lw=1)
-    axes[1].set(xlabel="iteration", ylabel="objective")
-    figure.suptitle(title or "GradInit iterations", fontsize=10)
-    figure.tight_layout()
-    save_png(figure, path)
-    return ("Gradient norm (constraint steps in red, gamma dashed) and the objective value over "
-            "the iterations.")  # fmt: skip
-
-
-def plot_block(
-    summaries: list[Mapping[str, Any]],
-    histories: Mapping[str, pd.DataFrame],
-    gamma: float,
-    path: str | os.PathLike,
-    title: str = "",
-) -> str:
-    """A block of seeds: each seed's learned scale per tensor, and ||g|| over the iterations."""
-    from trainmap.figures import plt, save_png
-
-    figure, axes = plt.subplots(1, 2, figsize=(11, 3.6))
-    names = list(summaries[0]["scales"]) if summaries else []
-    for summary in summaries:
-        axes[0].plot(range(len(names)), [summary["scales"][n] for n in names], lw=0.8, alpha=0.6)
-    axes[0].axhline(1.0, color="0.3", lw=0.8)
-    axes[0].set(xlabel="rescaled tensor (shallow to deep)", ylabel="learned scale alpha_i")
-    for label, history in histories.items():
-        axes[1].semilogy(history["iteration"], history["grad_norm"], lw=0.8, alpha=0.6, label=label)
-    axes[1].axhline(gamma, color="0.3", ls="--", lw=0.8)
-    axes[1].set(xlabel="iteration", ylabel="||g||")
-    figure.suptitle(title or "GradInit over a block of seeds", fontsize=10)
-    figure.tight_layout()
-    save_png(figure, path)
-    return (
-        "One line per seed of the block: the scale factor learned for each rescaled tensor, and "
-        "the gradient norm ||g|| at each iteration (gamma dashed)."
-    )
 
 
 def draws_for(data: TaskData, batch_size: int, seed: int) -> Callable[[], Iterator]:

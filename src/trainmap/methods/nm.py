@@ -13,7 +13,7 @@ A Linear weight (out, in) has one layout: each output row's inputs in groups of 
   layout; kept as an option (and assumed for sparse checkpoints that do not name a layout).
 
 :func:`nm_groups` gives the (out, groups, M) view of a tensor in either layout and
-:func:`from_nm_groups` inverts it. The packed format (:func:`trainmap.methods.quantize.pack_nm`) stores
+:func:`from_nm_groups` inverts it. The packed format (:func:`trainmap.methods.packing.pack_nm`) stores
 groups in this order and names the layout in its header.
 """
 

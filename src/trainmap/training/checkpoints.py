@@ -37,7 +37,7 @@ FORMAT_KEY = "format"
 LOADERS = {
     "dense": "trainmap.training.checkpoints:model_from_dense",
     "deploy": "trainmap.models.repvgg:model_from_deploy",
-    "sparse": "trainmap.methods.sparse:model_from_sparse",
+    "sparse": "trainmap.methods.sparse_layers:model_from_sparse",
     "quantized": "trainmap.methods.quantize:model_from_quantized",
 }
 
