@@ -262,7 +262,7 @@ def quantize_model(
         layer.setup_quantized(q, scale, divisor, module.bias, bits, mask, nm,
                               QuantizedSlorb.of(module),
                               getattr(module, "group_layout", None))  # fmt: skip
-        _replace(quantized, name, layer)
+        quantized.set_submodule(name, layer)
         notes[name] = note
     return quantized.eval(), notes
 
@@ -271,12 +271,6 @@ def _copy_model(model: nn.Module) -> nn.Module:
     import copy
 
     return copy.deepcopy(model).eval()
-
-
-def _replace(model: nn.Module, name: str, layer: nn.Module) -> None:
-    parent_name, _, child = name.rpartition(".")
-    parent = model.get_submodule(parent_name) if parent_name else model
-    setattr(parent, child, layer)
 
 
 def quantized_layers(model: nn.Module) -> dict[str, QuantizedLayer]:
@@ -322,7 +316,7 @@ def model_from_quantized(saved: dict[str, Any]) -> nn.Module:
                               state.get("bias"), spec["bits"], state.get("weight_mask"),
                               tuple(spec["nm"]) if spec["nm"] else None, slorb,
                               spec.get("nm_layout"))  # fmt: skip
-        _replace(skeleton, name, layer)
+        skeleton.set_submodule(name, layer)
     skeleton.load_state_dict(saved["state_dict"])
     return skeleton.eval()
 

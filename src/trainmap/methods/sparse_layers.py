@@ -197,12 +197,6 @@ def grouped_input_sizes(model: nn.Module, layout: str = "input_channels") -> dic
             if isinstance(module, nn.Linear | nn.Conv2d)}  # fmt: skip
 
 
-def _replace(model: nn.Module, name: str, layer: nn.Module) -> None:
-    parent_name, _, child = name.rpartition(".")
-    parent = model.get_submodule(parent_name) if parent_name else model
-    setattr(parent, child, layer)
-
-
 def sparse_layers(model: nn.Module) -> dict[str, SparseLayer]:
     """The model's sparse layers by name."""
     return {name: mod for name, mod in model.named_modules() if isinstance(mod, SparseLayer)}
@@ -227,7 +221,7 @@ def sparsify(
         layer.refresh_mask(None if scores is None else scores[name])
         if slorb_k is not None:
             layer.init_slorb()
-        _replace(sparse, name, layer)
+        sparse.set_submodule(name, layer)
     return sparse
 
 
@@ -328,8 +322,10 @@ def model_from_sparse(saved: dict[str, Any]) -> nn.Module:
     spec = saved["sparse"]
     layout = spec.get("group_layout") or LEGACY_LAYOUT  # files from before the layout was saved
     for name in spec["layers"]:
-        _replace(model, name, _sparse_copy(model.get_submodule(name), spec["n"], spec["m"],
-                                           spec["slorb_k"], layout))  # fmt: skip
+        layer = _sparse_copy(
+            model.get_submodule(name), spec["n"], spec["m"], spec["slorb_k"], layout
+        )
+        model.set_submodule(name, layer)
     model.load_state_dict(saved["state_dict"])
     for layer in sparse_layers(model).values():
         layer.straight_through = False
