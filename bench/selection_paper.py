@@ -2,9 +2,9 @@
 
 Each setting of a finished paper run (``config/paper/cpu.yaml``: sparse parities, stabilised
 modular addition, MNIST-5k; 40 seeds each) is mapped as rule ``paper_map`` maps it in its
-``trainmap`` pass (:func:`trainmap.jobs.paper` reads the runs, :func:`trainmap.dynamics.paper.analysis_settings`
-gives the pass's settings, :func:`trainmap.dynamics.pipeline.map_runs` fits, bootstraps, draws
-the stability curve and regresses convergence on the states), once per selection rule, every
+``trainmap`` pass (:func:`trainmap.jobs.paper.setting_runs` reads the runs with the pass's
+settings, :func:`trainmap.dynamics.pipeline.map_runs` fits, bootstraps, draws the stability curve
+and regresses convergence on the states), once per selection rule, every
 other setting the config's. Printed per (setting, rule): K, the bootstrap's share of resamples at
 that K, the stability line, the detour regression's R^2 and its detour states, and the seconds.
 
@@ -26,26 +26,21 @@ import time
 from pathlib import Path
 
 from trainmap.dynamics.hmm import SELECTION_RULES
-from trainmap.dynamics.paper import analysis_settings as pass_settings
-from trainmap.dynamics.pipeline import analysis_runs, map_runs
+from trainmap.dynamics.pipeline import map_runs
 from trainmap.grid import analysis_settings, load_config, paper_groups
-from trainmap.jobs.analysis import read_group_runs, seed_labels
+from trainmap.jobs.paper import setting_runs
 
 
 def map_setting(results: Path, config: dict, setting: str, rule: str, threads: int) -> dict:
     """One paper setting's ``trainmap`` pass under selection ``rule``, as rule ``paper_map``
     runs it; returns K, the bootstrap's agreement, the stability line, R^2, detours, seconds."""
-    cells = [cell.to_dict() for cell in paper_groups(config)[setting]]
-    metrics = [
-        str(results / "metrics" / cell.id / "metrics.csv") for cell in paper_groups(config)[setting]
-    ]
-    evaluations = [str(results / "evaluate" / cell.id / "evaluation.json")
-                   for cell in paper_groups(config)[setting]]  # fmt: skip
-    runs, outcomes = read_group_runs(metrics, evaluations, seed_labels(cells))
-    shortest = min(len(table) for table in runs.values())
-    settings = pass_settings(analysis_settings(config) | {"selection": rule}, "trainmap", setting,
-                             shortest)  # fmt: skip
-    runs, outcomes = analysis_runs(runs, outcomes, settings)
+    cells = paper_groups(config)[setting]
+    runs, outcomes, settings = setting_runs(
+        setting, "trainmap", [cell.to_dict() for cell in cells],
+        [str(results / "metrics" / cell.id / "metrics.csv") for cell in cells],
+        [str(results / "evaluate" / cell.id / "evaluation.json") for cell in cells],
+        analysis_settings(config) | {"selection": rule},
+    )  # fmt: skip
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as out:
         fit, regression, _ = map_runs(runs, outcomes, settings, out, n_jobs=threads)

@@ -23,11 +23,24 @@ from trainmap.dynamics.paper import (
     paper_row,
     table_markdown,
 )
-from trainmap.dynamics.pipeline import analysis_runs, map_runs
+from trainmap.dynamics.pipeline import Outcomes, analysis_runs, map_runs
 from trainmap.io import write_atomic
 from trainmap.jobs.analysis import read_group_runs, seed_labels
 from trainmap.jobs.common import settings_hash
 from trainmap.tracking import rule_run
+
+
+def setting_runs(
+    setting: str, analysis: str, cells: list[dict], metrics_paths: list[str],
+    evaluation_paths: list[str], settings: dict,
+) -> tuple[dict[str, pd.DataFrame], Outcomes, dict]:  # fmt: skip
+    """One paper setting's runs and outcomes as analysis pass ``analysis`` sees them (its
+    checkpoints per run, its NaN rule), with the pass's settings: what rule ``paper_map`` maps."""
+    runs, outcomes = read_group_runs(metrics_paths, evaluation_paths, seed_labels(cells))
+    shortest = min(len(table) for table in runs.values())
+    settings = analysis_settings(settings, analysis, setting, shortest)
+    runs, outcomes = analysis_runs(runs, outcomes, settings)
+    return runs, outcomes, settings
 
 
 def paper_map_job(
@@ -38,10 +51,8 @@ def paper_map_job(
     """Rule ``paper_map``: the map of one paper setting under one analysis pass (``authors`` or
     ``trainmap``), written to ``out_dir``."""
     out_dir = Path(out_dir)
-    runs, outcomes = read_group_runs(metrics_paths, evaluation_paths, seed_labels(cells))
-    shortest = min(len(table) for table in runs.values())
-    settings = analysis_settings(settings, analysis, setting, shortest)
-    runs, outcomes = analysis_runs(runs, outcomes, settings)
+    runs, outcomes, settings = setting_runs(setting, analysis, cells, metrics_paths,
+                                            evaluation_paths, settings)  # fmt: skip
     params = {"analysis": settings, "setting": setting, "pass": analysis}
     with rule_run(tracking, "paper_map", task=setting, params=params,
                   config_hash=settings_hash([settings, setting, analysis])) as run:  # fmt: skip
