@@ -55,7 +55,8 @@ from trainmap.portable import apply_portable_mode
 
 SOCKET_ENV = "TRAINMAP_WORKER_SOCKET"
 SWITCH_ENV = "TRAINMAP_WORKER"  # "off" disables the server
-#: When set, every job appends {"function", "seconds", "log"} (its own compute time) to this file.
+#: When set, every job appends {"function", "seconds", "threads", "log", "finished"} (its own
+#: compute time, the cores it was given, and when it ended, in seconds since the epoch) to this file.
 TIMES_ENV = "TRAINMAP_JOB_TIMES"
 #: What the server imports before it forks: everything a job would otherwise import itself. Every
 #: trainmap module is loaded at start, so all jobs of a workflow run use one snapshot of the code.
@@ -131,13 +132,15 @@ def call_timed(
     function: str, log: str, kwargs: dict[str, Any], run: Callable[..., Any] | None = None
 ) -> None:
     """Call the job (``run``, else the function ``function`` names); with ``$TRAINMAP_JOB_TIMES``
-    set, append its own wall time and the cores it was given (``threads``) to that file."""
+    set, append its own wall time, the cores it was given (``threads``) and when it finished
+    (``finished``, seconds since the epoch: the workflow's timeline) to that file."""
     started = time.perf_counter()
     (run or resolve(function))(**kwargs)
     path = os.environ.get(TIMES_ENV)
     if path:
         line = json.dumps({"function": function, "seconds": time.perf_counter() - started,
-                           "threads": int(kwargs.get("threads", 1)), "log": str(log)})  # fmt: skip
+                           "threads": int(kwargs.get("threads", 1)), "log": str(log),
+                           "finished": time.time()})  # fmt: skip
         with open(path, "a") as stream:  # one short line per write: appends do not interleave
             stream.write(line + "\n")
 
