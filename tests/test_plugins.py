@@ -15,7 +15,6 @@ from conftest import REPO_ROOT, copy_workflow, snakemake
 from trainmap import data, methods, models, plugins
 from trainmap.grid import ConfigError, load_config
 from trainmap.methods import MethodSpec, kaiming_init
-from trainmap.models import registry
 
 TINY_NET = """
 from torch import nn
@@ -50,16 +49,20 @@ analysis: {{joint: []}}
 @pytest.fixture(autouse=True)
 def fresh_registries():
     """Each test's plugins registered into the registries, removed again afterwards (in place:
-    ``trainmap.models`` and ``trainmap.grid`` hold the same dicts)."""
-    registries = (models.ARCHITECTURES, registry._SOURCES, methods.METHODS, methods._SOURCES,
-                  data.DATA_KINDS, data.INPUT_KINDS, data.MODEL_META, data._KIND_SOURCES)  # fmt: skip
-    saved = [dict(registry_) for registry_ in registries]
+    ``trainmap.models`` and ``trainmap.grid`` hold the same registries and dicts)."""
+    registries = (models.ARCHITECTURES, methods.METHODS)
+    saved = [set(registry_) for registry_ in registries]
+    kind_dicts = (data.DATA_KINDS, data.INPUT_KINDS, data.MODEL_META, data._KIND_SOURCES)
+    saved_kinds = [dict(kind_dict) for kind_dict in kind_dicts]
     modules = set(sys.modules)
     exported = os.environ.get(plugins.PLUGINS_ENV)
     yield
     for registry_, before in zip(registries, saved, strict=True):
-        registry_.clear()
-        registry_.update(before)
+        for name in set(registry_) - before:
+            registry_.unregister(name)
+    for kind_dict, before in zip(kind_dicts, saved_kinds, strict=True):
+        kind_dict.clear()
+        kind_dict.update(before)
     for name in set(sys.modules) - modules:
         if name.startswith("trainmap_plugin_") or name.startswith("lab_"):
             del sys.modules[name]
@@ -198,8 +201,7 @@ def test_plugins_key_must_be_a_list_of_strings(tmp_path: Path) -> None:
 def test_jobs_load_the_exported_plugins(tmp_path: Path) -> None:
     root = project(tmp_path)
     plugins.load_plugins(["plugins/tiny_net.py"], root)
-    models.ARCHITECTURES.pop("tiny_net")
-    registry._SOURCES.pop("tiny_net")
+    models.ARCHITECTURES.unregister("tiny_net")
     for name in [name for name in sys.modules if name.startswith("trainmap_plugin_")]:
         del sys.modules[name]  # as in a fresh job process
     assert plugins.load_exported_plugins()[-1].startswith("trainmap_plugin_plugins_tiny_net")
