@@ -49,20 +49,15 @@ analysis: {{joint: []}}
 @pytest.fixture(autouse=True)
 def fresh_registries():
     """Each test's plugins registered into the registries, removed again afterwards (in place:
-    ``trainmap.models`` and ``trainmap.grid`` hold the same registries and dicts)."""
-    registries = (models.ARCHITECTURES, methods.METHODS)
+    ``trainmap.models`` and ``trainmap.grid`` hold the same registries)."""
+    registries = (models.ARCHITECTURES, methods.METHODS, data.DATA_KINDS)
     saved = [set(registry_) for registry_ in registries]
-    kind_dicts = (data.DATA_KINDS, data.INPUT_KINDS, data.MODEL_META, data._KIND_SOURCES)
-    saved_kinds = [dict(kind_dict) for kind_dict in kind_dicts]
     modules = set(sys.modules)
     exported = os.environ.get(plugins.PLUGINS_ENV)
     yield
     for registry_, before in zip(registries, saved, strict=True):
         for name in set(registry_) - before:
             registry_.unregister(name)
-    for kind_dict, before in zip(kind_dicts, saved_kinds, strict=True):
-        kind_dict.clear()
-        kind_dict.update(before)
     for name in set(sys.modules) - modules:
         if name.startswith("trainmap_plugin_") or name.startswith("lab_"):
             del sys.modules[name]
@@ -126,7 +121,7 @@ def test_register_collisions_in_every_registry() -> None:
     with pytest.raises(ValueError, match="'kaiming' is already registered by trainmap.methods; "
                                          "test_plugins registers it again"):  # fmt: skip
         methods.register_method(MethodSpec("kaiming", "again", kaiming_init))
-    with pytest.raises(ValueError, match="'digits' is already registered by trainmap.data; "
+    with pytest.raises(ValueError, match="'digits' is already registered by trainmap.data.packaged; "
                                          "test_plugins registers it again"):  # fmt: skip
         data.register_data_kind("digits", data.make_digits, "image", lambda o: {})
 

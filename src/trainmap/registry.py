@@ -1,10 +1,10 @@
-"""Named registries: the one table of specs by name that architectures and methods share.
+"""Named registries: the one table of specs by name that architectures, methods and data kinds share.
 
-Each of :data:`trainmap.models.ARCHITECTURES` and :data:`trainmap.methods.METHODS` is a
-:class:`Registry`: read like a dict (``name in registry``, ``registry[name]``, ``sorted(registry)``),
-added to once per name by a built-in module or a plugin, which the registry records as the name's
-source. A second registration of a name and a lookup of an unknown name raise ValueErrors worded
-the same way in every registry.
+Each of :data:`trainmap.models.ARCHITECTURES`, :data:`trainmap.methods.METHODS` and
+:data:`trainmap.data.DATA_KINDS` is a :class:`Registry`: read like a dict (``name in registry``,
+``registry[name]``, ``sorted(registry)``), added to once per name by a built-in module or a plugin,
+which the registry records as the name's source. A second registration of a name and a lookup of an
+unknown name raise ValueErrors worded the same way in all three.
 """
 
 from __future__ import annotations
