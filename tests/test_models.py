@@ -373,8 +373,9 @@ def test_same_seed_same_parameters_other_seed_other_parameters(arch: str) -> Non
 
 
 def test_registering_a_new_arch_is_one_call(monkeypatch: pytest.MonkeyPatch) -> None:
-    # register_architecture writes to the registry module's dict; a copy keeps this test's entry out.
-    monkeypatch.setattr("trainmap.models.registry.ARCHITECTURES", dict(ARCHITECTURES))
+    # register_architecture writes to the registry module's registry; a copy keeps this test's
+    # entry out.
+    monkeypatch.setattr("trainmap.models.registry.ARCHITECTURES", ARCHITECTURES.copy())
 
     def build_linear(meta: dict, bias: bool = True) -> nn.Module:
         return nn.Sequential(nn.Flatten(), nn.Linear(math.prod(meta["input_shape"]), 2, bias=bias))

@@ -10,12 +10,12 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 from conftest import REPO_ROOT, copy_workflow, snakemake
 
 from trainmap import data, methods, models, plugins
 from trainmap.grid import ConfigError, load_config
 from trainmap.methods import MethodSpec, kaiming_init
-from trainmap.models import registry
 
 TINY_NET = """
 from torch import nn
@@ -50,16 +50,15 @@ analysis: {{joint: []}}
 @pytest.fixture(autouse=True)
 def fresh_registries():
     """Each test's plugins registered into the registries, removed again afterwards (in place:
-    ``trainmap.models`` and ``trainmap.grid`` hold the same dicts)."""
-    registries = (models.ARCHITECTURES, registry._SOURCES, methods.METHODS, methods._SOURCES,
-                  data.DATA_KINDS, data.INPUT_KINDS, data.MODEL_META, data._KIND_SOURCES)  # fmt: skip
-    saved = [dict(registry_) for registry_ in registries]
+    ``trainmap.models`` and ``trainmap.grid`` hold the same registries)."""
+    registries = (models.ARCHITECTURES, methods.METHODS, data.DATA_KINDS)
+    saved = [set(registry_) for registry_ in registries]
     modules = set(sys.modules)
     exported = os.environ.get(plugins.PLUGINS_ENV)
     yield
     for registry_, before in zip(registries, saved, strict=True):
-        registry_.clear()
-        registry_.update(before)
+        for name in set(registry_) - before:
+            registry_.unregister(name)
     for name in set(sys.modules) - modules:
         if name.startswith("trainmap_plugin_") or name.startswith("lab_"):
             del sys.modules[name]
@@ -119,13 +118,25 @@ def test_name_collision_names_both_modules(tmp_path: Path) -> None:
     assert "trainmap_plugin_plugins_tiny_net" in line
 
 
-def test_register_collisions_in_every_registry() -> None:
-    with pytest.raises(ValueError, match="'kaiming' is already registered by trainmap.methods; "
-                                         "test_plugins registers it again"):  # fmt: skip
-        methods.register_method(MethodSpec("kaiming", "again", kaiming_init))
-    with pytest.raises(ValueError, match="'digits' is already registered by trainmap.data; "
-                                         "test_plugins registers it again"):  # fmt: skip
-        data.register_data_kind("digits", data.make_digits, "image", lambda o: {})
+def test_the_three_registries_refuse_a_second_registration_with_one_message() -> None:
+    """Architectures, methods and data kinds: a name registered again is refused with the same
+    message, naming the module that registered it and the one that registers it again."""
+    mlp = models.ARCHITECTURES["mlp"]
+    again = [
+        ("architecture", "mlp", "trainmap.models.mlp", lambda: models.register_architecture(mlp)),
+        ("method", "kaiming", "trainmap.methods",
+         lambda: methods.register_method(MethodSpec("kaiming", "again", kaiming_init))),
+        ("data kind", "digits", "trainmap.data.packaged",
+         lambda: data.register_data_kind("digits", data.make_digits, "image", lambda o: {})),
+    ]  # fmt: skip
+    for what, name, source, register in again:
+        with pytest.raises(ValueError) as error:
+            register()
+        assert str(error.value) == (
+            f"{what} {name!r} is already registered by {source}; test_plugins registers it again "
+            "(rename one of them)"
+        )
+    assert (models.ARCHITECTURES["mlp"], data.DATA_KINDS["digits"].make) == (mlp, data.make_digits)
 
 
 def test_plugin_data_kind_is_checked_like_a_built_in(tmp_path: Path) -> None:
@@ -139,6 +150,83 @@ def test_plugin_data_kind_is_checked_like_a_built_in(tmp_path: Path) -> None:
     }  # fmt: skip
     with pytest.raises(ValueError, match="unknown input kind 'pixels'"):
         data.register_data_kind("ones2", make_ones, "pixels", lambda o: {})
+    with pytest.raises(ValueError, match="declares file checks but reads no files"):
+        data.register_data_kind("ones3", make_ones, "vector", lambda o: {}, missing_files=list)
+    with pytest.raises(ValueError, match="reads a directory, but its function takes no 'path'"):
+        data.register_data_kind("ones4", make_ones, "vector", lambda o: {}, reads="directory")
+    assert "ones2" not in data.DATA_KINDS and "ones3" not in data.DATA_KINDS
+
+
+# --- a plugin's reader kind: its declared file checks run before any job, as a built-in's ---------
+
+LINES_KIND = """
+from trainmap.data import register_data_kind
+
+NEEDED = ("train.txt", "test.txt")
+
+
+def read_lines(path, seed=0):
+    raise NotImplementedError("the config check never builds the data")
+
+
+def missing_lines_files(directory):
+    return [name for name in NEEDED if not (directory / name).is_file()]
+
+
+def damaged_lines_files(directory):
+    return [(str(directory / name), "is empty (0 bytes)") for name in NEEDED
+            if (directory / name).is_file() and (directory / name).stat().st_size == 0]
+
+
+register_data_kind("lines", read_lines, "vector",
+                   lambda options: {"input_shape": [4], "num_classes": 2}, reads="directory",
+                   missing_files=missing_lines_files, damaged_files=damaged_lines_files)
+"""
+
+
+def lines_project(tmp_path: Path) -> Path:
+    """A project whose plugin registers the reader kind ``lines`` and whose grid trains on the
+    directory ``data/lines`` (its model, train and evaluate settings: sparse_parity's)."""
+    (tmp_path / "plugins").mkdir()
+    (tmp_path / "plugins" / "lines.py").write_text(LINES_KIND)
+    params = yaml.safe_load((REPO_ROOT / "params.yaml").read_text())
+    settings = {
+        "plugins": ["plugins/lines.py"],
+        "dvc": {"configfile": "grid.yaml"},
+        "grid": [{"task": "lines", "archs": ["mlp"], "methods": ["kaiming"], "seeds": [0]}],
+        "data": {"lines": {"kind": "lines", "path": "data/lines"}},
+        "analysis": {"joint": []},
+        **{key: {"lines": params[key]["sparse_parity"]} for key in ("model", "train", "evaluate")},
+    }
+    (tmp_path / "grid.yaml").write_text(yaml.safe_dump(settings))
+    return tmp_path
+
+
+def test_a_plugin_reader_kind_gets_its_file_checks_before_any_job(tmp_path: Path) -> None:
+    root = lines_project(tmp_path)
+    with pytest.raises(ConfigError) as absent:
+        load(root)
+    assert first_line(absent).startswith(
+        "config key data.lines.path: directory 'data/lines' does not exist"
+    ), first_line(absent)
+    directory = root / "data" / "lines"
+    directory.mkdir(parents=True)
+    (directory / "train.txt").write_text("0 1 0 1\n")
+    with pytest.raises(ConfigError) as missing:
+        load(root)
+    assert first_line(missing) == (
+        f"config key data.lines.path: directory 'data/lines' lacks the lines file(s) test.txt "
+        f"(looked in {directory}); put the standard lines files there or fix the path"
+    )
+    (directory / "test.txt").write_bytes(b"")
+    with pytest.raises(ConfigError) as damaged:
+        load(root)
+    assert first_line(damaged).startswith(
+        f"config key data.lines.path: task 'lines' reads damaged lines file(s): "
+        f"{directory / 'test.txt'} is empty (0 bytes). Replace each with the standard file"
+    ), first_line(damaged)
+    (directory / "test.txt").write_text("1 1 0 0\n")
+    assert load(root)["data"]["lines"]["kind"] == "lines"  # the healthy directory passes
 
 
 @pytest.mark.parametrize(
@@ -198,8 +286,7 @@ def test_plugins_key_must_be_a_list_of_strings(tmp_path: Path) -> None:
 def test_jobs_load_the_exported_plugins(tmp_path: Path) -> None:
     root = project(tmp_path)
     plugins.load_plugins(["plugins/tiny_net.py"], root)
-    models.ARCHITECTURES.pop("tiny_net")
-    registry._SOURCES.pop("tiny_net")
+    models.ARCHITECTURES.unregister("tiny_net")
     for name in [name for name in sys.modules if name.startswith("trainmap_plugin_")]:
         del sys.modules[name]  # as in a fresh job process
     assert plugins.load_exported_plugins()[-1].startswith("trainmap_plugin_plugins_tiny_net")

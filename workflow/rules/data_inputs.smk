@@ -1,5 +1,7 @@
 # The data rules' params and input functions (rules in data.smk).
 
+from trainmap.data import data_kind
+
 TASKS = grid.grid_tasks(config)
 
 
@@ -9,10 +11,10 @@ def data_settings_of_task(wildcards):
 
 
 def data_files_of_task(wildcards):
-    """The user's file of an ``arrays`` task: an input, so editing it remakes the data and all
-    that follows."""
+    """The file of a task whose kind reads one file (``arrays``, a plugin's): an input, so editing
+    it remakes the data and all that follows."""
     settings = grid.data_settings(config, wildcards.task)
-    return [settings["path"]] if settings["kind"] == "arrays" else []
+    return [settings["path"]] if data_kind(settings["kind"]).reads == "file" else []
 
 
 def datasets_of_grid():

@@ -81,7 +81,6 @@ from trainmap.grid.files import (
 )
 from trainmap.grid.validate import (
     DATABASE_DRIVERS,
-    READER_KINDS,
     REPO_ROOT,
     SCHEMA_PATH,
     STAGE_VALIDATORS,
@@ -109,7 +108,6 @@ __all__ = [
     "ConfigError",
     "DATABASE_DRIVERS",
     "MIN_RUNS_PER_GROUP",
-    "READER_KINDS",
     "REPO_ROOT",
     "SCHEMA_PATH",
     "STAGE_VALIDATORS",

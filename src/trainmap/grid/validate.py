@@ -66,7 +66,6 @@ from trainmap.grid.files import YAML_LOADER, merge_config, read_config_file
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 SCHEMA_PATH = REPO_ROOT / "workflow" / "schemas" / "config.schema.yaml"
-READER_KINDS = {"mnist", "cifar10", "cifar100", "arrays"}
 
 
 #: The default study's config file, relative to the project.
@@ -400,8 +399,9 @@ def _check_grid_entry(config: dict, index: int, entry: dict, base_dir: Path) -> 
                 f"{did_you_mean(task, config[section])}. Add {section}.{task} to params.yaml."
             )
     kind = config["data"][task]["kind"]
-    if kind in READER_KINDS:
-        _check_data_path(task, kind, config["data"][task].get("path"), base_dir)
+    spec = data_module.data_kind(kind)
+    if spec.reads is not None:
+        _check_data_path(task, spec, config["data"][task].get("path"), base_dir)
     _check_data_package(task, kind)
     input_kind = _input_kind(config, task, base_dir)
     _check_seeds(where, entry["seeds"])
@@ -501,17 +501,6 @@ def _check_data_package(task: str, kind: str) -> None:
         raise ConfigError(f"config key data.{task}.kind: task {task!r}: {error}") from None
 
 
-def _check_array_file(task: str, path: Any, base_dir: Path) -> None:
-    """``data.<task>.path`` of kind ``arrays`` names an existing file (its content is checked by
-    :func:`_input_kind`, which reads it)."""
-    resolved = Path(path) if Path(path).is_absolute() else base_dir / path
-    if not resolved.is_file():
-        raise ConfigError(
-            f"config key data.{task}.path: file {str(path)!r} does not exist (looked in "
-            f"{resolved}); an .npz or .pt file holding {', '.join(data_module.ARRAY_NAMES)}"
-        )
-
-
 def _input_kind(config: dict, task: str, base_dir: Path) -> str:
     """The task's input kind; for an ``arrays`` file this reads it, once per process, with every
     check of :func:`trainmap.data.read_arrays` (shapes, dtypes, label range, NaN), which name the
@@ -523,35 +512,38 @@ def _input_kind(config: dict, task: str, base_dir: Path) -> str:
         raise ConfigError(f"config key data.{task}.path: {error}") from None
 
 
-def _check_data_path(task: str, kind: str, path: Any, base_dir: Path) -> None:
-    if kind == "arrays" and path:
-        _check_array_file(task, path, base_dir)
-        return
+def _check_data_path(task: str, spec: data_module.DataKind, path: Any, base_dir: Path) -> None:
+    """``data.<task>.path`` of a kind that reads local files: what the kind ``reads`` (a directory
+    or a file) exists, and passes the kind's own ``missing_files`` and ``damaged_files`` checks."""
+    kind, reads = spec.name, spec.reads
+    directory = reads == "directory"
     if not path:
+        what = f"a directory holding the standard {kind} files" if directory else "a file"
         raise ConfigError(
             f"config key data.{task}.path: data kind {kind!r} reads local files and needs a path "
-            f"(a directory holding the standard {kind} files); nothing is downloaded"
+            f"({what}); nothing is downloaded"
         )
     resolved = Path(path) if Path(path).is_absolute() else base_dir / path
-    if not resolved.is_dir():
+    if not (resolved.is_dir() if directory else resolved.is_file()):
+        what = "files there" if directory else "file there"
         raise ConfigError(
-            f"config key data.{task}.path: directory {str(path)!r} does not exist "
-            f"(looked in {resolved}); put the {kind} files there or fix the path"
+            f"config key data.{task}.path: {reads} {str(path)!r} does not exist "
+            f"(looked in {resolved}); put the {kind} {what} or fix the path"
         )
     missing = data_module.missing_data_files(kind, resolved)
     if missing:
         raise ConfigError(
-            f"config key data.{task}.path: directory {str(path)!r} lacks the {kind} file(s) "
+            f"config key data.{task}.path: {reads} {str(path)!r} lacks the {kind} file(s) "
             f"{', '.join(missing)} (looked in {resolved}); put the standard {kind} files there "
             "or fix the path"
         )
     _check_data_files_intact(task, kind, resolved)
 
 
-def _check_data_files_intact(task: str, kind: str, directory: Path) -> None:
-    """The reader files of task ``task`` in ``directory`` are not damaged (truncated, empty, an
-    error page under the file's name): a cheap look at headers, lengths and trailers only."""
-    damaged = data_module.damaged_data_files(kind, directory)
+def _check_data_files_intact(task: str, kind: str, path: Path) -> None:
+    """The files of task ``task`` at ``path`` are not damaged (truncated, empty, an error page
+    under the file's name), by the kind's ``damaged_files`` check: headers, lengths and trailers."""
+    damaged = data_module.damaged_data_files(kind, path)
     if damaged:
         problems = "; ".join(f"{file} {problem}" for file, problem in damaged)
         raise ConfigError(

@@ -25,13 +25,14 @@ hyperparameters per task live in ``params.yaml`` (``gradinit.<task>``, ``sparse.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
+
+from trainmap.registry import Registry, caller_module
 
 STAGES = ("gradinit", "sparse")
 #: The method whose trained dense model a sparse method retrains (its teacher).
@@ -53,38 +54,27 @@ class MethodSpec:
         return stage in self.stages
 
 
-METHODS: dict[str, MethodSpec] = {}
-#: The module that registered each method, named when another module reuses the name.
-_SOURCES: dict[str, str] = {}
+#: The registered methods by name, each with the module that registered it.
+METHODS: Registry[MethodSpec] = Registry("method")
 
 
 def register_method(spec: MethodSpec) -> MethodSpec:
     """Add a method to the registry (a name may be registered once: a second registration, e.g. a
     plugin reusing a built-in name, is an error naming both modules)."""
-    source = sys._getframe(1).f_globals.get("__name__", "?")
-    if spec.name in METHODS:
-        raise ValueError(
-            f"method {spec.name!r} is already registered by {_SOURCES.get(spec.name, '?')}; "
-            f"{source} registers it again (rename one of them)"
-        )
     unknown = sorted(set(spec.stages) - set(STAGES))
     if unknown:
         raise ValueError(f"method {spec.name!r} names unknown stages {unknown}; known: {STAGES}")
-    METHODS[spec.name] = spec
-    _SOURCES[spec.name] = source
-    return spec
+    return METHODS.register(spec.name, spec, caller_module())
 
 
 def method_names() -> list[str]:
     """The registered method names, sorted."""
-    return sorted(METHODS)
+    return METHODS.names()
 
 
 def check_method(name: str) -> MethodSpec:
     """Return the method called ``name`` or raise a ValueError naming the allowed ones."""
-    if name not in METHODS:
-        raise ValueError(f"unknown method {name!r}; allowed: {', '.join(method_names())}")
-    return METHODS[name]
+    return METHODS.lookup(name)
 
 
 def kaiming_init(model: nn.Module, generator: torch.Generator) -> None:

@@ -17,12 +17,13 @@ built-in one. This module imports no family.
 from __future__ import annotations
 
 import copy
-import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import nn
+
+from trainmap.registry import Registry, caller_module
 
 INPUT_KINDS = frozenset({"vector", "image", "tokens"})
 
@@ -46,48 +47,37 @@ class ArchSpec:
     deploy_form: bool = False
 
 
-ARCHITECTURES: dict[str, ArchSpec] = {}
-#: The module that registered each architecture, named when another module reuses the name.
-_SOURCES: dict[str, str] = {}
+#: The registered architectures by name, each with the module that registered it.
+ARCHITECTURES: Registry[ArchSpec] = Registry("architecture")
 
 
 def register_architecture(spec: ArchSpec) -> ArchSpec:
     """Add an architecture to the registry (a name may be registered once: a second registration,
     e.g. a plugin reusing a built-in name, is an error naming both modules)."""
-    source = sys._getframe(1).f_globals.get("__name__", "?")
-    if spec.name in ARCHITECTURES:
-        raise ValueError(
-            f"architecture {spec.name!r} is already registered by {_SOURCES.get(spec.name, '?')}; "
-            f"{source} registers it again (rename one of them)"
-        )
     unknown_kinds = spec.input_kinds - INPUT_KINDS
     if unknown_kinds:
         raise ValueError(
             f"architecture {spec.name!r} lists unknown input kinds {sorted(unknown_kinds)}; "
             f"known: {', '.join(sorted(INPUT_KINDS))}"
         )
-    ARCHITECTURES[spec.name] = spec
-    _SOURCES[spec.name] = source
-    return spec
+    return ARCHITECTURES.register(spec.name, spec, caller_module())
 
 
 def arch_names() -> list[str]:
     """The registered architecture names, sorted."""
-    return sorted(ARCHITECTURES)
+    return ARCHITECTURES.names()
 
 
 def registered_by(arch: str) -> str:
     """The module that registered ``arch`` (a built-in family or a plugin), for error messages."""
-    return _SOURCES.get(arch, "?")
+    return ARCHITECTURES.source_of(arch)
 
 
 def check_arch(arch: str, input_kind: str | None = None, options: dict | None = None) -> None:
     """Raise a ValueError unless ``arch`` exists, accepts ``input_kind`` and takes ``options``:
     each a declared option, passing the family's ``check_options`` and of its default's type
     (:func:`option_type_problem`)."""
-    if arch not in ARCHITECTURES:
-        raise ValueError(f"unknown architecture {arch!r}; allowed: {', '.join(arch_names())}")
-    spec = ARCHITECTURES[arch]
+    spec = ARCHITECTURES.lookup(arch)
     if input_kind is not None and input_kind not in spec.input_kinds:
         raise ValueError(
             f"architecture {arch!r} does not accept input kind {input_kind!r}; "
