@@ -19,7 +19,7 @@ Fresh fits are cold (the fit's own restarts); the curve's refits are warm-starte
 map (k-step, ``max_iter`` 10, as in the workflow), so the curve is also shown cold (``sub cold``:
 ``warm_start=False``) to separate the two sources of optimism.
 
-Setting: the known answer of ``tests/test_dynamics_stability.py`` (3 states, steps of 1.5
+Setting: the known answer of ``tests/unit/dynamics/test_stability.py`` (3 states, steps of 1.5
 within-state SDs, 6 features, 200 checkpoints; K_max 4, 2 restarts). The full sets are the first N
 runs of :func:`~trainmap.dynamics.synthetic.sample_runs` (N = 40 and, to show what the ladder's cap
 is for, N = 24); the fresh sets are later runs of the same sampler, disjoint from the full set and
@@ -64,7 +64,7 @@ from trainmap.dynamics.stability_results import (
 )
 from trainmap.dynamics.synthetic import KnownHMM, sample_runs
 
-#: The weakly separated known answer of tests/test_dynamics_stability.py.
+#: The weakly separated known answer of tests/unit/dynamics/test_stability.py.
 SETTING = {"n_states": 3, "seed": 1, "separation": 1.5, "n_features": 6}
 FEATURES = list(METRIC_NAMES[: SETTING["n_features"]])
 K_MAX, RESTARTS, MAX_ITER = 4, 2, 10

@@ -20,9 +20,10 @@ Four sections (``--section``, default all):
     kernels as (out, in * kh * kw), Linear weights); also ``singular_values`` (the Gram route) on
     the same matrices. Median of alternating rounds.
 ``memory``
-    Peak RSS and resume-file bytes of a training block (tests/test_streamed_metrics.py's
-    ``MEMORY_PROBE``: a ResNet-18-sized model, 2 seeds, Adam, a checkpoint every step), each count
-    of checkpoints in a fresh process, as ratios to 20 checkpoints (flat: no checkpoint is held).
+    Peak RSS and resume-file bytes of a training block
+    (tests/unit/dynamics/test_streamed_metrics.py's ``MEMORY_PROBE``: a ResNet-18-sized model,
+    2 seeds, Adam, a checkpoint every step), each count of checkpoints in a fresh process, as
+    ratios to 20 checkpoints (flat: no checkpoint is held).
 ``bytes``
     Bytes per run of each archive policy (``ArchivePolicy.bytes_per_run``; no training) for the
     default study's models, MNIST-5k's MLP, ResNet-18 on CIFAR-100 (config/paper/cifar100.yaml)
@@ -288,8 +289,9 @@ def section_resnet18(quick: bool) -> None:
 
 
 def memory_probe_source() -> str:
-    """``MEMORY_PROBE`` of tests/test_streamed_metrics.py (the test's own probe, not a copy)."""
-    path = REPO_ROOT / "tests" / "test_streamed_metrics.py"
+    """``MEMORY_PROBE`` of tests/unit/dynamics/test_streamed_metrics.py (the test's own probe,
+    not a copy)."""
+    path = REPO_ROOT / "tests" / "unit" / "dynamics" / "test_streamed_metrics.py"
     spec = importlib.util.spec_from_file_location("_streamed_metrics_tests", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -269,7 +269,7 @@ def _not_fitted_reason(
 def holm(p_values: Sequence[float]) -> np.ndarray:
     """Holm's step-down adjusted p-values (Holm 1979): the i-th smallest of m is multiplied by
     m - i + 1, made non-decreasing in that order, and capped at 1. (statsmodels' ``multipletests``
-    gives the same numbers, tests/test_dynamics_certainty.py checks, but runs a full garbage
+    gives the same numbers, tests/unit/dynamics/test_certainty.py checks, but runs a full garbage
     collection on every call: 105 ms per call on 8 p-values (timeit, statsmodels 0.15.0, with
     trainmap's modules loaded; it grows with the heap), against 7 us here, which the bootstrap
     cannot afford 200 times.)"""

@@ -10,7 +10,7 @@ and returns one row per seed for every variant, i.e. every metric convention
 its branches; ``deploy``: the fused form, :func:`trainmap.models.repvgg.deploy_trajectory`). The
 computation is :func:`trainmap.dynamics.metrics.trajectory_metrics` itself, with the seeds where a
 stored trajectory has its checkpoints, so the numbers equal those computed afterwards from stored
-checkpoints (tests/test_streamed_metrics.py: bit for bit on the CPU, 1e-12 required).
+checkpoints (tests/unit/dynamics/test_streamed_metrics.py: bit for bit on the CPU, 1e-12 required).
 
 A run's streamed table (``checkpoint_metrics.csv``, :data:`STREAMED_COLUMNS`) records with every row
 the :func:`definitions_hash` of the metric code that computed it; the ``collect_metrics`` rule takes

@@ -22,7 +22,7 @@ The metrics are computed as for checkpoints read afterwards
 name and shape, with ``heads`` for attention; :func:`trainmap.dynamics.external.run_layout`) and the
 same :func:`trainmap.dynamics.metrics.trajectory_metrics` the training loop streams its metrics
 with, on the weights in float64. The numbers equal those of the same weights saved and read back
-(tests/test_recorder.py: exactly equal on the CPU, 1e-12 required).
+(tests/unit/recorder/test_recorder.py: exactly equal on the CPU, 1e-12 required).
 """
 
 from __future__ import annotations

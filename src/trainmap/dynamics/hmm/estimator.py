@@ -25,7 +25,8 @@ runs (Hu et al., sec. 2.1, appendices A and C), fitted and saved reproducibly.
 The fitted model saves as plain arrays (``.npz``) plus JSON, never as a pickle; the best model of
 every K stays in memory (``models_``) for the bootstrap's warm starts
 (:mod:`trainmap.dynamics.certainty`). Defaults chosen by the known-answer tests in
-tests/test_dynamics_selection.py and bench/hmm_select.py; why: docs/decisions/hmm-selection.md.
+tests/unit/dynamics/hmm/test_selection.py and bench/hmm_select.py; why:
+docs/decisions/hmm-selection.md.
 """
 
 from __future__ import annotations

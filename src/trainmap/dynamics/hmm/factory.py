@@ -46,7 +46,7 @@ def emission_model(n_states: int, emission: str, **kw: Any) -> Any:
     :class:`~trainmap.dynamics.hmm.gaussian.BatchedGaussianHMM` (``plain``) or a
     :class:`~trainmap.dynamics.hmm.run_terms.RunOffsetHMM` (its other options at their defaults)."""
     # Imported here: hmmlearn imports scipy.stats and scikit-learn, which the refits' worker
-    # processes would otherwise load at start (tests/test_import_graph.py).
+    # processes would otherwise load at start (tests/unit/project/test_import_graph.py).
     from trainmap.dynamics.hmm.gaussian import BatchedGaussianHMM
     from trainmap.dynamics.hmm.run_terms import RunOffsetHMM
 

@@ -13,8 +13,9 @@ included). For full covariances the log-density is two matrix products,
 
 with every observation's x x' computed once per array; the same x x' give the M-step's second
 moments. Initialisation, the M-step, priors, the convergence monitor and Viterbi are hmmlearn's
-own, so a fit gives hmmlearn's result (tests/test_dynamics_hmm.py checks the statistics against
-hmmlearn's E-step to 1e-9). A model EM leaves without mass (NaN parameters) stops at once.
+own, so a fit gives hmmlearn's result (tests/unit/dynamics/hmm/test_training_hmm.py checks the
+statistics against hmmlearn's E-step to 1e-9). A model EM leaves without mass (NaN parameters)
+stops at once.
 
 Several models of the same runs (a selection's every K) fit in lockstep (:func:`fit_together`):
 their states side by side in one E-step (:func:`estep_together`), each model converging on its

@@ -12,7 +12,7 @@ import yaml
 from trainmap import grid, plan
 from trainmap.grid import BLOCK_RULES, Cell, load_config, names_regex, study_blocks
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(scope="module")

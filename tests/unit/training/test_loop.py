@@ -28,7 +28,7 @@ from trainmap.training.loop import (
     train_model,
 )
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 SMALL_MLP = {"hidden": [32]}
 # Exercises every piece of resume state: Adam moments, warm-up + cosine schedule, gradient clipping,
 # epochs that do not divide into batches (sampler position), and resume steps that fall between

@@ -4,7 +4,7 @@ changed) and what depends on those (their inputs are remade), nothing else, and 
 setting of a task the grid does not run. Each rule a setting reaches lives in a DVC stage that
 declares the setting's section, so `dvc exp run -S key=value` runs that stage, and the content
 hashes of the block manifests (trainmap.lineage) carry the change through the stages after it
-(tests/test_dvc.py shows that with real runs).
+(tests/integration/test_dvc.py shows that with real runs).
 
 The probe plans each change with Snakemake's own DAG (a dry run through its API, in this process:
 ~1 s a key instead of ~5 s for a `snakemake -n` process), from the reasons Snakemake gives per job.

@@ -2,10 +2,10 @@
 
 The curve subsamples the N runs we have; the question it stands for is whether n *fresh* seeds
 give the same map. On runs from a known HMM (the weakly separated answer of
-tests/test_dynamics_stability.py: 3 states, steps of 1.5 SDs, 6 features) the second question is
-answered directly: maps fitted on fresh sets of n runs of the same model (sampler indices the full
-set never used), each compared with the true model's decoding of the N runs (the map of infinitely
-many seeds) by the same criterion, ARI >= 0.9 in >= 90 % of the draws.
+tests/unit/dynamics/test_stability.py: 3 states, steps of 1.5 SDs, 6 features) the second
+question is answered directly: maps fitted on fresh sets of n runs of the same model (sampler
+indices the full set never used), each compared with the true model's decoding of the N runs (the
+map of infinitely many seeds) by the same criterion, ARI >= 0.9 in >= 90 % of the draws.
 ``bench/stability_validation.py`` prints the whole table (more draws, the curve up to n = N, the
 cold-refit curve); here, with 10 subsamples and 10 fresh sets per n (~30 s):
 

@@ -21,7 +21,8 @@ import pytest
 import torch
 import yaml
 from conftest import REPO_ROOT, MlflowServer, copy_workflow, dry_run_job_counts, snakemake
-from test_workflow import cells_of_block_rules
+
+from .test_workflow import cells_of_block_rules
 
 pytestmark = pytest.mark.integration
 

@@ -3,7 +3,8 @@
 The script runs as root and writes (slurm.conf, logs) and reads (pid files it kills by) its state
 directory. It used a fixed /tmp/trainmap-slurm, where any local user could plant a symbolic link.
 These checks run the harmless `env` and `status` commands (no daemon is started); `start` runs the
-same check first, and tests/test_slurm.py starts a real cluster in a private pytest directory.
+same check first, and tests/integration/test_slurm.py starts a real cluster in a private pytest
+directory.
 """
 
 from __future__ import annotations

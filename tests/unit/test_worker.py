@@ -194,7 +194,7 @@ def test_the_server_runs_only_job_functions(server, jobs_module, capsys):
 def test_job_function_allows_trainmap_jobs_only():
     import re
 
-    scripts = Path(__file__).resolve().parents[1] / "workflow" / "scripts"
+    scripts = Path(__file__).resolve().parents[2] / "workflow" / "scripts"
     named = {name for script in scripts.glob("*.py")
              for name in re.findall(r'"(trainmap\.jobs\.\w+:\w+)"', script.read_text())}  # fmt: skip
     assert len(named) >= 10, named

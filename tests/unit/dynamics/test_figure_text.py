@@ -5,7 +5,6 @@ states' and edges' runs per method."""
 
 from __future__ import annotations
 
-import sys
 import warnings
 from pathlib import Path
 
@@ -15,9 +14,8 @@ import trainmap.dynamics.training_map as training_map_module
 import trainmap.figures as figures
 from trainmap.dynamics.pipeline import fit_group, joint_group, map_group, regress_group
 
-sys.path.insert(0, str(Path(__file__).parent))
-from test_analysis_results import SETTINGS, read_runs  # noqa: E402
-from test_dynamics_cli import write_tables  # noqa: E402
+from .test_analysis_results import SETTINGS, read_runs
+from .test_cli import write_tables
 
 
 @pytest.fixture

@@ -38,7 +38,7 @@ from trainmap.training.archive import (
 )
 from trainmap.training.loop import TrainConfig, TrainPaths, build_cell_model, train_block
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 #: What every DVC stage runs: Snakemake's workflow and the whole package its jobs import.
 CODE_DEPS = {"${dvc.configfile}", "Snakefile", "workflow", "src/trainmap"}
 

@@ -26,7 +26,7 @@ from trainmap.training.loop import (
 )
 from trainmap.training.seed_block import SeedBlock
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import sys
 import warnings
 from pathlib import Path
 
@@ -32,8 +31,7 @@ from trainmap.dynamics.pipeline import (
 from trainmap.dynamics.tables import read_metric_table
 from trainmap.grid import Cell
 
-sys.path.insert(0, str(Path(__file__).parent))
-from test_dynamics_cli import write_tables  # noqa: E402
+from .test_cli import write_tables
 
 SETTINGS = {"k_max": 4, "restarts": 2, "bootstrap": 4, "covariance_type": "diag",
             "permutations": 50}  # fmt: skip

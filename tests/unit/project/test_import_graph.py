@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parents[1] / "src" / "trainmap"
+PACKAGE = Path(__file__).resolve().parents[3] / "src" / "trainmap"
 
 
 def module_name(path: Path) -> str:
