@@ -142,7 +142,7 @@ def seed_block(config: dict, task: str) -> int:
 
 
 def seed_ranges_of(config: dict, cells: Iterable[Cell]) -> list[SeedRange]:
-    """``cells`` grouped into :class:`Block` s: per (task, arch, method), the seeds of each aligned
+    """``cells`` as blocks (:class:`SeedRange`): per (task, arch, method), the seeds of each aligned
     range of ``seed_block`` seeds; in (task, arch, method, first seed) order."""
     seeds: dict[tuple[str, str, str, int], list[int]] = {}
     for cell in set(cells):
