@@ -31,7 +31,7 @@ from pathlib import Path
 
 from trainmap.dynamics.pipeline import analysis_runs, fit_group, joint_group, with_defaults
 from trainmap.grid import load_config, results_root
-from trainmap.grid.cells import joint_groups, joint_labels, joint_settings, paper_groups
+from trainmap.grid.cells import joint_comparisons, joint_labels, joint_settings, paper_groups
 from trainmap.jobs.analysis import joint_run_ids, read_group_runs, seed_labels
 
 RULES = ("holdout", "folds", "reproducible")
@@ -53,7 +53,8 @@ def read_joint_cells(config: dict, cells: list) -> tuple[dict, object, dict]:
 def joint_maps(config: dict, only: list[str]) -> dict[str, tuple]:
     """Each joint comparison's runs, outcomes, groups and settings."""
     return {name: (*read_joint_cells(config, cells), joint_settings(config, name))
-            for name, cells in joint_groups(config).items() if not only or name in only}  # fmt: skip
+            for name, cells in joint_comparisons(config).items()
+            if not only or name in only}  # fmt: skip
 
 
 def paper_maps(config: dict, only: list[str]) -> dict[str, tuple]:

@@ -170,11 +170,11 @@ def grid(fits: pd.DataFrame, aris: pd.DataFrame) -> tuple[str, dict[tuple[float,
     header = ["ARI target", "share", *(f"K={t} nuisance {n:g}" for t, n in data),
               "K right (all)", "selected K (all)"]  # fmt: skip
     lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
-    groups = {key: frame for key, frame in aris.groupby(["truth", "nuisance", "seed"])}
+    by_fit = {key: frame for key, frame in aris.groupby(["truth", "nuisance", "seed"])}
     right_total: dict[tuple[float, float], int] = {}
     for target in ARI_TARGETS:
         for share in SHARES:
-            picks = {key: pick(frame, target, share) for key, frame in groups.items()}
+            picks = {key: pick(frame, target, share) for key, frame in by_fit.items()}
             cells, all_k = [], Counter()
             for n_states, level in data:
                 ks = [k for (t, n, _), k in picks.items() if (t, n) == (n_states, level)]
@@ -189,7 +189,7 @@ def grid(fits: pd.DataFrame, aris: pd.DataFrame) -> tuple[str, dict[tuple[float,
                          + f" | {right}/{len(picks)} | "
                          + ", ".join(f"{k}: {c}" for k, c in sorted(all_k.items(), key=str))
                          + " |")  # fmt: skip
-    bic_only = {key: int(frame["k_bic"].iloc[0]) for key, frame in groups.items()}
+    bic_only = {key: int(frame["k_bic"].iloc[0]) for key, frame in by_fit.items()}
     cells = []
     for n_states, level in data:
         ks = [k for (t, n, _), k in bic_only.items() if (t, n) == (n_states, level)]
@@ -200,9 +200,9 @@ def grid(fits: pd.DataFrame, aris: pd.DataFrame) -> tuple[str, dict[tuple[float,
                  + f" | {right}/{len(bic_only)} | - |")  # fmt: skip
     fitted = fits[fits["rule"] == "reproducible"].set_index(["truth", "nuisance", "seed"])["k"]
     mismatches = sum(pick(frame, DEFAULT_REPRODUCE_ARI, DEFAULT_REPRODUCE_SHARE) != fitted[key]
-                     for key, frame in groups.items())  # fmt: skip
+                     for key, frame in by_fit.items())  # fmt: skip
     lines.append(f"\nCheck: recomputed ({DEFAULT_REPRODUCE_ARI:g}, {DEFAULT_REPRODUCE_SHARE:g}) "
-                 f"pick differs from the fitted K in {mismatches}/{len(groups)} fits.")  # fmt: skip
+                 f"pick differs from the fitted K in {mismatches}/{len(by_fit)} fits.")  # fmt: skip
     return "\n".join(lines), right_total
 
 

@@ -39,11 +39,11 @@ def _load(config_file: str, comparison: str) -> None:
 
     from trainmap.dynamics.pipeline import analysis_runs, with_defaults
     from trainmap.grid import load_config
-    from trainmap.grid.cells import adaptive_joints, joint_groups, joint_settings
+    from trainmap.grid.cells import adaptive_joints, joint_comparisons, joint_settings
 
     config = load_config("params.yaml", "config/config.yaml", config_file)
     joint = adaptive_joints(config)[comparison]
-    cells = joint.cells(joint_groups(config)[comparison], joint.rounds)
+    cells = joint.cells(joint_comparisons(config)[comparison], joint.rounds)
     runs, outcomes, groups = read_joint_cells(config, cells)
     settings = with_defaults(joint_settings(config, comparison))
     runs, _ = analysis_runs(runs, outcomes, settings)

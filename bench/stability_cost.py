@@ -42,7 +42,7 @@ import pandas as pd
 
 from trainmap.dynamics.hmm import SELECTION_RULES as RULES
 from trainmap.dynamics.pipeline import Outcomes, joint_group
-from trainmap.grid import analysis_settings, joint_groups, joint_labels, load_config
+from trainmap.grid import analysis_settings, joint_comparisons, joint_labels, load_config
 from trainmap.io import load_json
 from trainmap.jobs.analysis import joint_run_ids, read_group_runs
 
@@ -61,7 +61,7 @@ def load_joint(
     """The runs of joint comparison ``name`` as rule ``joint_comparison`` reads them: run ids
     ``<method>/seed<seed>`` (``<arch>/<method>`` when archs differ, the labels of
     ``trainmap.grid.joint_labels``), strict metric tables, outcomes from the evaluations."""
-    cells = joint_groups(config)[name]
+    cells = joint_comparisons(config)[name]
     labels = joint_labels(cells)
     run_ids = joint_run_ids(labels, cells)
     runs, outcomes = read_group_runs(

@@ -666,7 +666,7 @@ def analysis_jobs(config: Mapping[str, Any]) -> list[JobPlan]:
         plans.append(analysis_job(config, "fit_hmm", name, cells))
         plans.append(analysis_job(config, "regress_detours", name, cells, 0.05))
         plans.append(analysis_job(config, "training_map", name, cells, 0.02))
-    for name, cells in grid.joint_groups(config).items():
+    for name, cells in grid.joint_comparisons(config).items():
         plans.append(analysis_job(config, "joint_comparison", name, cells))
     for setting, cells in grid.paper_groups(config).items():
         for analysis in ("authors", "trainmap"):

@@ -44,13 +44,13 @@ class UnfinishedBlock:
     n_seeds: int
     #: A manifest beside it, of no block of the grid, that holds some of its seeds: the grid's
     #: seed_block changed since (then the seed directories are that block's, not a killed job's).
-    regrouped_from: str | None = None
+    old_manifest: str | None = None
 
     def message(self, command: Sequence[str]) -> str:
         """One line: the block, what is missing, what remains and the commands that finish it."""
         cause = (
-            f"seed_block changed: {self.regrouped_from} beside it groups these seeds differently"
-            if self.regrouped_from
+            f"seed_block changed: {self.old_manifest} beside it holds its seeds in another block"
+            if self.old_manifest
             else "its job was killed or failed, or it was deleted"
         )
         if self.resume:
@@ -171,14 +171,14 @@ def _scan_directory(
         if resume not in names and not seed_dirs:
             continue
         resume_path = f"{base}/{resume}" if resume in names else None
-        regrouped_from = (
+        old_manifest = (
             None  # a resume file: this block's own job ran and was stopped
             if resume_path
             else next((path for path, seeds in other_manifests
                        if any(seed in seeds for seed in block.seeds)), None)
         )  # fmt: skip
         unfinished.append(UnfinishedBlock(rule_dir, block.id, manifest, resume_path, seed_dirs,
-                                          len(block.seeds), regrouped_from))  # fmt: skip
+                                          len(block.seeds), old_manifest))  # fmt: skip
     leftover += [
         LeftoverResume(
             f"{base}/{name}", rule_dir, f"{group}/{name.removesuffix(RESUME_SUFFIX)}", None

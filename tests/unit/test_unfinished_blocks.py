@@ -108,12 +108,12 @@ def test_a_new_block_after_a_seed_block_change_says_so(tmp_path: Path) -> None:
                "evaluate/parity/mlp/kaiming/seed0/evaluation.json")  # fmt: skip
     scan = find_unfinished(results, {"evaluate": [block()]})
     [found] = scan.blocks
-    assert found.regrouped_from == f"{results.as_posix()}/evaluate/parity/mlp/kaiming/seeds0-3.json"
-    assert f"(seed_block changed: {found.regrouped_from} beside it" in scan.messages()[0]
+    assert found.old_manifest == f"{results.as_posix()}/evaluate/parity/mlp/kaiming/seeds0-3.json"
+    assert f"(seed_block changed: {found.old_manifest} beside it" in scan.messages()[0]
     # with a resume file, the block's own job ran: killed, whatever the seeds' earlier grouping
     make_files(results, "evaluate/parity/mlp/kaiming/seeds0-1.resume.pt")
     [found] = find_unfinished(results, {"evaluate": [block()]}).blocks
-    assert found.regrouped_from is None and found.resume
+    assert found.old_manifest is None and found.resume
 
 
 def test_every_leftover_resume_file_is_mentioned(tmp_path: Path) -> None:

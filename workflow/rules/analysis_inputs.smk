@@ -6,7 +6,7 @@ from trainmap.io import load_json
 #: Training-map groups: (task, arch, method) -> their cells.
 HMM_GROUPS = grid.analysis_groups(config)
 #: Joint comparisons: name -> the grid's cells they pool.
-JOINT_GROUPS = grid.joint_groups(config)
+JOINT_COMPARISONS = grid.joint_comparisons(config)
 JOINT_SPECS = {
     spec["name"]: spec for spec in grid.analysis_settings(config).get("joint", [])
 }
@@ -24,13 +24,13 @@ def joint_cells(wildcards):
     analysis)."""
     name = wildcards.name
     if "round" in wildcards.keys():
-        return ADAPTIVE[name].cells(JOINT_GROUPS[name], int(wildcards.round))
-    return [] if name in ADAPTIVE else JOINT_GROUPS[name]
+        return ADAPTIVE[name].cells(JOINT_COMPARISONS[name], int(wildcards.round))
+    return [] if name in ADAPTIVE else JOINT_COMPARISONS[name]
 
 
 def grid_cells_of_joint(wildcards):
     """The grid's cells of a joint comparison (its rounds' added seeds left out)."""
-    return JOINT_GROUPS.get(wildcards.name, [])
+    return JOINT_COMPARISONS.get(wildcards.name, [])
 
 
 @input_function
@@ -129,5 +129,5 @@ def analysis_outputs():
             f"{RESULTS}/hmm/{group}/{name}"
             for name in ("hmm.npz", "map.json", "detours.json")
         ]
-    files += [f"{RESULTS}/joint/{name}/joint.json" for name in JOINT_GROUPS]
+    files += [f"{RESULTS}/joint/{name}/joint.json" for name in JOINT_COMPARISONS]
     return files + external_outputs()

@@ -141,7 +141,8 @@ def compare_groups(
     hmm: TrainingHMM,
     settings: Mapping[str, Any] | None = None,
 ) -> JointComparison:
-    """Fit ``hmm`` (unfitted, configured) on the pooled runs and compare the groups.
+    """Fit ``hmm`` (unfitted, configured) on the pooled runs and compare the groups (``groups``:
+    run id -> group label).
 
     ``settings``: the analysis settings used here (``alpha``, ``dissimilarity``, ``permutations``,
     ``confidence``, ``seed``; :data:`trainmap.dynamics.settings.ANALYSIS_DEFAULTS` fills the rest).

@@ -484,8 +484,8 @@ def joint_group(
     settings: Mapping[str, Any], out_dir: str | os.PathLike | None = None, title: str = "",
     n_jobs: int = 1,
 ) -> JointResult:  # fmt: skip
-    """One shared HMM over several groups' runs, the comparison of the groups, its verdicts, its
-    bootstrap and its map; written to ``out_dir`` when given."""
+    """One shared HMM over several groups' runs (``groups``: run id -> group label), the comparison
+    of the groups, its verdicts, its bootstrap and its map; written to ``out_dir`` when given."""
     settings = with_defaults(settings)
     comparison = compare_groups(runs, groups, outcomes.convergence, outcomes.status,
                                 make_hmm(settings | {"n_jobs": n_jobs}), settings)  # fmt: skip

@@ -142,7 +142,7 @@ def seed_block(config: dict, task: str) -> int:
 
 
 def seed_ranges_of(config: dict, cells: Iterable[Cell]) -> list[SeedRange]:
-    """``cells`` grouped into :class:`Block` s: per (task, arch, method), the seeds of each aligned
+    """``cells`` as blocks (:class:`SeedRange`): per (task, arch, method), the seeds of each aligned
     range of ``seed_block`` seeds; in (task, arch, method, first seed) order."""
     seeds: dict[tuple[str, str, str, int], list[int]] = {}
     for cell in set(cells):
@@ -298,7 +298,7 @@ def analysis_groups(config: dict) -> dict[str, list[Cell]]:
         return {}
     mapped_jointly = set()
     if which == "outside_joint":
-        mapped_jointly = {cell for cells in joint_groups(config).values() for cell in cells}
+        mapped_jointly = {cell for cells in joint_comparisons(config).values() for cell in cells}
     groups: dict[str, list[Cell]] = {}
     for cell in expand_grid(config):
         if retrains(cell) and cell not in mapped_jointly:
@@ -327,9 +327,9 @@ def in_joint(cell: Cell, spec: Mapping[str, Any]) -> bool:
     )
 
 
-def joint_groups(config: dict) -> dict[str, list[Cell]]:
+def joint_comparisons(config: dict) -> dict[str, list[Cell]]:
     """Joint comparisons (``analysis.joint``): the pooled trained cells of several archs/methods of
-    one task; groups with fewer than two runs in the grid are left out (check_config warns). A
+    one task; comparisons with fewer than two runs in the grid are left out (check_config warns). A
     comparison that pools external run sets (``external``) is kept with whatever cells it has
     (none, for external sets alone)."""
     cells = [cell for cell in expand_grid(config) if retrains(cell)]
@@ -401,7 +401,7 @@ class AdaptiveJoint:
 def adaptive_joints(config: dict) -> dict[str, AdaptiveJoint]:
     """The adaptive joint comparisons of the grid (:class:`AdaptiveJoint`), by name."""
     analysis = config.get("analysis", {})
-    filled = joint_groups(config)
+    filled = joint_comparisons(config)
     grid_cells = expand_grid(config)
     found = {}
     for spec in analysis.get("joint", []):

@@ -49,7 +49,7 @@ from trainmap.grid.cells import (
     expand_grid,
     in_joint,
     is_sparse,
-    joint_groups,
+    joint_comparisons,
     joint_labels,
     joint_settings,
     method_retrains,
@@ -312,7 +312,7 @@ def check_config(config: dict, base_dir: Path | None = None, read_runs: bool = T
         for task in config.get(stage, {}):
             _validate_stage_settings(config, stage, task)
     _check_quantize(config)
-    _check_joint_groups(config)
+    _check_joint_comparisons(config)
     _check_paper(config)
     check_external(config, base_dir, read_runs)
     _check_features(config)
@@ -693,11 +693,11 @@ def _check_paper(config: dict) -> None:
             )
 
 
-def _check_joint_groups(config: dict) -> None:
-    """Names unique and known to the registries (errors); groups the grid cannot fill are skipped
-    with a warning, so a grid file that replaces the default grid keeps working."""
+def _check_joint_comparisons(config: dict) -> None:
+    """Names unique and known to the registries (errors); comparisons the grid cannot fill are
+    skipped with a warning, so a grid file that replaces the default grid keeps working."""
     cells = [cell for cell in expand_grid(config) if retrains(cell)]
-    filled = joint_groups(config)
+    filled = joint_comparisons(config)
     adaptive = adaptive_joints(config)
     seen: set[str] = set()
     for index, spec in enumerate(config.get("analysis", {}).get("joint", [])):
@@ -769,7 +769,7 @@ def _check_joint_against_grid(config: dict, where: str, spec: Mapping[str, Any])
     trajectory, and once the grid runs any of the comparison's groups it must run every named
     method and arch of its task (else the "comparison" would silently shrink, e.g. to one
     method). A comparison none of whose groups the grid runs (a grid file that replaces the
-    default grid) is skipped with a warning instead (:func:`_check_joint_groups`)."""
+    default grid) is skipped with a warning instead (:func:`_check_joint_comparisons`)."""
     for position, method in enumerate(spec.get("methods", [])):
         if not method_retrains(method):
             raise ConfigError(
@@ -805,7 +805,7 @@ def _check_analysis_runs(config: dict) -> None:
         (f"group {name}", analysis_settings(config), "analysis", {name: cells})
         for name, cells in analysis_groups(config).items()
     ]
-    joints = joint_groups(config)
+    joints = joint_comparisons(config)
     for index, spec in enumerate(config.get("analysis", {}).get("joint", [])):
         cells = joints.get(spec["name"])
         if cells:

@@ -97,9 +97,9 @@ def test_default_study_has_at_least_32_seeds_per_method_in_every_joint_compariso
     base_config: dict,
 ) -> None:
     """The default study's answers rest on enough seeds (the paper: 40 per setting)."""
-    from trainmap.grid import joint_groups
+    from trainmap.grid import joint_comparisons
 
-    joints = joint_groups(base_config)
+    joints = joint_comparisons(base_config)
     assert set(joints) == {spec["name"] for spec in base_config["analysis"]["joint"]}
     for name, cells in joints.items():
         per_method: dict[tuple[str, str], int] = {}
@@ -846,8 +846,8 @@ def test_snakemake_names_file_and_line_of_a_yaml_syntax_error(
     assert "while parsing a flow sequence at line 3" in first_line, first_line
 
 
-def test_joint_groups_the_grid_cannot_fill_are_skipped_with_a_warning(config: dict) -> None:
-    from trainmap.grid import joint_groups
+def test_joint_comparisons_the_grid_cannot_fill_are_skipped_with_a_warning(config: dict) -> None:
+    from trainmap.grid import joint_comparisons
 
     config["analysis"]["joint"] = [
         {"name": "ok", "task": "digits", "archs": ["vgg_bn", "resnet_bn"], "methods": ["kaiming"]},
@@ -855,8 +855,8 @@ def test_joint_groups_the_grid_cannot_fill_are_skipped_with_a_warning(config: di
     ]
     with pytest.warns(UserWarning, match=r"analysis.joint\[1\] \('absent'\).*skipped"):
         check_config(config)
-    groups = joint_groups(config)
-    assert list(groups) == ["ok"] and len(groups["ok"]) == 16
+    joints = joint_comparisons(config)
+    assert list(joints) == ["ok"] and len(joints["ok"]) == 16
 
 
 @pytest.mark.parametrize(

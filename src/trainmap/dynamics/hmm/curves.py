@@ -59,14 +59,15 @@ def selection_curve(fits: Sequence[dict[str, Any]], restart_rule: str) -> pd.Dat
     """
     rows = []
     for n_states in sorted({fit["n_states"] for fit in fits}):
-        group = [fit for fit in fits if fit["n_states"] == n_states]
-        usable = [fit for fit in group if fit["model"] is not None]
+        restarts = [fit for fit in fits if fit["n_states"] == n_states]
+        usable = [fit for fit in restarts if fit["model"] is not None]
         bics = np.array([fit["bic"] for fit in usable])
         row = {"n_states": n_states, "train_log_likelihood": math.nan,
                "heldout_log_likelihood": math.nan, "bic": math.inf, "aic": math.inf,
                "bic_best_restart": math.inf, "bic_mean": float(bics.mean()) if len(bics) else math.inf,
                "bic_sd": float(bics.std()) if len(bics) else math.nan,
-               "restarts_ok": len(usable), "restarts_converged": sum(f["converged"] for f in group),
+               "restarts_ok": len(usable),
+               "restarts_converged": sum(f["converged"] for f in restarts),
                "restart": -1}  # fmt: skip
         if usable:
             best = best_restart(usable)

@@ -10,7 +10,7 @@ matrix): one recursion per time step serves them all and every quantity is scale
 each model's numbers are the ones it has alone. A (run, model) whose scaled recursion underflows
 or overflows (a run the model finds impossible) is redone in log space with hmmlearn's C kernels.
 
-:func:`forward_backward_runs` is the one E-step driver every emission model calls: each group of
+:func:`forward_backward_runs` is the one E-step driver every emission model calls: each batch of
 runs of equal length, time-major (the order the recursions read; :func:`time_major` lays out a
 model's observations so). Runs may carry weights (a bootstrap draw counts a run drawn three times
 three times). The emission models are :mod:`~trainmap.dynamics.hmm.gaussian` and
@@ -203,22 +203,23 @@ def run_starts(lengths: Any) -> np.ndarray:
 
 
 def runs_of_equal_length(lengths: Any) -> list[tuple[np.ndarray, np.ndarray]]:
-    """For each distinct length: the positions of its runs in ``lengths`` and their row indices
-    [n, T] in ``X`` (the runs concatenated in the order of ``lengths``)."""
+    """The batches of equal-length runs, one per distinct length (its length class): the
+    positions of its runs in ``lengths`` and their row indices [n, T] in ``X`` (the runs
+    concatenated in the order of ``lengths``)."""
     lengths = np.asarray(lengths)
     starts = run_starts(lengths)
-    groups = []
+    batches = []
     for length in np.unique(lengths):
         positions = np.flatnonzero(lengths == length)
-        groups.append((positions, starts[positions][:, None] + np.arange(length)[None, :]))
-    return groups
+        batches.append((positions, starts[positions][:, None] + np.arange(length)[None, :]))
+    return batches
 
 
 def run_log_likelihoods(
     log_frames: np.ndarray, startprob: np.ndarray, transmat: np.ndarray, lengths: Any
 ) -> np.ndarray:
     """log p(run) of every run [R] (``log_frames`` [N, K] of the runs concatenated in the order
-    of ``lengths``): the scaled forward pass of each group of equal-length runs (gathered
+    of ``lengths``): the scaled forward pass of each batch of equal-length runs (gathered
     time-major, :func:`forward_time_major`), the runs it cannot hold in log space."""
     log_likelihood = np.empty(len(np.asarray(lengths)))
     for positions, rows in runs_of_equal_length(lengths):
@@ -258,13 +259,13 @@ def remembered(kind: str, X: np.ndarray, compute: Callable[[], Any], key: tuple 
 
 @dataclass(frozen=True)
 class TimeMajor:
-    """Observations of runs reordered time-major within each group of runs of equal length (the
-    order the forward-backward recursions read): ``X`` [N, d] and, per group, the positions of its
+    """Observations of runs reordered time-major within each batch of equal-length runs (the
+    order the forward-backward recursions read): ``X`` [N, d] and, per batch, the positions of its
     runs in ``lengths``, its first row, its length T and its number of runs n (rows ``first`` to
     ``first + T n``, as [T, n] in C order)."""
 
     X: np.ndarray
-    groups: list[tuple[np.ndarray, int, int, int]]
+    batches: list[tuple[np.ndarray, int, int, int]]
 
 
 def time_major(X: np.ndarray, lengths: Any) -> TimeMajor:
@@ -273,45 +274,45 @@ def time_major(X: np.ndarray, lengths: Any) -> TimeMajor:
     lengths = np.asarray(lengths)
 
     def layout() -> TimeMajor:
-        order, groups, first = [], [], 0
+        order, batches, first = [], [], 0
         for positions, rows in runs_of_equal_length(lengths):
             order.append(rows.T.ravel())
-            groups.append((positions, first, rows.shape[1], rows.shape[0]))
+            batches.append((positions, first, rows.shape[1], rows.shape[0]))
             first += rows.size
-        return TimeMajor(np.ascontiguousarray(X[np.concatenate(order)]), groups)
+        return TimeMajor(np.ascontiguousarray(X[np.concatenate(order)]), batches)
 
     return remembered("layout", X, layout, tuple(lengths.tolist()))
 
 
 @dataclass
 class ForwardBackward:
-    """The E-step of runs under one or several models side by side (states in blocks), per group
-    of runs of equal length."""
+    """The E-step of runs under one or several models side by side (states in blocks), per batch
+    of equal-length runs."""
 
-    posteriors: list[np.ndarray]  # p(s_t = k | z_1:T) of each group [T, n, S]
-    log_likelihoods: list[np.ndarray]  # log p(z_1:T) of each group's runs under each model [n, B]
+    posteriors: list[np.ndarray]  # p(s_t = k | z_1:T) of each batch [T, n, S]
+    log_likelihoods: list[np.ndarray]  # log p(z_1:T) of each batch's runs under each model [n, B]
     transitions: np.ndarray  # expected transition counts, times the run weights, summed [S, S]
 
 
 def forward_backward_runs(
-    groups: Sequence[tuple[np.ndarray, np.ndarray]],
+    batches: Sequence[tuple[np.ndarray, np.ndarray]],
     startprob: np.ndarray,
     transmat: np.ndarray,
     sizes: Sequence[int],
     weights: np.ndarray | None = None,
 ) -> ForwardBackward:
-    """Forward-backward of every run: for each group of runs of equal length, the positions of its
+    """Forward-backward of every run: for each batch of equal-length runs, the positions of its
     runs (in ``lengths`` order) and its log p(z_t | s_t = k) [T, n, S] time-major
     (:func:`forward_backward_time_major`), the models' states in blocks of ``sizes``,
     ``startprob`` theirs one after the other and ``transmat`` [S, S] block-diagonal. ``weights``:
     run i (in ``lengths`` order) counts that many times in the transitions (None: once)."""
     posteriors, log_likelihoods = [], []
     transitions = np.zeros(transmat.shape)
-    for positions, frames in groups:
-        gamma, group_transitions, group_log_likelihood = forward_backward_time_major(
+    for positions, frames in batches:
+        gamma, batch_transitions, batch_log_likelihood = forward_backward_time_major(
             frames, startprob, transmat, sizes, None if weights is None else weights[positions]
         )
         posteriors.append(gamma)
-        log_likelihoods.append(group_log_likelihood)
-        transitions += group_transitions
+        log_likelihoods.append(batch_log_likelihood)
+        transitions += batch_transitions
     return ForwardBackward(posteriors, log_likelihoods, transitions)

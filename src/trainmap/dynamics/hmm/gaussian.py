@@ -289,13 +289,13 @@ def estep_together(
     log_frames = log_densities_together(models, layout.X)
     startprob = np.concatenate([model.startprob_ for model in models])
     transmat = block_diag(*(model.transmat_ for model in models))
-    groups = [(positions, log_frames[first : first + length * n_runs].reshape(length, n_runs, -1))
-              for positions, first, length, n_runs in layout.groups]  # fmt: skip
-    answer = forward_backward_runs(groups, startprob, transmat, sizes,
+    batches = [(positions, log_frames[first : first + length * n_runs].reshape(length, n_runs, -1))
+               for positions, first, length, n_runs in layout.batches]  # fmt: skip
+    answer = forward_backward_runs(batches, startprob, transmat, sizes,
                                    None if weights is None else run_weights)  # fmt: skip
     parts, start, log_likelihood = [], np.zeros(len(startprob)), np.zeros(len(models))
     for (positions, _), gamma, run_log_likelihood in zip(
-        groups, answer.posteriors, answer.log_likelihoods, strict=True
+        batches, answer.posteriors, answer.log_likelihoods, strict=True
     ):
         w = run_weights[positions]
         if weights is not None:

@@ -133,14 +133,14 @@ def posteriors_and_likelihood(
     [K, K] (each run's times its weight), each run's first-step posterior [R, K] and
     log-likelihood [R]."""
     n_states = log_frames.shape[1]
-    groups = runs_of_equal_length(lengths)
-    answer = forward_backward_runs([(positions, log_frames[rows.T]) for positions, rows in groups],
+    batches = runs_of_equal_length(lengths)
+    answer = forward_backward_runs([(positions, log_frames[rows.T]) for positions, rows in batches],
                                    startprob, transmat, [n_states], weights)  # fmt: skip
     posteriors = np.empty_like(log_frames)
     first = np.empty((len(lengths), n_states))
     log_likelihood = np.empty(len(lengths))
     for (positions, rows), gamma, run_log_likelihood in zip(
-        groups, answer.posteriors, answer.log_likelihoods, strict=True
+        batches, answer.posteriors, answer.log_likelihoods, strict=True
     ):
         posteriors[rows.T] = gamma
         first[positions] = gamma[0]

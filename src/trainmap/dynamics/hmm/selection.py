@@ -4,9 +4,10 @@ The one path of the full fit (:meth:`~trainmap.dynamics.hmm.estimator.TrainingHM
 every bootstrap and stability refit (:func:`trainmap.dynamics.certainty.refit_resample`):
 :func:`select_model` splits the standardised runs by the rule (:func:`selection_splits`:
 ``holdout``, the paper's 20 % of the runs held out; ``folds``; ``reproducible``), fits every
-(split, K, restart) (:func:`fit_restarts`, in parallel processes with the same numbers as
-serially), scores each K on its held-out runs by hmmlearn's BIC, -2 log L + p log n (Hu et al.,
-sec. 2.1; the runs' own terms counted in p, :func:`score_heldout`) and chooses K
+(split, K, restart) (:func:`fit_restarts`: the Ks of one (split, restart), a lockstep set, in one
+call; in parallel processes with the same numbers as serially), scores each K on its held-out runs
+by hmmlearn's BIC, -2 log L + p log n (Hu et al., sec. 2.1; the runs' own terms counted in p,
+:func:`score_heldout`) and chooses K
 (:func:`~trainmap.dynamics.hmm.curves.choose_k`). Each restart is seeded from the estimator's
 seed, K and the restart index (:func:`restart_seed`); a refit warm-starts from the full fit's
 models. Selection asks each model what it needs through :class:`SelectableHMM`: whether it fits
@@ -47,8 +48,9 @@ SELECTION_RULES = ("holdout", "folds", "reproducible")
 #: docs/decisions/hmm-selection.md).
 DEFAULT_FOLDS = 3
 #: Runs of each group in each half of the ``reproducible`` rule (setting ``half_size``; None: half
-#: of each group's runs): two draws of a fixed number of seeds per method, so that K does not
-#: follow the seed count (bench/selection_settle.py; docs/decisions/hmm-selection.md).
+#: of each group's runs; a joint comparison halves each of its groups): two draws of a fixed
+#: number of seeds per method, so that K does not follow the seed count
+#: (bench/selection_settle.py; docs/decisions/hmm-selection.md).
 DEFAULT_HALF_SIZE = 20
 
 
@@ -132,7 +134,7 @@ def score_heldout(
     include the scored runs' own terms (the model's ``n_run_parameters``: none for the plain
     model; d per run, 2d with drift, 2d + 1 with drift and scale for a model with run terms, whose
     score is the profile log-likelihood; a run drawn twice counts twice). Callers limit BLAS to
-    one thread around it (:func:`_fit_group`, the
+    one thread around it (:func:`_fit_ks_together`, the
     bootstrap's chunks)."""
     if weights is None:
         log_likelihood, n_observations = model.score(*heldout), len(heldout[0])
@@ -145,19 +147,19 @@ def score_heldout(
     return information_criteria(log_likelihood, n_parameters, n_observations)
 
 
-def _fit_group(
+def _fit_ks_together(
     ks: Sequence[int], restart: int, train: Data, heldout: Data | None, settings: dict[str, Any],
     weights: tuple[Any, Any], starts: Mapping[int, Mapping[str, np.ndarray]] | None,
     score_train: bool,
 ) -> list[dict[str, Any]]:  # fmt: skip
-    """:func:`_fit_group_single_threaded` with BLAS single-threaded: the matrices are small
-    (threads only add synchronisation), and the sums come out the same whether groups run one
-    after another or in parallel processes."""
+    """:func:`_fit_ks_together_single_threaded` with BLAS single-threaded: the matrices are small
+    (threads only add synchronisation), and the sums come out the same whether lockstep sets run
+    one after another or in parallel processes."""
     from threadpoolctl import threadpool_limits
 
     with threadpool_limits(limits=1):
-        return _fit_group_single_threaded(ks, restart, train, heldout, settings, weights, starts,
-                                          score_train)  # fmt: skip
+        return _fit_ks_together_single_threaded(ks, restart, train, heldout, settings, weights,
+                                                starts, score_train)  # fmt: skip
 
 
 # The scores of a restart that fitted nothing (no model; it never wins a selection).
@@ -165,13 +167,13 @@ _FAILED_FIT = {"model": None, "train_log_likelihood": math.nan,
                "heldout_log_likelihood": math.nan, "bic": math.inf, "aic": math.inf}  # fmt: skip
 
 
-def _fit_group_single_threaded(
+def _fit_ks_together_single_threaded(
     ks: Sequence[int], restart: int, train: Data, heldout: Data | None, settings: dict[str, Any],
     weights: tuple[Any, Any], starts: Mapping[int, Mapping[str, np.ndarray]] | None,
     score_train: bool,
 ) -> list[dict[str, Any]]:  # fmt: skip
-    """A fit of every K of ``ks`` on one split, each scored on the held-out runs (``heldout`` None:
-    not scored, models of all runs): seeded restart ``restart`` from
+    """A fit of every K of ``ks`` (a lockstep set) on one split, each scored on the held-out runs
+    (``heldout`` None: not scored, models of all runs): seeded restart ``restart`` from
     :func:`~trainmap.dynamics.hmm.factory.initialise` (or hmmlearn's start), or EM continued from
     ``starts[K]`` (warm starts). Models that fit in lockstep
     (:attr:`SelectableHMM.fits_in_lockstep`): the Ks' EM iterations run together
@@ -257,27 +259,27 @@ def fit_restarts(
     split_starts: Mapping[int, Mapping[int, Mapping[str, np.ndarray]]] | None = None,
 ) -> list[dict[str, Any]]:
     """Every (split, K, restart) fit, serially or in parallel processes (the same numbers either
-    way); each fit's row names its ``split``. The Ks of one (split, restart) are fitted together
-    (:func:`_fit_group`), whatever ``n_jobs``: processes share out such groups. ``starts`` (K ->
-    parameters) warm-starts every split; ``split_starts`` (split -> K -> parameters) the splits it
-    names instead."""
-    groups: dict[tuple[int, int], list[int]] = {}
+    way); each fit's row names its ``split``. The Ks of one (split, restart), a lockstep set, are
+    fitted together (:func:`_fit_ks_together`), whatever ``n_jobs``: processes share out the
+    lockstep sets. ``starts`` (K -> parameters) warm-starts every split; ``split_starts`` (split ->
+    K -> parameters) the splits it names instead."""
+    ks_together: dict[tuple[int, int], list[int]] = {}
     for part, k, r in tasks:
-        groups.setdefault((part, r), []).append(k)
-    order = sorted(groups)
+        ks_together.setdefault((part, r), []).append(k)
+    order = sorted(ks_together)
     split_starts = split_starts or {}
-    arguments = [(sorted(groups[part, r]), r, splits[part].train, splits[part].heldout, settings,
-                  splits[part].weights, split_starts.get(part, starts), score_train)
+    arguments = [(sorted(ks_together[part, r]), r, splits[part].train, splits[part].heldout,
+                  settings, splits[part].weights, split_starts.get(part, starts), score_train)
                  for part, r in order]  # fmt: skip
     if n_jobs == 1:
         from threadpoolctl import threadpool_limits
 
         with threadpool_limits(limits=1):  # once: entering the limits costs ~2 ms
-            results = [_fit_group_single_threaded(*args) for args in arguments]
+            results = [_fit_ks_together_single_threaded(*args) for args in arguments]
     else:
         from joblib import Parallel, delayed
 
-        results = Parallel(n_jobs=n_jobs)(delayed(_fit_group)(*args) for args in arguments)
+        results = Parallel(n_jobs=n_jobs)(delayed(_fit_ks_together)(*args) for args in arguments)
     fits = [fit | {"split": part} for (part, _), rows in zip(order, results, strict=True)
             for fit in rows]  # fmt: skip
     return sorted(fits, key=lambda fit: (fit["split"], fit["n_states"], fit["restart"]))
@@ -323,9 +325,10 @@ def selection_splits(
     (the other folds against it), then a last split of every run unscored, each K's model.
     ``"reproducible"``: the runs of both parts pooled and split ``halves_n`` times into two halves
     (:func:`~trainmap.dynamics.hmm.splits.half_splits`, within each stratum of ``strata``: run ->
-    group; ``half_size`` runs of each in each half), one split per half scored on the other half
-    (first, second, first, ...), then the split of every run, each K's model; the second halves are
-    returned as the held-out runs.
+    group, a joint comparison's labels; None: the runs are one group; ``half_size`` runs of each
+    group in each half), one split per half scored on the other half (first, second, first, ...),
+    then the split of every run, each K's model; the second halves are returned as the held-out
+    runs.
     """
     check_choice("selection", selection, SELECTION_RULES)
 
