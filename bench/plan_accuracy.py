@@ -51,7 +51,7 @@ def finished_ratios(config: dict, results: str) -> pd.DataFrame:
     rows = []
     for block in grid.seed_ranges_of(config, grid.trained_cells(config)):
         job = plan.block_job(config, "train", block)
-        measured = plan._measured_wall_time(results, "train", block)
+        measured = plan.estimates._measured_wall_time(results, "train", block)
         if measured is not None:
             rows.append({"rule": "train", "job": block.id, "measured_s": measured[0],
                          "planned_s": job.seconds - plan.STARTUP_S})  # fmt: skip

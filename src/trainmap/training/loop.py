@@ -46,16 +46,21 @@ block's seeds train one after another, each as a block of one (this same loop), 
 reason. Each seed's files are then those it gives trained alone. A block of one seeds torch's
 global RNG from its seed before its first step, so a model that draws random numbers gives the
 same run alone and in such a block.
+
+The loop's pieces live beside it, one concern each: :mod:`.hooks` (``TrainHooks``), :mod:`.config`
+(``TrainConfig``, ``TrainPaths``), :mod:`.setup` (device, derived seeds, a cell's initial model),
+:mod:`.step` (batch order, optimiser, schedule, per-seed loss and clipping), :mod:`.scores` (test
+evaluation, running training means), :mod:`.divergence` (per-seed records, frozen seeds) and
+:mod:`.resume` (the resume file). This module re-exports their public names:
+``from trainmap.training.loop import X`` gives the object its own module defines.
 """
 
 from __future__ import annotations
 
-import hashlib
 import math
 import time
 import warnings
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -66,382 +71,57 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from trainmap.data import TaskData
-from trainmap.io import (
-    load_resume_or_none,
-    load_timing,
-    save_json,
-    save_timing,
-    save_torch,
-    timing_path,
-    write_atomic,
-)
-from trainmap.methods import check_method
-from trainmap.models import build_model, count_parameters
-from trainmap.training.archive import ArchivePolicy, checkpoint_steps
-from trainmap.training.checkpoints import save_dense
+from trainmap.io import save_json, timing_path, write_atomic
+from trainmap.models import count_parameters
+from trainmap.training.config import TrainConfig, TrainPaths
+from trainmap.training.divergence import SeedRecord, freeze, restore_frozen, zero_frozen_grads
+from trainmap.training.hooks import BlockCheckpointHook, CheckpointHook, TrainHooks
 from trainmap.training.record import CheckpointRecorder
+from trainmap.training.resume import load_resume, save_resume
+from trainmap.training.scores import EVAL_BATCH, RunningMeans, evaluate_block, evaluate_split
 from trainmap.training.seed_block import SeedBlock, UnvectorisableWarning, vectorisation_problem
+from trainmap.training.setup import (
+    build_cell_model,
+    derive_seed,
+    metric_structure,
+    on_device,
+    resolve_device,
+)
+from trainmap.training.step import (
+    BatchSampler,
+    clip_seed_grad_norms,
+    lr_factor,
+    make_optimizer,
+    seed_cross_entropy,
+)
 
-CheckpointHook = Callable[[dict[str, float], int], None]  # (metrics, step) of one run
-BlockCheckpointHook = Callable[[int, dict[str, float], int], None]  # (seed index, metrics, step)
-EVAL_BATCH = 4096
+__all__ = [
+    "EVAL_BATCH",
+    "HISTORY_COLUMNS",
+    "BatchSampler",
+    "BlockCheckpointHook",
+    "CheckpointHook",
+    "RunningMeans",
+    "SeedRecord",
+    "TrainConfig",
+    "TrainHooks",
+    "TrainPaths",
+    "build_cell_model",
+    "clip_seed_grad_norms",
+    "derive_seed",
+    "evaluate_block",
+    "evaluate_split",
+    "lr_factor",
+    "make_optimizer",
+    "metric_structure",
+    "on_device",
+    "resolve_device",
+    "seed_cross_entropy",
+    "train_block",
+    "train_model",
+]
+
 HISTORY_COLUMNS = ["step", "train_loss", "train_acc", "test_loss", "test_acc", "lr"]
-
-
-class TrainHooks:
-    """What a method adds to the training loop; every default does nothing.
-
-    ``train_block`` calls :meth:`attach` with the block before the first step; then, per step:
-    :meth:`extra_loss` after the forward pass (its per-seed values are added to the task loss before
-    ``backward``), :meth:`after_backward` after ``backward`` and gradient clipping, before the
-    optimiser step (gradients may be edited here), :meth:`after_step` after the optimiser step.
-    Tensors are the block's, seed dimension first (``block.tensor(name)``, ``.grad``). The history's
-    ``train_loss`` is the task loss alone. ``step`` is the number of optimiser steps taken before the
-    current one (0 for the first), so a schedule reads it as "t". :meth:`snapshot` decides what a
-    checkpoint records (its metrics and archive). Everything a hook keeps across steps goes in
-    :meth:`state_dict`, so resume stays bit-identical. :meth:`for_seed` gives one seed's hooks when a block's model
-    cannot be vectorised and its seeds train one at a time.
-    """
-
-    block: SeedBlock
-
-    def attach(self, block: SeedBlock) -> None:
-        """Remember the block the loop trains (called once, before the first step)."""
-        self.block = block
-
-    @property
-    def adds_loss(self) -> bool:
-        """Whether :meth:`extra_loss` is overridden (the loop then calls it every step)."""
-        return type(self).extra_loss is not TrainHooks.extra_loss
-
-    def extra_loss(
-        self, logits: torch.Tensor, inputs: torch.Tensor, targets: torch.Tensor
-    ) -> torch.Tensor | None:
-        """Per-seed terms ``(S,)`` added to the task loss (e.g. distillation), or None."""
-        return None
-
-    def after_backward(self, step: int) -> None:
-        """Edit gradients before the optimiser uses them (e.g. SR-STE decay)."""
-
-    def after_step(self, step: int) -> None:
-        """React to an optimiser step (e.g. refresh N:M masks every k steps)."""
-
-    def snapshot(self, block: SeedBlock) -> dict[str, torch.Tensor]:
-        """What a checkpoint records, seed dimension first, on the training device (default: the
-        state dict; read at once, so the block's own tensors, not copies)."""
-        return {name: value.detach() for name, value in block.state().items()}
-
-    def save_model(self, model: nn.Module, path: Path, model_info: dict[str, Any]) -> None:
-        """Write one seed's final model file (default: the ``dense`` checkpoint format)."""
-        save_dense(model, path, **model_info)
-
-    def state_dict(self) -> dict[str, Any]:
-        """The hooks' own state, saved with the resume file."""
-        return {}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict` when a run resumes."""
-
-    def for_seed(self, index: int) -> TrainHooks | None:
-        """The hooks of seed ``index`` trained on its own, when the block's model cannot be
-        vectorised and its seeds train one at a time; None: these hooks hold per-seed state of
-        the whole block (a subclass, unless it overrides this), so such a block is refused. The
-        plain hooks hold nothing."""
-        return TrainHooks() if type(self) is TrainHooks else None
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    """Training hyperparameters of one task (``params.yaml: train.<task>``)."""
-
-    optimizer: str = "sgd"
-    lr: float = 0.1
-    momentum: float = 0.0
-    betas: tuple[float, float] = (0.9, 0.999)
-    weight_decay: float = 0.0
-    batch_size: int = 32
-    steps: int = 1000
-    schedule: str = "constant"
-    warmup_steps: int = 0
-    grad_clip: float | None = None
-    checkpoint_every: int = 25
-    resume_every: int = 1000
-    device: str = "cpu"
-    archive: ArchivePolicy = field(default_factory=ArchivePolicy)
-
-    @classmethod
-    def from_dict(cls, settings: dict[str, Any]) -> TrainConfig:
-        """Build from a config mapping; unknown keys are an error naming them."""
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(settings) - known)
-        if unknown:
-            raise ValueError(f"unknown training settings {unknown}; allowed: {sorted(known)}")
-        values = dict(settings)
-        if "betas" in values:
-            values["betas"] = tuple(values["betas"])
-        values["archive"] = ArchivePolicy.from_value(values.get("archive"))
-        return cls(**values)
-
-    @property
-    def checkpoint_steps(self) -> list[int]:
-        """Every step the loop takes a checkpoint at (0, every ``checkpoint_every``, the last)."""
-        return checkpoint_steps(self.steps, self.checkpoint_every)
-
-
-@dataclass(frozen=True)
-class TrainPaths:
-    """Where one run's outputs go: the metric table streamed at each checkpoint, the archive of
-    kept checkpoints (a directory), the final model, history and summary, the resume file."""
-
-    metrics: Path
-    archive: Path
-    model: Path
-    history: Path
-    summary: Path
-    resume: Path
-
-    @classmethod
-    def in_directory(cls, directory: str | Path) -> TrainPaths:
-        """The standard file names inside one run directory."""
-        directory = Path(directory)
-        return cls(
-            metrics=directory / "checkpoint_metrics.csv",
-            archive=directory / "checkpoints",
-            model=directory / "model.pt",
-            history=directory / "history.csv",
-            summary=directory / "train.json",
-            resume=directory / "resume.pt",
-        )
-
-
-@dataclass
-class BatchSampler:
-    """Seeded epoch-wise shuffling with drop-last batches; its state is saved for resume."""
-
-    n_examples: int
-    batch_size: int
-    generator: torch.Generator
-    order: torch.Tensor = field(default_factory=lambda: torch.empty(0, dtype=torch.long))
-    position: int = 0
-
-    def next_indices(self) -> torch.Tensor:
-        """Indices of the next batch; reshuffles when the epoch is used up."""
-        start, size = self.position, min(self.batch_size, self.n_examples)
-        if start + size > len(self.order):
-            self.order = torch.randperm(self.n_examples, generator=self.generator)
-            start = 0
-        self.position = start + size
-        return self.order[start : start + size]
-
-    def state_dict(self) -> dict[str, Any]:
-        """Everything needed to continue the same batch sequence."""
-        return {
-            "order": self.order,
-            "position": self.position,
-            "generator": self.generator.get_state(),
-        }
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue a saved batch sequence."""
-        self.order = state["order"]
-        self.position = state["position"]
-        self.generator.set_state(state["generator"])
-
-
-def resolve_device(name: str) -> torch.device:
-    """``cpu`` or ``cuda[:i]``; asking for CUDA on a machine without it is an error, not a fallback."""
-    device = torch.device(name)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"training device {name!r} requested (train.<task>.device) but this "
-                         "machine has no CUDA device; use device: cpu here")  # fmt: skip
-    if device.type not in ("cpu", "cuda"):
-        raise ValueError(f"training device {name!r} is not supported; use cpu or cuda")
-    return device
-
-
-def on_device(data: TaskData, device: torch.device) -> TaskData:
-    """The task's tensors on ``device`` (the data sets here are small enough to live there)."""
-    if device.type == "cpu":
-        return data
-    return TaskData(data.x_train.to(device), data.y_train.to(device), data.x_test.to(device),
-                    data.y_test.to(device), data.meta)  # fmt: skip
-
-
-def derive_seed(seed: int, purpose: str) -> int:
-    """A seed for one purpose (init, batch order, ...) derived from the grid cell's seed."""
-    digest = hashlib.sha256(f"{seed}:{purpose}".encode()).digest()
-    return int.from_bytes(digest[:8], "little") & (2**63 - 1)
-
-
-def build_cell_model(
-    arch: str, method: str, seed: int, meta: dict, model_options: dict | None = None
-) -> nn.Module:
-    """The seeded initial model of a grid cell: build the architecture, then apply the method's init."""
-    torch.manual_seed(derive_seed(seed, "build"))
-    model = build_model(arch, meta, **(model_options or {}))
-    generator = torch.Generator().manual_seed(derive_seed(seed, "init"))
-    check_method(method).initialise(model, generator)
-    return model
-
-
-def make_optimizer(params: Iterable[torch.Tensor], cfg: TrainConfig) -> torch.optim.Optimizer:
-    """SGD (with momentum), Adam or AdamW as configured. Their updates are elementwise, so on a
-    block's stacked tensors each seed is updated exactly as alone."""
-    params = list(params)
-    if cfg.optimizer == "sgd":
-        return torch.optim.SGD(
-            params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay
-        )
-    if cfg.optimizer == "adam":
-        return torch.optim.Adam(params, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
-    if cfg.optimizer == "adamw":
-        return torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
-    raise ValueError(f"unknown optimizer {cfg.optimizer!r}; allowed: sgd, adam, adamw")
-
-
-def lr_factor(step: int, cfg: TrainConfig) -> float:
-    """Linear warm-up over ``warmup_steps``, then constant or cosine decay to zero at ``steps``."""
-    if step < cfg.warmup_steps:
-        return (step + 1) / cfg.warmup_steps
-    if cfg.schedule == "cosine":
-        progress = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
-        return 0.5 * (1.0 + math.cos(math.pi * progress))
-    return 1.0
-
-
-def seed_cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Each seed's mean cross-entropy: ``(S, B, C)`` logits and ``(S, B)`` targets give ``(S,)``."""
-    classes = logits.shape[-1]
-    losses = F.cross_entropy(logits.reshape(-1, classes), targets.reshape(-1), reduction="none")
-    return losses.reshape(targets.shape).mean(dim=1)
-
-
-@torch.no_grad()
-def clip_seed_grad_norms(block: SeedBlock, max_norm: float) -> torch.Tensor:
-    """``clip_grad_norm_`` per seed: scale each seed's gradients by min(1, max_norm / (||g_s|| +
-    1e-6)), ||g_s|| the L2 norm over all of that seed's parameters (as the paper's no-BN runs clip
-    each run's own norm). Returns the per-seed norms before clipping."""
-    grads = [block.seed_view(p.grad) for p in block.parameters.values() if p.grad is not None]
-    if not grads:
-        return torch.zeros(block.size)
-    squares = torch.stack([g.reshape(block.size, -1).pow(2).sum(dim=1) for g in grads])
-    norms = squares.sum(dim=0).sqrt()
-    coefficients = (max_norm / (norms + 1e-6)).clamp(max=1.0)
-    for grad in grads:
-        grad.mul_(coefficients.reshape(-1, *([1] * (grad.dim() - 1))).to(grad.dtype))
-    return norms
-
-
-@torch.no_grad()
-def evaluate_split(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
-    """Mean cross-entropy and accuracy of ``model`` on ``(x, y)`` in eval mode."""
-    was_training = model.training
-    model.eval()
-    loss_sum, correct = 0.0, 0
-    for start in range(0, len(x), EVAL_BATCH):
-        logits = model(x[start : start + EVAL_BATCH])
-        target = y[start : start + EVAL_BATCH]
-        loss_sum += F.cross_entropy(logits, target, reduction="sum").item()
-        correct += (logits.argmax(dim=1) == target).sum().item()
-    model.train(was_training)
-    return loss_sum / len(x), correct / len(x)
-
-
-@torch.no_grad()
-def evaluate_block(
-    block: SeedBlock, x: torch.Tensor, y: torch.Tensor
-) -> tuple[list[float], list[float]]:
-    """Every seed's mean cross-entropy and accuracy on ``(x, y)``, in eval mode."""
-    was_training = block.training
-    block.eval()
-    loss_sum = torch.zeros(block.size, dtype=torch.float64, device=x.device)
-    correct = torch.zeros(block.size, dtype=torch.long, device=x.device)
-    for start in range(0, len(x), EVAL_BATCH):
-        logits = block.forward_shared(x[start : start + EVAL_BATCH])
-        target = y[start : start + EVAL_BATCH]
-        flat = logits.reshape(-1, logits.shape[-1])
-        losses = F.cross_entropy(flat, target.repeat(block.size), reduction="none")
-        loss_sum += losses.reshape(block.size, -1).sum(dim=1).double()
-        correct += (logits.argmax(dim=-1) == target).sum(dim=1)
-    block.train(was_training)
-    return (loss_sum / len(x)).tolist(), (correct.double() / len(x)).tolist()
-
-
-@dataclass
-class RunningMeans:
-    """Each seed's training loss/accuracy summed over the steps since the last checkpoint.
-
-    Each step only appends its (detached) per-seed losses, logits and targets; they are scored when
-    the means are read or the state is saved, one step after another (so a resume that splits a
-    checkpoint interval adds the same numbers in the same order), with one argmax per step batch
-    instead of several small tensor ops per step (a measurable share of a small MLP's step).
-    """
-
-    size: int
-    loss_sum: list[float] = field(default_factory=list)
-    correct: list[int] = field(default_factory=list)
-    seen: list[int] = field(default_factory=list)
-    pending: list[tuple[list[int], list[float], torch.Tensor, torch.Tensor]] = field(
-        default_factory=list
-    )
-
-    def __post_init__(self) -> None:
-        self.loss_sum = self.loss_sum or [0.0] * self.size
-        self.correct = self.correct or [0] * self.size
-        self.seen = self.seen or [0] * self.size
-
-    def add(self, active: list[int], losses: list[float], logits: torch.Tensor,
-            targets: torch.Tensor) -> None:  # fmt: skip
-        """Record one step of the ``active`` seeds: their mean losses and predictions."""
-        self.pending.append((active, losses, logits.detach(), targets))
-
-    def score_pending(self) -> None:
-        """Add the losses and correct predictions of the steps since the last call, in step order."""
-        if not self.pending:
-            return
-        steps = len(self.pending)
-        # (steps, S, B, ...) for any block; a block of one records (B, ...) tensors. Predictions
-        # are stacked, not logits (a transformer's would be vocabulary-times larger).
-        predicted = torch.stack([logits.argmax(dim=-1) for _, _, logits, _ in self.pending])
-        targets = torch.stack([targets for _, _, _, targets in self.pending])
-        correct = predicted.reshape(steps, self.size, -1) == targets.reshape(steps, self.size, -1)
-        hits = correct.sum(dim=2).tolist()
-        size = self.pending[0][3].numel() // self.size  # examples per seed and step
-        for row, (active, losses, _, _) in enumerate(self.pending):  # sequential, as steps came
-            for index in active:
-                self.loss_sum[index] += losses[index] * size  # float64, as Python floats are
-                self.correct[index] += hits[row][index]
-                self.seen[index] += size
-        self.pending = []
-
-    def pop(self, index: int) -> tuple[float, float]:
-        """Seed ``index``'s mean loss and accuracy so far, then reset its sums."""
-        self.score_pending()
-        if self.seen[index] == 0:
-            return math.nan, math.nan
-        means = (self.loss_sum[index] / self.seen[index], self.correct[index] / self.seen[index])
-        self.loss_sum[index], self.correct[index], self.seen[index] = 0.0, 0, 0
-        return means
-
-    def state_dict(self) -> dict[str, Any]:
-        """The sums (pending predictions scored first), for a resume file."""
-        self.score_pending()
-        return {"size": self.size, "loss_sum": list(self.loss_sum),
-                "correct": list(self.correct), "seen": list(self.seen)}  # fmt: skip
-
-
-@dataclass
-class SeedRecord:
-    """What the loop keeps per seed besides its weights: history, divergence, frozen state."""
-
-    history: list[dict[str, float]] = field(default_factory=list)
-    diverged_step: int | None = None
-    steps_done: int = 0
-    frozen_state: dict[str, torch.Tensor] | None = None
-
-    @property
-    def active(self) -> bool:
-        return self.diverged_step is None
 
 
 def train_model(
@@ -527,7 +207,7 @@ def train_block(
     running = RunningMeans(size)
     records = [SeedRecord() for _ in range(size)]
     start_step, elapsed_before, resumed_from = 0, 0.0, None
-    saved = _load_resume(resume_path, fingerprint)
+    saved = load_resume(resume_path, fingerprint)
     if saved is not None:
         block.load_state(saved["block"])
         optimizer.load_state_dict(saved["optimizer"])
@@ -596,7 +276,7 @@ def train_block(
         if not math.isfinite(sum(loss_values[i] + task_values[i] for i in active)):
             for index in active:
                 if not (math.isfinite(task_values[index]) and math.isfinite(loss_values[index])):
-                    _freeze(records[index], block, index, step)  # diverged at this step, frozen
+                    freeze(records[index], block, index, step)  # diverged at this step, frozen
             active = active_seeds()
             if not active:
                 break
@@ -610,13 +290,13 @@ def train_block(
             mask = torch.zeros(size, dtype=torch.bool, device=losses.device)
             mask[active] = True
             torch.where(mask, losses, torch.zeros_like(losses)).sum().backward()
-            _zero_frozen_grads(block, records)
+            zero_frozen_grads(block, records)
         if cfg.grad_clip is not None:
             clip_seed_grad_norms(block, cfg.grad_clip)
         hooks.after_backward(step)  # hook: e.g. SR-STE decay of pruned weights
         optimizer.step()
         if len(active) < size:
-            _restore_frozen(block, records)
+            restore_frozen(block, records)
         hooks.after_step(step)  # hook: e.g. N:M mask refresh
         step += 1
         running.add(active, task_values, logits, targets)
@@ -629,8 +309,8 @@ def train_block(
                 bar.set_postfix(test_acc=f"{sum(accs) / len(accs):.3f}", refresh=False)
         if step % cfg.resume_every == 0 and step < cfg.steps:
             elapsed = elapsed_before + time.perf_counter() - started
-            _save_resume(resume_path, fingerprint, step, block, optimizer, samplers, recorder,
-                         running, records, hooks, elapsed)  # fmt: skip
+            save_resume(resume_path, fingerprint, step, block, optimizer, samplers, recorder,
+                        running, records, hooks, elapsed)  # fmt: skip
     bar.close()
     wall_time = elapsed_before + time.perf_counter() - started
     summaries = []
@@ -754,28 +434,6 @@ def _forward_step(
     return output, inputs, targets, F.cross_entropy(output.flatten(0, -2), targets.flatten())
 
 
-def _freeze(record: SeedRecord, block: SeedBlock, index: int, step: int) -> None:
-    """A seed whose loss is not finite at ``step``: diverged at step + 1 (the step it would have
-    taken), its state kept as it is now."""
-    record.diverged_step, record.steps_done = step + 1, step
-    record.frozen_state = block.state_of(index)
-
-
-def _zero_frozen_grads(block: SeedBlock, records: list[SeedRecord]) -> None:
-    frozen = [index for index, record in enumerate(records) if not record.active]
-    for parameter in block.parameters.values():
-        if parameter.grad is not None:
-            block.seed_view(parameter.grad)[frozen] = 0.0
-
-
-def _restore_frozen(block: SeedBlock, records: list[SeedRecord]) -> None:
-    """Frozen seeds keep their state: undo what the optimiser step and the forward pass (BN running
-    statistics) did to them."""
-    for index, record in enumerate(records):
-        if record.frozen_state is not None:
-            block.set_seed_state(index, record.frozen_state)
-
-
 def _write_outputs(
     paths: TrainPaths,
     model: nn.Module,
@@ -788,51 +446,3 @@ def _write_outputs(
     frame = pd.DataFrame(history, columns=HISTORY_COLUMNS)
     write_atomic(paths.history, lambda tmp: frame.to_csv(tmp, index=False))
     save_json(summary, paths.summary)
-
-
-def _save_resume(path: Path, fingerprint: str, step: int, block: SeedBlock,
-                 optimizer: torch.optim.Optimizer, samplers: list[BatchSampler],
-                 recorder: CheckpointRecorder, running: RunningMeans, records: list[SeedRecord],
-                 hooks: TrainHooks, elapsed: float) -> None:  # fmt: skip
-    # The time so far goes beside the file (seeds0-31.resume.timing.json), so the resume file of
-    # a step is the same bytes in every run, like every other file trainmap writes.
-    save_timing({"elapsed_s": elapsed}, path)
-    save_torch(
-        {
-            "fingerprint": fingerprint,
-            "step": step,
-            "block": {key: value.detach().clone() for key, value in block.state().items()},
-            "optimizer": optimizer.state_dict(),
-            "samplers": [sampler.state_dict() for sampler in samplers],
-            "torch_rng": torch.get_rng_state(),
-            "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None,
-            "recorder": recorder.state_dict(),
-            "running": running.state_dict(),
-            "records": [vars(record) for record in records],
-            "hooks": hooks.state_dict(),
-        },
-        path,
-    )
-
-
-def _load_resume(path: Path, fingerprint: str) -> dict[str, Any] | None:
-    saved = load_resume_or_none(path)  # none, or a damaged file (deleted): start from step 0
-    if saved is None or saved.get("fingerprint") != fingerprint or "recorder" not in saved:
-        # A different configuration, or a resume file of an older trainmap (one seed, no block
-        # state, or every checkpoint's weights): start over; the file is replaced later.
-        return None
-    # Resume files of an older trainmap held the time themselves; a missing sidecar costs only
-    # the reported wall time of the part before the resume.
-    saved.setdefault("elapsed_s", load_timing(path).get("elapsed_s", 0.0))
-    return saved
-
-
-def metric_structure(model: nn.Module, info: Mapping[str, Any] | None) -> nn.Module:
-    """The architecture whose layout the streamed metrics count: rebuilt from ``model_info``
-    ``info`` (``arch``, ``meta``, ``model_options``) when given, so a sparse run counts its dense
-    layers; else ``model`` itself."""
-    info = info or {}
-    if {"arch", "meta"} <= set(info):
-        with torch.random.fork_rng(devices=[]):  # building it draws no number the run would draw
-            return build_model(info["arch"], info["meta"], **info.get("model_options", {}))
-    return model

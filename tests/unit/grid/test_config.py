@@ -895,7 +895,7 @@ def test_group_maps_rejects_an_unknown_choice(config: dict) -> None:
          ["analysis.joint[0].archs[0]", "'vgg_bnn'", "allowed"]),
     ],
 )  # fmt: skip
-def test_joint_groups_with_unknown_names_are_refused(config: dict, spec: dict, expected) -> None:
+def test_joint_comparisons_with_unknown_names_are_refused(config: dict, spec: dict, expected) -> None:
     config["analysis"]["joint"] = [spec]
     with pytest.raises(ConfigError) as caught:
         check_config(config)

@@ -1,0 +1,69 @@
+"""``python -m trainmap.plan``: load a config as the workflow does, print its plan per rule and
+in total, and check it against one node (exit status 1 past a limit)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+
+from trainmap import grid
+from trainmap.plan.estimates import PlanError, plan_jobs
+from trainmap.plan.report import NodeLimits, check_limits, format_plan
+
+
+def load_plan_config(files: Iterable[str]) -> dict:
+    """params.yaml, config/config.yaml, then ``files``, merged (:func:`trainmap.grid.merged_config`:
+    files with a grid of their own start from params.yaml alone) and validated as the workflow does,
+    except that a reader kind's data files (MNIST, CIFAR) need not be here: the plan knows their
+    sizes (:func:`dataset_examples`). A missing data directory is a warning; the checks after it
+    (the schema has passed) are then skipped."""
+    from trainmap import plugins
+
+    config = grid.merged_config("params.yaml", "config/config.yaml", *files)
+    plugins.load_plugins(config.get("plugins"), Path.cwd())
+    grid.validate_schema(config)
+    try:
+        grid.check_config(config, base_dir=Path.cwd())
+    except grid.ConfigError as error:
+        if not (str(error).startswith("config key data.") and ".path: " in str(error)):
+            raise
+        print(f"warning: {error} (planned without the data)", file=sys.stderr)
+    return config
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m trainmap.plan``: print the plan of a config and check it against a node."""
+    parser = argparse.ArgumentParser(
+        prog="python -m trainmap.plan",
+        description="Plan a config's grid before running it: per rule and in total, the bytes "
+        "written, the peak host RAM and GPU memory, and the time per job, each with where it "
+        "comes from (measured or FLOP-/size-based). Exit status 1 when a job or the grid exceeds "
+        "the node limits, naming the key to change.",
+    )
+    parser.add_argument("--configfile", nargs="*", default=[], metavar="CONFIG",
+                        help="config files merged over params.yaml and config/config.yaml (a "
+                        "file with a grid of its own: over params.yaml alone)")  # fmt: skip
+    parser.add_argument("--node-gpu-gb", type=float, default=NodeLimits.gpu_gb)
+    parser.add_argument("--node-ram-gb", type=float, default=NodeLimits.ram_gb)
+    parser.add_argument("--node-disk-tb", type=float, default=NodeLimits.disk_tb)
+    parser.add_argument("--job-hours", type=float, default=NodeLimits.job_hours)
+    parser.add_argument("--jobs", action="store_true", help="also print one line per job")
+    args = parser.parse_args(argv)
+    limits = NodeLimits(args.node_gpu_gb, args.node_ram_gb, args.node_disk_tb, args.job_hours)
+    with grid.config_problems_reported():
+        config = load_plan_config(args.configfile)
+    jobs = plan_jobs(config, grid.results_root(config))
+    print(f"plan of {' + '.join(grid.study_files(grid.user_layers(args.configfile)))}")
+    print(format_plan(jobs, limits))
+    if args.jobs:
+        columns = ["rule", "job", "seeds", "device", "bytes", "ram", "gpu", "seconds"]
+        print(jobs[columns].to_string(index=False))
+    try:
+        check_limits(jobs, limits)
+    except PlanError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    print(f"fits the node: {limits}")
+    return 0

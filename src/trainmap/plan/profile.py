@@ -1,0 +1,175 @@
+"""What the plan knows of a model and its data set before anything runs: a model's parameter
+and state counts, bytes, forward FLOPs and autograd-saved activations per example
+(:class:`ModelProfile`), and a data kind's example counts and bytes, without the data.
+
+Models are built once per (task, arch, options) on the CPU (:func:`model_profile`, cached): a dry
+run of the workflow pays that once per architecture, never per job."""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from trainmap import data as data_module
+from trainmap import grid
+from trainmap.models import build_model
+
+# --- a model's sizes, FLOPs and activations (once per task, arch and options) -------------------
+
+
+@dataclass(frozen=True)
+class ModelProfile:
+    """What the plan needs of one (task, arch): counts, bytes and FLOPs per example.
+
+    ``n_params``: trainable parameters; ``n_state``: floating-point numel of the state dict
+    (buffers included); ``int_state_bytes``: its integer buffers' bytes (BatchNorm's counters);
+    ``state_bytes``: its bytes as stored (fp32); ``forward_flops``: forward FLOPs per example
+    (FlopCounterMode, batch 2 minus batch 1); ``saved_bytes``: autograd-saved activation bytes per
+    example (parameters excluded); ``widest_bytes``: the largest module output per example;
+    ``svd_flops``: 4 m n min(m, n) summed over every 2-D and conv weight (as (out, in*k*k));
+    ``input_bytes``: one example's input; ``linear_only``: no conv layer (MLP, transformer);
+    ``n_tensors``: trainable parameter tensors; ``n_matrices``: 2-D and conv weights.
+    """
+
+    n_params: int
+    n_state: int
+    int_state_bytes: int
+    state_bytes: int
+    forward_flops: float
+    saved_bytes: float
+    widest_bytes: float
+    svd_flops: float
+    input_bytes: int
+    linear_only: bool
+    n_tensors: int = 0
+    n_matrices: int = 0
+
+
+def _example_batch(meta: Mapping[str, Any], size: int) -> torch.Tensor:
+    shape = (size, *meta["input_shape"])
+    if meta["input_kind"] == "tokens":
+        return torch.randint(0, int(meta.get("vocab_size", 2)), shape)
+    return torch.randn(shape)
+
+
+def _forward_flops(model: nn.Module, x: torch.Tensor) -> float:
+    from torch.utils.flop_counter import FlopCounterMode
+
+    counter = FlopCounterMode(display=False)
+    with torch.no_grad(), counter:
+        model(x)
+    return float(counter.get_total_flops())
+
+
+def _saved_and_widest(model: nn.Module, x: torch.Tensor) -> tuple[float, float]:
+    """Bytes autograd saves for backward (parameters excluded) and the largest leaf output."""
+    params = {p.data_ptr() for p in model.parameters()} | {b.data_ptr() for b in model.buffers()}
+    saved: dict[tuple[int, tuple[int, ...]], int] = {}
+    widest = [0]
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        if tensor.data_ptr() not in params:
+            saved[(tensor.data_ptr(), tuple(tensor.shape))] = tensor.numel() * tensor.element_size()
+        return tensor
+
+    def record(_module: nn.Module, _inputs: Any, output: Any) -> None:
+        if isinstance(output, torch.Tensor):
+            widest[0] = max(widest[0], output.numel() * output.element_size())
+
+    handles = [m.register_forward_hook(record) for m in model.modules() if not list(m.children())]
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+            model(x).sum().backward()
+    finally:
+        for handle in handles:
+            handle.remove()
+    return float(sum(saved.values())), float(widest[0])
+
+
+@functools.cache
+def _profile(task_data_json: str, arch: str, options_json: str) -> ModelProfile:
+    data_options = json.loads(task_data_json)
+    kind = data_options.pop("kind")
+    meta = data_module.model_meta(kind, data_options)
+    torch.manual_seed(0)
+    model = build_model(arch, meta, **json.loads(options_json))
+    model.train()
+    state = model.state_dict()
+    flops = [_forward_flops(model, _example_batch(meta, size)) for size in (2, 4)]
+    saved = [_saved_and_widest(model, _example_batch(meta, size)) for size in (2, 4)]
+    svd_flops, n_matrices = 0.0, 0
+    for tensor in state.values():
+        if tensor.dim() in (2, 4) and tensor.is_floating_point():
+            m, n = tensor.shape[0], tensor[0].numel()
+            svd_flops += 4.0 * m * n * min(m, n)
+            n_matrices += 1
+    x = _example_batch(meta, 1)
+    return ModelProfile(
+        n_params=sum(p.numel() for p in model.parameters() if p.requires_grad),
+        n_state=sum(t.numel() for t in state.values() if t.is_floating_point()),
+        int_state_bytes=sum(
+            t.numel() * t.element_size() for t in state.values() if not t.is_floating_point()
+        ),
+        state_bytes=sum(t.numel() * t.element_size() for t in state.values()),
+        forward_flops=max(flops[1] - flops[0], 0.0) / 2,
+        saved_bytes=max(saved[1][0] - saved[0][0], 0.0) / 2,
+        widest_bytes=saved[1][1] / 4,
+        svd_flops=svd_flops,
+        input_bytes=x.numel() * x.element_size(),
+        linear_only=not any(isinstance(m, nn.Conv2d) for m in model.modules()),
+        n_tensors=sum(1 for p in model.parameters() if p.requires_grad),
+        n_matrices=n_matrices,
+    )
+
+
+def model_profile(config: Mapping[str, Any], task: str, arch: str) -> ModelProfile:
+    """The :class:`ModelProfile` of ``arch`` on ``task`` as the config builds it (data meta from
+    ``data.<task>`` without the data, ``model.<task>.<arch>``); built once per process and
+    settings."""
+    return _profile(
+        json.dumps(grid.data_settings(config, task), sort_keys=True),
+        arch,
+        json.dumps(grid.model_settings(config, task, arch), sort_keys=True),
+    )
+
+
+def dataset_examples(kind: str, options: Mapping[str, Any]) -> tuple[int, int] | None:
+    """``(n_train, n_test)`` of a data kind with ``options``, known without the data; None when
+    only the data knows (``arrays``, a plugin's kind)."""
+    options = {**data_module.data_kind_options(kind), **options}
+    if kind == "sparse_parity":
+        return int(options["n_train"]), int(options["n_test"])
+    if kind == "modular_addition":
+        pairs = int(options["p"]) ** 2
+        n_train = int(pairs * float(options["train_frac"]))
+        return n_train, pairs - n_train
+    if kind == "digits":
+        n_test = math.ceil(1797 * float(options["test_frac"]))
+        return 1797 - n_test, n_test
+    if kind == "mnist_5k":
+        return data_module.mnist_5k_split_sizes(float(options["test_frac"]))
+    if kind == "mnist1d":
+        return data_module.mnist1d_split_sizes(
+            int(options["num_samples"]), float(options["train_split"])
+        )
+    if kind == "mnist":
+        return 60000, 10000
+    if kind in ("cifar10", "cifar100"):
+        return 50000, 10000
+    return None
+
+
+def dataset_bytes(config: Mapping[str, Any], task: str, profile: ModelProfile) -> tuple[float, int]:
+    """The task's data set in bytes (inputs as the model takes them, int64 labels) and its test
+    examples; a kind whose size only its data knows counts as 60000 + 10000 examples."""
+    options = dict(grid.data_settings(config, task))
+    kind = options.pop("kind")
+    n_train, n_test = dataset_examples(kind, options) or (60000, 10000)
+    return (n_train + n_test) * (profile.input_bytes + 8), n_test

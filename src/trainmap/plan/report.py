@@ -1,0 +1,92 @@
+"""The plan of a grid against one node: per-rule totals, the node's limits (:class:`NodeLimits`,
+:func:`check_limits`: a job or the grid past one is a :class:`PlanError` naming the key to change)
+and the plan as text (:func:`format_plan`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pandas as pd
+
+from trainmap.plan.assumptions import GB
+from trainmap.plan.estimates import PlanError
+
+
+@dataclass(frozen=True)
+class NodeLimits:
+    """One node: GPU memory, host RAM and disk in GB/TB, and a job's wall-time limit in hours."""
+
+    gpu_gb: float = 80.0
+    ram_gb: float = 128.0
+    disk_tb: float = 1.0
+    job_hours: float = 24.0
+
+
+def rule_totals(jobs: pd.DataFrame) -> pd.DataFrame:
+    """Per rule: jobs, bytes in total, the largest job's RAM, GPU memory and hours, and total
+    hours (one row per rule, in plan order)."""
+    order = list(dict.fromkeys(jobs["rule"]))
+    totals = jobs.groupby("rule", sort=False).agg(
+        jobs=("job", "size"), device=("device", lambda d: "/".join(sorted(set(d)))),
+        bytes_gb=("bytes", lambda b: b.sum() / GB), ram_gb=("ram", lambda b: b.max() / GB),
+        gpu_gb=("gpu", lambda b: b.max() / GB), hours_per_job=("seconds", lambda s: s.max() / 3600),
+        total_hours=("seconds", lambda s: s.sum() / 3600),
+    )  # fmt: skip
+    return totals.loc[order]
+
+
+def disk_bytes(jobs: pd.DataFrame) -> float:
+    """What the grid leaves on disk, plus the largest job's transient files (a resume file)."""
+    return float(jobs["bytes"].sum() + (jobs["scratch"].max() if len(jobs) else 0.0))
+
+
+def check_limits(jobs: pd.DataFrame, limits: NodeLimits) -> None:
+    """Raise :class:`PlanError` for the first job past ``limits`` (GPU memory, RAM, hours) or a
+    grid past the disk, naming rule, job, resource, estimate and the config key to change."""
+    checks = (
+        ("gpu", limits.gpu_gb * GB, "GPU memory", lambda v: f"{v / GB:.1f} GB", f"{limits.gpu_gb:g} GB"),
+        ("ram", limits.ram_gb * GB, "host RAM", lambda v: f"{v / GB:.1f} GB", f"{limits.ram_gb:g} GB"),
+        ("seconds", limits.job_hours * 3600, "time", lambda v: f"{v / 3600:.1f} h", f"{limits.job_hours:g} h"),
+    )  # fmt: skip
+    for column, limit, resource, show, shown_limit in checks:
+        over = jobs[jobs[column] > limit]
+        if len(over):
+            job = over.sort_values(column).iloc[-1]
+            source = job["time_from"] if column == "seconds" else job["memory_from"]
+            raise PlanError(
+                f"rule {job['rule']}, job {job['job']}: {resource} {show(job[column])} planned "
+                f"({source}) exceeds the node's {shown_limit}; change {' or '.join(job['keys'])}"
+            )
+    total = disk_bytes(jobs)
+    if total > limits.disk_tb * 1e12:
+        by_job = jobs.sort_values("bytes").iloc[-1]
+        raise PlanError(
+            f"disk: the grid writes {total / 1e12:.2f} TB (largest: rule {by_job['rule']}, job "
+            f"{by_job['job']}, {by_job['bytes'] / GB:.1f} GB: {by_job['bytes_from']}) past the "
+            f"node's {limits.disk_tb:g} TB; change "
+            f"{' or '.join([k for k in by_job['keys'] if 'archive' in k] or by_job['keys'])}"
+        )
+
+
+def format_plan(jobs: pd.DataFrame, limits: NodeLimits) -> str:
+    """The plan as text: per rule totals, the grid's totals against ``limits``, the sources."""
+    totals = rule_totals(jobs)
+    lines = [totals.to_string(float_format=lambda v: f"{v:,.3g}")]
+    lines.append(
+        f"total: {len(jobs)} jobs, disk {disk_bytes(jobs) / 1e12:.3f} TB of {limits.disk_tb:g} TB; "
+        f"largest job: RAM {jobs['ram'].max() / GB:.1f} of {limits.ram_gb:g} GB, GPU "
+        f"{jobs['gpu'].max() / GB:.1f} of {limits.gpu_gb:g} GB, "
+        f"{jobs['seconds'].max() / 3600:.2f} of {limits.job_hours:g} h; all jobs one after "
+        f"another {jobs['seconds'].sum() / 3600:.1f} h"
+    )
+    lines.append("where the numbers come from (the largest job of each rule):")
+    for rule in totals.index:
+        job = jobs[jobs["rule"] == rule].sort_values("seconds").iloc[-1]
+        lines.append(f"  {rule} ({job['job']}):")
+        for label, column in (
+            ("bytes", "bytes_from"),
+            ("memory", "memory_from"),
+            ("time", "time_from"),
+        ):
+            lines.append(f"    {label}: {job[column]}")
+    return "\n".join(lines)

@@ -1,0 +1,74 @@
+"""What one training run is told: its hyperparameters (:class:`TrainConfig`, ``params.yaml:
+train.<task>``) and where its outputs go (:class:`TrainPaths`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from trainmap.training.archive import ArchivePolicy, checkpoint_steps
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Training hyperparameters of one task (``params.yaml: train.<task>``)."""
+
+    optimizer: str = "sgd"
+    lr: float = 0.1
+    momentum: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)
+    weight_decay: float = 0.0
+    batch_size: int = 32
+    steps: int = 1000
+    schedule: str = "constant"
+    warmup_steps: int = 0
+    grad_clip: float | None = None
+    checkpoint_every: int = 25
+    resume_every: int = 1000
+    device: str = "cpu"
+    archive: ArchivePolicy = field(default_factory=ArchivePolicy)
+
+    @classmethod
+    def from_dict(cls, settings: dict[str, Any]) -> TrainConfig:
+        """Build from a config mapping; unknown keys are an error naming them."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(settings) - known)
+        if unknown:
+            raise ValueError(f"unknown training settings {unknown}; allowed: {sorted(known)}")
+        values = dict(settings)
+        if "betas" in values:
+            values["betas"] = tuple(values["betas"])
+        values["archive"] = ArchivePolicy.from_value(values.get("archive"))
+        return cls(**values)
+
+    @property
+    def checkpoint_steps(self) -> list[int]:
+        """Every step the loop takes a checkpoint at (0, every ``checkpoint_every``, the last)."""
+        return checkpoint_steps(self.steps, self.checkpoint_every)
+
+
+@dataclass(frozen=True)
+class TrainPaths:
+    """Where one run's outputs go: the metric table streamed at each checkpoint, the archive of
+    kept checkpoints (a directory), the final model, history and summary, the resume file."""
+
+    metrics: Path
+    archive: Path
+    model: Path
+    history: Path
+    summary: Path
+    resume: Path
+
+    @classmethod
+    def in_directory(cls, directory: str | Path) -> TrainPaths:
+        """The standard file names inside one run directory."""
+        directory = Path(directory)
+        return cls(
+            metrics=directory / "checkpoint_metrics.csv",
+            archive=directory / "checkpoints",
+            model=directory / "model.pt",
+            history=directory / "history.csv",
+            summary=directory / "train.json",
+            resume=directory / "resume.pt",
+        )

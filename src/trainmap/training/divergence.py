@@ -1,0 +1,48 @@
+"""What the training loop keeps of each seed besides its weights (:class:`SeedRecord`: history,
+divergence, frozen state), and how a diverged seed stays frozen while the rest of its block trains:
+its gradients zeroed, its state restored after each optimiser step."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from trainmap.training.seed_block import SeedBlock
+
+
+@dataclass
+class SeedRecord:
+    """What the loop keeps per seed besides its weights: history, divergence, frozen state."""
+
+    history: list[dict[str, float]] = field(default_factory=list)
+    diverged_step: int | None = None
+    steps_done: int = 0
+    frozen_state: dict[str, torch.Tensor] | None = None
+
+    @property
+    def active(self) -> bool:
+        return self.diverged_step is None
+
+
+def freeze(record: SeedRecord, block: SeedBlock, index: int, step: int) -> None:
+    """A seed whose loss is not finite at ``step``: diverged at step + 1 (the step it would have
+    taken), its state kept as it is now."""
+    record.diverged_step, record.steps_done = step + 1, step
+    record.frozen_state = block.state_of(index)
+
+
+def zero_frozen_grads(block: SeedBlock, records: list[SeedRecord]) -> None:
+    """Zero the gradients of the seeds of ``block`` whose ``records`` are no longer active."""
+    frozen = [index for index, record in enumerate(records) if not record.active]
+    for parameter in block.parameters.values():
+        if parameter.grad is not None:
+            block.seed_view(parameter.grad)[frozen] = 0.0
+
+
+def restore_frozen(block: SeedBlock, records: list[SeedRecord]) -> None:
+    """Frozen seeds keep their state: undo what the optimiser step and the forward pass (BN running
+    statistics) did to them."""
+    for index, record in enumerate(records):
+        if record.frozen_state is not None:
+            block.set_seed_state(index, record.frozen_state)

@@ -1,0 +1,62 @@
+"""The resume file: a block's whole training state (stacked model and optimiser state, every
+seed's batch order, RNG, histories and metric rows so far, the hooks' state), written atomically
+every ``resume_every`` steps with the wall time so far in its timing sidecar, and read back by a
+rerun under the same configuration fingerprint."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from trainmap.io import load_resume_or_none, load_timing, save_timing, save_torch
+from trainmap.training.divergence import SeedRecord
+from trainmap.training.hooks import TrainHooks
+from trainmap.training.record import CheckpointRecorder
+from trainmap.training.scores import RunningMeans
+from trainmap.training.seed_block import SeedBlock
+from trainmap.training.step import BatchSampler
+
+
+def save_resume(path: Path, fingerprint: str, step: int, block: SeedBlock,
+                optimizer: torch.optim.Optimizer, samplers: list[BatchSampler],
+                recorder: CheckpointRecorder, running: RunningMeans, records: list[SeedRecord],
+                hooks: TrainHooks, elapsed: float) -> None:  # fmt: skip
+    """Write the block's training state after ``step`` optimiser steps to the resume file ``path``
+    (atomically, under the configuration's ``fingerprint``), and the wall time so far,
+    ``elapsed`` seconds, to the file's timing sidecar."""
+    # The time so far goes beside the file (seeds0-31.resume.timing.json), so the resume file of
+    # a step is the same bytes in every run, like every other file trainmap writes.
+    save_timing({"elapsed_s": elapsed}, path)
+    save_torch(
+        {
+            "fingerprint": fingerprint,
+            "step": step,
+            "block": {key: value.detach().clone() for key, value in block.state().items()},
+            "optimizer": optimizer.state_dict(),
+            "samplers": [sampler.state_dict() for sampler in samplers],
+            "torch_rng": torch.get_rng_state(),
+            "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None,
+            "recorder": recorder.state_dict(),
+            "running": running.state_dict(),
+            "records": [vars(record) for record in records],
+            "hooks": hooks.state_dict(),
+        },
+        path,
+    )
+
+
+def load_resume(path: Path, fingerprint: str) -> dict[str, Any] | None:
+    """The training state :func:`save_resume` wrote to ``path`` under ``fingerprint``, with its
+    ``elapsed_s``; None when there is no file, it is damaged, or it holds another configuration or
+    an older trainmap's state (the run then starts from step 0)."""
+    saved = load_resume_or_none(path)  # none, or a damaged file (deleted): start from step 0
+    if saved is None or saved.get("fingerprint") != fingerprint or "recorder" not in saved:
+        # A different configuration, or a resume file of an older trainmap (one seed, no block
+        # state, or every checkpoint's weights): start over; the file is replaced later.
+        return None
+    # Resume files of an older trainmap held the time themselves; a missing sidecar costs only
+    # the reported wall time of the part before the resume.
+    saved.setdefault("elapsed_s", load_timing(path).get("elapsed_s", 0.0))
+    return saved
