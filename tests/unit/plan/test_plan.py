@@ -11,7 +11,7 @@ from trainmap import grid, plan
 from trainmap.grid import SeedRange
 from trainmap.training.archive import ArchivePolicy, checkpoint_steps
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 SOURCES = ("measured: ", "FLOP-based: ", "size-based: ", "assumed: ")
 PAPER_CONFIGS = ["config/paper.yaml", *sorted(p.relative_to(REPO).as_posix()
                                                 for p in (REPO / "config/paper").glob("*.yaml"))]  # fmt: skip
