@@ -325,7 +325,7 @@ BAD_CONFIGS = [
      ["gradinit.digits", "'gradinit'", "params.yaml"]),
     ("sparse_bad_nm", lambda c: (c["grid"][1].update(methods=["ast"]),
                                  c["sparse"]["digits"].update(n=4, m=4)),
-     ["sparse.digits", "n=4", "m=4"]),
+     ["sparse.digits", "n: 4", "m: 4"]),
     ("empty_experiment", _set("mlflow", "experiment", ""),
      ["mlflow.experiment", "''"]),
 ]  # fmt: skip
