@@ -447,30 +447,6 @@ def test_dvc_yaml_quotes_the_config_file_in_every_command(repo_root: Path) -> No
         assert "${" not in unquoted.replace("${dvc.cores}", ""), command  # cores: an integer
 
 
-def test_every_setting_the_code_takes_is_in_the_schema() -> None:
-    """The schema refuses unknown keys, so a setting the code reads but the schema lacks could never
-    be set: each section's keys (TrainConfig fields, the stages' DEFAULT_SETTINGS, the HMM settings
-    the analysis passes on) must be schema properties. Extend the schema when adding one."""
-    from dataclasses import fields
-
-    from trainmap.dynamics.pipeline import HMM_SETTINGS
-    from trainmap.grid import SCHEMA_PATH
-    from trainmap.methods import gradinit, sparse
-    from trainmap.training.loop import TrainConfig
-
-    schema = read_yaml(SCHEMA_PATH)
-    defs, sections = schema["$defs"], schema["properties"]
-    expected = {
-        "train_settings": {f.name for f in fields(TrainConfig)},
-        "gradinit_settings": set(gradinit.DEFAULT_SETTINGS),
-        "sparse_settings": set(sparse.DEFAULT_SETTINGS),
-    }
-    for name, keys in expected.items():
-        assert keys <= set(defs[name]["properties"]), (name, keys - set(defs[name]["properties"]))
-    analysis = set(sections["analysis"]["properties"])
-    assert {*HMM_SETTINGS, "seed", "joint"} <= analysis, {*HMM_SETTINGS, "seed"} - analysis
-
-
 def test_seed_blocks_second_order_and_conv_groups_are_accepted(config: dict, repo_root) -> None:
     """train.<task>.seed_block, gradinit.<task>.second_order, sparse.<task>.conv_groups."""
     config["train"]["digits"]["seed_block"] = 8
