@@ -182,6 +182,20 @@ def test_library_keyword_defaults_agree_with_the_schema() -> None:
     }
 
 
+def test_the_metric_jobs_keyword_defaults_agree_with_the_schema() -> None:
+    """The workflow passes analysis.metrics and analysis.repvgg_weights (or the schema's default);
+    the job functions' own defaults, for a caller without a config, are the same."""
+    from trainmap.dynamics.settings import ANALYSIS_DEFAULTS
+    from trainmap.jobs.external import external_metrics_job
+    from trainmap.jobs.metrics import collect_metrics_block_job
+
+    collect = inspect.signature(collect_metrics_block_job).parameters
+    external = inspect.signature(external_metrics_job).parameters
+    assert collect["convention"].default == ANALYSIS_DEFAULTS["metrics"]
+    assert external["convention"].default == ANALYSIS_DEFAULTS["metrics"]
+    assert collect["repvgg_weights"].default == ANALYSIS_DEFAULTS["repvgg_weights"]
+
+
 def test_every_setting_the_code_takes_is_in_the_schema() -> None:
     """The schema refuses unknown keys, so a setting the code reads but the schema lacks could never
     be set: TrainConfig's fields and the HMM settings the analysis passes on must be schema
