@@ -1,6 +1,8 @@
 # Training maps: each block's metric tables (collect_metrics), a map per (task, arch, method)
 # group (fit_hmm, training_map, regress_detours) and joint comparisons of several methods or archs
 # (joint_comparison; adaptive ones by rounds: joint_round, adaptive_rounds).
+from trainmap.schema import section_defaults
+
 GROUP = "{task}/{arch}/{method}"
 
 
@@ -25,9 +27,13 @@ rule collect_metrics:
         cell_hashes=cell_hashes_of_block,
         # paper (the authors' conventions), paper_shortcuts (paper counting ResNet shortcut
         # convs) or extended: trainmap.dynamics.metrics
-        convention=grid.analysis_settings(config).get("metrics", "paper"),
+        convention=grid.analysis_settings(config).get(
+            "metrics", section_defaults("analysis")["metrics"]
+        ),
         # RepVGG runs: metrics of the training-time branches (train) or of the deploy form (deploy)
-        repvgg_weights=grid.analysis_settings(config).get("repvgg_weights", "train"),
+        repvgg_weights=grid.analysis_settings(config).get(
+            "repvgg_weights", section_defaults("analysis")["repvgg_weights"]
+        ),
     script:
         "../scripts/collect_metrics.py"
 

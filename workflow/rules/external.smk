@@ -1,6 +1,7 @@
 # External run sets (config key external; trainmap.grid.external): checkpoints trainmap did not
 # train, read into metric tables (external_metrics) and mapped (external_map); analysis.joint
 # comparisons pool them beside the grid's own runs (joint_comparison's external param).
+from trainmap.schema import section_defaults
 
 
 wildcard_constraints:
@@ -25,7 +26,9 @@ rule external_metrics:
         runs=runs_of_external,
         spec=spec_of_external,
         arch=arch_of_external,
-        convention=grid.analysis_settings(config).get("metrics", "paper"),
+        convention=grid.analysis_settings(config).get(
+            "metrics", section_defaults("analysis")["metrics"]
+        ),
     script:
         "../scripts/external_metrics.py"
 

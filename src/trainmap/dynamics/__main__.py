@@ -40,7 +40,7 @@ from trainmap.dynamics.external_layouts import (
 )
 from trainmap.dynamics.hmm.estimator import STANDARDISATIONS
 from trainmap.dynamics.hmm.factory import COVARIANCE_TYPES, EMISSIONS
-from trainmap.dynamics.hmm.selection import DEFAULT_FOLDS, SELECTION_RULES
+from trainmap.dynamics.hmm.selection import SELECTION_RULES
 from trainmap.dynamics.pipeline import (
     Outcomes,
     analysis_runs,
@@ -135,19 +135,23 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     grouping.add_argument("--group-by-path", metavar="REGEX",
                           help="group the runs by the first group of this regular expression "
                           "searched in each run's id (its path), e.g. 'lr=([^/]+)'")  # fmt: skip
-    parser.add_argument("--k-max", type=int, default=8, help="largest K tried (default 8)")
-    parser.add_argument("--restarts", type=int, default=5, help="seeded restarts per K (default 5)")
-    parser.add_argument("--holdout", type=float, default=0.2,
-                        help="fraction of runs held out for BIC (default 0.2)")  # fmt: skip
+    defaults = ANALYSIS_DEFAULTS  # the config schema's: the workflow's defaults too
+    parser.add_argument("--k-max", type=int, default=defaults["k_max"],
+                        help="largest K tried (default %(default)s)")  # fmt: skip
+    parser.add_argument("--restarts", type=int, default=defaults["restarts"],
+                        help="seeded restarts per K (default %(default)s)")  # fmt: skip
+    parser.add_argument("--holdout", type=float, default=defaults["holdout"],
+                        help="fraction of runs held out for BIC (default %(default)s)")  # fmt: skip
     parser.add_argument("--selection", choices=SELECTION_RULES,
-                        default=ANALYSIS_DEFAULTS["selection"],
+                        default=defaults["selection"],
                         help="reproducible (default: the largest K whose maps fitted on two "
                         "halves of the runs decode every run alike, per group with --groups; "
                         "needs >= 2 runs per group), holdout (held-out BIC on one split, the "
                         "paper's) or folds (its mean over folds of the runs)")  # fmt: skip
-    parser.add_argument("--folds", type=int, default=DEFAULT_FOLDS,
-                        help="folds of the runs for --selection folds (default 3)")  # fmt: skip
-    parser.add_argument("--seed", type=int, default=0, help="random state (default 0)")
+    parser.add_argument("--folds", type=int, default=defaults["folds"],
+                        help="folds of the runs for --selection folds (default %(default)s)")  # fmt: skip
+    parser.add_argument("--seed", type=int, default=defaults["seed"],
+                        help="random state (default %(default)s)")  # fmt: skip
     parser.add_argument("--features", nargs="+", default=list(METRIC_NAMES),
                         help="metric columns to model (default: the 14 metrics)")  # fmt: skip
     parser.add_argument("--diverged", nargs="+", default=[], metavar="RUN",
@@ -156,19 +160,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--covariance-type",
         choices=COVARIANCE_TYPES,
-        default="full",
+        default=defaults["covariance_type"],
         help="HMM covariances (default full: the metrics are correlated)",
     )
     parser.add_argument(
         "--standardisation",
         choices=STANDARDISATIONS,
-        default="pooled",
+        default=defaults["standardisation"],
         help="z-scores pooled over all runs (default) or per run (the paper)",
     )
     parser.add_argument(
         "--emission",
         choices=EMISSIONS,
-        default="plain",
+        default=defaults["emission"],
         help="emission model: plain (the paper's Gaussian HMM; default), run_offset (a per-run "
         "offset of the metrics, fitted with the states), run_offset_drift (offset and linear "
         "drift per run) or run_affine (offset, linear drift and scale per run): K holds better "
@@ -177,20 +181,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--bootstrap",
         type=int,
-        default=200,
-        help="bootstrap resamples of the runs (default 200; 0: none)",
+        default=defaults["bootstrap"],
+        help="bootstrap resamples of the runs (default %(default)s; 0: none)",
     )
     parser.add_argument(
         "--stability",
         type=int,
-        default=20,
-        help="subsamples per seed count of the stability curve (default 20; 0: none)",
+        default=defaults["stability"],
+        help="subsamples per seed count of the stability curve (default %(default)s; 0: none)",
     )
     parser.add_argument(
         "--alpha",
         type=float,
-        default=0.05,
-        help="significance level of detours and verdicts (default 0.05)",
+        default=defaults["alpha"],
+        help="significance level of detours and verdicts (default %(default)s)",
     )
     parser.add_argument("--jobs", type=int, default=1,
                         help="parallel processes for the fits and the bootstrap")  # fmt: skip

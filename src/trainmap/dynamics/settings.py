@@ -1,8 +1,12 @@
-"""The analysis settings (``params.yaml`` ``analysis:``, checked by the config schema), their
-defaults, and the :class:`~trainmap.dynamics.hmm.estimator.TrainingHMM` they configure.
+"""The analysis settings (``params.yaml`` ``analysis:``), their defaults, and the
+:class:`~trainmap.dynamics.hmm.estimator.TrainingHMM` they configure.
 
-Its own module so that every analysis step (:mod:`~trainmap.dynamics.pipeline`,
-:mod:`~trainmap.dynamics.joint`) reads the same defaults without importing another step.
+Each setting's type, allowed values and default are declared once, in the config schema
+(``workflow/schemas/config.schema.yaml``, section ``analysis``): :data:`ANALYSIS_DEFAULTS` is read
+from it. ``params.yaml`` repeats every default (DVC sets a key only where it is written), and a test
+checks that it repeats them exactly. Its own module so that every analysis step
+(:mod:`~trainmap.dynamics.pipeline`, :mod:`~trainmap.dynamics.joint`) reads the same defaults
+without importing another step.
 """
 
 from __future__ import annotations
@@ -10,51 +14,16 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from trainmap.dynamics.hmm.curves import DEFAULT_REPRODUCE_ARI, DEFAULT_REPRODUCE_SHARE
 from trainmap.dynamics.hmm.estimator import TrainingHMM
-from trainmap.dynamics.hmm.selection import DEFAULT_FOLDS, DEFAULT_HALF_SIZE
+from trainmap.schema import section_defaults
 
 HMM_SETTINGS = ("k_max", "restarts", "holdout", "selection", "folds", "halves", "reproduce_ari",
                 "reproduce_share", "reproduce_k", "half_size", "covariance_type",
                 "standardisation", "restart_rule", "init", "emission", "n_iter", "tol", "tol_scale", "min_covar",
                 "n_jobs", "features")  # fmt: skip
-#: The analysis settings and their defaults (params.yaml ``analysis`` documents each).
-ANALYSIS_DEFAULTS = {
-    "k_max": 8,
-    "restarts": 5,
-    "holdout": 0.2,
-    "selection": "reproducible",
-    "folds": DEFAULT_FOLDS,
-    "halves": None,
-    "reproduce_ari": DEFAULT_REPRODUCE_ARI,
-    "reproduce_share": DEFAULT_REPRODUCE_SHARE,
-    "reproduce_k": "largest",
-    "half_size": DEFAULT_HALF_SIZE,
-    "seed": 0,
-    "covariance_type": "full",
-    "standardisation": "pooled",
-    "restart_rule": "best",
-    "init": "sticky",
-    "emission": "plain",
-    "n_iter": 500,
-    "tol": 1e-3,
-    "tol_scale": "per_observation",
-    "checkpoints_per_run": None,
-    "first_n": None,
-    "nan_runs": "features",
-    "baseline_k_max": 16,
-    "alpha": 0.05,
-    "dissimilarity": "total_variation",
-    "bootstrap": 200,
-    "bootstrap_iter": 10,
-    "permutations": 2000,
-    "confidence": 0.95,
-    "stability": 20,
-    "stability_step": 8,
-    "stability_max_fraction": 0.8,
-    "stability_ari": 0.9,
-    "stability_share": 0.9,
-}
+#: The analysis settings and their defaults: the schema's, in its order. ``min_covar``, ``n_jobs``
+#: and ``features`` have none there (nor in params.yaml): they take :class:`TrainingHMM`'s.
+ANALYSIS_DEFAULTS: dict[str, Any] = section_defaults("analysis")
 
 
 def with_defaults(settings: Mapping[str, Any]) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from trainmap import methods, models
+from trainmap.schema import section_defaults
 
 #: A training map needs runs to fit on and at least one to hold out.
 MIN_RUNS_PER_GROUP = 2
@@ -293,7 +294,7 @@ def analysis_groups(config: dict) -> dict[str, list[Cell]]:
     compared methods) or ``none`` (joint maps only).
     """
     analysis = config.get("analysis", {})
-    which = analysis.get("group_maps", "all")
+    which = analysis.get("group_maps", section_defaults("analysis")["group_maps"])
     if which == "none":
         return {}
     mapped_jointly = set()

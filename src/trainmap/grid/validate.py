@@ -18,7 +18,6 @@ is allowed, and is raised at parse time, before any job starts.
 
 from __future__ import annotations
 
-import functools
 import importlib
 import importlib.util
 import math
@@ -33,7 +32,6 @@ from pathlib import Path
 from typing import Any
 
 import jsonschema
-import yaml
 
 from trainmap import data as data_module
 from trainmap import methods, models, plugins
@@ -62,10 +60,10 @@ from trainmap.grid.cells import (
 from trainmap.grid.effective import params_edit_hint, under_dvc
 from trainmap.grid.errors import ConfigError, did_you_mean, key_path
 from trainmap.grid.external import check_external
-from trainmap.grid.files import YAML_LOADER, merge_config, read_config_file
+from trainmap.grid.files import merge_config, read_config_file
+from trainmap.schema import SCHEMA_PATH, schema_validator, section_defaults
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
-SCHEMA_PATH = REPO_ROOT / "workflow" / "schemas" / "config.schema.yaml"
 
 
 #: The default study's config file, relative to the project.
@@ -159,28 +157,11 @@ def results_root(config: dict) -> str:
     """The directory every rule of ``config`` writes under: config key ``results``, else the
     schema's default (``results``). The one place a rule path's root is read; the workflow's rules,
     its unfinished-block scan and the Makefile's digest check all ask it."""
-    default = _schema_validator().schema["properties"]["results"]["default"]
+    default = schema_validator().schema["properties"]["results"]["default"]
     return config.get("results", default)
 
 
 # --- the schema ---------------------------------------------------------------------------------
-
-
-def _whole_number(checker: Any, instance: Any) -> bool:
-    # JSON schema's "integer" accepts 2.0; a seed "2.0" or `steps: 100.0` breaks later (a cell
-    # seed2.0 no rule matches, range() of a float), so an integer here has no decimal point.
-    return isinstance(instance, int) and not isinstance(instance, bool)
-
-
-_VALIDATOR = jsonschema.validators.extend(
-    jsonschema.Draft202012Validator,
-    type_checker=jsonschema.Draft202012Validator.TYPE_CHECKER.redefine("integer", _whole_number),
-)
-
-
-@functools.cache
-def _schema_validator() -> jsonschema.protocols.Validator:
-    return _VALIDATOR(yaml.load(SCHEMA_PATH.read_text(), Loader=YAML_LOADER))
 
 
 def validate_schema(config: dict) -> None:
@@ -190,7 +171,7 @@ def validate_schema(config: dict) -> None:
     value and what is allowed. Unknown top-level keys are reported first, then keys naming a task
     that ``data`` does not define (``train.digitz``), then the remaining errors in key order.
     """
-    errors = sorted(_schema_validator().iter_errors(config), key=_error_order)
+    errors = sorted(schema_validator().iter_errors(config), key=_error_order)
     if errors and not errors[0].absolute_path:
         raise ConfigError(_schema_message(errors[0]))
     _refuse_non_finite(config, [])
@@ -598,7 +579,8 @@ def _check_stage_settings(config: dict, stage: str, task: str, method: str) -> N
 
 def _validate_stage_settings(config: dict, stage: str, task: str) -> None:
     if stage == "sparse":
-        _check_sparse_start(config, task, config[stage][task].get("start", "final"))
+        start = config[stage][task].get("start", section_defaults("sparse")["start"])
+        _check_sparse_start(config, task, start)
     module_name, function_name = STAGE_VALIDATORS[stage].split(":")
     validate = getattr(importlib.import_module(module_name), function_name)
     try:

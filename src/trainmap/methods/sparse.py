@@ -46,7 +46,6 @@ from torch import nn
 
 from trainmap.data import TaskData
 from trainmap.io import save_json, write_atomic
-from trainmap.methods.nm import GROUP_LAYOUTS
 from trainmap.methods.sparse_layers import (
     SparseLayer,
     check_nm,
@@ -59,6 +58,7 @@ from trainmap.methods.sparse_layers import (
     sparsify,
     wanda_scores,
 )
+from trainmap.schema import check_section, section_defaults
 from trainmap.training.archive import ArchivePolicy
 from trainmap.training.loop import (
     BlockCheckpointHook,
@@ -72,53 +72,26 @@ from trainmap.training.loop import (
 from trainmap.training.record import CheckpointRecorder
 from trainmap.training.seed_block import SeedBlock
 
-#: Defaults of the ``sparse.<task>`` settings. srste_lambda is far above the LLM values (1e-4 with
-#: Adam over 40k steps): with SGD the decay shrinks a pruned weight by lr * lambda per step, and a
-#: retraining of a few hundred steps needs lr * lambda * steps ~ 1 for the decay to act at all.
-DEFAULT_SETTINGS: dict[str, Any] = {
-    "n": 2,
-    "m": 4,
-    "mask_every": 10,
-    "srste_lambda": 0.05,
-    "srste_t0": None,
-    "distill_alpha": 2.0,
-    "temperature": 2.0,
-    "slorb_k": 16,
-    "calibration_batch": 256,
-    "dense_layers": "first_last",
-    "conv_groups": "input_channels",
-    "start": "final",
-    "train": {},
-}
-DENSE_LAYER_CHOICES = ("first_last", "none")
+#: Defaults of the ``sparse.<task>`` settings: the schema's (``$defs/sparse_settings``), where each
+#: setting's type, allowed values and default are declared once.
+DEFAULT_SETTINGS: dict[str, Any] = section_defaults("sparse")
 START_CHOICES = ("final", "init")
 
 
 def check_settings(settings: Mapping[str, Any]) -> dict[str, Any]:
-    """The settings completed with defaults; unknown keys and bad values raise ValueError."""
-    unknown = sorted(set(settings) - set(DEFAULT_SETTINGS))
-    if unknown:
-        raise ValueError(f"unknown sparse settings {unknown}; allowed: {sorted(DEFAULT_SETTINGS)}")
+    """The settings completed with :data:`DEFAULT_SETTINGS`. Raises ValueError naming the key, the
+    value and what is allowed: for an unknown key or a value the schema refuses
+    (:func:`trainmap.schema.check_section`), for ``n >= m``, for a ``start`` that is no start
+    (:func:`start_step`) and for a ``train`` key the retraining does not read."""
+    check_section("sparse", settings, what="sparse")
     cfg = {**DEFAULT_SETTINGS, **settings}
-    n, m = cfg["n"], cfg["m"]
-    if not (isinstance(n, int) and isinstance(m, int) and 1 <= n < m):
-        raise ValueError(f"N:M needs integers 1 <= n < m, got n={n!r}, m={m!r}")
-    for key in ("mask_every", "calibration_batch", "slorb_k"):
-        if not isinstance(cfg[key], int) or cfg[key] < 1:
-            raise ValueError(f"{key} must be a positive integer, got {cfg[key]!r}")
-    for key in ("srste_lambda", "distill_alpha"):
-        if cfg[key] < 0:
-            raise ValueError(f"{key} must be >= 0, got {cfg[key]!r}")
-    if not cfg["temperature"] > 0:
-        raise ValueError(f"temperature must be > 0, got {cfg['temperature']!r}")
-    if cfg["dense_layers"] not in DENSE_LAYER_CHOICES:
-        raise ValueError(
-            f"dense_layers {cfg['dense_layers']!r} is not one of {DENSE_LAYER_CHOICES}"
-        )
-    if cfg["conv_groups"] not in GROUP_LAYOUTS:
-        raise ValueError(f"conv_groups {cfg['conv_groups']!r} is not one of {GROUP_LAYOUTS}")
+    if not cfg["n"] < cfg["m"]:
+        raise ValueError(f"n: {cfg['n']!r} is not below m: {cfg['m']!r}; allowed: 1 <= n < m (N:M "
+                         "keeps n of every m weights, e.g. n: 2, m: 4)")  # fmt: skip
     start_step(cfg["start"])  # a bad start is named there
-    TrainConfig.from_dict(cfg["train"])  # unknown training keys are named there
+    # The retraining reads TrainConfig's keys only: one the schema allows in train.<task> but the
+    # retraining never reads (seed_block: seed ranges come from train.<task>) is refused here.
+    TrainConfig.from_dict(cfg["train"])
     return cfg
 
 

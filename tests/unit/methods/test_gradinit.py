@@ -436,14 +436,26 @@ def test_layer_diagnostics_leave_the_model_unchanged(digits):
 
 
 def test_settings_are_checked():
+    """Against the schema: the message names the key, the value and what is allowed."""
     with pytest.raises(ValueError, match=r"unknown GradInit settings \['itrations'\]"):
         check_settings({"itrations": 5})
-    with pytest.raises(ValueError, match="variant 'rmsprop'"):
+    with pytest.raises(
+        ValueError,
+        match=r"variant: 'rmsprop' is not allowed; allowed: one of sgd, adam \(schema: workflow/",
+    ):
         check_settings({"variant": "rmsprop"})
-    with pytest.raises(ValueError, match="overlap must be in"):
+    with pytest.raises(ValueError, match="overlap: 1.5 is not allowed; allowed: a number >= 0 and"):
         check_settings({"overlap": 1.5})
-    with pytest.raises(ValueError, match="second_order must be true or false, got 'yes'"):
+    with pytest.raises(
+        ValueError, match="second_order: 'yes' is not allowed; allowed: true or false"
+    ):
         check_settings({"second_order": "yes"})
+    with pytest.raises(
+        ValueError, match="iterations: 2.0 is not allowed; allowed: an integer >= 1"
+    ):
+        check_settings({"iterations": 2.0})
+    with pytest.raises(ValueError, match="eta: 0 is not allowed; allowed: a number > 0"):
+        check_settings({"eta": 0})
     assert check_settings({})["eta"] == 0.1
     assert check_settings({})["second_order"] is False  # the authors' first-order step
 

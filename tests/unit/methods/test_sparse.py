@@ -377,14 +377,24 @@ def test_conv_sparse_checkpoint_keeps_its_group_layout(tmp_path, layout):
 
 
 def test_settings_are_checked():
+    """Against the schema (key, value and what is allowed), then n < m and the start."""
     with pytest.raises(ValueError, match=r"unknown sparse settings \['lamda'\]"):
         check_settings({"lamda": 1})
-    with pytest.raises(ValueError, match="1 <= n < m"):
+    with pytest.raises(ValueError, match=r"n: 4 is not below m: 4; allowed: 1 <= n < m"):
         check_settings({"n": 4, "m": 4})
-    with pytest.raises(ValueError, match="unknown training settings"):
+    with pytest.raises(ValueError, match=r"train.epochs: unknown key 'epochs'; allowed: archive"):
         check_settings({"train": {"epochs": 3}})
-    with pytest.raises(ValueError, match="conv_groups 'channels' is not one of"):
+    with pytest.raises(
+        ValueError,
+        match=r"conv_groups: 'channels' is not allowed; allowed: one of input_channels, flattened",
+    ):
         check_settings({"conv_groups": "channels"})
+    with pytest.raises(ValueError, match=r"mask_every: 0 is not allowed; allowed: an integer >= 1"):
+        check_settings({"mask_every": 0})
+    with pytest.raises(ValueError, match=r"temperature: nan is not allowed; allowed: a finite"):
+        check_settings({"temperature": float("nan")})
+    with pytest.raises(ValueError, match=r"train.lr: -0.1 is not allowed; allowed: a number > 0"):
+        check_settings({"train": {"lr": -0.1}})
     assert check_settings({})["conv_groups"] == "input_channels"
     assert check_settings({})["start"] == "final"
     with pytest.raises(ValueError, match=r"start: 'middle' is not a start; allowed: final, init"):

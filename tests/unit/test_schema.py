@@ -1,0 +1,218 @@
+"""One declaration per setting: the config schema (``workflow/schemas/config.schema.yaml``) holds
+each setting's type, allowed values and default, and the Python code reads them from it
+(:mod:`trainmap.schema`).
+
+What the code still spells out itself is compared with the schema here: params.yaml's ``analysis:``
+block (explicit, so that ``dvc exp run -S analysis.x=y`` finds every key), the values each enum's
+implementation dispatches on, and the keyword defaults of the library entry points
+(:class:`TrainingHMM`, :func:`gradinit`) that are usable without a config.
+"""
+
+from __future__ import annotations
+
+import inspect
+import subprocess
+import sys
+from dataclasses import fields
+from pathlib import Path
+
+import pytest
+import yaml
+
+from trainmap.schema import (
+    SCHEMA_PATH,
+    check_section,
+    config_schema,
+    section_choices,
+    section_defaults,
+    section_schema,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+SECTIONS = ("sparse", "gradinit", "analysis")
+
+
+def test_the_schema_is_the_one_the_grid_validates_with() -> None:
+    from trainmap import grid
+
+    assert grid.SCHEMA_PATH == SCHEMA_PATH == ROOT / "workflow" / "schemas" / "config.schema.yaml"
+    assert section_schema("sparse") is config_schema()["$defs"]["sparse_settings"]
+    assert section_schema("gradinit") is config_schema()["$defs"]["gradinit_settings"]
+    assert section_schema("analysis") is config_schema()["properties"]["analysis"]
+
+
+def test_the_python_defaults_are_the_schemas() -> None:
+    from trainmap.dynamics.settings import ANALYSIS_DEFAULTS
+    from trainmap.methods import gradinit, sparse
+
+    assert sparse.DEFAULT_SETTINGS == section_defaults("sparse")
+    assert gradinit.DEFAULT_SETTINGS == section_defaults("gradinit")
+    assert ANALYSIS_DEFAULTS == section_defaults("analysis")
+    # Every setting of the stages has a default (an omitted key takes it); of the analysis, all
+    # but the list of joint comparisons and the three that TrainingHMM's defaults fill.
+    for section in ("sparse", "gradinit"):
+        assert set(section_defaults(section)) == set(section_schema(section)["properties"])
+    undefaulted = set(section_schema("analysis")["properties"]) - set(ANALYSIS_DEFAULTS)
+    assert undefaulted == {"joint", "min_covar", "n_jobs", "features"}
+
+
+@pytest.mark.parametrize("section", SECTIONS)
+def test_every_default_is_allowed_by_its_own_schema(section: str) -> None:
+    """A default the schema refuses would be caught only when a user omits the key; and a number
+    setting's default is written with a decimal point (a float, as the code used it: a JSON
+    output writes 1.0, not 1)."""
+    defaults = section_defaults(section)
+    check_section(section, defaults, what=section)
+    for key, spec in section_schema(section)["properties"].items():
+        if spec.get("type") == "number" and key in defaults:
+            assert isinstance(defaults[key], float), (section, key, defaults[key])
+
+
+def test_params_yaml_repeats_the_analysis_defaults_exactly() -> None:
+    """params.yaml's ``analysis:`` block writes every default out (DVC sets only keys that are
+    written), so it must write the schema's values: same keys, same values, same types."""
+    analysis = yaml.safe_load((ROOT / "params.yaml").read_text())["analysis"]
+    assert analysis.pop("joint") == []
+    defaults = section_defaults("analysis")
+    assert set(analysis) == set(defaults), set(analysis) ^ set(defaults)
+    differ = {key: (analysis[key], defaults[key]) for key in defaults
+              if (type(analysis[key]), analysis[key]) != (type(defaults[key]), defaults[key])}  # fmt: skip
+    assert not differ, f"params.yaml analysis: {differ} (params.yaml, schema)"
+    choices = section_choices("analysis")
+    outside = {key: value for key, value in analysis.items()
+               if key in choices and value not in choices[key]}  # fmt: skip
+    assert not outside, outside
+
+
+def implemented_choices() -> dict[tuple[str, str], tuple]:
+    """Per (section, key), the values the code that implements the setting takes."""
+    from trainmap.dynamics.columns import CONVENTIONS
+    from trainmap.dynamics.hmm.curves import REPRODUCE_K, RESTART_RULES
+    from trainmap.dynamics.hmm.estimator import STANDARDISATIONS
+    from trainmap.dynamics.hmm.factory import (
+        COVARIANCE_TYPES,
+        EMISSIONS,
+        INITIALISATIONS,
+        TOL_SCALES,
+    )
+    from trainmap.dynamics.hmm.selection import SELECTION_RULES
+    from trainmap.dynamics.regression import GROUND_METRICS
+    from trainmap.dynamics.tables import NAN_RUNS
+    from trainmap.methods.gradinit import VARIANTS
+    from trainmap.methods.nm import GROUP_LAYOUTS
+
+    return {
+        ("gradinit", "variant"): VARIANTS,
+        ("sparse", "conv_groups"): GROUP_LAYOUTS,
+        # sparse_layers.sparsifiable_layers keeps the first and last layer dense for first_last
+        ("sparse", "dense_layers"): ("first_last", "none"),
+        ("analysis", "selection"): SELECTION_RULES,
+        ("analysis", "reproduce_k"): REPRODUCE_K,
+        ("analysis", "covariance_type"): COVARIANCE_TYPES,
+        ("analysis", "standardisation"): STANDARDISATIONS,
+        ("analysis", "restart_rule"): RESTART_RULES,
+        ("analysis", "init"): INITIALISATIONS,
+        ("analysis", "emission"): EMISSIONS,
+        ("analysis", "tol_scale"): TOL_SCALES,
+        ("analysis", "nan_runs"): NAN_RUNS,
+        ("analysis", "dissimilarity"): GROUND_METRICS,
+        ("analysis", "metrics"): CONVENTIONS,
+        # read by the workflow: grid.cells.analysis_groups (test_blocks) and
+        # jobs.metrics.collect_metrics (deploy fuses a RepVGG; test_reparam)
+        ("analysis", "group_maps"): ("all", "outside_joint", "none"),
+        ("analysis", "repvgg_weights"): ("train", "deploy"),
+    }
+
+
+def test_every_schema_enum_lists_the_values_the_code_takes() -> None:
+    """Each enum of the three sections allows exactly the values its implementation takes, and
+    an enum added to the schema must be added here with the code that takes it."""
+    implemented = implemented_choices()
+    declared = {(section, key): values for section in SECTIONS
+                for key, values in section_choices(section).items()}  # fmt: skip
+    assert set(declared) == set(implemented), set(declared) ^ set(implemented)
+    differ = {key: (declared[key], implemented[key]) for key in declared
+              if set(declared[key]) != set(implemented[key])}  # fmt: skip
+    assert not differ, f"(schema, code): {differ}"
+
+
+def test_training_hmm_takes_every_allowed_value_and_refuses_others() -> None:
+    from trainmap.dynamics.hmm.estimator import TrainingHMM
+
+    for key, values in section_choices("analysis").items():
+        if key not in inspect.signature(TrainingHMM).parameters:
+            continue
+        for value in values:
+            TrainingHMM(**{key: value})
+        with pytest.raises(ValueError, match=key):
+            TrainingHMM(**{key: "no_such_value"})
+
+
+def test_library_keyword_defaults_agree_with_the_schema() -> None:
+    """TrainingHMM and gradinit() are usable without a config, so their signatures keep plain
+    defaults (the refits' worker processes import the estimator without reading the schema); they
+    must be the config's. One deliberate exception: TrainingHMM's ``selection`` is ``holdout``,
+    the paper's rule, while the workflow's default is ``reproducible``."""
+    from trainmap.dynamics.hmm import (
+        DEFAULT_FOLDS,
+        DEFAULT_HALF_SIZE,
+        DEFAULT_REPRODUCE_ARI,
+        DEFAULT_REPRODUCE_SHARE,
+    )
+    from trainmap.dynamics.hmm.estimator import TrainingHMM
+    from trainmap.dynamics.settings import ANALYSIS_DEFAULTS
+    from trainmap.methods import gradinit
+
+    hmm = {name: p.default for name, p in inspect.signature(TrainingHMM).parameters.items()}
+    shared = set(hmm) & set(ANALYSIS_DEFAULTS)
+    assert len(shared) >= 15, shared
+    differ = {key: (hmm[key], ANALYSIS_DEFAULTS[key]) for key in shared
+              if hmm[key] != ANALYSIS_DEFAULTS[key]}  # fmt: skip
+    assert differ == {"selection": ("holdout", "reproducible")}, differ
+    assert hmm["random_state"] == ANALYSIS_DEFAULTS["seed"]
+    constants = {"folds": DEFAULT_FOLDS, "half_size": DEFAULT_HALF_SIZE,
+                 "reproduce_ari": DEFAULT_REPRODUCE_ARI, "reproduce_share": DEFAULT_REPRODUCE_SHARE}  # fmt: skip
+    assert constants == {key: ANALYSIS_DEFAULTS[key] for key in constants}
+
+    function = inspect.signature(gradinit.gradinit).parameters
+    settings = set(function) & set(gradinit.DEFAULT_SETTINGS)
+    assert len(settings) >= 10, settings
+    assert {key: function[key].default for key in settings} == {
+        key: gradinit.DEFAULT_SETTINGS[key] for key in settings
+    }
+
+
+def test_the_metric_jobs_keyword_defaults_agree_with_the_schema() -> None:
+    """The workflow passes analysis.metrics and analysis.repvgg_weights (or the schema's default);
+    the job functions' own defaults, for a caller without a config, are the same."""
+    from trainmap.dynamics.settings import ANALYSIS_DEFAULTS
+    from trainmap.jobs.external import external_metrics_job
+    from trainmap.jobs.metrics import collect_metrics_block_job
+
+    collect = inspect.signature(collect_metrics_block_job).parameters
+    external = inspect.signature(external_metrics_job).parameters
+    assert collect["convention"].default == ANALYSIS_DEFAULTS["metrics"]
+    assert external["convention"].default == ANALYSIS_DEFAULTS["metrics"]
+    assert collect["repvgg_weights"].default == ANALYSIS_DEFAULTS["repvgg_weights"]
+
+
+def test_every_setting_the_code_takes_is_in_the_schema() -> None:
+    """The schema refuses unknown keys, so a setting the code reads but the schema lacks could never
+    be set: TrainConfig's fields and the HMM settings the analysis passes on must be schema
+    properties. Extend the schema when adding one."""
+    from trainmap.dynamics.settings import HMM_SETTINGS
+    from trainmap.training.loop import TrainConfig
+
+    train = set(config_schema()["$defs"]["train_settings"]["properties"])
+    assert {f.name for f in fields(TrainConfig)} <= train
+    analysis = set(section_schema("analysis")["properties"])
+    assert {*HMM_SETTINGS, "seed", "joint"} <= analysis, {*HMM_SETTINGS, "seed"} - analysis
+
+
+def test_the_analysis_reads_its_defaults_without_torch() -> None:
+    """trainmap.schema sits outside trainmap.grid, whose package imports the model registry."""
+    probe = ("import sys, trainmap.dynamics.settings; "
+             "print(sorted({'torch', 'jsonschema'} & set(sys.modules)))")  # fmt: skip
+    loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                            check=True).stdout.strip()  # fmt: skip
+    assert loaded == "[]", loaded
