@@ -133,7 +133,7 @@ def test_the_three_registries_refuse_a_second_registration_with_one_message() ->
         with pytest.raises(ValueError) as error:
             register()
         assert str(error.value) == (
-            f"{what} {name!r} is already registered by {source}; test_plugins registers it again "
+            f"{what} {name!r} is already registered by {source}; {__name__} registers it again "
             "(rename one of them)"
         )
     assert (models.ARCHITECTURES["mlp"], data.DATA_KINDS["digits"].make) == (mlp, data.make_digits)
