@@ -9,26 +9,23 @@ mode pins every such choice, so a seed's numbers no longer depend on which CPU r
   and matmul; MKL honours ``COMPATIBLE`` on AMD CPUs too);
 * oneDNN's JIT kernels (``ONEDNN_MAX_CPU_ISA`` and its old name ``DNNL_MAX_CPU_ISA``: torch's
   convolutions);
-* OpenBLAS's kernels (``OPENBLAS_CORETYPE``: numpy's and scipy's BLAS, the HMM fits of the analysis;
-  measured here: a full-covariance HMM fit gives other bits under Haswell, Sandybridge and Nehalem
-  kernels);
+* OpenBLAS's kernels (``OPENBLAS_CORETYPE``: numpy's and scipy's BLAS, the HMM fits of the
+  analysis);
 * numpy's dispatched loops (``NPY_DISABLE_CPU_FEATURES``, read when numpy is imported).
 
 Two levels (:data:`LEVELS`):
 
 * ``baseline`` (the default): every library on the path any x86-64 CPU takes (ATen ``default``,
-  MKL ``COMPATIBLE``, oneDNN SSE4.1, OpenBLAS Nehalem, numpy's x86-64-v2 baseline). Measured side
-  by side on this 2-core AVX2 EPYC, fresh clones' ``make run``: 15 min 48 s of Snakemake against
-  14 min 23 s under ``avx2`` (1.10x; training 1.28x, sparse retraining 1.12x, the maps 1.03x).
+  MKL ``COMPATIBLE``, oneDNN SSE4.1, OpenBLAS Nehalem, numpy's x86-64-v2 baseline).
 * ``avx2``: ATen, oneDNN, OpenBLAS and numpy on their AVX2 paths, the ones any
   x86-64 CPU with AVX2 and FMA takes (Intel since 2013, AMD since 2015; every current server CPU),
   their AVX-512 paths off, and MKL on its ``COMPATIBLE`` branch: MKL is the one library that picks
   kernels by CPU vendor (asked for its AVX2 branch on this AMD EPYC, it reports ``CNR:AUTO``), and
   ``COMPATIBLE`` is the branch it documents as the same on Intel and non-Intel CPUs. The other
-  libraries' kernels are vendor-neutral code, so one ISA gives one set of bits. Measured here, one
-  pin at a time on ``train_block`` (noisy, beside other work): ATen's ``default`` path ~1.5x on the
-  sparse-parity MLP block, MKL's ``COMPATIBLE`` nothing measurable on it, oneDNN SSE4.1 ~1.2x on
-  the digits CNNs; this level pays only for MKL's branch.
+  libraries' kernels are vendor-neutral code, so one ISA gives one set of bits.
+
+What each level costs, and which pins change which bits, is measured in the docs (running.md,
+"Portable numbers"; decisions/default-study.md).
 
 Each library reads its variable once, at its first use (ATen at the first kernel dispatch, MKL at
 its first call, oneDNN at its first primitive, OpenBLAS and numpy's dispatch when numpy loads), so
