@@ -8,7 +8,7 @@ Three conventions (``convention``; params.yaml ``analysis.metrics``; :data:`CONV
     (``get_matrix_metrics`` / ``get_tensor_metrics`` / ``get_distribution_stats`` and the ResNet
     walker ``get_metrics_resnet18`` of michahu/modeling-training, ``src/metrics.py``;
     :mod:`trainmap.dynamics.reference_metrics`) on MLP, transformer, VGG and ResNet checkpoints
-    (tests/unit/dynamics/test_metrics.py; bench/metrics_cost.py):
+    (tests/test_dynamics_metrics.py; bench/metrics_cost.py):
 
     (a) Singular-value statistics per matrix, then averaged over matrices. Paper sec. 2.1: "the
         means and variances of each weight matrix's singular values"; the code averages each
@@ -249,8 +249,7 @@ def state_dict_layout(
     last Linear of a state dict with an embedding) is the unembedding and left out. Under
     ``paper`` a 4-D weight with a 1x1 kernel under a ``shortcut``/``downsample`` module
     (:func:`is_shortcut_conv`) is a residual block's shortcut conv and left out with its bias. For
-    trainmap's own models this gives :func:`weight_matrices`'s layout
-    (tests/unit/dynamics/test_external_runs.py).
+    trainmap's own models this gives :func:`weight_matrices`'s layout (tests/test_external_runs.py).
     """
     skip_shortcuts = not counts_shortcuts(convention)
     matrices: list[MatrixSlice] = []
@@ -375,8 +374,7 @@ def singular_values(matrix: torch.Tensor) -> torch.Tensor:
     ResNet-18's reshaped convs (bench/metrics_cost.py). Squaring loses the small singular values'
     relative accuracy: the error of sigma_i is about eps * sigma_max^2 / sigma_i, so the route is
     kept only where every sigma_i >= :data:`GRAM_MIN_CONDITION` * sigma_max (error <= 2.2e-13 of
-    sigma_max); a batch with a smaller one falls back to ``svdvals``
-    (tests/unit/dynamics/test_streamed_metrics.py).
+    sigma_max); a batch with a smaller one falls back to ``svdvals`` (tests/test_streamed_metrics.py).
     """
     rows, cols = matrix.shape[-2:]
     short, long = min(rows, cols), max(rows, cols)
