@@ -1,5 +1,6 @@
-"""The study's grid: its configuration read strictly (:mod:`.files`), validated (:mod:`.validate`:
-the JSON schema, then what a schema cannot express) and expanded into cells and seed ranges
+"""The study's grid: its configuration read strictly (:mod:`.files`) and merged into a study
+(:mod:`.study`), validated (:mod:`.validate`: the JSON schema, then what a schema cannot express,
+each concern's checks in a ``*_checks`` module of its own) and expanded into cells and seed ranges
 (:mod:`.cells`) and into the seed ranges each of the workflow's block rules runs (:mod:`.blocks`);
 what the jobs read and the params.yaml edits a DVC run must honour (:mod:`.effective`). Errors:
 :class:`ConfigError` (:mod:`.errors`). ``python -m trainmap.grid FILE`` checks a config file as the

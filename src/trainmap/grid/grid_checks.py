@@ -16,6 +16,10 @@ from trainmap.grid.section_checks import check_stage_settings
 
 
 def check_grid_entry(config: dict, index: int, entry: dict, base_dir: Path) -> None:
+    """``grid[index]`` (``entry``): its task has data, train and evaluate settings, its data kind's
+    package imports and its local files (relative to ``base_dir``) are there, its seeds are whole
+    and distinct, its archs fit the task's input and its methods are registered, each with its
+    stages' settings for the task. Raises :class:`ConfigError` on the first problem."""
     where = f"grid[{index}]"
     task = entry["task"]
     for section in ("data", "train", "evaluate"):
@@ -70,6 +74,8 @@ def _check_seeds(where: str, seeds: list[int]) -> None:
 
 
 def check_unique_cells(config: dict) -> None:
+    """No cell (task, arch, method, seed) is defined by two grid entries; raises
+    :class:`ConfigError` naming the first repeat and the entry that defined it."""
     seen: dict[Cell, int] = {}
     for index, entry in enumerate(config["grid"]):
         for cell in expand_grid({"grid": [entry]}):

@@ -75,6 +75,8 @@ STAGE_VALIDATORS = {
 
 
 def check_stage_settings(config: dict, stage: str, task: str, method: str) -> None:
+    """Grid method ``method`` on ``task`` has the settings of its stage ``stage``
+    (``<stage>.<task>``); raises :class:`ConfigError` when they are missing."""
     if task not in config.get(stage, {}):
         raise ConfigError(
             f"config key {stage}.{task}: method {method!r} needs {stage} settings for task "
@@ -83,6 +85,9 @@ def check_stage_settings(config: dict, stage: str, task: str, method: str) -> No
 
 
 def validate_stage_settings(config: dict, stage: str, task: str) -> None:
+    """``<stage>.<task>`` passes its stage's validator (:data:`STAGE_VALIDATORS`), a sparse start
+    is a checkpoint the dense runs keep, and a stage that retrains has training settings that fit
+    together (:func:`check_train`); raises :class:`ConfigError` on the first problem."""
     if stage == "sparse":
         start = config[stage][task].get("start", section_defaults("sparse")["start"])
         _check_sparse_start(config, task, start)

@@ -4,16 +4,25 @@ A configuration is ``params.yaml`` (hyperparameters per task, the file DVC track
 file (``config/config.yaml`` by default), exactly as Snakemake merges ``configfile:`` directives and
 ``--configfile``: mappings merge key by key, lists (the grid) are replaced whole.
 
-Config files are read strictly before Snakemake merges them (:func:`check_config_files`): a YAML
-syntax error names the file and line, and a key repeated in one mapping is refused (YAML would keep
-only its last value). Validation then has two layers. The JSON schema in
-``workflow/schemas/config.schema.yaml`` checks types and ranges and refuses unknown keys at every
-level (:func:`validate_schema`, with a "did you mean" suggestion). :func:`check_config` checks what a
-schema cannot: names unknown to the model/method/data registries, tasks no ``data`` entry defines,
-duplicate seeds or cells, data paths that do not exist, options a builder does not take, values
-that must fit together (``k <= n_bits``, ``checkpoint_every <= steps``). Every error's first line
-leads with ``config key <path>:`` (or ``config file <path>, line N:``), names the bad value and what
-is allowed, and is raised at parse time, before any job starts.
+Config files are read strictly before Snakemake merges them
+(:func:`~trainmap.grid.files.check_config_files`): a YAML syntax error names the file and line, and
+a key repeated in one mapping is refused (YAML would keep only its last value). Validation then has
+two layers. The JSON schema in ``workflow/schemas/config.schema.yaml`` checks types and ranges and
+refuses unknown keys at every level (:func:`~trainmap.grid.schema_checks.validate_schema`, with a
+"did you mean" suggestion). :func:`check_config` checks what a schema cannot: names unknown to the
+model/method/data registries, tasks no ``data`` entry defines, duplicate seeds or cells, data
+paths that do not exist, options a builder does not take, values that must fit together (``k <=
+n_bits``, ``checkpoint_every <= steps``). Every error's first line leads with ``config key <path>:``
+(or ``config file <path>, line N:``), names the bad value and what is allowed, and is raised at
+parse time, before any job starts.
+
+This module runs the layers in order (:func:`load_config`, :func:`check_config`) and reports their
+errors to the user (:func:`config_problems_reported`, ``python -m trainmap.grid``). Each concern's
+checks live in a module of their own: which files make the study (:mod:`.study`), the schema
+(:mod:`.schema_checks`), the grid's entries and cells (:mod:`.grid_checks`), each task's data
+(:mod:`.data_checks`) and its other sections (:mod:`.section_checks`), the analysis sections
+(:mod:`.analysis_checks`), external run sets (:mod:`.external`) and where results are recorded
+(:mod:`.tracking_checks`).
 """
 
 from __future__ import annotations
@@ -57,7 +66,8 @@ from trainmap.grid.tracking_checks import check_dvc, check_tracking_uri
 def load_config(*paths: str | os.PathLike, check_paths_from: Path | None = None) -> dict:
     """Merge YAML files left to right (params.yaml first), load the config's ``plugins`` (files
     relative to ``check_paths_from``, the project directory), validate and return the config.
-    The files after ``params.yaml`` and :data:`DEFAULT_STUDY` are the user's (:func:`own_study`)."""
+    The files after ``params.yaml`` and :data:`~trainmap.grid.study.DEFAULT_STUDY` are the user's
+    (:func:`~trainmap.grid.study.own_study`)."""
     config = merged_config(*paths)
     plugins.load_plugins(config.get("plugins"), check_paths_from or Path.cwd())
     validate_schema(config)
