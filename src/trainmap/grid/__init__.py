@@ -1,5 +1,6 @@
-"""The study's grid: its configuration read strictly (:mod:`.files`), validated (:mod:`.validate`:
-the JSON schema, then what a schema cannot express) and expanded into cells and seed ranges
+"""The study's grid: its configuration read strictly (:mod:`.files`) and merged into a study
+(:mod:`.study`), validated (:mod:`.validate`: the JSON schema, then what a schema cannot express,
+each concern's checks in a ``*_checks`` module of its own) and expanded into cells and seed ranges
 (:mod:`.cells`) and into the seed ranges each of the workflow's block rules runs (:mod:`.blocks`);
 what the jobs read and the params.yaml edits a DVC run must honour (:mod:`.effective`). Errors:
 :class:`ConfigError` (:mod:`.errors`). ``python -m trainmap.grid FILE`` checks a config file as the
@@ -79,26 +80,28 @@ from trainmap.grid.files import (
     merge_config,
     read_config_file,
 )
-from trainmap.grid.validate import (
-    DATABASE_DRIVERS,
-    REPO_ROOT,
-    SCHEMA_PATH,
-    STAGE_VALIDATORS,
-    TASK_SECTIONS,
-    TRACKING_SCHEMES,
-    VERBOSE_ENV,
-    check_config,
-    config_problems_reported,
+from trainmap.grid.schema_checks import REPO_ROOT, TASK_SECTIONS, validate_schema
+from trainmap.grid.section_checks import STAGE_VALIDATORS
+from trainmap.grid.study import (
     is_own_study,
-    load_config,
     merged_config,
     own_study,
     results_root,
     study_files,
-    tracking_uri_problem,
     user_layers,
-    validate_schema,
 )
+from trainmap.grid.tracking_checks import (
+    DATABASE_DRIVERS,
+    TRACKING_SCHEMES,
+    tracking_uri_problem,
+)
+from trainmap.grid.validate import (
+    VERBOSE_ENV,
+    check_config,
+    config_problems_reported,
+    load_config,
+)
+from trainmap.schema import SCHEMA_PATH
 
 __all__ = [
     "AdaptiveJoint",

@@ -322,7 +322,7 @@ def test_the_config_accepts_every_convention(base_config):
     import yaml
 
     from trainmap.grid import ConfigError, validate_schema
-    from trainmap.grid.validate import SCHEMA_PATH
+    from trainmap.schema import SCHEMA_PATH
 
     schema = yaml.safe_load(SCHEMA_PATH.read_text())
     analysis = schema["properties"]["analysis"]["properties"]

@@ -1,0 +1,119 @@
+"""The schema layer of the config check: the JSON schema (``workflow/schemas/config.schema.yaml``)
+checks types and ranges and refuses unknown keys at every level, its errors formatted with the key
+and a "did you mean"; NaN and infinity are refused, and so are task keys no ``data`` entry
+defines."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+
+from trainmap.grid.errors import ConfigError, did_you_mean, key_path
+from trainmap.schema import SCHEMA_PATH, schema_validator
+
+REPO_ROOT = Path(__file__).resolve().parents[3]
+
+
+def validate_schema(config: dict) -> None:
+    """Check ``config`` against the JSON schema (``workflow/schemas/config.schema.yaml``).
+
+    Raises :class:`ConfigError` whose first line leads with ``config key <path>:`` and names the bad
+    value and what is allowed. Unknown top-level keys are reported first, then keys naming a task
+    that ``data`` does not define (``train.digitz``), then the remaining errors in key order.
+    """
+    errors = sorted(schema_validator().iter_errors(config), key=_error_order)
+    if errors and not errors[0].absolute_path:
+        raise ConfigError(_schema_message(errors[0]))
+    _refuse_non_finite(config, [])
+    _check_task_names(config)
+    if errors:
+        raise ConfigError(_schema_message(errors[0]))
+
+
+#: At one key, an unknown key is reported before a missing one (``grdi:`` is why ``grid`` is
+#: missing), and both before a bad value.
+_ERROR_RANK = {"additionalProperties": 0, "required": 1}
+
+
+def _refuse_non_finite(value: Any, path: list) -> None:
+    """NaN and infinity anywhere in the config (``.nan``, ``.inf`` in YAML): every range check
+    compares false with NaN, so they would pass and reach the arithmetic."""
+    if isinstance(value, float) and not math.isfinite(value):
+        hint = ""
+        if path and path[-1] == "grad_clip" and value > 0:
+            hint = "; for no gradient clipping write grad_clip: null"
+        raise ConfigError(
+            f"config key {key_path(path)}: {value!r} is not a finite number; allowed: a finite "
+            f"number within the key's range{hint}"
+        )
+    if isinstance(value, dict):
+        for key, item in value.items():
+            _refuse_non_finite(item, [*path, key])
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            _refuse_non_finite(item, [*path, index])
+
+
+def _error_order(error: jsonschema.ValidationError) -> tuple:
+    path = tuple(str(part) for part in error.absolute_path)
+    return (path, _ERROR_RANK.get(str(error.validator), 2))
+
+
+def _schema_message(error: jsonschema.ValidationError) -> str:
+    path = list(error.absolute_path)
+    source = f" (schema: {SCHEMA_PATH.relative_to(REPO_ROOT)})"
+    if error.validator == "additionalProperties" and isinstance(error.instance, dict):
+        allowed = sorted(error.schema.get("properties", {}))
+        unknown = sorted(set(error.instance) - set(allowed), key=str)
+        level = "top-level key" if not path else "key"
+        inside = f" in {key_path(path)}" if path else ""
+        return (
+            f"config key {key_path([*path, unknown[0]])}: unknown {level} {unknown[0]!r}{inside}; "
+            f"allowed: {', '.join(allowed)}{did_you_mean(str(unknown[0]), allowed)}{source}"
+        )
+    if error.validator == "required" and isinstance(error.instance, dict):
+        missing = [key for key in error.validator_value if key not in error.instance]
+        return (
+            f"config key {key_path([*path, missing[0]])}: missing; {key_path(path) or 'the top level'} "
+            f"requires {', '.join(map(repr, missing))}{source}"
+        )
+    message = f"config key {key_path(path) or '(top level)'}: {error.message}"
+    if error.validator == "type" and isinstance(error.instance, str) and _is_number(error.instance):
+        message += (
+            f" (YAML read {error.instance!r} as text: write numbers without quotes, and an exponent "
+            "with a decimal point and a sign, e.g. 1.0e-3 or 0.001)"
+        )
+    if error.validator == "pattern" and "description" in error.schema:
+        message += f"; allowed: {error.schema['description']}"
+    return message + source
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+#: Sections keyed by task; a task is defined by its ``data`` entry.
+TASK_SECTIONS = ("model", "train", "evaluate", "gradinit", "sparse")
+
+
+def _check_task_names(config: dict) -> None:
+    """A task key that ``data`` does not define is a typo (``train.digitz``): its settings would
+    never be used, so the study would silently run with the defaults."""
+    data = config.get("data")
+    if not isinstance(data, dict):
+        return
+    for section in TASK_SECTIONS:
+        settings = config.get(section)
+        for task in settings if isinstance(settings, dict) else ():
+            if task not in data:
+                raise ConfigError(
+                    f"config key {section}.{task}: unknown task {task!r} (no data.{task} defines "
+                    f"it); tasks: {', '.join(sorted(data))}{did_you_mean(str(task), data)}"
+                )
