@@ -301,6 +301,7 @@ def test_plain_rerun_remakes_a_killed_block_without_resume_file(
     assert (workdir / MANIFEST).stat().st_mtime == trained_before  # training did not rerun
 
 
+@pytest.mark.integration  # its fixture runs the workflow (Snakemake)
 @pytest.mark.parametrize(
     ("deleted", "rule"),
     [("results/data/sparse_parity/dataset.pt", "data"),

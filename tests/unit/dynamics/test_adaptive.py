@@ -125,6 +125,7 @@ def test_the_trace_refuses_rounds_that_did_not_stop():
         adaptive_trace([round_decision(curve(None), state)])
 
 
+@pytest.mark.integration  # runs the workflow round by round (Snakemake, minutes)
 def test_an_adaptive_comparison_adds_seeds_until_it_stops(repo_root, tmp_path):
     """4 seeds per method give no verdict a chance (every one 'not enough runs'), so round 0 asks
     for more; the rounds go on until one meets the target or the maximum (8 per method, round 2)
