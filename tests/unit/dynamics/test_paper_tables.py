@@ -20,6 +20,7 @@ from trainmap.dynamics.paper import (
     UNDECIDED,
     analysis_settings,
     claims,
+    collapsed_bootstrap,
     contrasts,
     difference_interval,
     paper_row,
@@ -189,6 +190,19 @@ def test_table_lists_paper_values_claims_and_the_commands_of_settings_not_run() 
     assert "**reproduced**" in text
     assert "config/paper/modular_addition.yaml" in text and "config/paper/cifar100.yaml" in text
     assert "stable from n = 16 seeds" in text
+
+
+def test_table_warns_when_the_resamples_collapse_to_one_state_and_only_then() -> None:
+    row = _row("mnist_5k", r2=0.1, dissimilarity=0.05, detours=[])
+    collapsed = row | {"bootstrap_k": {1: 197, 2: 3}}
+    text = table_markdown([collapsed], [])
+    assert "Bootstrap, MNIST (5k subset), trainmap: 197 of 200 resamples select K = 1" in text
+    assert "K = 3" in collapsed_bootstrap(collapsed)
+    assert collapsed_bootstrap(row) == ""  # every resample at the map's K
+    assert collapsed_bootstrap(row | {"bootstrap_k": {1: 170, 3: 30}}) == ""  # 85 %: below 90 %
+    assert collapsed_bootstrap(row | {"k": 1, "bootstrap_k": {1: 200}}) == ""  # a one-state map
+    assert collapsed_bootstrap(row | {"bootstrap_k": {}}) == ""  # no bootstrap
+    assert "Bootstrap," not in table_markdown([row], [])
 
 
 # --- one map -> one row -----------------------------------------------------------------------
