@@ -55,6 +55,21 @@ from trainmap.io import load_json
 
 # --- bootstrap over runs -----------------------------------------------------------------------
 
+#: Resamples selecting K = 1 at least this often, while the full map has more states, make a
+#: collapsed bootstrap (:func:`collapsed_to_one_state`).
+COLLAPSED_SHARE = 0.9
+
+
+def collapsed_to_one_state(
+    k_counts: Mapping[int, int], n_states: int, share: float = COLLAPSED_SHARE
+) -> bool:
+    """Whether a bootstrap collapsed: at least ``share`` of its resamples (``k_counts``: K -> how
+    many resamples selected it) selected K = 1 while the full map has ``n_states`` > 1. Its
+    intervals then describe a one-state map, not the full one: each resample reselects K from
+    fewer distinct runs (measured under ``selection: reproducible``; docs: training-maps.md)."""
+    total = sum(k_counts.values())
+    return n_states > 1 and total > 0 and k_counts.get(1, 0) >= share * total
+
 
 @dataclass
 class BootstrapResult:

@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from trainmap.dynamics.certainty import collapsed_to_one_state
 from trainmap.dynamics.regression import (
     GROUND_METRICS,
     is_detour,
@@ -226,11 +227,6 @@ def paper_row(directory: str | os.PathLike, setting: str, analysis: str) -> dict
 #: not). Any other forking/linear pair run together is compared as well (the claim is the class's).
 CONTRASTS = (("modular_addition", "modular_addition_stabilised"),
              ("cifar100_destabilised", "cifar100"), ("sparse_parities", "mnist"))  # fmt: skip
-
-#: A map whose bootstrap resamples select K = 1 at least this often, while the map itself has more
-#: states, gets a warning under the table: its intervals describe a one-state map (measured on the
-#: paper's rows under ``reproducible``; docs: training-maps.md).
-COLLAPSED_SHARE = 0.9
 
 REPRODUCED, REVERSED, UNDECIDED = "reproduced", "reversed", "undecided"
 #: Fewer resample pairs than this decide nothing: a 95 % percentile interval from fewer rests on
@@ -478,16 +474,15 @@ def _claim_cells(claim: Mapping[str, Any]) -> list[str]:
 
 
 def collapsed_bootstrap(row: Mapping[str, Any]) -> str:
-    """A warning when a row's bootstrap resamples nearly all select K = 1 (a share of at least
-    :data:`COLLAPSED_SHARE`) while its map has more states: the resamples' intervals and claims
-    then describe a one-state map, not this one. Empty otherwise."""
+    """A warning when a row's bootstrap collapsed to one state
+    (:func:`~trainmap.dynamics.certainty.collapsed_to_one_state`): its intervals and claims then
+    describe a one-state map, not this one. Empty otherwise."""
     counts = row.get("bootstrap_k") or {}
-    total = sum(counts.values())
-    at_one = counts.get(1, 0)
-    if row["k"] <= 1 or total == 0 or at_one < COLLAPSED_SHARE * total:
+    if not collapsed_to_one_state(counts, row["k"]):
         return ""
     return (
-        f"{at_one} of {total} resamples select K = 1 while the map has K = {row['k']}: its "
+        f"{counts[1]} of {sum(counts.values())} resamples select K = 1 while the map has "
+        f"K = {row['k']}: its "
         "intervals and claims describe a one-state map, not this one (each resample "
         "reselects K from fewer distinct runs; see the docs' training maps page, 'A limit "
         "of reproducible's bootstrap')."
@@ -543,7 +538,6 @@ def table_markdown(
         if row.get("stability"):
             lines += ["", f"Stability, {label_of(row['setting'])}, {row['analysis']}: "
                       f"{row['stability']}"]  # fmt: skip
-    for row in rows:
         if warning := collapsed_bootstrap(row):
             lines += ["", f"Bootstrap, {label_of(row['setting'])}, {row['analysis']}: {warning}"]
     if not_run:
