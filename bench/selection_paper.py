@@ -12,6 +12,7 @@ Usage::
 
     .venv/bin/python bench/selection_paper.py results-paper/cpu --config params.yaml config/paper/cpu.yaml
     .venv/bin/python bench/selection_paper.py results-paper/cpu --setting sparse_parities --selection reproducible
+    .venv/bin/python bench/selection_paper.py results-paper/cpu --setting mnist_5k --selection reproducible --refits 32 36
 
 The config files are read relative to the results directory's project (the directory holding
 ``params.yaml``; by default the current one). Last line per analysis:
@@ -25,22 +26,31 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
+
+from trainmap.dynamics.certainty import draw_counts, refit_payload, refit_resample
 from trainmap.dynamics.hmm import SELECTION_RULES
-from trainmap.dynamics.pipeline import map_runs
+from trainmap.dynamics.pipeline import make_hmm, map_runs
 from trainmap.grid import analysis_settings, load_config, paper_groups
 from trainmap.jobs.paper import setting_runs
 
 
-def map_setting(results: Path, config: dict, setting: str, rule: str, threads: int) -> dict:
-    """One paper setting's ``trainmap`` pass under selection ``rule``, as rule ``paper_map``
-    runs it; returns K, the bootstrap's agreement, the stability line, R^2, detours, seconds."""
+def load_setting(results: Path, config: dict, setting: str, rule: str) -> tuple:
+    """One paper setting's runs, outcomes and ``trainmap``-pass settings under selection ``rule``,
+    read as rule ``paper_map`` reads them."""
     cells = paper_groups(config)[setting]
-    runs, outcomes, settings = setting_runs(
+    return setting_runs(
         setting, "trainmap", [cell.to_dict() for cell in cells],
         [str(results / "metrics" / cell.id / "metrics.csv") for cell in cells],
         [str(results / "evaluate" / cell.id / "evaluation.json") for cell in cells],
         analysis_settings(config) | {"selection": rule},
     )  # fmt: skip
+
+
+def map_setting(results: Path, config: dict, setting: str, rule: str, threads: int) -> dict:
+    """One paper setting's ``trainmap`` pass under selection ``rule``, as rule ``paper_map``
+    runs it; returns K, the bootstrap's agreement, the stability line, R^2, detours, seconds."""
+    runs, outcomes, settings = load_setting(results, config, setting, rule)
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as out:
         fit, regression, _ = map_runs(runs, outcomes, settings, out, n_jobs=threads)
@@ -48,6 +58,43 @@ def map_setting(results: Path, config: dict, setting: str, rule: str, threads: i
     return {"K": fit.hmm.n_states_, "bootstrap_k_same": fit.bootstrap.k_same,
             "stability": fit.stability.line, "r2": regression.regression.r2 if fitted else float("nan"),
             "detours": list(regression.detour_states), "seconds": time.perf_counter() - started}  # fmt: skip
+
+
+REFIT_COLUMNS = ["n_states", "bic", "bic_fold_sd", "ari_median", "reproduced", "reproducible"]
+
+
+def refit_check(runs: dict, outcomes, settings: dict, threads: int, sizes: list[int],
+                draws: int) -> None:  # fmt: skip
+    """Why a rule's bootstrap refits select another K than its full fit: print the selection
+    curve of the full fit, then of the refit path (:func:`trainmap.dynamics.certainty.refit_resample`,
+    warm-started as the bootstrap refits) on every run drawn once, on one bootstrap draw and on
+    ``sizes[0]`` distinct runs; then K of full fits of ``draws`` random subsets of each size."""
+    hmm = make_hmm(settings | {"n_jobs": threads}).fit(runs)
+    print(f"full fit: K = {hmm.n_states_}\n{hmm.selection_[REFIT_COLUMNS].to_string()}")
+    payload = refit_payload(hmm, runs, outcomes.convergence, outcomes.status, 0.05, 0,
+                            settings.get("bootstrap_iter"), True)  # fmt: skip
+    ids, n_held = sorted(payload["raw"]), len(hmm.heldout_runs_)
+    rng = np.random.default_rng(0)
+    order = rng.permutation(len(ids))
+    held, train = [ids[i] for i in order[:n_held]], [ids[i] for i in order[n_held:]]
+    cases = {"every run once": ({r: 1.0 for r in train}, {r: 1.0 for r in held}),
+             "a bootstrap draw": (draw_counts(train, len(train), rng), draw_counts(held, n_held, rng)),
+             f"{sizes[0]} distinct runs": ({r: 1.0 for r in train[: sizes[0] - n_held]},
+                                           {r: 1.0 for r in held})}  # fmt: skip
+    for name, (train_counts, held_counts) in cases.items():
+        selection = refit_resample(
+            payload["raw"], train_counts, held_counts, payload["refit"]
+        ).selection
+        print(f"refit, {name} ({len(set(train_counts) | set(held_counts))} distinct runs): "
+              f"K = {selection.n_states}\n{selection.curve[REFIT_COLUMNS].to_string()}")  # fmt: skip
+    for size in sizes:
+        ks = []
+        for draw in range(draws):
+            pick = np.random.default_rng([size, draw]).choice(ids, size=size, replace=False)
+            ks.append(
+                make_hmm(settings | {"n_jobs": threads}).fit({r: runs[r] for r in pick}).n_states_
+            )
+        print(f"full fits of {draws} random subsets of {size} runs: K = {ks}", flush=True)
 
 
 def main() -> None:
@@ -62,12 +109,21 @@ def main() -> None:
         "--selection", nargs="*", choices=SELECTION_RULES, default=list(SELECTION_RULES)
     )
     parser.add_argument("--threads", type=int, default=2, help="processes")
+    parser.add_argument("--refits", type=int, nargs="*", metavar="N",
+                        help="instead of the maps: why the refits select another K (refit_check), "
+                             "with subsets of N runs (e.g. 32 36)")  # fmt: skip
+    parser.add_argument("--draws", type=int, default=3, help="subsets per size with --refits")
     args = parser.parse_args()
     project = args.project.resolve()
     config = load_config(*(project / path for path in args.config), check_paths_from=project)
     results = args.results.resolve()
     for setting in args.setting or list(paper_groups(config)):
         for rule in args.selection:
+            if args.refits:
+                print(f"== {setting} / {rule}", flush=True)
+                refit_check(*load_setting(results, config, setting, rule), args.threads,
+                            args.refits, args.draws)  # fmt: skip
+                continue
             row = map_setting(results, config, setting, rule, args.threads)
             print(f"{setting} / {rule}: K = {row['K']} (bootstrap: same K in {row['bootstrap_k_same']:.0%}); "
                   f"R^2 = {row['r2']:.3f}; detours {row['detours']}; {row['seconds']:.0f} s\n"

@@ -355,7 +355,7 @@ def refit_detours(
     return RefitDetours(detours.detour_states, matched, detours.explained, dissimilarity)
 
 
-def _draw(ids: Sequence[str], size: int, rng: np.random.Generator) -> dict[str, float]:
+def draw_counts(ids: Sequence[str], size: int, rng: np.random.Generator) -> dict[str, float]:
     """``size`` runs drawn with replacement: each distinct run drawn and how often it was."""
     drawn = rng.choice(np.asarray(ids, dtype=object), size=size, replace=True)
     unique, counts = np.unique(drawn.astype(str), return_counts=True)
@@ -368,8 +368,8 @@ def _one_resample(b: int, payload: dict[str, Any]) -> dict[str, Any]:
     order = rng.permutation(len(ids))
     heldout = [ids[i] for i in order[: payload["n_heldout"]]]
     train = [ids[i] for i in order[payload["n_heldout"] :]]
-    train_counts = _draw(train, len(train), rng)
-    heldout_counts = _draw(heldout, len(heldout), rng)
+    train_counts = draw_counts(train, len(train), rng)
+    heldout_counts = draw_counts(heldout, len(heldout), rng)
     try:
         refit = refit_resample(payload["raw"], train_counts, heldout_counts, payload["refit"])
     except SelectionFailed:
