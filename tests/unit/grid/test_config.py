@@ -88,8 +88,14 @@ def test_default_config_loads_and_expands(repo_root: Path, base_config: dict) ->
         len(e["archs"]) * len(e["methods"]) * len(e["seeds"]) for e in raw_grid
     )
     assert grid_tasks(base_config) == list(dict.fromkeys(e["task"] for e in raw_grid))
-    # params.yaml's hyperparameters survive the merge with the grid file.
-    assert base_config["train"] == read_yaml(repo_root / PARAMS)["train"]
+    # params.yaml's hyperparameters survive the merge with the grid file: every key the grid file
+    # does not set is params.yaml's, and the ones it sets (the default study's budget: digits
+    # steps, the sparse-parity archive) are its own.
+    params_train = read_yaml(repo_root / PARAMS)["train"]
+    own_train = read_yaml(repo_root / GRID).get("train", {})
+    assert base_config["train"] == merge_config(copy.deepcopy(params_train), own_train)
+    assert base_config["train"]["digits"]["lr"] == params_train["digits"]["lr"]
+    assert base_config["train"]["digits"]["steps"] == own_train["digits"]["steps"]
     assert base_config["mlflow"] == read_yaml(repo_root / PARAMS)["mlflow"]
 
 
@@ -298,7 +304,7 @@ BAD_CONFIGS = [
     ("train_key_missing", _delete("train", "digits", "steps"),
      ["train.digits.steps", "missing", "requires 'steps'"]),
     ("checkpoint_every_over_steps", _set("train", "digits", "checkpoint_every", 1000),
-     ["train.digits.checkpoint_every", "1000", "240"]),
+     ["train.digits.checkpoint_every", "1000", "80"]),
     ("warmup_not_below_steps", _set("train", "digits", "warmup_steps", 240),
      ["train.digits.warmup_steps", "240", "steps"]),
     ("missing_grid", _delete("grid"),
@@ -478,6 +484,7 @@ def test_sparse_start_must_be_a_checkpoint_of_the_dense_runs(
     """``sparse.<task>.start`` {step: N} prunes the dense run's checkpoint at step N; a step the
     dense runs never record (digits: every 5 of 240 steps) is refused before any job."""
     config["grid"][1]["methods"] = ["kaiming", "ast"]
+    config["train"]["digits"]["steps"] = 240  # params.yaml's recipe (the default study trains 80)
     config["sparse"]["digits"]["start"] = start
     with pytest.raises(ConfigError) as caught:
         validate_schema(config)
@@ -490,6 +497,7 @@ def test_sparse_start_choices_are_accepted(config: dict, repo_root: Path) -> Non
     """final, init and any checkpoint step; a grid without sparse cells of the task (a smoke
     test's short training) does not check the step it would never use."""
     config["grid"][1]["methods"] = ["kaiming", "ast"]
+    config["train"]["digits"]["steps"] = 240  # params.yaml's recipe (the default study trains 80)
     for start in ("final", "init", {"step": 0}, {"step": 120}, {"step": 240}):
         config["sparse"]["digits"]["start"] = start
         validate_schema(config)
