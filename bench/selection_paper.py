@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from trainmap.dynamics.certainty import draw_counts, refit_payload, refit_resample
+from trainmap.dynamics.certainty import draw_counts, refit_payload, refit_resample, split_runs
 from trainmap.dynamics.hmm import SELECTION_RULES
 from trainmap.dynamics.pipeline import make_hmm, map_runs
 from trainmap.grid import analysis_settings, load_config, paper_groups
@@ -71,12 +71,11 @@ def refit_check(runs: dict, outcomes, settings: dict, threads: int, sizes: list[
     ``sizes[0]`` distinct runs; then K of full fits of ``draws`` random subsets of each size."""
     hmm = make_hmm(settings | {"n_jobs": threads}).fit(runs)
     print(f"full fit: K = {hmm.n_states_}\n{hmm.selection_[REFIT_COLUMNS].to_string()}")
-    payload = refit_payload(hmm, runs, outcomes.convergence, outcomes.status, 0.05, 0,
-                            settings.get("bootstrap_iter"), True)  # fmt: skip
+    payload = refit_payload(hmm, runs, outcomes.convergence, outcomes.status, settings["alpha"],
+                            settings["seed"], settings.get("bootstrap_iter"), True)  # fmt: skip
     ids, n_held = sorted(payload["raw"]), len(hmm.heldout_runs_)
     rng = np.random.default_rng(0)
-    order = rng.permutation(len(ids))
-    held, train = [ids[i] for i in order[:n_held]], [ids[i] for i in order[n_held:]]
+    train, held = split_runs(ids, n_held, rng)
     cases = {"every run once": ({r: 1.0 for r in train}, {r: 1.0 for r in held}),
              "a bootstrap draw": (draw_counts(train, len(train), rng), draw_counts(held, n_held, rng)),
              f"{sizes[0]} distinct runs": ({r: 1.0 for r in train[: sizes[0] - n_held]},

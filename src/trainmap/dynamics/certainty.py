@@ -362,12 +362,18 @@ def draw_counts(ids: Sequence[str], size: int, rng: np.random.Generator) -> dict
     return dict(zip(unique.tolist(), counts.astype(float).tolist(), strict=True))
 
 
+def split_runs(
+    ids: Sequence[str], n_heldout: int, rng: np.random.Generator
+) -> tuple[list[str], list[str]]:
+    """``ids`` in a random order, split as a resample splits them: (training runs, the first
+    ``n_heldout`` held out)."""
+    order = rng.permutation(len(ids))
+    return [ids[i] for i in order[n_heldout:]], [ids[i] for i in order[:n_heldout]]
+
+
 def _one_resample(b: int, payload: dict[str, Any]) -> dict[str, Any]:
     rng = np.random.default_rng(np.random.SeedSequence([payload["seed"], b]))
-    ids = sorted(payload["raw"])
-    order = rng.permutation(len(ids))
-    heldout = [ids[i] for i in order[: payload["n_heldout"]]]
-    train = [ids[i] for i in order[payload["n_heldout"] :]]
+    train, heldout = split_runs(sorted(payload["raw"]), payload["n_heldout"], rng)
     train_counts = draw_counts(train, len(train), rng)
     heldout_counts = draw_counts(heldout, len(heldout), rng)
     try:

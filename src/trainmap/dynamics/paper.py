@@ -482,10 +482,9 @@ def collapsed_bootstrap(row: Mapping[str, Any]) -> str:
         return ""
     return (
         f"{counts[1]} of {sum(counts.values())} resamples select K = 1 while the map has "
-        f"K = {row['k']}: its "
-        "intervals and claims describe a one-state map, not this one (each resample "
-        "reselects K from fewer distinct runs; see the docs' training maps page, 'A limit "
-        "of reproducible's bootstrap')."
+        f"K = {row['k']}: its intervals and claims describe a one-state map, not this one "
+        "(each resample reselects K from fewer distinct runs; see the docs' training maps page, "
+        "'A limit of reproducible's bootstrap')."
     )
 
 
