@@ -284,15 +284,17 @@ class RunOffsetHMM(BatchedGaussianHMM):
                     break
                 self.init_params = ""  # continue EM from the current parameters
         finally:
+            # Every exit sets the fit's results, a fit that raised included (its caller reads
+            # them to report the failed fit): the iterations done and the current run terms.
             del self._X_fit, self._fit_weights
             self.__dict__.pop("_posteriors", None)  # [N, K]: not carried to worker results
             self.init_params = init_params
-        self.n_iterations_ = iterations
-        d = X.shape[1]
-        self.offsets_ = self._terms[:, :d].copy()
-        self.drifts_ = (self._terms[:, d : 2 * d].copy() if self.drift
-                        else np.zeros_like(self.offsets_))  # fmt: skip
-        self.scales_ = self._terms[:, -1].copy() if self.scale else np.ones(len(lengths))
+            self.n_iterations_ = iterations
+            d = X.shape[1]
+            self.offsets_ = self._terms[:, :d].copy()
+            self.drifts_ = (self._terms[:, d : 2 * d].copy() if self.drift
+                            else np.zeros_like(self.offsets_))  # fmt: skip
+            self.scales_ = self._terms[:, -1].copy() if self.scale else np.ones(len(lengths))
         return self
 
     def _search_fitted(self, X: np.ndarray, lengths: Sequence[int]) -> bool:

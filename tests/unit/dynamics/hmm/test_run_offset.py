@@ -393,3 +393,31 @@ def test_a_per_run_scale_is_recovered_where_offset_and_drift_are_not_enough():
     # (within 0.2 in log: the ridge on b shrinks the offset a scale about another point needs)
     np.testing.assert_allclose(fitted - fitted.mean(), true - true.mean(), atol=0.2)
     assert np.corrcoef(fitted, true)[0, 1] > 0.98
+
+
+@pytest.mark.parametrize("failure", [ValueError, np.linalg.LinAlgError])
+def test_a_fit_that_raises_still_sets_its_results(failure, monkeypatch):
+    """Every exit of the ECM fit leaves the attributes the selection reads (iterations, run terms),
+    a fit whose EM raised included; the selection then scores that K as a failed fit instead of
+    crashing (the exit some CPUs' arithmetic reaches on the scaled known answer)."""
+    from hmmlearn.hmm import GaussianHMM
+
+    sequences, _ = small_data()
+    X, lengths = stack(sequences)
+
+    def raising(self, *args, **kwargs):
+        raise failure("degenerate restart")
+
+    model = RunOffsetHMM(3, "full", drift=True, scale=True, n_iter=5, random_state=0)
+    monkeypatch.setattr(GaussianHMM, "fit", raising)
+    with pytest.raises(failure):
+        model.fit(X, lengths)
+    assert model.fit_iterations() == 0
+    assert model.offsets_.shape == (len(lengths), X.shape[1])
+    assert model.drifts_.shape == model.offsets_.shape and model.scales_.shape == (len(lengths),)
+    from trainmap.dynamics.hmm.selection import _fit_alone, _scored_fit
+
+    failed = RunOffsetHMM(3, "full", drift=True, scale=True, n_iter=5, random_state=0)
+    assert _fit_alone(failed, (X, lengths), None) is False
+    row = _scored_fit(failed, 0, (X, lengths), None, (None, None), True, False)
+    assert row["iterations"] == 0 and not np.isfinite(row["train_log_likelihood"])
