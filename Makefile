@@ -116,13 +116,28 @@ format: setup  ## apply ruff and snakefmt formatting
 	$(RUN) snakefmt Snakefile workflow/rules
 
 bench: setup  ## every benchmark in bench/ (side-by-side ratios), then one table of figures and targets
+	@# Every script runs even when one fails; the failures are named at the end and fail the target.
+	@# A skipped benchmark (its inputs, e.g. a finished study, are missing) says so on its last line.
 	@mkdir -p logs/bench
-	@for script in bench/*.py; do \
-	    echo "== $$script $(BENCH_ARGS)"; \
-	    $(RUN) python $$script $(BENCH_ARGS) 2>&1 | tee logs/bench/$$(basename $$script .py).log; \
-	done
-	@echo; echo "== figures (last line of each benchmark; logs in logs/bench/)"
-	@for log in logs/bench/*.log; do printf "%-20s %s\n" "$$(basename $$log .log)" "$$(tail -n 1 $$log)"; done
+	@declare -A status; failed=""; \
+	for script in bench/*.py; do \
+	    name=$$(basename $$script .py); echo "== $$script $(BENCH_ARGS)"; \
+	    status[$$name]=0; \
+	    $(RUN) python $$script $(BENCH_ARGS) 2>&1 | tee logs/bench/$$name.log || status[$$name]=$$?; \
+	    if [ $${status[$$name]} -ne 0 ]; then \
+	        echo "== $$script failed (exit status $${status[$$name]})"; failed="$$failed $$name"; \
+	        if [ $${status[$$name]} -eq 130 ]; then exit 130; fi; \
+	    fi; \
+	done; \
+	echo; echo "== figures (last line of each benchmark; logs in logs/bench/)"; \
+	for script in bench/*.py; do \
+	    name=$$(basename $$script .py); line=$$(tail -n 1 logs/bench/$$name.log); \
+	    if [ $${status[$$name]} -ne 0 ]; then line="FAILED (exit status $${status[$$name]}): $$line"; fi; \
+	    printf "%-24s %s\n" "$$name" "$$line"; \
+	done; \
+	if [ -n "$$failed" ]; then \
+	    echo "== $$(wc -w <<< "$$failed") benchmark(s) failed:$$failed (logs in logs/bench/)"; exit 1; \
+	fi
 
 docs: setup  ## the docs site from docs/ (MkDocs, warnings as errors: a broken link fails) into site/
 	NO_MKDOCS_2_WARNING=1 $(RUN) mkdocs build --strict --site-dir site

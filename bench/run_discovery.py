@@ -13,7 +13,9 @@ reading a run starts with). Target: discovery under 2 s.
 alternating blocks (best of 3 each). The model is sparse parity's MLP (40 inputs, ``hidden:
 [128]``, 2 classes), batch 32, SGD.
 
-Usage: ``.venv/bin/python bench/run_discovery.py [--runs 1000 --checkpoints 200]``.
+Usage: ``.venv/bin/python bench/run_discovery.py [--runs 1000 --checkpoints 200]``;
+``--quick``: the 1,000 runs with 20 checkpoint files each and 500 loop steps per block (the
+discovery target is set for 200 files a run).
 Last line: ``run_discovery discover_s=... list_s=... recorder_overhead=...``.
 """
 
@@ -59,10 +61,13 @@ def loop_seconds(steps: int, every: int, recorder: MetricRecorder | None) -> flo
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=1000)
-    parser.add_argument("--checkpoints", type=int, default=200)
-    parser.add_argument("--steps", type=int, default=2000, help="loop steps per timed block")
+    parser.add_argument("--checkpoints", type=int, help="files per run (default 200, quick 20)")
+    parser.add_argument("--steps", type=int, help="steps per timed block (default 2000, quick 500)")
     parser.add_argument("--every", type=int, default=50, help="checkpoint interval")
+    parser.add_argument("--quick", action="store_true", help="20 files a run, 500 steps a block")
     args = parser.parse_args()
+    args.checkpoints = args.checkpoints or (20 if args.quick else 200)
+    args.steps = args.steps or (500 if args.quick else 2000)
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as scratch:
         root = Path(scratch) / "runs"
@@ -78,7 +83,8 @@ def main() -> None:
         listed = sum(len(find_checkpoints(path)) for path in found.values())
         listing = time.perf_counter() - started
         assert listed == args.runs * args.checkpoints
-        print(f"discovery: {len(found)} runs in {discover:.2f} s (target < 2 s); their "
+        target = "target < 2 s" if args.checkpoints >= 200 else "target < 2 s at 200 files a run"
+        print(f"discovery: {len(found)} runs in {discover:.2f} s ({target}); their "
               f"{listed} checkpoints listed by step in {listing:.2f} s")  # fmt: skip
         plain, recorded = [], []
         for block in range(3):  # alternating, the same work each time
@@ -90,7 +96,8 @@ def main() -> None:
         print(f"loop of {args.steps} steps, log every {args.every}: plain {base:.2f} s, with the "
               f"recorder {with_recorder:.2f} s (best of 3 each): +{overhead:.1%} per step")  # fmt: skip
     print(f"run_discovery discover_s={discover:.2f} list_s={listing:.2f} "
-          f"recorder_overhead={overhead:.3f}")  # fmt: skip
+          f"recorder_overhead={overhead:.3f} (runs={args.runs} checkpoints={args.checkpoints} "
+          f"steps={args.steps})")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -13,9 +13,12 @@ Usage::
     .venv/bin/python bench/selection_paper.py results-paper/cpu --config params.yaml config/paper/cpu.yaml
     .venv/bin/python bench/selection_paper.py results-paper/cpu --setting sparse_parities --selection reproducible
     .venv/bin/python bench/selection_paper.py results-paper/cpu --setting mnist_5k --selection reproducible --refits 32 36
+    .venv/bin/python bench/selection_paper.py --quick    # the smallest setting, fewer refits
 
 The config files are read relative to the results directory's project (the directory holding
-``params.yaml``; by default the current one). Last line per analysis:
+``params.yaml``; by default the current one). Without a results root, the config's own
+(``results-paper/cpu``); where it holds no finished setting, the script says so and exits 0
+(``make bench`` on a clone without ``make paper``'s runs). Last line per analysis:
 ``selection_paper <setting> <rule> K=... r2=... seconds=...``.
 """
 
@@ -31,26 +34,41 @@ import numpy as np
 from trainmap.dynamics.certainty import draw_counts, refit_payload, refit_resample, split_runs
 from trainmap.dynamics.hmm import SELECTION_RULES
 from trainmap.dynamics.pipeline import make_hmm, map_runs
-from trainmap.grid import analysis_settings, load_config, paper_groups
+from trainmap.grid import analysis_settings, load_config, paper_groups, results_root
 from trainmap.jobs.paper import setting_runs
 
 
-def load_setting(results: Path, config: dict, setting: str, rule: str) -> tuple:
-    """One paper setting's runs, outcomes and ``trainmap``-pass settings under selection ``rule``,
-    read as rule ``paper_map`` reads them."""
+def setting_inputs(results: Path, config: dict, setting: str) -> tuple[list[Path], list[Path]]:
+    """One paper setting's metric tables and evaluations under ``results``, cell by cell."""
     cells = paper_groups(config)[setting]
+    return ([results / "metrics" / cell.id / "metrics.csv" for cell in cells],
+            [results / "evaluate" / cell.id / "evaluation.json" for cell in cells])  # fmt: skip
+
+
+def smallest_setting(results: Path, config: dict, settings: list[str]) -> str:
+    """The setting of ``settings`` whose metric tables take the fewest bytes: the fastest map."""
+    return min(settings, key=lambda setting: sum(
+        path.stat().st_size for path in setting_inputs(results, config, setting)[0]))  # fmt: skip
+
+
+def load_setting(results: Path, config: dict, setting: str, rule: str,
+                 overrides: dict | None = None) -> tuple:  # fmt: skip
+    """One paper setting's runs, outcomes and ``trainmap``-pass settings under selection ``rule``
+    (and ``overrides``, e.g. fewer bootstrap refits), read as rule ``paper_map`` reads them."""
+    cells = paper_groups(config)[setting]
+    metrics, evaluations = setting_inputs(results, config, setting)
     return setting_runs(
         setting, "trainmap", [cell.to_dict() for cell in cells],
-        [str(results / "metrics" / cell.id / "metrics.csv") for cell in cells],
-        [str(results / "evaluate" / cell.id / "evaluation.json") for cell in cells],
-        analysis_settings(config) | {"selection": rule},
+        list(map(str, metrics)), list(map(str, evaluations)),
+        analysis_settings(config) | {"selection": rule} | (overrides or {}),
     )  # fmt: skip
 
 
-def map_setting(results: Path, config: dict, setting: str, rule: str, threads: int) -> dict:
+def map_setting(results: Path, config: dict, setting: str, rule: str, threads: int,
+                overrides: dict | None = None) -> dict:  # fmt: skip
     """One paper setting's ``trainmap`` pass under selection ``rule``, as rule ``paper_map``
     runs it; returns K, the bootstrap's agreement, the stability line, R^2, detours, seconds."""
-    runs, outcomes, settings = load_setting(results, config, setting, rule)
+    runs, outcomes, settings = load_setting(results, config, setting, rule, overrides)
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as out:
         fit, regression, _ = map_runs(runs, outcomes, settings, out, n_jobs=threads)
@@ -98,7 +116,8 @@ def refit_check(runs: dict, outcomes, settings: dict, threads: int, sizes: list[
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("results", type=Path, help="a finished paper run's results root")
+    parser.add_argument("results", type=Path, nargs="?",
+                        help="a finished paper run's results root (default: the config's)")  # fmt: skip
     parser.add_argument("--config", nargs="+", default=["params.yaml", "config/paper/cpu.yaml"],
                         help="config files, relative to --project")  # fmt: skip
     parser.add_argument("--project", type=Path, default=Path("."),
@@ -112,18 +131,41 @@ def main() -> None:
                         help="instead of the maps: why the refits select another K (refit_check), "
                              "with subsets of N runs (e.g. 32 36)")  # fmt: skip
     parser.add_argument("--draws", type=int, default=3, help="subsets per size with --refits")
+    parser.add_argument("--quick", action="store_true",
+                        help="the finished setting with the smallest metric tables only (unless "
+                        "--setting), 20 bootstrap refits, 5 stability subsamples per n")  # fmt: skip
     args = parser.parse_args()
     project = args.project.resolve()
     config = load_config(*(project / path for path in args.config), check_paths_from=project)
-    results = args.results.resolve()
-    for setting in args.setting or list(paper_groups(config)):
+    results = (args.results or project / results_root(config)).resolve()
+    asked = args.setting or list(paper_groups(config))
+    missing = {setting: [path for path in sum(setting_inputs(results, config, setting), [])
+                         if not path.is_file()] for setting in asked}  # fmt: skip
+    ready = [setting for setting in asked if not missing[setting]]
+    if not ready:
+        why = f"no finished paper setting under {results}"
+        if args.results is not None:
+            parser.error(why)
+        print(f"selection_paper: skipped: {why}; run `make paper` first, or name a finished "
+              "paper run's results root (bench/selection_paper.py RESULTS)")  # fmt: skip
+        return
+    for setting in asked:
+        if missing[setting]:
+            print(f"{setting}: left out, {len(missing[setting])} of its metric tables and "
+                  f"evaluations are not under {results} (e.g. {missing[setting][0]})")  # fmt: skip
+    overrides = {}
+    if args.quick:
+        overrides = {"bootstrap": 20, "stability": 5}
+        if not args.setting:
+            ready = [smallest_setting(results, config, ready)]
+    for setting in ready:
         for rule in args.selection:
             if args.refits:
                 print(f"== {setting} / {rule}", flush=True)
-                refit_check(*load_setting(results, config, setting, rule), args.threads,
-                            args.refits, args.draws)  # fmt: skip
+                refit_check(*load_setting(results, config, setting, rule, overrides),
+                            args.threads, args.refits, args.draws)  # fmt: skip
                 continue
-            row = map_setting(results, config, setting, rule, args.threads)
+            row = map_setting(results, config, setting, rule, args.threads, overrides)
             print(f"{setting} / {rule}: K = {row['K']} (bootstrap: same K in {row['bootstrap_k_same']:.0%}); "
                   f"R^2 = {row['r2']:.3f}; detours {row['detours']}; {row['seconds']:.0f} s\n"
                   f"  stability: {row['stability']}")  # fmt: skip

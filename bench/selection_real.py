@@ -16,9 +16,12 @@ Usage::
     .venv/bin/python bench/selection_real.py --config config/paper/cpu.yaml --paper
     .venv/bin/python bench/selection_real.py --config config/config.yaml --only parity_init \
         --bootstrap 50 --stability 10
+    .venv/bin/python bench/selection_real.py --quick    # the smallest map, fewer refits
 
-The study must have run (its metric tables and evaluations under the config's results root).
-Prints a Markdown table and, with ``--out``, writes it there.
+The study must have run (its metric tables and evaluations under the config's results root); maps
+whose runs are not all there are left out, and with none there the script says so and exits 0
+(``make bench`` on a clone without the study). Prints a Markdown table and, with ``--out``, writes
+it there.
 """
 
 from __future__ import annotations
@@ -37,17 +40,52 @@ from trainmap.jobs.analysis import joint_run_ids, read_group_runs, seed_labels
 RULES = ("holdout", "folds", "reproducible")
 
 
-def _paths(root: str, cells: list, filename: str, rule_dir: str) -> list[str]:
-    return [f"{root}/{rule_dir}/{cell.id}/{filename}" for cell in cells]
+def cell_inputs(config: dict, cells: list) -> tuple[list[str], list[str]]:
+    """The metric tables and evaluations of ``cells`` under the config's results root."""
+    root = results_root(config)
+    return ([f"{root}/metrics/{cell.id}/metrics.csv" for cell in cells],
+            [f"{root}/evaluate/{cell.id}/evaluation.json" for cell in cells])  # fmt: skip
+
+
+def missing_inputs(metrics: list[str], evaluations: list[str]) -> list[str]:
+    """The files of ``metrics`` and ``evaluations`` that are not there (a study not run, or not
+    to its end)."""
+    return [path for path in metrics + evaluations if not Path(path).is_file()]
 
 
 def read_joint_cells(config: dict, cells: list) -> tuple[dict, object, dict]:
     """The runs, outcomes and groups (run id -> method label) of a joint comparison's cells."""
-    root, labels = results_root(config), joint_labels(cells)
+    labels = joint_labels(cells)
     ids = joint_run_ids(labels, [cell.to_dict() for cell in cells])
-    runs, outcomes = read_group_runs(_paths(root, cells, "metrics.csv", "metrics"),
-                                     _paths(root, cells, "evaluation.json", "evaluate"), ids)  # fmt: skip
+    runs, outcomes = read_group_runs(*cell_inputs(config, cells), ids)
     return runs, outcomes, dict(zip(ids, labels, strict=True))
+
+
+def map_inputs(config: dict, paper: bool) -> dict[str, tuple[list[str], list[str]]]:
+    """Each joint comparison's (or with ``paper``, each paper setting's) metric tables and
+    evaluations, cell by cell."""
+    groups = paper_groups(config) if paper else joint_comparisons(config)
+    return {name: cell_inputs(config, cells) for name, cells in groups.items()}
+
+
+def finished_maps(inputs: dict[str, tuple[list[str], list[str]]]) -> tuple[list[str], dict]:
+    """The maps of ``inputs`` whose files are all there, and for the others the files missing."""
+    missing = {name: missing_inputs(*files) for name, files in inputs.items()}
+    return [name for name in inputs if not missing[name]], {n: m for n, m in missing.items() if m}
+
+
+def smallest_map(inputs: dict[str, tuple[list[str], list[str]]], names: list[str]) -> str:
+    """The map of ``names`` whose metric tables take the fewest bytes: the fastest to fit."""
+    return min(names, key=lambda name: sum(Path(path).stat().st_size for path in inputs[name][0]))
+
+
+def study_command(config_file: str, paper: bool) -> str:
+    """The command that runs ``config_file``'s study (its paper settings with ``paper``)."""
+    if paper:
+        if config_file == "config/paper/cpu.yaml":
+            return "make paper"
+        return f"snakemake paper --cores 2 --configfile {config_file}"
+    return "make run" if config_file == "config/config.yaml" else f"make run CONFIG={config_file}"
 
 
 def joint_maps(config: dict, only: list[str]) -> dict[str, tuple]:
@@ -59,12 +97,11 @@ def joint_maps(config: dict, only: list[str]) -> dict[str, tuple]:
 
 def paper_maps(config: dict, only: list[str]) -> dict[str, tuple]:
     """Each paper setting's runs and outcomes (trainmap's pass: the config's analysis settings)."""
-    root, found = results_root(config), {}
+    found = {}
     for setting, cells in paper_groups(config).items():
         if only and setting not in only:
             continue
-        runs, outcomes = read_group_runs(_paths(root, cells, "metrics.csv", "metrics"),
-                                         _paths(root, cells, "evaluation.json", "evaluate"),
+        runs, outcomes = read_group_runs(*cell_inputs(config, cells),
                                          seed_labels([cell.to_dict() for cell in cells]))  # fmt: skip
         found[setting] = (runs, outcomes, None, config["analysis"])
     return found
@@ -130,16 +167,39 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--paper", action="store_true", help="the paper settings, not the joints")
     parser.add_argument("--only", nargs="*", default=[], help="these comparisons/settings only")
     parser.add_argument("--rules", nargs="*", default=list(RULES), choices=RULES)
-    parser.add_argument("--bootstrap", type=int, default=200, help="resamples (default 200)")
-    parser.add_argument("--stability", type=int, default=20, help="subsamples per n (default 20)")
+    parser.add_argument("--bootstrap", type=int, help="resamples (default 200, quick 20)")
+    parser.add_argument("--stability", type=int, help="subsamples per n (default 20, quick 5)")
     parser.add_argument("--jobs", type=int, default=2, help="processes per map (default 2)")
     parser.add_argument("--out", type=Path, help="write the Markdown table here too")
     parser.add_argument("--seeds-per-method", type=int, nargs="*", default=[],
                         help="instead: K of the full fit at these seed counts per method")  # fmt: skip
     parser.add_argument("--draws", type=int, default=3, help="draws per seed count (default 3)")
+    parser.add_argument("--quick", action="store_true",
+                        help="the finished map with the smallest metric tables only (unless "
+                        "--only), 20 bootstrap refits, 5 stability subsamples per n")  # fmt: skip
     args = parser.parse_args(argv)
+    args.bootstrap = args.bootstrap if args.bootstrap is not None else (20 if args.quick else 200)
+    args.stability = args.stability if args.stability is not None else (5 if args.quick else 20)
     config = load_config("params.yaml", "config/config.yaml", args.config)
-    maps = paper_maps(config, args.only) if args.paper else joint_maps(config, args.only)
+    inputs = map_inputs(config, args.paper)
+    if unknown := sorted(set(args.only) - set(inputs)):
+        parser.error(
+            f"--only {' '.join(unknown)}: not in {args.config} (it has {', '.join(inputs)})"
+        )
+    inputs = {name: files for name, files in inputs.items() if not args.only or name in args.only}
+    ready, missing = finished_maps(inputs)
+    if not ready:
+        kind = "paper setting" if args.paper else "joint comparison"
+        print(f"selection_real: skipped: {args.config}'s study has not run (no {kind} with all "
+              f"its runs under {results_root(config)}/); run "
+              f"`{study_command(args.config, args.paper)}` first")  # fmt: skip
+        return 0
+    for name, paths in missing.items():
+        print(f"{name}: left out, {len(paths)} of its metric tables and evaluations are missing "
+              f"(e.g. {paths[0]})")  # fmt: skip
+    if args.quick and not args.only:
+        ready = [smallest_map(inputs, ready)]
+    maps = paper_maps(config, ready) if args.paper else joint_maps(config, ready)
     rows = []
     for name, data in maps.items():
         for rule in args.rules:

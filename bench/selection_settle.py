@@ -16,8 +16,10 @@ Usage::
     .venv/bin/python bench/selection_settle.py --config config/adaptive_parity_init.yaml \
         --comparison parity_init --split-seeds 0 1 2 3 --jobs 2 \
         --out bench/results/selection_settle.md
+    .venv/bin/python bench/selection_settle.py --quick   # halves of 20, the first and last rounds
 
-The study must have run every round (``snakemake --configfile config/adaptive_parity_init.yaml``).
+The study must have run every round (``snakemake --configfile config/adaptive_parity_init.yaml``);
+where it has not, the script says so and exits 0 (``make bench`` on a clone without it).
 """
 
 from __future__ import annotations
@@ -29,21 +31,30 @@ import warnings
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-from selection_real import read_joint_cells, report
+from selection_real import cell_inputs, missing_inputs, read_joint_cells, report
+
+from trainmap.grid import results_root
 
 RESULTS: dict = {}  # the runs of each round, set in each worker by _load
+
+
+def every_round(config_file: str, comparison: str) -> tuple[dict, object, list]:
+    """The study's config, the adaptive comparison and the cells its last round pools."""
+    from trainmap.grid import load_config
+    from trainmap.grid.cells import adaptive_joints, joint_comparisons
+
+    config = load_config("params.yaml", "config/config.yaml", config_file)
+    joint = adaptive_joints(config)[comparison]
+    return config, joint, joint.cells(joint_comparisons(config)[comparison], joint.rounds)
 
 
 def _load(config_file: str, comparison: str) -> None:
     """Read the comparison's runs once per worker process (the analysis rows every map sees)."""
 
     from trainmap.dynamics.pipeline import analysis_runs, with_defaults
-    from trainmap.grid import load_config
-    from trainmap.grid.cells import adaptive_joints, joint_comparisons, joint_settings
+    from trainmap.grid.cells import joint_settings
 
-    config = load_config("params.yaml", "config/config.yaml", config_file)
-    joint = adaptive_joints(config)[comparison]
-    cells = joint.cells(joint_comparisons(config)[comparison], joint.rounds)
+    config, joint, cells = every_round(config_file, comparison)
     runs, outcomes, groups = read_joint_cells(config, cells)
     settings = with_defaults(joint_settings(config, comparison))
     runs, _ = analysis_runs(runs, outcomes, settings)
@@ -95,13 +106,26 @@ def main(argv: list[str] | None = None) -> int:
                         "and holdout ignore --half-sizes)")  # fmt: skip
     parser.add_argument("--jobs", type=int, default=2, help="fits at once (default 2)")
     parser.add_argument("--out", type=Path, help="write the Markdown table here too")
+    parser.add_argument("--quick", action="store_true",
+                        help="the first --half-sizes value only, and only the first and the last "
+                        "round (does K move between them?)")  # fmt: skip
     args = parser.parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    config, _, cells = every_round(args.config, args.comparison)
+    if missing := missing_inputs(*cell_inputs(config, cells)):
+        print(f"selection_settle: skipped: {args.config}'s adaptive study has not run every round "
+              f"({len(missing)} of {2 * len(cells)} metric tables and evaluations missing under "
+              f"{results_root(config)}/); run `snakemake --cores 2 --configfile {args.config}` "
+              "first")  # fmt: skip
+        return 0
     _load(args.config, args.comparison)
     sizes = [None if value == "null" else int(value) for value in args.half_sizes]
     if args.selection != "reproducible":
         sizes = [None]
-    work = [(r, s, h, args.selection) for h in sizes for r in range(RESULTS["joint"].rounds + 1)
+    rounds = list(range(RESULTS["joint"].rounds + 1))
+    if args.quick:
+        sizes, rounds = sizes[:1], sorted({rounds[0], rounds[-1]})
+    work = [(r, s, h, args.selection) for h in sizes for r in rounds
             for s in args.split_seeds]  # fmt: skip
     with ProcessPoolExecutor(args.jobs, initializer=_load,
                              initargs=(args.config, args.comparison)) as pool:  # fmt: skip

@@ -27,6 +27,9 @@ Usage::
     .venv/bin/python bench/stability_cost.py results --log-only  # the run's timings only
     .venv/bin/python bench/stability_cost.py results --selection holdout reproducible  # ~20 min
 
+Without a finished run in ``results`` (and none named) the script says so and exits 0 (``make
+bench`` on a clone without ``make run``'s results).
+
 Last line: ``stability_cost fit_s=... bootstrap_s=... stability_s=... ratio=... analysis_share=...``.
 """
 
@@ -188,7 +191,8 @@ def run_timings(results: Path) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("results", nargs="?", default="results", type=Path)
+    parser.add_argument("results", nargs="?", type=Path,
+                        help="a finished run's results root (default: results)")  # fmt: skip
     parser.add_argument("--joint", default="parity_init", help="the joint comparison to time")
     parser.add_argument("--threads", type=int, default=2, help="processes (the rule's threads)")
     parser.add_argument("--config", nargs="+", default=["params.yaml", "config/config.yaml"],
@@ -202,11 +206,13 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true",
                         help="the same (it times one comparison once; make bench's fast pass)")  # fmt: skip
     args = parser.parse_args()
-    results = args.results.resolve()
+    results = (args.results or Path("results")).resolve()
     if not (results / "joint" / args.joint).is_dir():
-        raise SystemExit(f"stability_cost: no finished run in {results} (results/joint/"
-                         f"{args.joint} is missing); run `make run` first, or name a results "
-                         "directory")  # fmt: skip
+        why = f"no finished run in {results} (results/joint/{args.joint} is missing)"
+        if args.results is not None:
+            raise SystemExit(f"stability_cost: {why}")
+        print(f"stability_cost: skipped: {why}; run `make run` first, or name a results directory")
+        return
     times = {}
     if not args.log_only:
         project = results.parent
