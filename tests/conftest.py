@@ -14,6 +14,56 @@ from trainmap.io import copy_workflow as copy_tree_of_workflow
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
+#: Tests that read one shared study run on one pytest-xdist worker (a session fixture is built once
+#: per worker): {fixture: group}.
+SHARED_STUDIES = {"smoke_run": "smoke"}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The pytest-xdist groups of `make test` (``--dist loadgroup``), set before pytest-xdist turns
+    them into node ids: the readers of each shared study form one group; every other test runs
+    with the rest of its module (its module-scoped fixtures built once, a stateful module's tests
+    in file order, one local SLURM cluster at a time)."""
+    for item in items:
+        shared = [group for fixture, group in SHARED_STUDIES.items()
+                  if fixture in getattr(item, "fixturenames", ())]  # fmt: skip
+        if shared:  # a study's reader runs Snakemake (once per worker): the integration tier
+            item.add_marker(pytest.mark.integration)
+        if item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(shared[0] if shared else item.path.stem))
+
+
+#: Programs a test outside the ``integration`` tier may start: cheap lookups, never a workflow,
+#: a server, a browser or another Python process.
+FAST_TIER_PROGRAMS = frozenset({"git"})
+
+
+@pytest.fixture(autouse=True)
+def _fast_tier_starts_no_program(request, monkeypatch):
+    """The tiers' contract, checked: a test without the ``integration`` mark (the set `make
+    test-fast` runs) that starts Snakemake, DVC, a server, a browser or a Python subprocess fails,
+    naming the program and the mark to add."""
+    if request.node.get_closest_marker("integration") is not None:
+        return
+    original = subprocess.Popen
+
+    class Guarded(original):  # type: ignore[misc, valid-type]
+        def __init__(self, args, *rest, **kwargs):
+            program = args if isinstance(args, str | os.PathLike) else args[0]
+            name = Path(str(program).split()[0]).name
+            if name not in FAST_TIER_PROGRAMS:
+                pytest.fail(
+                    f"{request.node.nodeid} starts {name!r} ({str(args)[:120]}): a test that "
+                    "starts a program belongs to the integration tier; mark it "
+                    "@pytest.mark.integration (or move it to tests/integration/)",
+                    pytrace=False,
+                )
+            super().__init__(args, *rest, **kwargs)
+
+    monkeypatch.setattr(subprocess, "Popen", Guarded)
+
+
 @pytest.fixture(scope="session")
 def repo_root() -> Path:
     return REPO_ROOT

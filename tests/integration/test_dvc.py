@@ -10,11 +10,13 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
-from conftest import dvc, dvc_smoke_project
+from conftest import dvc, dvc_smoke_project, snakemake
 
 from trainmap.lineage import block_manifests, check_current, check_tree
 
-pytestmark = pytest.mark.integration
+#: The module's tests run in file order on one worker: the first ones read the reproduced project,
+#: the later ones change it (a remote, a pull, an experiment).
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("dvc")]
 
 
 def md5(path: Path) -> str:
@@ -42,6 +44,45 @@ def test_repro_runs_the_workflow_and_locks_outputs(dvc_project: Path) -> None:
     assert transform_outs == {"results/reparam", "results/sparse", "results/quantize"}
     assert "sparse" in lock["stages"]["transform"]["params"]["params.yaml"]
     assert (dvc_project / "results/joint/parity_init/joint.json").exists()
+
+
+def is_timing(path: Path) -> bool:
+    return path.name.endswith((".timing.json", ".timing.csv"))
+
+
+def results_digests(workdir: Path) -> dict[str, str]:
+    results = workdir / "results"
+    return {str(path.relative_to(results)): hashlib.sha256(path.read_bytes()).hexdigest()
+            for path in sorted(results.rglob("*")) if path.is_file()}  # fmt: skip
+
+
+def cache_files(workdir: Path) -> dict[str, int]:
+    cache = workdir / ".dvc" / "cache"
+    return {str(path.relative_to(cache)): path.stat().st_size
+            for path in cache.rglob("*") if path.is_file()}  # fmt: skip
+
+
+def test_a_forced_rerun_rewrites_every_result_byte_for_byte(dvc_project: Path) -> None:
+    """Same content, same bytes (tests/unit/test_reproducible_files.py): the smoke grid through
+    DVC, then every Snakemake job forced to run again: every file under results/ but the timing
+    sidecars is the same bytes, `dvc status` is clean, and committing the rerun adds nothing to the
+    DVC cache (so the project is as the repro left it for the tests after this one)."""
+    before, cache_before = results_digests(dvc_project), cache_files(dvc_project)
+
+    snakemake("--cores", "2", "--configfile", "config/smoke.yaml", "--forceall", cwd=dvc_project)
+    after = results_digests(dvc_project)
+
+    assert before.keys() == after.keys()
+    timing = {name for name in before if is_timing(Path(name))}
+    assert {Path(name).name for name in timing} >= {"train.timing.json", "evaluation.timing.json",
+                                                    "bootstrap.timing.json"}  # fmt: skip
+    differing = sorted(name for name in before if before[name] != after[name])
+    assert set(differing) <= timing, f"rewritten with other bytes: {set(differing) - timing}"
+    assert len(before) - len(timing) > 100  # every results file but the sidecars was compared
+    status = dvc("status", cwd=dvc_project).stdout
+    assert "Data and pipelines are up to date" in status, status
+    dvc("commit", "--force", cwd=dvc_project)
+    assert cache_files(dvc_project) == cache_before
 
 
 def test_second_repro_is_a_no_op(dvc_project: Path) -> None:

@@ -1,7 +1,8 @@
 """Integration: portable mode through the workflow. The smoke grid's training (data, GradInit and
-every train block) run by `snakemake` under the CPU's own code paths and under code paths forced
-from outside gives byte-identical result files with the pin (the job server and its forked jobs
-apply it before their first operation), and other bytes without it, so the test can fail."""
+every train block) run by `snakemake` under the CPU's own code paths (the shared smoke study) and
+under code paths forced from outside gives byte-identical result files with the pin (the job server
+and its forked jobs apply it before their first operation), and other bytes without it, so the test
+can fail."""
 
 from __future__ import annotations
 
@@ -20,22 +21,32 @@ FORCED = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2", "ONEDNN_MAX_CPU_ISA
           "DNNL_MAX_CPU_ISA": "AVX2", "OPENBLAS_CORETYPE": "Haswell"}  # fmt: skip
 
 
+def hashes_under(workdir: Path) -> dict[str, str]:
+    """The sha256 of every result file of a workflow copy, by path under ``results/``."""
+    hashes = result_hashes(workdir / "results")
+    return {path.split("/results/", 1)[1]: digest for path, digest in hashes.items()}
+
+
 def trained(tmp_path: Path, name: str, **env: str) -> dict[str, str]:
     """The sha256 of every result file of the smoke grid's training, run in a fresh copy, by
     path under ``results/``."""
     workdir = copy_workflow(tmp_path / name)
     snakemake("all_train", "--cores", "2", "--configfile", SMOKE, cwd=workdir, **env)
-    hashes = result_hashes(workdir / "results")
-    return {path.split("/results/", 1)[1]: digest for path, digest in hashes.items()}
+    return hashes_under(workdir)
 
 
+@pytest.mark.xdist_group("smoke")
 def test_the_pin_gives_the_same_bits_whatever_path_is_forced_and_other_bits_off(
-    tmp_path: Path,
+    tmp_path: Path, smoke_run: Path
 ) -> None:
     if cpu_problem("avx2"):
         pytest.skip(cpu_problem("avx2"))
-    pinned = trained(tmp_path, "pinned")  # the default: portable, level baseline
     forced = trained(tmp_path, "forced", **FORCED)
+    # the default (portable, level baseline): the shared smoke study, whose whole run made the
+    # same training files (and more, after them)
+    whole = hashes_under(smoke_run)
+    assert set(forced) <= set(whole), sorted(set(forced) - set(whole))
+    pinned = {path: whole[path] for path in forced}
     assert any(path.endswith("/checkpoints/") for path in pinned)  # each run's archive, one entry
     assert pinned == forced, sorted(p for p in pinned if pinned[p] != forced.get(p))
     unpinned = trained(tmp_path, "unpinned", **{SWITCH_ENV: "0"}, **FORCED)

@@ -222,3 +222,64 @@ def test_snakefmt_is_clean(repo_root: Path) -> None:
         cwd=repo_root, capture_output=True, text=True,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
+
+
+def test_the_findings_page_is_written_from_the_results_and_checked(smoke_run: Path, tmp_path):
+    """`python -m trainmap.findings write` on the smoke study: a page with each comparison's runs,
+    K, bootstrap, stability line and verdict table (from the results, not typed); `check` finds it
+    equal to the run's, the run's time aside, and names the first line that differs from an edited
+    page; `python -m trainmap.digest check` (make run's last step) reports the page too."""
+    import sys
+
+    from conftest import run_command
+
+    page = tmp_path / "smoke.findings.md"
+    python = [sys.executable, "-m", "trainmap.findings"]
+    run_command([*python, "write", str(page), "results", "--title", "Smoke findings"],
+                cwd=smoke_run)  # fmt: skip
+    text = page.read_text()
+    joint = json.loads((smoke_run / "results/joint/parity_init/joint.json").read_text())
+    bootstrap = json.loads((smoke_run / "results/joint/parity_init/bootstrap.json").read_text())
+    assert text.splitlines()[2] == "# Smoke findings"
+    assert "## parity_init" in text and "gradinit 2 runs, kaiming 2 runs" in text
+    assert f"- K = {joint['n_states']} (selection rule `holdout`, K_max 8)." in text
+    assert f"of {bootstrap['n_resamples']} resamples" in text
+    verdicts = (smoke_run / "results/joint/parity_init/verdicts.md").read_text().strip()
+    assert verdicts in text and "**Stability:**" in text
+    assert "Run time:" not in text  # the smoke run was not started by make run
+
+    checked = run_command([*python, "check", str(page), "results"], cwd=smoke_run)
+    assert checked.stdout.strip() == f"Findings match {page}."
+    timed = tmp_path / "timed"
+    (timed / "joint").mkdir(parents=True)
+    (timed / "joint/parity_init").symlink_to(smoke_run / "results/joint/parity_init")
+    run_command([*python, "time", str(timed), "75", "--cores", "2"], cwd=smoke_run)
+    with_time = run_command([*python, "write", str(tmp_path / "timed.md"), str(timed)],
+                            cwd=smoke_run).stdout  # fmt: skip
+    assert with_time and "Run time: Snakemake 1 min 15 s on 2 cores" in (
+        tmp_path / "timed.md").read_text()  # fmt: skip
+    same = run_command([*python, "check", str(page), str(timed)], cwd=smoke_run).stdout
+    assert same.startswith("Findings match"), same  # the run's time is no finding
+    page.write_text(text.replace(f"- K = {joint['n_states']} ", "- K = 9 "))
+    differs = run_command([*python, "check", str(page), "results"], cwd=smoke_run).stdout
+    assert "Findings differ" in differs and "K = 9" in differs, differs
+
+    published = tmp_path / "smoke.results.sha256"
+    run_command([sys.executable, "-m", "trainmap.digest", "write", str(published), "results"],
+                cwd=smoke_run)  # fmt: skip
+    assert page.read_text() == text  # digest write rewrote the page beside the listing
+    both = run_command([sys.executable, "-m", "trainmap.digest", "check", str(published),
+                        "results"], cwd=smoke_run).stdout.splitlines()  # fmt: skip
+    assert both[0].startswith("Results match") and both[1] == f"Findings match {page}."
+
+
+def test_findings_of_a_tree_without_comparisons_name_the_fix(tmp_path):
+    import sys
+
+    from conftest import run_command
+
+    refused = run_command([sys.executable, "-m", "trainmap.findings", "write",
+                           str(tmp_path / "page.md"), str(tmp_path)], cwd=tmp_path, check=False)  # fmt: skip
+    assert refused.returncode == 2
+    assert "no joint comparison's results" in refused.stderr and "make run" in refused.stderr
+    assert not (tmp_path / "page.md").exists()

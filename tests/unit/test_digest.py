@@ -23,6 +23,7 @@ def results(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return root
 
 
+@pytest.mark.integration  # starts a program (a subprocess)
 def test_the_listing_is_sha256sum_format_without_timing_sidecars(results: Path) -> None:
     digest = write_digest("published.sha256", results)
     text = Path("published.sha256").read_text()

@@ -107,6 +107,7 @@ def libraries_read(when: str, level: str) -> str:
     return result.stdout + result.stderr
 
 
+@pytest.mark.integration  # starts a program (a subprocess)
 @pytest.mark.parametrize(("level", "capability", "mkl", "onednn"), [
     ("baseline", "DEFAULT", "CNR:COMPATIBLE", "isa:Intel SSE4.1"),
     ("avx2", "AVX2", "CNR:COMPATIBLE", "isa:Intel AVX2"),
@@ -120,6 +121,7 @@ def test_aten_mkl_and_onednn_take_the_pinned_paths_set_after_import(level, capab
     assert onednn in output  # oneDNN's ISA line
 
 
+@pytest.mark.integration  # starts a program (a subprocess)
 def test_a_pin_set_after_torch_ran_is_reported():
     output = libraries_read("late", "baseline")
     assert "capability AVX2 conflicts 1" in output or "capability AVX512 conflicts 1" in output

@@ -17,7 +17,6 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from conftest import dvc, dvc_smoke_project, snakemake
 
 from trainmap.data import make_task_data
 from trainmap.figures import save_figure, save_png
@@ -217,45 +216,5 @@ def test_resume_files_and_training_outputs_are_the_same_bytes(tmp_path, one_thre
         assert set(timing) == {"wall_time_s", "steps_per_s", "metrics_s", "archive_s"}
 
 
-# --- the workflow, rerun --------------------------------------------------------------------------
-
-
-def is_timing(path: Path) -> bool:
-    return path.name.endswith((".timing.json", ".timing.csv"))
-
-
-def results_digests(workdir: Path) -> dict[str, str]:
-    results = workdir / "results"
-    return {str(path.relative_to(results)): sha256(path)
-            for path in sorted(results.rglob("*")) if path.is_file()}  # fmt: skip
-
-
-def cache_files(workdir: Path) -> dict[str, int]:
-    cache = workdir / ".dvc" / "cache"
-    return {str(path.relative_to(cache)): path.stat().st_size
-            for path in cache.rglob("*") if path.is_file()}  # fmt: skip
-
-
-@pytest.mark.integration
-def test_a_forced_rerun_rewrites_every_result_byte_for_byte(tmp_path):
-    """The smoke grid through DVC, then every Snakemake job forced to run again: every file under
-    results/ but the timing sidecars is the same bytes, `dvc status` is clean, and committing the
-    rerun adds nothing to the DVC cache."""
-    workdir = dvc_smoke_project(tmp_path / "project")
-    dvc("repro", cwd=workdir)
-    before, cache_before = results_digests(workdir), cache_files(workdir)
-
-    snakemake("--cores", "2", "--configfile", "config/smoke.yaml", "--forceall", cwd=workdir)
-    after = results_digests(workdir)
-
-    assert before.keys() == after.keys()
-    timing = {name for name in before if is_timing(Path(name))}
-    assert {Path(name).name for name in timing} >= {"train.timing.json", "evaluation.timing.json",
-                                                    "bootstrap.timing.json"}  # fmt: skip
-    differing = sorted(name for name in before if before[name] != after[name])
-    assert set(differing) <= timing, f"rewritten with other bytes: {set(differing) - timing}"
-    assert len(before) - len(timing) > 100  # every results file but the sidecars was compared
-    status = dvc("status", cwd=workdir).stdout
-    assert "Data and pipelines are up to date" in status, status
-    dvc("commit", "--force", cwd=workdir)
-    assert cache_files(workdir) == cache_before
+# --- the workflow, rerun: tests/integration/test_dvc.py (a forced rerun of the DVC smoke project
+# rewrites every result byte for byte), which shares that project's `dvc repro` ------------------

@@ -209,6 +209,7 @@ def test_every_setting_the_code_takes_is_in_the_schema() -> None:
     assert {*HMM_SETTINGS, "seed", "joint"} <= analysis, {*HMM_SETTINGS, "seed"} - analysis
 
 
+@pytest.mark.integration  # starts a program (a subprocess)
 def test_the_analysis_reads_its_defaults_without_torch() -> None:
     """trainmap.schema sits outside trainmap.grid, whose package imports the model registry."""
     probe = ("import sys, trainmap.dynamics.settings; "

@@ -123,6 +123,7 @@ LAUNCHER = textwrap.dedent(
 )
 
 
+@pytest.mark.integration  # starts a program (a subprocess)
 def test_parallel_jobs_all_log_after_init(study_config: dict, tmp_path: Path) -> None:
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     experiment = "parallel"

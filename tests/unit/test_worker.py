@@ -79,6 +79,7 @@ def client(directory: Path, function: str, log: Path, **kwargs) -> subprocess.Po
     )
 
 
+@pytest.mark.integration  # starts a program (a subprocess)
 def test_job_runs_on_the_server_with_log_and_environment(server, jobs_module, monkeypatch):
     out, log = jobs_module / "out.txt", jobs_module / "logs" / "job.log"
     process = client(jobs_module, "worker_test_jobs:write_job", log, path=str(out), text="hello")
@@ -102,6 +103,7 @@ def test_job_runs_on_the_server_with_log_and_environment(server, jobs_module, mo
     assert env_file.read_text() == f"from-the-client|{workdir}"
 
 
+@pytest.mark.integration  # starts a program (a subprocess)
 def test_failing_job_fails_the_client_with_traceback_in_log(server, jobs_module):
     log = jobs_module / "fail.log"
     process = client(jobs_module, "worker_test_jobs:fail_job", log, message="bad value 42")
@@ -110,6 +112,7 @@ def test_failing_job_fails_the_client_with_traceback_in_log(server, jobs_module)
     assert "about to fail" in text and "RuntimeError: bad value 42" in text
 
 
+@pytest.mark.integration  # starts a program (a subprocess)
 def test_killing_the_client_kills_the_job(server, jobs_module):
     marker, pid_file = jobs_module / "marker", jobs_module / "pid"
     process = client(jobs_module, "worker_test_jobs:slow_job", jobs_module / "slow.log",
@@ -151,6 +154,7 @@ def test_switch_off_starts_no_server(jobs_module, monkeypatch):
 # --- access ------------------------------------------------------------------
 
 
+@pytest.mark.integration  # starts a program (a subprocess)
 def test_socket_is_private_whatever_the_umask(jobs_module, monkeypatch):
     """Before: the socket took its mode from the umask (connectable by the group under 002)."""
     previous = os.umask(0o002)
@@ -176,6 +180,7 @@ NOT_JOBS = ["os:mkdir", "worker_test_jobs:helper", "worker_test_jobs:_private_jo
             "not a name"]  # fmt: skip
 
 
+@pytest.mark.integration  # starts a program (a subprocess)
 def test_the_server_runs_only_job_functions(server, jobs_module, capsys):
     """Before: any `module:function` a client named ran (`os:mkdir` made a directory)."""
     target, log = jobs_module / "made-by-the-server", jobs_module / "refused.log"
@@ -222,6 +227,7 @@ def _alive(pid: int) -> bool:
     return True
 
 
+@pytest.mark.integration  # starts a program (a subprocess)
 def test_the_job_client_imports_neither_torch_nor_mlflow():
     """Each workflow script imports trainmap.worker to hand its job to the server: importing torch
     there would cost every job about a second (plugins load in the server and the job, not here)."""

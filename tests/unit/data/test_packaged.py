@@ -247,6 +247,7 @@ def test_a_missing_package_is_not_needed_by_a_grid_that_does_not_use_it(
         make_task_data("mnist1d", {"num_samples": 100})
 
 
+@pytest.mark.integration  # starts a program (a subprocess)
 def test_the_packages_are_not_imported_with_trainmap_data() -> None:
     import subprocess
 

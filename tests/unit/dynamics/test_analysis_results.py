@@ -54,6 +54,7 @@ def read_runs(tables: Path) -> tuple[dict, Outcomes]:
     return runs, Outcomes(convergence_from_tables(runs, 0.9), dict.fromkeys(runs, "completed"))
 
 
+@pytest.mark.slow  # in-process, seconds
 def test_steps_return_results_and_in_memory_equals_from_files(tables, tmp_path):
     runs, outcomes = read_runs(tables)
     memory, files = tmp_path / "memory", tmp_path / "files"
@@ -90,6 +91,7 @@ def test_steps_return_results_and_in_memory_equals_from_files(tables, tmp_path):
     assert again.captions == regression.captions
 
 
+@pytest.mark.slow  # in-process, seconds
 def test_joint_result(tables, tmp_path):
     runs, outcomes = read_runs(tables)
     groups = {run: "odd" if int(run[-1]) % 2 else "even" for run in runs}
@@ -111,6 +113,7 @@ def test_joint_result(tables, tmp_path):
     assert (tmp_path / "verdicts.md").read_text() == joint.verdict_markdown()
 
 
+@pytest.mark.slow  # in-process, seconds
 def test_jobs_log_from_the_results(tables, tmp_path):
     """The four analysis jobs on one group (and a joint comparison of it with itself): MLflow gets
     the result's K, detours, captions and every cell's occupancy at its cell hash."""

@@ -9,9 +9,13 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pytest
 
 from trainmap.dynamics.metrics import METRIC_NAMES
 from trainmap.dynamics.tables import REGENERATE
+
+#: Every test here runs the command line in a subprocess: the integration tier.
+pytestmark = pytest.mark.integration
 
 
 def write_tables(directory: Path, n_runs: int = 8, seed: int = 0) -> None:

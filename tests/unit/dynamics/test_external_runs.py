@@ -290,6 +290,7 @@ def test_torchvision_style_downsample_convs_are_shortcuts() -> None:
     assert with_shortcuts == [*counted[:3], "layer2.0.downsample.0.weight", *counted[3:]]
 
 
+@pytest.mark.integration  # starts a program (a subprocess)
 def test_a_map_with_verdicts_comes_out_of_external_runs(tmp_path: Path) -> None:
     inputs, labels = parity_data()
     groups = []
@@ -377,6 +378,7 @@ def test_an_evaluation_missing_a_checkpoint_step_is_refused(good_run: Path) -> N
         read_external_run(good_run)
 
 
+@pytest.mark.integration  # starts a program (a subprocess)
 def test_the_cli_refuses_a_bad_run_before_writing_any_table(tmp_path: Path, good_run: Path) -> None:
     other = tmp_path / "other"
     other.mkdir()
@@ -519,6 +521,7 @@ def test_a_good_external_set_with_an_architecture_is_accepted(tmp_path: Path) ->
     assert config["external"][0]["arch"] == "mlp"
 
 
+@pytest.mark.integration  # starts a program (a subprocess)
 def test_the_cli_reads_runs_through_a_registered_architecture(tmp_path: Path) -> None:
     """--arch/--meta/--arch-options: the layout of that model (here trainmap's mlp, whose names the
     plain runs share), tables only with --metrics-only; a state dict that does not fit is refused."""

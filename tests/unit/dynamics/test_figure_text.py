@@ -44,6 +44,7 @@ def test_text_outside_finds_a_cut_label() -> None:
     figures.plt.close(figure)
 
 
+@pytest.mark.slow  # in-process, seconds
 def test_no_analysis_figure_cuts_a_word(tmp_path, cut) -> None:
     write_tables(tmp_path / "tables", n_runs=8, seed=3)
     runs, outcomes = read_runs(tmp_path / "tables")

@@ -222,6 +222,7 @@ def mapped(tmp_path_factory) -> dict[str, Path]:
     return out
 
 
+@pytest.mark.slow  # in-process, seconds
 def test_paper_row_reads_what_the_one_analysis_path_wrote(mapped: dict[str, Path]) -> None:
     directory = mapped["trainmap"]
     row = paper_row(directory, "sparse_parities", "trainmap")
@@ -243,6 +244,7 @@ def test_paper_row_reads_what_the_one_analysis_path_wrote(mapped: dict[str, Path
     assert sum(row["bootstrap_k"].values()) == SMALL["bootstrap"]
 
 
+@pytest.mark.slow  # in-process, seconds
 def test_bootstrap_records_each_resamples_r2_and_both_dissimilarities(mapped) -> None:
     row = paper_row(mapped["trainmap"], "sparse_parities", "trainmap")
     r2 = np.array([v for v in row["bootstrap_r2"] if v is not None])
@@ -254,6 +256,7 @@ def test_bootstrap_records_each_resamples_r2_and_both_dissimilarities(mapped) ->
     assert np.all(index >= total - 1e-12) and np.all((total >= 0) & (total <= 1))
 
 
+@pytest.mark.slow  # in-process, seconds
 def test_authors_pass_fits_full_per_run_models_of_32_iterations(mapped: dict[str, Path]) -> None:
     authors = json.loads((mapped["authors"] / "hmm.json").read_text())
     ours = json.loads((mapped["trainmap"] / "hmm.json").read_text())

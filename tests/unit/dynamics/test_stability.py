@@ -118,6 +118,7 @@ def test_well_separated_states_are_stable_from_the_smallest_n(strong):
     assert curve.line().startswith("stable from n = 8 seeds (")
 
 
+@pytest.mark.slow  # in-process, seconds
 def test_a_detour_must_be_found_again_too():
     runs, states = detour_runs()
     hmm = fit(runs, 4, k_max=5)

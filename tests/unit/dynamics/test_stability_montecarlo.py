@@ -94,6 +94,7 @@ def curve_of(
                            ladder=ladder, n_subsamples=10, max_iter=10)  # fmt: skip
 
 
+@pytest.mark.slow  # in-process, seconds
 def test_the_curve_and_fresh_seeds_name_seed_counts_within_a_factor_1_5(known):
     runs, states, truth_ari = known
     curve = curve_of(runs, states, default_ladder(FULL_N))
@@ -105,6 +106,7 @@ def test_the_curve_and_fresh_seeds_name_seed_counts_within_a_factor_1_5(known):
     assert within(tool, fresh), (tool, fresh, shares)
 
 
+@pytest.mark.slow  # in-process, seconds
 def test_a_curve_that_does_not_reselect_k_fails_the_check(known):
     """A deliberately wrong curve: refits at the full map's K only, skipping the selection path.
     Its 8-run maps all agree with the full map, so it calls 8 seeds enough; the Monte Carlo says
@@ -119,6 +121,7 @@ def test_a_curve_that_does_not_reselect_k_fails_the_check(known):
     assert not within(wrong.sufficient_n, fresh), (wrong.sufficient_n, fresh)
 
 
+@pytest.mark.slow  # in-process, seconds
 def test_a_full_set_below_the_sufficient_n_is_not_called_stable(known):
     """16 runs: fresh 16-run maps are not enough; the tool's ladder stops at floor(0.8 x 16) = 12
     and it says "not stable", as the Monte Carlo does."""

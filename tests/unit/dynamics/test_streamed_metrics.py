@@ -231,6 +231,7 @@ MEMORY_PROBE = textwrap.dedent(
 )
 
 
+@pytest.mark.integration  # starts a program (a subprocess)
 def test_memory_and_resume_file_do_not_grow_with_the_checkpoints(tmp_path):
     """A block of two seeds of a ResNet-18-sized model (11.2 M parameters, Adam), a checkpoint at
     every step: peak RSS and the resume file's size at 200 checkpoints are within a few per cent

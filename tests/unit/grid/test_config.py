@@ -805,6 +805,7 @@ def error_first_line(output: str) -> str:
     raise AssertionError(f"no error in the output:\n{output[-3000:]}")
 
 
+@pytest.mark.integration  # starts a program (a subprocess)
 @pytest.mark.parametrize("case", sorted(SNAKEMAKE_BAD))
 def test_snakemake_refuses_bad_config_before_any_job(
     workflow_copy: Path, tmp_path: Path, case: str
@@ -816,6 +817,7 @@ def test_snakemake_refuses_bad_config_before_any_job(
     assert error_first_line(output).startswith(expected.format(file=bad)), output[-3000:]
 
 
+@pytest.mark.integration  # starts a program (a subprocess)
 def test_snakemake_names_file_and_line_of_a_yaml_syntax_error(
     repo_root: Path, tmp_path: Path
 ) -> None:

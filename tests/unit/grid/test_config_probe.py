@@ -45,6 +45,7 @@ def names_the_key(first_line: str, path: list) -> bool:
     return first_line.startswith(f"config key {dotted(parent)}:") and f"'{option}'" in first_line
 
 
+@pytest.mark.slow  # in-process, seconds
 def test_every_number_replaced_by_a_bad_value_is_refused_naming_its_key(repo_root: Path) -> None:
     base = load_config(repo_root / "params.yaml", repo_root / "config/config.yaml",
                        repo_root / "config/smoke.yaml", check_paths_from=repo_root)  # fmt: skip

@@ -279,6 +279,7 @@ def run_check_command(repo_root: Path, *args: str) -> subprocess.CompletedProces
     return run_command([sys.executable, "-m", "trainmap.grid", *args], cwd=repo_root, check=False)
 
 
+@pytest.mark.integration  # starts a program (a subprocess)
 def test_the_check_command_prints_the_message_only(repo_root: Path, tmp_path: Path) -> None:
     files = {"empty.yaml": b"# nothing\n", "latin1.yaml": "# caf\xe9\n".encode("latin-1"),
              "nan.yaml": b"train:\n  digits: {lr: .nan}\n"}  # fmt: skip
@@ -302,6 +303,7 @@ WARNED = (
 )
 
 
+@pytest.mark.integration  # starts a program (a subprocess)
 def test_the_check_command_prints_warnings_as_messages(repo_root: Path, tmp_path: Path) -> None:
     grid = tmp_path / "digits.yaml"
     grid.write_text(WARNED)

@@ -142,6 +142,7 @@ def test_pattern_index_maps_to_the_kept_positions():
     assert patterns(2, 4)[index] == (1, 3)
 
 
+@pytest.mark.slow  # in-process, seconds
 def test_packed_large_layer_is_within_one_percent_of_the_formula(tmp_path):
     torch.manual_seed(0)
     model = sparsify(nn.Sequential(nn.Linear(4096, 1024, bias=False)), 2, 4, layers=["0"])

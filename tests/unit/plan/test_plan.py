@@ -96,6 +96,7 @@ def test_resources_come_from_the_plan_with_the_safety_factor(smoke: dict) -> Non
     assert evaluate["mem_mb"] >= plan.MIN_MEMORY_MB
 
 
+@pytest.mark.slow  # in-process, seconds
 @pytest.mark.parametrize("config", [*PAPER_CONFIGS, "config/sparse_parity_1000.yaml"])
 def test_paper_settings_and_the_1000_seed_study_fit_one_node(config: str) -> None:
     loaded = plan.load_plan_config([config])

@@ -34,6 +34,7 @@ def built_page(site: Path, page: Path) -> Path:
     return site / folder / "index.html"
 
 
+@pytest.mark.integration  # starts a program (a subprocess)
 def test_every_docs_page_is_built(site: Path, repo_root: Path) -> None:
     pages = sorted(p.relative_to(repo_root / "docs") for p in (repo_root / "docs").rglob("*.md"))
     assert Path("index.md") in pages
@@ -41,6 +42,7 @@ def test_every_docs_page_is_built(site: Path, repo_root: Path) -> None:
     assert not missing, f"not built: {missing}"
 
 
+@pytest.mark.integration  # starts a program (a subprocess)
 def test_every_link_of_the_readme_lands(site: Path, repo_root: Path) -> None:
     """Each relative link or image of README.md names a file that exists, and a link into a docs
     page with an anchor names a heading the built page has."""

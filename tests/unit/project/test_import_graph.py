@@ -106,6 +106,7 @@ def test_no_import_cycle_in_trainmap() -> None:
         pytest.fail(f"an import cycle in src/trainmap: {' -> '.join(cycle)}")
 
 
+@pytest.mark.integration  # starts a program (a subprocess)
 def test_the_refits_worker_processes_import_no_heavy_library() -> None:
     """The bootstrap's and the stability curve's worker processes import
     ``trainmap.dynamics.certainty`` and ``.stability`` to unpickle their refit function: without

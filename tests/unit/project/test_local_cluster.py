@@ -24,6 +24,7 @@ def script(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([str(SCRIPT), *args], capture_output=True, text=True, timeout=30)
 
 
+@pytest.mark.integration  # starts a program (a subprocess)
 def test_the_default_directory_is_private_and_in_the_project() -> None:
     result = script("env")
     assert result.returncode == 0, result.stderr
@@ -32,6 +33,7 @@ def test_the_default_directory_is_private_and_in_the_project() -> None:
     assert "SLURM_DIR ?= $(CURDIR)/.slurm" in (REPO_ROOT / "Makefile").read_text()
 
 
+@pytest.mark.integration  # starts a program (a subprocess)
 def test_a_private_directory_is_accepted(tmp_path: Path) -> None:
     directory = tmp_path / "cluster"
     directory.mkdir(mode=0o755)
@@ -41,6 +43,7 @@ def test_a_private_directory_is_accepted(tmp_path: Path) -> None:
     assert oct(directory.stat().st_mode & 0o777) == "0o700", "made private"
 
 
+@pytest.mark.integration  # starts a program (a subprocess)
 def test_a_symbolic_link_is_refused(tmp_path: Path) -> None:
     victim = tmp_path / "victim"
     victim.mkdir(mode=0o700)
@@ -55,6 +58,7 @@ def test_a_symbolic_link_is_refused(tmp_path: Path) -> None:
     assert list(victim.iterdir()) == [], "nothing may be written through the link"
 
 
+@pytest.mark.integration  # starts a program (a subprocess)
 def test_symbolic_links_inside_are_refused(tmp_path: Path) -> None:
     directory = tmp_path / "cluster"
     directory.mkdir(mode=0o700)
@@ -67,6 +71,7 @@ def test_symbolic_links_inside_are_refused(tmp_path: Path) -> None:
     assert victim.read_text() == "precious\n"
 
 
+@pytest.mark.integration  # starts a program (a subprocess)
 def test_a_directory_others_can_write_is_refused(tmp_path: Path) -> None:
     directory = tmp_path / "shared"
     directory.mkdir()
@@ -76,6 +81,7 @@ def test_a_directory_others_can_write_is_refused(tmp_path: Path) -> None:
     assert "is writable by others (mode 777); refusing to use it" in result.stderr
 
 
+@pytest.mark.integration  # starts a program (a subprocess)
 @pytest.mark.skipif(os.geteuid() != 0, reason="giving a directory to another user needs root")
 def test_a_directory_of_another_user_is_refused(tmp_path: Path) -> None:
     directory = tmp_path / "theirs"

@@ -245,6 +245,7 @@ train_model(model, data, cfg, 3, TrainPaths.in_directory(out), on_checkpoint=hoo
 """
 
 
+@pytest.mark.integration  # starts a program (a subprocess)
 def test_resume_after_sigkill_is_bit_identical(tmp_path, parity_small):
     script = tmp_path / "train_cell.py"
     script.write_text(textwrap.dedent(KILL_SCRIPT))

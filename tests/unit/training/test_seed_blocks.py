@@ -226,6 +226,7 @@ train_block(models, data, cfg, seeds, paths, resume_path=out / "resume.pt", on_c
 """
 
 
+@pytest.mark.integration  # starts a program (a subprocess)
 def test_block_resume_after_sigkill_is_bit_identical(tmp_path):
     script = tmp_path / "train_block.py"
     script.write_text(textwrap.dedent(KILL_SCRIPT))

@@ -47,6 +47,7 @@ def selections() -> dict[tuple[int, int], dict]:
     return dict(zip(jobs, results, strict=True))
 
 
+@pytest.mark.slow  # in-process, seconds
 @pytest.mark.parametrize("n_states", [3, 5])
 def test_selection_finds_the_true_number_of_states(selections, n_states):
     chosen = [selections[(n_states, seed)]["k"] for seed in SEEDS]
@@ -54,6 +55,7 @@ def test_selection_finds_the_true_number_of_states(selections, n_states):
     assert not any(selections[(n_states, seed)]["at_ceiling"] for seed in SEEDS)
 
 
+@pytest.mark.slow  # in-process, seconds
 @pytest.mark.parametrize("n_states", [3, 5])
 def test_decoding_and_edges_match_the_truth(selections, n_states):
     right = [selections[(n_states, s)] for s in SEEDS if selections[(n_states, s)]["k"] == n_states]
