@@ -14,29 +14,68 @@ from trainmap.io import copy_workflow as copy_tree_of_workflow
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
-#: Tests that read one shared study run on one pytest-xdist worker (a session fixture is built once
-#: per worker): {fixture: group}.
-SHARED_STUDIES = {"smoke_run": "smoke"}
+#: The modules whose tests read the shared smoke study (``smoke_run``, a session fixture: built once
+#: per pytest-xdist worker, so its readers run on one worker); pytest_collection_modifyitems checks
+#: the list against the tests.
+SMOKE_READERS = frozenset({
+    "tests/integration/test_browser.py", "tests/integration/test_portable_workflow.py",
+    "tests/integration/test_rerun_probe.py", "tests/integration/test_workflow.py",
+    "tests/unit/dynamics/test_streamed_metrics.py",
+})  # fmt: skip
+#: The longest scopes of `make test`, started first (longest first: the suite's wall time is then
+#: close to its work / workers), from `--durations` on 2 cores (docs/benchmarks.md); every other
+#: scope follows in collection order.
+LONGEST_FIRST = (
+    "tests/integration/test_slurm.py", "smoke", "tests/integration/test_dvc.py",
+    "tests/unit/test_portable.py", "tests/unit/dynamics/test_adaptive.py",
+    "tests/integration/test_mlflow_postgres.py", "tests/integration/test_example.py",
+    "tests/integration/test_dvc_settings.py", "tests/unit/dynamics/test_external_runs.py",
+    "tests/unit/grid/test_config.py",
+)  # fmt: skip
+
+
+def xdist_scope(nodeid: str) -> str:
+    """The pytest-xdist scope of a test: its module, or ``smoke`` for the smoke study's readers.
+    A scope runs on one worker: its module-scoped fixtures are built once, a stateful module's
+    tests run in file order, one local SLURM cluster runs at a time."""
+    module = nodeid.split("::", 1)[0]
+    return "smoke" if module in SMOKE_READERS else module
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """`make test`'s scheduling (``-n N --dist loadscope``): whole scopes (:func:`xdist_scope`) to
+    a worker, in the order the workers collected them (:func:`pytest_collection_modifyitems`)."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ScopeScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return xdist_scope(nodeid)
+
+    config.option.loadscopereorder = False
+    return ScopeScheduling(config, log)
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The pytest-xdist groups of `make test` (``--dist loadgroup``), set before pytest-xdist turns
-    them into node ids: the readers of each shared study form one group; every other test runs
-    with the rest of its module (its module-scoped fixtures built once, a stateful module's tests
-    in file order, one local SLURM cluster at a time)."""
+    """A reader of the smoke study runs Snakemake (once per worker): the integration tier, and
+    listed in :data:`SMOKE_READERS`. The longest scopes go first (:data:`LONGEST_FIRST`; a stable
+    sort, the same in every worker)."""
     for item in items:
-        shared = [group for fixture, group in SHARED_STUDIES.items()
-                  if fixture in getattr(item, "fixturenames", ())]  # fmt: skip
-        if shared:  # a study's reader runs Snakemake (once per worker): the integration tier
+        if "smoke_run" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.integration)
-        if item.get_closest_marker("xdist_group") is None:
-            item.add_marker(pytest.mark.xdist_group(shared[0] if shared else item.path.stem))
+            module = item.nodeid.split("::", 1)[0]
+            if module not in SMOKE_READERS:
+                raise pytest.UsageError(
+                    f"{item.nodeid} reads smoke_run: add {module} to SMOKE_READERS in "
+                    "tests/conftest.py, so its tests share the study on one worker"
+                )
+    rank = {scope: index for index, scope in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(xdist_scope(item.nodeid), len(rank)))
 
 
 #: Programs a test outside the ``integration`` tier may start: cheap lookups, never a workflow,
 #: a server, a browser or another Python process.
-FAST_TIER_PROGRAMS = frozenset({"git"})
+FAST_TIER_PROGRAMS = frozenset({"git", "lscpu"})  # lscpu: joblib counts physical cores
 
 
 @pytest.fixture(autouse=True)

@@ -16,7 +16,7 @@ from trainmap.lineage import block_manifests, check_current, check_tree
 
 #: The module's tests run in file order on one worker: the first ones read the reproduced project,
 #: the later ones change it (a remote, a pull, an experiment).
-pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("dvc")]
+pytestmark = pytest.mark.integration
 
 
 def md5(path: Path) -> str:

@@ -35,7 +35,6 @@ def trained(tmp_path: Path, name: str, **env: str) -> dict[str, str]:
     return hashes_under(workdir)
 
 
-@pytest.mark.xdist_group("smoke")
 def test_the_pin_gives_the_same_bits_whatever_path_is_forced_and_other_bits_off(
     tmp_path: Path, smoke_run: Path
 ) -> None:
