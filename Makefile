@@ -67,7 +67,9 @@ unexport PYTHONDONTWRITEBYTECODE
 run: setup dvc-remote  ## the study on CONFIG (default: the embedded grid); versions it with DVC
 	@# Snakemake reads --configfile files before the Snakefile: this check names a YAML error's line.
 	$(RUN) python -m trainmap.grid $(CONFIG)
-	$(SNAKEMAKE) --cores $(CORES) --configfile $(CONFIG) --rerun-incomplete
+	@# The run's time goes beside its results (a timing sidecar) for the findings page.
+	SECONDS=0; $(SNAKEMAKE) --cores $(CORES) --configfile $(CONFIG) --rerun-incomplete; \
+	$(RUN) python -m trainmap.findings time $(call RESULTS_OF,$(CONFIG)) $$SECONDS --cores $(CORES) >/dev/null
 	@if [ "$(CONFIG)" = "$(DVC_CONFIG)" ]; then \
 	    echo "Recording data and checkpoints in DVC (dvc commit into the linked cache .dvc/cache)"; \
 	    $(DVC_MKDIRS) && $(DVC) commit --force --quiet && $(DVC) checkout --relink --quiet && $(DVC_PUSH); \
@@ -75,8 +77,8 @@ run: setup dvc-remote  ## the study on CONFIG (default: the embedded grid); vers
 	    echo "Not versioned by DVC: dvc.yaml runs $(DVC_CONFIG) (params.yaml: dvc.configfile)"; \
 	fi
 	@echo "Evaluation table: $(call RESULTS_OF,$(CONFIG))/summary/evaluation.csv   Report: make report   Runs: make mlflow-ui"
-	@# The published answer (docs/getting-started.md, "What it found"): every result file's sha256
-	@# beside the config.
+	@# The published answer: every result file's sha256 beside the config, and the findings page
+	@# (docs/findings.md includes config/config.findings.md) against this run's answers.
 	@$(RUN) python -m trainmap.digest check $(basename $(CONFIG)).results.sha256 $(call RESULTS_OF,$(CONFIG))
 
 plan: setup  ## bytes written, peak RAM/GPU memory and time of every job of CONFIG, checked against one node (python -m trainmap.plan --help)
@@ -99,11 +101,18 @@ repro: setup dvc-remote  ## the same study through DVC: dvc repro (stage by stag
 	$(DVC) repro
 	@$(DVC_PUSH)
 
-test: setup  ## the full test suite (unit + Snakemake/DVC integration)
-	$(RUN) pytest
+# The suite runs on TEST_WORKERS pytest-xdist workers (default: CORES), a module (or the smoke
+# study's readers) to a worker, the longest first (tests/conftest.py: pytest_xdist_make_scheduler).
+# A test that hangs fails after TEST_TIMEOUT s with its stack, not at CI's limit.
+TEST_WORKERS ?= $(CORES)
+TEST_TIMEOUT ?= 1800
+PYTEST_PARALLEL = -n $(TEST_WORKERS) --dist loadscope --timeout $(TEST_TIMEOUT)
 
-test-fast: setup  ## unit tests only
-	$(RUN) pytest -m "not integration"
+test: setup  ## the full suite, every tier (docs/benchmarks.md gives each tier's time); prints the 25 slowest steps
+	$(RUN) pytest $(PYTEST_PARALLEL) --durations=25 $(PYTEST_ARGS)
+
+test-fast: setup  ## the tier to run before every commit (under 3 min): no Snakemake, server, browser or subprocess, nothing slow
+	$(RUN) pytest -m "not integration and not slow" $(PYTEST_PARALLEL) --durations=10 $(PYTEST_ARGS)
 
 lint: setup  ## ruff, snakefmt and snakemake --lint
 	$(RUN) ruff check src tests bench workflow/scripts

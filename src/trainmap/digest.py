@@ -11,6 +11,10 @@ Usage::
 
     python -m trainmap.digest check config/config.results.sha256 results   # after make run
     python -m trainmap.digest write config/config.results.sha256 results   # publish a new one
+
+Both also handle the findings page beside the listing (trainmap.findings:
+``config/config.findings.md``): ``write`` writes it, ``check`` says whether the run's answers are
+the published ones.
 """
 
 from __future__ import annotations
@@ -130,8 +134,14 @@ def main(argv: list[str] | None = None) -> int:
                         "config/config.results.sha256")  # fmt: skip
     parser.add_argument("root", nargs="?", default="results", help="the results directory")
     args = parser.parse_args(argv)
+    from trainmap.findings import check_findings, findings_page, findings_path, title_of
+
+    page = findings_path(args.published)
     if args.action == "write":
         print(f"{args.published}: study digest {write_digest(args.published, args.root)}")
+        if any(Path(args.root).glob("joint/*/joint.json")):
+            save_text(findings_page(args.root, title_of(page)), page)
+            print(f"{page}: the findings of {args.root}/")
         return 0
     if not Path(args.published).exists():
         print(f"No published digest {args.published}: nothing to compare with "
@@ -139,6 +149,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     check = check_digest(args.published, args.root)
     print(check.line())
+    if page.exists():  # the answers: the same, or which line of them changed
+        print(check_findings(page, args.root).line())
     return 0
 
 
