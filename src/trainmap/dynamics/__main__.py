@@ -76,6 +76,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--threshold", type=float,
                         help="convergence = first checkpoint whose test_acc >= this (required "
                         "unless --metrics-only)")  # fmt: skip
+    defaults = ANALYSIS_DEFAULTS  # the config schema's: the workflow's defaults too
     external = parser.add_argument_group("external runs (checkpoint directories)")
     external.add_argument("--heads", type=int,
                           help="attention heads: split query/key/value projections per head, as "
@@ -83,8 +84,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     external.add_argument(
         "--convention",
         choices=CONVENTIONS,
-        default="paper",
-        help="metric convention (trainmap.dynamics.metrics; default paper)",
+        default=defaults["metrics"],
+        help="metric convention (trainmap.dynamics.metrics; default %(default)s)",
     )
     external.add_argument(
         "--evaluation",
@@ -135,7 +136,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     grouping.add_argument("--group-by-path", metavar="REGEX",
                           help="group the runs by the first group of this regular expression "
                           "searched in each run's id (its path), e.g. 'lr=([^/]+)'")  # fmt: skip
-    defaults = ANALYSIS_DEFAULTS  # the config schema's: the workflow's defaults too
     parser.add_argument("--k-max", type=int, default=defaults["k_max"],
                         help="largest K tried (default %(default)s)")  # fmt: skip
     parser.add_argument("--restarts", type=int, default=defaults["restarts"],
@@ -144,10 +144,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="fraction of runs held out for BIC (default %(default)s)")  # fmt: skip
     parser.add_argument("--selection", choices=SELECTION_RULES,
                         default=defaults["selection"],
-                        help="reproducible (default: the largest K whose maps fitted on two "
-                        "halves of the runs decode every run alike, per group with --groups; "
-                        "needs >= 2 runs per group), holdout (held-out BIC on one split, the "
-                        "paper's) or folds (its mean over folds of the runs)")  # fmt: skip
+                        help="reproducible (the largest K whose maps fitted on two halves of the "
+                        "runs decode every run alike, per group with --groups; needs >= 2 runs "
+                        "per group), holdout (held-out BIC on one split, the paper's) or folds "
+                        "(its mean over folds of the runs); default %(default)s")  # fmt: skip
     parser.add_argument("--folds", type=int, default=defaults["folds"],
                         help="folds of the runs for --selection folds (default %(default)s)")  # fmt: skip
     parser.add_argument("--seed", type=int, default=defaults["seed"],
@@ -161,22 +161,23 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--covariance-type",
         choices=COVARIANCE_TYPES,
         default=defaults["covariance_type"],
-        help="HMM covariances (default full: the metrics are correlated)",
+        help="HMM covariances: full (the metrics are correlated) or diag (default %(default)s)",
     )
     parser.add_argument(
         "--standardisation",
         choices=STANDARDISATIONS,
         default=defaults["standardisation"],
-        help="z-scores pooled over all runs (default) or per run (the paper)",
+        help="z-scores pooled over all runs (pooled) or per run (per_run, the paper's; default "
+        "%(default)s)",
     )
     parser.add_argument(
         "--emission",
         choices=EMISSIONS,
         default=defaults["emission"],
-        help="emission model: plain (the paper's Gaussian HMM; default), run_offset (a per-run "
-        "offset of the metrics, fitted with the states), run_offset_drift (offset and linear "
-        "drift per run) or run_affine (offset, linear drift and scale per run): K holds better "
-        "under run-to-run nuisance, at ~10-20x the cost",
+        help="emission model: plain (the paper's Gaussian HMM), run_offset (a per-run offset of "
+        "the metrics, fitted with the states), run_offset_drift (offset and linear drift per "
+        "run) or run_affine (offset, linear drift and scale per run): K holds better under "
+        "run-to-run nuisance, at ~10-20x the cost (default %(default)s)",
     )
     parser.add_argument(
         "--bootstrap",

@@ -3,10 +3,12 @@
 
 Each setting's type, allowed values and default are declared once, in the config schema
 (``workflow/schemas/config.schema.yaml``, section ``analysis``): :data:`ANALYSIS_DEFAULTS` is read
-from it. ``params.yaml`` repeats every default (DVC sets a key only where it is written), and a test
-checks that it repeats them exactly. Its own module so that every analysis step
-(:mod:`~trainmap.dynamics.pipeline`, :mod:`~trainmap.dynamics.joint`) reads the same defaults
-without importing another step.
+from it, and so are :class:`TrainingHMM`'s keyword defaults (all but ``selection``: the estimator's
+is the paper's ``holdout``, the workflow's ``reproducible``) and ``python -m trainmap.dynamics``'s
+options. ``params.yaml`` repeats every default (DVC sets a key only where it is written), and
+tests/unit/test_defaults.py checks that it repeats them exactly. Its own module so that every
+analysis step (:mod:`~trainmap.dynamics.pipeline`, :mod:`~trainmap.dynamics.joint`) reads the same
+defaults without importing another step.
 """
 
 from __future__ import annotations

@@ -138,8 +138,10 @@ def train_settings(config: dict, task: str) -> dict:
 
 
 def seed_block(config: dict, task: str) -> int:
-    """How many seeds of ``task`` train together as one job (``train.<task>.seed_block``)."""
-    return int(config["train"][task].get("seed_block", 1))
+    """How many seeds of ``task`` train together as one job (``train.<task>.seed_block``; omitted:
+    the config schema's default)."""
+    default = section_defaults("train")["seed_block"]
+    return int(config["train"][task].get("seed_block", default))
 
 
 def seed_ranges_of(config: dict, cells: Iterable[Cell]) -> list[SeedRange]:

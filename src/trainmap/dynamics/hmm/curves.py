@@ -21,13 +21,15 @@ import numpy as np
 import pandas as pd
 
 from trainmap.dynamics.hmm.splits import SelectionFailed
+from trainmap.schema import section_defaults
 
 RESTART_RULES = ("best", "mean")
 #: The ``reproducible`` rule's agreement of two half maps (adjusted Rand index of their decodings
-#: of every run) and the share of splits that must reach it (chosen by
+#: of every run) and the share of splits that must reach it: the config schema's defaults of
+#: ``analysis.reproduce_ari`` and ``analysis.reproduce_share`` (chosen by
 #: bench/selection_reproducible.py; docs/decisions/hmm-selection.md).
-DEFAULT_REPRODUCE_ARI = 0.8
-DEFAULT_REPRODUCE_SHARE = 0.8
+DEFAULT_REPRODUCE_ARI: float = section_defaults("analysis")["reproduce_ari"]
+DEFAULT_REPRODUCE_SHARE: float = section_defaults("analysis")["reproduce_share"]
 #: Which K the ``reproducible`` rule takes up to K_BIC (setting ``reproduce_k``): ``largest``, the
 #: largest K whose half maps reproduce; ``nested``, the largest K such that K and every smaller K
 #: reproduce (one less than the first K that fails). Measured by bench/selection_reproducible.py

@@ -4,11 +4,11 @@ runs (Hu et al., sec. 2.1, appendices A and C), fitted and saved reproducibly.
 :class:`TrainingHMM` follows the paper's recipe, with the choices that decide K as settings:
 
 1. Standardise every feature (sec. 2.1: z~_t = (f(w_t) - mu) / sigma, mu and sigma from the first
-   (up to) :data:`STANDARDISE_WINDOW` checkpoints; :func:`standardise_runs`): ``pooled``
-   (default) takes one mu and sigma over all runs' first checkpoints, ``per_run`` each run's own
-   (the paper's and the authors' code). A feature that is constant, or not finite in some run,
-   cannot be standardised; it is dropped with a warning and named with the reason
-   (``dropped_features_``, ``hmm.json``).
+   (up to) :data:`STANDARDISE_WINDOW` checkpoints; :func:`standardise_runs`): ``pooled`` takes
+   one mu and sigma over all runs' first checkpoints, ``per_run`` each run's own (the paper's and
+   the authors' code). A feature that is constant, or not finite in some run, cannot be
+   standardised; it is dropped with a warning and named with the reason (``dropped_features_``,
+   ``hmm.json``).
 2. Split the runs, fit every K = 1..K_max with seeded restarts, score K on held-out runs and choose
    it by the selection rule ``selection`` (``holdout``, the paper's; ``folds``; ``reproducible``):
    :func:`~trainmap.dynamics.hmm.selection.select_model`, the one path of the full fit and of
@@ -16,7 +16,7 @@ runs (Hu et al., sec. 2.1, appendices A and C), fitted and saved reproducibly.
    K_max is a ceiling, not a minimum, which the fit reports (``at_ceiling_``, a warning, the JSON
    and the selection figure).
 3. The emission model is the setting ``emission`` (:data:`~trainmap.dynamics.hmm.factory.
-   EMISSIONS`): ``plain`` (default), the paper's Gaussian HMM, or per-run terms of the emissions
+   EMISSIONS`): ``plain``, the paper's Gaussian HMM, or per-run terms of the emissions
    (:mod:`~trainmap.dynamics.hmm.run_terms`, docs/training-maps.md, "Run-to-run nuisance").
 4. Decode runs with Viterbi; filtered posteriors p(s_t | z_1:t) come from the forward algorithm
    (:meth:`TrainingHMM.filtered_posteriors`), as appendix A's feature importance needs. With run
@@ -24,7 +24,8 @@ runs (Hu et al., sec. 2.1, appendices A and C), fitted and saved reproducibly.
 
 The fitted model saves as plain arrays (``.npz``) plus JSON, never as a pickle; the best model of
 every K stays in memory (``models_``) for the bootstrap's warm starts
-(:mod:`trainmap.dynamics.certainty`). Defaults chosen by the known-answer tests in
+(:mod:`trainmap.dynamics.certainty`). The settings' defaults are declared in the config schema
+(:class:`TrainingHMM` reads them), chosen by the known-answer tests in
 tests/unit/dynamics/hmm/test_selection.py and bench/hmm_select.py; why:
 docs/decisions/hmm-selection.md.
 """
@@ -42,12 +43,7 @@ import numpy as np
 import pandas as pd
 
 from trainmap.dynamics.columns import METRIC_NAMES
-from trainmap.dynamics.hmm.curves import (
-    DEFAULT_REPRODUCE_ARI,
-    DEFAULT_REPRODUCE_SHARE,
-    REPRODUCE_K,
-    RESTART_RULES,
-)
+from trainmap.dynamics.hmm.curves import REPRODUCE_K, RESTART_RULES
 from trainmap.dynamics.hmm.factory import (
     COVARIANCE_TYPES,
     EMISSIONS,
@@ -57,16 +53,16 @@ from trainmap.dynamics.hmm.factory import (
     covars_in_own_shape,
     emission_model,
 )
-from trainmap.dynamics.hmm.selection import (
-    DEFAULT_FOLDS,
-    DEFAULT_HALF_SIZE,
-    SELECTION_RULES,
-    select_model,
-)
+from trainmap.dynamics.hmm.selection import SELECTION_RULES, select_model
 from trainmap.dynamics.hmm.splits import holdout_split
 from trainmap.dynamics.tables import UNDEFINED_BY_ARCHITECTURE
 from trainmap.io import save_json, write_atomic
+from trainmap.schema import section_defaults
 
+#: The config schema's ``analysis`` defaults, :class:`TrainingHMM`'s keyword defaults (the values
+#: of :data:`trainmap.dynamics.settings.ANALYSIS_DEFAULTS`, read here because that module imports
+#: this one).
+_SCHEMA_DEFAULTS = section_defaults("analysis")
 STANDARDISE_WINDOW = 1000
 #: A feature whose standard deviation is below this is constant up to float32 rounding.
 NUMERICALLY_CONSTANT = 1e-7
@@ -144,36 +140,43 @@ class TrainingHMM:
     ``at_ceiling_``, ``standardisation_``, the hmmlearn model ``model_`` and every K's best model
     ``models_``.
 
-    ``emission`` (:data:`EMISSIONS`): ``plain`` (default) is the paper's Gaussian HMM;
+    ``emission`` (:data:`EMISSIONS`): ``plain`` is the paper's Gaussian HMM;
     ``run_offset`` and ``run_offset_drift`` add a per-run offset (and linear drift) to the emission
     means, ``run_affine`` a per-run offset, linear drift and scale of the emissions
     (:mod:`trainmap.dynamics.hmm.run_terms`), fitted with the states and estimated for every run the
     model decodes or scores; every use of the fitted model below works on the run's residuals
     (:meth:`residuals`).
+
+    The keyword defaults are the config schema's ``analysis`` defaults
+    (``workflow/schemas/config.schema.yaml``; ``random_state`` is ``analysis.seed``), read from it,
+    so the estimator without a config fits as the workflow does. One exception: ``selection``
+    defaults to ``holdout``, the paper's rule, while the schema's (the workflow's) default is
+    ``reproducible``. ``min_covar``, ``n_jobs`` and ``features`` have no schema default; theirs
+    are written here.
     """
 
     def __init__(
         self,
-        k_max: int = 8,
-        restarts: int = 5,
-        holdout: float = 0.2,
-        covariance_type: str = "full",
-        standardisation: str = "pooled",
-        restart_rule: str = "best",
-        selection: str = "holdout",
-        folds: int = DEFAULT_FOLDS,
-        halves: int | None = None,
-        reproduce_ari: float = DEFAULT_REPRODUCE_ARI,
-        reproduce_share: float = DEFAULT_REPRODUCE_SHARE,
-        reproduce_k: str = "largest",
-        half_size: int | None = DEFAULT_HALF_SIZE,
-        init: str = "sticky",
-        emission: str = "plain",
-        n_iter: int = 500,
-        tol: float = 1e-3,
-        tol_scale: str = "per_observation",
+        k_max: int = _SCHEMA_DEFAULTS["k_max"],
+        restarts: int = _SCHEMA_DEFAULTS["restarts"],
+        holdout: float = _SCHEMA_DEFAULTS["holdout"],
+        covariance_type: str = _SCHEMA_DEFAULTS["covariance_type"],
+        standardisation: str = _SCHEMA_DEFAULTS["standardisation"],
+        restart_rule: str = _SCHEMA_DEFAULTS["restart_rule"],
+        selection: str = "holdout",  # not the schema's `reproducible` (class docstring)
+        folds: int = _SCHEMA_DEFAULTS["folds"],
+        halves: int | None = _SCHEMA_DEFAULTS["halves"],
+        reproduce_ari: float = _SCHEMA_DEFAULTS["reproduce_ari"],
+        reproduce_share: float = _SCHEMA_DEFAULTS["reproduce_share"],
+        reproduce_k: str = _SCHEMA_DEFAULTS["reproduce_k"],
+        half_size: int | None = _SCHEMA_DEFAULTS["half_size"],
+        init: str = _SCHEMA_DEFAULTS["init"],
+        emission: str = _SCHEMA_DEFAULTS["emission"],
+        n_iter: int = _SCHEMA_DEFAULTS["n_iter"],
+        tol: float = _SCHEMA_DEFAULTS["tol"],
+        tol_scale: str = _SCHEMA_DEFAULTS["tol_scale"],
         min_covar: float = 1e-3,
-        random_state: int = 0,
+        random_state: int = _SCHEMA_DEFAULTS["seed"],
         n_jobs: int = 1,
         features: Sequence[str] = METRIC_NAMES,
     ) -> None:

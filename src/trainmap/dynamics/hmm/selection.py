@@ -42,16 +42,17 @@ from trainmap.dynamics.hmm.splits import (
     half_splits,
     stack,
 )
+from trainmap.schema import section_defaults
 
 SELECTION_RULES = ("holdout", "folds", "reproducible")
-#: Folds of the runs for ``selection="folds"`` (bench/selection_nuisance.py;
-#: docs/decisions/hmm-selection.md).
-DEFAULT_FOLDS = 3
+#: Folds of the runs for ``selection="folds"``: the config schema's default of ``analysis.folds``
+#: (bench/selection_nuisance.py; docs/decisions/hmm-selection.md).
+DEFAULT_FOLDS: int = section_defaults("analysis")["folds"]
 #: Runs of each group in each half of the ``reproducible`` rule (setting ``half_size``; None: half
 #: of each group's runs; a joint comparison halves each of its groups): two draws of a fixed
-#: number of seeds per method, so that K does not follow the seed count
-#: (bench/selection_settle.py; docs/decisions/hmm-selection.md).
-DEFAULT_HALF_SIZE = 20
+#: number of seeds per method, so that K does not follow the seed count. The config schema's
+#: default of ``analysis.half_size`` (bench/selection_settle.py; docs/decisions/hmm-selection.md).
+DEFAULT_HALF_SIZE: int | None = section_defaults("analysis")["half_size"]
 
 
 class SelectableHMM(Protocol):
