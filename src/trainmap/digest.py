@@ -139,9 +139,11 @@ def main(argv: list[str] | None = None) -> int:
     page = findings_path(args.published)
     if args.action == "write":
         print(f"{args.published}: study digest {write_digest(args.published, args.root)}")
-        if any(Path(args.root).glob("joint/*/joint.json")):
+        try:
             save_text(findings_page(args.root, title_of(page)), page)
             print(f"{page}: the findings of {args.root}/")
+        except FileNotFoundError:  # a study without joint comparisons has no findings page
+            pass
         return 0
     if not Path(args.published).exists():
         print(f"No published digest {args.published}: nothing to compare with "

@@ -156,8 +156,12 @@ def check_findings(published: str | Path, root: str | Path) -> FindingsCheck:
     """Compare the published page with the one the results under ``root`` give (the run's time
     and the generated-by comment aside)."""
     published = Path(published)
-    expected = _comparable(published.read_text())
-    actual = _comparable(findings_page(root, title_of(published)))
+    text = published.read_text()
+    expected = _comparable(text)
+    try:
+        actual = _comparable(findings_page(root, _title_in(text)))
+    except FileNotFoundError as missing:  # no comparison's results: every finding is missing
+        return FindingsCheck(published, True, str(missing))
     if expected == actual:
         return FindingsCheck(published, False)
     for line in difflib.unified_diff(expected, actual, lineterm="", n=0):
@@ -169,13 +173,14 @@ def check_findings(published: str | Path, root: str | Path) -> FindingsCheck:
     return FindingsCheck(published, True, f"first differing line {first[:160]!r}")
 
 
+def _title_in(text: str) -> str:
+    """A page's title: its first ``# `` heading, else ``Findings``."""
+    return next((line[2:] for line in text.splitlines() if line.startswith("# ")), "Findings")
+
+
 def title_of(page: Path) -> str:
     """The page's title (its first ``# `` heading), kept when it is rewritten."""
-    if page.exists():
-        for line in page.read_text().splitlines():
-            if line.startswith("# "):
-                return line[2:]
-    return "Findings"
+    return _title_in(page.read_text()) if page.exists() else "Findings"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -221,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         print(check_findings(page, root).line())
-    except (FileNotFoundError, json.JSONDecodeError, KeyError) as broken:
+    except (json.JSONDecodeError, KeyError) as broken:
         print(f"Findings not checked: {broken}")
     return 0
 
