@@ -288,6 +288,13 @@ rule joint_comparison:
             subcategory="{name}",
             labels=answer_labels("5", "verdicts per method pair (figure)"),
         ),
+        paths_plot=report(
+            f"{RESULTS}/joint/{{name}}/paths.png",
+            caption="../report/paths_plot.rst",
+            category=ANSWERS,
+            subcategory="{name}",
+            labels=answer_labels("5b", "where the trajectories differ (figure)"),
+        ),
         convergence=report(
             f"{RESULTS}/joint/{{name}}/convergence.png",
             caption="../report/joint_convergence.rst",

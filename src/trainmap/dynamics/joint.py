@@ -33,6 +33,7 @@ import numpy as np
 import pandas as pd
 
 from trainmap.dynamics.hmm.estimator import TrainingHMM
+from trainmap.dynamics.paths import common_grid, path_difference
 from trainmap.dynamics.regression import (
     DetourRegression,
     regress_detours,
@@ -41,8 +42,10 @@ from trainmap.dynamics.regression import (
 )
 from trainmap.dynamics.settings import with_defaults
 from trainmap.dynamics.verdicts import (
+    PathEvidence,
     censoring_steps,
     compare_methods,
+    path_evidence,
     run_quantities,
     verdict_markdown,
 )
@@ -63,6 +66,24 @@ class JointComparison:
     dissimilarity: dict[str, float]
     verdicts: pd.DataFrame
     settings: dict
+    paths: PathEvidence | None = None  # the label-free verdicts' runs (diverged left out)
+
+    def path_differences(self) -> dict[tuple[str, str], pd.DataFrame]:
+        """Per pair of groups (first, second): where their trajectories differ, feature x grid
+        step (:func:`trainmap.dynamics.paths.path_difference`)."""
+        if self.paths is None:
+            return {}
+        order = list(dict.fromkeys(self.groups[run] for run in self.groups))
+        found = {}
+        for i, first in enumerate(order):
+            for second in order[i + 1 :]:
+                members = [r for r in self.paths.states if self.groups[r] in (first, second)]
+                if len(members) < 2:
+                    continue
+                in_first = np.array([self.groups[r] == first for r in members], dtype=bool)
+                found[first, second] = path_difference(self.paths.trajectories.loc[members],
+                                                       in_first)  # fmt: skip
+        return found
 
     @property
     def detours_explained_by_group(self) -> list[int]:
@@ -133,6 +154,30 @@ def detour_visit_rates(
             for g in order}  # fmt: skip
 
 
+def check_comparable(
+    runs: Mapping[str, pd.DataFrame], groups: Mapping[str, str], status: Mapping[str, str],
+    grid_points: int,
+) -> None:  # fmt: skip
+    """Bad input a comparison cannot answer, raised before any fit: a group with fewer than 2
+    runs (a relabelling test has nothing to relabel; the ValueError names the group and its run)
+    or runs without a common step grid (:func:`trainmap.dynamics.paths.common_grid` names the
+    short run)."""
+    order = list(dict.fromkeys(groups[run] for run in groups))
+    if len(order) < 2:
+        raise ValueError(f"a joint comparison needs at least 2 groups; got {order}")
+    for group in order:
+        members = [run for run in groups if groups[run] == group]
+        if len(members) < 2:
+            raise ValueError(
+                f"group {group!r} has {len(members)} run ({', '.join(members)}): every method or "
+                "architecture of a joint comparison needs at least 2 runs (give it more seeds in "
+                "the grid, or leave it out of analysis.joint)"
+            )  # fmt: skip
+    kept = {run: runs[run] for run in runs if status.get(run, "completed") != "diverged"}
+    if kept:
+        common_grid(kept, grid_points)
+
+
 def compare_groups(
     runs: Mapping[str, pd.DataFrame],
     groups: Mapping[str, str],
@@ -148,6 +193,7 @@ def compare_groups(
     ``confidence``, ``seed``; :data:`trainmap.dynamics.settings.ANALYSIS_DEFAULTS` fills the rest).
     """
     settings = with_defaults(settings or {})
+    check_comparable(runs, groups, status, settings["trajectory_points"])
     hmm.fit(runs, strata=groups)
     states = hmm.decode(runs)
     distributions = {run: state_distribution(s, hmm.n_states_) for run, s in states.items()}
@@ -181,10 +227,13 @@ def compare_groups(
     }
     quantities = run_quantities(states, hmm.n_states_, convergence, status, detours.detour_states)
     ordered_groups = {run: groups[run] for g in order for run in groups if groups[run] == g}
+    evidence = path_evidence(runs, states, hmm.n_states_, hmm.features_, status,
+                             settings["trajectory_points"])  # fmt: skip
     verdicts = compare_methods(quantities.loc[list(ordered_groups)], ordered_groups,
                                n_permutations=settings["permutations"],
                                confidence=settings["confidence"], alpha=settings["alpha"],
                                seed=settings["seed"],
-                               censored_at=censoring_steps(runs, convergence, status))  # fmt: skip
+                               censored_at=censoring_steps(runs, convergence, status),
+                               paths=evidence)  # fmt: skip
     return JointComparison(hmm, states, dict(groups), detours, with_groups, occupancy,
-                           visit_rates, table, dissimilarity, verdicts, dict(settings))  # fmt: skip
+                           visit_rates, table, dissimilarity, verdicts, dict(settings), evidence)  # fmt: skip

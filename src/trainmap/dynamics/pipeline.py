@@ -23,7 +23,7 @@ the files it just wrote.
 :func:`map_group` -> :class:`GroupMap` (rule ``training_map``)
     ``map.json``, ``map.png``, ``map.svg``.
 :func:`joint_group` -> :class:`JointResult` (rule ``joint_comparison``)
-    ``verdicts.csv`` / ``verdicts.md`` / ``verdicts.png`` (per method pair: effect, interval, p,
+    ``verdicts.csv`` / ``verdicts.md`` / ``verdicts.png`` / ``paths.png`` (per method pair: effect, interval, p,
     verdict and its label, a finding only when it also holds again on subsamples:
     :mod:`trainmap.dynamics.labels`), ``joint.json``, ``occupancy.png``, ``convergence.png``, ``map.png``, ``map.svg``,
     ``regression.csv``, ``bootstrap.json`` and the shared model (``hmm.npz``, ``hmm.json``,
@@ -461,7 +461,10 @@ class JointResult:
                 comparison.settings["confidence"],
                 out / "verdicts.png",
                 title=title,
+                alpha=comparison.settings["alpha"],
             ),
+            "paths.png": plots.plot_path_difference(comparison.path_differences(),
+                                                    out / "paths.png", title=title),  # fmt: skip
             "occupancy.png": plots.plot_occupancy(
                 comparison.occupancy, self.detour_states, out / "occupancy.png", title=title
             ),

@@ -147,41 +147,99 @@ def plot_stability(stability: Any, path: str | os.PathLike, title: str = "") -> 
 
 
 def plot_verdicts(
-    verdicts: pd.DataFrame, confidence: float, path: str | os.PathLike, title: str = ""
-) -> str:
-    """Effects with intervals per method pair and quantity of a labelled verdict table
-    (:func:`trainmap.dynamics.labels.label_verdicts`), coloured by verdict: green marks findings
-    only, orange a significant difference that is not one; each row shows its label."""
-    from trainmap.dynamics.verdicts import NO_EVIDENCE, NOT_ENOUGH_RUNS
+    verdicts: pd.DataFrame, confidence: float, path: str | os.PathLike, title: str = "",
+    alpha: float = 0.05,
+) -> str:  # fmt: skip
+    """A labelled verdict table (:func:`trainmap.dynamics.labels.label_verdicts`) in three
+    panels: the primary family's Holm p-values (every statistic on one scale), the step effects
+    (convergence step, first passage) and the state-level occupancy effects with their intervals;
+    coloured by verdict: green marks findings only, orange a significant difference that is not
+    one."""
+    from trainmap.dynamics.paths import FIRST_PASSAGE
+    from trainmap.dynamics.verdicts import NO_EVIDENCE, NOT_ENOUGH_RUNS, PRIMARY, family
 
     rows = verdicts.reset_index(drop=True)
-    figure, axes = plt.subplots(1, 2, figsize=(9, 0.9 + 0.32 * max(len(rows), 1)),
-                                gridspec_kw={"width_ratios": [3, 1]})  # fmt: skip
-    for axis, is_step in zip(axes, (False, True), strict=True):
-        part = rows[rows["quantity"].eq("convergence step") == is_step]
+    families = rows["family"] if "family" in rows else rows["quantity"].map(family)
+    in_steps = rows["quantity"].isin(["convergence step", FIRST_PASSAGE])
+    panels = [("p", rows[families == PRIMARY]), ("steps", rows[in_steps]),
+              ("occupancy", rows[(families != PRIMARY) & ~in_steps])]  # fmt: skip
+    panels = [(kind, part) for kind, part in panels if len(part)]
+    height = 0.9 + 0.32 * max(max(len(part) for _, part in panels), 1)
+    figure, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), height), squeeze=False)
+
+    def colour(row: Any) -> str:
+        return ("0.6" if row.verdict == NOT_ENOUGH_RUNS else "C2" if getattr(row, "finding", False)
+                else "C0" if row.verdict == NO_EVIDENCE else "C1")  # fmt: skip
+
+    for axis, (kind, part) in zip(axes[0], panels, strict=True):
         for position, row in enumerate(part.itertuples()):
-            colour = ("0.6" if row.verdict == NOT_ENOUGH_RUNS else "C2" if row.finding else
-                      "C0" if row.verdict == NO_EVIDENCE else "C1")  # fmt: skip
-            axis.plot([row.low, row.high], [position] * 2, color=colour, lw=2)
-            axis.plot([row.effect], [position], "o", color=colour)
-        axis.axvline(0, color="0.3", lw=0.8)
+            if kind == "p":
+                value = row.p_holm if np.isfinite(row.p_holm) else 1.0
+                axis.barh(position, -np.log10(max(value, 1e-12)), color=colour(row))
+            else:
+                axis.plot([row.low, row.high], [position] * 2, color=colour(row), lw=2)
+                axis.plot([row.effect], [position], "o", color=colour(row))
+        if kind == "p":
+            axis.axvline(-np.log10(alpha), color="C3", ls="--", lw=0.8)
+            axis.set_xlabel(f"-log10 p (Holm); dashed: alpha {alpha:g}")
+        else:
+            axis.axvline(0, color="0.3", lw=0.8)
+            axis.set_xlabel("difference of restricted mean steps" if kind == "steps"
+                            else "occupancy difference")  # fmt: skip
         axis.set_yticks(range(len(part)), [f"{r.second} vs {r.first}: {r.quantity}\n"
-                                           + textwrap.fill(r.label, 60)
+                                           + textwrap.fill(str(getattr(r, "label", r.verdict)), 50)
                                            for r in part.itertuples()], fontsize=7)  # fmt: skip
         axis.invert_yaxis()
-        axis.set_xlabel("difference of restricted mean\nconvergence steps" if is_step
-                        else "occupancy difference")  # fmt: skip
     figure.suptitle(title or "verdicts", fontsize=10)
     _save(figure, path)
     return (
-        f"Verdicts per method pair: the difference of means (second method minus first) with its "
-        f"{confidence:.0%} bootstrap interval; green: a finding (significant after Holm's "
-        "correction and holding again on subsamples of the seeds), orange: significant but not "
-        "a finding (its label says why), blue: no evidence of a difference, grey: not enough "
-        "runs to tell. "
-        "Right: the convergence step as time to an event (runs that never converged censored at "
-        "their last step): the difference of restricted mean convergence steps of the "
-        "Kaplan-Meier curves, tested by the log-rank test."
+        "Verdicts per method pair. Left: the primary family (convergence and the label-free "
+        "verdicts, which do not depend on how the map numbers its states) as -log10 of the "
+        f"Holm-corrected p-value; right of the dashed line is significant at alpha {alpha:g}. "
+        "Then the step effects (convergence step, first passage to the final state: the "
+        "difference of restricted mean steps of the Kaplan-Meier curves, second method minus "
+        f"first, {confidence:.0%} bootstrap interval) and the state-level family (occupancy "
+        "differences with their intervals: where in this map a difference lies). Green: a "
+        "finding (significant after Holm's correction and holding again on subsamples of the "
+        "seeds), orange: significant but not a finding (its label says why), blue: no evidence "
+        "of a difference, grey: not enough runs to tell."
+    )
+
+
+def plot_path_difference(
+    differences: Mapping[tuple[str, str], pd.DataFrame], path: str | os.PathLike, title: str = ""
+) -> str:
+    """Where the methods' trajectories differ: per method pair a heat map of the standardised mean
+    difference (second minus first) of each metric (rows) at each step of the common grid
+    (columns) (:func:`trainmap.dynamics.paths.path_difference`)."""
+    pairs = list(differences.items())
+    if not pairs:
+        figure, axis = plt.subplots(figsize=(4, 1))
+        axis.text(0.5, 0.5, "no pair of methods with 2 runs each", ha="center", va="center")
+        axis.axis("off")
+        _save(figure, path)
+        return "No pair of methods has two runs each to compare."
+    limit = max(float(np.nanmax(np.abs(table.to_numpy()))) for _, table in pairs) or 1.0
+    rows = max(len(table) for _, table in pairs)
+    figure, axes = plt.subplots(len(pairs), 1, figsize=(9, 1.0 + (0.22 * rows + 0.6) * len(pairs)),
+                                squeeze=False)  # fmt: skip
+    for axis, ((first, second), table) in zip(axes[:, 0], pairs, strict=True):
+        image = axis.imshow(table.to_numpy(), aspect="auto", cmap="RdBu_r", vmin=-limit,
+                            vmax=limit, interpolation="nearest")  # fmt: skip
+        axis.set_yticks(range(len(table)), list(table.index), fontsize=7)
+        ticks = np.linspace(0, table.shape[1] - 1, min(table.shape[1], 6)).round().astype(int)
+        axis.set_xticks(ticks, [f"{table.columns[t]:.0f}" for t in ticks], fontsize=7)
+        axis.set_title(f"{second} vs {first}", fontsize=9)
+        figure.colorbar(image, ax=axis, label="standardised difference", shrink=0.8)
+    axes[-1, 0].set_xlabel("step")
+    figure.suptitle(title or "where the trajectories differ", fontsize=10)
+    _save(figure, path)
+    return (
+        "Where in training and in which metrics the methods' runs differ: per method pair, the "
+        "difference of the two methods' mean (second minus first) of each standardised metric at "
+        "each step of the grid every run covers, over the pooled within-method standard "
+        "deviation (red: higher in the second method). The trajectories verdict tests all cells "
+        "at once (energy distance between the runs)."
     )
 
 

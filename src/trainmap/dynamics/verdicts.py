@@ -30,11 +30,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from trainmap.dynamics import paths as label_free
 from trainmap.dynamics.regression import fill_holm, state_distribution
 from trainmap.dynamics.survival import compare_survival
 
@@ -42,6 +44,54 @@ NOT_ENOUGH_RUNS = "not enough runs"
 NO_EVIDENCE = "no evidence of a difference"
 CONVERGENCE_STEP = "convergence step"
 NO_RUN_CONVERGED = "no run of either method converged: every run censored, no evidence can be had"
+#: The verdict families, each Holm-corrected on its own within a method pair: the label-free
+#: verdicts (:mod:`trainmap.dynamics.paths`) and the convergence step answer the study's question;
+#: the state-level ones (occupancies, time in detours) say where in one map a difference lies.
+PRIMARY, SECONDARY = "primary", "secondary"
+#: A significant unsigned verdict (an energy distance, a likelihood ratio, a total variation).
+DIFFER = "paths differ"
+
+
+def family(quantity: str) -> str:
+    """The family of a verdict's quantity: secondary for the state-level quantities (whose meaning
+    depends on the map's state numbering), primary for every other."""
+    state_level = quantity.startswith("occupancy of state") or quantity == "time in detour states"
+    return SECONDARY if state_level else PRIMARY
+
+
+@dataclass
+class PathEvidence:
+    """What the label-free verdicts of :mod:`trainmap.dynamics.paths` read, per run: its
+    trajectory on the common step grid (:func:`~trainmap.dynamics.paths.trajectory_matrix`), its
+    decoded path and checkpoint steps, and the map's number of states. Diverged runs are left out
+    by :func:`path_evidence`; a comparison reads only the runs of its pair."""
+
+    trajectories: pd.DataFrame
+    states: dict[str, np.ndarray]
+    steps: dict[str, np.ndarray]
+    n_states: int
+    final_state: int
+
+    def subset(self, runs: Sequence[str]) -> PathEvidence:
+        """The evidence of ``runs`` only (the same grid and final state)."""
+        kept = [run for run in runs if run in self.states]
+        return PathEvidence(self.trajectories.loc[kept], {r: self.states[r] for r in kept},
+                            {r: self.steps[r] for r in kept}, self.n_states, self.final_state)  # fmt: skip
+
+
+def path_evidence(
+    runs: Mapping[str, pd.DataFrame], states: Mapping[str, np.ndarray], n_states: int,
+    features: Sequence[str], status: Mapping[str, str], grid_points: int,
+) -> PathEvidence:  # fmt: skip
+    """The :class:`PathEvidence` of a joint comparison's runs: diverged runs (``status``) left out,
+    every other run's ``features`` on a common grid of ``grid_points`` steps and its decoded path
+    (``states``, from the shared map of ``n_states`` states)."""
+    kept = [run for run in runs if status.get(run, "completed") != "diverged"]
+    grid = label_free.common_grid({run: runs[run] for run in kept}, grid_points)
+    trajectories = label_free.trajectory_matrix({run: runs[run] for run in kept}, features, grid)
+    return PathEvidence(trajectories, {run: np.asarray(states[run]) for run in kept},
+                        {run: label_free.run_steps(runs[run]) for run in kept}, n_states,
+                        label_free.final_state({run: states[run] for run in kept}))  # fmt: skip
 
 
 def _permutation_test(
@@ -85,6 +135,7 @@ def compare_methods(
     alpha: float = 0.05,
     seed: int = 0,
     censored_at: Mapping[str, float] | None = None,
+    paths: PathEvidence | None = None,
 ) -> pd.DataFrame:
     """The verdict table: every pair of methods x every quantity (module docstring).
 
@@ -95,22 +146,107 @@ def compare_methods(
     (its last checkpoint step; :func:`censoring_steps`); a run with neither is left out of the
     convergence comparison. The table's columns: first, second, quantity, effect, low, high, p,
     p_holm, n_first, n_second (runs compared; censored runs included), verdict, n_censored_first,
-    n_censored_second (runs censored, convergence step only; 0 elsewhere) and note.
+    n_censored_second (runs censored, convergence step only; 0 elsewhere), note and family
+    (:func:`family`: Holm's correction runs within each family of a pair). ``paths``: the
+    label-free evidence (:func:`path_evidence`); with it, each pair's primary family gains the
+    label-free verdicts of :mod:`trainmap.dynamics.paths` (first, after the convergence step).
     """
+    if n_permutations < 1 / alpha:
+        raise ValueError(
+            f"analysis.permutations {n_permutations}: a relabelling test's smallest p-value is "
+            f"1/(1 + permutations), which cannot reach alpha {alpha:g} with fewer than "
+            f"{math.ceil(1 / alpha)}; set analysis.permutations >= {math.ceil(1 / alpha)} "
+            "(default 2000)"
+        )  # fmt: skip
     order = list(dict.fromkeys(groups[run] for run in groups))
     rows = []
     for i, first in enumerate(order):
         for second in order[i + 1 :]:
             pair = _compare_pair(quantities, groups, first, second, n_permutations, confidence,
                                  seed + 1000 * len(rows), censored_at or {})  # fmt: skip
-            fill_holm(pair, key="p")
-            threshold = alpha / max(len(pair), 1)
-            for row in pair:
-                row["verdict"] = _verdict(row, threshold, alpha, n_permutations)
+            if paths is not None:
+                pair = _with_paths(pair, paths, groups, first, second, n_permutations, confidence,
+                                   seed + 1000 * len(rows) + 500)  # fmt: skip
+            for name in (PRIMARY, SECONDARY):
+                members = [row for row in pair if row["family"] == name]
+                fill_holm(members, key="p")
+                threshold = alpha / max(len(members), 1)
+                for row in members:
+                    row["verdict"] = _verdict(row, threshold, alpha, n_permutations)
             rows += pair
     columns = ["first", "second", "quantity", "effect", "low", "high", "p", "p_holm", "n_first",
-               "n_second", "verdict", "n_censored_first", "n_censored_second", "note"]  # fmt: skip
+               "n_second", "verdict", "n_censored_first", "n_censored_second", "note",
+               "family"]  # fmt: skip
     return pd.DataFrame(rows, columns=columns)
+
+
+#: The order of a pair's primary verdicts in the table.
+PRIMARY_ORDER = (
+    "convergence step",
+    label_free.TRAJECTORIES,
+    label_free.FIRST_PASSAGE,
+    label_free.STATES_VISITED,
+    label_free.TRANSITIONS,
+    label_free.COLLAPSED_PATHS,
+)
+
+
+def _row(first: str, second: str, quantity: str, effect: float, low: float, high: float,
+         p: float, n_first: int, n_second: int, n_permutations: int, **extra: Any) -> dict:  # fmt: skip
+    return {"first": first, "second": second, "family": family(quantity), "quantity": quantity,
+            "effect": float(effect), "low": float(low), "high": float(high), "p": float(p),
+            "p_holm": float("nan"), "n_first": n_first, "n_second": n_second,
+            "n_censored_first": 0, "n_censored_second": 0, "note": "",
+            "smallest_p": smallest_p(n_first, n_second, n_permutations)} | extra  # fmt: skip
+
+
+def _with_paths(
+    pair: list[dict[str, Any]], paths: PathEvidence, groups: Mapping[str, str], first: str,
+    second: str, n_permutations: int, confidence: float, seed: int,
+) -> list[dict[str, Any]]:  # fmt: skip
+    """The pair's rows with the label-free verdicts (:mod:`trainmap.dynamics.paths`) added, the
+    primary family first in :data:`PRIMARY_ORDER`. Methods with fewer than 2 runs get NaN
+    statistics ("not enough runs")."""
+    rng = np.random.default_rng(seed)
+    members = [run for run in paths.states if groups.get(run) in (first, second)]
+    members.sort(key=lambda run: groups[run] != first)  # first's runs, then second's
+    in_first = np.array([groups[run] == first for run in members], dtype=bool)
+    n_first, n_second = int(in_first.sum()), int((~in_first).sum())
+    nan = float("nan")
+    added = []
+    enough = n_first >= 2 and n_second >= 2
+    args = (n_permutations, confidence, rng)
+    if enough:
+        values = paths.trajectories.loc[members].to_numpy(dtype=float)
+        energy = label_free.energy_verdict(values[in_first], values[~in_first], *args)
+        counts = np.stack([label_free.transition_counts(paths.states[r], paths.n_states)
+                           for r in members])  # fmt: skip
+        lr = label_free.transition_lr(counts, in_first, *args)
+        tv = label_free.collapsed_paths_tv([label_free.collapse(paths.states[r]) for r in members],
+                                           in_first, *args)  # fmt: skip
+    else:
+        energy = lr = tv = label_free.Verdict(nan, nan, nan, nan)
+    for quantity, verdict in ((label_free.TRAJECTORIES, energy), (label_free.TRANSITIONS, lr),
+                              (label_free.COLLAPSED_PATHS, tv)):  # fmt: skip
+        added.append(_row(first, second, quantity, verdict.effect, verdict.low, verdict.high,
+                          verdict.p, n_first, n_second, n_permutations))  # fmt: skip
+    samples = []
+    for group in (first, second):
+        passages = [label_free.first_passage(paths.states[r], paths.steps[r], paths.final_state)
+                    for r in members if groups[r] == group]  # fmt: skip
+        samples.append((np.array([t for t, _ in passages]),
+                        np.array([reached for _, reached in passages], dtype=bool)))  # fmt: skip
+    result = compare_survival(samples[0], samples[1], n_permutations, confidence, rng)
+    added.append(_row(first, second, label_free.FIRST_PASSAGE, result.effect, result.low,
+                      result.high, result.p, result.n_first, result.n_second, n_permutations,
+                      n_censored_first=result.censored_first,
+                      n_censored_second=result.censored_second,
+                      note=(f"state {paths.final_state}, the state most runs end in"
+                            if not result.no_events else "no run reached the final state")))  # fmt: skip
+    rows = pair + added
+    order = {quantity: index for index, quantity in enumerate(PRIMARY_ORDER)}
+    return sorted(rows, key=lambda row: (row["family"] != PRIMARY,
+                                         order.get(row["quantity"], len(order))))  # fmt: skip
 
 
 def _compare_pair(
@@ -140,7 +276,7 @@ def _compare_pair(
                          "effect": float(effect[j]), "low": float(low[j]), "high": float(high[j]),
                          "p": float(p[j]), "p_holm": float("nan"), "n_first": n_first,
                          "n_second": n_second, "n_censored_first": 0, "n_censored_second": 0,
-                         "note": "", "smallest_p": smallest})  # fmt: skip
+                         "note": "", "smallest_p": smallest, "family": family(column)})  # fmt: skip
     if CONVERGENCE_STEP in quantities:
         rows.append(_compare_convergence(quantities[CONVERGENCE_STEP], groups, first, second,
                                          n_permutations, confidence, rng, censored_at))  # fmt: skip
@@ -173,7 +309,8 @@ def _compare_convergence(
             "n_censored_first": result.censored_first,
             "n_censored_second": result.censored_second,
             "note": NO_RUN_CONVERGED if result.no_events and result.n_first else "",
-            "smallest_p": smallest_p(result.n_first, result.n_second, n_permutations)}  # fmt: skip
+            "smallest_p": smallest_p(result.n_first, result.n_second, n_permutations),
+            "family": PRIMARY}  # fmt: skip
 
 
 def _columns_by_availability(
@@ -193,6 +330,8 @@ def _verdict(row: dict[str, Any], threshold: float, alpha: float, n_permutations
     if n_first < 2 or n_second < 2 or row["smallest_p"] > threshold or not np.isfinite(row["p"]):
         return NOT_ENOUGH_RUNS
     if row["p_holm"] < alpha:
+        if row["quantity"] in label_free.UNSIGNED:
+            return DIFFER
         return f"{row['second']} {'higher' if row['effect'] > 0 else 'lower'}"
     return NO_EVIDENCE
 
@@ -204,13 +343,16 @@ def run_quantities(
     status: Mapping[str, str],
     detour_states: Sequence[int],
 ) -> pd.DataFrame:
-    """Per run: occupancy of each state, time in detour states (when there are detours) and the
-    convergence step (NaN for runs that never converged or diverged; :func:`compare_methods`
-    counts the runs that never converged as censored at :func:`censoring_steps`)."""
+    """Per run: occupancy of each state, the number of states it visits (NaN for a diverged run),
+    time in detour states (when there are detours) and the convergence step (NaN for runs that
+    never converged or diverged; :func:`compare_methods` counts the runs that never converged as
+    censored at :func:`censoring_steps`)."""
     rows = {}
     for run, sequence in states.items():
         occupancy = state_distribution(sequence, n_states)
         row = {f"occupancy of state {k}": occupancy[k] for k in range(n_states)}
+        diverged = status.get(run, "completed") == "diverged"
+        row[label_free.STATES_VISITED] = np.nan if diverged else float(len(np.unique(sequence)))
         if detour_states:
             row["time in detour states"] = float(occupancy[list(detour_states)].sum())
         step = convergence.get(run)
@@ -246,11 +388,46 @@ def verdict_text(row: Mapping[str, Any], emphasis: str = "") -> str:
 
 
 def verdict_markdown(verdicts: pd.DataFrame, confidence: float) -> str:
-    """The verdict table as Markdown (one line per method pair and quantity). The runs column
-    counts the runs right-censored in the convergence comparison (never converged within their
-    budget); the verdict column holds the verdict's label where the table has one
-    (:func:`trainmap.dynamics.labels.label_verdicts`: findings marked), then a note (e.g. no run
-    converged at all)."""
+    """The verdict table as Markdown, one line per method pair and quantity: the primary family
+    (convergence and the label-free verdicts, the study's answer) under its own heading first,
+    then the secondary (state-level: where in this map a difference lies), each family
+    Holm-corrected on its own. The runs column counts the runs right-censored in a survival
+    comparison (convergence step, first passage); the verdict column holds the verdict's label
+    where the table has one (:func:`trainmap.dynamics.labels.label_verdicts`: findings marked),
+    then a note. Notes under the tables say how each test treats diverged and unconverged runs."""
+    families = verdicts["family"] if "family" in verdicts else verdicts["quantity"].map(family)
+    parts = []
+    headings = {PRIMARY: "Label-free verdicts (primary family: the answer; Holm within it)",
+                SECONDARY: "State-level verdicts (secondary family: where in this map the "
+                           "difference lies; Holm within it)"}  # fmt: skip
+    split = families.nunique() > 1  # headings only where both families are there
+    for name in (PRIMARY, SECONDARY):
+        rows = verdicts[families == name]
+        if rows.empty:
+            continue
+        heading = f"**{headings[name]}**\n\n" if split else ""
+        parts.append(heading + _table(rows, confidence))
+    text = "\n".join(parts)
+    quantities = set(verdicts["quantity"])
+    if CONVERGENCE_STEP in quantities:
+        text += ("\nConvergence step: log-rank test; effect = difference of restricted mean "
+                 "convergence steps (Kaplan-Meier); runs that never converged are censored at "
+                 "their last step, diverged runs left out.\n")  # fmt: skip
+    if label_free.TRAJECTORIES in quantities:
+        text += ("\nLabel-free verdicts (they do not depend on how the map numbers its states): "
+                 "trajectories = energy distance between the methods' runs, each run its "
+                 "standardised metrics on a common step grid (paths.png: where they differ); "
+                 "first passage = steps to the state most runs end in (log-rank, runs that never "
+                 "reach it censored at their last step; effect = difference of restricted means); "
+                 "states visited = distinct states per run; transitions = likelihood ratio of "
+                 "method-specific against shared transition matrices; collapsed paths = total "
+                 "variation between the methods' distributions of paths with repeats collapsed. "
+                 "p-values from relabelling runs; diverged runs left out of each, runs that never "
+                 "converged kept.\n")  # fmt: skip
+    return text
+
+
+def _table(verdicts: pd.DataFrame, confidence: float) -> str:
     lines = [f"| pair | quantity | effect | {confidence:.0%} interval | p (Holm) | runs | verdict |",
              "| --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
     for row in verdicts.to_dict(orient="records"):
@@ -260,17 +437,12 @@ def verdict_markdown(verdicts: pd.DataFrame, confidence: float) -> str:
         runs = f"{row['n_second']} vs {row['n_first']}"
         censored = (int(row.get("n_censored_second", 0) or 0),
                     int(row.get("n_censored_first", 0) or 0))  # fmt: skip
-        if row["quantity"] == CONVERGENCE_STEP and any(censored):
+        if row["quantity"] in (CONVERGENCE_STEP, label_free.FIRST_PASSAGE) and any(censored):
             runs += f" ({censored[0]} vs {censored[1]} censored)"
         cells = [f"{row['second']} vs {row['first']}", row["quantity"], _number(row["effect"]),
                  interval, p, runs, verdict_text(row, emphasis="**")]  # fmt: skip
         lines.append("| " + " | ".join(cells) + " |")
-    text = "\n".join(lines) + "\n"
-    if (verdicts["quantity"] == CONVERGENCE_STEP).any():
-        text += ("\nConvergence step: log-rank test; effect = difference of restricted mean "
-                 "convergence steps (Kaplan-Meier); runs that never converged are censored at "
-                 "their last step, diverged runs left out.\n")  # fmt: skip
-    return text
+    return "\n".join(lines) + "\n"
 
 
 def _number(value: float) -> str:

@@ -101,6 +101,7 @@ def test_joint_result(tables, tmp_path):
     assert isinstance(joint, JointResult)
     assert set(joint.captions) == {
         "verdicts.png",
+        "paths.png",
         "occupancy.png",
         "convergence.png",
         "map.png",

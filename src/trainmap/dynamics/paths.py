@@ -1,0 +1,296 @@
+"""Label-free verdicts: whether two methods' training paths differ, without state numbers.
+
+Occupancy and detour verdicts (:mod:`trainmap.dynamics.verdicts`) mean something only within one
+map's numbering of its states: another draw of seeds gives another map, and a verdict about
+"state 4" may have no state 4 to hold again on. The verdicts here form a joint comparison's
+*primary family*, with the convergence step; each is a statistic of the runs that does not
+change when the map's states are renumbered (or, for the trajectory test, needs no map at all):
+
+* **trajectories** (Szekely & Rizzo, "Energy statistics", 2013, eq. 6.1; :func:`energy_verdict`):
+  each run is one point, its standardised metrics on a common step grid
+  (:func:`trajectory_matrix`), and the two methods' point clouds are compared by the energy
+  distance E = 2 E|X - Y| - E|X - X'| - E|Y - Y'| (its unbiased U-statistic,
+  ``dcor.energy_distance``); its
+  p-value from relabelling runs (``dcor.homogeneity.energy_test``; the distances are
+  scipy's, computed in float64 without a host-compiled kernel), its interval a percentile
+  bootstrap of E over runs resampled within each method. :func:`path_difference` says where in
+  training and in which metrics the methods differ (the figure ``paths.png``);
+* **first passage to the final state** (:func:`first_passage`): the state the most runs end in is
+  a property of the pooled runs, not of its number; each run's first step in it is its event time,
+  a run that never reaches it is right-censored at its last step, and the two methods are compared
+  as the convergence step is (:func:`trainmap.dynamics.survival.compare_survival`: restricted
+  mean difference, log-rank permutation p);
+* **states visited**: the number of distinct states of a run's decoded path (difference of means,
+  relabelling p, as the occupancies);
+* **transitions** (:func:`transition_lr`): the likelihood-ratio statistic of method-specific
+  against shared transition matrices, G = 2 sum_m sum_ij n^m_ij log(p^m_ij / p_ij), with
+  n^m_ij the method's transition counts (self-transitions included) and p the maximum-likelihood
+  estimates; its p-value from relabelling runs (G's chi-square law assumes independent
+  transitions, which runs' paths are not);
+* **collapsed paths** (:func:`collapsed_paths_tv`): each run's path with repeated states collapsed
+  (0 0 2 2 3 -> 0 2 3); the total variation between the methods' distributions of collapsed paths,
+  0.5 sum_path |P_a(path) - P_b(path)|, with a relabelling p.
+
+The unsigned statistics (energy distance, G, total variation) say *that* the methods differ, the
+signed ones (first passage, states visited) also which way. Diverged runs are left out of every
+verdict here, as they are of the convergence step's (their training failed: their metrics stop);
+runs that never converged enter with their whole path (and are censored in the first passage).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+TRAJECTORIES = "trajectories (energy distance)"
+FIRST_PASSAGE = "first passage to the final state"
+STATES_VISITED = "states visited"
+TRANSITIONS = "transitions (likelihood ratio)"
+COLLAPSED_PATHS = "collapsed paths (total variation)"
+#: The label-free quantities whose effect has no direction: a significant one says "differ".
+UNSIGNED = (TRAJECTORIES, TRANSITIONS, COLLAPSED_PATHS)
+#: Smallest share of the longest run's span of steps the common grid must cover.
+MIN_GRID_SHARE = 0.5
+
+
+def run_steps(table: pd.DataFrame) -> np.ndarray:
+    """A metric table's checkpoint steps: its ``step`` column, or the checkpoint index 0, 1, ...
+    when it has none."""
+    if "step" in table:
+        return table["step"].to_numpy(dtype=float)
+    return np.arange(len(table), dtype=float)
+
+
+def common_grid(runs: Mapping[str, pd.DataFrame], n_points: int) -> np.ndarray:
+    """``n_points`` evenly spaced steps over the span every run covers (the latest first step to
+    the earliest last step). Raises ValueError naming the shortest run when that span is under
+    :data:`MIN_GRID_SHARE` of the longest run's (a run stopped early: leave it out or lower
+    nothing; it cannot be compared on the others' steps), or ``n_points`` < 2."""
+    if n_points < 2:
+        raise ValueError(f"analysis.trajectory_points {n_points!r}: needs at least 2 steps")
+    if not runs:
+        raise ValueError("no runs to put on a common step grid")
+    spans = {run: (float(run_steps(table).min()), float(run_steps(table).max()))
+             for run, table in runs.items()}  # fmt: skip
+    start = max(low for low, _ in spans.values())
+    end = min(high for _, high in spans.values())
+    longest = max(high - low for low, high in spans.values())
+    if end - start < MIN_GRID_SHARE * longest or end <= start:
+        shortest = min(spans, key=lambda run: spans[run][1])
+        raise ValueError(
+            f"run {shortest} ends at step {spans[shortest][1]:g}, before "
+            f"{MIN_GRID_SHARE:.0%} of the longest run's {longest:g} steps: the runs have no common "
+            "step grid to compare their trajectories on; give every run of a comparison the same "
+            "step budget (train.<task>.steps), or leave the short run out"
+        )  # fmt: skip
+    return np.linspace(start, end, n_points)
+
+
+def trajectory_matrix(
+    runs: Mapping[str, pd.DataFrame], features: Sequence[str], grid: np.ndarray
+) -> pd.DataFrame:
+    """One row per run: each feature linearly interpolated onto the step ``grid``, z-scored by the
+    feature's mean and standard deviation pooled over every run and grid step (a feature constant
+    everywhere becomes 0), flattened feature-major. Columns: (feature, step) MultiIndex."""
+    cube = np.stack([
+        np.stack([np.interp(grid, run_steps(table), table[feature].to_numpy(dtype=float))
+                  for feature in features])
+        for table in runs.values()
+    ])  # runs x features x grid  # fmt: skip
+    mean = cube.mean(axis=(0, 2), keepdims=True)
+    std = cube.std(axis=(0, 2), keepdims=True)
+    z = (cube - mean) / np.where(std > 0, std, 1.0)
+    columns = pd.MultiIndex.from_product([list(features), grid.tolist()], names=["feature", "step"])
+    return pd.DataFrame(z.reshape(len(runs), -1), index=list(runs), columns=columns)
+
+
+def path_difference(trajectories: pd.DataFrame, in_first: np.ndarray) -> pd.DataFrame:
+    """Where two methods' trajectories differ: per feature (rows) and grid step (columns), the
+    standardised mean difference (second minus first, over the pooled within-method standard
+    deviation; 0 where both are constant) of :func:`trajectory_matrix`'s values."""
+    values = trajectories.to_numpy(dtype=float)
+    a, b = values[in_first], values[~in_first]
+    pooled = np.sqrt(((len(a) - 1) * a.var(axis=0, ddof=1) + (len(b) - 1) * b.var(axis=0, ddof=1))
+                     / max(len(a) + len(b) - 2, 1))  # fmt: skip
+    difference = (b.mean(axis=0) - a.mean(axis=0)) / np.where(pooled > 0, pooled, np.inf)
+    return pd.Series(difference, index=trajectories.columns).unstack("step")
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One label-free test: ``effect`` with its percentile interval, the relabelling ``p``."""
+
+    effect: float
+    low: float
+    high: float
+    p: float
+
+
+def _percentile(draws: np.ndarray, confidence: float) -> tuple[float, float]:
+    tail = (1 - confidence) / 2
+    return float(np.quantile(draws, tail)), float(np.quantile(draws, 1 - tail))
+
+
+def _resample_within(n_first: int, n_second: int, rng: np.random.Generator) -> np.ndarray:
+    """Indices of one bootstrap resample: first's runs drawn among the first n_first, second's
+    among the rest."""
+    return np.concatenate([rng.integers(0, n_first, n_first),
+                           n_first + rng.integers(0, n_second, n_second)])  # fmt: skip
+
+
+def _energy_from_distances(distances: np.ndarray, index: np.ndarray, n_first: int) -> float:
+    """The energy distance's U-statistic from the runs' distance matrix: runs ``index[:n_first]``
+    against ``index[n_first:]`` (a bootstrap draw may repeat a run; pairs of a run with a copy of
+    itself are left out of the within-method means, as the U-statistic leaves out i = j)."""
+    a, b = index[:n_first], index[n_first:]
+
+    def within(group: np.ndarray) -> float:
+        distinct = group[:, None] != group[None, :]
+        return float(distances[np.ix_(group, group)][distinct].mean()) if distinct.any() else 0.0
+
+    return float(2 * distances[np.ix_(a, b)].mean() - within(a) - within(b))
+
+
+def energy_verdict(
+    first: np.ndarray, second: np.ndarray, n_permutations: int, confidence: float,
+    rng: np.random.Generator,
+) -> Verdict:  # fmt: skip
+    """The energy distance between two methods' runs (rows of :func:`trajectory_matrix`; the
+    U-statistic, unbiased, so near 0 when the methods do not differ), its relabelling p-value
+    (``dcor.homogeneity.energy_test``, ``n_permutations`` relabellings) and its bootstrap
+    percentile interval (module docstring)."""
+    import dcor
+
+    test = dcor.homogeneity.energy_test(first, second, num_resamples=n_permutations,
+                                        random_state=rng, estimation_stat="u_statistic")  # fmt: skip
+    distances = dcor.distances.pairwise_distances(np.concatenate([first, second]))
+    n_first, n_second = len(first), len(second)
+    effect = float(dcor.energy_distance(first, second, estimation_stat="u_statistic"))
+    draws = np.empty(n_permutations)
+    for row in range(n_permutations):
+        draws[row] = _energy_from_distances(distances, _resample_within(n_first, n_second, rng),
+                                            n_first)  # fmt: skip
+    return Verdict(effect, *_percentile(draws, confidence), float(test.pvalue))
+
+
+def transition_counts(path: np.ndarray, n_states: int) -> np.ndarray:
+    """The K x K counts of a decoded path's transitions, self-transitions included."""
+    counts = np.zeros((n_states, n_states))
+    np.add.at(counts, (path[:-1], path[1:]), 1.0)
+    return counts
+
+
+def _g_statistic(first: np.ndarray, second: np.ndarray) -> float:
+    """G = 2 sum_m sum_ij n^m_ij log(p^m_ij / p_ij) for two methods' summed counts."""
+    total = 0.0
+    shared = first + second
+    shared_p = shared / np.maximum(shared.sum(axis=1, keepdims=True), 1.0)
+    for counts in (first, second):
+        own = counts / np.maximum(counts.sum(axis=1, keepdims=True), 1.0)
+        used = counts > 0
+        total += float((counts[used] * np.log(own[used] / shared_p[used])).sum())
+    return 2.0 * total
+
+
+def transition_lr(
+    counts: np.ndarray, in_first: np.ndarray, n_permutations: int, confidence: float,
+    rng: np.random.Generator,
+) -> Verdict:  # fmt: skip
+    """The likelihood-ratio statistic G of method-specific against shared transition matrices
+    (module docstring) from each run's counts ``counts`` [runs, K, K]; p from relabelling the
+    runs, the interval a bootstrap within each method."""
+
+    def statistic(mask: np.ndarray) -> float:
+        return _g_statistic(counts[mask].sum(axis=0), counts[~mask].sum(axis=0))
+
+    observed = statistic(in_first)
+    p = _relabelling_p(statistic, observed, in_first, n_permutations, rng)
+    ordered = np.concatenate([counts[in_first], counts[~in_first]])
+    n_first = int(in_first.sum())
+    draws = np.empty(n_permutations)
+    for row in range(n_permutations):
+        index = _resample_within(n_first, len(counts) - n_first, rng)
+        draws[row] = _g_statistic(ordered[index[:n_first]].sum(axis=0),
+                                  ordered[index[n_first:]].sum(axis=0))  # fmt: skip
+    return Verdict(observed, *_percentile(draws, confidence), p)
+
+
+def collapse(path: np.ndarray) -> tuple[int, ...]:
+    """A decoded path with repeated states collapsed: 0 0 2 2 3 -> (0, 2, 3)."""
+    path = np.asarray(path)
+    keep = np.concatenate([[True], path[1:] != path[:-1]]) if len(path) else np.array([], bool)
+    return tuple(int(state) for state in path[keep])
+
+
+def _total_variation(codes: np.ndarray, mask: np.ndarray, n_codes: int) -> float:
+    a = np.bincount(codes[mask], minlength=n_codes) / max(int(mask.sum()), 1)
+    b = np.bincount(codes[~mask], minlength=n_codes) / max(int((~mask).sum()), 1)
+    return float(0.5 * np.abs(a - b).sum())
+
+
+def collapsed_paths_tv(
+    paths: Sequence[tuple[int, ...]], in_first: np.ndarray, n_permutations: int,
+    confidence: float, rng: np.random.Generator,
+) -> Verdict:  # fmt: skip
+    """The total variation between two methods' distributions of collapsed paths (module
+    docstring); p from relabelling the runs, the interval a bootstrap within each method."""
+    distinct = {path: code for code, path in enumerate(sorted(set(paths)))}
+    codes = np.array([distinct[path] for path in paths])
+    n_codes = len(distinct)
+    observed = _total_variation(codes, in_first, n_codes)
+    p = _relabelling_p(lambda mask: _total_variation(codes, mask, n_codes), observed, in_first,
+                       n_permutations, rng)  # fmt: skip
+    ordered = np.concatenate([codes[in_first], codes[~in_first]])
+    n_first = int(in_first.sum())
+    boundary = np.arange(len(codes)) < n_first
+    draws = np.empty(n_permutations)
+    for row in range(n_permutations):
+        index = _resample_within(n_first, len(codes) - n_first, rng)
+        draws[row] = _total_variation(ordered[index], boundary, n_codes)
+    return Verdict(observed, *_percentile(draws, confidence), p)
+
+
+def _relabelling_p(
+    statistic, observed: float, in_first: np.ndarray, n_permutations: int,
+    rng: np.random.Generator,
+) -> float:  # fmt: skip
+    """p = (1 + #{T(relabelled) >= T - 1e-12}) / (1 + P) for a statistic large under a difference."""
+    n_first = int(in_first.sum())
+    extreme = 0
+    mask = np.zeros(len(in_first), dtype=bool)
+    for _ in range(n_permutations):
+        mask[:] = False
+        mask[rng.permutation(len(in_first))[:n_first]] = True
+        extreme += statistic(mask) >= observed - 1e-12
+    return (1 + extreme) / (1 + n_permutations)
+
+
+def final_state(states: Mapping[str, np.ndarray]) -> int:
+    """The state the most runs end in (ties: the state with the most checkpoints over all runs,
+    then the first of those in the first run's path): chosen from the pooled runs, so it does not
+    depend on how the states are numbered or which method a run belongs to."""
+    ends = Counter(int(path[-1]) for path in states.values() if len(path))
+    top = max(ends.values())
+    candidates = [state for state, count in ends.items() if count == top]
+    if len(candidates) == 1:
+        return candidates[0]
+    time_in = Counter(int(s) for path in states.values() for s in path)
+    most = max(time_in[state] for state in candidates)
+    candidates = [state for state in candidates if time_in[state] == most]
+    first_path = [int(s) for s in next(iter(states.values()))]
+    return min(
+        candidates, key=lambda s: first_path.index(s) if s in first_path else len(first_path)
+    )
+
+
+def first_passage(path: np.ndarray, steps: np.ndarray, target: int) -> tuple[float, bool]:
+    """(step, reached): the first checkpoint step at which ``path`` is in ``target``, or its last
+    step, censored, when it never is."""
+    hits = np.flatnonzero(np.asarray(path) == target)
+    if hits.size:
+        return float(steps[hits[0]]), True
+    return float(steps[-1]), False
