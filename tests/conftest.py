@@ -75,9 +75,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 #: Programs a test outside the ``integration`` tier may start: cheap lookups, never a workflow,
 #: a server, a browser or another Python process.
-#: (lscpu: joblib counts the physical cores; ldconfig: a first import of torch finds libraries;
-#: uname: platform.processor(), which numba (under dcor, the trajectories verdict) asks at import.)
-FAST_TIER_PROGRAMS = frozenset({"git", "lscpu", "ldconfig", "uname"})
+#: (lscpu: joblib counts the physical cores; ldconfig: a first import of torch finds libraries.)
+FAST_TIER_PROGRAMS = frozenset({"git", "lscpu", "ldconfig"})
 
 
 @pytest.fixture(autouse=True)
