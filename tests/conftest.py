@@ -75,8 +75,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 #: Programs a test outside the ``integration`` tier may start: cheap lookups, never a workflow,
 #: a server, a browser or another Python process.
-#: (lscpu: joblib counts the physical cores; ldconfig: a first import of torch finds libraries.)
-FAST_TIER_PROGRAMS = frozenset({"git", "lscpu", "ldconfig"})
+#: (lscpu: joblib counts the physical cores; ldconfig: a first import of torch finds libraries;
+#: uname: platform.processor(), which MLflow's telemetry asks at its first import in a process.)
+FAST_TIER_PROGRAMS = frozenset({"git", "lscpu", "ldconfig", "uname"})
 
 
 @pytest.fixture(autouse=True)
