@@ -463,8 +463,9 @@ class JointResult:
                 title=title,
                 alpha=comparison.settings["alpha"],
             ),
-            "paths.png": plots.plot_path_difference(comparison.path_differences(),
-                                                    out / "paths.png", title=title),  # fmt: skip
+            "paths.png": plots.plot_path_difference(
+                comparison.path_differences(), out / "paths.png", title=title
+            ),  # fmt: skip
             "occupancy.png": plots.plot_occupancy(
                 comparison.occupancy, self.detour_states, out / "occupancy.png", title=title
             ),
@@ -495,7 +496,7 @@ def joint_group(
     bootstrap = run_bootstrap(comparison.hmm, runs, outcomes, comparison.detours, settings, n_jobs)
     stability = map_stability(comparison.hmm, runs, groups, outcomes.convergence, outcomes.status,
                               comparison.detours.detour_states, settings, n_jobs,
-                              verdicts=comparison.verdicts)  # fmt: skip
+                              verdicts=comparison.verdicts, paths=comparison.paths)  # fmt: skip
     comparison.verdicts = label_verdicts(comparison.verdicts, stability,
                                          comparison.detours_explained_by_group)  # fmt: skip
     training_map = build_training_map(comparison.hmm, runs, comparison.states,

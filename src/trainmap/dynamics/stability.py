@@ -65,6 +65,13 @@ from trainmap.dynamics.certainty import (
 )
 from trainmap.dynamics.hmm.estimator import TrainingHMM
 from trainmap.dynamics.hmm.splits import SelectionFailed
+from trainmap.dynamics.paths import (
+    COLLAPSED_PATHS,
+    FIRST_PASSAGE,
+    TRAJECTORIES,
+    TRANSITIONS,
+    final_state,
+)
 from trainmap.dynamics.stability_results import (
     DEFAULT_MAX_FRACTION,
     MapStability,
@@ -77,12 +84,16 @@ from trainmap.dynamics.stability_results import (
 from trainmap.dynamics.verdicts import (
     NO_EVIDENCE,
     NOT_ENOUGH_RUNS,
+    PathEvidence,
     censoring_steps,
     compare_methods,
     run_quantities,
 )
 
 DEFAULT_STEP = 8
+#: The label-free verdicts a subsample can test again only with the comparison's path evidence
+#: (states visited is a per-run quantity of run_quantities, tested without it).
+LABEL_FREE = (TRAJECTORIES, FIRST_PASSAGE, TRANSITIONS, COLLAPSED_PATHS)
 
 
 def default_ladder(
@@ -135,6 +146,7 @@ def stability_curve(
     verdicts: pd.DataFrame | None = None,
     permutations: int = 2000,
     confidence: float = 0.95,
+    paths: PathEvidence | None = None,
 ) -> StabilityCurve:
     """The stability curve of the fitted map ``hmm`` of ``runs`` (module docstring).
 
@@ -145,7 +157,10 @@ def stability_curve(
     restarts (:class:`~trainmap.dynamics.certainty.Refit`). ``verdicts``: the joint comparison's
     verdict table (:func:`~trainmap.dynamics.verdicts.compare_methods`, run with
     ``permutations``, ``confidence``, ``alpha``); its verdicts that found a difference are tested
-    again on every subsample (module docstring). Raises ValueError for a ladder entry
+    again on every subsample (module docstring); ``paths``, the comparison's label-free evidence
+    (:func:`~trainmap.dynamics.verdicts.path_evidence`), lets its label-free verdicts be tested
+    again: each subsample's drawn runs, their trajectories and their paths decoded by the
+    subsample's own map. Raises ValueError for a ladder entry
     that is not an integer >= 2, exceeds the runs available per method or the ladder limit.
     """
     started = time.perf_counter()
@@ -168,6 +183,7 @@ def stability_curve(
     followed = followed_verdicts(verdicts, groups)
     payload |= {"z_full": z_full, "full_labels": full_labels, "ids_by_group": ids_by_group,
                 "holdout": hmm.holdout, "groups": groups, "verdicts": followed,
+                "paths": paths if any(_label_free(v) for v in followed) else None,
                 "compare": {"n_permutations": permutations, "confidence": confidence,
                             "alpha": alpha, "seed": seed,
                             "censored_at": censoring_steps(runs, convergence, status)}}  # fmt: skip
@@ -256,6 +272,12 @@ def _one_subsample(task: tuple[int, int], payload: dict[str, Any]) -> dict[str, 
             "held_verdicts": _held_verdicts(refit, decoded, detours, matched, payload)}  # fmt: skip
 
 
+def _label_free(verdict: str) -> bool:
+    """Whether a followed verdict (its :func:`verdict_key`) is one of the label-free verdicts
+    that need the comparison's path evidence to be tested again."""
+    return any(quantity in verdict for quantity in LABEL_FREE)
+
+
 def followed_verdicts(verdicts: pd.DataFrame | None, groups: Mapping[str, str] | None) -> list[str]:
     """The verdicts of a joint comparison the curve tests again: those that found a difference."""
     if verdicts is None or groups is None or verdicts.empty:
@@ -285,7 +307,15 @@ def _held_verdicts(
     groups = payload["groups"]
     order = list(dict.fromkeys(groups[run] for run in groups))
     ordered = {run: groups[run] for group in order for run in drawn if groups[run] == group}
-    table = compare_methods(quantities.loc[list(ordered)], ordered, **payload["compare"])
+    evidence = None
+    full = payload.get("paths")
+    if full is not None:
+        kept = [run for run in ordered if run in full.states]
+        evidence = PathEvidence(full.trajectories.loc[kept], {r: decoded[r] for r in kept},
+                                {r: full.steps[r] for r in kept}, refit.selection.n_states,
+                                final_state({r: decoded[r] for r in kept}))  # fmt: skip
+    table = compare_methods(quantities.loc[list(ordered)], ordered, **payload["compare"],
+                            paths=evidence)  # fmt: skip
     held = {verdict_key(row) for _, row in table.iterrows()}
     return [verdict for verdict in payload["verdicts"] if verdict in held]
 
@@ -294,7 +324,7 @@ def map_stability(
     hmm: TrainingHMM, runs: Mapping[str, pd.DataFrame], groups: Mapping[str, str] | None,
     convergence: Mapping[str, int | None], status: Mapping[str, str],
     detour_states: Sequence[int], settings: Mapping[str, Any], n_jobs: int = 1,
-    verdicts: pd.DataFrame | None = None,
+    verdicts: pd.DataFrame | None = None, paths: PathEvidence | None = None,
 ) -> MapStability:  # fmt: skip
     """The stability curve of a fitted map with the analysis settings (``stability`` subsamples
     per n, 0: none; ``stability_step``, ``stability_max_fraction``, ``stability_ari``,
@@ -316,6 +346,6 @@ def map_stability(
         n_subsamples=settings["stability"], targets=targets, seed=settings["seed"],
         alpha=settings["alpha"], n_jobs=n_jobs, max_iter=settings["bootstrap_iter"],
         max_fraction=settings["stability_max_fraction"], verdicts=verdicts,
-        permutations=settings["permutations"], confidence=settings["confidence"],
+        permutations=settings["permutations"], confidence=settings["confidence"], paths=paths,
     )  # fmt: skip
     return MapStability(curve)

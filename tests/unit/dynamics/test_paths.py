@@ -174,3 +174,37 @@ def test_a_group_with_one_run_is_refused_before_any_fit():
     with pytest.raises(ValueError, match="group 'b'"):
         compare_groups(runs, groups, {}, {}, hmm)
     assert not hasattr(hmm, "n_states_")  # refused before the fit
+
+
+def test_a_label_free_verdict_is_tested_again_on_subsamples():
+    """The stability curve recomputes a followed label-free verdict on each subsample (its drawn
+    runs' trajectories, their paths under the subsample's own map): a clear trajectory difference
+    holds again; without the path evidence it could not be tested and would never hold."""
+    import warnings
+
+    from trainmap.dynamics.stability import stability_curve
+
+    runs, _, _ = sample_runs(3, n_runs=32, length=60, seed=4)
+    groups = {run: ("a" if i < 16 else "b") for i, run in enumerate(sorted(runs))}
+    shifted = {}
+    for run, table in runs.items():
+        table = table.copy()
+        if groups[run] == "b":  # b's metrics higher by two of their SDs in the second half
+            late = table.index >= len(table) // 2
+            for column in table.columns[1:-1]:
+                table.loc[late, column] += 2 * table[column].std()
+        shifted[run] = table
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        hmm = TrainingHMM(k_max=3, restarts=1)
+        comparison = compare_groups(shifted, groups, {}, {}, hmm, {"permutations": 200})
+    key = f"b vs a, {paths.TRAJECTORIES}: {DIFFER}"
+    curve = stability_curve(comparison.hmm, shifted, groups, {}, {}, [], ladder=[12],
+                            n_subsamples=4, max_iter=5, verdicts=comparison.verdicts,
+                            permutations=200, paths=comparison.paths)  # fmt: skip
+    assert key in curve.verdicts
+    assert curve.points[0].verdict_held[key] == 1.0
+    blind = stability_curve(comparison.hmm, shifted, groups, {}, {}, [], ladder=[12],
+                            n_subsamples=4, max_iter=5, verdicts=comparison.verdicts,
+                            permutations=200)  # fmt: skip
+    assert blind.points[0].verdict_held[key] == 0.0
