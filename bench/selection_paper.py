@@ -90,7 +90,8 @@ def refit_check(runs: dict, outcomes, settings: dict, threads: int, sizes: list[
     hmm = make_hmm(settings | {"n_jobs": threads}).fit(runs)
     print(f"full fit: K = {hmm.n_states_}\n{hmm.selection_[REFIT_COLUMNS].to_string()}")
     payload = refit_payload(hmm, runs, outcomes.convergence, outcomes.status, settings["alpha"],
-                            settings["seed"], settings.get("bootstrap_iter"), True)  # fmt: skip
+                            settings["seed"], settings.get("bootstrap_iter"), True,
+                            reselect_k=True)  # fmt: skip
     ids, n_held = sorted(payload["raw"]), len(hmm.heldout_runs_)
     rng = np.random.default_rng(0)
     train, held = split_runs(ids, n_held, rng)

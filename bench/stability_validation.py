@@ -131,7 +131,7 @@ def full_set(full_n: int, truth: KnownHMM, n_subsamples: int, cold: bool) -> dic
     if ladder[-1] != full_n:
         ladder.append(full_n)
     kwargs = {"ladder": ladder, "n_subsamples": n_subsamples, "max_iter": MAX_ITER,
-              "max_fraction": 1.0}  # fmt: skip
+              "max_fraction": 1.0, "reselect_k": True}  # fmt: skip
     curves = {"sub": stability_curve(hmm, runs, None, convergence, status, [], **kwargs)}
     if cold:
         curves["cold"] = stability_curve(hmm, runs, None, convergence, status, [],

@@ -27,6 +27,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from trainmap.dynamics.stability_results import states_sentence
 from trainmap.io import load_json, save_json, save_text, timing_path
 
 #: Where ``make run`` records its wall time (a timing sidecar: left out of the digest).
@@ -64,7 +65,13 @@ def _comparison(directory: Path) -> str:
     bootstrap_file = directory / "bootstrap.json"
     if bootstrap_file.exists():
         bootstrap = load_json(bootstrap_file, timing=False)
-        lines.append(f"- Bootstrap: {_k_counts(bootstrap['k_counts'], bootstrap['n_resamples'])}.")
+        if bootstrap.get("reselect_k", True) or not bootstrap.get("state_jaccard"):
+            lines.append(
+                f"- Bootstrap: {_k_counts(bootstrap['k_counts'], bootstrap['n_resamples'])}."
+            )
+        else:  # refits at the full map's K: each state's mean Jaccard (Hennig 2007)
+            where = f"over {bootstrap['n_resamples']} resamples"
+            lines.append(f"- Bootstrap: {states_sentence(bootstrap['state_jaccard'], where)}.")
     verdicts = (directory / "verdicts.md").read_text().strip()
     lines += ["", verdicts, ""]
     return "\n".join(lines)

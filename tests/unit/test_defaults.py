@@ -142,20 +142,23 @@ def test_params_yaml_sets_each_key_to_the_schemas_default_or_says_why() -> None:
     assert set(DELIBERATE) <= set(differ), sorted(set(DELIBERATE) - set(differ))
 
 
-def test_training_hmm_keyword_defaults_are_the_schemas_but_selection() -> None:
-    """TrainingHMM() fits as the workflow does, but for ``selection``: the estimator keeps the
-    paper's ``holdout`` while the schema's default is ``reproducible`` (TrainingHMM's docstring)."""
+def test_training_hmm_keyword_defaults_are_the_schemas() -> None:
+    """TrainingHMM() fits as the workflow does, its selection rule included: one rule everywhere
+    (the schema, params.yaml, TrainingHMM, the CLI and the default study)."""
     assert ANALYSIS_DEFAULTS == section_defaults("analysis")
     hmm = {name: p.default for name, p in inspect.signature(TrainingHMM).parameters.items()}
     hmm["seed"] = hmm.pop("random_state")
     shared = set(hmm) & set(ANALYSIS_DEFAULTS)
-    assert len(shared) == 19, sorted(shared)
+    assert len(shared) == 20, sorted(shared)
     differ = {key: (hmm[key], ANALYSIS_DEFAULTS[key]) for key in shared
               if (type(hmm[key]), hmm[key]) != (type(ANALYSIS_DEFAULTS[key]), ANALYSIS_DEFAULTS[key])}  # fmt: skip
-    assert differ == {"selection": ("holdout", "reproducible")}, differ
+    assert differ == {}, differ
     # The rest have no schema default (params.yaml does not write them either).
     assert set(hmm) - shared == {"min_covar", "n_jobs", "features"}
-    assert "selection" in (TrainingHMM.__doc__ or "") and "reproducible" in TrainingHMM.__doc__
+    # The default study does not set a rule of its own, in analysis or in a comparison.
+    study = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())["analysis"]
+    assert "selection" not in study
+    assert all("selection" not in entry.get("analysis", {}) for entry in study["joint"])
 
 
 def test_the_hmm_modules_default_constants_are_the_schemas() -> None:

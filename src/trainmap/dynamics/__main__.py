@@ -144,12 +144,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="fraction of runs held out for BIC (default %(default)s)")  # fmt: skip
     parser.add_argument("--selection", choices=SELECTION_RULES,
                         default=defaults["selection"],
-                        help="reproducible (the largest K whose maps fitted on two halves of the "
-                        "runs decode every run alike, per group with --groups; needs >= 2 runs "
-                        "per group), holdout (held-out BIC on one split, the paper's) or folds "
-                        "(its mean over folds of the runs); default %(default)s")  # fmt: skip
+                        help="gain (the smallest K no larger K beats by more than --min-gain "
+                        "nats of held-out log-likelihood per checkpoint per added state, every run "
+                        "held out once over --folds folds), reproducible (the largest K whose maps "
+                        "fitted on two halves of the runs decode every run alike, per group with "
+                        "--groups; needs >= 2 runs per group), holdout (held-out BIC on one split, "
+                        "the paper's) or folds (its mean over folds of the runs); default "
+                        "%(default)s")  # fmt: skip
     parser.add_argument("--folds", type=int, default=defaults["folds"],
-                        help="folds of the runs for --selection folds (default %(default)s)")  # fmt: skip
+                        help="folds of the runs for --selection folds and gain (default "
+                        "%(default)s)")  # fmt: skip
+    parser.add_argument("--min-gain", type=float, default=defaults["min_gain"],
+                        help="--selection gain: held-out nats per checkpoint each added state must "
+                        "raise (default %(default)s)")  # fmt: skip
     parser.add_argument("--seed", type=int, default=defaults["seed"],
                         help="random state (default %(default)s)")  # fmt: skip
     parser.add_argument("--features", nargs="+", default=list(METRIC_NAMES),
@@ -464,7 +471,8 @@ def main(argv: list[str] | None = None) -> int:
                 "stability": args.stability, "alpha": args.alpha,
                 "covariance_type": args.covariance_type,
                 "standardisation": args.standardisation, "selection": args.selection,
-                "folds": args.folds, "emission": args.emission}  # fmt: skip
+                "folds": args.folds, "min_gain": args.min_gain,
+                "emission": args.emission}  # fmt: skip
     runs, outcomes = analysis_runs(runs, outcomes, settings)
     args.out.mkdir(parents=True, exist_ok=True)
     print(f"{len(runs)} runs; fitting K = 1..{args.k_max} with {args.restarts} restarts each")

@@ -3,8 +3,7 @@
 
 Each setting's type, allowed values and default are declared once, in the config schema
 (``workflow/schemas/config.schema.yaml``, section ``analysis``): :data:`ANALYSIS_DEFAULTS` is read
-from it, and so are :class:`TrainingHMM`'s keyword defaults (all but ``selection``: the estimator's
-is the paper's ``holdout``, the workflow's ``reproducible``) and ``python -m trainmap.dynamics``'s
+from it, and so are :class:`TrainingHMM`'s keyword defaults and ``python -m trainmap.dynamics``'s
 options. ``params.yaml`` repeats every default (DVC sets a key only where it is written), and
 tests/unit/test_defaults.py checks that it repeats them exactly. Its own module so that every
 analysis step (:mod:`~trainmap.dynamics.pipeline`, :mod:`~trainmap.dynamics.joint`) reads the same
@@ -19,7 +18,8 @@ from typing import Any
 from trainmap.dynamics.hmm.estimator import TrainingHMM
 from trainmap.schema import section_defaults
 
-HMM_SETTINGS = ("k_max", "restarts", "holdout", "selection", "folds", "halves", "reproduce_ari",
+HMM_SETTINGS = ("k_max", "restarts", "holdout", "selection", "folds", "min_gain", "halves",
+                "reproduce_ari",
                 "reproduce_share", "reproduce_k", "half_size", "covariance_type",
                 "standardisation", "restart_rule", "init", "emission", "n_iter", "tol", "tol_scale", "min_covar",
                 "n_jobs", "features")  # fmt: skip

@@ -3,31 +3,44 @@
 A map fitted on N runs says nothing by itself about whether N was enough. :func:`stability_curve`
 asks what the map would have been with fewer: for each n of a ladder (8, 16, 24, ... runs; per
 method in a joint comparison, where n runs are drawn from *each* method) it draws
-``n_subsamples`` subsamples of n runs without replacement, refits each through the full fit's own
-selection path (:func:`~trainmap.dynamics.certainty.refit_resample`: the full fit's
-standardisation, every K, K chosen by held-out BIC; each drawn run counted once, split into
-training and held-out runs in the full fit's held-out fraction, within each method, or, under
-``selection: folds``, scored on folds of the drawn runs; warm-started from the full fit's model of
-every K, as the bootstrap refits) and records
+``n_subsamples`` subsamples of n runs without replacement and refits each
+(:func:`~trainmap.dynamics.certainty.refit_resample`, the bootstrap's refit: the full fit's
+standardisation; by default one fit **at the full map's K**, nothing reselected, so a refit's
+states match the full map's one to one and few runs cannot collapse the map to K = 1;
+``reselect_k=True``: every K, chosen by the full fit's own rule on the drawn runs split into
+training and held-out runs within each method, or on folds of them) and records
 
-* the selected K;
-* the agreement of the subsample's map with the full map, label-free: the adjusted Rand index
-  (Hubert & Arabie 1985) between the subsample model's and the full model's Viterbi decodings of
-  *all* runs (each run in the subsample's standard units, z_sub = (z_full - shift) / scale), so
-  state numbers do not matter and the runs left out of the subsample count as well;
-* whether each detour of the full map is found again: a state of the subsample's model with
-  nearly the same emission mean (:func:`~trainmap.dynamics.certainty.match_by_means`, as the
-  bootstrap matches) that is a detour of the subsample's own regression (its runs decoded,
+* the agreement of the subsample's map with the full map, per state of the full map: the
+  subsample's states matched to the full map's by emission means
+  (:func:`~trainmap.dynamics.certainty.match_by_means`, as the bootstrap matches), and each full
+  state's Jaccard index between the checkpoints the full map assigns to it and those the
+  subsample's map assigns to its matched state (:func:`~trainmap.dynamics.certainty.state_jaccard`;
+  Hennig 2007, cluster-wise stability), over the Viterbi decodings of *all* runs (each run in the
+  subsample's standard units, z_sub = (z_full - shift) / scale), so the runs left out of the
+  subsample count as well; a split or a merge lowers the states it touches, not the others;
+* the adjusted Rand index (Hubert & Arabie 1985) between the two decodings of all runs, a
+  secondary number (it weights states by their time);
+* the selected K (the full map's, unless ``reselect_k``);
+* whether each detour of the full map is found again: a state of the subsample's model matched
+  to it that is a detour of the subsample's own regression (its runs decoded,
   :func:`~trainmap.dynamics.regression.regress_detours`);
 * in a joint comparison, whether each *verdict* of the full map holds again (same direction, still
   significant after Holm): the subsample's drawn runs, decoded by its own model, give each run's
-  occupancy of every state matched to a full state, its time in the subsample's own detour states
-  and its convergence step, and :func:`~trainmap.dynamics.verdicts.compare_methods` tests them
-  between the methods as the full comparison does. A verdict about a state the subsample's model
-  does not have (no state matched to it) does not hold again. Only verdicts that found a
-  difference are followed: "no evidence" at n runs says nothing about fewer. A comparison whose
-  every verdict is "not enough runs" has no answer to be stable: it is "not stable" whatever its
-  map does.
+  occupancy of every state matched to a full state, its time in the subsample's own detour states,
+  the states it visits and its convergence step (and, with the comparison's path evidence, its
+  trajectory and path for the label-free verdicts), and
+  :func:`~trainmap.dynamics.verdicts.compare_methods` tests them between the methods as the full
+  comparison does. A verdict about a state the subsample's model does not have (no state matched
+  to it) does not hold again. Only verdicts that found a difference, about a quantity a
+  subsample can recompute, are followed (:func:`followed_verdicts`): "no evidence" at n runs says
+  nothing about fewer. A comparison whose every verdict is "not enough runs" has no answer to be
+  stable: it is "not stable" whatever its map does.
+
+**Keeping K changes the question.** With the full map's K kept, the curve asks whether n seeds
+place the map's K states alike, not whether n seeds would *select* K: on weakly separated states
+(tests/unit/dynamics/test_stability_montecarlo.py) the kept-K curve calls 8 seeds enough where
+fresh sets of 16 seeds, with selection, mostly merge two states; ``reselect_k=True`` answers the
+second question (docs/decisions/certainty.md).
 
 What the curve reports, and when a map counts as stable, is
 :mod:`trainmap.dynamics.stability_results`.
@@ -40,7 +53,8 @@ n <= floor(``max_fraction`` x N) per method (``ladder_limit`` in ``stability.jso
 ladder beyond it is refused (how the limit was checked against fresh seeds:
 docs/decisions/certainty.md). With 20 subsamples the share itself is uncertain (16 of 20 has a
 90 % Wilson interval of about [0.62, 0.91]): ``stability.json`` gives each n's interval
-(``ari_share_interval``).
+(``ari_share_interval``), and per state the share of subsamples in which it dissolved
+(``state_dissolved``, Jaccard < 0.5).
 
 Subsamples are seeded (``SeedSequence([seed, n, b])``) and run in parallel (joblib, BLAS single
 threaded); the result does not depend on ``n_jobs``.
@@ -59,15 +73,19 @@ import pandas as pd
 from trainmap.dynamics.certainty import (
     RefitResult,
     refit_detours,
+    refit_labels,
     refit_payload,
     refit_resample,
     run_refits,
+    runs_by_group,
+    state_jaccard,
 )
 from trainmap.dynamics.hmm.estimator import TrainingHMM
 from trainmap.dynamics.hmm.splits import SelectionFailed
 from trainmap.dynamics.paths import (
     COLLAPSED_PATHS,
     FIRST_PASSAGE,
+    STATES_VISITED,
     TRAJECTORIES,
     TRANSITIONS,
     final_state,
@@ -82,6 +100,7 @@ from trainmap.dynamics.stability_results import (
     verdict_key,
 )
 from trainmap.dynamics.verdicts import (
+    CONVERGENCE_STEP,
     NO_EVIDENCE,
     NOT_ENOUGH_RUNS,
     PathEvidence,
@@ -147,6 +166,7 @@ def stability_curve(
     permutations: int = 2000,
     confidence: float = 0.95,
     paths: PathEvidence | None = None,
+    reselect_k: bool = False,
 ) -> StabilityCurve:
     """The stability curve of the fitted map ``hmm`` of ``runs`` (module docstring).
 
@@ -154,7 +174,11 @@ def stability_curve(
     one group's map. ``detour_states``: the full map's detours; ``ladder``: the seed counts (default
     :func:`default_ladder` of the smallest group); ``max_iter`` caps each warm-started refit's EM
     iterations (default the fit's ``n_iter``), ``warm_start=False`` refits with the full fit's
-    restarts (:class:`~trainmap.dynamics.certainty.Refit`). ``verdicts``: the joint comparison's
+    restarts from fresh starts (:class:`~trainmap.dynamics.certainty.Refit`); ``reselect_k=True``
+    refits every K and reselects it instead of keeping the full map's. ``targets``: when an n
+    counts as stable (:class:`~trainmap.dynamics.stability_results.StabilityTargets`: every state
+    at mean Jaccard >= ``targets.jaccard``, detours and verdicts found again in a share >=
+    ``targets.share``). ``verdicts``: the joint comparison's
     verdict table (:func:`~trainmap.dynamics.verdicts.compare_methods`, run with
     ``permutations``, ``confidence``, ``alpha``); its verdicts that found a difference are tested
     again on every subsample (module docstring); ``paths``, the comparison's label-free evidence
@@ -168,20 +192,16 @@ def stability_curve(
     if not isinstance(n_subsamples, int) or n_subsamples < 1:
         raise ValueError(f"n_subsamples: {n_subsamples!r} is not allowed; it must be an integer "
                          ">= 1")  # fmt: skip
-    ids_by_group = _ids_by_group(runs, groups)
+    ids_by_group = runs_by_group(list(runs), groups)
     group_sizes = {group: len(ids) for group, ids in ids_by_group.items()}
     full_n = min(group_sizes.values())
     limit = ladder_limit(full_n, max_fraction)
     ladder = default_ladder(full_n, max_fraction=max_fraction) if ladder is None else list(ladder)
     _check_ladder(ladder, full_n, limit, max_fraction, per_method=groups is not None)
-    from threadpoolctl import threadpool_limits
-
-    with threadpool_limits(limits=1):  # the full map's decoding, as the refits decode
-        z_full = {run: hmm.transform(runs[run]) for run in sorted(runs)}
-        full_labels = np.concatenate(hmm.model_.predict_runs(list(z_full.values())))
-    payload = refit_payload(hmm, runs, convergence, status, alpha, seed, max_iter, warm_start)
+    payload = refit_payload(hmm, runs, convergence, status, alpha, seed, max_iter, warm_start,
+                            reselect_k)  # fmt: skip
     followed = followed_verdicts(verdicts, groups)
-    payload |= {"z_full": z_full, "full_labels": full_labels, "ids_by_group": ids_by_group,
+    payload |= {"ids_by_group": ids_by_group,
                 "holdout": hmm.holdout, "groups": groups, "verdicts": followed,
                 "paths": paths if any(_label_free(v) for v in followed) else None,
                 "compare": {"n_permutations": permutations, "confidence": confidence,
@@ -197,8 +217,9 @@ def stability_curve(
         held = {verdict: sum(verdict in r["held_verdicts"] for r in drawn) / n_subsamples
                 for verdict in followed}  # fmt: skip
         points.append(StabilityPoint(n, hmm.n_states_, [r["k"] for r in drawn],
-                                     [r["ari"] for r in drawn], found, targets.ari,
-                                     held))  # fmt: skip
+                                     [r["ari"] for r in drawn], found, targets.ari, held,
+                                     [[round(v, 6) for v in r["jaccard"]] for r in drawn],
+                                     targets.jaccard))  # fmt: skip
     return StabilityCurve(
         points=points, targets=targets, full_n=full_n, n_states=hmm.n_states_,
         detour_states=[int(d) for d in detour_states], max_fraction=max_fraction,
@@ -206,21 +227,8 @@ def stability_curve(
         seconds=time.perf_counter() - started, group_sizes=group_sizes, verdicts=list(followed),
         unanswered=bool(groups is not None and verdicts is not None and len(verdicts)
                         and (verdicts["verdict"] == NOT_ENOUGH_RUNS).all()),
+        reselect_k=reselect_k,
     )  # fmt: skip
-
-
-def _ids_by_group(
-    runs: Mapping[str, pd.DataFrame], groups: Mapping[str, str] | None
-) -> dict[str, list[str]]:
-    if groups is None:
-        return {"all": sorted(runs)}
-    missing = sorted(set(runs) - set(groups))
-    if missing:
-        raise ValueError(f"groups: runs {missing[:3]} have no group")
-    by_group: dict[str, list[str]] = {}
-    for run in sorted(runs):
-        by_group.setdefault(groups[run], []).append(run)
-    return by_group
 
 
 def _check_ladder(
@@ -256,18 +264,18 @@ def _one_subsample(task: tuple[int, int], payload: dict[str, Any]) -> dict[str, 
         refit = refit_resample(payload["raw"], dict.fromkeys(train, 1.0),
                                dict.fromkeys(heldout, 1.0), payload["refit"])  # fmt: skip
     except SelectionFailed:
-        return {"k": -1, "ari": math.nan, "found_detours": [], "held_verdicts": []}
-    model = refit.selection.model
-    in_units = [(z - refit.shift) / refit.scale for z in payload["z_full"].values()]
-    labels = dict(zip(payload["z_full"], model.predict_runs(in_units), strict=True))
+        return {"k": -1, "ari": math.nan, "found_detours": [], "held_verdicts": [],
+                "jaccard": [0.0] * payload["n_states"]}  # fmt: skip
+    labels = refit_labels(refit, payload)
     # Every run decoded once, in the full fit's units re-expressed in the subsample's; the drawn
     # runs' decodings serve its detour regression and its verdicts too.
     decoded = {run: labels[run] for run in set(refit.drawn)}
     found = refit_detours(refit, payload, decoded)
     detours, matched = found.detour_states, found.matched
+    pooled = np.concatenate(list(labels.values()))
     return {"k": int(refit.selection.n_states),
-            "ari": float(adjusted_rand_score(payload["full_labels"],
-                                             np.concatenate(list(labels.values())))),
+            "ari": float(adjusted_rand_score(payload["full_labels"], pooled)),
+            "jaccard": state_jaccard(payload["full_labels"], pooled, matched, payload["n_states"]),
             "found_detours": [full for full, state in matched.items() if state in detours],
             "held_verdicts": _held_verdicts(refit, decoded, detours, matched, payload)}  # fmt: skip
 
@@ -278,12 +286,26 @@ def _label_free(verdict: str) -> bool:
     return any(quantity in verdict for quantity in LABEL_FREE)
 
 
+def recomputable(quantity: str) -> bool:
+    """Whether a subsample can test a verdict about ``quantity`` again: the per-run quantities
+    of :func:`~trainmap.dynamics.verdicts.run_quantities` (occupancy of a state, states visited,
+    time in detour states, convergence step) and the label-free verdicts (:data:`LABEL_FREE`,
+    with the comparison's path evidence; without it they are followed and never hold)."""
+    per_run = quantity.startswith("occupancy of state") or quantity in (
+        STATES_VISITED,
+        "time in detour states",
+        CONVERGENCE_STEP,
+    )
+    return per_run or quantity in LABEL_FREE
+
+
 def followed_verdicts(verdicts: pd.DataFrame | None, groups: Mapping[str, str] | None) -> list[str]:
-    """The verdicts of a joint comparison the curve tests again: those that found a difference."""
+    """The verdicts of a joint comparison the curve tests again: those that found a difference,
+    about a quantity a subsample can recompute (:func:`recomputable`; any other row is skipped)."""
     if verdicts is None or groups is None or verdicts.empty:
         return []
     found = verdicts[~verdicts["verdict"].isin([NOT_ENOUGH_RUNS, NO_EVIDENCE])]
-    return [verdict_key(row) for _, row in found.iterrows()]
+    return [verdict_key(row) for _, row in found.iterrows() if recomputable(row["quantity"])]
 
 
 def _held_verdicts(
@@ -327,9 +349,11 @@ def map_stability(
     verdicts: pd.DataFrame | None = None, paths: PathEvidence | None = None,
 ) -> MapStability:  # fmt: skip
     """The stability curve of a fitted map with the analysis settings (``stability`` subsamples
-    per n, 0: none; ``stability_step``, ``stability_max_fraction``, ``stability_ari``,
-    ``stability_share``; refits capped at ``bootstrap_iter`` EM iterations like the bootstrap's);
-    ``verdicts``, a joint comparison's verdict table, to test its verdicts again."""
+    per n, 0: none; ``stability_step``, ``stability_max_fraction``, ``stability_ari`` (the
+    secondary ARI's target), ``stability_share``); ``verdicts``, a joint comparison's verdict
+    table, to test its verdicts again. Its refits keep the full map's K and start afresh, with
+    the full fit's restarts (``warm_start=False``): a warm start at K would carry the full map's
+    states into every subsample, and the curve asks what n fresh seeds would find."""
     if not settings["stability"]:
         return MapStability(None, "analysis.stability is 0")
     sizes = pd.Series(list(groups.values())).value_counts() if groups else pd.Series([len(runs)])
@@ -347,5 +371,6 @@ def map_stability(
         alpha=settings["alpha"], n_jobs=n_jobs, max_iter=settings["bootstrap_iter"],
         max_fraction=settings["stability_max_fraction"], verdicts=verdicts,
         permutations=settings["permutations"], confidence=settings["confidence"], paths=paths,
+        warm_start=False,
     )  # fmt: skip
     return MapStability(curve)

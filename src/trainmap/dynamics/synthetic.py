@@ -109,10 +109,19 @@ def left_to_right_hmm(
 
 def sample_runs(
     n_states: int, n_runs: int = 40, length: int = 200, seed: int = 0, nuisance: float = 0.0,
-    **options: float,
+    tails: float | None = None, autocorrelation: float = 0.0, **options: float,
 ) -> tuple[dict[str, pd.DataFrame], dict[str, np.ndarray], KnownHMM]:  # fmt: skip
     """``n_runs`` metric tables of ``length`` checkpoints from :func:`left_to_right_hmm`, each with
     its own offset, scale and drift of size ``nuisance`` (module docstring; 0: none).
+
+    ``tails``: a misspecification no emission of trainmap models: each checkpoint's deviation from
+    its state's mean is scaled by sqrt(tails / chi2(tails)), so the within-state noise is
+    multivariate Student-t with ``tails`` degrees of freedom (heavy tails; None: Gaussian, the
+    samples of earlier versions byte for byte), drawn from ``SeedSequence([seed, index, 7])``.
+    ``autocorrelation``: another: the within-state noise is AR(1), each checkpoint's deviation
+    from its state's mean rho times the previous one plus sqrt(1 - rho^2) times fresh noise
+    (:func:`autocorrelated_noise`; the same marginal covariance, correlated over checkpoints as
+    training metrics are; 0: independent, the samples of earlier versions byte for byte).
 
     Returns ``(runs, states, truth)``: run id -> table (``step``, the metric columns in raw units,
     ``test_acc`` = 1.0 from the last state on, else 0.0), run id -> true state sequence, the model.
@@ -122,6 +131,10 @@ def sample_runs(
     runs, states = {}, {}
     for index in range(n_runs):
         values, hidden = truth.model.sample(length, random_state=seed * 1000 + index + 1)
+        if tails is not None:
+            values = heavy_tails(values, hidden, truth.model.means_, tails, seed, index)
+        if autocorrelation:
+            values = autocorrelated_noise(values, hidden, truth.model.means_, autocorrelation)
         if nuisance:
             values = run_nuisance(values, truth.loadings, nuisance, seed, index)
         table = pd.DataFrame(values * truth.scale + truth.offset, columns=names)
@@ -130,6 +143,36 @@ def sample_runs(
         runs[f"run{index:02d}"] = table
         states[f"run{index:02d}"] = hidden
     return runs, states, truth
+
+
+def heavy_tails(
+    values: np.ndarray, hidden: np.ndarray, means: np.ndarray, degrees: float, seed: int,
+    index: int,
+) -> np.ndarray:  # fmt: skip
+    """``values`` [T, d] with each checkpoint's deviation from its state's mean scaled by
+    sqrt(degrees / chi2(degrees)): Gaussian noise made multivariate Student-t."""
+    if not degrees > 0:
+        raise ValueError(f"tails {degrees!r}: degrees of freedom must be > 0")
+    rng = np.random.default_rng(np.random.SeedSequence([seed, index, 7]))
+    weights = np.sqrt(degrees / rng.chisquare(degrees, len(values)))[:, None]
+    return means[hidden] + (values - means[hidden]) * weights
+
+
+def autocorrelated_noise(
+    values: np.ndarray, hidden: np.ndarray, means: np.ndarray, rho: float
+) -> np.ndarray:
+    """``values`` [T, d] with the deviations e_t from their states' means made AR(1):
+    u_0 = e_0, u_t = rho u_(t-1) + sqrt(1 - rho^2) e_t (a linear filter of the sampled noise, no
+    new draws; within a state the marginal covariance is unchanged)."""
+    if not -1 < rho < 1:
+        raise ValueError(f"autocorrelation {rho!r}: an AR(1) coefficient must be in (-1, 1)")
+    from scipy.signal import lfilter
+
+    noise = values - means[hidden]
+    gain = np.full(len(noise), math.sqrt(1 - rho**2))
+    gain[0] = 1.0
+    filtered = lfilter([1.0], [1.0, -rho], noise * gain[:, None], axis=0)
+    return means[hidden] + filtered
 
 
 def run_nuisance(

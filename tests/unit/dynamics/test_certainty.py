@@ -27,7 +27,7 @@ def fitted_map():
     runs, states, _ = sample_runs(3, seed=1)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        hmm = TrainingHMM(k_max=4, restarts=2, n_jobs=2).fit(runs)
+        hmm = TrainingHMM(k_max=4, restarts=2, n_jobs=2, selection="holdout").fit(runs)
     convergence = {run: int(np.argmax(s == 2)) * 10 if (s == 2).any() else None
                    for run, s in states.items()}  # fmt: skip
     return hmm, runs, convergence
@@ -39,6 +39,7 @@ def test_bootstrap_is_seeded_and_does_not_depend_on_processes(fitted_map):
     serial = bootstrap_map(hmm, runs, convergence, status, [], n_resamples=6, seed=3)
     parallel = bootstrap_map(hmm, runs, convergence, status, [], n_resamples=6, seed=3, n_jobs=2)
     assert serial.ks == parallel.ks and serial.state_found == parallel.state_found
+    assert serial.jaccards == parallel.jaccards
     assert serial.n_resamples == 6 and sum(serial.k_counts.values()) == 6
     # Three well separated states: every resample finds K = 3 and every state again.
     assert serial.k_counts == {3: 6} and serial.k_same == 1.0
@@ -119,3 +120,76 @@ def test_run_quantities_of_decoded_states():
     assert table.loc["a", "occupancy of state 1"] == 0.5
     assert table.loc["b", "time in detour states"] == 0.75
     assert table.loc["a", "convergence step"] == 30 and np.isnan(table.loc["b", "convergence step"])
+
+
+def test_a_stratified_draw_keeps_every_groups_count():
+    from trainmap.dynamics.certainty import draw_within_groups, runs_by_group, split_within_groups
+
+    groups = {f"a{i}": "a" for i in range(5)} | {f"b{i}": "b" for i in range(9)}
+    ids = runs_by_group(list(groups), groups)
+    for seed in range(20):
+        counts = draw_within_groups(ids, np.random.default_rng(seed))
+        for group, size in (("a", 5), ("b", 9)):
+            assert sum(c for run, c in counts.items() if groups[run] == group) == size
+    # Reselecting: each group's held-out part has the full fit's size in that group.
+    train, held = split_within_groups(ids, ["a0", "b0", "b1"], np.random.default_rng(0))
+    assert sum(c for r, c in held.items() if r[0] == "a") == 1
+    assert sum(c for r, c in held.items() if r[0] == "b") == 2
+    assert sum(train.values()) == 11
+
+
+def test_the_bootstrap_resamples_within_each_method(fitted_map, monkeypatch):
+    """A joint map's resamples (``strata_``: run -> method) draw each method's runs with
+    replacement, as many as it has: seen by the refit each resample asks for."""
+    import copy
+
+    from trainmap.dynamics import certainty
+    from trainmap.dynamics.hmm.splits import SelectionFailed
+
+    hmm, runs, convergence = fitted_map
+    joint = copy.copy(hmm)
+    joint.strata_ = {run: "a" if i < 7 else "b" for i, run in enumerate(sorted(runs))}
+    drawn: list[dict[str, float]] = []
+
+    def recorded(raw, train, heldout, refit):
+        drawn.append(dict(train) | dict(heldout))
+        raise SelectionFailed("not needed here")
+
+    monkeypatch.setattr(certainty, "refit_resample", recorded)
+    result = bootstrap_map(joint, runs, convergence, {}, [], n_resamples=8, seed=2)
+    assert len(drawn) == 8 and result.ks == [-1] * 8
+    sizes = {"a": 7, "b": len(runs) - 7}
+    for counts in drawn:
+        for group, size in sizes.items():
+            assert sum(c for r, c in counts.items() if joint.strata_[r] == group) == size
+    assert len({tuple(sorted(counts.items())) for counts in drawn}) > 1
+
+
+def test_a_refit_keeps_the_full_maps_k_on_a_few_runs(fitted_map):
+    """By default a refit fits the full map's K once (no reselection): even 3 runs give K = 3."""
+    from trainmap.dynamics.certainty import Refit, refit_resample
+
+    hmm, runs, _ = fitted_map
+    raw = {run: table[hmm.features_].to_numpy(dtype=float) for run, table in runs.items()}
+    few = dict.fromkeys(sorted(runs)[:3], 1.0)
+    refit = refit_resample(raw, few, {}, Refit.of(hmm, max_iter=5))
+    assert refit.selection.n_states == hmm.n_states_ == 3
+    assert list(refit.selection.models) == [3]
+
+
+def test_the_bootstrap_reports_each_states_jaccard_and_round_trips(fitted_map):
+    from trainmap.dynamics.certainty import BootstrapResult
+
+    hmm, runs, convergence = fitted_map
+    result = bootstrap_map(hmm, runs, convergence, {}, [], n_resamples=3, seed=1, max_iter=5)
+    assert not result.reselect_k and result.ks == [3, 3, 3]
+    assert len(result.jaccards) == 3 and all(len(j) == 3 for j in result.jaccards)
+    assert min(result.state_jaccard) > 0.9 and result.states_reproduced() == [0, 1, 2]
+    summary = result.to_dict()
+    assert summary["states_reproduced"] == [0, 1, 2] and summary["state_dissolved"] == [0, 0, 0]
+    assert BootstrapResult.from_dict(summary).to_dict() == summary
+    # An older bootstrap.json (no per-state values): readable, as reselecting K.
+    old = {k: v for k, v in summary.items()
+           if k not in ("state_jaccard", "jaccards", "reselect_k")}  # fmt: skip
+    again = BootstrapResult.from_dict(old)
+    assert again.reselect_k and again.state_jaccard == [] and again.states_reproduced() == []

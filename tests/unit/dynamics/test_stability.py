@@ -1,18 +1,21 @@
 """The stability curve over seed counts, checked on runs from known HMMs.
 
 Four known answers, 40-48 runs x 200-300 checkpoints each, fitted with small settings (K_max 4-5, 2
-restarts; ~0.2 s a fit) and subsampled 10 times per n (~2 s a curve):
+restarts, selection holdout; ~0.2 s a fit) and subsampled 10 times per n (~2 s a curve):
 
-* weakly separated states (3 states, steps of 1.5 within-state SDs, 6 features): small subsamples
-  merge two states (K = 2, ARI ~0.75 with the full map), so agreement rises with n and the map is
-  stable only at the top of the ladder;
+* weakly separated states (3 states, steps of 1.5 within-state SDs, 6 features): refits that
+  reselect K merge two states in small subsamples (K = 2), so those states' Jaccard agreement
+  rises with n and the map is stable only at the top of the ladder; refits that keep K (the
+  default) place the three states alike from 8 runs on;
 * well separated states (steps of 8, 4 features): stable from the smallest n;
-* a map with a detour (a branch a part of the runs takes, converging later): its ARI is high from
-  n = 8 on, but the detour is found again in fewer than 90 % of the 8-run subsamples, so the map is
-  stable from n = 16;
+* a map with a detour (a branch a part of the runs takes, converging later): the detour must be
+  found again too;
 * a joint comparison of two groups on the detour runs: its clear verdict (occupancy of the detour
   state) holds again from 8 runs per method, a marginal one (convergence step) not at 16, so the
   answer is not stable although the map is.
+
+Per-state agreement itself (Hennig 2007's cluster-wise Jaccard) is checked on decodings built by
+hand: a split or a merge lowers the states it touches only, whatever the refit's numbering.
 """
 
 from __future__ import annotations
@@ -28,7 +31,12 @@ from trainmap.dynamics.hmm.estimator import TrainingHMM
 from trainmap.dynamics.metrics import METRIC_NAMES
 from trainmap.dynamics.regression import regress_detours, state_distribution
 from trainmap.dynamics.stability import default_ladder, draw_subsample, stability_curve
-from trainmap.dynamics.stability_results import StabilityCurve, StabilityTargets, ladder_limit
+from trainmap.dynamics.stability_results import (
+    StabilityCurve,
+    StabilityPoint,
+    StabilityTargets,
+    ladder_limit,
+)
 from trainmap.dynamics.synthetic import left_to_right_hmm, sample_runs
 
 LADDER = [8, 16, 24, 32]
@@ -37,7 +45,8 @@ LADDER = [8, 16, 24, 32]
 def fit(runs: dict[str, pd.DataFrame], n_features: int, k_max: int = 4) -> TrainingHMM:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return TrainingHMM(k_max=k_max, restarts=2, features=METRIC_NAMES[:n_features]).fit(runs)
+        return TrainingHMM(k_max=k_max, restarts=2, features=METRIC_NAMES[:n_features],
+                           selection="holdout").fit(runs)  # fmt: skip
 
 
 def outcomes(states: dict[str, np.ndarray], last: int) -> tuple[dict, dict]:
@@ -64,7 +73,7 @@ def weak():
 def weak_curve(weak):
     hmm, runs, convergence, status = weak
     return stability_curve(hmm, runs, None, convergence, status, [], ladder=LADDER,
-                           n_subsamples=10, max_iter=10)  # fmt: skip
+                           n_subsamples=10, max_iter=10, reselect_k=True)  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -99,13 +108,18 @@ def test_stability_rises_with_n_when_states_are_weakly_separated(weak_curve):
     assert all(later >= earlier - 0.05 for earlier, later in zip(means, means[1:], strict=False))
     assert means[-1] - means[0] > 0.15, means
     assert shares[0] <= 0.2 and shares[-1] >= 0.9, shares
-    # Small subsamples merge two of the three states.
+    # Small subsamples merge two of the three states: those two states dissolve, the third
+    # reproduces; at 32 runs every state does.
     assert points[0].k_same < 0.5 and points[-1].k_same >= 0.9
     assert points[0].ari_p10 < 0.8 <= points[-1].ari_p10
+    assert len(points[0].states_reproduced()) < 3 and points[-1].states_reproduced() == [0, 1, 2]
+    assert max(points[0].state_dissolved) >= 0.5
     assert curve.sufficient_n == 32
     assert curve.line().startswith(
-        "stable from n = 32 seeds (ARI >= 0.9 with the full map in >= 90%"
+        "stable from n = 32 seeds (every state of the full map reproduces, mean Jaccard >= 0.75"
     )
+    assert "states 0, 1, 2 reproduce at n = 32 seeds" in curve.line()
+    assert "mean ARI with the full map" in curve.line()
 
 
 def test_well_separated_states_are_stable_from_the_smallest_n(strong):
@@ -198,9 +212,11 @@ def test_bad_inputs_are_refused_naming_the_value(weak):
 def test_the_line_says_not_stable_and_names_the_largest_n(weak, weak_curve):
     hmm, runs, convergence, status = weak
     curve = stability_curve(hmm, runs, None, convergence, status, [], ladder=[8, 16],
-                            n_subsamples=10, max_iter=10)  # fmt: skip
+                            n_subsamples=10, max_iter=10, reselect_k=True)  # fmt: skip
     assert curve.sufficient_n is None
-    assert curve.line().startswith("not stable at n = 16 seeds: ARI >= 0.9 in ")
+    assert curve.line().startswith("not stable at n = 16 seeds: ")
+    assert "of 3 states reproduce (mean Jaccard >= 0.75)" in curve.line()
+    assert "does not (" in curve.line() or "do not (" in curve.line()
     assert "(target 90%; 10 subsamples per n, ladder up to 32 of 40 runs)" in curve.line()
     # A stricter target moves the verdict: the weak map never reaches ARI >= 0.99 in 100 %.
     strict = StabilityCurve.from_dict(weak_curve.to_dict() | {"targets": {
@@ -214,7 +230,8 @@ def test_the_line_says_not_stable_and_names_the_largest_n(weak, weak_curve):
 
 def test_a_stable_n_below_an_unstable_one_does_not_count(weak_curve):
     summary = weak_curve.to_dict()
-    first = summary["points"][0] | {"ari": [1.0] * 10, "ks": [3] * 10}
+    first = summary["points"][0] | {"ari": [1.0] * 10, "ks": [3] * 10,
+                                    "jaccard": [[1.0, 1.0, 1.0]] * 10}  # fmt: skip
     lucky = StabilityCurve.from_dict(summary | {"points": [first, *summary["points"][1:]]})
     assert lucky.points[0].meets(lucky.targets) and not lucky.points[1].meets(lucky.targets)
     assert lucky.sufficient_n == 32
@@ -254,7 +271,7 @@ def detour_comparison():
     groups = {run: "b" if (states[run] == 1).any() else "a" for run in sorted(runs)}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        hmm = TrainingHMM(k_max=5, restarts=2, features=METRIC_NAMES[:4])
+        hmm = TrainingHMM(k_max=5, restarts=2, features=METRIC_NAMES[:4], selection="holdout")
         comparison = compare_groups(runs, groups, convergence, status, hmm, {"permutations": 500})
     return runs, groups, convergence, status, comparison
 
@@ -307,3 +324,106 @@ def test_a_comparison_with_too_few_runs_for_any_verdict_is_not_stable(weak):
     assert curve.unanswered and curve.sufficient_n is None
     assert curve.line().startswith("not stable at n = 3 seeds per method: too few runs")
     assert StabilityCurve.from_dict(curve.to_dict()).unanswered
+
+
+# --- per-state agreement (Hennig 2007), on decodings built by hand -----------------------------
+
+
+def plateau_runs(n_runs: int = 40, length: int = 100) -> np.ndarray:
+    """Every run 0 (steps 0-29) -> 1 (30-59) -> 2 (60-99); the first 10 runs take a detour
+    state 3 at steps 20-29 instead of 0. All runs' checkpoints pooled, as the curve pools them."""
+    runs = []
+    for index in range(n_runs):
+        states = np.repeat([0, 1, 2], [30, 30, length - 60])
+        if index < 10:
+            states[20:30] = 3
+        runs.append(states)
+    return np.concatenate(runs)
+
+
+FULL_MEANS = np.array([[0.0], [10.0], [20.0], [5.0]])  # 3, the detour, between 0 and 1
+
+
+def agreement(full: np.ndarray, refit: np.ndarray, means: np.ndarray) -> list[float]:
+    from trainmap.dynamics.certainty import match_by_means, state_jaccard
+
+    return state_jaccard(full, refit, match_by_means(FULL_MEANS, means), len(FULL_MEANS))
+
+
+def test_a_refit_that_splits_one_state_lowers_that_state_only():
+    """The refit splits the final plateau (state 2, steps 60-99) at step 80 into two states: the
+    split state's Jaccard halves, every other state keeps 1."""
+    full = plateau_runs()
+    refit = full.copy().reshape(40, 100)
+    refit[:, 80:] = 4
+    means = np.vstack([FULL_MEANS, [[22.0]]])
+    means[2] = [18.0]
+    values = agreement(full, refit.ravel(), means)
+    assert values[:2] == [1.0, 1.0] and values[3] == 1.0
+    assert values[2] == pytest.approx(0.5)
+
+
+def test_a_merged_detour_is_a_low_jaccard_where_ari_hardly_notices():
+    """The refit has no detour state: its checkpoints go to state 0. The ARI of all checkpoints
+    stays high (the detour is 2.5 % of them); the detour's Jaccard is 0, the others stay high."""
+    from sklearn.metrics import adjusted_rand_score
+
+    full = plateau_runs()
+    refit = np.where(full == 3, 0, full)
+    values = agreement(full, refit, FULL_MEANS[:3])
+    assert adjusted_rand_score(full, refit) > 0.9
+    assert values[3] == 0.0
+    assert values[1] == values[2] == 1.0 and values[0] > 0.9
+    point = StabilityPoint(8, 4, [4] * 5, [0.95] * 5, {}, jaccard=[values] * 5)
+    assert point.states_reproduced() == [0, 1, 2] and point.state_dissolved == [0, 0, 0, 1.0]
+    assert point.ari_share == 1.0 and not point.meets(StabilityTargets())
+
+
+def test_relabelling_the_refits_states_changes_nothing():
+    full = plateau_runs()
+    rng = np.random.default_rng(0)
+    refit = full.copy()
+    refit[rng.random(len(refit)) < 0.1] = 1  # some disagreement, to have values below 1
+    means = FULL_MEANS + 0.5
+    before = agreement(full, refit, means)
+    order = np.array([2, 3, 0, 1])  # refit state s is called order[s]
+    relabelled_means = np.empty_like(means)
+    relabelled_means[order] = means
+    after = agreement(full, order[refit], relabelled_means)
+    assert after == before and min(before) < 1.0
+
+
+def test_the_line_names_the_states_that_reproduce_and_old_files_read_with_ari():
+    jaccard = [[0.95, 0.4, 0.9]] * 10
+    point = StabilityPoint(24, 3, [3] * 10, [0.97] * 10, {}, jaccard=jaccard)
+    curve = StabilityCurve([point], StabilityTargets(), 40, 3, [], groups=["a", "b"])
+    assert curve.sufficient_n is None
+    assert curve.line().startswith("not stable at n = 24 seeds per method: 2 of 3 states "
+                                   "reproduce (mean Jaccard >= 0.75)")  # fmt: skip
+    assert (
+        "states 0, 2 reproduce at n = 24 seeds per method (mean Jaccard >= 0.75); state 1 "
+        "does not (0.40); mean ARI with the full map 0.97 (secondary)"
+    ) in curve.line()
+    summary = curve.to_dict()
+    assert summary["states_reproduced"] == [0, 2] and "k_counts" not in summary["points"][0]
+    assert StabilityCurve.from_dict(json.loads(json.dumps(summary))).to_dict() == summary
+    # A stability.json written before per-state agreement: no jaccard, the ARI criterion.
+    old = summary | {"points": [{k: v for k, v in p.items() if k != "jaccard"}
+                                for p in summary["points"]]}  # fmt: skip
+    old.pop("reselect_k")
+    old["targets"] = {k: v for k, v in old["targets"].items() if k != "jaccard"}
+    again = StabilityCurve.from_dict(old)
+    assert again.sufficient_n == 24 and again.reselect_k
+    assert again.line().startswith("stable from n = 24 seeds per method (ARI >= 0.9 with the "
+                                   "full map in >= 90% of subsamples")  # fmt: skip
+
+
+def test_refits_keep_the_full_maps_k_on_small_subsamples(weak):
+    """By default no K is reselected: 8-run subsamples of the weakly separated map (which
+    reselecting refits mostly fit with K = 2) keep K = 3, and its states reproduce."""
+    hmm, runs, convergence, status = weak
+    curve = stability_curve(hmm, runs, None, convergence, status, [], ladder=[8],
+                            n_subsamples=4, max_iter=10)  # fmt: skip
+    assert curve.points[0].ks == [3] * 4 and not curve.reselect_k
+    assert curve.points[0].states_reproduced() == [0, 1, 2]
+    assert "k_same" not in curve.to_dict()["points"][0]

@@ -11,8 +11,11 @@ cold-refit curve); here, with 10 subsamples and 10 fresh sets per n (~30 s):
 
 * N = 40: the tool (ladder capped at 0.8 N = 32; here stable from 32) and the Monte Carlo (here
   stable from 40) name seed counts within a factor 1.5 of each other;
-* the check can fail: a deliberately wrong curve that refits at the full map's K only (no
-  selection path) agrees with the full map from n = 8 on and is a factor 5 off the Monte Carlo;
+* the check can fail: a curve whose refits keep the full map's K (the default since refits no
+  longer reselect K; no selection path) agrees with the full map from n = 8 on and is a factor 5
+  off the Monte Carlo: keeping K, the curve answers whether n seeds place the full map's K states
+  alike, not whether n seeds would select K. The validation against fresh seeds therefore runs
+  the reselecting curve (``reselect_k=True``);
 * N = 16: fresh 16-seed maps are not enough; the tool's ladder stops at floor(0.8 x 16) = 12 and
   it says "not stable", as the Monte Carlo does.
 
@@ -46,7 +49,7 @@ DRAWS = 10
 def fit(runs: dict[str, pd.DataFrame]) -> TrainingHMM:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return TrainingHMM(k_max=4, restarts=2, features=FEATURES).fit(runs)
+        return TrainingHMM(k_max=4, restarts=2, features=FEATURES, selection="holdout").fit(runs)
 
 
 def sufficient_n(aris: dict[int, list[float]], full_n: int) -> int | None:
@@ -83,15 +86,21 @@ def known():
 
 
 def curve_of(
-    runs: dict[str, pd.DataFrame], states: dict, ladder: list[int], hmm: TrainingHMM | None = None
+    runs: dict[str, pd.DataFrame],
+    states: dict,
+    ladder: list[int],
+    hmm: TrainingHMM | None = None,
+    reselect_k: bool = True,
 ) -> StabilityCurve:
-    """The tool's curve (10 subsamples per n, refits capped at 10 EM iterations)."""
+    """The tool's curve (10 subsamples per n, refits capped at 10 EM iterations), its refits
+    reselecting K unless ``reselect_k`` is False."""
     hmm = fit(runs) if hmm is None else hmm
     assert hmm.n_states_ == 3
     convergence = {run: int(np.argmax(states[run] == 2)) * 10 if (states[run] == 2).any()
                    else None for run in runs}  # fmt: skip
     return stability_curve(hmm, runs, None, convergence, dict.fromkeys(runs, "completed"), [],
-                           ladder=ladder, n_subsamples=10, max_iter=10)  # fmt: skip
+                           ladder=ladder, n_subsamples=10, max_iter=10,
+                           reselect_k=reselect_k)  # fmt: skip
 
 
 @pytest.mark.slow  # in-process, seconds
@@ -108,14 +117,15 @@ def test_the_curve_and_fresh_seeds_name_seed_counts_within_a_factor_1_5(known):
 
 @pytest.mark.slow  # in-process, seconds
 def test_a_curve_that_does_not_reselect_k_fails_the_check(known):
-    """A deliberately wrong curve: refits at the full map's K only, skipping the selection path.
-    Its 8-run maps all agree with the full map, so it calls 8 seeds enough; the Monte Carlo says
-    otherwise, and the factor check fails it."""
+    """Refits at the full map's K only (the default), skipping the selection path: its 8-run maps
+    all agree with the full map, so it calls 8 seeds enough; the Monte Carlo of fresh seeds *with
+    selection* says otherwise, and the factor check fails it. Both ways of keeping K give it."""
     runs, states, truth_ari = known
     hmm = fit(runs)
     fixed_k = copy.copy(hmm)
-    fixed_k.models_ = {hmm.n_states_: hmm.models_[hmm.n_states_]}  # refits try this K alone
+    fixed_k.models_ = {hmm.n_states_: hmm.models_[hmm.n_states_]}  # reselecting refits: one K
     wrong = curve_of(runs, states, default_ladder(FULL_N), hmm=fixed_k)
+    assert curve_of(runs, states, [8], hmm=hmm, reselect_k=False).sufficient_n == 8
     fresh = sufficient_n(truth_ari(FULL_N), FULL_N)
     assert wrong.sufficient_n == 8 and fresh is not None
     assert not within(wrong.sufficient_n, fresh), (wrong.sufficient_n, fresh)

@@ -7,7 +7,9 @@ Hu et al. (sec. 2.1, appendix C) choose K by the held-out BIC, -2 log L + p log 
 (``restart_rule="best"``) or the mean over its restarts (``"mean"``, the authors' script)
 (:func:`selection_curve`); with folds, the mean over the folds (:func:`folds_curve`); with the
 ``reproducible`` rule, the two-fold BIC and the agreement of the two half maps
-(:func:`reproducibility_curve`). :func:`choose_k` reads the curve. Why these rules and their
+(:func:`reproducibility_curve`); with the ``gain`` rule, the folds' held-out log-likelihood per
+checkpoint and the smallest K no larger K beats by more than a tolerance (:func:`gain_curve`).
+:func:`choose_k` reads the curve. Why these rules and their
 defaults: docs/decisions/hmm-selection.md.
 """
 
@@ -65,7 +67,8 @@ def selection_curve(fits: Sequence[dict[str, Any]], restart_rule: str) -> pd.Dat
         usable = [fit for fit in restarts if fit["model"] is not None]
         bics = np.array([fit["bic"] for fit in usable])
         row = {"n_states": n_states, "train_log_likelihood": math.nan,
-               "heldout_log_likelihood": math.nan, "bic": math.inf, "aic": math.inf,
+               "heldout_log_likelihood": math.nan, "heldout_observations": 0,
+               "bic": math.inf, "aic": math.inf,
                "bic_best_restart": math.inf, "bic_mean": float(bics.mean()) if len(bics) else math.inf,
                "bic_sd": float(bics.std()) if len(bics) else math.nan,
                "restarts_ok": len(usable),
@@ -75,6 +78,7 @@ def selection_curve(fits: Sequence[dict[str, Any]], restart_rule: str) -> pd.Dat
             best = best_restart(usable)
             row |= {key: best[key] for key in ("train_log_likelihood", "heldout_log_likelihood",
                                                "aic", "restart")}  # fmt: skip
+            row["heldout_observations"] = int(best.get("heldout_observations", 0))
             row["bic_best_restart"] = best["bic"]
             row["bic"] = best["bic"] if restart_rule == "best" else row["bic_mean"]
         rows.append(row)
@@ -99,6 +103,7 @@ def folds_curve(fits: Sequence[dict[str, Any]], restart_rule: str, n_folds: int)
         scored = bool(np.isfinite(bics).all()) and row["restart"] >= 0
         row |= {
             "heldout_log_likelihood": float(folds["heldout_log_likelihood"].sum(skipna=False)),
+            "heldout_observations": int(folds["heldout_observations"].sum()),
             "bic": float(bics.mean()) if scored else math.inf,
             "aic": float(folds["aic"].mean()) if scored else math.inf,
             "bic_best_restart": float(folds["bic_best_restart"].mean()),
@@ -173,6 +178,32 @@ def reproducibility_curve(
     return pd.DataFrame(sorted(rows, key=lambda r: r["n_states"])), halves
 
 
+def gain_curve(curve: pd.DataFrame, min_gain: float) -> pd.DataFrame:
+    """The ``gain`` rule on a :func:`folds_curve` (every run held out once): each K's held-out
+    log-likelihood per checkpoint (``ll_per_checkpoint``, nats) and the K it chooses
+    (``gain_chosen``): the smallest K that no larger K beats by more than ``min_gain`` per added
+    state, (l(K') - l(K)) / (K' - K) <= ``min_gain`` for every scored K' > K. A likelihood
+    criterion keeps adding states as runs are added when the model is misspecified (its penalty
+    per checkpoint, p log n / n, vanishes); a tolerance per checkpoint does not shrink with n
+    (Miller & Dunson 2019's coarsening: a model is not asked to fit the data better than its
+    misspecification allows). A K whose folds could not all be scored is never chosen."""
+    curve = curve.copy()
+    observations = curve["heldout_observations"].to_numpy(dtype=float)
+    scored = np.isfinite(curve["bic"].to_numpy(dtype=float)) & (observations > 0)
+    per = np.where(scored, curve["heldout_log_likelihood"].to_numpy(dtype=float)
+                   / np.maximum(observations, 1), np.nan)  # fmt: skip
+    curve["ll_per_checkpoint"] = per
+    ks = curve["n_states"].to_numpy(dtype=int)
+    chosen = None
+    for i in np.flatnonzero(scored):
+        later = [j for j in np.flatnonzero(scored) if ks[j] > ks[i]]
+        if all((per[j] - per[i]) / (ks[j] - ks[i]) <= min_gain for j in later):
+            chosen = int(ks[i])
+            break
+    curve["gain_chosen"] = ks == chosen if chosen is not None else False
+    return curve
+
+
 def bic_minimum(selection: pd.DataFrame) -> int | None:
     """The K with the lowest criterion ``bic`` (the smaller K on a tie); None when no K scored."""
     finite = selection[np.isfinite(selection["bic"])]
@@ -188,10 +219,14 @@ def choose_k(selection: pd.DataFrame, reproduce_k: str = "largest") -> int:
     reproduce (``"nested"``: one less than the first K that fails). More states than the held-out
     BIC supports are not selected however well they reproduce; fewer are, when the BIC's extra
     states differ between halves of the runs. With none reproducing (no K could be decoded): the
-    BIC's K (``largest``) or the smallest K (``nested``)."""
+    BIC's K (``largest``) or the smallest K (``nested``). With the ``gain`` rule's curve (a
+    ``gain_chosen`` column, :func:`gain_curve`): the K it marks, whatever the BIC's."""
     best = bic_minimum(selection)
     if best is None:
         raise SelectionFailed("no K could be scored: every restart of every K failed")
+    if "gain_chosen" in selection:  # the gain rule (gain_curve)
+        chosen = selection.loc[selection["gain_chosen"].astype(bool), "n_states"]
+        return int(chosen.iloc[0]) if len(chosen) else best
     if "reproducible" not in selection:
         return best
     below = selection[selection["n_states"] <= best].sort_values("n_states")

@@ -149,10 +149,8 @@ class TrainingHMM:
 
     The keyword defaults are the config schema's ``analysis`` defaults
     (``workflow/schemas/config.schema.yaml``; ``random_state`` is ``analysis.seed``), read from it,
-    so the estimator without a config fits as the workflow does. One exception: ``selection``
-    defaults to ``holdout``, the paper's rule, while the schema's (the workflow's) default is
-    ``reproducible``. ``min_covar``, ``n_jobs`` and ``features`` have no schema default; theirs
-    are written here.
+    so the estimator without a config fits as the workflow does, selection rule included.
+    ``min_covar``, ``n_jobs`` and ``features`` have no schema default; theirs are written here.
     """
 
     def __init__(
@@ -163,13 +161,14 @@ class TrainingHMM:
         covariance_type: str = _SCHEMA_DEFAULTS["covariance_type"],
         standardisation: str = _SCHEMA_DEFAULTS["standardisation"],
         restart_rule: str = _SCHEMA_DEFAULTS["restart_rule"],
-        selection: str = "holdout",  # not the schema's `reproducible` (class docstring)
+        selection: str = _SCHEMA_DEFAULTS["selection"],
         folds: int = _SCHEMA_DEFAULTS["folds"],
         halves: int | None = _SCHEMA_DEFAULTS["halves"],
         reproduce_ari: float = _SCHEMA_DEFAULTS["reproduce_ari"],
         reproduce_share: float = _SCHEMA_DEFAULTS["reproduce_share"],
         reproduce_k: str = _SCHEMA_DEFAULTS["reproduce_k"],
         half_size: int | None = _SCHEMA_DEFAULTS["half_size"],
+        min_gain: float = _SCHEMA_DEFAULTS["min_gain"],
         init: str = _SCHEMA_DEFAULTS["init"],
         emission: str = _SCHEMA_DEFAULTS["emission"],
         n_iter: int = _SCHEMA_DEFAULTS["n_iter"],
@@ -208,12 +207,16 @@ class TrainingHMM:
                                    or halves < 1):  # fmt: skip
             raise ValueError(f"halves: {halves!r} is not allowed; it must be an integer >= 1 "
                              "(or None: 5, or as many splits as the runs allow)")  # fmt: skip
+        if not (isinstance(min_gain, int | float) and not isinstance(min_gain, bool)
+                and np.isfinite(min_gain) and min_gain >= 0):  # fmt: skip
+            raise ValueError(f"min_gain: {min_gain!r} is not allowed; it must be a number >= 0 "
+                             "(nats of held-out log-likelihood per checkpoint)")  # fmt: skip
         for key, value in (("reproduce_ari", reproduce_ari), ("reproduce_share", reproduce_share)):
             if not (isinstance(value, int | float) and 0 < value <= 1):
                 raise ValueError(f"{key}: {value!r} is not allowed; it must be in (0, 1]")
         self.tol_scale, self.halves = tol_scale, halves
         self.reproduce_ari, self.reproduce_share = reproduce_ari, reproduce_share
-        self.reproduce_k, self.half_size = reproduce_k, half_size
+        self.reproduce_k, self.half_size, self.min_gain = reproduce_k, half_size, min_gain
         self.k_max, self.restarts, self.holdout = k_max, restarts, holdout
         self.covariance_type, self.standardisation = covariance_type, standardisation
         self.restart_rule, self.init, self.n_iter, self.tol = restart_rule, init, n_iter, tol
@@ -263,11 +266,11 @@ class TrainingHMM:
         return self
 
     def reproducibility(self) -> dict[str, Any]:
-        """The ``reproducible`` rule's settings
+        """The ``reproducible`` and ``gain`` rules' settings
         (:func:`~trainmap.dynamics.hmm.selection.select_model`'s keywords)."""
         return {"halves": self.halves, "reproduce_ari": self.reproduce_ari,
                 "reproduce_share": self.reproduce_share, "reproduce_k": self.reproduce_k,
-                "half_size": self.half_size}  # fmt: skip
+                "half_size": self.half_size, "min_gain": self.min_gain}  # fmt: skip
 
     def ceiling_message(self) -> str:
         """What a selection that chose K_max means, and the fix."""

@@ -3,11 +3,12 @@
 The one path of the full fit (:meth:`~trainmap.dynamics.hmm.estimator.TrainingHMM.fit`) and of
 every bootstrap and stability refit (:func:`trainmap.dynamics.certainty.refit_resample`):
 :func:`select_model` splits the standardised runs by the rule (:func:`selection_splits`:
-``holdout``, the paper's 20 % of the runs held out; ``folds``; ``reproducible``), fits every
+``holdout``, the paper's 20 % of the runs held out; ``folds``; ``reproducible``; ``gain``, on the
+folds' splits), fits every
 (split, K, restart) (:func:`fit_restarts`: the Ks of one (split, restart), a lockstep set, in one
 call; in parallel processes with the same numbers as serially), scores each K on its held-out runs
 by hmmlearn's BIC, -2 log L + p log n (Hu et al., sec. 2.1; the runs' own terms counted in p,
-:func:`score_heldout`) and chooses K
+:func:`score_heldout`) or (``gain``) by its held-out log-likelihood per checkpoint, and chooses K
 (:func:`~trainmap.dynamics.hmm.curves.choose_k`). Each restart is seeded from the estimator's
 seed, K and the restart index (:func:`restart_seed`); a refit warm-starts from the full fit's
 models. Selection asks each model what it needs through :class:`SelectableHMM`: whether it fits
@@ -30,6 +31,7 @@ from trainmap.dynamics.hmm.curves import (
     DEFAULT_REPRODUCE_SHARE,
     choose_k,
     folds_curve,
+    gain_curve,
     reproducibility_curve,
     selection_curve,
 )
@@ -44,7 +46,7 @@ from trainmap.dynamics.hmm.splits import (
 )
 from trainmap.schema import section_defaults
 
-SELECTION_RULES = ("holdout", "folds", "reproducible")
+SELECTION_RULES = ("holdout", "folds", "reproducible", "gain")
 #: Folds of the runs for ``selection="folds"``: the config schema's default of ``analysis.folds``
 #: (bench/selection_nuisance.py; docs/decisions/hmm-selection.md).
 DEFAULT_FOLDS: int = section_defaults("analysis")["folds"]
@@ -53,6 +55,10 @@ DEFAULT_FOLDS: int = section_defaults("analysis")["folds"]
 #: number of seeds per method, so that K does not follow the seed count. The config schema's
 #: default of ``analysis.half_size`` (bench/selection_settle.py; docs/decisions/hmm-selection.md).
 DEFAULT_HALF_SIZE: int | None = section_defaults("analysis")["half_size"]
+#: The ``gain`` rule's tolerance: the held-out log-likelihood per checkpoint (nats) each added
+#: state must raise on average; the config schema's default of ``analysis.min_gain``
+#: (bench/selection_growth.py; docs/decisions/hmm-selection.md).
+DEFAULT_MIN_GAIN: float = section_defaults("analysis")["min_gain"]
 
 
 class SelectableHMM(Protocol):
@@ -119,11 +125,13 @@ def n_free_parameters(model: Any) -> int:
 
 
 def information_criteria(log_likelihood: float, n_parameters: int, n_observations: int) -> dict:
-    """BIC = -2 log L + p log n and AIC = -2 log L + 2 p (hmmlearn's definitions)."""
+    """BIC = -2 log L + p log n and AIC = -2 log L + 2 p (hmmlearn's definitions), and the n
+    held-out observations they were scored on."""
     return {
         "heldout_log_likelihood": float(log_likelihood),
         "bic": float(-2 * log_likelihood + n_parameters * math.log(n_observations)),
         "aic": float(-2 * log_likelihood + 2 * n_parameters),
+        "heldout_observations": int(n_observations),
     }
 
 
@@ -165,7 +173,8 @@ def _fit_ks_together(
 
 # The scores of a restart that fitted nothing (no model; it never wins a selection).
 _FAILED_FIT = {"model": None, "train_log_likelihood": math.nan,
-               "heldout_log_likelihood": math.nan, "bic": math.inf, "aic": math.inf}  # fmt: skip
+               "heldout_log_likelihood": math.nan, "bic": math.inf, "aic": math.inf,
+               "heldout_observations": 0}  # fmt: skip
 
 
 def _fit_ks_together_single_threaded(
@@ -242,7 +251,8 @@ def _scored_fit(
         return row | _FAILED_FIT
     if heldout is None:  # not scored: NaN, not a failure's inf
         return row | {"model": model, "train_log_likelihood": train_ll,
-                      "heldout_log_likelihood": math.nan, "bic": math.nan, "aic": math.nan}  # fmt: skip
+                      "heldout_log_likelihood": math.nan, "bic": math.nan, "aic": math.nan,
+                      "heldout_observations": 0}  # fmt: skip
     try:
         scores = score_heldout(model, heldout, weights[1])
     except (ValueError, np.linalg.LinAlgError):  # e.g. EM left a state that is never entered
@@ -323,8 +333,8 @@ def selection_splits(
     of ``train``. ``"folds"``: the runs of both parts pooled and dealt into ``folds`` folds
     (:func:`~trainmap.dynamics.hmm.splits.fold_split`, seeded by ``random_state``; a run drawn
     several times stays in one fold, so no copy of a held-out run is trained on), one split per fold
-    (the other folds against it), then a last split of every run unscored, each K's model.
-    ``"reproducible"``: the runs of both parts pooled and split ``halves_n`` times into two halves
+    (the other folds against it), then a last split of every run unscored, each K's model;
+    ``"gain"`` scores K on the same splits. ``"reproducible"``: the runs of both parts pooled and split ``halves_n`` times into two halves
     (:func:`~trainmap.dynamics.hmm.splits.half_splits`, within each stratum of ``strata``: run ->
     group, a joint comparison's labels; None: the runs are one group; ``half_size`` runs of each
     group in each half), one split per half scored on the other half (first, second, first, ...),
@@ -352,7 +362,7 @@ def selection_splits(
         everything, weights = part(pooled)
         splits.append(Split(everything, None, (weights, None)))
         return splits, [second for _, second in halves]
-    if selection == "holdout":
+    if selection == "holdout":  # "gain" scores on folds, as "folds" does
         (train_data, train_weights), (heldout_data, heldout_weights) = part(train), part(heldout)
         return [Split(train_data, heldout_data, (train_weights, heldout_weights))], [list(heldout)]
     pooled = dict(train)
@@ -393,6 +403,8 @@ def select_model(
     strata: Mapping[str, str] | None = None,
     half_starts: Mapping[int, Mapping[int, Mapping[str, np.ndarray]]] | None = None,
     cap_halves: bool = False,
+    min_gain: float = DEFAULT_MIN_GAIN,
+    fixed: bool = False,
 ) -> ModelSelection:
     """Fit every K of ``ks`` on the standardised runs ``z``, score each on held-out runs and choose
     K by held-out BIC: the one selection of the full fit
@@ -402,7 +414,10 @@ def select_model(
     ``train`` and ``heldout``: run -> times drawn (a bootstrap draw; 1: once). ``selection`` is the
     rule (:func:`selection_splits`): ``"holdout"`` scores K on ``heldout`` once, ``"folds"`` scores
     it on each of ``folds`` folds of all the runs and takes the mean BIC
-    (:func:`~trainmap.dynamics.hmm.curves.folds_curve`). ``restarts`` seeded restarts per K and
+    (:func:`~trainmap.dynamics.hmm.curves.folds_curve`); ``"gain"`` scores it on the same folds
+    and takes the smallest K that no larger K beats by more than ``min_gain`` held-out nats per
+    checkpoint per added state (:func:`~trainmap.dynamics.hmm.curves.gain_curve`; ``min_gain``
+    >= 0, else a ValueError naming ``analysis.min_gain``). ``restarts`` seeded restarts per K and
     split, K's model its best by training log-likelihood and K's score by ``restart_rule``
     (:func:`~trainmap.dynamics.hmm.curves.selection_curve`). ``starts`` (K -> parameters in the
     standard units of ``z``) warm-starts every fit of K from those parameters with one EM run
@@ -426,9 +441,16 @@ def select_model(
                          "every K")  # fmt: skip
     if not score_train and restarts > 1:
         raise ValueError("choosing among restarts needs their training log-likelihood")
+    if not (isinstance(min_gain, int | float) and math.isfinite(min_gain) and min_gain >= 0):
+        raise ValueError(f"analysis.min_gain {min_gain!r}: the held-out log-likelihood per "
+                         "checkpoint a state must add is a number >= 0 (nats; default "
+                         f"{DEFAULT_MIN_GAIN})")  # fmt: skip
     if not 0 < reproduce_ari <= 1 or not 0 < reproduce_share <= 1:
         raise ValueError(f"analysis.reproduce_ari {reproduce_ari!r} and analysis.reproduce_share "
                          f"{reproduce_share!r} must be in (0, 1]")  # fmt: skip
+    if fixed:
+        return _fixed_k(z, train, heldout, settings, ks, restarts, restart_rule, n_jobs, starts,
+                        score_train)  # fmt: skip
     splits, held = selection_splits(z, train, heldout, selection, folds, settings["random_state"],
                                     halves, strata, cap_halves=starts is not None or cap_halves,
                                     half_size=half_size)  # fmt: skip
@@ -444,6 +466,8 @@ def select_model(
         curve = selection_curve(fits, restart_rule)
     elif selection == "folds":
         curve = folds_curve(fits, restart_rule, n_folds=modelled)
+    elif selection == "gain":
+        curve = gain_curve(folds_curve(fits, restart_rule, n_folds=modelled), min_gain)
     else:
         pooled = {run: z[run] for run in {*train, *heldout}}
         curve, half_models = reproducibility_curve(fits, pooled, len(held), restart_rule,
@@ -463,3 +487,29 @@ def select_model(
                               "short or the features degenerate")  # fmt: skip
     table = pd.DataFrame([{k: v for k, v in f.items() if k != "model"} for f in fits])
     return ModelSelection(table, curve, models, choose_k(curve, reproduce_k), held, half_models)
+
+
+def _fixed_k(
+    z: Mapping[str, np.ndarray], train: Mapping[str, float], heldout: Mapping[str, float],
+    settings: dict[str, Any], ks: Sequence[int], restarts: int, restart_rule: str, n_jobs: int,
+    starts: Mapping[int, Mapping[str, np.ndarray]] | None, score_train: bool,
+) -> ModelSelection:  # fmt: skip
+    """:func:`select_model` with ``fixed=True``: the one K of ``ks`` fitted on every run of both
+    parts (run -> times drawn), unscored (nothing to choose): a refit that keeps the full map's K
+    (the bootstrap's and the stability curve's, :class:`~trainmap.dynamics.certainty.Refit`)."""
+    if len(ks) != 1:
+        raise ValueError(f"a fixed-K fit takes one K, got {list(ks)}")
+    pooled = dict(train)
+    for run, count in heldout.items():
+        pooled[run] = pooled.get(run, 0.0) + count
+    data = stack([z[run] for run in pooled])
+    splits = [Split(data, None, (_run_weights(list(pooled.values())), None))]
+    tasks = [(0, ks[0], r) for r in range(restarts)]
+    fits = fit_restarts(tasks, splits, settings, n_jobs, starts, score_train)
+    curve = selection_curve(fits, restart_rule)
+    row = curve.iloc[0]
+    if row["restart"] < 0:
+        raise SelectionFailed(f"the fit of K = {ks[0]} failed (EM lost a state)")
+    model = next(f["model"] for f in fits if f["restart"] == row["restart"])
+    table = pd.DataFrame([{k: v for k, v in f.items() if k != "model"} for f in fits])
+    return ModelSelection(table, curve, {int(ks[0]): model}, int(ks[0]), [])

@@ -48,7 +48,9 @@ def every_run_once(full: TrainingHMM) -> tuple[dict[str, float], dict[str, float
 
 def test_refitting_the_original_runs_as_the_full_fit_reproduces_it(fitted):
     full, raw, _ = fitted
-    refit = refit_resample(raw, *every_run_once(full), Refit.of(full, warm_start=False))
+    refit = refit_resample(
+        raw, *every_run_once(full), Refit.of(full, warm_start=False, reselect_k=True)
+    )
     selection = refit.selection
     assert selection.n_states == full.n_states_
     # Round-off only: the pooled statistics sum the runs in another order (training runs, then
@@ -66,7 +68,7 @@ def test_a_warm_started_refit_of_the_original_runs_keeps_the_full_fit(fitted):
     and the held-out likelihood moves little (pooled: round-off up to the chosen K; per-run
     z-scores: < 1 %, EM still creeping)."""
     full, raw, _ = fitted
-    refit = refit_resample(raw, *every_run_once(full), Refit.of(full, max_iter=10))
+    refit = refit_resample(raw, *every_run_once(full), Refit.of(full, max_iter=10, reselect_k=True))
     assert refit.selection.n_states == full.n_states_
     curve = refit.selection.curve.set_index("n_states")["heldout_log_likelihood"]
     expected = full.selection_.set_index("n_states")["heldout_log_likelihood"]
@@ -99,7 +101,7 @@ def test_the_full_fit_and_the_bootstrap_run_the_same_selection(fitted, monkeypat
         assert calls == ["standardise_runs", "select_model", "choose_k"]
         calls.clear()
         convergence = dict.fromkeys(runs)
-        bootstrap_map(full, runs, convergence, {}, [], n_resamples=2, seed=1)
+        bootstrap_map(full, runs, convergence, {}, [], n_resamples=2, seed=1, reselect_k=True)
     assert calls == ["standardise_runs", "select_model", "choose_k"] * 2
 
 
@@ -125,8 +127,10 @@ def test_refits_of_the_bootstrap_and_the_stability_curve_use_the_full_fits_rule(
     convergence = dict.fromkeys(runs)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        bootstrap_map(full, runs, convergence, {}, [], n_resamples=2, seed=1)
-        stability_curve(full, runs, None, convergence, {}, [], ladder=[8], n_subsamples=2)
+        bootstrap_map(full, runs, convergence, {}, [], n_resamples=2, seed=1, reselect_k=True)
+        stability_curve(
+            full, runs, None, convergence, {}, [], ladder=[8], n_subsamples=2, reselect_k=True
+        )
     assert len(seen) == 4
     for selection, folds, held, drawn in seen:
         assert (selection, folds) == (full.selection, full.folds)

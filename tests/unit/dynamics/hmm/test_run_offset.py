@@ -142,7 +142,7 @@ def fitted_map(emission: str) -> TrainingHMM:
     runs, _, _ = sample_runs(**NUISANCE_CASE)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return TrainingHMM(k_max=5, restarts=2, emission=emission).fit(runs)
+        return TrainingHMM(k_max=5, restarts=2, emission=emission, selection="holdout").fit(runs)
 
 
 @pytest.fixture(scope="module")
@@ -151,12 +151,16 @@ def nuisance_maps() -> dict[str, TrainingHMM]:
 
 
 def test_offsets_and_drift_recover_k_under_nuisance_where_plain_does_not(nuisance_maps):
-    """Known answer with run-to-run nuisance: the plain model merges two of the 3 states, the
-    offset + drift model finds them and decodes (nearly) every checkpoint right."""
+    """Known answer with run-to-run nuisance, K by held-out BIC (holdout): the plain model gets K
+    wrong, the offset + drift model finds the 3 states and decodes (nearly) every checkpoint
+    right. The default rule (gain) finds K with the plain model too."""
     runs, states, truth = sample_runs(**NUISANCE_CASE)
     plain, offset = nuisance_maps["plain"], nuisance_maps["run_offset_drift"]
     assert isinstance(offset.model_, RunOffsetHMM) and offset.model_.drift
     assert plain.n_states_ != truth.n_states
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert TrainingHMM(k_max=5, restarts=2).fit(runs).n_states_ == truth.n_states
     assert offset.n_states_ == truth.n_states
     accuracy = {name: known_answer_scores(hmm.decode(runs), set(), states, truth)["accuracy"]
                 for name, hmm in nuisance_maps.items()}  # fmt: skip
@@ -196,8 +200,8 @@ def test_plain_emission_is_todays_model():
     runs, _, _ = sample_runs(3, n_runs=12, length=100, seed=2, nuisance=1.0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        default = TrainingHMM(k_max=4, restarts=2).fit(runs)
-        plain = TrainingHMM(k_max=4, restarts=2, emission="plain").fit(runs)
+        default = TrainingHMM(k_max=4, restarts=2, selection="holdout").fit(runs)
+        plain = TrainingHMM(k_max=4, restarts=2, emission="plain", selection="holdout").fit(runs)
     assert default.emission == "plain" and type(default.model_) is BatchedGaussianHMM
     assert plain.n_states_ == default.n_states_
     np.testing.assert_array_equal(plain.selection_["bic"], default.selection_["bic"])
@@ -230,7 +234,7 @@ def test_bootstrap_refits_and_save_load_keep_the_emission(nuisance_maps, tmp_pat
     monkeypatch.setattr(RunOffsetHMM, "_fit_runs", spy)
     status = dict.fromkeys(runs, "completed")
     result = bootstrap_map(hmm, runs, dict.fromkeys(runs), status, [], n_resamples=3, seed=1,
-                           max_iter=5)  # fmt: skip
+                           max_iter=5, reselect_k=True)  # fmt: skip
     assert result.n_resamples == 3 and result.k_counts.get(3, 0) >= 2, result.ks
     assert len(fits) == 3 * hmm.k_max and {init for init, _ in fits} == {""}  # warm, every K
     assert any(weighted for _, weighted in fits)  # some run drawn twice

@@ -161,7 +161,7 @@ def test_the_bootstrap_refits_with_the_reproducible_rule(fitted) -> None:
         warnings.simplefilter("ignore")
         result = bootstrap_map(hmm, runs, {run: 100 for run in runs},
                                dict.fromkeys(runs, "completed"), detour_states=[],
-                               n_resamples=3, max_iter=5)  # fmt: skip
+                               n_resamples=3, max_iter=5, reselect_k=True)  # fmt: skip
     assert result.n_resamples == 3
     assert len(result.ks) == 3
     assert all(1 <= k <= K_MAX for k in result.ks)
@@ -177,8 +177,8 @@ def test_a_refit_decodes_only_the_deciding_ks_and_selects_the_same(
     hmm, runs = fitted[0], fitted[1]
     monkeypatch.setattr(hmm, "reproduce_k", reproduce_k)
     args = (hmm, runs, dict.fromkeys(runs, 100), dict.fromkeys(runs, "completed"), [])
-    lazy = bootstrap_map(*args, n_resamples=4, max_iter=5)
+    lazy = bootstrap_map(*args, n_resamples=4, max_iter=5, reselect_k=True)
     every = selection.reproducibility_curve
     monkeypatch.setattr(selection, "reproducibility_curve",
                         lambda *a, **k: every(*a, **(k | {"every_k": True})))  # fmt: skip
-    assert bootstrap_map(*args, n_resamples=4, max_iter=5).ks == lazy.ks
+    assert bootstrap_map(*args, n_resamples=4, max_iter=5, reselect_k=True).ks == lazy.ks
