@@ -54,7 +54,9 @@ def synthetic():
 @pytest.fixture(scope="module")
 def fitted(synthetic):
     runs, _ = synthetic
-    return TrainingHMM(k_max=4, restarts=2, random_state=7, features=FEATURES).fit(runs)
+    return TrainingHMM(
+        k_max=4, restarts=2, random_state=7, features=FEATURES, selection="holdout"
+    ).fit(runs)
 
 
 def test_bic_selects_the_true_number_of_states_and_decodes_them(fitted, synthetic):
@@ -70,15 +72,21 @@ def test_holdout_split_is_seeded_and_independent_of_input_order(synthetic, fitte
     assert len(fitted.heldout_runs_) == 8 and len(fitted.train_runs_) == 32
     assert not set(fitted.heldout_runs_) & set(fitted.train_runs_)
     shuffled = dict(reversed(list(runs.items())))
-    again = TrainingHMM(k_max=3, restarts=1, random_state=7, features=FEATURES).fit(shuffled)
+    again = TrainingHMM(
+        k_max=3, restarts=1, random_state=7, features=FEATURES, selection="holdout"
+    ).fit(shuffled)
     assert again.heldout_runs_ == fitted.heldout_runs_
-    other = TrainingHMM(k_max=3, restarts=1, random_state=8, features=FEATURES).fit(runs)
+    other = TrainingHMM(
+        k_max=3, restarts=1, random_state=8, features=FEATURES, selection="holdout"
+    ).fit(runs)
     assert other.heldout_runs_ != fitted.heldout_runs_
 
 
 def test_same_inputs_and_seed_give_identical_results(synthetic, fitted):
     runs, _ = synthetic
-    again = TrainingHMM(k_max=4, restarts=2, random_state=7, features=FEATURES).fit(runs)
+    again = TrainingHMM(
+        k_max=4, restarts=2, random_state=7, features=FEATURES, selection="holdout"
+    ).fit(runs)
     assert again.n_states_ == fitted.n_states_
     pd.testing.assert_frame_equal(again.selection_, fitted.selection_)
     np.testing.assert_array_equal(again.model_.means_, fitted.model_.means_)
@@ -91,7 +99,9 @@ def test_parallel_selection_equals_serial(synthetic, fitted):
     """Parallel processes choose the same K and restarts; numbers agree to rounding (BLAS and
     numpy's SIMD sums may round differently on differently aligned copies of the data)."""
     runs, _ = synthetic
-    parallel = TrainingHMM(k_max=4, restarts=2, random_state=7, features=FEATURES, n_jobs=2)
+    parallel = TrainingHMM(
+        k_max=4, restarts=2, random_state=7, features=FEATURES, n_jobs=2, selection="holdout"
+    )
     parallel.fit(runs)
     assert parallel.n_states_ == fitted.n_states_
     assert list(parallel.selection_["restart"]) == list(fitted.selection_["restart"])
@@ -169,7 +179,9 @@ def test_importance_is_the_derivative_of_the_log_filtered_posterior(fitted, synt
 def test_baselines_table_has_the_paper_form(fitted, synthetic):
     runs, _ = synthetic
     subset = {run: runs[run] for run in list(runs)[:12]}
-    hmm = TrainingHMM(k_max=4, restarts=1, random_state=1, features=FEATURES).fit(subset)
+    hmm = TrainingHMM(
+        k_max=4, restarts=1, random_state=1, features=FEATURES, selection="holdout"
+    ).fit(subset)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         table, curves = baseline_table(hmm, subset, l2_feature="f0")
