@@ -218,3 +218,127 @@ def known_answer_scores(
         "edges": sorted(kept),
         "edges_match": kept == truth.true_edges(),
     }
+
+
+#: The differences :func:`sample_methods` plants between two methods.
+_EFFECTS = ("detour", "fork", "slower", "offset")
+
+
+def sample_methods(
+    effect: str, size: float, n_runs_per_method: int, n_states: int = 3, length: int = 150,
+    seed: int = 0, nuisance: float = 0.0,
+) -> tuple[dict[str, pd.DataFrame], dict[str, str], dict[str, np.ndarray], dict[str, KnownHMM]]:  # fmt: skip
+    """Two methods' runs with a known difference: ``n_runs_per_method`` metric tables of group
+    ``"a"`` and as many of group ``"b"``, whose law differs from a's by ``effect`` of ``size``.
+
+    Group a is :func:`sample_runs` ``(n_states, n_runs_per_method, length, seed, nuisance)``
+    itself (runs ``run00`` ...). b's runs continue that numbering, run i drawn as
+    :func:`sample_runs` draws its run i (the same random state and nuisance), from b's model: a's
+    (:func:`left_to_right_hmm`) with the effect planted at the middle phase k = (n_states - 1) // 2
+    (sizes of means in the factor space, distances in units of the path's step):
+
+    * ``detour``: a b run leaving state k goes, with probability ``size``, to an extra state D
+      (numbered ``n_states``) instead of k + 1, and from D on to k + 1 (D's dwell as any state's);
+      D lies one step off the path, beside the midpoint of k and k + 1, on the side away from the
+      other states (covariance: state k's);
+    * ``fork``: a b run leaving state n_states - 2 goes, with probability ``size``, to another final
+      state F (numbered ``n_states``, absorbing, ``test_acc`` 1.0 as in the last state) instead of
+      the last state; F lies one step off the path beside the midpoint of the last step
+      (covariance: the last state's);
+    * ``slower``: b's mean dwell in state k is multiplied by 1 + ``size`` (``size`` > -1);
+    * ``offset``: b's first state's mean moves by ``size`` within-state standard deviations (the
+      first state's, along the move) perpendicular to the path's first step.
+
+    Each planted choice is one transition probability of b's model, so each b run takes it
+    independently with probability ``size``. At ``size`` 0 b's model draws exactly what a's does
+    (an extra state has probability 0, and hmmlearn draws the same numbers): ``runs`` and
+    ``states`` are then those of :func:`sample_runs` with ``2 * n_runs_per_method`` runs, a true
+    null.
+
+    Returns ``(runs, groups, states, truth)``: run id -> metric table (as :func:`sample_runs`'),
+    run id -> ``"a"`` or ``"b"``, run id -> true state sequence (b's model's numbering: a's states
+    keep their numbers), group -> its true model (:class:`KnownHMM`; b's has ``n_states + 1``
+    states for ``detour`` and ``fork``).
+    """
+    if effect not in _EFFECTS:
+        raise ValueError(f"effect {effect!r}: choose one of {', '.join(_EFFECTS)}")
+    if effect in ("detour", "fork") and not 0 <= size <= 1:
+        raise ValueError(f"{effect} size {size!r}: a probability, in [0, 1]")
+    if effect == "slower" and not size > -1:
+        raise ValueError(f"slower size {size!r}: the dwell is multiplied by 1 + size, so > -1")
+    if n_states < 2:
+        raise ValueError(f"n_states {n_states!r}: a path needs at least 2 states")
+    runs, states, truth = sample_runs(n_states, n_runs_per_method, length, seed, nuisance)
+    planted = _planted_model(truth, effect, size)
+    finals = (n_states - 1, n_states) if effect == "fork" else (n_states - 1,)
+    groups = dict.fromkeys(runs, "a")
+    for index in range(n_runs_per_method, 2 * n_runs_per_method):
+        run = f"run{index:02d}"
+        runs[run], states[run] = _sample_table(planted, index, length, seed, nuisance, finals)
+        groups[run] = "b"
+    return runs, groups, states, {"a": truth, "b": planted}
+
+
+def _sample_table(
+    truth: KnownHMM, index: int, length: int, seed: int, nuisance: float, finals: tuple[int, ...]
+) -> tuple[pd.DataFrame, np.ndarray]:
+    """Run ``index`` of ``truth`` drawn as :func:`sample_runs` draws it (no tails, no
+    autocorrelation), ``test_acc`` 1.0 in the states ``finals``."""
+    values, hidden = truth.model.sample(length, random_state=seed * 1000 + index + 1)
+    if nuisance:
+        values = run_nuisance(values, truth.loadings, nuisance, seed, index)
+    names = list(METRIC_NAMES[: truth.model.n_features])
+    table = pd.DataFrame(values * truth.scale + truth.offset, columns=names)
+    table.insert(0, "step", np.arange(length) * 10)
+    table["test_acc"] = np.isin(hidden, finals).astype(float)
+    return table, hidden
+
+
+def _planted_model(truth: KnownHMM, effect: str, size: float) -> KnownHMM:
+    """``truth`` with ``effect`` of ``size`` planted (:func:`sample_methods`)."""
+    base = truth.model
+    n = base.n_components
+    middle = (n - 1) // 2
+    to_factors = np.linalg.pinv(truth.loadings)  # factors x features: L^+ L = I
+    factor_means = base.means_ @ to_factors.T
+    startprob, transmat = base.startprob_.copy(), base.transmat_.copy()
+    means, covars = base.means_.copy(), base.covars_.copy()
+    if effect in ("detour", "fork"):
+        branch = middle if effect == "detour" else n - 2
+        step = factor_means[branch + 1] - factor_means[branch]
+        extra = (factor_means[branch] + factor_means[branch + 1]) / 2
+        distance = np.linalg.norm(step)
+        extra = extra + distance * _away(step, extra, factor_means, distance)
+        leave = transmat[branch, branch + 1]
+        transmat = np.pad(transmat, ((0, 1), (0, 1)))
+        transmat[branch, branch + 1], transmat[branch, n] = leave * (1 - size), leave * size
+        if effect == "detour":
+            transmat[n, n], transmat[n, branch + 1] = 1 - leave, leave
+        else:
+            transmat[n, n] = 1.0
+        startprob = np.append(startprob, 0.0)
+        means = np.vstack([means, extra @ truth.loadings.T])
+        covars = np.concatenate([covars, covars[[branch if effect == "detour" else n - 1]]])
+    elif effect == "slower":
+        leave = 1.0 - transmat[middle, middle]
+        transmat[middle, middle], transmat[middle, middle + 1] = (
+            1.0 - leave / (1 + size), leave / (1 + size))  # fmt: skip
+    else:  # offset
+        direction = _away(factor_means[1] - factor_means[0], factor_means[0], factor_means)
+        spread = math.sqrt(direction @ to_factors @ covars[0] @ to_factors.T @ direction)
+        means[0] = means[0] + (size * spread * direction) @ truth.loadings.T
+    model = GaussianHMM(n_components=len(means), covariance_type="full")
+    model.startprob_, model.transmat_, model.means_ = startprob, transmat, means
+    model.covars_ = covars
+    model.n_features = base.n_features
+    return KnownHMM(model, truth.scale, truth.offset, truth.loadings)
+
+
+def _away(
+    step: np.ndarray, anchor: np.ndarray, factor_means: np.ndarray, distance: float = 1.0
+) -> np.ndarray:
+    """The unit factor direction perpendicular to ``step`` in which a point ``distance`` from
+    ``anchor`` keeps furthest from the nearest of the states' ``factor_means``."""
+    perpendicular = np.linalg.svd(step[None, :])[2][1]
+    return max((perpendicular, -perpendicular), key=lambda u: np.linalg.norm(
+        factor_means - (anchor + distance * u), axis=1).min())  # fmt: skip

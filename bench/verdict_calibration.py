@@ -1,0 +1,470 @@
+"""Calibration and power of a joint comparison's verdicts: how often each finds a difference.
+
+A joint comparison (:func:`trainmap.dynamics.joint.compare_groups`) tests every pair of methods
+in two families, each Holm-corrected on its own (:func:`trainmap.dynamics.verdicts.compare_methods`):
+the primary (label-free: convergence step, trajectories, first passage to the final state, states
+visited, transitions, collapsed paths) and the secondary (state-level: occupancy of each state,
+time in detour states). A verdict counts as significant here when its Holm-corrected p is below
+alpha (the analysis default, 0.05); a family when any of its verdicts is.
+
+**(a) Power and false positives on runs with a known answer.** Two methods' runs from
+:func:`trainmap.dynamics.synthetic.sample_methods` (true K = 3, 150 checkpoints, 14 metrics), b's
+law differing from a's by a planted effect of a size: ``detour`` (b's runs pass through an extra
+state off the path with probability size), ``fork`` (they end in another final state with
+probability size), ``slower`` (b's mean dwell in the middle phase times 1 + size), ``offset``
+(b's first state moved by size within-state SDs). Size 0 is one law for both methods (the same
+draws for every effect: effect ``none``), so its share of significant verdicts is the false
+positive rate, which should be <= alpha within its binomial 95 % interval (Clopper-Pearson,
+``scipy.stats.binomtest(...).proportion_ci()``). Each data set gets one shared map, fitted by
+``compare_groups`` with :class:`~trainmap.dynamics.hmm.estimator.TrainingHMM`'s defaults but
+``selection="holdout"`` and ``--restarts`` (default 2; ``random_state`` the sampler seed), the
+analysis defaults' 2000 permutations, convergence at the first checkpoint with ``test_acc`` 1
+(the sampler's last state). "time in detours" exists only where the map's regression found a
+detour state; elsewhere it counts as not significant. "occupancy" is significant when any state's
+is (the map numbers its states anew for each data set).
+
+**(b) Calibration on real runs** (``--results DIR``, a finished study's results tree; default
+``results``, the default study's, which ``make run`` makes). For each joint comparison of
+``--config`` whose shared map is under ``DIR/joint/<name>/``, its runs are read as the pipeline
+reads them (:func:`selection_real.read_joint_cells`: metric tables and evaluations under ``DIR``;
+:func:`~trainmap.dynamics.pipeline.analysis_runs`; :func:`~trainmap.jobs.analysis.rows_of_fit`,
+the checkpoints the map was made from; :meth:`~trainmap.dynamics.pipeline.FittedMap.load`, the map
+and every run's decoded states; the detour states of ``joint.json``). Then the method labels are
+permuted among the runs ``--relabellings`` times (seeded; group sizes kept) and for each
+permutation the verdicts are recomputed by ``compare_methods`` on the SAME map, with the path
+evidence. Holding the map fixed is exact when the map does not depend on the labels: the
+``holdout``, ``folds`` and ``gain`` rules split the runs without them, but ``reproducible`` halves
+each method's runs (``strata``), so under it the map was chosen with the true labels and the
+relabelled tests are conditional on that choice. Under any permutation no method differs, so the
+share of permutations with a significant verdict in a family is that family's false positive
+rate on real runs. Each recomputation uses ``--inner-permutations`` (default 500, >= 1/alpha)
+instead of the analysis' 2000, to keep 200 of them affordable: p-values are then coarser
+(1/501), which changes how often a p near alpha falls below it, not the test's level.
+
+Rows of (a) go to ``bench/results/verdict_calibration.csv`` (resumable: a data set already
+there with the same settings is not refitted); the tables of (a) and (b) to
+``bench/results/verdict_calibration.md``. ``--quick`` writes neither (its few seeds would only
+blur the measured tables).
+
+Usage::
+
+    .venv/bin/python bench/verdict_calibration.py                  # 20 seeds (null 100), n = 16, 32
+    .venv/bin/python bench/verdict_calibration.py --seeds 40 --runs 16 --size detour=0.5,1
+    .venv/bin/python bench/verdict_calibration.py --results results --relabellings 200
+    .venv/bin/python bench/verdict_calibration.py --table          # the CSV's rows, no fits
+    .venv/bin/python bench/verdict_calibration.py --quick          # ~2 min: 3 seeds, n = 16
+
+Last line: ``verdict_calibration null primary=k/N secondary=k/N | power primary <effect>@<size>,
+n=<n>=k/N ... | real <comparison> primary=k/N secondary=k/N``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import time
+import warnings
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from scipy.stats import binomtest
+from selection_real import finished_maps, read_joint_cells, study_command
+
+from trainmap.dynamics import paths as label_free
+from trainmap.dynamics.hmm.estimator import TrainingHMM
+from trainmap.dynamics.joint import compare_groups
+from trainmap.dynamics.pipeline import FittedMap, analysis_runs, convergence_from_tables
+from trainmap.dynamics.settings import ANALYSIS_DEFAULTS, with_defaults
+from trainmap.dynamics.synthetic import sample_methods
+from trainmap.dynamics.verdicts import (
+    CONVERGENCE_STEP,
+    PRIMARY,
+    SECONDARY,
+    censoring_steps,
+    compare_methods,
+    path_evidence,
+    run_quantities,
+)
+from trainmap.grid.cells import joint_settings
+from trainmap.io import load_json
+from trainmap.jobs.analysis import rows_of_fit
+
+RESULTS = Path(__file__).parent / "results"
+CSV_PATH = RESULTS / "verdict_calibration.csv"
+MD_PATH = RESULTS / "verdict_calibration.md"
+#: Each planted effect's default non-zero sizes (size 0, the null, is run once: effect "none").
+SIZES = {"detour": (0.25, 0.5, 1.0), "fork": (0.25, 0.5, 1.0), "slower": (0.5, 1.0, 2.0),
+         "offset": (1.0, 2.0, 4.0)}  # fmt: skip
+NULL = "none"
+#: The table's verdict columns: a column name -> the quantities it reads (any significant).
+COLUMNS = {
+    "convergence": (CONVERGENCE_STEP,),
+    "trajectories": (label_free.TRAJECTORIES,),
+    "first passage": (label_free.FIRST_PASSAGE,),
+    "states visited": (label_free.STATES_VISITED,),
+    "transitions": (label_free.TRANSITIONS,),
+    "collapsed paths": (label_free.COLLAPSED_PATHS,),
+    "primary (any)": (PRIMARY,),
+    "occupancy (any state)": ("occupancy of state",),
+    "time in detours": ("time in detour states",),
+    "secondary (any)": (SECONDARY,),
+}
+FIELDS = ["effect", "size", "n_per_method", "seed", "restarts", "permutations", "k", "seconds",
+          "quantity", "family", "p", "p_holm"]  # fmt: skip
+LENGTH, TRUE_K, THRESHOLD = 150, 3, 0.5
+
+
+# --- (a) power on the known-answer sampler ------------------------------------------------------
+
+
+def one_comparison(
+    effect: str, size: float, n: int, seed: int, restarts: int, permutations: int, alpha: float
+) -> list[dict]:  # fmt: skip
+    """One data set of :func:`sample_methods`, one shared map and its verdicts: a row per verdict."""
+    runs, groups, _, _ = sample_methods(effect if effect != NULL else "detour", size, n,
+                                        n_states=TRUE_K, length=LENGTH, seed=seed)  # fmt: skip
+    convergence = convergence_from_tables(runs, THRESHOLD)
+    started = time.perf_counter()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        comparison = compare_groups(runs, groups, convergence, {},
+                                    TrainingHMM(selection="holdout", restarts=restarts,
+                                                random_state=seed),
+                                    {"permutations": permutations, "seed": seed, "alpha": alpha})  # fmt: skip
+    seconds = round(time.perf_counter() - started, 2)
+    return [{"effect": effect, "size": size, "n_per_method": n, "seed": seed,
+             "restarts": restarts, "permutations": permutations, "k": comparison.hmm.n_states_,
+             "seconds": seconds, "quantity": row.quantity, "family": row.family, "p": row.p,
+             "p_holm": row.p_holm} for row in comparison.verdicts.itertuples()]  # fmt: skip
+
+
+def design(effects: list[str], sizes: Mapping[str, tuple[float, ...]], per_method: list[int],
+           seeds: int, null_seeds: int) -> list[tuple[str, float, int, int]]:  # fmt: skip
+    """Every (effect, size, n, seed) to fit: the null (``null_seeds`` seeds) and each effect's
+    sizes (``seeds`` seeds); seed by seed, smallest n first, so a run cut short has every cell."""
+    cells = [(effect, size) for effect in effects for size in sizes[effect]]
+    jobs = []
+    for n in per_method:
+        for seed in range(max(seeds, null_seeds)):
+            jobs += [(NULL, 0.0, n, seed)] if seed < null_seeds else []
+            jobs += [(effect, size, n, seed) for effect, size in cells] if seed < seeds else []
+    return jobs
+
+
+def significant(rows: pd.DataFrame, alpha: float) -> pd.DataFrame:
+    """One row per data set (effect, size, n, seed), one boolean column per :data:`COLUMNS`."""
+    keys = ["effect", "size", "n_per_method", "seed"]
+    rows = rows.assign(hit=rows["p_holm"] < alpha)
+    found = {}
+    for key, fit in rows.groupby(keys, sort=False):
+        cells = {}
+        for column, reads in COLUMNS.items():
+            if reads[0] in (PRIMARY, SECONDARY):
+                chosen = fit["family"] == reads[0]
+            else:
+                chosen = fit["quantity"].str.startswith(reads[0])
+            cells[column] = bool(fit.loc[chosen, "hit"].any())
+        cells["k"] = int(fit["k"].iloc[0])
+        found[key] = cells
+    table = pd.DataFrame.from_dict(found, orient="index")
+    table.index.names = keys
+    return table.reset_index()
+
+
+def share(hits: int, total: int) -> str:
+    """``hits/total (share)``."""
+    return f"{hits}/{total} ({hits / total:.2f})" if total else "-"
+
+
+def interval(hits: int, total: int) -> tuple[float, float]:
+    """The Clopper-Pearson 95 % interval of a binomial share."""
+    ci = binomtest(hits, total).proportion_ci(confidence_level=0.95)
+    return float(ci.low), float(ci.high)
+
+
+def null_table(hits: pd.DataFrame, alpha: float) -> str:
+    """False positives (size 0): per n and verdict column, k/N, the 95 % interval and whether alpha
+    lies at or above its lower end (calibrated within the interval)."""
+    lines = ["| runs per method | verdict | significant | 95 % interval | <= alpha within it |",
+             "| --- | --- | --- | --- | --- |"]  # fmt: skip
+    for n, fits in hits[hits["effect"] == NULL].groupby("n_per_method"):
+        for column in COLUMNS:
+            k, total = int(fits[column].sum()), len(fits)
+            low, high = interval(k, total)
+            lines.append(f"| {n} | {column} | {share(k, total)} | [{low:.3f}, {high:.3f}] | "
+                         f"{'yes' if low <= alpha else '**no**'} |")  # fmt: skip
+    return "\n".join(lines)
+
+
+def power_table(hits: pd.DataFrame) -> str:
+    """Share of data sets with a significant verdict, per effect x size x n (rows) and verdict
+    column (columns); the mean K of the shared maps."""
+    header = ["effect", "size", "runs per method", "fits", "mean K", *COLUMNS]
+    lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+    order = {name: index for index, name in enumerate([NULL, *SIZES])}
+    cells = hits.groupby(["effect", "size", "n_per_method"])
+    for (effect, size, n), fits in sorted(cells, key=lambda item: (order.get(item[0][0], 99),
+                                                                   item[0][1], item[0][2])):  # fmt: skip
+        shares = [f"{fits[column].mean():.2f}" for column in COLUMNS]
+        lines.append(f"| {effect} | {size:g} | {n} | {len(fits)} | {fits['k'].mean():.1f} | "
+                     + " | ".join(shares) + " |")  # fmt: skip
+    return "\n".join(lines)
+
+
+def read_rows(path: Path) -> pd.DataFrame:
+    """The CSV's rows (none when it is not there)."""
+    if not path.is_file():
+        return pd.DataFrame(columns=FIELDS)
+    return pd.read_csv(path)
+
+
+def run_power(args: argparse.Namespace) -> pd.DataFrame:
+    """Fit every data set of the design not yet in the CSV (with these settings), appending its
+    rows; the rows of the design."""
+    jobs = design(args.effects, args.sizes, args.runs, args.seeds, args.null_seeds)
+    stored = read_rows(CSV_PATH) if args.write else pd.DataFrame(columns=FIELDS)
+    settings = (stored["restarts"] == args.restarts) & (stored["permutations"] == args.permutations)
+    stored = stored[settings]
+    done = set(zip(stored["effect"], stored["size"].astype(float), stored["n_per_method"],
+                   stored["seed"], strict=True))  # fmt: skip
+    todo = [job for job in jobs if (job[0], float(job[1]), job[2], job[3]) not in done]
+    print(f"(a) {len(jobs)} data sets, {len(jobs) - len(todo)} already in the CSV", flush=True)
+    fresh = []
+    started = time.perf_counter()
+    for index, (effect, size, n, seed) in enumerate(todo):
+        rows = one_comparison(effect, size, n, seed, args.restarts, args.permutations, args.alpha)
+        fresh += rows
+        if args.write:
+            new = not CSV_PATH.is_file()
+            with CSV_PATH.open("a", newline="") as handle:
+                writer = csv.DictWriter(handle, fieldnames=FIELDS)
+                if new:
+                    writer.writeheader()
+                writer.writerows(rows)
+        if (index + 1) % 20 == 0 or index + 1 == len(todo):
+            print(f"  {index + 1}/{len(todo)} fitted, {time.perf_counter() - started:.0f} s",
+                  flush=True)  # fmt: skip
+    rows = pd.concat([stored, pd.DataFrame(fresh, columns=FIELDS)], ignore_index=True)
+    wanted = {(e, float(s), n, seed) for e, s, n, seed in jobs}
+    keys = zip(rows["effect"], rows["size"].astype(float), rows["n_per_method"], rows["seed"],
+               strict=True)  # fmt: skip
+    return rows[[key in wanted for key in keys]]
+
+
+# --- (b) calibration on real runs ----------------------------------------------------------------
+
+
+def real_comparison(config: dict, name: str, cells: list, root: Path) -> dict | None:
+    """A finished joint comparison's shared map, runs, quantities and path evidence (module
+    docstring), or None (with a line saying why) when its map is not under ``root``."""
+    directory = root / "joint" / name
+    if not all((directory / file).is_file() for file in ("hmm.npz", "hmm.json", "states.csv")):
+        print(f"(b) {name}: left out, no shared map under {directory}/")
+        return None
+    settings = with_defaults(joint_settings(config, name))
+    runs, outcomes, groups = read_joint_cells(config, cells)
+    runs, outcomes = analysis_runs(runs, outcomes, settings)
+    runs, outcomes = rows_of_fit(runs, outcomes, directory / "states.csv")
+    fitted = FittedMap.load(directory)
+    states = {run: fitted.states[run] for run in runs}
+    groups = {run: groups[run] for run in runs}
+    detours = load_json(directory / "joint.json").get("detour_states", []) \
+        if (directory / "joint.json").is_file() else []  # fmt: skip
+    n_states = fitted.hmm.n_states_
+    return {
+        "name": name, "settings": settings, "groups": groups, "selection": fitted.hmm.selection,
+        "quantities": run_quantities(states, n_states, outcomes.convergence, outcomes.status,
+                                     detours),
+        "censored_at": censoring_steps(runs, outcomes.convergence, outcomes.status),
+        "evidence": path_evidence(runs, states, n_states, fitted.hmm.features_, outcomes.status,
+                                  settings["trajectory_points"]),
+    }  # fmt: skip
+
+
+def relabelled_verdicts(data: dict, relabellings: int, inner: int, seed: int) -> pd.DataFrame:
+    """The verdicts of ``relabellings`` seeded permutations of the method labels on the same map:
+    one row per permutation, quantity and pair (``relabelling``, ``quantity``, ``family``,
+    ``p_holm``)."""
+    groups, settings = data["groups"], data["settings"]
+    order = list(dict.fromkeys(groups.values()))
+    members = list(groups)
+    labels = [groups[run] for run in members]
+    frames = []
+    for index in range(relabellings):
+        rng = np.random.default_rng(np.random.SeedSequence([seed, index]))
+        permuted = dict(zip(members, rng.permutation(labels), strict=True))
+        ordered = {run: permuted[run] for group in order for run in members
+                   if permuted[run] == group}  # fmt: skip
+        verdicts = compare_methods(data["quantities"].loc[list(ordered)], ordered,
+                                   n_permutations=inner, confidence=settings["confidence"],
+                                   alpha=settings["alpha"], seed=seed + index,
+                                   censored_at=data["censored_at"], paths=data["evidence"])  # fmt: skip
+        frames.append(verdicts[["quantity", "family", "p_holm"]].assign(relabelling=index))
+    return pd.concat(frames, ignore_index=True)
+
+
+def real_table(found: dict[str, pd.DataFrame], alpha: float) -> str:
+    """Per comparison and family (and primary verdict): the share of relabellings with a
+    significant verdict, its 95 % interval and whether alpha lies within or above it."""
+    lines = ["| comparison | verdict | relabellings significant | 95 % interval | "
+             "<= alpha within it |", "| --- | --- | --- | --- | --- |"]  # fmt: skip
+    for name, rows in found.items():
+        rows = rows.assign(hit=rows["p_holm"] < alpha)
+        total = rows["relabelling"].nunique()
+        chosen = {"primary (any)": rows["family"] == PRIMARY,
+                  "secondary (any)": rows["family"] == SECONDARY}  # fmt: skip
+        chosen |= {column: rows["quantity"].isin(reads) for column, reads in COLUMNS.items()
+                   if reads[0] not in (PRIMARY, SECONDARY, "occupancy of state")}  # fmt: skip
+        for column, mask in chosen.items():
+            k = int(rows[mask].groupby("relabelling")["hit"].any().reindex(
+                range(total), fill_value=False).sum())  # fmt: skip
+            low, high = interval(k, total)
+            lines.append(f"| {name} | {column} | {share(k, total)} | [{low:.3f}, {high:.3f}] | "
+                         f"{'yes' if low <= alpha else '**no**'} |")  # fmt: skip
+    return "\n".join(lines)
+
+
+def run_real(args: argparse.Namespace) -> tuple[str, dict[str, pd.DataFrame]]:
+    """Part (b): the table (or the line saying why it was skipped) and each comparison's rows."""
+    from trainmap.grid import joint_comparisons, load_config
+
+    root = Path(args.results)
+    if not (root / "joint").is_dir():
+        return (f"(b) skipped: no finished study under {root}/ (no {root}/joint/); "
+                f"`{study_command(args.config, paper=False)}` makes it"), {}  # fmt: skip
+    config = load_config("params.yaml", "config/config.yaml", args.config) | {"results": str(root)}
+    comparisons = joint_comparisons(config)
+    ready, missing = finished_maps({name: ([f"{root}/metrics/{cell.id}/metrics.csv"
+                                            for cell in cells],
+                                           [f"{root}/evaluate/{cell.id}/evaluation.json"
+                                            for cell in cells])
+                                    for name, cells in comparisons.items()})  # fmt: skip
+    for name, paths in missing.items():
+        print(f"(b) {name}: left out, {len(paths)} of its metric tables and evaluations are "
+              f"missing (e.g. {paths[0]})")  # fmt: skip
+    found = {}
+    for name in ready:
+        data = real_comparison(config, name, comparisons[name], root)
+        if data is None:
+            continue
+        started = time.perf_counter()
+        found[name] = relabelled_verdicts(data, args.relabellings, args.inner_permutations,
+                                          args.seed)  # fmt: skip
+        print(f"(b) {name}: {len(data['groups'])} runs, map selection {data['selection']}, "
+              f"{args.relabellings} relabellings in {time.perf_counter() - started:.0f} s",
+              flush=True)  # fmt: skip
+    if not found:
+        return (f"(b) skipped: no joint comparison of {args.config} has its map under "
+                f"{root}/joint/"), {}  # fmt: skip
+    heading = (f"`bench/verdict_calibration.py --results {root} --config {args.config} "
+               f"--relabellings {args.relabellings} --inner-permutations "
+               f"{args.inner_permutations}`: method labels permuted among each comparison's runs, "
+               "the verdicts recomputed on the same map.")  # fmt: skip
+    return heading + "\n\n" + real_table(found, args.alpha), found
+
+
+# --- the command ----------------------------------------------------------------------------------
+
+
+def parse_sizes(values: list[str]) -> dict[str, tuple[float, ...]]:
+    """``--size effect=s1,s2`` entries over :data:`SIZES`."""
+    sizes = dict(SIZES)
+    for value in values:
+        effect, _, listed = value.partition("=")
+        if effect not in SIZES or not listed:
+            raise argparse.ArgumentTypeError(f"--size {value!r}: write effect=s1,s2 with effect "
+                                              f"one of {', '.join(SIZES)}")  # fmt: skip
+        sizes[effect] = tuple(float(size) for size in listed.split(",") if float(size) != 0)
+    return sizes
+
+
+def summary(hits: pd.DataFrame, found: dict[str, pd.DataFrame], alpha: float) -> str:
+    """The last line (module docstring)."""
+    null = hits[hits["effect"] == NULL]
+    parts = ["verdict_calibration null",
+             f"primary={int(null['primary (any)'].sum())}/{len(null)}",
+             f"secondary={int(null['secondary (any)'].sum())}/{len(null)} | power primary"]  # fmt: skip
+    for (effect, size, n), fits in hits[hits["effect"] != NULL].groupby(
+            ["effect", "size", "n_per_method"]):  # fmt: skip
+        parts.append(f"{effect}@{size:g},n={n}={int(fits['primary (any)'].sum())}/{len(fits)}")
+    for name, rows in found.items():
+        hit = rows.assign(hit=rows["p_holm"] < alpha)
+        total = hit["relabelling"].nunique()
+        counts = [int(hit[hit["family"] == family].groupby("relabelling")["hit"].any().sum())
+                  for family in (PRIMARY, SECONDARY)]  # fmt: skip
+        parts.append(f"| real {name} primary={counts[0]}/{total} secondary={counts[1]}/{total}")
+    return " ".join(parts)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seeds", type=int, default=20,
+                        help="sampler seeds per effect and size (default 20)")  # fmt: skip
+    parser.add_argument("--null-seeds", type=int, default=100,
+                        help="sampler seeds of the null, size 0 (default 100)")  # fmt: skip
+    parser.add_argument("--runs", type=int, nargs="+", default=[16, 32],
+                        help="runs per method (default 16 32)")  # fmt: skip
+    parser.add_argument("--effects", nargs="+", default=list(SIZES), choices=list(SIZES))
+    parser.add_argument("--size", action="append", default=[],
+                        help="effect=s1,s2: that effect's non-zero sizes (default "
+                        + "; ".join(f"{e}={','.join(map(str, s))}" for e, s in SIZES.items())
+                        + ")")  # fmt: skip
+    parser.add_argument("--restarts", type=int, default=2, help="EM restarts per K (default 2)")
+    parser.add_argument("--permutations", type=int, default=ANALYSIS_DEFAULTS["permutations"],
+                        help="relabellings per verdict in (a) (default: the analysis')")  # fmt: skip
+    parser.add_argument("--alpha", type=float, default=ANALYSIS_DEFAULTS["alpha"])
+    parser.add_argument("--results", default="results",
+                        help="(b): a finished study's results tree (default results)")  # fmt: skip
+    parser.add_argument("--config", default="config/config.yaml", help="(b): the study's config")
+    parser.add_argument("--relabellings", type=int, default=200,
+                        help="(b): permutations of the method labels (default 200)")  # fmt: skip
+    parser.add_argument("--inner-permutations", type=int, default=500,
+                        help="(b): relabellings per verdict of each permutation (default 500)")  # fmt: skip
+    parser.add_argument("--seed", type=int, default=0, help="(b): seed of the permutations")
+    parser.add_argument("--table", action="store_true", help="the CSV's rows only, no fits")
+    parser.add_argument("--quick", action="store_true",
+                        help="3 seeds, 16 runs per method, one size per effect, 1 restart, 200 "
+                        "permutations, 20 relabellings in (b); writes no file")  # fmt: skip
+    args = parser.parse_args(argv)
+    args.sizes = parse_sizes(args.size)
+    args.write = not args.quick
+    if args.quick:
+        args.seeds, args.null_seeds, args.runs = 3, 6, [16]
+        args.restarts, args.permutations = 1, 200
+        args.sizes = {effect: sizes[-1:] for effect, sizes in args.sizes.items()}
+        args.relabellings = 20
+    if args.table:
+        rows = read_rows(CSV_PATH)
+        rows = rows[(rows["restarts"] == args.restarts)
+                    & (rows["permutations"] == args.permutations)]  # fmt: skip
+    else:
+        rows = run_power(args)
+    hits = significant(rows, args.alpha)
+    heading = (f"`bench/verdict_calibration.py --seeds {args.seeds} --null-seeds "
+               f"{args.null_seeds} --runs "
+               f"{' '.join(map(str, args.runs))}` ({args.restarts} restarts, "
+               f"{args.permutations} permutations, alpha {args.alpha:g}; sizes "
+               + "; ".join(f"{e} {', '.join(f'{s:g}' for s in args.sizes[e])}"
+                           for e in args.effects) + ")")  # fmt: skip
+    power = (f"{heading}\n\nShare of data sets with a significant verdict (Holm within its "
+             f"family; size 0 = effect {NULL}: the false positive rate)\n\n{power_table(hits)}\n\n"
+             f"False positives (effect {NULL}, size 0) with binomial 95 % intervals\n\n"
+             f"{null_table(hits, args.alpha)}")  # fmt: skip
+    print(power)
+    if args.table:
+        real, found = "(b) not run (--table)", {}
+    else:
+        real, found = run_real(args)
+    print(real)
+    if args.write and not args.table:
+        MD_PATH.write_text(f"# Verdict calibration\n\n## (a) Power and false positives on the "
+                           f"known-answer sampler\n\n{power}\n\n## (b) Calibration on real runs"
+                           f"\n\n{real}\n")  # fmt: skip
+    print(summary(hits, found, args.alpha))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
