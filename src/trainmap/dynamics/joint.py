@@ -13,9 +13,11 @@ states, and the study's question can be read off directly:
   is the reference): a group's coefficient is the shift in convergence step the states alone do
   not explain;
 * the verdict table (:func:`trainmap.dynamics.verdicts.compare_methods`): for every pair of groups,
-  the effect on each state's occupancy, on the time in detour states and on the convergence step,
-  with a bootstrap interval, a Holm-corrected permutation p-value and a verdict in words, "not
-  enough runs" included; the convergence step by the log-rank test, runs that never converged
+  first the label-free verdicts (:mod:`trainmap.dynamics.paths`: trajectories, first passage,
+  states visited, transitions, collapsed paths; the primary family with the convergence step),
+  then the effect on each state's occupancy and on the time in detour states (the secondary
+  family), each family Holm-corrected on its own; every row with a bootstrap interval, a
+  permutation p-value and a verdict in words, "not enough runs" included; the convergence step by the log-rank test, runs that never converged
   censored at their last checkpoint step. The runs are not refitted: their decoded states are
   relabelled.
 

@@ -55,10 +55,11 @@ def test_fork_ends_some_b_runs_in_another_final_state() -> None:
 
 
 def test_slower_lengthens_the_middle_dwell() -> None:
-    _, groups, states, _ = sample_methods("slower", 2.0, 3 * N, length=400, seed=2)
+    """Mean dwell 3x as long (200 checkpoints cut b's longest dwells short)."""
+    _, groups, states, _ = sample_methods("slower", 2.0, 2 * N, length=200, seed=2)
     dwell = {group: np.mean([(states[run] == 1).sum() for run in _by_group(groups, group)])
              for group in "ab"}  # fmt: skip
-    assert dwell["b"] > 2 * dwell["a"]
+    assert dwell["b"] > 1.5 * dwell["a"]
 
 
 def test_offset_moves_b_first_state() -> None:
