@@ -39,7 +39,6 @@ Last line: ``selection_growth <rule>=<right>/<fits> ...`` over every form and n 
 from __future__ import annotations
 
 import argparse
-import csv
 import time
 import warnings
 from pathlib import Path
@@ -50,6 +49,7 @@ import pandas as pd
 from trainmap.dynamics.hmm.curves import gain_curve
 from trainmap.dynamics.hmm.estimator import TrainingHMM
 from trainmap.dynamics.synthetic import sample_runs
+from trainmap.io import append_rows
 
 RESULTS = Path(__file__).parent / "results"
 FORMS = {"none": {}, "nuisance 1": {"nuisance": 1.0}, "ar 0.8": {"autocorrelation": 0.8},
@@ -198,12 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     csv_path.parent.mkdir(parents=True, exist_ok=True)
     for task in tasks:
         results = fit_one(*task)
-        new = not csv_path.exists()
-        with csv_path.open("a", newline="") as handle:
-            writer = csv.DictWriter(handle, fieldnames=FIELDS)
-            if new:
-                writer.writeheader()
-            writer.writerows(results)
+        append_rows(csv_path, results, FIELDS)
         first = results[0]
         print(f"{first['fit']:12} {first['form']:10} n={first['n_runs']:3} seed={first['seed']}: "
               f"K {first['k_chosen']} ({first['seconds']:.1f} s)", flush=True)  # fmt: skip

@@ -61,7 +61,6 @@ n=<n>=k/N ... | real <comparison> primary=k/N secondary=k/N``.
 from __future__ import annotations
 
 import argparse
-import csv
 import time
 import warnings
 from collections.abc import Mapping
@@ -88,7 +87,7 @@ from trainmap.dynamics.verdicts import (
     run_quantities,
 )
 from trainmap.grid.cells import joint_settings
-from trainmap.io import load_json
+from trainmap.io import append_rows, load_json
 from trainmap.jobs.analysis import rows_of_fit
 
 RESULTS = Path(__file__).parent / "results"
@@ -237,12 +236,7 @@ def run_power(args: argparse.Namespace) -> pd.DataFrame:
         rows = one_comparison(effect, size, n, seed, args.restarts, args.permutations, args.alpha)
         fresh += rows
         if args.write:
-            new = not CSV_PATH.is_file()
-            with CSV_PATH.open("a", newline="") as handle:
-                writer = csv.DictWriter(handle, fieldnames=FIELDS)
-                if new:
-                    writer.writeheader()
-                writer.writerows(rows)
+            append_rows(CSV_PATH, rows, FIELDS)
         if (index + 1) % 20 == 0 or index + 1 == len(todo):
             print(f"  {index + 1}/{len(todo)} fitted, {time.perf_counter() - started:.0f} s",
                   flush=True)  # fmt: skip

@@ -337,6 +337,20 @@ def _write_json(obj: Any, path: str | os.PathLike) -> None:
     write_atomic(path, lambda tmp: tmp.write_text(text))
 
 
+def append_rows(path: str | os.PathLike, rows: list[dict[str, Any]], fields: list[str]) -> None:
+    """Append ``rows`` to the CSV file ``path`` (its header ``fields`` written first when the file
+    is new): a benchmark's resumable raw rows, one finished piece of work at a time."""
+    import csv
+
+    path = Path(path)
+    new = not path.is_file()
+    with path.open("a", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=fields)
+        if new:
+            writer.writeheader()
+        writer.writerows(rows)
+
+
 def save_text(text: str, path: str | os.PathLike) -> None:
     """Write text atomically."""
     write_atomic(path, lambda tmp: tmp.write_text(text))
