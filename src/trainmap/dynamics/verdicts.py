@@ -72,12 +72,6 @@ class PathEvidence:
     n_states: int
     final_state: int
 
-    def subset(self, runs: Sequence[str]) -> PathEvidence:
-        """The evidence of ``runs`` only (the same grid and final state)."""
-        kept = [run for run in runs if run in self.states]
-        return PathEvidence(self.trajectories.loc[kept], {r: self.states[r] for r in kept},
-                            {r: self.steps[r] for r in kept}, self.n_states, self.final_state)  # fmt: skip
-
 
 def path_evidence(
     runs: Mapping[str, pd.DataFrame], states: Mapping[str, np.ndarray], n_states: int,
