@@ -233,6 +233,8 @@ def test_the_findings_page_is_written_from_the_results_and_checked(smoke_run: Pa
 
     from conftest import run_command
 
+    from trainmap.dynamics.stability_results import states_sentence
+
     page = tmp_path / "smoke.findings.md"
     python = [sys.executable, "-m", "trainmap.findings"]
     run_command([*python, "write", str(page), "results", "--title", "Smoke findings"],
@@ -243,7 +245,9 @@ def test_the_findings_page_is_written_from_the_results_and_checked(smoke_run: Pa
     assert text.splitlines()[2] == "# Smoke findings"
     assert "## parity_init" in text and "gradinit 2 runs, kaiming 2 runs" in text
     assert f"- K = {joint['n_states']} (selection rule `holdout`, K_max 8)." in text
-    assert f"of {bootstrap['n_resamples']} resamples" in text
+    # Refits at the full map's K: each state's mean Jaccard agreement over the resamples.
+    where = f"over {bootstrap['n_resamples']} resamples"
+    assert f"- Bootstrap: {states_sentence(bootstrap['state_jaccard'], where)}." in text, text
     verdicts = (smoke_run / "results/joint/parity_init/verdicts.md").read_text().strip()
     assert verdicts in text and "**Stability:**" in text
     assert "Run time:" not in text  # the smoke run was not started by make run

@@ -138,6 +138,11 @@ def test_a_detour_must_be_found_again_too():
     hmm = fit(runs, 4, k_max=5)
     assert hmm.n_states_ == 4
     convergence, status = outcomes(states, 3)
+    # Convergence measured with noise (SD 100 steps, a tenth of the detour's mean delay): the
+    # regression finds the detour in half the subsamples of 8 runs, in 9 of 10 from 16 on.
+    jitter = np.random.default_rng(0).normal(0.0, 100.0, len(convergence))
+    convergence = {run: None if step is None else step + int(noise) for (run, step), noise in
+                   zip(convergence.items(), jitter, strict=True)}  # fmt: skip
     decoded = hmm.decode(runs)
     distributions = {run: state_distribution(s, hmm.n_states_) for run, s in decoded.items()}
     detours = regress_detours(distributions, convergence, status).detour_states
@@ -145,9 +150,12 @@ def test_a_detour_must_be_found_again_too():
     curve = stability_curve(hmm, runs, None, convergence, status, detours, ladder=LADDER,
                             n_subsamples=10, max_iter=10)  # fmt: skip
     found = [point.detour_found[detours[0]] for point in curve.points]
-    assert found[0] < 0.9 and found[1:] == [1.0, 1.0, 1.0], found
+    assert found[0] < 0.9 and min(found[1:]) >= 0.9, found
     assert curve.points[0].ari_share >= 0.9  # the states agree at n = 8; the detour decides
     assert curve.sufficient_n == 16
+    without = stability_curve(hmm, runs, None, convergence, status, [], ladder=LADDER[:1],
+                              n_subsamples=10, max_iter=10)  # fmt: skip
+    assert without.sufficient_n == 8  # the same map, no detour to find: stable from 8 runs
     assert "detours found again" in curve.line()
     summary = curve.to_dict()
     assert summary["detour_states"] == detours
