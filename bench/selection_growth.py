@@ -50,6 +50,7 @@ from trainmap.dynamics.hmm.curves import gain_curve
 from trainmap.dynamics.hmm.estimator import TrainingHMM
 from trainmap.dynamics.synthetic import sample_runs
 from trainmap.io import append_rows
+from trainmap.schema import section_defaults
 
 RESULTS = Path(__file__).parent / "results"
 FORMS = {"none": {}, "nuisance 1": {"nuisance": 1.0}, "ar 0.8": {"autocorrelation": 0.8},
@@ -60,6 +61,7 @@ FITS = {"holdout": {"selection": "holdout"}, "folds": {"selection": "folds"},
         "affine": {"selection": "folds", "emission": "run_affine"}}  # fmt: skip
 TOLERANCES = (0.3, 0.4, 0.45)
 TRUE_K = 3
+K_MAX = section_defaults("analysis")["k_max"]
 LENGTH = 150
 FIELDS = ["fit", "form", "n_runs", "seed", "n_states", "heldout_log_likelihood",
           "heldout_observations", "bic", "k_chosen", "seconds"]  # fmt: skip
@@ -71,14 +73,14 @@ def sample(form: str, n_runs: int, seed: int) -> dict[str, pd.DataFrame]:
     return runs
 
 
-def fit_one(fit: str, form: str, n_runs: int, seed: int) -> list[dict]:
+def fit_one(fit: str, form: str, n_runs: int, seed: int, k_max: int = K_MAX) -> list[dict]:
     """One fit of one data set: a row per K of its selection curve, with the K its rule chose and
     the fit's CPU seconds."""
     runs = sample(form, n_runs, seed)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         started = time.process_time()
-        hmm = TrainingHMM(**FITS[fit]).fit(runs)
+        hmm = TrainingHMM(**FITS[fit], k_max=k_max).fit(runs)
         seconds = time.process_time() - started
     return [{"fit": fit, "form": form, "n_runs": n_runs, "seed": seed,
              "n_states": int(row.n_states),
@@ -178,9 +180,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--table", action="store_true", help="fit nothing: write the table of the CSV's rows"
     )
+    parser.add_argument("--k-max", type=int, default=K_MAX,
+                        help=f"largest K tried (default {K_MAX}, the schema's; another value "
+                        "writes its own CSV and table, *_kmax<K>)")  # fmt: skip
     parser.add_argument("--csv", type=Path, default=RESULTS / "selection_growth.csv")
     parser.add_argument("--out", type=Path, default=RESULTS / "selection_growth.md")
     args = parser.parse_args(argv)
+    if args.k_max < TRUE_K:  # before any fit: no rule could find the truth
+        parser.error(f"--k-max {args.k_max} is below the sampler's true K = {TRUE_K}: no rule "
+                     f"could select it; use --k-max {TRUE_K} or more (default {K_MAX})")  # fmt: skip
+    if args.k_max != K_MAX:  # never mixed with the default K_max's rows
+        for name in ("csv", "out"):
+            path = getattr(args, name)
+            setattr(args, name, path.with_name(f"{path.stem}_kmax{args.k_max}{path.suffix}"))
     fits = args.fits + (["affine"] if args.affine else [])
     seeds, sizes, csv_path = args.seeds, sorted(args.runs), args.csv
     if args.quick:
@@ -197,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
              if (fit, form, n, seed) not in done and not args.table]  # fmt: skip
     csv_path.parent.mkdir(parents=True, exist_ok=True)
     for task in tasks:
-        results = fit_one(*task)
+        results = fit_one(*task, k_max=args.k_max)
         append_rows(csv_path, results, FIELDS)
         first = results[0]
         print(f"{first['fit']:12} {first['form']:10} n={first['n_runs']:3} seed={first['seed']}: "

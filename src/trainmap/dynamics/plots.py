@@ -63,28 +63,57 @@ def plot_selection(
 
 
 def plot_bootstrap(bootstrap: Any, path: str | os.PathLike, title: str = "") -> str:
-    """Bootstrap over runs: the distribution of the selected K, and how often each state (and
-    each detour, as a detour) of the full map is found again."""
+    """Bootstrap over runs. Refits at the full map's K (the default): each state's Jaccard
+    agreement over the resamples (Hennig 2007; >= 0.75 reproduces, < 0.5 dissolved), and how
+    often each detour is found again. Refits that reselected K (older results, or
+    ``reselect_k``): the distribution of the selected K beside the states found again."""
+    from trainmap.dynamics.stability_results import DISSOLVED_JACCARD, STATE_JACCARD
+
     figure, (left, right) = plt.subplots(1, 2, figsize=(8.5, 3.2))
-    if bootstrap.k_counts:
+    states = np.arange(bootstrap.n_states)
+    per_state = bool(bootstrap.jaccards) and not bootstrap.reselect_k
+    if per_state:
+        values = np.asarray(bootstrap.jaccards, dtype=float)
+        left.boxplot([values[:, state] for state in states], positions=states, widths=0.5)
+        left.axhline(STATE_JACCARD, color="C2", lw=1, ls="--",
+                     label=f"reproduces (>= {STATE_JACCARD:g})")  # fmt: skip
+        left.axhline(DISSOLVED_JACCARD, color="C3", lw=1, ls=":",
+                     label=f"dissolved (< {DISSOLVED_JACCARD:g})")  # fmt: skip
+        left.set(xlabel="state of the full map", ylabel="Jaccard with the matched refit state",
+                 ylim=(-0.02, 1.05), title=f"each state over {bootstrap.n_resamples} resamples "
+                 f"(K = {bootstrap.n_states} kept)")  # fmt: skip
+        left.set_xticks(states)
+        left.legend(fontsize=7, loc="lower left")
+    elif bootstrap.k_counts:
         ks = sorted(bootstrap.k_counts)
         counts = [bootstrap.k_counts[k] / bootstrap.n_resamples for k in ks]
         colours = ["C3" if k == bootstrap.n_states else "0.6" for k in ks]
         left.bar(ks, counts, color=colours)
-    left.set(xlabel="K selected in a resample", ylabel="fraction of resamples",
-             title=f"K over {bootstrap.n_resamples} resamples (full data: K = "
-             f"{bootstrap.n_states})")  # fmt: skip
-    states = np.arange(bootstrap.n_states)
-    right.bar(states - 0.2, bootstrap.state_found, width=0.4, color="#8fb3d9",
-              label="state found again")  # fmt: skip
+        left.set(xlabel="K selected in a resample", ylabel="fraction of resamples",
+                 title=f"K over {bootstrap.n_resamples} resamples (full data: K = "
+                 f"{bootstrap.n_states})")  # fmt: skip
+    found = bootstrap.state_jaccard if per_state else bootstrap.state_found
+    right.bar(states - 0.2, found, width=0.4, color="#8fb3d9",
+              label="mean Jaccard" if per_state else "state found again")  # fmt: skip
     detours = [bootstrap.detour_found.get(int(k), np.nan) for k in states]
     right.bar(states + 0.2, detours, width=0.4, color="#e8a33d", label="detour found again")
-    right.set(xlabel="state of the full map", ylabel="fraction of resamples", ylim=(0, 1.05),
-              title="states and detours found again")  # fmt: skip
+    if per_state:
+        right.axhline(STATE_JACCARD, color="C2", lw=1, ls="--")
+    right.set(xlabel="state of the full map", ylabel="mean Jaccard / share of resamples",
+              ylim=(0, 1.05), title="states and detours found again")  # fmt: skip
     right.set_xticks(states)
     right.legend(fontsize=7)
     figure.suptitle(title or "bootstrap over runs", fontsize=10)
     _save(figure, path)
+    if per_state:
+        return (
+            "Bootstrap over runs (seeds resampled within each method, the map refitted at the full "
+            "map's K and matched to it state by state): left, each state's Jaccard agreement with "
+            "its matched refit state over the resamples (box: quartiles; green dashed, 0.75: the "
+            "state reproduces; red dotted, 0.5: below it the state dissolved, Hennig 2007); right, "
+            "each state's mean Jaccard and, for detour states, how often it is again a significant "
+            "detour. A split or merge of one state lowers that state only."
+        )
     return (
         "Bootstrap over runs (seeds resampled, the map refitted, K reselected): left, how often "
         "each K is selected (red: the full data's K); right, for each state of the full map, how "
@@ -116,8 +145,14 @@ def plot_stability(stability: Any, path: str | os.PathLike, title: str = "") -> 
                   label=f"share with ARI >= {curve.targets.ari:g}")  # fmt: skip
         axis.plot(ns, [p.ari_mean for p in curve.points], "s--", color="C0", alpha=0.6,
                   label="mean ARI")  # fmt: skip
-        axis.plot(ns, [p.k_same for p in curve.points], "^:", color="0.4",
-                  label=f"share with K = {curve.n_states}")  # fmt: skip
+        if all(point.per_state for point in curve.points):
+            axis.plot(ns, [min(p.state_jaccard, default=np.nan) for p in curve.points], "^:",
+                      color="0.4", label="lowest state's mean Jaccard")  # fmt: skip
+            axis.axhline(curve.targets.jaccard, color="0.4", lw=1, ls=":",
+                         label=f"Jaccard target {curve.targets.jaccard:g}")  # fmt: skip
+        else:
+            axis.plot(ns, [p.k_same for p in curve.points], "^:", color="0.4",
+                      label=f"share with K = {curve.n_states}")  # fmt: skip
         for detour in curve.detour_states:
             axis.plot(ns, [p.detour_found.get(detour, np.nan) for p in curve.points], "d-",
                       color="#e8a33d", label=f"detour {detour} found again")  # fmt: skip
@@ -131,14 +166,16 @@ def plot_stability(stability: Any, path: str | os.PathLike, title: str = "") -> 
         if curve.sufficient_n is not None:
             axis.axvline(curve.sufficient_n, color="C2", lw=1, label="stable from here")
         axis.set(xlabel="seeds" + (" per method" if curve.groups else "") + " in a subsample",
-                 ylabel="share of subsamples / ARI", ylim=(-0.02, 1.05), xticks=ns)  # fmt: skip
+                 ylabel="share of subsamples / ARI / Jaccard", ylim=(-0.02, 1.05), xticks=ns)  # fmt: skip
         axis.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0)
     figure.suptitle(title or "stability over seed counts", fontsize=10)
     _save(figure, path)
     return (
         "Stability curve: subsamples of n seeds (per method) refitted as the full map was; solid "
         "blue, the share whose decoding of all runs agrees with the full map's (adjusted Rand "
-        "index at the target); dashed, the mean ARI; grey, the share selecting the same K; orange, "
+        "index at the target); dashed, the mean ARI; grey, the lowest mean Jaccard of a state of the "
+        "full map with its matched refit state (its target dotted; refits that reselect K: the "
+        "share selecting the same K); orange, "
         "each detour found again; one line per verdict of the comparison (each its own colour, "
         "style and marker): the share of subsamples in which it holds again (same direction, "
         "significant after Holm). Red dashed: the target share; green: the n from which the map "

@@ -150,3 +150,40 @@ def test_edge_labels_keep_off_each_other_and_the_states(monkeypatch, tmp_path) -
     import matplotlib.pyplot as plt
 
     plt.close(figure)
+
+
+def test_the_bootstrap_figure_shows_each_states_jaccard_when_refits_keep_k(tmp_path, monkeypatch):
+    """Refits at the full map's K: one box of Jaccard values per state (a state that dissolved
+    in most resamples sits below the 0.5 line) and its mean beside the detours; a result whose
+    refits reselected K keeps the histogram of K. No word leaves the canvas in either."""
+    from trainmap.dynamics.certainty import BootstrapResult
+    from trainmap.dynamics.plots import plot_bootstrap
+
+    jaccards = [[0.95, 0.9, 0.3], [0.9, 0.85, 0.4], [0.97, 0.8, 0.2], [0.92, 0.9, 0.9]]
+    kept = BootstrapResult(n_resamples=4, n_states=3, k_counts={3: 4}, state_found=[1, 1, 1],
+                           detour_states=[2], detour_found={2: 0.25}, seconds=1.0,
+                           state_jaccard=[0.935, 0.8625, 0.45], jaccards=jaccards,
+                           reselect_k=False)  # fmt: skip
+    drawn = {}
+    save = figures.save_figure
+
+    def keep(figure, path, *args, **kwargs):
+        left, right = figure.axes
+        drawn[Path(path).name] = {
+            "outside": figures.text_outside(figure),
+            "left": left.get_xlabel(), "right": [b.get_height() for b in right.patches[:3]],
+        }  # fmt: skip
+        return save(figure, path, *args, **kwargs)
+
+    monkeypatch.setattr(figures, "save_figure", keep)
+    caption = plot_bootstrap(kept, tmp_path / "kept.png", "parity_init")
+    assert "Jaccard" in caption and "Hennig 2007" in caption
+    assert drawn["kept.png"]["left"] == "state of the full map"
+    assert drawn["kept.png"]["right"] == pytest.approx([0.935, 0.8625, 0.45])
+    reselected = BootstrapResult(n_resamples=4, n_states=3, k_counts={3: 3, 2: 1},
+                                 state_found=[1.0, 0.75, 0.5], detour_states=[],
+                                 detour_found={}, seconds=1.0, reselect_k=True)  # fmt: skip
+    assert "K reselected" in plot_bootstrap(reselected, tmp_path / "old.png")
+    assert drawn["old.png"]["left"] == "K selected in a resample"
+    assert drawn["old.png"]["right"] == [1.0, 0.75, 0.5]
+    assert drawn["kept.png"]["outside"] == [] == drawn["old.png"]["outside"]

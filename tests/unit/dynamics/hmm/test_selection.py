@@ -100,3 +100,25 @@ def test_no_nuisance_samples_are_unchanged_and_nuisance_is_seeded():
         pd.testing.assert_frame_equal(noisy[run], again[run])
         np.testing.assert_array_equal(noisy_states[run], states[run])  # the states stay
         assert not np.allclose(noisy[run]["l1"], plain[run]["l1"])
+
+
+def test_the_growth_bench_refuses_a_k_max_below_the_true_k_before_any_fit(
+    repo_root, monkeypatch, capsys
+):
+    """bench/selection_growth.py with --k-max below the sampler's true K stops at the argument
+    (exit 2, naming the option, the true K and the fix) without sampling or fitting."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "selection_growth", repo_root / "bench/selection_growth.py"
+    )
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    monkeypatch.setattr(bench, "fit_one", lambda *a, **k: pytest.fail("fitted"))
+    monkeypatch.setattr(bench, "sample", lambda *a, **k: pytest.fail("sampled"))
+    with pytest.raises(SystemExit) as stopped:
+        bench.main(["--k-max", "2", "--csv", "/nonexistent/rows.csv"])
+    assert stopped.value.code == 2
+    message = capsys.readouterr().err
+    assert "--k-max 2 is below the sampler's true K = 3" in message
+    assert "use --k-max 3 or more" in message
