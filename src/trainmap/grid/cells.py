@@ -222,14 +222,14 @@ def with_train_defaults(settings: Mapping[str, Any]) -> dict[str, Any]:
 
 def run_checkpoints(config: Mapping[str, Any], cell: Cell) -> int:
     """How many checkpoints (HMM observations) a cell's run has: its train or sparse retraining."""
-    from trainmap.training.archive import checkpoint_steps
+    from trainmap.training.archive import n_checkpoints
 
     if is_sparse(cell):
         given = stage_settings(dict(config), "sparse", cell.task).get("train", {})
     else:
         given = train_settings(dict(config), cell.task)
     settings = with_train_defaults(given)
-    return len(checkpoint_steps(int(settings["steps"]), int(settings["checkpoint_every"])))
+    return n_checkpoints(int(settings["steps"]), int(settings["checkpoint_every"]))
 
 
 def retrains(cell: Cell) -> bool:

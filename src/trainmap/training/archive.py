@@ -41,6 +41,20 @@ SCHEDULE_PATTERN = re.compile(r"^(all|none|every ([1-9][0-9]*)|log ([1-9][0-9]*)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
+#: The most checkpoints one run may take. Each is a row of the metric table (14 metrics, 8 bytes
+#: each, before any analysis) and a step of every HMM pass over the run: at 1,000,000 checkpoints
+#: one run's table is 112 MB in memory and a study of 32 runs 3.6 GB, past what the analysis jobs
+#: of a workstation hold. A count above it is refused before any work (``config key
+#: train.<task>.checkpoint_every``), computed by :func:`n_checkpoints` without listing the steps.
+MAX_CHECKPOINTS = 1_000_000
+
+
+def n_checkpoints(steps: int, checkpoint_every: int) -> int:
+    """``len(checkpoint_steps(steps, checkpoint_every))`` in constant time and memory: 0, every
+    ``checkpoint_every`` steps, and the last step when it is not a multiple."""
+    return steps // checkpoint_every + 1 + (steps % checkpoint_every != 0)
+
+
 def checkpoint_steps(steps: int, checkpoint_every: int) -> list[int]:
     """The steps at which the loop takes a checkpoint: 0, every ``checkpoint_every`` steps, and the
     last step (``steps``) when it is not a multiple."""

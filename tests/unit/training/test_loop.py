@@ -462,3 +462,15 @@ def test_unknown_method_is_rejected():
     meta = {"input_kind": "vector", "input_shape": [4], "num_classes": 2}
     with pytest.raises(ValueError, match="unknown method 'nope'"):
         build_cell_model("mlp", "nope", 0, meta)
+
+
+def test_the_checkpoint_count_is_the_length_of_the_steps_without_listing_them():
+    """n_checkpoints (what the config check and the plan count) equals the steps the loop takes
+    checkpoints at, multiples and remainders alike."""
+    from trainmap.training.archive import checkpoint_steps, n_checkpoints
+
+    for steps in (1, 2, 7, 10, 99, 100, 101, 1000):
+        for every in (1, 3, 10, 100, steps):
+            if every <= steps:
+                assert n_checkpoints(steps, every) == len(checkpoint_steps(steps, every))
+    assert n_checkpoints(1_000_000_000, 1) == 1_000_000_001
