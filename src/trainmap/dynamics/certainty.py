@@ -247,12 +247,12 @@ class Refit:
 
     @classmethod
     def of(cls, hmm: TrainingHMM, max_iter: int | None = None, warm_start: bool = True,
-           reselect_k: bool = False) -> Refit:  # fmt: skip
+           reselect_k: bool = False, restarts: int | None = None) -> Refit:  # fmt: skip
         """The refit of ``hmm``'s resamples. By default only the full map's K is refitted, once,
         on every drawn run (nothing reselected, so a refit's states match the full map's one to
         one and a resample of few runs cannot collapse to K = 1), warm-started from the full
-        map's model for at most ``max_iter`` EM iterations, or (``warm_start=False``) with the
-        full fit's restarts from fresh seeded starts. ``reselect_k=True``: every K is refitted
+        map's model for at most ``max_iter`` EM iterations, or (``warm_start=False``) with
+        ``restarts`` fresh seeded starts (default: the full fit's restarts). ``reselect_k=True``: every K is refitted
         (warm-started from the full fit's model of that K, or fresh) and K chosen by the full
         fit's rule."""
         rule = {"selection": hmm.selection, "folds": hmm.folds,
@@ -263,7 +263,7 @@ class Refit:
             k = hmm.n_states_
             starts = {k: model_parameters(hmm.model_)} if warm_start else None
             return cls(hmm.standardisation_, hmm.settings() | capped, [k],
-                       1 if warm_start else hmm.restarts, hmm.restart_rule, starts,
+                       1 if warm_start else restarts or hmm.restarts, hmm.restart_rule, starts,
                        **rule)  # fmt: skip
         if not warm_start:
             return cls(hmm.standardisation_, hmm.settings(), list(range(1, hmm.k_max + 1)),
@@ -329,7 +329,7 @@ def refit_resample(
 def refit_payload(
     hmm: TrainingHMM, runs: Mapping[str, pd.DataFrame], convergence: Mapping[str, int | None],
     status: Mapping[str, str], alpha: float, seed: int, max_iter: int | None, warm_start: bool,
-    reselect_k: bool = False,
+    reselect_k: bool = False, restarts: int | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """What every refit of ``hmm``'s runs needs (the bootstrap's and the stability curve's): the
     runs' raw features, how to refit (:class:`Refit`), the outcomes the detour regression reads
@@ -342,7 +342,7 @@ def refit_payload(
         full_labels = np.concatenate(hmm.model_.predict_runs(list(z_full.values())))
     return {
         "raw": {run: table[hmm.features_].to_numpy(dtype=float) for run, table in runs.items()},
-        "refit": Refit.of(hmm, max_iter, warm_start, reselect_k),
+        "refit": Refit.of(hmm, max_iter, warm_start, reselect_k, restarts),
         "convergence": dict(convergence),
         "status": dict(status),
         "alpha": alpha,

@@ -167,6 +167,7 @@ def stability_curve(
     confidence: float = 0.95,
     paths: PathEvidence | None = None,
     reselect_k: bool = False,
+    restarts: int | None = None,
 ) -> StabilityCurve:
     """The stability curve of the fitted map ``hmm`` of ``runs`` (module docstring).
 
@@ -174,7 +175,8 @@ def stability_curve(
     one group's map. ``detour_states``: the full map's detours; ``ladder``: the seed counts (default
     :func:`default_ladder` of the smallest group); ``max_iter`` caps each warm-started refit's EM
     iterations (default the fit's ``n_iter``), ``warm_start=False`` refits with the full fit's
-    restarts from fresh starts (:class:`~trainmap.dynamics.certainty.Refit`); ``reselect_k=True``
+    restarts (``restarts``: another count) from fresh starts
+    (:class:`~trainmap.dynamics.certainty.Refit`); ``reselect_k=True``
     refits every K and reselects it instead of keeping the full map's. ``targets``: when an n
     counts as stable (:class:`~trainmap.dynamics.stability_results.StabilityTargets`: every state
     at mean Jaccard >= ``targets.jaccard``, detours and verdicts found again in a share >=
@@ -199,7 +201,7 @@ def stability_curve(
     ladder = default_ladder(full_n, max_fraction=max_fraction) if ladder is None else list(ladder)
     _check_ladder(ladder, full_n, limit, max_fraction, per_method=groups is not None)
     payload = refit_payload(hmm, runs, convergence, status, alpha, seed, max_iter, warm_start,
-                            reselect_k)  # fmt: skip
+                            reselect_k, restarts)  # fmt: skip
     followed = followed_verdicts(verdicts, groups)
     payload |= {"ids_by_group": ids_by_group,
                 "holdout": hmm.holdout, "groups": groups, "verdicts": followed,
@@ -351,9 +353,10 @@ def map_stability(
     """The stability curve of a fitted map with the analysis settings (``stability`` subsamples
     per n, 0: none; ``stability_step``, ``stability_max_fraction``, ``stability_ari`` (the
     secondary ARI's target), ``stability_share``); ``verdicts``, a joint comparison's verdict
-    table, to test its verdicts again. Its refits keep the full map's K and start afresh, with
-    the full fit's restarts (``warm_start=False``): a warm start at K would carry the full map's
-    states into every subsample, and the curve asks what n fresh seeds would find."""
+    table, to test its verdicts again. Its refits keep the full map's K and start afresh
+    (``warm_start=False``), with ``stability_restarts`` seeded restarts each: a warm start at K
+    would carry the full map's states into every subsample, and the curve asks what n fresh seeds
+    would find."""
     if not settings["stability"]:
         return MapStability(None, "analysis.stability is 0")
     sizes = pd.Series(list(groups.values())).value_counts() if groups else pd.Series([len(runs)])
@@ -371,6 +374,6 @@ def map_stability(
         alpha=settings["alpha"], n_jobs=n_jobs, max_iter=settings["bootstrap_iter"],
         max_fraction=settings["stability_max_fraction"], verdicts=verdicts,
         permutations=settings["permutations"], confidence=settings["confidence"], paths=paths,
-        warm_start=False,
+        warm_start=False, restarts=settings["stability_restarts"],
     )  # fmt: skip
     return MapStability(curve)

@@ -435,3 +435,31 @@ def test_refits_keep_the_full_maps_k_on_small_subsamples(weak):
     assert curve.points[0].ks == [3] * 4 and not curve.reselect_k
     assert curve.points[0].states_reproduced() == [0, 1, 2]
     assert "k_same" not in curve.to_dict()["points"][0]
+
+
+def test_the_curves_refits_take_the_stability_restarts(strong, monkeypatch):
+    """map_stability refits each subsample with analysis.stability_restarts fresh starts (the full
+    fit keeps analysis.restarts); the bootstrap's warm start stays one start."""
+    from trainmap.dynamics import certainty
+    from trainmap.dynamics.certainty import Refit
+    from trainmap.dynamics.stability import map_stability
+
+    hmm, runs, convergence, status = strong
+    assert Refit.of(hmm, warm_start=False).restarts == hmm.restarts == 2
+    assert Refit.of(hmm, warm_start=False, restarts=1).restarts == 1
+    assert Refit.of(hmm, restarts=1).restarts == 1  # warm: one start whatever is asked
+    seen = []
+    original = certainty.Refit.of.__func__
+
+    def spy(cls, *args, **kwargs):
+        refit = original(cls, *args, **kwargs)
+        seen.append(refit.restarts)
+        return refit
+
+    monkeypatch.setattr(certainty.Refit, "of", classmethod(spy))
+    settings = {"stability": 2, "stability_step": 8, "stability_max_fraction": 0.8,
+                "stability_ari": 0.9, "stability_share": 0.9, "seed": 0, "alpha": 0.05,
+                "bootstrap_iter": 10, "permutations": 100, "confidence": 0.95,
+                "stability_restarts": 1}  # fmt: skip
+    map_stability(hmm, runs, None, convergence, status, [], settings)
+    assert seen == [1]
