@@ -252,9 +252,9 @@ class Refit:
         on every drawn run (nothing reselected, so a refit's states match the full map's one to
         one and a resample of few runs cannot collapse to K = 1), warm-started from the full
         map's model for at most ``max_iter`` EM iterations, or (``warm_start=False``) with
-        ``restarts`` fresh seeded starts (default: the full fit's restarts). ``reselect_k=True``: every K is refitted
-        (warm-started from the full fit's model of that K, or fresh) and K chosen by the full
-        fit's rule."""
+        ``restarts`` fresh seeded starts (default: the full fit's restarts). ``reselect_k=True``:
+        every K is refitted (warm-started from the full fit's model of that K, or fresh) and K
+        chosen by the full fit's rule."""
         rule = {"selection": hmm.selection, "folds": hmm.folds,
                 "reproducibility": hmm.reproducibility(),
                 "strata": getattr(hmm, "strata_", None)}  # fmt: skip

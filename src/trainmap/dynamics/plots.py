@@ -166,7 +166,8 @@ def plot_stability(stability: Any, path: str | os.PathLike, title: str = "") -> 
         if curve.sufficient_n is not None:
             axis.axvline(curve.sufficient_n, color="C2", lw=1, label="stable from here")
         axis.set(xlabel="seeds" + (" per method" if curve.groups else "") + " in a subsample",
-                 ylabel="share of subsamples / ARI / Jaccard", ylim=(-0.02, 1.05), xticks=ns)  # fmt: skip
+                 ylabel="share of subsamples / ARI / Jaccard", ylim=(-0.02, 1.05),
+                 xticks=ns)  # fmt: skip
         axis.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0)
     figure.suptitle(title or "stability over seed counts", fontsize=10)
     _save(figure, path)
