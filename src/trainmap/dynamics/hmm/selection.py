@@ -320,6 +320,20 @@ def _run_weights(counts: Sequence[float]) -> np.ndarray | None:
     return None if np.all(weights == 1.0) else weights
 
 
+def stacked_runs(z: Mapping[str, np.ndarray], counts: Mapping[str, float]) -> tuple[Data, Any]:
+    """The runs of ``counts`` (run -> times drawn) stacked for one fit, with their weights."""
+    return stack([z[run] for run in counts]), _run_weights(list(counts.values()))
+
+
+def pooled_counts(train: Mapping[str, float], heldout: Mapping[str, float]) -> dict[str, float]:
+    """Both parts of a draw as one: run -> times drawn in either (the rules that split the runs
+    themselves, and a fixed-K fit, use every run)."""
+    pooled = dict(train)
+    for run, count in heldout.items():
+        pooled[run] = pooled.get(run, 0.0) + count
+    return pooled
+
+
 def selection_splits(
     z: Mapping[str, np.ndarray], train: Mapping[str, float], heldout: Mapping[str, float],
     selection: str, folds: int, random_state: int, halves_n: int | None = None,
@@ -344,12 +358,10 @@ def selection_splits(
     check_choice("selection", selection, SELECTION_RULES)
 
     def part(counts: Mapping[str, float]) -> tuple[Data, Any]:
-        return stack([z[run] for run in counts]), _run_weights(list(counts.values()))
+        return stacked_runs(z, counts)
 
     if selection == "reproducible":
-        pooled = dict(train)
-        for run, count in heldout.items():
-            pooled[run] = pooled.get(run, 0.0) + count
+        pooled = pooled_counts(train, heldout)
         halves = half_splits(list(pooled), halves_n, random_state, strata, cap_halves, half_size)
         splits = []
         for first, second in halves:
@@ -365,9 +377,7 @@ def selection_splits(
     if selection == "holdout":  # "gain" scores on folds, as "folds" does
         (train_data, train_weights), (heldout_data, heldout_weights) = part(train), part(heldout)
         return [Split(train_data, heldout_data, (train_weights, heldout_weights))], [list(heldout)]
-    pooled = dict(train)
-    for run, count in heldout.items():
-        pooled[run] = pooled.get(run, 0.0) + count
+    pooled = pooled_counts(train, heldout)
     held = fold_split(list(pooled), folds, random_state)
     splits = []
     for fold in held:
@@ -499,11 +509,8 @@ def _fixed_k(
     (the bootstrap's and the stability curve's, :class:`~trainmap.dynamics.certainty.Refit`)."""
     if len(ks) != 1:
         raise ValueError(f"a fixed-K fit takes one K, got {list(ks)}")
-    pooled = dict(train)
-    for run, count in heldout.items():
-        pooled[run] = pooled.get(run, 0.0) + count
-    data = stack([z[run] for run in pooled])
-    splits = [Split(data, None, (_run_weights(list(pooled.values())), None))]
+    data, weights = stacked_runs(z, pooled_counts(train, heldout))
+    splits = [Split(data, None, (weights, None))]
     tasks = [(0, ks[0], r) for r in range(restarts)]
     fits = fit_restarts(tasks, splits, settings, n_jobs, starts, score_train)
     curve = selection_curve(fits, restart_rule)
