@@ -64,7 +64,12 @@ from trainmap.dynamics.regression import (
     state_distribution,
     trajectory_dissimilarity,
 )
-from trainmap.dynamics.stability_results import STATE_JACCARD, dissolved_shares, mean_jaccard
+from trainmap.dynamics.stability_results import (
+    STATE_JACCARD,
+    dissolved_shares,
+    mean_jaccard,
+    reproduced_states,
+)
 from trainmap.io import load_json
 
 # --- bootstrap over runs -----------------------------------------------------------------------
@@ -119,7 +124,7 @@ class BootstrapResult:
     def states_reproduced(self, threshold: float = STATE_JACCARD) -> list[int]:
         """The full map's states whose mean Jaccard over the resamples reaches ``threshold``
         (Hennig 2007: >= 0.75 stable, <= 0.5 dissolved)."""
-        return [state for state, value in enumerate(self.state_jaccard) if value >= threshold]
+        return reproduced_states(self.state_jaccard, threshold)
 
     @property
     def state_dissolved(self) -> list[float]:

@@ -59,6 +59,12 @@ def dissolved_shares(jaccards: Sequence[Sequence[float]]) -> list[float]:
     return (np.asarray(jaccards, dtype=float) < DISSOLVED_JACCARD).mean(axis=0).round(6).tolist()
 
 
+def reproduced_states(means: Sequence[float], threshold: float = STATE_JACCARD) -> list[int]:
+    """The states whose mean Jaccard (``means``, per state) reaches ``threshold`` (Hennig 2007: a
+    cluster with mean Jaccard >= 0.75 is stable, <= 0.5 dissolved)."""
+    return [state for state, value in enumerate(means) if value >= threshold]
+
+
 def states_sentence(means: Sequence[float], where: str, threshold: float = STATE_JACCARD) -> str:
     """Which states reproduce: 'states 0, 2 reproduce {where} (mean Jaccard >= 0.75); state 1
     does not (0.41)', from each state's mean Jaccard (``means``); empty without states."""
@@ -66,7 +72,7 @@ def states_sentence(means: Sequence[float], where: str, threshold: float = STATE
     def states(items: list[int]) -> str:
         return ("state " if len(items) == 1 else "states ") + ", ".join(map(str, items))
 
-    kept = [state for state, value in enumerate(means) if value >= threshold]
+    kept = reproduced_states(means, threshold)
     lost = [state for state in range(len(means)) if state not in kept]
     parts = []
     if kept:
@@ -136,7 +142,7 @@ class StabilityPoint:
         """The full map's states whose mean Jaccard reaches ``threshold`` (default the point's
         target; Hennig 2007: a cluster with mean Jaccard >= 0.75 is stable, <= 0.5 dissolved)."""
         threshold = self.jaccard_target if threshold is None else threshold
-        return [state for state, value in enumerate(self.state_jaccard) if value >= threshold]
+        return reproduced_states(self.state_jaccard, threshold)
 
     @property
     def per_state(self) -> bool:
