@@ -127,21 +127,11 @@ def sample_runs(
     ``test_acc`` = 1.0 from the last state on, else 0.0), run id -> true state sequence, the model.
     """
     truth = left_to_right_hmm(n_states, length=length, seed=seed, **options)
-    names = list(METRIC_NAMES[: truth.model.n_features])
     runs, states = {}, {}
     for index in range(n_runs):
-        values, hidden = truth.model.sample(length, random_state=seed * 1000 + index + 1)
-        if tails is not None:
-            values = heavy_tails(values, hidden, truth.model.means_, tails, seed, index)
-        if autocorrelation:
-            values = autocorrelated_noise(values, hidden, truth.model.means_, autocorrelation)
-        if nuisance:
-            values = run_nuisance(values, truth.loadings, nuisance, seed, index)
-        table = pd.DataFrame(values * truth.scale + truth.offset, columns=names)
-        table.insert(0, "step", np.arange(length) * 10)
-        table["test_acc"] = (hidden == n_states - 1).astype(float)
-        runs[f"run{index:02d}"] = table
-        states[f"run{index:02d}"] = hidden
+        runs[f"run{index:02d}"], states[f"run{index:02d}"] = _sample_table(
+            truth, index, length, seed, nuisance, (n_states - 1,), tails, autocorrelation
+        )
     return runs, states, truth
 
 
@@ -280,11 +270,16 @@ def sample_methods(
 
 
 def _sample_table(
-    truth: KnownHMM, index: int, length: int, seed: int, nuisance: float, finals: tuple[int, ...]
-) -> tuple[pd.DataFrame, np.ndarray]:
-    """Run ``index`` of ``truth`` drawn as :func:`sample_runs` draws it (no tails, no
-    autocorrelation), ``test_acc`` 1.0 in the states ``finals``."""
+    truth: KnownHMM, index: int, length: int, seed: int, nuisance: float, finals: tuple[int, ...],
+    tails: float | None = None, autocorrelation: float = 0.0,
+) -> tuple[pd.DataFrame, np.ndarray]:  # fmt: skip
+    """Run ``index`` of ``truth`` (:func:`sample_runs`' and :func:`sample_methods`' one draw):
+    its metric table, ``test_acc`` 1.0 in the states ``finals``, and its true states."""
     values, hidden = truth.model.sample(length, random_state=seed * 1000 + index + 1)
+    if tails is not None:
+        values = heavy_tails(values, hidden, truth.model.means_, tails, seed, index)
+    if autocorrelation:
+        values = autocorrelated_noise(values, hidden, truth.model.means_, autocorrelation)
     if nuisance:
         values = run_nuisance(values, truth.loadings, nuisance, seed, index)
     names = list(METRIC_NAMES[: truth.model.n_features])
