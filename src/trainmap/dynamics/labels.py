@@ -33,11 +33,9 @@ import pandas as pd
 from markdown_it import MarkdownIt
 
 from trainmap.dynamics.stability_results import MapStability, verdict_key
-from trainmap.dynamics.verdicts import NO_EVIDENCE, NOT_ENOUGH_RUNS
+from trainmap.dynamics.verdicts import NO_EVIDENCE, NOT_ENOUGH_RUNS, TIME_IN_DETOURS
 from trainmap.io import write_atomic
 
-#: The quantity of :func:`trainmap.dynamics.verdicts.run_quantities` that reads the detours.
-TIME_IN_DETOURS = "time in detour states"
 #: The label's ending for a significant verdict that is not a finding (and a stand-alone word).
 NOT_REPRODUCIBLE = "not reproducible"
 NOT_TESTED = "not tested on subsamples"

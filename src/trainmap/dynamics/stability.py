@@ -85,7 +85,6 @@ from trainmap.dynamics.hmm.splits import SelectionFailed
 from trainmap.dynamics.paths import (
     COLLAPSED_PATHS,
     FIRST_PASSAGE,
-    STATES_VISITED,
     TRAJECTORIES,
     TRANSITIONS,
     final_state,
@@ -100,12 +99,12 @@ from trainmap.dynamics.stability_results import (
     verdict_key,
 )
 from trainmap.dynamics.verdicts import (
-    CONVERGENCE_STEP,
     NO_EVIDENCE,
     NOT_ENOUGH_RUNS,
     PathEvidence,
     censoring_steps,
     compare_methods,
+    per_run_quantity,
     run_quantities,
 )
 
@@ -293,12 +292,7 @@ def recomputable(quantity: str) -> bool:
     of :func:`~trainmap.dynamics.verdicts.run_quantities` (occupancy of a state, states visited,
     time in detour states, convergence step) and the label-free verdicts (:data:`LABEL_FREE`,
     with the comparison's path evidence; without it they are followed and never hold)."""
-    per_run = quantity.startswith("occupancy of state") or quantity in (
-        STATES_VISITED,
-        "time in detour states",
-        CONVERGENCE_STEP,
-    )
-    return per_run or quantity in LABEL_FREE
+    return per_run_quantity(quantity) or quantity in LABEL_FREE
 
 
 def followed_verdicts(verdicts: pd.DataFrame | None, groups: Mapping[str, str] | None) -> list[str]:

@@ -43,6 +43,10 @@ from trainmap.dynamics.survival import compare_survival
 NOT_ENOUGH_RUNS = "not enough runs"
 NO_EVIDENCE = "no evidence of a difference"
 CONVERGENCE_STEP = "convergence step"
+#: The per-run quantities of :func:`run_quantities` besides the states visited: each state's
+#: occupancy (``f"{OCCUPANCY} {k}"``) and the time in the map's detour states.
+OCCUPANCY = "occupancy of state"
+TIME_IN_DETOURS = "time in detour states"
 NO_RUN_CONVERGED = "no run of either method converged: every run censored, no evidence can be had"
 #: The verdict families, each Holm-corrected on its own within a method pair: the label-free
 #: verdicts (:mod:`trainmap.dynamics.paths`) and the convergence step answer the study's question;
@@ -55,8 +59,18 @@ DIFFER = "paths differ"
 def family(quantity: str) -> str:
     """The family of a verdict's quantity: secondary for the state-level quantities (whose meaning
     depends on the map's state numbering), primary for every other."""
-    state_level = quantity.startswith("occupancy of state") or quantity == "time in detour states"
-    return SECONDARY if state_level else PRIMARY
+    return SECONDARY if _state_level(quantity) else PRIMARY
+
+
+def _state_level(quantity: str) -> bool:
+    return quantity.startswith(OCCUPANCY) or quantity == TIME_IN_DETOURS
+
+
+def per_run_quantity(quantity: str) -> bool:
+    """Whether ``quantity`` is one :func:`run_quantities` computes per run (so a subsample's runs
+    can give it again): a state's occupancy, the states visited, the time in detour states, the
+    convergence step."""
+    return _state_level(quantity) or quantity in (label_free.STATES_VISITED, CONVERGENCE_STEP)
 
 
 @dataclass
@@ -344,14 +358,14 @@ def run_quantities(
     rows = {}
     for run, sequence in states.items():
         occupancy = state_distribution(sequence, n_states)
-        row = {f"occupancy of state {k}": occupancy[k] for k in range(n_states)}
+        row = {f"{OCCUPANCY} {k}": occupancy[k] for k in range(n_states)}
         diverged = status.get(run, "completed") == "diverged"
         row[label_free.STATES_VISITED] = np.nan if diverged else float(len(np.unique(sequence)))
         if detour_states:
-            row["time in detour states"] = float(occupancy[list(detour_states)].sum())
+            row[TIME_IN_DETOURS] = float(occupancy[list(detour_states)].sum())
         step = convergence.get(run)
         converged = step is not None and status.get(run, "completed") != "diverged"
-        row["convergence step"] = float(step) if converged else np.nan
+        row[CONVERGENCE_STEP] = float(step) if converged else np.nan
         rows[run] = row
     return pd.DataFrame.from_dict(rows, orient="index")
 
