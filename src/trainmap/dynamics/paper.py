@@ -20,8 +20,9 @@ bootstrap intervals; :func:`table_markdown` and :func:`plot_paper` write ``table
 figure.
 
 Intervals: each map's bootstrap over runs (:mod:`trainmap.dynamics.certainty`: runs resampled,
-the map refitted and K reselected, the drawn runs decoded and regressed) records every resample's
-R^2 and dissimilarity. A difference between two settings is taken between their resamples drawn
+the map refitted at its own K, the drawn runs decoded and regressed) records every resample's
+R^2 and dissimilarity, and each state's Jaccard agreement with the full map (the table's bootstrap
+column: the states that reproduce; a bootstrap written with ``reselect_k`` gives its K counts). A difference between two settings is taken between their resamples drawn
 independently (resample b of one against resample b of the other), and its percentile interval at
 ``confidence`` decides the verdict: ``reproduced`` (the paper's ordering, the interval excludes
 0), ``reversed`` (the other ordering, the interval excludes 0) or ``undecided``.
@@ -46,6 +47,7 @@ from trainmap.dynamics.regression import (
     state_distribution,
     trajectory_dissimilarity,
 )
+from trainmap.dynamics.stability_results import STATE_JACCARD, reproduced_states
 from trainmap.io import load_json
 
 
@@ -207,6 +209,9 @@ def paper_row(directory: str | os.PathLike, setting: str, analysis: str) -> dict
         "detours_unchecked": _unchecked_detours(detours),
         "detours_found_again": detours.get("detours_found_again", {}),
         "bootstrap_k": {int(k): int(v) for k, v in bootstrap["k_counts"].items()},
+        # refits at the map's own K (each state's mean Jaccard) unless the file says they reselected
+        "bootstrap_reselect_k": bool(bootstrap.get("reselect_k", True)),
+        "bootstrap_state_jaccard": [float(v) for v in bootstrap.get("state_jaccard", [])],
         "bootstrap_k_draws": [int(k) for k in bootstrap.get("ks", []) if int(k) > 0],
         "bootstrap_r2": bootstrap.get("r2s", []),
         "bootstrap_dissimilarity": bootstrap.get("dissimilarities", {}),
@@ -377,6 +382,18 @@ def _k_counts(counts: Mapping[int, int]) -> str:
     return ", ".join(f"{k}: {n}" for k, n in sorted(counts.items()) if k > 0) or "-"
 
 
+def _bootstrap(row: Mapping[str, Any]) -> str:
+    """The bootstrap cell: with refits at the map's K, the states that reproduce (mean Jaccard >=
+    :data:`~trainmap.dynamics.stability_results.STATE_JACCARD`) and each state's mean Jaccard;
+    with refits that reselected K, how many resamples selected each K."""
+    jaccard = row.get("bootstrap_state_jaccard") or []
+    if row.get("bootstrap_reselect_k", True) or not jaccard:
+        return _k_counts(row["bootstrap_k"])
+    kept = reproduced_states(jaccard)
+    states = ", ".join(map(str, kept)) if kept else "none"
+    return f"{states} of {len(jaccard)} (Jaccard {', '.join(f'{v:.2f}' for v in jaccard)})"
+
+
 def _detours(row: Mapping[str, Any]) -> str:
     if not row["detours"]:
         return "none"
@@ -413,7 +430,7 @@ def _row_cells(row: Mapping[str, Any], confidence: float) -> list[str]:
         f"{'forking' if row['forking'] else 'linear'} ({'forking' if paper.forking else 'linear'})",
         f"{_detours(row)} ({', '.join(map(str, paper.detours)) or 'none'})",
         ", ".join(map(str, row.get("detours_unchecked", []))) or "none",
-        _k_counts(row["bootstrap_k"]),
+        _bootstrap(row),
         _stable_from(row),
     ]
 
@@ -451,7 +468,7 @@ def _stable_from(row: Mapping[str, Any]) -> str:
 HEADER = ["setting", "analysis", "seeds", "checkpoints per run", "K", "k-means", "HMM-1", "R^2", "p",
           "dissimilarity, eq. 1", "dissimilarity, total variation", "map", "detours",
           "positive and skipped (untested)",
-          "bootstrap K (resamples)", "stable from"]  # fmt: skip
+          "bootstrap: states that reproduce", "stable from"]  # fmt: skip
 
 
 def _markdown(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
@@ -500,17 +517,20 @@ def table_markdown(
         "",
         "Each cell: trainmap's value (the paper's in parentheses: tables 1, 2 and 4 of Hu et al.). "
         f"Intervals: {level} percentile intervals over the map's bootstrap resamples (runs "
-        "resampled, the map refitted, K reselected). Two analysis passes over the same runs: "
+        "resampled, the map refitted at its own K). Two analysis passes over the same runs: "
         "`authors` = the authors' script as they ran it (per-run z-scores, full covariances, "
         "hmmlearn's random start, 32 EM iterations at hmmlearn's tol 0.01, runs with a NaN left "
         "out, their checkpoints per run spread over the run (in parentheses), each K's BIC "
         "averaged over restarts); `trainmap` = trainmap's defaults. Detours: the state, "
         "and how often the bootstrap finds it again as a detour (trainmap's rule: a positive "
         "coefficient, a state some runs skip, significant after Holm's correction); beside it "
-        "the states the paper's rule alone would mark (positive and skipped, no test). R^2 of a one-state map is 0 "
+        "the states the paper's rule alone would mark (positive and skipped, no test). Bootstrap: "
+        f"the states whose mean Jaccard agreement over the resamples is >= {STATE_JACCARD:g} "
+        "(Hennig 2007), each state's mean Jaccard in parentheses (K counts where the resamples "
+        "reselected K). R^2 of a one-state map is 0 "
         "(its regression is the intercept). Stable from: the smallest seed count whose "
-        "subsampled maps agree with the full map and find its detours again (the stability "
-        "curve; its line below). Dissimilarity, eq. 1 is the paper's Wasserstein "
+        "subsampled maps reproduce every state of the full map and find its detours again (the "
+        "stability curve; its line below). Dissimilarity, eq. 1 is the paper's Wasserstein "
         "distance over state indices (it depends on how states are numbered); total variation "
         "is the label-free one.",
         "",

@@ -192,6 +192,19 @@ def test_table_lists_paper_values_claims_and_the_commands_of_settings_not_run() 
     assert "stable from n = 16 seeds" in text
 
 
+def test_bootstrap_cell_names_the_states_that_reproduce_at_the_maps_own_k() -> None:
+    row = _row("sparse_parities", r2=0.9, dissimilarity=0.3, detours=[0])
+    fixed = row | {"bootstrap_reselect_k": False, "bootstrap_state_jaccard": [0.91, 0.62, 0.8]}
+    text = table_markdown([fixed], [])
+    # states 0 and 2 reach Hennig's 0.75; state 1 does not, and its Jaccard is shown
+    assert "| 0, 2 of 3 (Jaccard 0.91, 0.62, 0.80) |" in text
+    none = fixed | {"bootstrap_state_jaccard": [0.5, 0.6, 0.7]}
+    assert "| none of 3 (Jaccard 0.50, 0.60, 0.70) |" in table_markdown([none], [])
+    # a bootstrap that reselected K (or a file without per-state values) gives its K counts
+    assert "| 3: 40 |" in table_markdown([fixed | {"bootstrap_reselect_k": True}], [])
+    assert "| 3: 40 |" in table_markdown([row], [])
+
+
 def test_table_warns_when_the_resamples_collapse_to_one_state_and_only_then() -> None:
     row = _row("mnist_5k", r2=0.1, dissimilarity=0.05, detours=[])
     collapsed = row | {"bootstrap_k": {1: 197, 2: 3}}
@@ -242,6 +255,11 @@ def test_paper_row_reads_what_the_one_analysis_path_wrote(mapped: dict[str, Path
     )
     assert len(row["bootstrap_r2"]) == len(row["bootstrap_detours"]) == SMALL["bootstrap"]
     assert sum(row["bootstrap_k"].values()) == SMALL["bootstrap"]
+    # the refits keep the map's K: each state's mean Jaccard, as bootstrap.json holds it
+    bootstrap = json.loads((directory / "bootstrap.json").read_text())
+    assert not row["bootstrap_reselect_k"] and row["bootstrap_k"] == {row["k"]: SMALL["bootstrap"]}
+    assert row["bootstrap_state_jaccard"] == bootstrap["state_jaccard"]
+    assert len(row["bootstrap_state_jaccard"]) == row["k"]
 
 
 @pytest.mark.slow  # in-process, seconds
