@@ -21,12 +21,14 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import os
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from trainmap.io import save_text
-from trainmap.lineage import directory_hashes
+from trainmap.io import SEED_RANGE_MANIFEST, block_manifest_of, load_json, save_json, save_text
+from trainmap.lineage import MADE_FROM, block_manifests, directory_hashes
 from trainmap.training.archive import ARCHIVE_DIRECTORY
 
 
@@ -75,24 +77,200 @@ def study_digest(hashes: dict[str, str]) -> str:
     return hashlib.sha256(format_hashes(hashes).encode()).hexdigest()
 
 
+# --- where a difference starts ---------------------------------------------------------------
+
+
+def _seeds(seeds: list[int]) -> str:
+    """``[0, 1, 2, 5]`` -> ``"0-2, 5"``."""
+    parts, seeds = [], sorted(set(seeds))
+    start = previous = seeds[0]
+    for seed in [*seeds[1:], None]:
+        if seed is not None and seed == previous + 1:
+            previous = seed
+            continue
+        parts.append(f"{start}" if start == previous else f"{start}-{previous}")
+        if seed is not None:
+            start = previous = seed
+    return ", ".join(parts)
+
+
+@dataclass
+class Origins:
+    """Where a run's differing result files come from (:func:`trace_differences`): per stage (a
+    result directory under the root, e.g. ``gradinit``), the cells whose files differ though
+    everything their block read for them is the published bits (``starts``), and the cells that
+    differ because something upstream does (``follows``); files outside the seed blocks (maps,
+    comparisons, summaries) by stage in ``outside``, and whether some block file differs
+    upstream of them. ``order``: the stages in DAG order (from the blocks' ``made_from``)."""
+
+    starts: dict[str, list[str]] = field(default_factory=dict)
+    follows: dict[str, list[str]] = field(default_factory=dict)
+    outside: dict[str, list[str]] = field(default_factory=dict)
+    files: dict[str, list[str]] = field(default_factory=dict)  # per starting cell: its files
+    order: list[str] = field(default_factory=list)
+
+    def _cells(self, cells: list[str]) -> str:
+        """``sparse_parity/mlp/gradinit seeds 0-31: diagnostics.csv, init.pt`` per group."""
+        groups: dict[str, list[int]] = {}
+        for cell in cells:
+            group, _, seed = cell.rpartition("/seed")
+            groups.setdefault(group.split("/", 2)[-1], []).append(int(seed))
+        names = sorted({Path(f).name or f for c in cells for f in self.files.get(c, [])})
+        where = "; ".join(f"{group} seeds {_seeds(seeds)}" for group, seeds in groups.items())
+        return where + (f" ({', '.join(names[:6])}{', ...' if len(names) > 6 else ''})"
+                        if names else "")  # fmt: skip
+
+    def lines(self) -> list[str]:
+        """What ``make run``'s digest check adds under a mismatch: where the difference starts and
+        what follows from it."""
+
+        def rank(stage: str) -> int:
+            return self.order.index(stage) if stage in self.order else len(self.order)
+
+        starts = sorted(self.starts, key=rank)
+        lines = []
+        if starts:
+            parts = [f"{stage} in {_count(len(cells), 'cell')}: {self._cells(cells)}"
+                     for stage, cells in ((stage, self.starts[stage]) for stage in starts)]  # fmt: skip
+            lines.append("The difference starts (the cells' inputs are the published bits) at: "
+                         + "; ".join(parts) + ".")  # fmt: skip
+        follows = [f"{stage} {_count(len(self.follows[stage]), 'cell')}" for stage in
+                   sorted(self.follows, key=rank)]  # fmt: skip
+        outside = [f"{stage} {_count(len(files), 'file')}" for stage, files in
+                   sorted(self.outside.items(), key=lambda item: rank(item[0]))]  # fmt: skip
+        if starts and (follows or outside):
+            lines.append("What follows from it: " + ", ".join(follows + outside) + ".")
+        elif outside:
+            first = min(self.outside, key=rank)
+            lines.append(
+                "Every seed block's files are the published bits: the difference starts in the "
+                f"analysis, at {first} ({', '.join(self.outside[first][:3])}); all: "
+                + ", ".join(outside)
+                + "."
+            )
+        return lines
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
+def _stage(path: str, root: str) -> str:
+    return path[len(root) + 1 :].split("/", 1)[0]
+
+
+def trace_differences(differ: list[str], root: str | Path) -> Origins:
+    """Trace the differing files ``differ`` (as :func:`result_hashes` names them) through the
+    blocks' lineage (trainmap.lineage: each block manifest records what it was made from): a
+    cell's difference *starts* in its stage when every input its block read for it is identical
+    (the same seed's files in each upstream block, and every other input file), and *follows*
+    otherwise. Read from the run's tree under ``root``."""
+    root = Path(root)
+    prefix = root.as_posix()
+    differing = set(differ)
+    origins = Origins()
+
+    def cell_differs(directory: str) -> bool:
+        return any(path.startswith(directory + "/") for path in differing)
+
+    by_cell: dict[str, list[str]] = {}
+    for path in differ:
+        manifest = block_manifest_of(path)
+        if manifest is None or not manifest.exists():
+            if not SEED_RANGE_MANIFEST.fullmatch(Path(path).name):  # a block's own record: skip
+                origins.outside.setdefault(_stage(path, prefix), []).append(path)
+            continue
+        by_cell.setdefault(_cell_of(path), []).append(path)
+    edges: set[tuple[str, str]] = set()
+    for manifest in block_manifests(root):
+        stage = _stage(manifest.as_posix(), prefix)
+        for relative in load_json(manifest, timing=False).get(MADE_FROM, {}):
+            upstream = os.path.normpath(manifest.parent / relative)
+            if Path(upstream).is_relative_to(root):
+                edges.add((_stage(Path(upstream).as_posix(), prefix), stage))
+    origins.order = _dag_order(edges)
+    for cell, files in sorted(by_cell.items()):
+        manifest = block_manifest_of(files[0])
+        record = load_json(manifest, timing=False)
+        seed_dir = cell.rsplit("/", 1)[-1]
+        inputs_differ = False
+        for relative in record.get(MADE_FROM, {}):
+            upstream = Path(os.path.normpath(manifest.parent / relative))
+            if SEED_RANGE_MANIFEST.fullmatch(upstream.name):
+                inputs_differ |= cell_differs((upstream.parent / seed_dir).as_posix())
+            else:
+                inputs_differ |= upstream.as_posix() in differing
+        stage = _stage(cell, prefix)
+        if inputs_differ:
+            origins.follows.setdefault(stage, []).append(cell)
+        else:
+            origins.starts.setdefault(stage, []).append(cell)
+            origins.files[cell] = [f[len(cell) + 1 :] for f in files]
+    return origins
+
+
+def _cell_of(path: str) -> str:
+    """The cell directory (``.../seed3``) of a file a block wrote."""
+    parts = path.rstrip("/").split("/")
+    for index in range(len(parts) - 1, -1, -1):
+        if re.fullmatch(r"seed\d+", parts[index]):
+            return "/".join(parts[: index + 1])
+    raise ValueError(f"{path} is not in a cell's directory")
+
+
+def _dag_order(edges: set[tuple[str, str]]) -> list[str]:
+    """Stages ordered so that each comes after what it was made from (longest path from a
+    source, then by name)."""
+    stages = {stage for edge in edges for stage in edge}
+    depth = dict.fromkeys(stages, 0)
+    for _ in stages:  # relax: a DAG settles within len(stages) rounds
+        for before, after in edges:
+            depth[after] = max(depth[after], depth[before] + 1)
+    return sorted(stages, key=lambda stage: (depth[stage], stage))
+
+
 @dataclass
 class DigestCheck:
-    """How a run's results compare with a published digest."""
+    """How a run's results compare with a published digest; ``origins``: where the differing
+    files' difference starts (:func:`trace_differences`), ``environment``: how this machine
+    differs from the one that published the digest (empty when the same, None when the digest
+    has no record of it)."""
 
     published: str
     actual: str
     differ: list[str] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)
     extra: list[str] = field(default_factory=list)
+    origins: Origins | None = None
+    environment: list[str] | None = None
 
     @property
     def matches(self) -> bool:
         return not self.differ and not self.missing
 
+    def lines(self) -> list[str]:
+        """:meth:`line`, and under a mismatch where it starts and what differs between the
+        machines."""
+        lines = [self.line()]
+        if self.matches:
+            return lines
+        if self.origins is not None:
+            lines += self.origins.lines()
+        if self.environment is None:
+            lines.append("The published digest has no record of its machine to compare with.")
+        elif self.environment:
+            lines.append("This machine against the published run's: "
+                         + "; ".join(self.environment) + ".")  # fmt: skip
+        else:
+            lines.append("This machine has the published run's CPU model, kernel flags and "
+                         "library versions: the difference is not the machine's.")  # fmt: skip
+        return lines
+
     def line(self, shown: int = 5) -> str:
         """One line for the end of ``make run``."""
         if self.matches:
-            extra = f" ({len(self.extra)} files beyond it)" if self.extra else ""
+            extra = (f" ({len(self.extra)} files beyond it, e.g. {self.extra[0]})"
+                     if self.extra else "")  # fmt: skip
             return f"Results match the published digest {self.published[:16]}{extra}."
         bad = self.differ + self.missing
         names = ", ".join(bad[:shown]) + (
@@ -103,23 +281,59 @@ class DigestCheck:
                 f"files{missing}: {names} (this run: {self.actual[:16]}).")  # fmt: skip
 
 
+def companion_path(published_digest: str | Path, suffix: str) -> Path:
+    """A file published beside a digest: ``config/config.results.sha256`` with ``suffix``
+    ``.findings.md`` -> ``config/config.findings.md``."""
+    path = Path(published_digest)
+    name = path.name.removesuffix(".sha256").removesuffix(".results")
+    return path.with_name(f"{name}{suffix}")
+
+
+def environment_path(published_digest: str | Path) -> Path:
+    """The record of the machine a digest was made on (:func:`~trainmap.portable.numeric_environment`):
+    ``config/config.results.sha256`` -> ``config/config.environment.json``."""
+    return companion_path(published_digest, ".environment.json")
+
+
 def check_digest(published_path: str | Path, root: str | Path) -> DigestCheck:
-    """Compare the result files under ``root`` with the published listing."""
+    """Compare the result files under ``root`` with the published listing; under a mismatch,
+    where it starts (:func:`trace_differences`) and how this machine differs from the published
+    run's (its environment record, when there is one). A listing of another study's results
+    directory is refused with the directory it is for."""
     published = parse_hashes(Path(published_path).read_text())
+    prefix = Path(root).as_posix() + "/"
+    roots = sorted({path.split("/", 1)[0] for path in published})
+    if published and not any(path.startswith(prefix) for path in published):
+        raise ValueError(f"{published_path} lists the results under {', '.join(roots)}/, not "
+                         f"{prefix}: it is another study's digest (check it against "
+                         f"{roots[0]}, or give this study's own listing)")  # fmt: skip
     actual = {path: digest for path, digest in result_hashes(root).items()}
-    return DigestCheck(
+    check = DigestCheck(
         published=study_digest(published),
         actual=study_digest({p: d for p, d in actual.items() if p in published}),
         differ=sorted(p for p in published if p in actual and actual[p] != published[p]),
         missing=sorted(p for p in published if p not in actual),
         extra=sorted(p for p in actual if p not in published),
     )
+    if not check.matches:
+        from trainmap.portable import environment_differences, numeric_environment
+
+        check.origins = trace_differences(check.differ, root)
+        record = environment_path(published_path)
+        if record.exists():
+            check.environment = environment_differences(load_json(record, timing=False),
+                                                         numeric_environment())  # fmt: skip
+    return check
 
 
 def write_digest(published_path: str | Path, root: str | Path) -> str:
-    """Publish the result files under ``root``: write the listing, return the study's digest."""
+    """Publish the result files under ``root``: write the listing and the record of this machine
+    (:func:`environment_path`), return the study's digest."""
+    from trainmap.portable import numeric_environment
+
     hashes = result_hashes(root)
     save_text(format_hashes(hashes), published_path)
+    save_json(numeric_environment(), environment_path(published_path))
     return study_digest(hashes)
 
 
@@ -149,8 +363,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"No published digest {args.published}: nothing to compare with "
               f"(`python -m trainmap.digest write {args.published} {args.root}` publishes one).")  # fmt: skip
         return 0
-    check = check_digest(args.published, args.root)
-    print(check.line())
+    try:
+        check = check_digest(args.published, args.root)
+    except ValueError as error:
+        print(f"Cannot check: {error}.")
+        return 2
+    print("\n".join(check.lines()))
     if page.exists():  # the answers: the same, or which line of them changed
         print(check_findings(page, args.root).line())
     return 0

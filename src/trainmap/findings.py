@@ -27,6 +27,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from trainmap.digest import companion_path
 from trainmap.dynamics.stability_results import states_sentence
 from trainmap.io import load_json, save_json, save_text, timing_path
 
@@ -39,9 +40,7 @@ TIME_PREFIX = "Run time:"
 def findings_path(published_digest: str | Path) -> Path:
     """The findings page beside a published digest: ``config/config.results.sha256`` ->
     ``config/config.findings.md``."""
-    path = Path(published_digest)
-    name = path.name.removesuffix(".sha256").removesuffix(".results")
-    return path.with_name(f"{name}.findings.md")
+    return companion_path(published_digest, ".findings.md")
 
 
 def _k_counts(counts: dict[str, int], total: int) -> str:
@@ -120,16 +119,10 @@ def record_run_time(root: str | Path, seconds: float, cores: int) -> Path:
     """Record the run's Snakemake wall time beside the results (a timing sidecar of
     ``summary/run.json``), with the CPU and the date, for the findings page."""
     import datetime
-    import platform
 
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    from trainmap.portable import cpu_model_and_flags
+
+    cpu = cpu_model_and_flags()[0]
     path = timing_path(Path(root) / RUN_TIMING)
     save_json({"snakemake_wall_s": round(float(seconds), 1), "cores": int(cores), "cpu": cpu,
                "date": datetime.date.today().isoformat()}, path)  # fmt: skip

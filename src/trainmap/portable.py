@@ -120,10 +120,8 @@ def cpu_problem(level: str) -> str | None:
                 f"set {SWITCH_ENV}=0 (its numbers are then this CPU's)")  # fmt: skip
     if level != "avx2":
         return None
-    try:
-        flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines()
-                     if line.startswith("flags")).split()  # fmt: skip
-    except (OSError, StopIteration):
+    flags = cpu_model_and_flags()[1]
+    if flags is None:
         return None  # not Linux: the libraries fall back to this CPU's best path
     if not {"avx2", "fma"} <= set(flags):
         return (f"portable mode {level!r} runs AVX2 kernels, and this CPU has no AVX2/FMA: set "
@@ -177,3 +175,89 @@ def apply_portable_mode(
             raise RuntimeError(message)
         warnings.warn(message, stacklevel=2)
     return found
+
+
+# --- what a run's bits were made with -------------------------------------------------------------
+
+#: The /proc/cpuinfo flags that decide a kernel's code path (SIMD extensions and their siblings).
+_KERNEL_FLAGS = ("sse", "ssse", "avx", "fma", "f16c", "amx", "bmi", "vnni", "vpclmul", "gfni",
+                 "vaes", "sha_ni", "adx")  # fmt: skip
+
+
+def cpu_model_and_flags() -> tuple[str, list[str] | None]:
+    """This CPU's model name and the /proc/cpuinfo flags that decide a kernel's code path (sorted;
+    None where there is no /proc/cpuinfo, and the platform's name for the model)."""
+    name, flags = platform.processor() or platform.machine(), None
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return name, None
+    for line in lines:
+        key, _, value = line.partition(":")
+        if key.strip() == "model name":
+            name = value.strip()
+        elif key.strip() == "flags":
+            flags = sorted(f for f in value.split() if f.startswith(_KERNEL_FLAGS))
+        if flags is not None and name != (platform.processor() or platform.machine()):
+            break
+    return name, flags
+
+
+def numeric_environment(environ: MutableMapping[str, str] = os.environ) -> dict[str, object]:
+    """What decides a run's bits besides its seed and config: the CPU (model, kernel-relevant
+    flags), the portable level and its pins as set in ``environ``, and the versions and chosen
+    code paths of Python, torch (its ATen CPU capability, MKL, oneDNN), numpy and its OpenBLAS
+    (version and the core type it dispatched to). JSON-ready; published beside a study's digest
+    (trainmap.digest) so that a mismatch can say what differs between the two machines."""
+    import re
+
+    import numpy as np
+    import torch
+    from threadpoolctl import threadpool_info
+
+    name, flags = cpu_model_and_flags()
+    try:
+        level = portable_level(environ)
+    except ValueError as error:
+        level = f"invalid ({error})"
+    config = torch.__config__.show()
+
+    def found(pattern: str) -> str | None:
+        match = re.search(pattern, config)
+        return match.group(1) if match else None
+
+    blas = [pool for pool in threadpool_info() if pool.get("user_api") == "blas"]
+    return {
+        "cpu": name,
+        "cpu_flags": flags or [],
+        "machine": platform.machine(),
+        "portable": level or "0",
+        "pins": {key: environ[key] for key in sorted(LEVELS[DEFAULT_LEVEL]) if key in environ},
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "mkl": found(r"Math Kernel Library Version ([^\s]+)"),
+        "onednn": found(r"MKL-DNN v([^\s]+)"),
+        "numpy": np.__version__,
+        "blas": [
+            f"{pool.get('internal_api')} {pool.get('version')} ({pool.get('architecture')})"
+            for pool in blas
+        ],  # fmt: skip
+    }
+
+
+def environment_differences(published: dict, here: dict) -> list[str]:
+    """Each entry of two :func:`numeric_environment` records that differs, as ``key: here vs
+    published`` (flags: the ones only here with +, only there with -); empty when the same."""
+    differences = []
+    for key in sorted(set(published) | set(here)):
+        mine, theirs = here.get(key), published.get(key)
+        if mine == theirs:
+            continue
+        if key == "cpu_flags" and isinstance(mine, list) and isinstance(theirs, list):
+            more = [f"+{f}" for f in sorted(set(mine) - set(theirs))]
+            fewer = [f"-{f}" for f in sorted(set(theirs) - set(mine))]
+            differences.append(f"cpu_flags here {' '.join(more + fewer)}")
+        else:
+            differences.append(f"{key}: {mine!r} here, {theirs!r} published")
+    return differences

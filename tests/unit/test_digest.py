@@ -3,6 +3,8 @@ one line `make run` ends with."""
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -65,3 +67,109 @@ def test_no_published_digest_says_how_to_publish_one(results: Path, capsys) -> N
 def test_a_damaged_listing_names_the_line(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="line 2"):
         parse_hashes(f"{'0' * 64}  results/a\nnot a line\n")
+
+
+# --- where a difference starts ------------------------------------------------------------------
+
+
+def _block(root: Path, stage: str, group: str, files: dict[int, dict[str, bytes]],
+           made_from: list[str]) -> None:  # fmt: skip
+    """A seed block as the workflow writes one: each cell's files and a manifest recording what it
+    was made from (paths relative to the manifest, as trainmap.lineage.made_from writes them)."""
+    directory = root / stage / group
+    for seed, cell in files.items():
+        for name, content in cell.items():
+            (directory / f"seed{seed}" / name).parent.mkdir(parents=True, exist_ok=True)
+            (directory / f"seed{seed}" / name).write_bytes(content)
+    manifest = directory / f"seeds0-{max(files)}.json"
+    inputs = {os.path.relpath(root / path, directory): "0" * 64 for path in made_from}
+    manifest.write_text(json.dumps({"cells": [{"cell": f"{group}/seed{s}"} for s in files],
+                                    "made_from": inputs}))  # fmt: skip
+
+
+@pytest.fixture
+def study(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """data -> gradinit -> train (gradinit runs), data -> train (kaiming runs) -> quantize, and a
+    comparison outside the blocks."""
+    monkeypatch.chdir(tmp_path)
+    root = Path("results")
+    (root / "data/t").mkdir(parents=True)
+    (root / "data/t/dataset.pt").write_bytes(b"data")
+    seeds = range(3)
+    _block(root, "gradinit", "t/mlp/gradinit", {s: {"scales.json": b"s%d" % s} for s in seeds},
+           ["data/t/dataset.pt"])  # fmt: skip
+    _block(root, "train", "t/mlp/gradinit", {s: {"model.pt": b"g%d" % s} for s in seeds},
+           ["data/t/dataset.pt", "gradinit/t/mlp/gradinit/seeds0-2.json"])  # fmt: skip
+    _block(root, "train", "t/mlp/kaiming", {s: {"model.pt": b"k%d" % s} for s in seeds},
+           ["data/t/dataset.pt"])  # fmt: skip
+    _block(root, "quantize", "t/mlp/kaiming", {s: {"awq.pt": b"q%d" % s} for s in seeds},
+           ["train/t/mlp/kaiming/seeds0-2.json"])  # fmt: skip
+    (root / "joint/c").mkdir(parents=True)
+    (root / "joint/c/verdicts.md").write_text("GradInit converges sooner")
+    return root
+
+
+def test_a_mismatch_names_the_stages_where_it_starts_and_what_follows(study: Path) -> None:
+    write_digest("published.sha256", study)
+    # GradInit's scales of seed 1 change, and with them that seed's training; quantisation of
+    # kaiming seed 2 changes while its trained model is the published one; the comparison follows.
+    (study / "gradinit/t/mlp/gradinit/seed1/scales.json").write_bytes(b"other")
+    (study / "train/t/mlp/gradinit/seed1/model.pt").write_bytes(b"other")
+    (study / "quantize/t/mlp/kaiming/seed2/awq.pt").write_bytes(b"other")
+    (study / "joint/c/verdicts.md").write_text("no difference")
+    check = check_digest("published.sha256", study)
+    origins = check.origins
+    assert origins.starts == {"gradinit": ["results/gradinit/t/mlp/gradinit/seed1"],
+                              "quantize": ["results/quantize/t/mlp/kaiming/seed2"]}  # fmt: skip
+    assert origins.follows == {"train": ["results/train/t/mlp/gradinit/seed1"]}
+    assert origins.outside == {"joint": ["results/joint/c/verdicts.md"]}
+    assert origins.order == ["data", "gradinit", "train", "quantize"]  # from made_from
+    text = "\n".join(check.lines())
+    assert (
+        "starts (the cells' inputs are the published bits) at: gradinit in 1 cell: "
+        "t/mlp/gradinit seeds 1 (scales.json); quantize in 1 cell: t/mlp/kaiming seeds 2 "
+        "(awq.pt)"
+    ) in text
+    assert "What follows from it: train 1 cell, joint 1 file." in text
+
+
+def test_a_difference_only_in_the_analysis_says_so(study: Path) -> None:
+    write_digest("published.sha256", study)
+    (study / "joint/c/verdicts.md").write_text("no difference")
+    text = "\n".join(check_digest("published.sha256", study).lines())
+    assert "Every seed block's files are the published bits: the difference starts in the " \
+           "analysis, at joint (results/joint/c/verdicts.md)" in text  # fmt: skip
+
+
+def test_the_machine_is_recorded_with_the_digest_and_compared_on_a_mismatch(study: Path) -> None:
+    from trainmap.portable import numeric_environment
+
+    write_digest("published.sha256", study)
+    record = json.loads(Path("published.environment.json").read_text())
+    assert record == json.loads(json.dumps(numeric_environment()))
+    assert {"cpu", "cpu_flags", "torch", "torch_cpu_capability", "mkl", "onednn", "numpy",
+            "blas", "python", "portable"} <= set(record)  # fmt: skip
+    (study / "joint/c/verdicts.md").write_text("no difference")
+    assert "the difference is not the machine's" in "\n".join(
+        check_digest("published.sha256", study).lines()
+    )
+    # the published run's machine: another CPU with AMX, another torch
+    record |= {"cpu": "Intel Xeon", "cpu_flags": [*record["cpu_flags"], "amx_tile"],
+               "torch": "2.0.0"}  # fmt: skip
+    Path("published.environment.json").write_text(json.dumps(record))
+    text = "\n".join(check_digest("published.sha256", study).lines())
+    assert "This machine against the published run's: " in text
+    assert "cpu: " in text and "'Intel Xeon' published" in text and "-amx_tile" in text
+    assert "torch: " in text and "'2.0.0' published" in text
+    Path("published.environment.json").unlink()
+    assert "no record of its machine" in "\n".join(check_digest("published.sha256", study).lines())
+
+
+def test_another_studys_listing_is_refused_naming_its_directory(study: Path, capsys) -> None:
+    study.rename("results-smoke")
+    write_digest("published.sha256", "results-smoke")  # the smoke study's listing
+    Path("results").mkdir()
+    with pytest.raises(ValueError, match="lists the results under results-smoke/, not results/"):
+        check_digest("published.sha256", "results")
+    assert main(["check", "published.sha256", "results"]) == 2
+    assert "another study's digest" in capsys.readouterr().out
