@@ -27,7 +27,14 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from trainmap.io import SEED_RANGE_MANIFEST, block_manifest_of, load_json, save_json, save_text
+from trainmap.io import (
+    SEED_RANGE_MANIFEST,
+    block_manifest_of,
+    companion_path,
+    load_json,
+    save_json,
+    save_text,
+)
 from trainmap.lineage import MADE_FROM, block_manifests, directory_hashes
 from trainmap.training.archive import ARCHIVE_DIRECTORY
 
@@ -151,6 +158,10 @@ class Origins:
         return lines
 
 
+#: A block's own files beside its cells (its manifest ``seeds0-7.json``, its figure ``seeds0-7.png``).
+BLOCK_FILE = re.compile(r"seeds\d+-\d+\.")
+
+
 def _count(n: int, noun: str) -> str:
     return f"{n} {noun}" + ("" if n == 1 else "s")
 
@@ -177,7 +188,7 @@ def trace_differences(differ: list[str], root: str | Path) -> Origins:
     for path in differ:
         manifest = block_manifest_of(path)
         if manifest is None or not manifest.exists():
-            if not SEED_RANGE_MANIFEST.fullmatch(Path(path).name):  # a block's own record: skip
+            if not BLOCK_FILE.match(Path(path).name):  # a block's own record or figure: skip
                 origins.outside.setdefault(_stage(path, prefix), []).append(path)
             continue
         by_cell.setdefault(_cell_of(path), []).append(path)
@@ -279,14 +290,6 @@ class DigestCheck:
         missing = f" ({len(self.missing)} missing)" if self.missing else ""
         return (f"Results differ from the published digest {self.published[:16]} in {len(bad)} "
                 f"files{missing}: {names} (this run: {self.actual[:16]}).")  # fmt: skip
-
-
-def companion_path(published_digest: str | Path, suffix: str) -> Path:
-    """A file published beside a digest: ``config/config.results.sha256`` with ``suffix``
-    ``.findings.md`` -> ``config/config.findings.md``."""
-    path = Path(published_digest)
-    name = path.name.removesuffix(".sha256").removesuffix(".results")
-    return path.with_name(f"{name}{suffix}")
 
 
 def environment_path(published_digest: str | Path) -> Path:

@@ -27,9 +27,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainmap.digest import companion_path
 from trainmap.dynamics.stability_results import states_sentence
-from trainmap.io import load_json, save_json, save_text, timing_path
+from trainmap.io import companion_path, load_json, save_json, save_text, timing_path
 
 #: Where ``make run`` records its wall time (a timing sidecar: left out of the digest).
 RUN_TIMING = "summary/run.json"

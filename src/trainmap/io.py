@@ -89,6 +89,14 @@ class DamagedFileError(OSError):
 SEED_RANGE_MANIFEST = re.compile(r"seeds(\d+)-(\d+)\.json")
 
 
+def companion_path(published_digest: str | Path, suffix: str) -> Path:
+    """A file published beside a digest: ``config/config.results.sha256`` with ``suffix``
+    ``.findings.md`` -> ``config/config.findings.md``."""
+    path = Path(published_digest)
+    name = path.name.removesuffix(".sha256").removesuffix(".results")
+    return path.with_name(f"{name}{suffix}")
+
+
 def block_manifest_of(path: str | os.PathLike) -> Path | None:
     """The manifest of the seed block that wrote ``path`` (``.../seed3/model.pt`` ->
     ``.../seeds0-31.json``, the manifest whose seed range holds 3; also for a file one folder

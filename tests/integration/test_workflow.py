@@ -277,6 +277,31 @@ def test_the_findings_page_is_written_from_the_results_and_checked(smoke_run: Pa
     assert both[0].startswith("Results match") and both[1] == f"Findings match {page}."
 
 
+def test_the_smoke_study_gives_its_published_bits_or_says_where_they_start(
+    smoke_run: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """config/smoke.results.sha256: on a machine like the one that published it (the same CPU
+    model, kernel flags and library versions) the smoke study gives every published bit; on
+    another, the check matches too or says where the difference starts and how the machines
+    differ (the portable mode's promise and its limits: docs/running.md, Portable numbers)."""
+    from conftest import REPO_ROOT
+
+    from trainmap.digest import check_digest, environment_path
+    from trainmap.io import load_json
+    from trainmap.portable import environment_differences, numeric_environment
+
+    published = REPO_ROOT / "config/smoke.results.sha256"
+    monkeypatch.chdir(smoke_run)
+    check = check_digest(published, "results")
+    machine = environment_differences(load_json(environment_path(published), timing=False),
+                                      numeric_environment())  # fmt: skip
+    report = "\n".join(check.lines())
+    if not machine:
+        assert check.matches, report
+    else:
+        assert check.matches or (check.environment and check.origins.lines()), report
+
+
 def test_findings_of_a_tree_without_comparisons_name_the_fix(tmp_path):
     import sys
 
