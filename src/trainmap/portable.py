@@ -129,6 +129,20 @@ def cpu_problem(level: str) -> str | None:
     return None
 
 
+def switch_problem(environ: MutableMapping[str, str] = os.environ) -> str | None:
+    """Why ``$TRAINMAP_PORTABLE`` cannot hold in this environment, as a message that leads with the
+    variable and gives the fix: a value that is no level, or a level this CPU cannot run
+    (:func:`cpu_problem`); None when it can (or when it is off)."""
+    shown = f"environment variable {SWITCH_ENV}={environ.get(SWITCH_ENV, DEFAULT_LEVEL)!r}"
+    try:
+        level = portable_level(environ)
+    except ValueError:
+        return (f"{shown}: not a portable level; choose {' or '.join(LEVELS)} (the default, "
+                f"{DEFAULT_LEVEL!r}, when unset) or 0 (off: this CPU's fastest paths)")  # fmt: skip
+    problem = cpu_problem(level) if level else None
+    return f"{shown}: {problem}" if problem else None
+
+
 def conflicts(
     environ: MutableMapping[str, str] = os.environ, level: str | None = None
 ) -> list[str]:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import REPO_ROOT
 
 from trainmap.portable import (
     LEVELS,
@@ -24,6 +25,7 @@ from trainmap.portable import (
     portable_enabled,
     portable_environment,
     portable_level,
+    switch_problem,
 )
 
 # --- the module ------------------------------------------------------------------------------------
@@ -212,3 +214,23 @@ def test_every_code_path_gives_the_same_bits_with_the_pin_and_not_without(tmp_pa
     # above can fail.
     for name in ("ATen default", "MKL COMPATIBLE", "oneDNN SSE41"):
         assert unpinned[name] != unpinned["own choice"], name
+
+
+def test_a_switch_that_cannot_hold_is_refused_before_any_job_naming_the_variable(monkeypatch):
+    from trainmap.grid import ConfigError, load_config
+    from trainmap.grid.validate import main
+
+    assert switch_problem({}) is None and switch_problem({SWITCH_ENV: "0"}) is None
+    problem = switch_problem({SWITCH_ENV: "avx512"})
+    assert problem.startswith("environment variable TRAINMAP_PORTABLE='avx512': not a portable")
+    assert "avx2 or baseline" in problem and "or 0" in problem
+    monkeypatch.setattr("platform.machine", lambda: "aarch64")  # the level cannot run here
+    assert "aarch64" in switch_problem({}) and "TRAINMAP_PORTABLE=0" in switch_problem({})
+    assert switch_problem({SWITCH_ENV: "0"}) is None  # off: this CPU's own paths
+    # The config check (python -m trainmap.grid, and the Snakefile's parse) stops on it.
+    monkeypatch.undo()
+    monkeypatch.setenv(SWITCH_ENV, "avx512")
+    monkeypatch.chdir(REPO_ROOT)
+    assert main(["config/smoke.yaml"]) == 1
+    with pytest.raises(ConfigError, match="TRAINMAP_PORTABLE='avx512'"):
+        load_config("params.yaml", "config/config.yaml", "config/smoke.yaml")

@@ -61,6 +61,7 @@ from trainmap.grid.section_checks import (
 )
 from trainmap.grid.study import merged_config, results_root, study_files, user_layers
 from trainmap.grid.tracking_checks import check_dvc, check_tracking_uri
+from trainmap.portable import switch_problem
 
 
 def load_config(*paths: str | os.PathLike, check_paths_from: Path | None = None) -> dict:
@@ -81,6 +82,8 @@ def check_config(config: dict, base_dir: Path | None = None, read_runs: bool = T
     are still matched): a cluster job's parse of the workflow, after the main process checked
     them (a file changed since is refused by the job that reads it)."""
     base_dir = base_dir or Path.cwd()
+    if problem := switch_problem():  # every job pins its code paths by it: refuse before any
+        raise ConfigError(problem)
     check_dvc(config, base_dir)
     for task in config["data"]:  # every task's settings, used by the grid or not
         check_data(config, task)
