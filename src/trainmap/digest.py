@@ -107,8 +107,8 @@ class Origins:
     result directory under the root, e.g. ``gradinit``), the cells whose files differ though
     everything their block read for them is the published bits (``starts``), and the cells that
     differ because something upstream does (``follows``); files outside the seed blocks (maps,
-    comparisons, summaries) by stage in ``outside``, and whether some block file differs
-    upstream of them. ``order``: the stages in DAG order (from the blocks' ``made_from``)."""
+    comparisons, summaries) by stage in ``outside``. ``order``: the stages in DAG order (from the
+    blocks' ``made_from``)."""
 
     starts: dict[str, list[str]] = field(default_factory=dict)
     follows: dict[str, list[str]] = field(default_factory=dict)
@@ -180,11 +180,7 @@ def trace_differences(differ: list[str], root: str | Path) -> Origins:
     prefix = root.as_posix()
     differing = set(differ)
     origins = Origins()
-
-    def cell_differs(directory: str) -> bool:
-        return any(path.startswith(directory + "/") for path in differing)
-
-    by_cell: dict[str, list[str]] = {}
+    by_cell: dict[str, list[str]] = {}  # each differing cell directory: its differing files
     for path in differ:
         manifest = block_manifest_of(path)
         if manifest is None or not manifest.exists():
@@ -208,7 +204,7 @@ def trace_differences(differ: list[str], root: str | Path) -> Origins:
         for relative in record.get(MADE_FROM, {}):
             upstream = Path(os.path.normpath(manifest.parent / relative))
             if SEED_RANGE_MANIFEST.fullmatch(upstream.name):
-                inputs_differ |= cell_differs((upstream.parent / seed_dir).as_posix())
+                inputs_differ |= (upstream.parent / seed_dir).as_posix() in by_cell
             else:
                 inputs_differ |= upstream.as_posix() in differing
         stage = _stage(cell, prefix)
