@@ -206,15 +206,15 @@ def cpu_model_and_flags() -> tuple[str, list[str] | None]:
         lines = Path("/proc/cpuinfo").read_text().splitlines()
     except OSError:
         return name, None
-    for line in lines:
+    found: dict[str, str] = {}
+    for line in lines:  # the first processor's entries
         key, _, value = line.partition(":")
-        if key.strip() == "model name":
-            name = value.strip()
-        elif key.strip() == "flags":
-            flags = sorted(f for f in value.split() if f.startswith(_KERNEL_FLAGS))
-        if flags is not None and name != (platform.processor() or platform.machine()):
+        found.setdefault(key.strip(), value.strip())
+        if {"model name", "flags"} <= found.keys():
             break
-    return name, flags
+    if "flags" in found:
+        flags = sorted(f for f in found["flags"].split() if f.startswith(_KERNEL_FLAGS))
+    return found.get("model name", name), flags
 
 
 def numeric_environment(environ: MutableMapping[str, str] = os.environ) -> dict[str, object]:

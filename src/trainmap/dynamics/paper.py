@@ -22,7 +22,8 @@ figure.
 Intervals: each map's bootstrap over runs (:mod:`trainmap.dynamics.certainty`: runs resampled,
 the map refitted at its own K, the drawn runs decoded and regressed) records every resample's
 R^2 and dissimilarity, and each state's Jaccard agreement with the full map (the table's bootstrap
-column: the states that reproduce; a bootstrap written with ``reselect_k`` gives its K counts). A difference between two settings is taken between their resamples drawn
+column: the states that reproduce; a bootstrap written with ``reselect_k`` gives its K counts).
+A difference between two settings is taken between their resamples drawn
 independently (resample b of one against resample b of the other), and its percentile interval at
 ``confidence`` decides the verdict: ``reproduced`` (the paper's ordering, the interval excludes
 0), ``reversed`` (the other ordering, the interval excludes 0) or ``undecided``.
