@@ -48,7 +48,7 @@ from trainmap.grid.data_checks import check_data
 from trainmap.grid.effective import params_edit_hint
 from trainmap.grid.errors import ConfigError
 from trainmap.grid.external import check_external
-from trainmap.grid.grid_checks import check_grid_entry, check_unique_cells
+from trainmap.grid.grid_checks import check_grid_entry, check_job_count, check_unique_cells
 from trainmap.grid.schema_checks import validate_schema
 from trainmap.grid.section_checks import (
     STAGE_VALIDATORS,
@@ -102,6 +102,7 @@ def check_config(config: dict, base_dir: Path | None = None, read_runs: bool = T
         for task in config.get(stage, {}):
             validate_stage_settings(config, stage, task)
     check_quantize(config)
+    check_job_count(config)  # before Snakemake builds a DAG of them
     check_joint_comparisons(config)
     check_paper(config)
     check_external(config, base_dir, read_runs)

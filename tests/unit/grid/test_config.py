@@ -35,6 +35,7 @@ from trainmap.grid import (
     results_root,
     validate_schema,
 )
+from trainmap.grid.grid_checks import check_job_count
 from trainmap.io import copy_workflow
 
 PARAMS = "params.yaml"
@@ -996,3 +997,28 @@ def test_a_typo_of_a_billion_steps_is_refused_in_bounded_memory(config: dict, re
     finally:
         tracemalloc.stop()
     assert peak < 50e6 and time.perf_counter() - started < 10, peak
+
+
+@pytest.mark.slow  # in-process, seconds: 100,001 cells counted
+def test_a_grid_of_more_jobs_than_a_dag_can_hold_is_refused_naming_the_count(config: dict,
+                                                                            repo_root: Path):  # fmt: skip
+    """100,001 seeds of one group, one seed a job: 300,003 jobs (train, evaluate, metrics), past
+    MAX_JOBS; refused before Snakemake builds their DAG, naming the count and the key that
+    packs seeds into jobs. The same grid in blocks of 32 seeds fits."""
+    import time
+
+    from trainmap.grid.grid_checks import MAX_JOBS
+
+    seeds = list(range(MAX_JOBS + 1))
+    config["grid"] = [{"task": "sparse_parity", "archs": ["mlp"], "methods": ["kaiming"],
+                       "seeds": seeds}]  # fmt: skip
+    config["analysis"]["joint"] = []
+    config["train"]["sparse_parity"]["seed_block"] = 1
+    started = time.perf_counter()
+    with pytest.raises(ConfigError, match=r"^config key grid: 300,003 jobs planned \(100,001 "
+                       r"cells; 300,003 of the jobs are task sparse_parity's, 1 seed\(s\) a job\)"
+                       r".*raise train\.sparse_parity\.seed_block"):  # fmt: skip
+        check_config(config, base_dir=repo_root)
+    assert time.perf_counter() - started < 30
+    config["train"]["sparse_parity"]["seed_block"] = 32
+    check_job_count(config)  # 3 x 3,126 jobs
