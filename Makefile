@@ -67,6 +67,8 @@ unexport PYTHONDONTWRITEBYTECODE
 run: setup dvc-remote  ## the study on CONFIG (default: the embedded grid); versions it with DVC
 	@# Snakemake reads --configfile files before the Snakefile: this check names a YAML error's line.
 	$(RUN) python -m trainmap.grid $(CONFIG)
+	@# Refused before any work when a job or the whole grid does not fit one node (make plan: why).
+	$(RUN) python -m trainmap.plan --configfile $(CONFIG) --check $(PLAN_ARGS)
 	@# The run's time goes beside its results (a timing sidecar) for the findings page.
 	SECONDS=0; $(SNAKEMAKE) --cores $(CORES) --configfile $(CONFIG) --rerun-incomplete; \
 	$(RUN) python -m trainmap.findings time $(call RESULTS_OF,$(CONFIG)) $$SECONDS --cores $(CORES) >/dev/null

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from trainmap import grid
 from trainmap.plan.estimates import PlanError, plan_jobs
-from trainmap.plan.report import NodeLimits, check_limits, format_plan
+from trainmap.plan.report import NodeLimits, check_limits, disk_bytes, format_plan
 
 
 def load_plan_config(files: Iterable[str]) -> dict:
@@ -50,12 +50,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--node-disk-tb", type=float, default=NodeLimits.disk_tb)
     parser.add_argument("--job-hours", type=float, default=NodeLimits.job_hours)
     parser.add_argument("--jobs", action="store_true", help="also print one line per job")
+    parser.add_argument("--check", action="store_true",
+                        help="print only whether the grid fits the node (make run's first step): "
+                        "one line, or the job or total past a limit and the key to change")  # fmt: skip
     args = parser.parse_args(argv)
     limits = NodeLimits(args.node_gpu_gb, args.node_ram_gb, args.node_disk_tb, args.job_hours)
     with grid.config_problems_reported():
         config = load_plan_config(args.configfile)
     jobs = plan_jobs(config, grid.results_root(config))
-    print(f"plan of {' + '.join(grid.study_files(grid.user_layers(args.configfile)))}")
+    study = " + ".join(dict.fromkeys(grid.study_files(grid.user_layers(args.configfile))))
+    if args.check:
+        try:
+            check_limits(jobs, limits)
+        except PlanError as error:
+            print(f"error: the plan of {study} does not fit the node: {error} (python -m "
+                  "trainmap.plan --help: the node's limits)", file=sys.stderr)  # fmt: skip
+            return 1
+        print(f"plan of {study}: {len(jobs):,} jobs, {disk_bytes(jobs) / 1e9:,.1f} GB written; "
+              f"fits the node ({limits})")  # fmt: skip
+        return 0
+    print(f"plan of {study}")
     print(format_plan(jobs, limits))
     if args.jobs:
         columns = ["rule", "job", "seeds", "device", "bytes", "ram", "gpu", "seconds"]

@@ -21,6 +21,10 @@ class NodeLimits:
     disk_tb: float = 1.0
     job_hours: float = 24.0
 
+    def __str__(self) -> str:
+        return (f"{self.gpu_gb:g} GB GPU memory, {self.ram_gb:g} GB RAM, {self.disk_tb:g} TB disk, "
+                f"{self.job_hours:g} h a job")  # fmt: skip
+
 
 def rule_totals(jobs: pd.DataFrame) -> pd.DataFrame:
     """Per rule: jobs, bytes in total, the largest job's RAM, GPU memory and hours, and total

@@ -55,6 +55,16 @@ def test_the_command_exits_non_zero_past_the_limits(capsys: pytest.CaptureFixtur
     assert "host RAM" in capsys.readouterr().err
     assert plan.main(["--configfile", "config/smoke.yaml"]) == 0
     assert "fits the node" in capsys.readouterr().out
+    # --check (make run's first step): one line, or the refusal naming the key
+    assert plan.main(["--configfile", "config/smoke.yaml", "--check"]) == 0
+    out = capsys.readouterr().out.strip()
+    assert len(out.splitlines()) == 1 and "jobs" in out and "GB written; fits the node" in out
+    assert (
+        plan.main(["--configfile", "config/smoke.yaml", "--check", "--node-disk-tb", "1e-9"]) == 1
+    )
+    refused = capsys.readouterr()
+    assert not refused.out and "does not fit the node: disk: " in refused.err
+    assert "archive" in refused.err
 
 
 @pytest.mark.parametrize("archive", [None, {"schedule": "every 3", "dtype": "bfloat16"},
