@@ -115,15 +115,8 @@ def test_exp_run_with_one_changed_hyperparameter(dvc_project: Path) -> None:
     sparse_model = dvc_project / "results/train/sparse_parity/mlp/kaiming/seed0/model.pt"
     digits_model = dvc_project / "results/train/digits/vgg_bn/kaiming/seed0/model.pt"
     sparse_before, digits_before = md5(sparse_model), md5(digits_model)
-    # Finished work DVC's cache does not hold (a cell another config's plain `snakemake` run made)
-    # survives the experiment: persisted outputs are neither removed nor checked out by exp run.
-    unrecorded = dvc_project / "results/train/sparse_parity/mlp/kaiming/seed99"
-    shutil.copytree(sparse_model.parent, unrecorded)
-    kept = {path: md5(path) for path in unrecorded.rglob("*") if path.is_file()}
     result = dvc("exp", "run", "-S", "train.digits.lr=0.02", cwd=dvc_project)
     assert "Running stage 'train'" in result.stdout
-    assert {path: md5(path) for path in kept if path.exists()} == kept, "finished work was lost"
-    shutil.rmtree(unrecorded)
     assert md5(digits_model) != digits_before, "the digits run did not retrain"
     assert md5(sparse_model) == sparse_before, "an unchanged task was retrained"
     shown = dvc("exp", "show", "--json", cwd=dvc_project).stdout
