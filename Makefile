@@ -90,7 +90,7 @@ plan: setup  ## bytes written, peak RAM/GPU memory and time of every job of CONF
 # for every setting, on a GPU node with the MNIST/CIFAR-100 files).
 PAPER_CONFIG ?= config/paper/cpu.yaml
 
-paper: setup  ## the training-maps paper's tables side by side (40 seeds per setting; about 3 h on 2 cores under portable mode, 2.5 h with TRAINMAP_PORTABLE=0): results-paper/cpu/paper/table.md
+paper: setup  ## the training-maps paper's tables side by side (40 seeds per setting; 1.5-2.5 h on 2 cores with TRAINMAP_PORTABLE=0 by CPU, about 3 h under portable mode: docs/paper.md, Cost): results-paper/cpu/paper/table.md
 	$(RUN) python -m trainmap.grid $(PAPER_CONFIG)
 	$(SNAKEMAKE) paper --cores $(CORES) --configfile $(PAPER_CONFIG) --rerun-incomplete
 	@echo "Table: $(call RESULTS_OF,$(PAPER_CONFIG))/paper/table.md   Figure: $(call RESULTS_OF,$(PAPER_CONFIG))/paper/table.png"
