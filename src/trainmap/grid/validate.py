@@ -82,7 +82,7 @@ def check_config(config: dict, base_dir: Path | None = None, read_runs: bool = T
     are still matched): a cluster job's parse of the workflow, after the main process checked
     them (a file changed since is refused by the job that reads it)."""
     base_dir = base_dir or Path.cwd()
-    if problem := switch_problem():  # every job pins its code paths by it: refuse before any
+    if problem := switch_problem():  # every job pins its kernels by it: refuse it before any job
         raise ConfigError(problem)
     check_dvc(config, base_dir)
     for task in config["data"]:  # every task's settings, used by the grid or not

@@ -1,6 +1,6 @@
 """Every exit of every emission model's fit leaves what the selection reads: a row with the fit's
-iterations and convergence, its scores or the failed-fit marker, never an AttributeError (the exit
-that some CPUs' arithmetic reaches: issue of the Intel run, `n_iterations_`)."""
+iterations and convergence, its scores or the failed-fit marker, never an AttributeError (which
+path a fit takes can hang on the CPU's arithmetic)."""
 
 from __future__ import annotations
 
