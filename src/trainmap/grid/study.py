@@ -30,9 +30,11 @@ def is_own_study(layers: Sequence[tuple[str, dict]]) -> bool:
 def study_files(layers: Sequence[tuple[str, dict]]) -> list[str]:
     """The config files a run of the user's files ``layers`` (path, contents; ``--configfile``)
     merges, in order: ``params.yaml``, :data:`DEFAULT_STUDY` unless they are a study of their own
-    (:func:`is_own_study`), then the user's files."""
+    (:func:`is_own_study`), then the user's files; each once (``--configfile config/config.yaml``
+    is the default study itself)."""
     user = [str(path) for path, _ in layers]
-    return ["params.yaml", *([] if is_own_study(layers) else [DEFAULT_STUDY]), *user]
+    return list(dict.fromkeys(["params.yaml", *([] if is_own_study(layers) else [DEFAULT_STUDY]),
+                               *user]))  # fmt: skip
 
 
 def user_layers(user_files: Sequence[str | os.PathLike]) -> list[tuple[str, dict]]:

@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     with grid.config_problems_reported():
         config = load_plan_config(args.configfile)
     jobs = plan_jobs(config, grid.results_root(config))
-    study = " + ".join(dict.fromkeys(grid.study_files(grid.user_layers(args.configfile))))
+    study = " + ".join(grid.study_files(grid.user_layers(args.configfile)))
     if args.check:
         try:
             check_limits(jobs, limits)
