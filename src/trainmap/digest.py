@@ -239,9 +239,9 @@ def _dag_order(edges: set[tuple[str, str]]) -> list[str]:
 @dataclass
 class DigestCheck:
     """How a run's results compare with a published digest; ``origins``: where the differing
-    files' difference starts (:func:`trace_differences`), ``environment``: how this machine
-    differs from the one that published the digest (empty when the same, None when the digest
-    has no record of it)."""
+    files' difference starts (:func:`trace_differences`), ``environment``: how the run's machine
+    (as ``make run`` recorded it with the results; else this process's) differs from the one that
+    published the digest (empty when the same, None when the digest has no record of it)."""
 
     published: str
     actual: str
@@ -250,6 +250,7 @@ class DigestCheck:
     extra: list[str] = field(default_factory=list)
     origins: Origins | None = None
     environment: list[str] | None = None
+    run_recorded: bool = True  # the run's machine record was kept with the results (make run)
 
     @property
     def matches(self) -> bool:
@@ -265,12 +266,14 @@ class DigestCheck:
             lines += self.origins.lines()
         if self.environment is None:
             lines.append("The published digest has no record of its machine to compare with.")
-        elif self.environment:
-            lines.append("This machine against the published run's: "
+        which = ("This run's machine" if self.run_recorded else
+                 "This machine (the run kept no record of its own: not started by make run)")  # fmt: skip
+        if self.environment:
+            lines.append(f"{which} against the published run's: "
                          + "; ".join(self.environment) + ".")  # fmt: skip
         else:
-            lines.append("This machine has the published run's CPU model, kernel flags and "
-                         "library versions: the difference is not the machine's.")  # fmt: skip
+            lines.append(f"{which} has the published run's CPU model, kernel flags, portable level "
+                         "and library versions: the difference is not the machine's.")  # fmt: skip
         return lines
 
     def line(self, shown: int = 5) -> str:
@@ -315,24 +318,31 @@ def check_digest(published_path: str | Path, root: str | Path) -> DigestCheck:
         extra=sorted(p for p in actual if p not in published),
     )
     if not check.matches:
+        from trainmap.findings import run_environment
         from trainmap.portable import environment_differences, numeric_environment
 
         check.origins = trace_differences(check.differ, root)
         record = environment_path(published_path)
         if record.exists():
-            check.environment = environment_differences(load_json(record, timing=False),
-                                                         numeric_environment())  # fmt: skip
+            run = run_environment(root)  # what make run recorded of the run's machine
+            check.environment = environment_differences(
+                load_json(record, timing=False), run if run is not None else numeric_environment()
+            )
+            check.run_recorded = run is not None
     return check
 
 
 def write_digest(published_path: str | Path, root: str | Path) -> str:
-    """Publish the result files under ``root``: write the listing and the record of this machine
-    (:func:`environment_path`), return the study's digest."""
+    """Publish the result files under ``root``: write the listing and the record of the run's
+    machine (:func:`environment_path`; as ``make run`` kept it with the results, else this
+    process's), return the study's digest."""
+    from trainmap.findings import run_environment
     from trainmap.portable import numeric_environment
 
     hashes = result_hashes(root)
     save_text(format_hashes(hashes), published_path)
-    save_json(numeric_environment(), environment_path(published_path))
+    # the run's own record where make run kept one (its portable level), else this process's
+    save_json(run_environment(root) or numeric_environment(), environment_path(published_path))
     return study_digest(hashes)
 
 

@@ -119,13 +119,25 @@ def record_run_time(root: str | Path, seconds: float, cores: int) -> Path:
     ``summary/run.json``), with the CPU and the date, for the findings page."""
     import datetime
 
-    from trainmap.portable import cpu_model_and_flags
+    from trainmap.portable import cpu_model_and_flags, numeric_environment
 
     cpu = cpu_model_and_flags()[0]
     path = timing_path(Path(root) / RUN_TIMING)
     save_json({"snakemake_wall_s": round(float(seconds), 1), "cores": int(cores), "cpu": cpu,
-               "date": datetime.date.today().isoformat()}, path)  # fmt: skip
+               "date": datetime.date.today().isoformat(),
+               # what the run's bits were made with (the digest check compares it with the
+               # published machine's): this process has the jobs' environment
+               "environment": numeric_environment()}, path)  # fmt: skip
     return path
+
+
+def run_environment(root: str | Path) -> dict | None:
+    """The machine record (:func:`~trainmap.portable.numeric_environment`) ``make run`` kept
+    beside the results under ``root``; None where the run recorded none (a plain Snakemake run)."""
+    path = timing_path(Path(root) / RUN_TIMING)
+    if not path.exists():
+        return None
+    return load_json(path, timing=False).get("environment")
 
 
 @dataclass

@@ -158,7 +158,7 @@ def test_the_machine_is_recorded_with_the_digest_and_compared_on_a_mismatch(stud
                "torch": "2.0.0"}  # fmt: skip
     Path("published.environment.json").write_text(json.dumps(record))
     text = "\n".join(check_digest("published.sha256", study).lines())
-    assert "This machine against the published run's: " in text
+    assert "This machine (the run kept no record of its own" in text
     assert "cpu: " in text and "'Intel Xeon' published" in text and "-amx_tile" in text
     assert "torch: " in text and "'2.0.0' published" in text
     Path("published.environment.json").unlink()
@@ -173,3 +173,17 @@ def test_another_studys_listing_is_refused_naming_its_directory(study: Path, cap
         check_digest("published.sha256", "results")
     assert main(["check", "published.sha256", "results"]) == 2
     assert "another study's digest" in capsys.readouterr().out
+
+
+def test_the_run_s_own_machine_record_is_what_the_check_compares(study: Path, monkeypatch) -> None:
+    """make run records the run's machine with the results (findings time): a check made later,
+    from another environment, still compares the run's, e.g. an unpinned run's level."""
+    from trainmap.findings import record_run_time
+
+    write_digest("published.sha256", study)
+    (study / "joint/c/verdicts.md").write_text("no difference")
+    monkeypatch.setenv("TRAINMAP_PORTABLE", "0")
+    record_run_time(study, 60, 2)  # the run's own environment: unpinned
+    monkeypatch.delenv("TRAINMAP_PORTABLE")
+    text = "\n".join(check_digest("published.sha256", study).lines())
+    assert "This run's machine against the published run's: portable: '0' here" in text, text
