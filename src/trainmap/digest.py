@@ -248,6 +248,7 @@ class DigestCheck:
     differ: list[str] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)
     extra: list[str] = field(default_factory=list)
+    matching: int = 0  # listed files with the published bits
     origins: Origins | None = None
     environment: list[str] | None = None
     run_recorded: bool = True  # the run's machine record was kept with the results (make run)
@@ -265,7 +266,7 @@ class DigestCheck:
         if self.origins is not None:
             lines += self.origins.lines()
         if self.environment is None:
-            lines.append("The published digest has no record of its machine to compare with.")
+            return [*lines, "The published digest has no record of its machine to compare with."]
         which = ("This run's machine" if self.run_recorded else
                  "This machine (the run kept no record of its own: not started by make run)")  # fmt: skip
         if self.environment:
@@ -287,8 +288,14 @@ class DigestCheck:
             f" and {len(bad) - shown} more" if len(bad) > shown else ""
         )
         missing = f" ({len(self.missing)} missing)" if self.missing else ""
+        other = ""
+        listed = len(self.missing) + len(self.differ) + self.matching
+        if self.extra and 2 * len(self.missing) > listed:
+            other = (f" Most listed files are missing and {len(self.extra)} are beyond the "
+                     "listing: is it another study's digest (each config file has its own, "
+                     "<config>.results.sha256)?")  # fmt: skip
         return (f"Results differ from the published digest {self.published[:16]} in {len(bad)} "
-                f"files{missing}: {names} (this run: {self.actual[:16]}).")  # fmt: skip
+                f"files{missing}: {names} (this run: {self.actual[:16]}).{other}")  # fmt: skip
 
 
 def environment_path(published_digest: str | Path) -> Path:
@@ -316,6 +323,7 @@ def check_digest(published_path: str | Path, root: str | Path) -> DigestCheck:
         differ=sorted(p for p in published if p in actual and actual[p] != published[p]),
         missing=sorted(p for p in published if p not in actual),
         extra=sorted(p for p in actual if p not in published),
+        matching=sum(actual.get(p) == d for p, d in published.items()),
     )
     if not check.matches:
         from trainmap.findings import run_environment

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -162,7 +163,8 @@ def test_the_machine_is_recorded_with_the_digest_and_compared_on_a_mismatch(stud
     assert "cpu: " in text and "'Intel Xeon' published" in text and "-amx_tile" in text
     assert "torch: " in text and "'2.0.0' published" in text
     Path("published.environment.json").unlink()
-    assert "no record of its machine" in "\n".join(check_digest("published.sha256", study).lines())
+    text = "\n".join(check_digest("published.sha256", study).lines())
+    assert "no record of its machine" in text and "not the machine's" not in text
 
 
 def test_another_studys_listing_is_refused_naming_its_directory(study: Path, capsys) -> None:
@@ -187,3 +189,18 @@ def test_the_run_s_own_machine_record_is_what_the_check_compares(study: Path, mo
     monkeypatch.delenv("TRAINMAP_PORTABLE")
     text = "\n".join(check_digest("published.sha256", study).lines())
     assert "This run's machine against the published run's: portable: '0' here" in text, text
+
+
+def test_a_listing_most_of_whose_files_are_missing_asks_whether_it_is_another_studys(
+    study: Path,
+) -> None:
+    """The same results directory, another study's listing (the smoke study's beside the default
+    study's results): most listed files missing and others beyond it say so."""
+    write_digest("published.sha256", study)
+    for cell in ("gradinit", "train", "quantize"):
+        shutil.rmtree(study / cell)
+    (study / "train/other/mlp/kaiming/seed0").mkdir(parents=True)
+    (study / "train/other/mlp/kaiming/seed0/model.pt").write_bytes(b"another study")
+    line = check_digest("published.sha256", study).line()
+    assert "Most listed files are missing and 1 are beyond the listing" in line, line
+    assert "another study's digest" in line
