@@ -29,7 +29,6 @@ from pathlib import Path
 
 from trainmap.io import (
     SEED_RANGE_MANIFEST,
-    block_manifest_of,
     companion_path,
     load_json,
     save_json,
@@ -172,36 +171,40 @@ def _stage(path: str, root: str) -> str:
 
 def trace_differences(differ: list[str], root: str | Path) -> Origins:
     """Trace the differing files ``differ`` (as :func:`result_hashes` names them) through the
-    blocks' lineage (trainmap.lineage: each block manifest records what it was made from): a
-    cell's difference *starts* in its stage when every input its block read for it is identical
-    (the same seed's files in each upstream block, and every other input file), and *follows*
-    otherwise. Read from the run's tree under ``root``."""
+    blocks' lineage (trainmap.lineage: each block manifest records its cells and what it was made
+    from): a cell's difference *starts* in its stage when every input its block read for it is
+    identical (the same seed's files in each upstream block, and every other input file), and
+    *follows* otherwise. Each manifest of the run's tree under ``root`` is read once."""
     root = Path(root)
     prefix = root.as_posix()
+    records = {manifest: load_json(manifest, timing=False) for manifest in block_manifests(root)}
+    manifest_of = {(manifest.parent / cell["cell"].rsplit("/", 1)[-1]).as_posix(): manifest
+                   for manifest, record in records.items() for cell in record.get("cells", [])}  # fmt: skip
     differing = set(differ)
     origins = Origins()
     by_cell: dict[str, list[str]] = {}  # each differing cell directory: its differing files
     for path in differ:
-        manifest = block_manifest_of(path)
-        if manifest is None or not manifest.exists():
-            if not BLOCK_FILE.match(Path(path).name):  # a block's own record or figure: skip
-                origins.outside.setdefault(_stage(path, prefix), []).append(path)
-            continue
-        by_cell.setdefault(_cell_of(path), []).append(path)
+        # a cell's file, or one folder down (its checkpoint archive, listed as one entry)
+        cell = next((d for d in (Path(path).parent.as_posix(), Path(path).parent.parent.as_posix())
+                     if d in manifest_of), None)  # fmt: skip
+        if cell is not None:
+            by_cell.setdefault(cell, []).append(path)
+        elif not BLOCK_FILE.match(Path(path).name):  # a block's own record or figure: skip
+            origins.outside.setdefault(_stage(path, prefix), []).append(path)
     edges: set[tuple[str, str]] = set()
-    for manifest in block_manifests(root):
-        stage = _stage(manifest.as_posix(), prefix)
-        for relative in load_json(manifest, timing=False).get(MADE_FROM, {}):
-            upstream = os.path.normpath(manifest.parent / relative)
-            if Path(upstream).is_relative_to(root):
-                edges.add((_stage(Path(upstream).as_posix(), prefix), stage))
+    for manifest, record in records.items():
+        for relative in record.get(MADE_FROM, {}):
+            upstream = Path(os.path.normpath(manifest.parent / relative))
+            if upstream.is_relative_to(root):
+                edges.add(
+                    (_stage(upstream.as_posix(), prefix), _stage(manifest.as_posix(), prefix))
+                )
     origins.order = _dag_order(edges)
     for cell, files in sorted(by_cell.items()):
-        manifest = block_manifest_of(files[0])
-        record = load_json(manifest, timing=False)
+        manifest = manifest_of[cell]
         seed_dir = cell.rsplit("/", 1)[-1]
         inputs_differ = False
-        for relative in record.get(MADE_FROM, {}):
+        for relative in records[manifest].get(MADE_FROM, {}):
             upstream = Path(os.path.normpath(manifest.parent / relative))
             if SEED_RANGE_MANIFEST.fullmatch(upstream.name):
                 inputs_differ |= (upstream.parent / seed_dir).as_posix() in by_cell
@@ -214,15 +217,6 @@ def trace_differences(differ: list[str], root: str | Path) -> Origins:
             origins.starts.setdefault(stage, []).append(cell)
             origins.files[cell] = [f[len(cell) + 1 :] for f in files]
     return origins
-
-
-def _cell_of(path: str) -> str:
-    """The cell directory (``.../seed3``) of a file a block wrote."""
-    parts = path.rstrip("/").split("/")
-    for index in range(len(parts) - 1, -1, -1):
-        if re.fullmatch(r"seed\d+", parts[index]):
-            return "/".join(parts[: index + 1])
-    raise ValueError(f"{path} is not in a cell's directory")
 
 
 def _dag_order(edges: set[tuple[str, str]]) -> list[str]:

@@ -99,7 +99,9 @@ def study(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     seeds = range(3)
     _block(root, "gradinit", "t/mlp/gradinit", {s: {"scales.json": b"s%d" % s} for s in seeds},
            ["data/t/dataset.pt"])  # fmt: skip
-    _block(root, "train", "t/mlp/gradinit", {s: {"model.pt": b"g%d" % s} for s in seeds},
+    _block(root, "train", "t/mlp/gradinit",
+           {s: {"model.pt": b"g%d" % s, "checkpoints/step_0.safetensors": b"c%d" % s}
+            for s in seeds},
            ["data/t/dataset.pt", "gradinit/t/mlp/gradinit/seeds0-2.json"])  # fmt: skip
     _block(root, "train", "t/mlp/kaiming", {s: {"model.pt": b"k%d" % s} for s in seeds},
            ["data/t/dataset.pt"])  # fmt: skip
@@ -116,6 +118,8 @@ def test_a_mismatch_names_the_stages_where_it_starts_and_what_follows(study: Pat
     # kaiming seed 2 changes while its trained model is the published one; the comparison follows.
     (study / "gradinit/t/mlp/gradinit/seed1/scales.json").write_bytes(b"other")
     (study / "train/t/mlp/gradinit/seed1/model.pt").write_bytes(b"other")
+    # its checkpoint archive too: one entry of the listing, one folder below the cell
+    (study / "train/t/mlp/gradinit/seed1/checkpoints/step_0.safetensors").write_bytes(b"other")
     (study / "quantize/t/mlp/kaiming/seed2/awq.pt").write_bytes(b"other")
     (study / "joint/c/verdicts.md").write_text("no difference")
     check = check_digest("published.sha256", study)
