@@ -59,25 +59,18 @@ def main(argv: list[str] | None = None) -> int:
         config = load_plan_config(args.configfile)
     jobs = plan_jobs(config, grid.results_root(config))
     study = " + ".join(grid.study_files(grid.user_layers(args.configfile)))
-    if args.check:
-        try:
-            check_limits(jobs, limits)
-        except PlanError as error:
-            print(f"error: the plan of {study} does not fit the node: {error} (python -m "
-                  "trainmap.plan --help: the node's limits)", file=sys.stderr)  # fmt: skip
-            return 1
-        print(f"plan of {study}: {len(jobs):,} jobs, {disk_bytes(jobs) / 1e9:,.1f} GB written; "
-              f"fits the node ({limits})")  # fmt: skip
-        return 0
-    print(f"plan of {study}")
-    print(format_plan(jobs, limits))
-    if args.jobs:
-        columns = ["rule", "job", "seeds", "device", "bytes", "ram", "gpu", "seconds"]
-        print(jobs[columns].to_string(index=False))
+    if not args.check:  # --check (make run's first step): only the verdict below
+        print(f"plan of {study}")
+        print(format_plan(jobs, limits))
+        if args.jobs:
+            columns = ["rule", "job", "seeds", "device", "bytes", "ram", "gpu", "seconds"]
+            print(jobs[columns].to_string(index=False))
     try:
         check_limits(jobs, limits)
     except PlanError as error:
-        print(f"error: {error}", file=sys.stderr)
+        print(f"error: the plan of {study} does not fit the node: {error} (python -m "
+              "trainmap.plan --help: the node's limits)", file=sys.stderr)  # fmt: skip
         return 1
-    print(f"fits the node: {limits}")
+    print(f"plan of {study}: {len(jobs):,} jobs, {disk_bytes(jobs) / 1e9:,.1f} GB written; "
+          f"fits the node ({limits})")  # fmt: skip
     return 0
