@@ -119,15 +119,15 @@ def record_run_time(root: str | Path, seconds: float, cores: int) -> Path:
     ``summary/run.json``), with the CPU and the date, for the findings page."""
     import datetime
 
-    from trainmap.portable import cpu_model_and_flags, numeric_environment
+    from trainmap.portable import numeric_environment
 
-    cpu = cpu_model_and_flags()[0]
+    # what the run's bits were made with (the digest check compares it with the published
+    # machine's): this process has the jobs' environment
+    environment = numeric_environment()
     path = timing_path(Path(root) / RUN_TIMING)
-    save_json({"snakemake_wall_s": round(float(seconds), 1), "cores": int(cores), "cpu": cpu,
-               "date": datetime.date.today().isoformat(),
-               # what the run's bits were made with (the digest check compares it with the
-               # published machine's): this process has the jobs' environment
-               "environment": numeric_environment()}, path)  # fmt: skip
+    save_json({"snakemake_wall_s": round(float(seconds), 1), "cores": int(cores),
+               "cpu": environment["cpu"], "date": datetime.date.today().isoformat(),
+               "environment": environment}, path)  # fmt: skip
     return path
 
 

@@ -49,6 +49,7 @@ def check_train(where: str, settings: dict) -> None:
             f"{where}.steps = {settings['steps']}; allowed: at most steps (a trajectory needs "
             "checkpoints)"
         )
+    from trainmap.dynamics.columns import METRIC_NAMES
     from trainmap.training.archive import MAX_CHECKPOINTS, n_checkpoints
 
     steps, every = settings["steps"], settings["checkpoint_every"]
@@ -57,7 +58,8 @@ def check_train(where: str, settings: dict) -> None:
         least = -(-steps // (MAX_CHECKPOINTS - 2))
         raise ConfigError(
             f"config key {where}.checkpoint_every: {every} with {where}.steps = {steps} plans "
-            f"{count:,} checkpoints per run (a metric table of {count * 14 * 8 / 1e9:,.1f} GB per "
+            f"{count:,} checkpoints per run (a metric table of "
+            f"{count * len(METRIC_NAMES) * 8 / 1e9:,.1f} GB per "
             f"run before any analysis); allowed: at most {MAX_CHECKPOINTS:,} per run: set "
             f"checkpoint_every to {least} or more, or check steps for a typo"
         )

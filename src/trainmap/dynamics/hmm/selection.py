@@ -325,6 +325,17 @@ def stacked_runs(z: Mapping[str, np.ndarray], counts: Mapping[str, float]) -> tu
     return stack([z[run] for run in counts]), _run_weights(list(counts.values()))
 
 
+def _split(z: Mapping[str, np.ndarray], train: Mapping[str, float],
+           heldout: Mapping[str, float] | None = None) -> Split:  # fmt: skip
+    """One split: the runs of ``train`` fitted, those of ``heldout`` scored (None: nothing held
+    out, every run fitted), each counted as often as drawn."""
+    data, weights = stacked_runs(z, train)
+    if heldout is None:
+        return Split(data, None, (weights, None))
+    held, held_weights = stacked_runs(z, heldout)
+    return Split(data, held, (weights, held_weights))
+
+
 def pooled_counts(train: Mapping[str, float], heldout: Mapping[str, float]) -> dict[str, float]:
     """Both parts of a draw as one: run -> times drawn in either (the rules that split the runs
     themselves, and a fixed-K fit, use every run)."""
@@ -357,26 +368,18 @@ def selection_splits(
     """
     check_choice("selection", selection, SELECTION_RULES)
 
-    def part(counts: Mapping[str, float]) -> tuple[Data, Any]:
-        return stacked_runs(z, counts)
-
     if selection == "reproducible":
         pooled = pooled_counts(train, heldout)
         halves = half_splits(list(pooled), halves_n, random_state, strata, cap_halves, half_size)
         splits = []
         for first, second in halves:
             for half, other in ((first, second), (second, first)):
-                (data, weights), (held_data, held_weights) = (
-                    part({run: pooled[run] for run in half}),
-                    part({run: pooled[run] for run in other}),
-                )
-                splits.append(Split(data, held_data, (weights, held_weights)))
-        everything, weights = part(pooled)
-        splits.append(Split(everything, None, (weights, None)))
+                splits.append(_split(z, {run: pooled[run] for run in half},
+                                     {run: pooled[run] for run in other}))  # fmt: skip
+        splits.append(_split(z, pooled))
         return splits, [second for _, second in halves]
     if selection == "holdout":  # "gain" scores on folds, as "folds" does
-        (train_data, train_weights), (heldout_data, heldout_weights) = part(train), part(heldout)
-        return [Split(train_data, heldout_data, (train_weights, heldout_weights))], [list(heldout)]
+        return [_split(z, train, heldout)], [list(heldout)]
     pooled = pooled_counts(train, heldout)
     held = fold_split(list(pooled), folds, random_state)
     splits = []
@@ -384,10 +387,8 @@ def selection_splits(
         inside = set(fold)
         kept = {run: count for run, count in pooled.items() if run not in inside}
         out = {run: count for run, count in pooled.items() if run in inside}
-        (train_data, train_weights), (heldout_data, heldout_weights) = part(kept), part(out)
-        splits.append(Split(train_data, heldout_data, (train_weights, heldout_weights)))
-    everything, weights = part(pooled)
-    splits.append(Split(everything, None, (weights, None)))
+        splits.append(_split(z, kept, out))
+    splits.append(_split(z, pooled))
     return splits, held
 
 
@@ -509,8 +510,7 @@ def _fixed_k(
     (the bootstrap's and the stability curve's, :class:`~trainmap.dynamics.certainty.Refit`)."""
     if len(ks) != 1:
         raise ValueError(f"a fixed-K fit takes one K, got {list(ks)}")
-    data, weights = stacked_runs(z, pooled_counts(train, heldout))
-    splits = [Split(data, None, (weights, None))]
+    splits = [_split(z, pooled_counts(train, heldout))]
     tasks = [(0, ks[0], r) for r in range(restarts)]
     fits = fit_restarts(tasks, splits, settings, n_jobs, starts, score_train)
     curve = selection_curve(fits, restart_rule)
