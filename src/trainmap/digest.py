@@ -242,7 +242,7 @@ class DigestCheck:
     differ: list[str] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)
     extra: list[str] = field(default_factory=list)
-    matching: int = 0  # listed files with the published bits
+    listed: int = 0  # files the published listing names
     origins: Origins | None = None
     environment: list[str] | None = None
     run_recorded: bool = True  # the run's machine record was kept with the results (make run)
@@ -283,8 +283,7 @@ class DigestCheck:
         )
         missing = f" ({len(self.missing)} missing)" if self.missing else ""
         other = ""
-        listed = len(self.missing) + len(self.differ) + self.matching
-        if self.extra and 2 * len(self.missing) > listed:
+        if self.extra and 2 * len(self.missing) > self.listed:
             other = (f" Most listed files are missing and {len(self.extra)} are beyond the "
                      "listing: is it another study's digest (each config file has its own, "
                      "<config>.results.sha256)?")  # fmt: skip
@@ -310,14 +309,14 @@ def check_digest(published_path: str | Path, root: str | Path) -> DigestCheck:
         raise ValueError(f"{published_path} lists the results under {', '.join(roots)}/, not "
                          f"{prefix}: it is another study's digest (check it against "
                          f"{roots[0]}, or give this study's own listing)")  # fmt: skip
-    actual = {path: digest for path, digest in result_hashes(root).items()}
+    actual = result_hashes(root)
     check = DigestCheck(
         published=study_digest(published),
         actual=study_digest({p: d for p, d in actual.items() if p in published}),
         differ=sorted(p for p in published if p in actual and actual[p] != published[p]),
         missing=sorted(p for p in published if p not in actual),
         extra=sorted(p for p in actual if p not in published),
-        matching=sum(actual.get(p) == d for p, d in published.items()),
+        listed=len(published),
     )
     if not check.matches:
         from trainmap.findings import run_environment
