@@ -27,7 +27,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainmap.dynamics.stability_results import states_sentence
+from trainmap.dynamics.stability_results import reports_states, states_sentence
 from trainmap.io import companion_path, load_json, save_json, save_text, timing_path
 
 #: Where ``make run`` records its wall time (a timing sidecar: left out of the digest).
@@ -63,7 +63,7 @@ def _comparison(directory: Path) -> str:
     bootstrap_file = directory / "bootstrap.json"
     if bootstrap_file.exists():
         bootstrap = load_json(bootstrap_file, timing=False)
-        if bootstrap.get("reselect_k", True) or not bootstrap.get("state_jaccard"):
+        if not reports_states(bootstrap.get("reselect_k", True), bootstrap.get("state_jaccard")):
             lines.append(
                 f"- Bootstrap: {_k_counts(bootstrap['k_counts'], bootstrap['n_resamples'])}."
             )

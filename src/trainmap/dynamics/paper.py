@@ -48,7 +48,11 @@ from trainmap.dynamics.regression import (
     state_distribution,
     trajectory_dissimilarity,
 )
-from trainmap.dynamics.stability_results import STATE_JACCARD, reproduced_states
+from trainmap.dynamics.stability_results import (
+    STATE_JACCARD,
+    reports_states,
+    reproduced_states,
+)
 from trainmap.io import load_json
 
 
@@ -388,7 +392,7 @@ def _bootstrap(row: Mapping[str, Any]) -> str:
     :data:`~trainmap.dynamics.stability_results.STATE_JACCARD`) and each state's mean Jaccard;
     with refits that reselected K, how many resamples selected each K."""
     jaccard = row.get("bootstrap_state_jaccard") or []
-    if row.get("bootstrap_reselect_k", True) or not jaccard:
+    if not reports_states(row.get("bootstrap_reselect_k", True), jaccard):
         return _k_counts(row["bootstrap_k"])
     kept = reproduced_states(jaccard)
     states = ", ".join(map(str, kept)) if kept else "none"

@@ -67,11 +67,15 @@ def plot_bootstrap(bootstrap: Any, path: str | os.PathLike, title: str = "") -> 
     agreement over the resamples (Hennig 2007; >= 0.75 reproduces, < 0.5 dissolved), and how
     often each detour is found again. Refits that reselected K (older results, or
     ``reselect_k``): the distribution of the selected K beside the states found again."""
-    from trainmap.dynamics.stability_results import DISSOLVED_JACCARD, STATE_JACCARD
+    from trainmap.dynamics.stability_results import (
+        DISSOLVED_JACCARD,
+        STATE_JACCARD,
+        reports_states,
+    )
 
     figure, (left, right) = plt.subplots(1, 2, figsize=(8.5, 3.2))
     states = np.arange(bootstrap.n_states)
-    per_state = bool(bootstrap.jaccards) and not bootstrap.reselect_k
+    per_state = reports_states(bootstrap.reselect_k, bootstrap.jaccards)
     if per_state:
         values = np.asarray(bootstrap.jaccards, dtype=float)
         left.boxplot([values[:, state] for state in states], positions=states, widths=0.5)

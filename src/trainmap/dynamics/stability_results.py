@@ -65,6 +65,13 @@ def reproduced_states(means: Sequence[float], threshold: float = STATE_JACCARD) 
     return [state for state, value in enumerate(means) if value >= threshold]
 
 
+def reports_states(reselect_k: bool, state_jaccard: Sequence[float] | None) -> bool:
+    """Whether a bootstrap reports each state's mean Jaccard (its refits kept the full map's K and
+    recorded per-state values) rather than the distribution of a reselected K (``reselect_k``, or
+    a file written before refits kept K)."""
+    return not reselect_k and bool(state_jaccard)
+
+
 def states_sentence(means: Sequence[float], where: str, threshold: float = STATE_JACCARD) -> str:
     """Which states reproduce: 'states 0, 2 reproduce {where} (mean Jaccard >= 0.75); state 1
     does not (0.41)', from each state's mean Jaccard (``means``); empty without states."""
