@@ -127,6 +127,12 @@ def device_of(settings: Mapping[str, Any]) -> Device:
     return GPU if str(settings.get("device", "cpu")).startswith("cuda") else CPU
 
 
+#: Host bytes of one history row the training loop keeps per seed and checkpoint: a dict of six
+#: numbers, 420 bytes by ``sys.getsizeof`` of the dict and its values, plus the list's pointer
+#: and the allocator's rounding.
+HISTORY_ROW_BYTES = 500
+
+
 def training_job(
     config: Mapping[str, Any],
     rule: str,
@@ -157,7 +163,9 @@ def training_job(
     evaluation = 3 * seeds * min(n_test, EVAL_BATCH) * profile.widest_bytes
     metrics = 3 * seeds * profile.n_params * 8
     on_device = weights + data_bytes + max(activations, evaluation, metrics) + device.context_bytes
-    host = BASE_RAM + 2 * data_bytes + state + seeds * profile.state_bytes
+    # each seed's history rows stay in memory (one a checkpoint); metric rows go to disk as they come
+    histories = seeds * len(steps) * HISTORY_ROW_BYTES
+    host = BASE_RAM + 2 * data_bytes + state + seeds * profile.state_bytes + histories
     step_flops = 3 * profile.forward_flops * batch * seeds * flop_factor
     throughput = device.flops_per_s(profile)
     step_s = device.step_seconds(profile, seeds) + step_flops / throughput
@@ -179,7 +187,8 @@ def training_job(
         f"{profile.n_params:,} params, {seeds} x {batch} x "
         f"{profile.saved_bytes / 1e6:.3g} MB autograd-saved/example, data "
         f"{data_bytes / 1e6:.3g} MB, checkpoint peak max(eval {evaluation / GB:.3g} GB, float64 "
-        f"metrics {metrics / GB:.3g} GB)"
+        f"metrics {metrics / GB:.3g} GB); host: + {len(steps)} history rows a seed "
+        f"({histories / GB:.3g} GB; metric rows are appended to disk, not kept)"
     )
     bytes_from = (
         f"size-based: {seeds} seeds x ({len(kept)} of {len(steps)} checkpoints ({policy.schedule}) "

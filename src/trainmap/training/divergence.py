@@ -29,15 +29,19 @@ def freeze(record: SeedRecord, block: SeedBlock, index: int, step: int) -> None:
     """A seed whose loss is not finite at ``step``: diverged at step + 1 (the step it would have
     taken), its state kept as it is now."""
     record.diverged_step, record.steps_done = step + 1, step
-    record.frozen_state = block.state_of(index)
+    # on the training device: restoring it after each step copies nothing from the host
+    record.frozen_state = {
+        key: value[index].detach().clone() for key, value in block.state().items()
+    }
 
 
-def zero_frozen_grads(block: SeedBlock, records: list[SeedRecord]) -> None:
-    """Zero the gradients of the seeds of ``block`` whose ``records`` are no longer active."""
-    frozen = [index for index, record in enumerate(records) if not record.active]
+def zero_frozen_grads(block: SeedBlock, active: torch.Tensor) -> None:
+    """Zero the gradients of the seeds of ``block`` that are not ``active`` (``(S,)`` booleans on
+    the training device)."""
     for parameter in block.parameters.values():
         if parameter.grad is not None:
-            block.seed_view(parameter.grad)[frozen] = 0.0
+            grad = block.seed_view(parameter.grad)
+            grad.masked_fill_(~active.reshape(-1, *([1] * (grad.dim() - 1))), 0.0)
 
 
 def restore_frozen(block: SeedBlock, records: list[SeedRecord]) -> None:

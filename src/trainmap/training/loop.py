@@ -19,8 +19,8 @@ state models of training dynamics", do inside their training loop), appends them
 ``train.<task>.archive`` keeps it (:mod:`trainmap.training.archive`). No checkpoint stays in memory.
 
 Resume: every ``resume_every`` steps the whole training state of the block (stacked model and
-optimiser state, every seed's batch order, RNG, histories and metric rows so far: no checkpoint
-weights, so its size does not grow with the checkpoints) is written atomically to one
+optimiser state, every seed's batch order, RNG, histories so far and how many rows each metric
+table holds: no checkpoint weights and no metric rows) is written atomically to one
 resume file (the wall time so far beside it, in its timing sidecar: ``trainmap.io.timing_path``). A
 rerun after a kill continues from it and ends with weights bit-identical (CPU) to an uninterrupted
 run. The file is removed once the block's outputs are written.
@@ -28,6 +28,12 @@ run. The file is removed once the block's outputs are written.
 Every output is the same bytes when its content is: the summary's wall time and steps/s go to
 ``train.timing.json`` beside ``train.json`` (``trainmap.io.save_json``), so rerunning a cell rewrites
 metric table, archive, model, history and summary byte for byte.
+
+The step makes no round-trip to the host on an accelerator: each epoch's batch indices of every
+seed go to the device once (:class:`~trainmap.training.step.BlockBatches`), losses stay there
+until a checkpoint, and finiteness is checked at checkpoints and resume points (an interval in
+which a seed diverged runs again step by step from a copy kept in memory, so the files are those
+of a check at every step, which is what the CPU does, where reading a loss costs nothing).
 
 Divergence, per seed: a seed whose loss turns NaN/inf is recorded as ``diverged`` at that step and
 frozen (its weights and statistics stay those of the step it diverged at; it no longer contributes
@@ -77,7 +83,7 @@ from trainmap.training.config import TrainConfig, TrainPaths
 from trainmap.training.divergence import SeedRecord, freeze, restore_frozen, zero_frozen_grads
 from trainmap.training.hooks import BlockCheckpointHook, CheckpointHook, TrainHooks
 from trainmap.training.record import CheckpointRecorder
-from trainmap.training.resume import load_resume, save_resume
+from trainmap.training.resume import load_resume, save_resume, training_state
 from trainmap.training.scores import EVAL_BATCH, RunningMeans, evaluate_block, evaluate_split
 from trainmap.training.seed_block import SeedBlock, UnvectorisableWarning, vectorisation_problem
 from trainmap.training.setup import (
@@ -89,6 +95,7 @@ from trainmap.training.setup import (
 )
 from trainmap.training.step import (
     BatchSampler,
+    BlockBatches,
     clip_seed_grad_norms,
     lr_factor,
     make_optimizer,
@@ -163,6 +170,7 @@ def train_block(
     description: str = "train",
     model_info: Sequence[dict[str, Any]] | None = None,
     hooks: TrainHooks | None = None,
+    check_every_step: bool | None = None,
 ) -> list[dict[str, Any]]:
     """Train ``models`` (one per seed of ``seeds``, same architecture) together as one block; write
     each seed's metric table, archive, final model, history and summary to its ``paths``; the
@@ -178,6 +186,12 @@ def train_block(
 
     A block whose model vmap cannot vectorise (a trial step when the block is built) trains its
     seeds one after another instead, each as a block of one, with an ``UnvectorisableWarning``.
+
+    ``check_every_step``: whether the seeds' losses are read on the host after every step to find
+    a divergence (None: on the CPU, where that read costs nothing). Otherwise the losses stay on the
+    device and are checked at each checkpoint, resume point and the end; an interval in which a
+    seed diverged runs again, step by step, from its start (kept in memory), so the seed is frozen
+    at the step it diverged at and every file is what per-step checks give.
     """
     size = len(models)
     if not (len(seeds) == len(paths) == size):
@@ -194,12 +208,14 @@ def train_block(
             problem, models, data, cfg, seeds, paths, resume_path=resume_path,
             on_checkpoint=on_checkpoint, progress=progress, fingerprint=fingerprint,
             description=description, model_info=model_info, hooks=hooks,
+            check_every_step=check_every_step,
         )  # fmt: skip
+    if check_every_step is None:
+        check_every_step = device.type == "cpu"
     hooks.attach(block)
     optimizer = make_optimizer(block.parameters.values(), cfg)
     lr_varies = cfg.schedule != "constant" or cfg.warmup_steps > 0
-    on_accelerator = device.type != "cpu"
-    samplers = [_sampler(len(data.x_train), cfg, seed) for seed in seeds]
+    batches = BlockBatches([_sampler(len(data.x_train), cfg, seed) for seed in seeds], device)
     structure = metric_structure(models[0], model_info[0] if model_info else None)
     recorder = CheckpointRecorder(structure, [p.metrics for p in paths],
                                   [p.archive.parent for p in paths], cfg.checkpoint_steps,
@@ -207,19 +223,27 @@ def train_block(
     running = RunningMeans(size)
     records = [SeedRecord() for _ in range(size)]
     start_step, elapsed_before, resumed_from = 0, 0.0, None
+
+    def restore(state: dict[str, Any]) -> None:
+        """Continue from a training state (a resume file's, or the one kept in memory)."""
+        nonlocal running
+        block.load_state(state["block"])
+        optimizer.load_state_dict(state["optimizer"])
+        batches.load_state_dict(state["samplers"])
+        torch.set_rng_state(state["torch_rng"])
+        if device.type == "cuda" and state.get("cuda_rng") is not None:
+            torch.cuda.set_rng_state_all(state["cuda_rng"])
+        running = RunningMeans(**state["running"])
+        for record, fields in zip(records, state["records"], strict=True):
+            vars(record).update(fields)
+        hooks.load_state_dict(state["hooks"])
+
     saved = load_resume(resume_path, fingerprint)
+    if saved is not None and not recorder.can_resume(saved["recorder"]):
+        saved = None  # a metric table lost rows the resume file counts: start over
     if saved is not None:
-        block.load_state(saved["block"])
-        optimizer.load_state_dict(saved["optimizer"])
-        for sampler, state in zip(samplers, saved["samplers"], strict=True):
-            sampler.load_state_dict(state)
-        torch.set_rng_state(saved["torch_rng"])
-        if device.type == "cuda" and saved.get("cuda_rng") is not None:
-            torch.cuda.set_rng_state_all(saved["cuda_rng"])
+        restore(saved)
         recorder.load_state_dict(saved["recorder"])
-        running = RunningMeans(**saved["running"])
-        records = [SeedRecord(**record) for record in saved["records"]]
-        hooks.load_state_dict(saved["hooks"])
         start_step = resumed_from = saved["step"]
         elapsed_before = saved["elapsed_s"]  # from the resume file's timing sidecar
     else:
@@ -250,18 +274,11 @@ def train_block(
                 on_checkpoint(index, logged, step)
         recorder.capture(step, hooks.snapshot(block), active)
 
-    started = time.perf_counter()
-    if start_step == 0:
-        checkpoint(0)
-    block.train()
-    bar = tqdm(total=cfg.steps, initial=start_step, desc=description, disable=not progress)
-    step = start_step
-    active = active_seeds()
-    while step < cfg.steps and active:
-        # --- the step (every seed of the block at once) ------------------------------------------
-        logits, inputs, targets, task_losses = _forward_step(
-            block, samplers, data, device if on_accelerator else None
-        )
+    def take_step(check: bool) -> None:
+        """One optimiser step of every active seed; with ``check``, a seed whose loss is not
+        finite is frozen first (read on the host), else its losses are kept for :func:`verified`."""
+        nonlocal step, active, active_mask
+        logits, inputs, targets, task_losses = _forward_step(block, batches, data)
         extra = None
         if hooks.adds_loss:  # hook: e.g. distillation, on (S, B, ...) tensors
             if size == 1:  # a block of one steps on (B, ...) tensors and a scalar loss
@@ -269,48 +286,94 @@ def train_block(
                 task_losses = task_losses.reshape(1)
             extra = hooks.extra_loss(logits, inputs, targets)
         losses = task_losses if extra is None else task_losses + extra
-        if extra is None:
-            task_values = loss_values = task_losses.reshape(-1).tolist()
+        if check:
+            finite = (torch.isfinite(task_losses) & torch.isfinite(losses)).reshape(-1).tolist()
+            if not all(finite[index] for index in active):
+                for index in active:
+                    if not finite[index]:
+                        freeze(records[index], block, index, step)  # diverged here, frozen
+                active = active_seeds()
+                active_mask = _seed_mask(size, active, losses.device)
+                if not active:
+                    return
         else:
-            task_values, loss_values = torch.stack([task_losses, losses]).tolist()
-        if not math.isfinite(sum(loss_values[i] + task_values[i] for i in active)):
-            for index in active:
-                if not (math.isfinite(task_values[index]) and math.isfinite(loss_values[index])):
-                    freeze(records[index], block, index, step)  # diverged at this step, frozen
-            active = active_seeds()
-            if not active:
-                break
+            unchecked.append(torch.stack([task_losses.detach(), losses.detach()]).reshape(2, -1))
         optimizer.zero_grad(set_to_none=True)
         if lr_varies:  # the schedule is a function of the step: nothing to save for resume
             for group in optimizer.param_groups:
                 group["lr"] = cfg.lr * lr_factor(step, cfg)
-        if len(active) == size:  # a block of one's scalar loss is the plain loop's graph
+        if active_mask is None:  # a block of one's scalar loss is the plain loop's graph
             (losses if losses.dim() == 0 else losses.sum()).backward()
         else:  # frozen seeds add nothing (their NaN must not reach the sum)
-            mask = torch.zeros(size, dtype=torch.bool, device=losses.device)
-            mask[active] = True
-            torch.where(mask, losses, torch.zeros_like(losses)).sum().backward()
-            zero_frozen_grads(block, records)
+            torch.where(active_mask, losses, torch.zeros_like(losses)).sum().backward()
+            zero_frozen_grads(block, active_mask)
         if cfg.grad_clip is not None:
             clip_seed_grad_norms(block, cfg.grad_clip)
         hooks.after_backward(step)  # hook: e.g. SR-STE decay of pruned weights
         optimizer.step()
-        if len(active) < size:
+        if active_mask is not None:
             restore_frozen(block, records)
         hooks.after_step(step)  # hook: e.g. N:M mask refresh
         step += 1
-        running.add(active, task_values, logits, targets)
+        running.add(active, task_losses, logits, targets)
+
+    def kept_state() -> dict[str, Any]:
+        """The training state now, copied (what an interval runs again from; the histories are
+        not copied: nothing appends to them between checks)."""
+        return training_state(block, optimizer, batches.samplers, running, records, hooks,
+                              histories=False)  # fmt: skip
+
+    def verified() -> bool:
+        """Whether every active seed's losses since the last check are finite; if not, the
+        interval runs again from its start, checking every step (one host read per interval)."""
+        nonlocal step, active, active_mask
+        if check_every_step or not unchecked:
+            return True
+        losses = torch.stack(unchecked)[:, :, active]
+        unchecked.clear()
+        if bool(torch.isfinite(losses).all()):
+            return True
+        target, step = step, kept["step"]
+        restore(kept)
+        active = active_seeds()
+        active_mask = None if len(active) == size else _seed_mask(size, active, device)
+        while step < target and active:
+            take_step(check=True)
+        return False
+
+    started = time.perf_counter()
+    if start_step == 0:
+        checkpoint(0)
+    block.train()
+    bar = tqdm(total=cfg.steps, initial=start_step, desc=description, disable=not progress)
+    step = start_step
+    active = active_seeds()
+    active_mask = None if len(active) == size else _seed_mask(size, active, device)
+    unchecked: list[torch.Tensor] = []
+    kept = None if check_every_step else {**kept_state(), "step": step}
+    while step < cfg.steps and active:
+        # --- the step (every seed of the block at once) ------------------------------------------
+        take_step(check=check_every_step)
+        at_checkpoint = step % cfg.checkpoint_every == 0 or step == cfg.steps
+        at_resume = step % cfg.resume_every == 0 and step < cfg.steps
+        if not (at_checkpoint or at_resume) and active:
+            continue
+        verified()  # the losses since the last check, before anything is recorded
+        if not active:
+            break
         # --- checkpointing and resume state ---------------------------------------------------
-        if step % cfg.checkpoint_every == 0 or step == cfg.steps:
+        if at_checkpoint:
             checkpoint(step)
             bar.update(step - bar.n)
             accs = [records[i].history[-1]["test_acc"] for i in active]
             if accs:
                 bar.set_postfix(test_acc=f"{sum(accs) / len(accs):.3f}", refresh=False)
-        if step % cfg.resume_every == 0 and step < cfg.steps:
+        if at_resume:
             elapsed = elapsed_before + time.perf_counter() - started
-            save_resume(resume_path, fingerprint, step, block, optimizer, samplers, recorder,
-                        running, records, hooks, elapsed)  # fmt: skip
+            save_resume(resume_path, fingerprint, step, block, optimizer, batches.samplers,
+                        recorder, running, records, hooks, elapsed)  # fmt: skip
+        if not check_every_step:
+            kept = {**kept_state(), "step": step}
     bar.close()
     wall_time = elapsed_before + time.perf_counter() - started
     summaries = []
@@ -413,19 +476,21 @@ def _for_index(hook: BlockCheckpointHook, index: int) -> BlockCheckpointHook:
     return lambda _, metrics, step: hook(index, metrics, step)
 
 
+def _seed_mask(size: int, active: Sequence[int], device: torch.device) -> torch.Tensor:
+    """``(S,)`` on ``device``: True for the ``active`` seeds of a block of ``size``."""
+    mask = torch.zeros(size, dtype=torch.bool)
+    mask[list(active)] = True
+    return mask.to(device)
+
+
 def _forward_step(
-    block: SeedBlock, samplers: Sequence[BatchSampler], data: TaskData, device: torch.device | None
+    block: SeedBlock, batches: BlockBatches, data: TaskData
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """One training batch per seed and the block's forward pass: logits, inputs, targets and the
     loss. A block of S > 1 gives ``(S, B, ...)`` tensors and each seed's mean cross-entropy
     ``(S,)``; a block of one gives the plain loop's ``(B, ...)`` tensors and its scalar loss, so its
     graph is the plain loop's (model, cross-entropy; ``flatten`` is a no-op on 2-D logits)."""
-    if block.size == 1:
-        indices = samplers[0].next_indices()
-    else:
-        indices = torch.stack([sampler.next_indices() for sampler in samplers])
-    if device is not None:
-        indices = indices.to(device)
+    indices = batches.next_indices()
     inputs, targets = data.x_train[indices], data.y_train[indices]
     if block.size > 1:
         logits = block(inputs)

@@ -5,16 +5,16 @@ dimension first, on the training device). The recorder
 
 * computes the 14 metrics of every convention for every active seed at once
   (:class:`trainmap.dynamics.streamed.StreamedMetrics`) and appends each seed's rows to its
-  ``checkpoint_metrics.csv`` as training goes (at least every :data:`FLUSH_S` seconds, and
-  whenever the resume file is written);
+  ``checkpoint_metrics.csv`` as training goes (at least every :data:`FLUSH_S` seconds, whenever
+  the resume file is written, and at the end), formatted as pandas writes them;
 * writes the checkpoint of every active seed to its archive when ``train.<task>.archive`` keeps
   that step (:mod:`trainmap.training.archive`: one safetensors file per checkpoint and seed).
 
-Nothing else is kept: a block's memory and its resume file (which holds the metric rows so far,
-:meth:`CheckpointRecorder.state_dict`) do not grow with the number of checkpoints beyond those rows
-(about 20 numbers per variant and checkpoint). A resumed run rewrites each seed's table from the
-rows in its resume file and goes on appending; the table a finished run leaves is written whole at
-the end (:meth:`CheckpointRecorder.finish`), so its bytes do not depend on where it was resumed.
+Nothing else is kept: rows wait in memory only until the next append, and the resume file holds
+only how many rows each table had when it was written (:meth:`CheckpointRecorder.state_dict`), so
+neither grows with the number of checkpoints. A resumed run cuts each table back to that many rows
+(rows a killed run appended after its resume point come again) and goes on appending, so a
+finished table's bytes do not depend on where the run was resumed.
 """
 
 from __future__ import annotations
@@ -66,8 +66,9 @@ class CheckpointRecorder:
         self.run_directories = [Path(path) for path in run_directories]
         self.policy = policy
         self.archived = set(policy.kept_steps(list(checkpoints)))
-        self.rows: list[list[dict[str, Any]]] = [[] for _ in self.tables]
+        self.rows: list[list[dict[str, Any]]] = [[] for _ in self.tables]  # not yet on disk
         self.written = [0] * len(self.tables)  # rows of each table already in its file
+        self.started = [False] * len(self.tables)  # whether each table's file was begun
         self.flushed_at = time.monotonic()
         # seconds spent on the metrics and on writing the archive, in this process (timing only)
         self.metrics_s = self.archive_s = 0.0
@@ -83,7 +84,7 @@ class CheckpointRecorder:
         chosen = state if len(active) == size else {k: v[active] for k, v in state.items()}
         for index, rows in zip(active, self.metrics.rows(chosen, step), strict=True):
             self.rows[index] += rows
-        if time.monotonic() - self.flushed_at >= FLUSH_S or not any(self.written):
+        if time.monotonic() - self.flushed_at >= FLUSH_S or not all(self.started):
             self.flush()
         archiving = time.perf_counter()
         self.metrics_s += archiving - started
@@ -95,27 +96,28 @@ class CheckpointRecorder:
         self.archive_s += time.perf_counter() - archiving
 
     def flush(self) -> None:
-        """Append each table's new rows to its file (the first time, write it whole). Called at
-        least every :data:`FLUSH_S` seconds of checkpoints and when the resume file is written."""
+        """Append each table's new rows to its file (the first time, write it whole, header
+        included) and let go of them. Called at least every :data:`FLUSH_S` seconds of
+        checkpoints, when the resume file is written, and at the end."""
         for index, rows in enumerate(self.rows):
-            new = rows[self.written[index] :]
-            if not new:
-                continue
-            if not self.written[index] or not self.tables[index].exists():
-                self._rewrite(index)
-            else:  # to this process's own file (the first write renamed it into place); the
-                # table is rewritten whole, atomically, at the end
-                with open(self.tables[index], "a", newline="") as stream:
-                    csv.writer(stream).writerows(
-                        [_cell(row.get(column)) for column in STREAMED_COLUMNS] for row in new
+            if not self.started[index]:
+                frame = pd.DataFrame(rows, columns=STREAMED_COLUMNS)
+                self.tables[index].parent.mkdir(parents=True, exist_ok=True)
+                write_atomic(self.tables[index], lambda tmp, f=frame: f.to_csv(tmp, index=False))
+                self.started[index] = True
+            elif rows:  # to this process's own file (the first write renamed it into place)
+                if not self.tables[index].exists():
+                    raise FileNotFoundError(
+                        f"{self.tables[index]} was removed while its run was training; its rows "
+                        "so far are lost: rerun the job (it starts over from its resume file)"
                     )
-            self.written[index] = len(rows)
+                with open(self.tables[index], "a", newline="") as stream:
+                    csv.writer(stream, lineterminator="\n").writerows(
+                        [_cell(row.get(column)) for column in STREAMED_COLUMNS] for row in rows
+                    )
+            self.written[index] += len(rows)
+            self.rows[index] = []
         self.flushed_at = time.monotonic()
-
-    def _rewrite(self, index: int) -> None:
-        frame = pd.DataFrame(self.rows[index], columns=STREAMED_COLUMNS)
-        self.tables[index].parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(self.tables[index], lambda tmp: frame.to_csv(tmp, index=False))
 
     def start_fresh(self) -> None:
         """Before a run's first step: remove what an earlier run of these seeds left (its table and
@@ -125,23 +127,44 @@ class CheckpointRecorder:
             shutil.rmtree(archive_directory(directory), ignore_errors=True)
 
     def finish(self, index: int) -> None:
-        """Write seed ``index``'s final table whole (the same bytes however the run went)."""
-        self._rewrite(index)
-        self.written[index] = len(self.rows[index])
+        """Bring seed ``index``'s table up to its last row (a header alone when it has none)."""
+        if self.rows[index] or not self.started[index]:
+            self.flush()
 
     def state_dict(self) -> dict[str, Any]:
-        """The rows so far (for a resume file; the tables on disk are brought up to them)."""
+        """How many rows each table holds (for a resume file: the tables are flushed first)."""
         self.flush()
-        return {"rows": [list(rows) for rows in self.rows]}
+        return {"written": list(self.written)}
+
+    def can_resume(self, state: Mapping[str, Any]) -> bool:
+        """Whether every table still holds the rows :meth:`state_dict` counted (a table cut short
+        or removed since: the run starts over instead)."""
+        return "written" in state and all(
+            count == 0 or _data_lines(table) >= count
+            for table, count in zip(self.tables, state["written"], strict=True)
+        )
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Continue from :meth:`state_dict`: each table is rewritten to the rows it holds (rows a
-        killed run appended after its resume point are dropped; they will come again)."""
-        self.rows = [list(rows) for rows in state["rows"]]
-        for index, rows in enumerate(self.rows):
-            if rows:
-                self._rewrite(index)
-            self.written[index] = len(rows)
+        """Continue from :meth:`state_dict`: each table is cut back to the rows it held then (rows
+        a killed run appended after its resume point are dropped; they will come again)."""
+        for index, (table, count) in enumerate(zip(self.tables, state["written"], strict=True)):
+            self.rows[index] = []
+            self.written[index] = count
+            self.started[index] = count > 0
+            if count == 0:
+                table.unlink(missing_ok=True)
+                continue
+            with open(table, "rb") as stream:
+                kept = b"".join(line for _, line in zip(range(count + 1), stream, strict=False))
+            write_atomic(table, lambda tmp, kept=kept: Path(tmp).write_bytes(kept))
+
+
+def _data_lines(table: Path) -> int:
+    """Rows in a table file below its header (0 when there is no file)."""
+    if not table.exists():
+        return 0
+    with open(table, "rb") as stream:
+        return max(0, sum(1 for _ in stream) - 1)
 
 
 def _cell(value: Any) -> Any:

@@ -1,10 +1,11 @@
 """The resume file: a block's whole training state (stacked model and optimiser state, every
-seed's batch order, RNG, histories and metric rows so far, the hooks' state), written atomically
-every ``resume_every`` steps with the wall time so far in its timing sidecar, and read back by a
-rerun under the same configuration fingerprint."""
+seed's batch order, RNG, histories so far, how many rows each metric table holds, the hooks'
+state), written atomically every ``resume_every`` steps with the wall time so far in its timing
+sidecar, and read back by a rerun under the same configuration fingerprint."""
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,28 @@ from trainmap.training.seed_block import SeedBlock
 from trainmap.training.step import BatchSampler
 
 
+def training_state(block: SeedBlock, optimizer: torch.optim.Optimizer,
+                   samplers: list[BatchSampler], running: RunningMeans, records: list[SeedRecord],
+                   hooks: TrainHooks, *, histories: bool = True) -> dict[str, Any]:  # fmt: skip
+    """A copy of the block's training state: stacked model and optimiser state, every seed's batch
+    order, RNG, running means, per-seed records (with their ``histories`` or without) and the
+    hooks' state. What the resume file holds besides the metric rows, and what an interval whose
+    losses are checked late runs again from."""
+    return {
+        "block": {key: value.detach().clone() for key, value in block.state().items()},
+        "optimizer": copy.deepcopy(optimizer.state_dict()),
+        "samplers": [sampler.state_dict() for sampler in samplers],
+        "torch_rng": torch.get_rng_state(),
+        "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None,
+        "running": running.state_dict(),
+        "records": [
+            {key: value for key, value in vars(record).items() if histories or key != "history"}
+            for record in records
+        ],
+        "hooks": copy.deepcopy(hooks.state_dict()),
+    }
+
+
 def save_resume(path: Path, fingerprint: str, step: int, block: SeedBlock,
                 optimizer: torch.optim.Optimizer, samplers: list[BatchSampler],
                 recorder: CheckpointRecorder, running: RunningMeans, records: list[SeedRecord],
@@ -29,22 +52,9 @@ def save_resume(path: Path, fingerprint: str, step: int, block: SeedBlock,
     # The time so far goes beside the file (seeds0-31.resume.timing.json), so the resume file of
     # a step is the same bytes in every run, like every other file trainmap writes.
     save_timing({"elapsed_s": elapsed}, path)
-    save_torch(
-        {
-            "fingerprint": fingerprint,
-            "step": step,
-            "block": {key: value.detach().clone() for key, value in block.state().items()},
-            "optimizer": optimizer.state_dict(),
-            "samplers": [sampler.state_dict() for sampler in samplers],
-            "torch_rng": torch.get_rng_state(),
-            "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None,
-            "recorder": recorder.state_dict(),
-            "running": running.state_dict(),
-            "records": [vars(record) for record in records],
-            "hooks": hooks.state_dict(),
-        },
-        path,
-    )
+    state = training_state(block, optimizer, samplers, running, records, hooks)
+    save_torch({"fingerprint": fingerprint, "step": step, **state,
+                "recorder": recorder.state_dict()}, path)  # fmt: skip
 
 
 def load_resume(path: Path, fingerprint: str) -> dict[str, Any] | None:

@@ -56,17 +56,18 @@ def evaluate_block(
 class RunningMeans:
     """Each seed's training loss/accuracy summed over the steps since the last checkpoint.
 
-    Each step only appends its (detached) per-seed losses, logits and targets; they are scored when
-    the means are read or the state is saved, one step after another (so a resume that splits a
-    checkpoint interval adds the same numbers in the same order), with one argmax per step batch
-    instead of several small tensor ops per step (a measurable share of a small MLP's step).
+    Each step only appends its (detached) per-seed losses, logits and targets, on the training
+    device; they are scored when the means are read or the state is saved, one step after another
+    (so a resume that splits a checkpoint interval adds the same numbers in the same order), with
+    one argmax per step batch and one copy to the host for all the steps since the last scoring,
+    instead of several small tensor ops and a device round-trip per step.
     """
 
     size: int
     loss_sum: list[float] = field(default_factory=list)
     correct: list[int] = field(default_factory=list)
     seen: list[int] = field(default_factory=list)
-    pending: list[tuple[list[int], list[float], torch.Tensor, torch.Tensor]] = field(
+    pending: list[tuple[list[int], torch.Tensor, torch.Tensor, torch.Tensor]] = field(
         default_factory=list
     )
 
@@ -75,10 +76,11 @@ class RunningMeans:
         self.correct = self.correct or [0] * self.size
         self.seen = self.seen or [0] * self.size
 
-    def add(self, active: list[int], losses: list[float], logits: torch.Tensor,
+    def add(self, active: list[int], losses: torch.Tensor, logits: torch.Tensor,
             targets: torch.Tensor) -> None:  # fmt: skip
-        """Record one step of the ``active`` seeds: their mean losses and predictions."""
-        self.pending.append((active, losses, logits.detach(), targets))
+        """Record one step of the ``active`` seeds: their mean losses (``(S,)``, or a block of
+        one's scalar) and predictions."""
+        self.pending.append((active, losses.detach().reshape(-1), logits.detach(), targets))
 
     def score_pending(self) -> None:
         """Add the losses and correct predictions of the steps since the last call, in step order."""
@@ -91,10 +93,11 @@ class RunningMeans:
         targets = torch.stack([targets for _, _, _, targets in self.pending])
         correct = predicted.reshape(steps, self.size, -1) == targets.reshape(steps, self.size, -1)
         hits = correct.sum(dim=2).tolist()
+        losses = torch.stack([losses for _, losses, _, _ in self.pending]).tolist()
         size = self.pending[0][3].numel() // self.size  # examples per seed and step
-        for row, (active, losses, _, _) in enumerate(self.pending):  # sequential, as steps came
+        for row, (active, _, _, _) in enumerate(self.pending):  # sequential, as steps came
             for index in active:
-                self.loss_sum[index] += losses[index] * size  # float64, as Python floats are
+                self.loss_sum[index] += losses[row][index] * size  # float64, as Python floats are
                 self.correct[index] += hits[row][index]
                 self.seen[index] += size
         self.pending = []

@@ -4,7 +4,7 @@ the optimiser and learning-rate schedule, each seed's cross-entropy and its grad
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,14 +25,28 @@ class BatchSampler:
     order: torch.Tensor = field(default_factory=lambda: torch.empty(0, dtype=torch.long))
     position: int = 0
 
+    @property
+    def batch(self) -> int:
+        """Examples per batch (the whole set when it is smaller than ``batch_size``)."""
+        return min(self.batch_size, self.n_examples)
+
+    def epoch_used_up(self) -> bool:
+        """Whether the next batch needs a new epoch's order."""
+        return self.position + self.batch > len(self.order)
+
+    def new_epoch(self) -> torch.Tensor:
+        """Draw the next epoch's order from the generator and start at its beginning."""
+        self.order = torch.randperm(self.n_examples, generator=self.generator)
+        self.position = 0
+        return self.order
+
     def next_indices(self) -> torch.Tensor:
         """Indices of the next batch; reshuffles when the epoch is used up."""
-        start, size = self.position, min(self.batch_size, self.n_examples)
-        if start + size > len(self.order):
-            self.order = torch.randperm(self.n_examples, generator=self.generator)
-            start = 0
-        self.position = start + size
-        return self.order[start : start + size]
+        if self.epoch_used_up():
+            self.new_epoch()
+        start = self.position
+        self.position = start + self.batch
+        return self.order[start : self.position]
 
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to continue the same batch sequence."""
@@ -47,6 +61,49 @@ class BatchSampler:
         self.order = state["order"]
         self.position = state["position"]
         self.generator.set_state(state["generator"])
+
+
+class BlockBatches:
+    """A block's batch indices, each seed's from its own :class:`BatchSampler` (so each seed sees
+    the batches it sees alone). The seeds' samplers move in step (same data, same batch size), so
+    an epoch's orders are drawn together, stacked and copied to ``device`` once; each step's
+    indices are then a slice on the device, ``(S, B)`` for a block (``(B,)`` for a block of one),
+    with no host-to-device copy per step. State: the samplers' own, for the resume file."""
+
+    def __init__(self, samplers: Sequence[BatchSampler], device: torch.device) -> None:
+        self.samplers = list(samplers)
+        self.device = device
+        self.orders = self._stacked()
+
+    def _stacked(self) -> torch.Tensor:
+        orders = torch.stack([sampler.order for sampler in self.samplers])
+        if self.device.type == "cuda":  # one pinned, asynchronous copy per epoch
+            return orders.pin_memory().to(self.device, non_blocking=True)
+        return orders.to(self.device)
+
+    def next_indices(self) -> torch.Tensor:
+        """Every seed's indices of the next batch."""
+        lead = self.samplers[0]
+        if lead.epoch_used_up():
+            for sampler in self.samplers:
+                sampler.new_epoch()
+            self.orders = self._stacked()
+        start = lead.position
+        for sampler in self.samplers:
+            sampler.position = start + lead.batch
+        if len(self.samplers) == 1:
+            return self.orders[0, start : lead.position]
+        return self.orders[:, start : lead.position]
+
+    def state_dict(self) -> list[dict[str, Any]]:
+        """Each seed's sampler state."""
+        return [sampler.state_dict() for sampler in self.samplers]
+
+    def load_state_dict(self, states: Sequence[dict[str, Any]]) -> None:
+        """Continue the saved batch sequences."""
+        for sampler, state in zip(self.samplers, states, strict=True):
+            sampler.load_state_dict(state)
+        self.orders = self._stacked()
 
 
 def make_optimizer(params: Iterable[torch.Tensor], cfg: TrainConfig) -> torch.optim.Optimizer:

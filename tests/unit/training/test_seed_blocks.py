@@ -11,6 +11,7 @@ import textwrap
 import time
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import torch
 
@@ -19,6 +20,7 @@ from trainmap.io import load_json
 from trainmap.training.archive import read_archive
 from trainmap.training.loop import (
     TrainConfig,
+    TrainHooks,
     TrainPaths,
     build_cell_model,
     train_block,
@@ -172,26 +174,61 @@ class Crash(Exception):
     pass
 
 
-def test_block_resume_after_crash_is_bit_identical(tmp_path, digits):
+def test_block_resume_after_crash_is_bit_identical(tmp_path, digits, monkeypatch):
+    """A crash after the metric tables got rows past the last resume point: the rerun cuts them
+    back and every file (metric tables included) equals an uninterrupted run's; the resume file
+    counts the tables' rows instead of holding them."""
+    monkeypatch.setattr("trainmap.training.record.FLUSH_S", 0.0)  # rows on disk at every checkpoint
     _, arch, options, cfg = CASES["vgg_bn"]
     cfg = TrainConfig(**{**vars(cfg), "steps": 90, "checkpoint_every": 10, "resume_every": 25})
     seeds = [0, 1, 2]
     _, reference = run_block(tmp_path / "a", arch, seeds, digits, cfg, options, fingerprint="x")
 
     def crash(index, metrics, step):
-        if step == 60:
+        if step == 90:
             raise Crash
 
     with pytest.raises(Crash):
         run_block(tmp_path / "b", arch, seeds, digits, cfg, options, fingerprint="x",
                   on_checkpoint=crash)  # fmt: skip
-    assert torch.load(tmp_path / "b" / "resume.pt", weights_only=True)["step"] == 50
+    saved = torch.load(tmp_path / "b" / "resume.pt", weights_only=True)
+    rows_per_checkpoint = len(pd.read_csv(reference[0].metrics).query("step == 0"))
+    assert saved["step"] == 75
+    assert saved["recorder"] == {"written": [8 * rows_per_checkpoint] * 3}  # steps 0-70
+    assert len(pd.read_csv(tmp_path / "b" / "seed0" / "checkpoint_metrics.csv")) == (
+        9 * rows_per_checkpoint  # step 80's rows too, past the resume point
+    )
     torch.manual_seed(999)
     summaries, resumed = run_block(tmp_path / "b", arch, seeds, digits, cfg, options,
                                    fingerprint="x")  # fmt: skip
-    assert all(s["resumed_from_step"] == 50 for s in summaries)
+    assert all(s["resumed_from_step"] == 75 for s in summaries)
     for a, b in zip(reference, resumed, strict=True):
         assert_same_files(a, b)
+        assert a.metrics.read_bytes() == b.metrics.read_bytes()
+        # appended rows are written as pandas writes the whole table
+        whole = pd.read_csv(a.metrics).to_csv(index=False)
+        assert a.metrics.read_bytes() == whole.encode()
+
+
+def test_a_resume_file_whose_tables_lost_rows_starts_over(tmp_path, parity):
+    """A metric table shorter than its resume file counts (removed by hand, say): the run starts
+    from step 0 rather than continue a table with a hole in it."""
+    _, arch, options, cfg = CASES["mlp"]
+    cfg = TrainConfig(**{**vars(cfg), "steps": 60, "checkpoint_every": 10, "resume_every": 25})
+
+    def crash(index, metrics, step):
+        if step == 30:
+            raise Crash
+
+    with pytest.raises(Crash):
+        run_block(tmp_path, arch, [0, 1], parity, cfg, options, fingerprint="x",
+                  on_checkpoint=crash)  # fmt: skip
+    (tmp_path / "seed1" / "checkpoint_metrics.csv").unlink()
+    summaries, paths = run_block(tmp_path, arch, [0, 1], parity, cfg, options, fingerprint="x")
+    assert [s["resumed_from_step"] for s in summaries] == [None, None]
+    _, reference = run_block(tmp_path / "ref", arch, [0, 1], parity, cfg, options)
+    for a, b in zip(reference, paths, strict=True):
+        assert a.metrics.read_bytes() == b.metrics.read_bytes()
 
 
 def assert_same_files(a: TrainPaths, b: TrainPaths) -> None:
@@ -306,3 +343,59 @@ def test_seed_block_views_and_state(parity):
     assert torch.allclose(block.forward_shared(inputs)[1], models[1](inputs), atol=1e-6)
     with pytest.raises(ValueError, match="at least one model"):
         SeedBlock([])
+
+
+class PoisonAt(TrainHooks):
+    """Sets a weight of each listed seed to inf after the given optimiser step (its loss is not
+    finite from the next step on)."""
+
+    def __init__(self, poison: dict[int, int]) -> None:
+        self.poison = poison  # seed index -> the step after which it is poisoned
+
+    @torch.no_grad()
+    def after_step(self, step: int) -> None:
+        for index, at in self.poison.items():
+            if step == at:
+                first = next(iter(self.block.parameters))
+                self.block.tensor(first)[index].view(-1)[0] = float("inf")
+
+
+def assert_same_outputs(a: TrainPaths, b: TrainPaths) -> None:
+    """Every file the same bytes; a frozen seed's model may hold NaN (BatchNorm statistics of the
+    step it diverged at), which the file bytes compare as equal."""
+    left_archive, right_archive = read_archive(a.archive.parent), read_archive(b.archive.parent)
+    assert torch.equal(left_archive["step"], right_archive["step"])
+    for name, value in left_archive["state"].items():
+        assert torch.equal(value, right_archive["state"][name]), name
+    assert a.model.read_bytes() == b.model.read_bytes()
+    assert a.history.read_bytes() == b.history.read_bytes()
+    assert a.metrics.read_bytes() == b.metrics.read_bytes()
+    assert a.summary.read_bytes() == b.summary.read_bytes()
+
+
+@pytest.mark.parametrize(
+    ("case", "poison"),
+    [("mlp", {1: 13}), ("mlp", {0: 3, 2: 27}), ("mlp", {0: 21, 1: 21, 2: 21}), ("vgg_bn", {1: 17})],
+)
+def test_losses_checked_late_give_the_files_of_per_step_checks(tmp_path, request, case, poison):
+    """Losses kept on the device and checked only at checkpoints and resume points (the GPU's
+    way): an interval in which a seed diverged runs again step by step, so each seed freezes at the
+    step it diverged at and every file equals the per-step check's (the CPU's way), bit for bit:
+    one seed, two in different intervals, every seed of the block; BatchNorm buffers too."""
+    data_name, arch, options, cfg = CASES[case]
+    data = request.getfixturevalue(data_name)
+    cfg = TrainConfig(**{**vars(cfg), "steps": 40, "checkpoint_every": 10, "resume_every": 25})
+    seeds = [0, 1, 2]
+    runs = {}
+    for check in (True, False):
+        summaries, paths = run_block(tmp_path / str(check), arch, seeds, data, cfg, options,
+                                     hooks=PoisonAt(poison), check_every_step=check)  # fmt: skip
+        runs[check] = summaries, paths
+    for index in range(len(seeds)):
+        expected = runs[True][0][index]
+        if index in poison:
+            assert expected["status"] == "diverged"
+            assert expected["diverged_step"] == poison[index] + 2  # the step after the poison
+        else:
+            assert expected["status"] == "completed"
+        assert_same_outputs(runs[True][1][index], runs[False][1][index])
