@@ -181,10 +181,21 @@ def test_the_analysis_cli_defaults_are_the_schemas() -> None:
     assert options["convention"] == ANALYSIS_DEFAULTS["metrics"]
 
 
+def test_training_defaults_declared_in_the_schema_are_the_training_loops() -> None:
+    """The training settings the schema gives a default (seed_block aside, read by the grid) are
+    TrainConfig's defaults, read from the schema."""
+    from trainmap.training.config import TrainConfig
+
+    defaults = section_defaults("train")
+    assert set(defaults) == {"seed_block", "precision", "deterministic"}
+    assert TrainConfig().precision == defaults["precision"] == "fp32"
+    assert TrainConfig().deterministic is defaults["deterministic"] is False
+
+
 def test_seed_block_takes_the_schemas_default_and_range() -> None:
     """A task without ``seed_block`` trains one seed per job, the schema's default; the schema
     allows what the block code takes, a whole number >= 1."""
-    assert section_defaults("train") == {"seed_block": 1}
+    assert section_defaults("train")["seed_block"] == 1
     assert seed_block({"train": {"task": {}}}, "task") == 1
     assert seed_block({"train": {"task": {"seed_block": 8}}}, "task") == 8
     check_section("train", {"seed_block": 1}, what="train")

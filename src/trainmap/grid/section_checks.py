@@ -74,6 +74,14 @@ def check_train(where: str, settings: dict) -> None:
             policy.check_device(torch.device(device))
     except ValueError as error:
         raise ConfigError(f"config key {where}.archive: {error}") from None
+    from trainmap.training.precision import check_precision
+
+    try:  # tf32 on the CPU; tf32 or bf16 this machine's CUDA device cannot run, before any job
+        if not device.startswith("cuda") or torch.cuda.is_available():
+            check_precision(str(with_train_defaults(settings)["precision"]), torch.device(device))
+    except ValueError as error:
+        message = str(error).removeprefix("train.<task>.precision: ")
+        raise ConfigError(f"config key {where}.precision: {message}") from None
     if settings.get("warmup_steps", 0) >= settings["steps"]:
         raise ConfigError(
             f"config key {where}.warmup_steps: {settings['warmup_steps']} must be below "

@@ -28,6 +28,8 @@ class TrainConfig:
     resume_every: int = 1000
     device: str = "cpu"
     archive: ArchivePolicy = field(default_factory=ArchivePolicy)
+    precision: str = field(default_factory=lambda: _schema_default("precision"))
+    deterministic: bool = field(default_factory=lambda: _schema_default("deterministic"))
 
     @classmethod
     def from_dict(cls, settings: dict[str, Any]) -> TrainConfig:
@@ -46,6 +48,13 @@ class TrainConfig:
     def checkpoint_steps(self) -> list[int]:
         """Every step the loop takes a checkpoint at (0, every ``checkpoint_every``, the last)."""
         return checkpoint_steps(self.steps, self.checkpoint_every)
+
+
+def _schema_default(key: str) -> Any:
+    """The config schema's default of training setting ``key`` (declared there only)."""
+    from trainmap.schema import section_defaults
+
+    return section_defaults("train")[key]
 
 
 @dataclass(frozen=True)

@@ -82,6 +82,7 @@ from trainmap.models import count_parameters
 from trainmap.training.config import TrainConfig, TrainPaths
 from trainmap.training.divergence import SeedRecord, freeze, restore_frozen, zero_frozen_grads
 from trainmap.training.hooks import BlockCheckpointHook, CheckpointHook, TrainHooks
+from trainmap.training.precision import arithmetic, autocast
 from trainmap.training.record import CheckpointRecorder
 from trainmap.training.resume import load_resume, save_resume, training_state
 from trainmap.training.scores import EVAL_BATCH, RunningMeans, evaluate_block, evaluate_split
@@ -193,11 +194,38 @@ def train_block(
     seed diverged runs again, step by step, from its start (kept in memory), so the seed is frozen
     at the step it diverged at and every file is what per-step checks give.
     """
+    device = resolve_device(cfg.device)
+    with arithmetic(cfg.precision, device, cfg.deterministic):
+        return _train_block(
+            models, data, cfg, seeds, paths, device, resume_path=resume_path,
+            on_checkpoint=on_checkpoint, progress=progress, fingerprint=fingerprint,
+            description=description, model_info=model_info, hooks=hooks,
+            check_every_step=check_every_step,
+        )  # fmt: skip
+
+
+def _train_block(
+    models: Sequence[nn.Module],
+    data: TaskData,
+    cfg: TrainConfig,
+    seeds: Sequence[int],
+    paths: Sequence[TrainPaths],
+    device: torch.device,
+    *,
+    resume_path: Path,
+    on_checkpoint: BlockCheckpointHook | None,
+    progress: bool,
+    fingerprint: str,
+    description: str,
+    model_info: Sequence[dict[str, Any]] | None,
+    hooks: TrainHooks | None,
+    check_every_step: bool | None,
+) -> list[dict[str, Any]]:
+    """:func:`train_block` on ``device``, in the arithmetic ``cfg`` asks for."""
     size = len(models)
     if not (len(seeds) == len(paths) == size):
         raise ValueError(f"a block of {size} models needs as many seeds and paths")
     hooks = hooks or TrainHooks()
-    device = resolve_device(cfg.device)
     cfg.archive.check_device(device)
     block = SeedBlock(models).to(device)
     data = on_device(data, device)
@@ -213,7 +241,8 @@ def train_block(
     if check_every_step is None:
         check_every_step = device.type == "cpu"
     hooks.attach(block)
-    optimizer = make_optimizer(block.parameters.values(), cfg)
+    optimizer = make_optimizer(block.parameters.values(), cfg, device)
+    forward_context = autocast(cfg.precision, device)
     lr_varies = cfg.schedule != "constant" or cfg.warmup_steps > 0
     batches = BlockBatches([_sampler(len(data.x_train), cfg, seed) for seed in seeds], device)
     structure = metric_structure(models[0], model_info[0] if model_info else None)
@@ -255,7 +284,8 @@ def train_block(
         return [index for index, record in enumerate(records) if record.active]
 
     def checkpoint(step: int) -> None:
-        test_losses, test_accs = evaluate_block(block, data.x_test, data.y_test)
+        with forward_context:
+            test_losses, test_accs = evaluate_block(block, data.x_test, data.y_test)
         active = active_seeds()
         for index in active:
             train_loss, train_acc = running.pop(index)
@@ -278,13 +308,14 @@ def train_block(
         """One optimiser step of every active seed; with ``check``, a seed whose loss is not
         finite is frozen first (read on the host), else its losses are kept for :func:`verified`."""
         nonlocal step, active, active_mask
-        logits, inputs, targets, task_losses = _forward_step(block, batches, data)
-        extra = None
-        if hooks.adds_loss:  # hook: e.g. distillation, on (S, B, ...) tensors
-            if size == 1:  # a block of one steps on (B, ...) tensors and a scalar loss
-                logits, inputs, targets = logits[None], inputs[None], targets[None]
-                task_losses = task_losses.reshape(1)
-            extra = hooks.extra_loss(logits, inputs, targets)
+        with forward_context:
+            logits, inputs, targets, task_losses = _forward_step(block, batches, data)
+            extra = None
+            if hooks.adds_loss:  # hook: e.g. distillation, on (S, B, ...) tensors
+                if size == 1:  # a block of one steps on (B, ...) tensors and a scalar loss
+                    logits, inputs, targets = logits[None], inputs[None], targets[None]
+                    task_losses = task_losses.reshape(1)
+                extra = hooks.extra_loss(logits, inputs, targets)
         losses = task_losses if extra is None else task_losses + extra
         if check:
             finite = (torch.isfinite(task_losses) & torch.isfinite(losses)).reshape(-1).tolist()
