@@ -1,0 +1,259 @@
+"""Training throughput on one GPU, with the loop the train rule runs, against the plan.
+
+One script, one device, within about 8 minutes on an H100/H200-class GPU. Every row trains a real
+block with ``trainmap.training.loop.train_block`` (metrics at the setting's checkpoint interval,
+test evaluation, archive and outputs written to a temporary directory), for a cut number of steps:
+
+* ``mlp``: the sparse-parity MLP (n = 40, k = 3, 40-128-2, SGD, batch 32; checkpoint every 100
+  steps, the paper's setting) at 1, 40, 400 and 1,000 seeds;
+* ``transformer``: the stabilised modular-addition transformer (d = 128, LayerNorm, AdamW, batch
+  256, checkpoint every 50) at 40 seeds;
+* ``resnet18``: ResNet-18 (BatchNorm, 64-512) on CIFAR-shaped data (32 x 32 x 3, 100 classes,
+  generated: the machine has no network; the arithmetic is CIFAR-100's) at 1, 8 and 20 seeds, in
+  each precision (``fp32``, ``tf32``, ``bf16``); checkpoint every 195 steps as the paper.
+
+Per row: ms per step of the block, seed-steps/s, the share of the wall time spent on the streamed
+metrics (``metrics_s`` of ``train.timing.json``), peak device memory against the plan's estimate
+(``trainmap.plan``), the plan's time for the same steps, and the achieved FLOP rate (3 x the
+forward FLOPs of ``FlopCounterMode`` x batch x seeds per step) as a fraction of the device's dense
+peak for the precision (a table of known devices; unknown devices report no fraction). A size the
+plan says does not fit the device is skipped and listed.
+
+It runs from the source tree on the GPU image's own Python and torch (3.11 or later, torch 2.10
+or later)::
+
+    PYTHONPATH=src python bench/gpu.py                       # writes bench/results/gpu.md
+    PYTHONPATH=src python bench/gpu.py --device cpu --quick  # the same rows, CPU-sized (a check)
+
+Last line: ``gpu_bench device=... mlp1000_ms_per_step=... transformer40_speedup_vs_h100=...
+resnet18_peak_fraction=...``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import sys
+import tempfile
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from trainmap import grid
+from trainmap.data import TaskData, make_task_data
+from trainmap.grid.study import merged_config
+from trainmap.io import load_timing
+from trainmap.plan import STARTUP_S
+from trainmap.portable import cpu_model_and_flags
+from trainmap.plan.estimates import block_job
+from trainmap.training.loop import TrainConfig, TrainPaths, build_cell_model, train_block
+
+ROOT = Path(__file__).resolve().parents[1]
+#: The one earlier GPU figure: the stabilised transformer's 40 seeds x 5,000 steps on an H100.
+H100_TRANSFORMER_S = 148.6
+#: Dense (no sparsity) peak TFLOP/s per precision, from the vendors' data sheets (SXM parts).
+PEAKS = {
+    "H200": {"fp32": 67.0, "tf32": 494.7, "bf16": 989.4},
+    "H100": {"fp32": 67.0, "tf32": 494.7, "bf16": 989.4},
+    "A100": {"fp32": 19.5, "tf32": 156.0, "bf16": 312.0},
+}
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One block to time: a paper setting's task, architecture and training settings."""
+
+    name: str
+    task: str
+    arch: str
+    seeds: int
+    steps: int
+    precision: str = "fp32"
+
+
+def full_rows() -> list[Workload]:
+    rows = [Workload("mlp", "sparse_parity", "mlp", s, 1000) for s in (1, 40, 400, 1000)]
+    rows.append(Workload("transformer", "modular_addition_stabilised", "transformer_ln", 40, 500))
+    for precision in ("fp32", "tf32", "bf16"):
+        for seeds in (1, 8, 20):
+            rows.append(Workload("resnet18", "cifar100", "resnet_bn", seeds, 40, precision))
+    return rows
+
+
+def quick_rows(device: torch.device) -> list[Workload]:
+    precisions = ("fp32", "bf16") if device.type == "cpu" else ("fp32", "tf32", "bf16")
+    rows = [Workload("mlp", "sparse_parity", "mlp", s, 200) for s in (1, 40)]
+    rows.append(Workload("transformer", "modular_addition_stabilised", "transformer_ln", 4, 20))
+    rows += [Workload("resnet18", "cifar100", "resnet_bn", 2, 2, p) for p in precisions]
+    return rows
+
+
+#: ``--quick``: ResNet-18's layout at an eighth of its widths (a CPU check, not a measurement).
+QUICK_RESNET = {"widths": [8, 16, 32, 64], "blocks_per_stage": [2, 2, 2, 2]}
+
+
+def paper_config() -> dict[str, Any]:
+    """params.yaml under config/paper.yaml, unchecked (its data paths need not exist here)."""
+    return merged_config(str(ROOT / "params.yaml"), str(ROOT / "config/paper.yaml"))
+
+
+def cifar_shaped(n_train: int, n_test: int) -> TaskData:
+    """Generated images of CIFAR-100's shape and classes (a fixed generator)."""
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(n_train + n_test, 3, 32, 32, generator=generator)
+    y = torch.randint(0, 100, (n_train + n_test,), generator=generator)
+    meta = {"kind": "cifar100", "input_kind": "image", "input_shape": [3, 32, 32],
+            "num_classes": 100, "n_train": n_train, "n_test": n_test}  # fmt: skip
+    return TaskData(x[:n_train], y[:n_train], x[n_train:], y[n_train:], meta)
+
+
+def task_data(config: Mapping[str, Any], task: str, quick: bool) -> TaskData:
+    if task == "cifar100":  # CIFAR-100's sizes: the plan's test evaluation is the same work
+        return cifar_shaped(512, 128) if quick else cifar_shaped(50_000, 10_000)
+    options = {k: v for k, v in config["data"][task].items() if k != "kind"}
+    return make_task_data(config["data"][task]["kind"], options)
+
+
+def forward_flops(model: torch.nn.Module, example: torch.Tensor) -> float:
+    """FLOPs of one example's forward pass (``FlopCounterMode``)."""
+    counter = FlopCounterMode(display=False)
+    with counter, torch.no_grad():
+        model.eval()(example[None])
+    return float(counter.get_total_flops())
+
+
+def peak_tflops(device: torch.device, precision: str) -> float | None:
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    for key, peaks in PEAKS.items():
+        if key in name:
+            return peaks[precision]
+    return None
+
+
+def measure(config: dict[str, Any], row: Workload, device: torch.device, quick: bool) -> dict:
+    """Train ``row``'s block for its steps on ``device``; measured and planned numbers."""
+    settings = grid.with_train_defaults(grid.train_settings(config, row.task))
+    settings.update(steps=row.steps, resume_every=row.steps + 1, device=str(device),
+                    precision=row.precision, archive={"schedule": "none"})  # fmt: skip
+    settings["checkpoint_every"] = min(settings["checkpoint_every"], row.steps)
+    options = grid.model_settings(config, row.task, row.arch)
+    if quick and row.task == "cifar100":
+        options = QUICK_RESNET
+    seeds = tuple(range(row.seeds))
+    planned_config = json.loads(json.dumps(config))
+    planned_config["train"][row.task] = {**settings, "seed_block": row.seeds}
+    planned_config["model"][row.task][row.arch] = options
+    block = grid.SeedRange(row.task, row.arch, "kaiming", 0, row.seeds - 1, seeds)
+    plan = block_job(planned_config, "train", block)
+    result = {"workload": row.name, "seeds": row.seeds, "precision": row.precision,
+              "steps": row.steps, "planned_gpu_gb": plan.gpu / 1e9,
+              "planned_s": plan.seconds - STARTUP_S}  # fmt: skip
+    if device.type == "cuda":
+        capacity = torch.cuda.get_device_properties(device).total_memory
+        if plan.gpu > capacity:
+            return {**result, "skipped": f"plan: {plan.gpu / 1e9:.0f} GB > {capacity / 1e9:.0f} GB"}
+        torch.cuda.reset_peak_memory_stats(device)
+    data = task_data(config, row.task, quick)
+    models = [build_cell_model(row.arch, "kaiming", s, data.meta, options) for s in seeds]
+    flops = forward_flops(models[0], data.x_train[0])
+    cfg = TrainConfig.from_dict(settings)
+    with tempfile.TemporaryDirectory() as tmp:
+        paths = [TrainPaths.in_directory(Path(tmp) / f"seed{s}") for s in seeds]
+        started = time.perf_counter()
+        train_block(models, data, cfg, seeds, paths, resume_path=Path(tmp) / "resume.pt",
+                    progress=False)  # fmt: skip
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        wall = time.perf_counter() - started
+        timing = load_timing(paths[0].summary)
+    step_flops = 3 * flops * cfg.batch_size * row.seeds
+    achieved = step_flops * row.steps / wall / 1e12
+    peak = peak_tflops(device, row.precision)
+    return {
+        **result,
+        "wall_s": wall,
+        "ms_per_step": 1e3 * wall / row.steps,
+        "seed_steps_per_s": row.seeds * row.steps / wall,
+        "metrics_share": timing.get("metrics_s", math.nan) / wall,
+        "peak_gpu_gb": (
+            torch.cuda.max_memory_allocated(device) / 1e9 if device.type == "cuda" else math.nan
+        ),
+        "tflops": achieved,
+        "peak_fraction": achieved / peak if peak else math.nan,
+    }
+
+
+def report(rows: list[dict], device: str, elapsed: float) -> str:
+    lines = [
+        "# GPU training throughput (bench/gpu.py)",
+        "",
+        f"Device: **{device}**; torch {torch.__version__}, Python {platform.python_version()}; "
+        f"{elapsed:.0f} s in all. Steps are cut; times include checkpoints (metrics, test "
+        "evaluation) at the setting's interval.",
+        "",
+        "| workload | seeds | precision | steps | ms/step | seed-steps/s | metrics share | "
+        "peak GB (plan) | plan s (measured) | TFLOP/s | of dense peak |",
+        "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for row in rows:
+        head = f"| {row['workload']} | {row['seeds']} | {row['precision']} | {row['steps']} |"
+        if "skipped" in row:
+            lines.append(f"{head} skipped: {row['skipped']} | | | | | | |")
+            continue
+        memory = "-" if math.isnan(row["peak_gpu_gb"]) else f"{row['peak_gpu_gb']:.2f}"
+        fraction = "-" if math.isnan(row["peak_fraction"]) else f"{row['peak_fraction']:.1%}"
+        lines.append(
+            f"{head} {row['ms_per_step']:.2f} | {row['seed_steps_per_s']:,.1f} | "
+            f"{row['metrics_share']:.1%} | {memory} ({row['planned_gpu_gb']:.2f}) | "
+            f"{row['planned_s']:.1f} ({row['wall_s']:.1f}) | {row['tflops']:.3f} | {fraction} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--quick", action="store_true", help="CPU-sized rows (a check)")
+    parser.add_argument("--out", type=Path, default=ROOT / "bench/results/gpu.md")
+    args = parser.parse_args()
+    device = torch.device(args.device)
+    name = (
+        torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_model_and_flags()[0]
+    )
+    config = paper_config()
+    rows = quick_rows(device) if args.quick else full_rows()
+    started = time.perf_counter()
+    measured = []
+    for row in rows:
+        result = measure(config, row, device, args.quick)
+        measured.append(result)
+        print(json.dumps(result), flush=True)
+    text = report(measured, name or device.type, time.perf_counter() - started)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(text)
+    print(text)
+    by = {(r["workload"], r["seeds"], r["precision"]): r for r in measured if "wall_s" in r}
+    mlp = max((r for r in measured if r["workload"] == "mlp" and "wall_s" in r),
+              key=lambda r: r["seeds"])  # fmt: skip
+    transformer = next(r for r in measured if r["workload"] == "transformer")
+    speedup = H100_TRANSFORMER_S / (transformer["wall_s"] / transformer["steps"] * 5000)
+    resnet = [r for key, r in by.items() if key[0] == "resnet18"]
+    fraction = max((r["peak_fraction"] for r in resnet), default=math.nan)
+    print(f"gpu_bench device={(name or device.type).replace(' ', '_')} "
+          f"mlp{mlp['seeds']}_ms_per_step={mlp['ms_per_step']:.3f} "
+          f"transformer{transformer['seeds']}_speedup_vs_h100={speedup:.2f} "
+          f"resnet18_peak_fraction={fraction:.3f}")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
