@@ -51,8 +51,8 @@ from trainmap.data import TaskData, make_task_data
 from trainmap.grid.study import merged_config
 from trainmap.io import load_timing
 from trainmap.plan import STARTUP_S
-from trainmap.portable import cpu_model_and_flags
 from trainmap.plan.estimates import block_job
+from trainmap.portable import cpu_model_and_flags
 from trainmap.training.loop import TrainConfig, TrainPaths, build_cell_model, train_block
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -223,12 +223,19 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--quick", action="store_true", help="CPU-sized rows (a check)")
-    parser.add_argument("--out", type=Path, default=ROOT / "bench/results/gpu.md")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="the report (default: bench/results/gpu.md on a GPU, "
+                        "logs/bench/gpu-check.md for a --quick or CPU pass)")  # fmt: skip
     args = parser.parse_args()
     device = torch.device(args.device)
-    name = (
-        torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_model_and_flags()[0]
-    )
+    if device.type == "cpu" and not args.quick:
+        print("gpu_bench: skipped: no CUDA device here; on a GPU node run `PYTHONPATH=src python "
+              "bench/gpu.py`; `--device cpu --quick` checks the script on the CPU")  # fmt: skip
+        return 0
+    if args.out is None:
+        measured_run = device.type == "cuda" and not args.quick
+        args.out = ROOT / ("bench/results/gpu.md" if measured_run else "logs/bench/gpu-check.md")
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_model_and_flags()[0]
     config = paper_config()
     rows = quick_rows(device) if args.quick else full_rows()
     started = time.perf_counter()

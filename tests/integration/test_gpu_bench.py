@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.mark.integration  # starts the benchmark (five real training blocks, about 15 s)
 def test_the_gpu_benchmark_runs_every_row_and_names_the_device(tmp_path):
-    out = tmp_path / "gpu.md"
+    out = tmp_path / "gpu.md"  # a check, not bench/results/gpu.md
     result = subprocess.run(
         [sys.executable, str(ROOT / "bench/gpu.py"), "--device", "cpu", "--quick", "--out", str(out)],
         capture_output=True, text=True, timeout=600,

@@ -23,6 +23,7 @@ rule sparse_retrain:
         mem_mb=planned("sparse_retrain", "mem_mb"),
         runtime=planned("sparse_retrain", "runtime"),
         gpu=planned("sparse_retrain", "gpu"),
+        gpu_mem_mb=planned("sparse_retrain", "gpu_mem_mb"),
     params:
         block=seed_range_of_job,
         cell_hashes=cell_hashes_of_block,

@@ -15,6 +15,7 @@ rule train:
         mem_mb=planned("train", "mem_mb"),
         runtime=planned("train", "runtime"),
         gpu=planned("train", "gpu"),
+        gpu_mem_mb=planned("train", "gpu_mem_mb"),
     params:
         block=seed_range_of_job,
         cell_hashes=cell_hashes_of_block,

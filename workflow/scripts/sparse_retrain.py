@@ -17,4 +17,5 @@ run_job(
     tracking=tracking_settings(snakemake.config),
     cell_hashes=snakemake.params.cell_hashes,
     threads=snakemake.threads,
+    gpu_mem_mb=snakemake.resources.get("gpu_mem_mb", 0),
 )

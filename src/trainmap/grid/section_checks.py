@@ -75,6 +75,13 @@ def check_train(where: str, settings: dict) -> None:
     except ValueError as error:
         raise ConfigError(f"config key {where}.archive: {error}") from None
     from trainmap.training.precision import check_precision
+    from trainmap.training.setup import resolve_device
+
+    if device.startswith("cuda") and torch.cuda.is_available():  # more GPUs than this machine has
+        try:
+            resolve_device(device)
+        except ValueError as error:
+            raise ConfigError(f"config key {where}.device: {error}") from None
 
     try:  # tf32 on the CPU; tf32 or bf16 this machine's CUDA device cannot run, before any job
         if not device.startswith("cuda") or torch.cuda.is_available():

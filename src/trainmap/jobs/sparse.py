@@ -10,6 +10,7 @@ import pandas as pd
 import torch
 
 from trainmap.data import load_task_data
+from trainmap.gpus import gpu_slot
 from trainmap.grid import Cell, SeedRange
 from trainmap.io import load_torch, write_atomic
 from trainmap.jobs.common import SeedRangeJob, settings_hash
@@ -22,6 +23,7 @@ from trainmap.training.archive import (
     read_checkpoint,
 )
 from trainmap.training.checkpoints import model_from_checkpoint
+from trainmap.training.config import TrainConfig
 
 
 def sparse_block_job(
@@ -37,6 +39,7 @@ def sparse_block_job(
     *,
     threads: int = 1,
     progress: bool = True,
+    gpu_mem_mb: int = 0,
 ) -> list[dict[str, Any]]:
     """Rule ``sparse_retrain``: N:M sparsity for a block of seeds, each from its own dense teacher
     (the kaiming cell of the same seed) by the block's sparse method, retrained as one vectorised
@@ -63,7 +66,8 @@ def sparse_block_job(
     out_dirs = [job.seed_dir(cell) for cell in cells]
     params = {"sparse": cfg, "method_options": options, "seed_block": len(cells)}
     flips = {}
-    with job.runs(params) as runs:
+    device = TrainConfig.from_dict(cfg["train"]).device
+    with gpu_slot(device, gpu_mem_mb), job.runs(params) as runs:
         summaries = run_sparse_block(
             teachers, data, options, cfg, list(job.seed_range.seeds), out_dirs,
             resume_path=job.manifest.with_suffix(".resume.pt"),

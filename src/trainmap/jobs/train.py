@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from trainmap.data import load_task_data
+from trainmap.gpus import gpu_slot
 from trainmap.grid import SeedRange
 from trainmap.io import load_torch
 from trainmap.jobs.common import SeedRangeJob, settings_hash
@@ -28,10 +29,13 @@ def train_block_job(
     init_manifest: str | Path | None = None,
     threads: int = 1,
     progress: bool = True,
+    gpu_mem_mb: int = 0,
 ) -> list[dict[str, Any]]:
     """Rule ``train``: a block of seeds of one (task, arch, method), each seeded by its method (or
     started from the initial model GradInit made, ``init_manifest``), trained as one vectorised
-    model; per seed a trajectory, final weights, history and summary, and an MLflow run."""
+    model; per seed a trajectory, final weights, history and summary, and an MLflow run. On a node
+    with several GPUs the block trains on one with room for its planned ``gpu_mem_mb``
+    (:func:`trainmap.gpus.gpu_slot`)."""
     job = SeedRangeJob("train", block, manifest, tracking, cell_hashes)
     cells = job.cells
     torch.set_num_threads(threads)
@@ -48,7 +52,7 @@ def train_block_job(
               "seed_block": len(cells)}  # fmt: skip
     infos = [{"arch": c.arch, "method": c.method, "seed": c.seed, "model_options": model_options,
               "meta": data.meta} for c in cells]  # fmt: skip
-    with job.runs(params) as runs:
+    with gpu_slot(cfg.device, gpu_mem_mb), job.runs(params) as runs:
         summaries = train_block(
             models, data, cfg, list(job.seed_range.seeds), paths,
             resume_path=job.manifest.with_suffix(".resume.pt"),

@@ -422,7 +422,8 @@ def plan_jobs(config: Mapping[str, Any], results: str | None = None) -> pd.DataF
 
 def job_resources(config: Mapping[str, Any], rule: str, block: SeedRange | None = None,
                   group: Sequence[Cell] | None = None) -> dict[str, int]:  # fmt: skip
-    """A job's scheduler request: ``mem_mb`` (host RAM), ``runtime`` (minutes) and ``gpu`` from
+    """A job's scheduler request: ``mem_mb`` (host RAM), ``runtime`` (minutes), ``gpu`` and
+    ``gpu_mem_mb`` (device memory: how :mod:`trainmap.gpus` packs jobs onto a node's GPUs) from
     its plan, times :data:`SAFETY_FACTOR` (at least :data:`MIN_MEMORY_MB`, :data:`MIN_MINUTES`).
     ``block`` for block rules, ``group`` (the cells) for analysis rules."""
     job = _job_plan(config, rule, block, group)
@@ -430,6 +431,7 @@ def job_resources(config: Mapping[str, Any], rule: str, block: SeedRange | None 
         "mem_mb": max(MIN_MEMORY_MB, math.ceil(job.ram * SAFETY_FACTOR / 1e6)),
         "runtime": max(MIN_MINUTES, math.ceil(job.seconds * SAFETY_FACTOR / 60)),
         "gpu": 1 if job.device == "cuda" else 0,
+        "gpu_mem_mb": math.ceil(job.gpu * SAFETY_FACTOR / 1e6) if job.device == "cuda" else 0,
     }
 
 

@@ -55,7 +55,8 @@ same run alone and in such a block.
 
 The loop's pieces live beside it, one concern each: :mod:`.hooks` (``TrainHooks``), :mod:`.config`
 (``TrainConfig``, ``TrainPaths``), :mod:`.setup` (device, derived seeds, a cell's initial model),
-:mod:`.step` (batch order, optimiser, schedule, per-seed loss and clipping), :mod:`.scores` (test
+:mod:`.step` (batch order, optimiser, schedule, per-seed loss and clipping), :mod:`.precision`
+(the arithmetic: fp32, tf32, bf16 autocast, deterministic kernels), :mod:`.scores` (test
 evaluation, running training means), :mod:`.divergence` (per-seed records, frozen seeds) and
 :mod:`.resume` (the resume file). This module re-exports their public names:
 ``from trainmap.training.loop import X`` gives the object its own module defines.

@@ -24,6 +24,12 @@ def resolve_device(name: str) -> torch.device:
                          "machine has no CUDA device; use device: cpu here")  # fmt: skip
     if device.type not in ("cpu", "cuda"):
         raise ValueError(f"training device {name!r} is not supported; use cpu or cuda")
+    if device.type == "cuda" and device.index is not None:
+        count = torch.cuda.device_count()
+        if device.index >= count:
+            raise ValueError(f"training device {name!r} requested (train.<task>.device) but this "
+                             f"machine has {count} CUDA device(s), cuda:0 to cuda:{count - 1}; "
+                             "use cuda (each job then gets a free GPU of the node)")  # fmt: skip
     return device
 
 

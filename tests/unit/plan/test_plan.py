@@ -104,6 +104,14 @@ def test_resources_come_from_the_plan_with_the_safety_factor(smoke: dict) -> Non
     assert resources["runtime"] >= plan.MIN_MINUTES and resources["gpu"] == 0
     evaluate = plan.job_resources(smoke, "evaluate", block)
     assert evaluate["mem_mb"] >= plan.MIN_MEMORY_MB
+    assert resources["gpu_mem_mb"] == 0  # a CPU job reserves no device memory
+    on_gpu = {**smoke, "train": {**smoke["train"],
+                                 "sparse_parity": {**smoke["train"]["sparse_parity"], "device": "cuda"}}}  # fmt: skip
+    gpu_job = plan.training_job(on_gpu, "train", block, on_gpu["train"]["sparse_parity"],
+                                "train.sparse_parity")  # fmt: skip
+    gpu_resources = plan.job_resources(on_gpu, "train", block)
+    assert gpu_resources["gpu"] == 1
+    assert gpu_resources["gpu_mem_mb"] >= gpu_job.gpu * plan.SAFETY_FACTOR / 1e6 > 0
 
 
 @pytest.mark.slow  # in-process, seconds

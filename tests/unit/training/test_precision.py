@@ -76,3 +76,21 @@ def test_autocast_runs_a_forward_pass_in_bfloat16_only_when_asked():
         assert layer(x).dtype == torch.bfloat16
     with autocast("fp32", torch.device("cpu")):
         assert layer(x).dtype == torch.float32
+
+
+def test_a_gpu_index_the_machine_does_not_have_is_refused_naming_the_key(monkeypatch):
+    from trainmap.training.setup import resolve_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert resolve_device("cuda:1") == torch.device("cuda:1")
+    with pytest.raises(
+        ValueError,
+        match=r"'cuda:2' requested \(train.<task>.device\) but this "
+        r"machine has 2 CUDA device\(s\), cuda:0 to cuda:1",
+    ):
+        resolve_device("cuda:2")
+    with pytest.raises(
+        ConfigError, match=r"config key train.sparse_parity.device: training device"
+    ):
+        check_train("train.sparse_parity", with_train_defaults({"device": "cuda:2"}))
