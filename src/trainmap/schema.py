@@ -63,6 +63,8 @@ def section_schema(section: str) -> dict[str, Any]:
     entry = node.get("additionalProperties")
     if "properties" not in node and isinstance(entry, dict) and "$ref" in entry:
         node = _resolve(entry["$ref"])
+    elif "properties" not in node and isinstance(entry, dict) and "properties" in entry:
+        node = entry  # a section keyed by task whose entry is written out in place (evaluate)
     return node
 
 

@@ -11,10 +11,12 @@ rule evaluate:
     resources:
         mem_mb=planned("evaluate", "mem_mb"),
         runtime=planned("evaluate", "runtime"),
+        gpu=planned("evaluate", "gpu"),
     params:
         block=seed_range_of_job,
         cell_hashes=cell_hashes_of_block,
         settings=evaluate_settings_of_task,
+        device=training_device_of_task,
     script:
         "../scripts/evaluate.py"
 

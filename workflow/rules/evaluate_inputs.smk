@@ -8,6 +8,11 @@ def evaluate_settings_of_task(wildcards):
 
 
 @input_function
+def training_device_of_task(wildcards):
+    return grid.training_device(config, wildcards.task)
+
+
+@input_function
 def evaluation_inputs_of_block(wildcards):
     """The block's runs and every other form of its models that evaluate measures (deploy,
     quantised), as manifests."""

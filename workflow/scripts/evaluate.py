@@ -16,4 +16,5 @@ run_job(
     tracking=tracking_settings(snakemake.config),
     cell_hashes=snakemake.params.cell_hashes,
     threads=snakemake.threads,
+    device=snakemake.params.device,
 )

@@ -35,17 +35,25 @@ def convergence_step(history: pd.DataFrame, threshold: float) -> int | None:
 
 @torch.no_grad()
 def measure_latency_ms(model: nn.Module, example: torch.Tensor, batch: int, repeats: int) -> float:
-    """Median wall time (ms) of one forward pass on ``batch`` copies of ``example``, after warm-up."""
+    """Median wall time (ms) of one forward pass on ``batch`` copies of ``example``, after warm-up,
+    on ``example``'s device (a GPU's queue is drained before and after each pass)."""
     inputs = example.unsqueeze(0).expand(batch, *example.shape).contiguous()
     model.eval()
     for _ in range(3):
         model(inputs)
     times = []
     for _ in range(repeats):
+        _synchronize(inputs.device)
         start = time.perf_counter()
         model(inputs)
+        _synchronize(inputs.device)
         times.append((time.perf_counter() - start) * 1000)
     return statistics.median(times)
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def count_nonzero_weights(model: nn.Module) -> int:
@@ -75,14 +83,25 @@ def evaluate_form(
     latency_batch: int = 256,
     latency_repeats: int = 20,
     bytes_path: str | Path | None = None,
+    latency: str = "cpu",
 ) -> dict[str, Any]:
     """Accuracy, size and latency of one form of a run's model (trained, deploy, sparse, int8...).
 
-    ``bytes_path`` is the file whose size is reported when it is not the checkpoint itself (a
-    packed storage format).
+    Accuracy and loss on ``data``'s device (the training device, :func:`trainmap.training.setup.
+    on_device`); latency on the CPU (``latency="cpu"``), on that device (``"device"``) or not at
+    all (``"none"``: None). ``bytes_path`` is the file whose size is reported when it is not the
+    checkpoint itself (a packed storage format).
     """
-    model = load_model(model_path)
+    device = data.x_test.device
+    model = load_model(model_path).to(device)
     test_loss, test_acc = evaluate_split(model, data.x_test, data.y_test)
+    if latency == "none":
+        latency_ms = None
+    elif latency == "cpu":
+        latency_ms = measure_latency_ms(model.cpu(), data.x_test[0].cpu(), latency_batch,
+                                        latency_repeats)  # fmt: skip
+    else:
+        latency_ms = measure_latency_ms(model, data.x_test[0], latency_batch, latency_repeats)
     return {
         "form": form,
         "test_acc": test_acc,
@@ -90,7 +109,7 @@ def evaluate_form(
         "n_params": count_parameters(model) + quantized_weight_count(model),
         "nonzero_weights": count_nonzero_weights(model),
         "bytes_on_disk": Path(bytes_path or model_path).stat().st_size,
-        "latency_ms": measure_latency_ms(model, data.x_test[0], latency_batch, latency_repeats),
+        "latency_ms": latency_ms,
     }
 
 
@@ -104,14 +123,19 @@ def evaluate_run(
     latency_repeats: int = 20,
     form: str = "trained",
     other_forms: list[dict[str, Any]] | None = None,
+    latency: str = "cpu",
 ) -> dict[str, Any]:
     """Everything the evaluation table reports about one run: its final model (``form``), its
     convergence, and the same measurements for its other forms (``other_forms``: dicts of
     :func:`evaluate_form` arguments ``form``, ``model_path`` and optionally ``bytes_path``)."""
-    primary = evaluate_form(form, model_path, data, latency_batch, latency_repeats)
+    primary = evaluate_form(form, model_path, data, latency_batch, latency_repeats, latency=latency)
     forms = [primary] + [
         evaluate_form(
-            data=data, latency_batch=latency_batch, latency_repeats=latency_repeats, **other
+            data=data,
+            latency_batch=latency_batch,
+            latency_repeats=latency_repeats,
+            latency=latency,
+            **other,
         )  # fmt: skip
         for other in other_forms or []
     ]

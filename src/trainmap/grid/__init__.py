@@ -55,6 +55,7 @@ from trainmap.grid.cells import (
     teacher_cell,
     train_settings,
     trained_cells,
+    training_device,
     with_train_defaults,
 )
 from trainmap.grid.effective import (
@@ -180,6 +181,7 @@ __all__ = [
     "user_layers",
     "train_settings",
     "trained_cells",
+    "training_device",
     "with_train_defaults",
     "validate_schema",
 ]

@@ -220,6 +220,12 @@ def with_train_defaults(settings: Mapping[str, Any]) -> dict[str, Any]:
     return {**asdict(TrainConfig()), **settings}
 
 
+def training_device(config: Mapping[str, Any], task: str) -> str:
+    """Where ``task`` trains (``train.<task>.device``; omitted: TrainConfig's default), and where
+    its models are evaluated."""
+    return str(with_train_defaults(train_settings(dict(config), task))["device"])
+
+
 def run_checkpoints(config: Mapping[str, Any], cell: Cell) -> int:
     """How many checkpoints (HMM observations) a cell's run has: its train or sparse retraining."""
     from trainmap.training.archive import n_checkpoints

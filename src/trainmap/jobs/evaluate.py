@@ -16,7 +16,9 @@ from trainmap.grid import Cell, SeedRange, is_sparse
 from trainmap.io import load_json, save_json, save_table
 from trainmap.jobs.common import SeedRangeJob
 from trainmap.lineage import check_files
+from trainmap.schema import section_defaults
 from trainmap.tracking import RuleRun, rule_run
+from trainmap.training.setup import on_device, resolve_device
 
 FORM_METRICS = ("test_acc", "bytes_on_disk", "latency_ms", "nonzero_weights")
 
@@ -33,14 +35,17 @@ def evaluate_block_job(
     deploy_manifest: str | Path | None = None,
     quantize_manifest: str | Path | None = None,
     threads: int = 1,
+    device: str = "cpu",
 ) -> list[dict[str, Any]]:
     """Rule ``evaluate``: per cell one JSON (``evaluation.json``) with accuracy, convergence, size
     and latency of its run's final model, and of its deploy (RepVGG) and quantised forms when it
-    has them (``deploy_manifest``, ``quantize_manifest``)."""
+    has them (``deploy_manifest``, ``quantize_manifest``). Accuracy on the task's training
+    ``device``; latency where ``settings["latency"]`` says (the schema's default: the CPU)."""
     job = SeedRangeJob("evaluate", block, manifest, tracking, cell_hashes)
     torch.set_num_threads(threads)
     job.uses(data_path)
-    data = load_task_data(data_path)
+    data = on_device(load_task_data(data_path), resolve_device(device))
+    latency = settings.get("latency", section_defaults("evaluate")["latency"])
 
     def evaluate(cell: Cell, run: RuleRun) -> dict[str, Any]:
         other_forms = []
@@ -65,6 +70,7 @@ def evaluate_block_job(
             latency_repeats=settings.get("latency_repeats", 20),
             form="sparse" if is_sparse(cell) else "trained",
             other_forms=other_forms,
+            latency=latency,
         )
         record = {"task": cell.task, "arch": cell.arch, "method": cell.method,
                   "seed": cell.seed} | record  # fmt: skip
@@ -73,7 +79,8 @@ def evaluate_block_job(
         numeric = {k: v for k, v in record.items() if isinstance(v, int | float) and k != "seed"}
         run.log_metrics(numeric)
         for form in record["forms"][1:]:
-            run.log_metrics({f"{form['form']}.{key}": form[key] for key in FORM_METRICS})
+            run.log_metrics({f"{form['form']}.{key}": form[key] for key in FORM_METRICS
+                             if form[key] is not None})  # fmt: skip
         run.set_tags({"status": record["status"], "converged": record["converged"]})
         run.log_cell_metrics(headline_metrics(record))
         run.log_artifact(output)

@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +59,7 @@ from trainmap.plan.assumptions import (
     Device,
 )
 from trainmap.plan.profile import ModelProfile, dataset_bytes, dataset_examples, model_profile
+from trainmap.schema import section_defaults
 from trainmap.training.archive import ArchivePolicy, checkpoint_steps, kept_indices
 
 #: Resources requested from a scheduler are the plan's estimate times this, once, for every rule:
@@ -162,7 +163,16 @@ def training_job(
     activations = seeds * batch * profile.saved_bytes * flop_factor
     evaluation = 3 * seeds * min(n_test, EVAL_BATCH) * profile.widest_bytes
     metrics = 3 * seeds * profile.n_params * 8
-    on_device = weights + data_bytes + max(activations, evaluation, metrics) + device.context_bytes
+    # on an accelerator, the copy of the training state an interval with a divergence runs again
+    # from (model and optimiser state, kept on the device from one check to the next)
+    kept_copy = state if device is GPU else 0
+    on_device = (
+        weights
+        + kept_copy
+        + data_bytes
+        + max(activations, evaluation, metrics)
+        + device.context_bytes
+    )
     # each seed's history rows stay in memory (one a checkpoint); metric rows go to disk as they come
     histories = seeds * len(steps) * HISTORY_ROW_BYTES
     host = BASE_RAM + 2 * data_bytes + state + seeds * profile.state_bytes + histories
@@ -183,7 +193,8 @@ def training_job(
     if measured is not None:
         seconds, time_from = measured
     memory_from = (
-        f"size-based: {seeds} x (weights + grads + {optimizer} optimizer copies) of "
+        f"size-based: {seeds} x (weights + grads + {optimizer} optimizer copies"
+        f"{' + the kept copy of weights and optimizer state' if kept_copy else ''}) of "
         f"{profile.n_params:,} params, {seeds} x {batch} x "
         f"{profile.saved_bytes / 1e6:.3g} MB autograd-saved/example, data "
         f"{data_bytes / 1e6:.3g} MB, checkpoint peak max(eval {evaluation / GB:.3g} GB, float64 "
@@ -360,24 +371,37 @@ def block_job(
     if rule == "evaluate":
         data_bytes, n_test = dataset_bytes(config, block.task, profile)
         evaluate = grid.evaluate_settings(config, block.task)
-        latency = int(evaluate.get("latency_batch", 256)) * int(evaluate.get("latency_repeats", 20))
+        where = evaluate.get("latency", section_defaults("evaluate")["latency"])
+        latency = 0 if where == "none" else (
+            int(evaluate.get("latency_batch", 256)) * int(evaluate.get("latency_repeats", 20))
+        )  # fmt: skip
         forms = (
             1
             + grid.has_deploy_form(block.arch)
             + len(grid.quantized_schemes(config, block.cells[0]))
         )
-        flops = profile.forward_flops * (n_test + latency) * forms * seeds
-        return small_job(
+        device = device_of({"device": grid.training_device(config, block.task)})
+        on_device_examples = n_test + (latency if where == "device" else 0)
+        on_cpu_examples = latency if where == "cpu" else 0
+        seconds = STARTUP_S + EVALUATE_S + profile.forward_flops * forms * seeds * (
+            on_device_examples / device.flops_per_s(profile)
+            + on_cpu_examples / CPU.flops_per_s(profile)
+        )  # fmt: skip
+        batch_bytes = min(n_test, EVAL_BATCH) * profile.widest_bytes * 3
+        plan = small_job(
             rule, block.id, seeds, seeds * 4000,
-            BASE_RAM + 2 * data_bytes + min(n_test, EVAL_BATCH) * profile.widest_bytes * 3
-            + 2 * seeds * profile.state_bytes,
-            STARTUP_S + EVALUATE_S + flops / CPU.flops_per_s(profile),
+            BASE_RAM + 2 * data_bytes + batch_bytes + 2 * seeds * profile.state_bytes,
+            seconds,
             "size-based: evaluation.json + timing per seed",
             "size-based: data + one eval batch through the widest layer + 2 models",
-            f"FLOP-based: test set + latency probe forward passes at "
-            f"{CPU.flops_per_s(profile) / 1e9:g} GFLOP/s (CPU) + {EVALUATE_S:g} s "
-            f"({SMALL_RULES_SOURCE})",
+            f"FLOP-based: test set on {device.name} at "
+            f"{device.flops_per_s(profile) / 1e9:g} GFLOP/s, latency probe ({where}) "
+            f"+ {EVALUATE_S:g} s ({SMALL_RULES_SOURCE})",
         )  # fmt: skip
+        if device is GPU:  # the data, one model and one eval batch on the GPU
+            plan = replace(plan, device=device.name, gpu=data_bytes + batch_bytes
+                           + profile.state_bytes + device.context_bytes)  # fmt: skip
+        return plan
     if rule == "collect_metrics":
         n_ckpt = grid.run_checkpoints(config, block.cells[0])
         return small_job(

@@ -197,250 +197,232 @@ def train_block(
     """
     device = resolve_device(cfg.device)
     with arithmetic(cfg.precision, device, cfg.deterministic):
-        return _train_block(
-            models, data, cfg, seeds, paths, device, resume_path=resume_path,
-            on_checkpoint=on_checkpoint, progress=progress, fingerprint=fingerprint,
-            description=description, model_info=model_info, hooks=hooks,
-            check_every_step=check_every_step,
-        )  # fmt: skip
+        size = len(models)
+        if not (len(seeds) == len(paths) == size):
+            raise ValueError(f"a block of {size} models needs as many seeds and paths")
+        hooks = hooks or TrainHooks()
+        cfg.archive.check_device(device)
+        block = SeedBlock(models).to(device)
+        data = on_device(data, device)
+        problem = (
+            None if size == 1 else vectorisation_problem(block, _first_batches(data, cfg, seeds))
+        )
+        if problem is not None:
+            del block  # its stacked copy of the seeds' state: each seed trains from its own model
+            return _train_seeds_apart(
+                problem, models, data, cfg, seeds, paths, resume_path=resume_path,
+                on_checkpoint=on_checkpoint, progress=progress, fingerprint=fingerprint,
+                description=description, model_info=model_info, hooks=hooks,
+                check_every_step=check_every_step,
+            )  # fmt: skip
+        if check_every_step is None:
+            check_every_step = device.type == "cpu"
+        hooks.attach(block)
+        optimizer = make_optimizer(block.parameters.values(), cfg, device)
+        forward_context = autocast(cfg.precision, device)
+        lr_varies = cfg.schedule != "constant" or cfg.warmup_steps > 0
+        batches = BlockBatches([_sampler(len(data.x_train), cfg, seed) for seed in seeds], device)
+        structure = metric_structure(models[0], model_info[0] if model_info else None)
+        recorder = CheckpointRecorder(structure, [p.metrics for p in paths],
+                                      [p.archive.parent for p in paths], cfg.checkpoint_steps,
+                                      cfg.archive)  # fmt: skip
+        running = RunningMeans(size)
+        records = [SeedRecord() for _ in range(size)]
+        start_step, elapsed_before, resumed_from = 0, 0.0, None
 
+        def restore(state: dict[str, Any]) -> None:
+            """Continue from a training state (a resume file's, or the one kept in memory)."""
+            nonlocal running
+            block.load_state(state["block"])
+            optimizer.load_state_dict(state["optimizer"])
+            batches.load_state_dict(state["samplers"])
+            torch.set_rng_state(state["torch_rng"])
+            if device.type == "cuda" and state.get("cuda_rng") is not None:
+                torch.cuda.set_rng_state_all(state["cuda_rng"])
+            running = RunningMeans(**state["running"])
+            for record, fields in zip(records, state["records"], strict=True):
+                vars(record).update(fields)
+            hooks.load_state_dict(state["hooks"])
 
-def _train_block(
-    models: Sequence[nn.Module],
-    data: TaskData,
-    cfg: TrainConfig,
-    seeds: Sequence[int],
-    paths: Sequence[TrainPaths],
-    device: torch.device,
-    *,
-    resume_path: Path,
-    on_checkpoint: BlockCheckpointHook | None,
-    progress: bool,
-    fingerprint: str,
-    description: str,
-    model_info: Sequence[dict[str, Any]] | None,
-    hooks: TrainHooks | None,
-    check_every_step: bool | None,
-) -> list[dict[str, Any]]:
-    """:func:`train_block` on ``device``, in the arithmetic ``cfg`` asks for."""
-    size = len(models)
-    if not (len(seeds) == len(paths) == size):
-        raise ValueError(f"a block of {size} models needs as many seeds and paths")
-    hooks = hooks or TrainHooks()
-    cfg.archive.check_device(device)
-    block = SeedBlock(models).to(device)
-    data = on_device(data, device)
-    problem = None if size == 1 else vectorisation_problem(block, _first_batches(data, cfg, seeds))
-    if problem is not None:
-        del block  # its stacked copy of the seeds' state: each seed trains from its own model
-        return _train_seeds_apart(
-            problem, models, data, cfg, seeds, paths, resume_path=resume_path,
-            on_checkpoint=on_checkpoint, progress=progress, fingerprint=fingerprint,
-            description=description, model_info=model_info, hooks=hooks,
-            check_every_step=check_every_step,
-        )  # fmt: skip
-    if check_every_step is None:
-        check_every_step = device.type == "cpu"
-    hooks.attach(block)
-    optimizer = make_optimizer(block.parameters.values(), cfg, device)
-    forward_context = autocast(cfg.precision, device)
-    lr_varies = cfg.schedule != "constant" or cfg.warmup_steps > 0
-    batches = BlockBatches([_sampler(len(data.x_train), cfg, seed) for seed in seeds], device)
-    structure = metric_structure(models[0], model_info[0] if model_info else None)
-    recorder = CheckpointRecorder(structure, [p.metrics for p in paths],
-                                  [p.archive.parent for p in paths], cfg.checkpoint_steps,
-                                  cfg.archive)  # fmt: skip
-    running = RunningMeans(size)
-    records = [SeedRecord() for _ in range(size)]
-    start_step, elapsed_before, resumed_from = 0, 0.0, None
-
-    def restore(state: dict[str, Any]) -> None:
-        """Continue from a training state (a resume file's, or the one kept in memory)."""
-        nonlocal running
-        block.load_state(state["block"])
-        optimizer.load_state_dict(state["optimizer"])
-        batches.load_state_dict(state["samplers"])
-        torch.set_rng_state(state["torch_rng"])
-        if device.type == "cuda" and state.get("cuda_rng") is not None:
-            torch.cuda.set_rng_state_all(state["cuda_rng"])
-        running = RunningMeans(**state["running"])
-        for record, fields in zip(records, state["records"], strict=True):
-            vars(record).update(fields)
-        hooks.load_state_dict(state["hooks"])
-
-    saved = load_resume(resume_path, fingerprint)
-    if saved is not None and not recorder.can_resume(saved["recorder"]):
-        saved = None  # a metric table lost rows the resume file counts: start over
-    if saved is not None:
-        restore(saved)
-        recorder.load_state_dict(saved["recorder"])
-        start_step = resumed_from = saved["step"]
-        elapsed_before = saved["elapsed_s"]  # from the resume file's timing sidecar
-    else:
-        recorder.start_fresh()
-        if size == 1:  # random numbers a model draws (dropout) come from its own seed
-            torch.manual_seed(derive_seed(seeds[0], "train"))
-
-    def active_seeds() -> list[int]:
-        return [index for index, record in enumerate(records) if record.active]
-
-    def checkpoint(step: int) -> None:
-        with forward_context:
-            test_losses, test_accs = evaluate_block(block, data.x_test, data.y_test)
-        active = active_seeds()
-        for index in active:
-            train_loss, train_acc = running.pop(index)
-            row = {
-                "step": step,
-                "train_loss": train_loss,
-                "train_acc": train_acc,
-                "test_loss": test_losses[index],
-                "test_acc": test_accs[index],
-                "lr": cfg.lr * lr_factor(step, cfg),  # the learning rate of the next step
-            }
-            records[index].history.append(row)
-            if on_checkpoint is not None:
-                # lr is logged only when it changes (a constant is a run parameter, not a metric).
-                logged = {k: v for k, v in row.items() if k != "step" and (k != "lr" or lr_varies)}
-                on_checkpoint(index, logged, step)
-        recorder.capture(step, hooks.snapshot(block), active)
-
-    def take_step(check: bool) -> None:
-        """One optimiser step of every active seed; with ``check``, a seed whose loss is not
-        finite is frozen first (read on the host), else its losses are kept for :func:`verified`."""
-        nonlocal step, active, active_mask
-        with forward_context:
-            logits, inputs, targets, task_losses = _forward_step(block, batches, data)
-            extra = None
-            if hooks.adds_loss:  # hook: e.g. distillation, on (S, B, ...) tensors
-                if size == 1:  # a block of one steps on (B, ...) tensors and a scalar loss
-                    logits, inputs, targets = logits[None], inputs[None], targets[None]
-                    task_losses = task_losses.reshape(1)
-                extra = hooks.extra_loss(logits, inputs, targets)
-        losses = task_losses if extra is None else task_losses + extra
-        if check:
-            finite = (torch.isfinite(task_losses) & torch.isfinite(losses)).reshape(-1).tolist()
-            if not all(finite[index] for index in active):
-                for index in active:
-                    if not finite[index]:
-                        freeze(records[index], block, index, step)  # diverged here, frozen
-                active = active_seeds()
-                active_mask = _seed_mask(size, active, losses.device)
-                if not active:
-                    return
+        saved = load_resume(resume_path, fingerprint)
+        if saved is not None and not recorder.can_resume(saved["recorder"]):
+            saved = None  # a metric table lost rows the resume file counts: start over
+        if saved is not None:
+            restore(saved)
+            recorder.load_state_dict(saved["recorder"])
+            start_step = resumed_from = saved["step"]
+            elapsed_before = saved["elapsed_s"]  # from the resume file's timing sidecar
         else:
-            unchecked.append(torch.stack([task_losses.detach(), losses.detach()]).reshape(2, -1))
-        optimizer.zero_grad(set_to_none=True)
-        if lr_varies:  # the schedule is a function of the step: nothing to save for resume
-            for group in optimizer.param_groups:
-                group["lr"] = cfg.lr * lr_factor(step, cfg)
-        if active_mask is None:  # a block of one's scalar loss is the plain loop's graph
-            (losses if losses.dim() == 0 else losses.sum()).backward()
-        else:  # frozen seeds add nothing (their NaN must not reach the sum)
-            torch.where(active_mask, losses, torch.zeros_like(losses)).sum().backward()
-            zero_frozen_grads(block, active_mask)
-        if cfg.grad_clip is not None:
-            clip_seed_grad_norms(block, cfg.grad_clip)
-        hooks.after_backward(step)  # hook: e.g. SR-STE decay of pruned weights
-        optimizer.step()
-        if active_mask is not None:
-            restore_frozen(block, records)
-        hooks.after_step(step)  # hook: e.g. N:M mask refresh
-        step += 1
-        running.add(active, task_losses, logits, targets)
+            recorder.start_fresh()
+            if size == 1:  # random numbers a model draws (dropout) come from its own seed
+                torch.manual_seed(derive_seed(seeds[0], "train"))
 
-    def kept_state() -> dict[str, Any]:
-        """The training state now, copied (what an interval runs again from; the histories are
-        not copied: nothing appends to them between checks)."""
-        return training_state(block, optimizer, batches.samplers, running, records, hooks,
-                              histories=False)  # fmt: skip
+        def active_seeds() -> list[int]:
+            return [index for index, record in enumerate(records) if record.active]
 
-    def verified() -> bool:
-        """Whether every active seed's losses since the last check are finite; if not, the
-        interval runs again from its start, checking every step (one host read per interval)."""
-        nonlocal step, active, active_mask
-        if check_every_step or not unchecked:
-            return True
-        losses = torch.stack(unchecked)[:, :, active]
-        unchecked.clear()
-        if bool(torch.isfinite(losses).all()):
-            return True
-        target, step = step, kept["step"]
-        restore(kept)
+        def checkpoint(step: int) -> None:
+            with forward_context:
+                test_losses, test_accs = evaluate_block(block, data.x_test, data.y_test)
+            active = active_seeds()
+            for index in active:
+                train_loss, train_acc = running.pop(index)
+                row = {
+                    "step": step,
+                    "train_loss": train_loss,
+                    "train_acc": train_acc,
+                    "test_loss": test_losses[index],
+                    "test_acc": test_accs[index],
+                    "lr": cfg.lr * lr_factor(step, cfg),  # the learning rate of the next step
+                }
+                records[index].history.append(row)
+                if on_checkpoint is not None:
+                    # lr is logged only when it changes (a constant is a run parameter, not a
+                    # metric).
+                    logged = {
+                        k: v for k, v in row.items() if k != "step" and (k != "lr" or lr_varies)
+                    }
+                    on_checkpoint(index, logged, step)
+            recorder.capture(step, hooks.snapshot(block), active)
+
+        def take_step(check: bool) -> None:
+            """One optimiser step of every active seed; with ``check``, a seed whose loss is not
+            finite is frozen first (read on the host), else its losses are kept for
+            :func:`verified`."""
+            nonlocal step, active, active_mask
+            with forward_context:
+                logits, inputs, targets, task_losses = _forward_step(block, batches, data)
+                extra = None
+                if hooks.adds_loss:  # hook: e.g. distillation, on (S, B, ...) tensors
+                    if size == 1:  # a block of one steps on (B, ...) tensors and a scalar loss
+                        logits, inputs, targets = logits[None], inputs[None], targets[None]
+                        task_losses = task_losses.reshape(1)
+                    extra = hooks.extra_loss(logits, inputs, targets)
+            losses = task_losses if extra is None else task_losses + extra
+            if check:
+                finite = (torch.isfinite(task_losses) & torch.isfinite(losses)).reshape(-1).tolist()
+                if not all(finite[index] for index in active):
+                    for index in active:
+                        if not finite[index]:
+                            freeze(records[index], block, index, step)  # diverged here, frozen
+                    active = active_seeds()
+                    active_mask = _seed_mask(size, active, losses.device)
+                    if not active:
+                        return
+            else:
+                unchecked.append(
+                    torch.stack([task_losses.detach(), losses.detach()]).reshape(2, -1)
+                )
+            optimizer.zero_grad(set_to_none=True)
+            if lr_varies:  # the schedule is a function of the step: nothing to save for resume
+                for group in optimizer.param_groups:
+                    group["lr"] = cfg.lr * lr_factor(step, cfg)
+            if active_mask is None:  # a block of one's scalar loss is the plain loop's graph
+                (losses if losses.dim() == 0 else losses.sum()).backward()
+            else:  # frozen seeds add nothing (their NaN must not reach the sum)
+                torch.where(active_mask, losses, torch.zeros_like(losses)).sum().backward()
+                zero_frozen_grads(block, active_mask)
+            if cfg.grad_clip is not None:
+                clip_seed_grad_norms(block, cfg.grad_clip)
+            hooks.after_backward(step)  # hook: e.g. SR-STE decay of pruned weights
+            optimizer.step()
+            if active_mask is not None:
+                restore_frozen(block, records)
+            hooks.after_step(step)  # hook: e.g. N:M mask refresh
+            step += 1
+            running.add(active, task_losses, logits, targets)
+
+        def kept_state() -> dict[str, Any]:
+            """The training state now, copied (what an interval runs again from; the histories are
+            not copied: nothing appends to them between checks)."""
+            return training_state(block, optimizer, batches.samplers, running, records, hooks,
+                                  histories=False)  # fmt: skip
+
+        def verified() -> bool:
+            """Whether every active seed's losses since the last check are finite; if not, the
+            interval runs again from its start, checking every step (one host read per interval)."""
+            nonlocal step, active, active_mask
+            if check_every_step or not unchecked:
+                return True
+            losses = torch.stack(unchecked)[:, :, active]
+            unchecked.clear()
+            if bool(torch.isfinite(losses).all()):
+                return True
+            target, step = step, kept["step"]
+            restore(kept)
+            active = active_seeds()
+            active_mask = None if len(active) == size else _seed_mask(size, active, device)
+            while step < target and active:
+                take_step(check=True)
+            return False
+
+        started = time.perf_counter()
+        if start_step == 0:
+            checkpoint(0)
+        block.train()
+        bar = tqdm(total=cfg.steps, initial=start_step, desc=description, disable=not progress)
+        step = start_step
         active = active_seeds()
         active_mask = None if len(active) == size else _seed_mask(size, active, device)
-        while step < target and active:
-            take_step(check=True)
-        return False
-
-    started = time.perf_counter()
-    if start_step == 0:
-        checkpoint(0)
-    block.train()
-    bar = tqdm(total=cfg.steps, initial=start_step, desc=description, disable=not progress)
-    step = start_step
-    active = active_seeds()
-    active_mask = None if len(active) == size else _seed_mask(size, active, device)
-    unchecked: list[torch.Tensor] = []
-    kept = None if check_every_step else {**kept_state(), "step": step}
-    while step < cfg.steps and active:
-        # --- the step (every seed of the block at once) ------------------------------------------
-        take_step(check=check_every_step)
-        at_checkpoint = step % cfg.checkpoint_every == 0 or step == cfg.steps
-        at_resume = step % cfg.resume_every == 0 and step < cfg.steps
-        if not (at_checkpoint or at_resume) and active:
-            continue
-        verified()  # the losses since the last check, before anything is recorded
-        if not active:
-            break
-        # --- checkpointing and resume state ---------------------------------------------------
-        if at_checkpoint:
-            checkpoint(step)
-            bar.update(step - bar.n)
-            accs = [records[i].history[-1]["test_acc"] for i in active]
-            if accs:
-                bar.set_postfix(test_acc=f"{sum(accs) / len(accs):.3f}", refresh=False)
-        if at_resume:
-            elapsed = elapsed_before + time.perf_counter() - started
-            save_resume(resume_path, fingerprint, step, block, optimizer, batches.samplers,
-                        recorder, running, records, hooks, elapsed)  # fmt: skip
-        if not check_every_step:
-            kept = {**kept_state(), "step": step}
-    bar.close()
-    wall_time = elapsed_before + time.perf_counter() - started
-    summaries = []
-    for index in range(size):
-        record = records[index]
-        if record.active:
-            record.steps_done = step
-        if record.frozen_state is not None:
-            block.set_seed_state(index, record.frozen_state)
-        summaries.append({
-            "status": "completed" if record.active else "diverged",
-            "diverged_step": record.diverged_step,
-            "steps": cfg.steps,
-            "steps_done": record.steps_done,
-            "n_checkpoints": len(record.history),
-            "n_params": count_parameters(models[index]),
-            "wall_time_s": wall_time,
-            "steps_per_s": step / wall_time if wall_time > 0 else math.nan,
-            # the block's seconds on streamed metrics and archive writes (this process's share
-            # after a resume; timing sidecar only)
-            "metrics_s": recorder.metrics_s,
-            "archive_s": recorder.archive_s,
-            "seed_block": size,
-            "resumed_from_step": resumed_from,
-            "final": record.history[-1],
-        })  # fmt: skip
-    block.write_back()
-    infos = list(model_info) if model_info is not None else [{} for _ in range(size)]
-    for index in range(size):
-        recorder.finish(index)
-        _write_outputs(paths[index], block.model_of(index), records[index].history,
-                       summaries[index], infos[index], hooks)  # fmt: skip
-    resume_path.unlink(missing_ok=True)
-    timing_path(resume_path).unlink(missing_ok=True)
-    return summaries
+        unchecked: list[torch.Tensor] = []
+        kept = None if check_every_step else {**kept_state(), "step": step}
+        while step < cfg.steps and active:
+            # --- the step (every seed of the block at once) --------------------------------------
+            take_step(check=check_every_step)
+            at_checkpoint = step % cfg.checkpoint_every == 0 or step == cfg.steps
+            at_resume = step % cfg.resume_every == 0 and step < cfg.steps
+            if not (at_checkpoint or at_resume) and active:
+                continue
+            verified()  # the losses since the last check, before anything is recorded
+            if not active:
+                break
+            # --- checkpointing and resume state -----------------------------------------------
+            if at_checkpoint:
+                checkpoint(step)
+                bar.update(step - bar.n)
+                accs = [records[i].history[-1]["test_acc"] for i in active]
+                if accs:
+                    bar.set_postfix(test_acc=f"{sum(accs) / len(accs):.3f}", refresh=False)
+            if at_resume:
+                elapsed = elapsed_before + time.perf_counter() - started
+                save_resume(resume_path, fingerprint, step, block, optimizer, batches.samplers,
+                            recorder, running, records, hooks, elapsed)  # fmt: skip
+            if not check_every_step:
+                kept = {**kept_state(), "step": step}
+        bar.close()
+        wall_time = elapsed_before + time.perf_counter() - started
+        summaries = []
+        for index in range(size):
+            record = records[index]
+            if record.active:
+                record.steps_done = step
+            if record.frozen_state is not None:
+                block.set_seed_state(index, record.frozen_state)
+            summaries.append({
+                "status": "completed" if record.active else "diverged",
+                "diverged_step": record.diverged_step,
+                "steps": cfg.steps,
+                "steps_done": record.steps_done,
+                "n_checkpoints": len(record.history),
+                "n_params": count_parameters(models[index]),
+                "wall_time_s": wall_time,
+                "steps_per_s": step / wall_time if wall_time > 0 else math.nan,
+                # the block's seconds on streamed metrics and archive writes (this process's share
+                # after a resume; timing sidecar only)
+                "metrics_s": recorder.metrics_s,
+                "archive_s": recorder.archive_s,
+                "seed_block": size,
+                "resumed_from_step": resumed_from,
+                "final": record.history[-1],
+            })  # fmt: skip
+        block.write_back()
+        infos = list(model_info) if model_info is not None else [{} for _ in range(size)]
+        for index in range(size):
+            recorder.finish(index)
+            _write_outputs(paths[index], block.model_of(index), records[index].history,
+                           summaries[index], infos[index], hooks)  # fmt: skip
+        resume_path.unlink(missing_ok=True)
+        timing_path(resume_path).unlink(missing_ok=True)
+        return summaries
 
 
 def _sampler(n_examples: int, cfg: TrainConfig, seed: int) -> BatchSampler:

@@ -147,6 +147,29 @@ def test_evaluate_completed_run(trained):
     assert record["train_wall_time_s"] == trained.summary["wall_time_s"]
 
 
+def test_latency_is_measured_where_asked_and_accuracy_does_not_depend_on_it(trained):
+    """latency: cpu (the default), device (the training device: here the CPU too) or none (not
+    measured, empty); the accuracy and loss are the same numbers whichever."""
+    records = {
+        where: evaluate_run(
+            trained.paths.model,
+            trained.history,
+            trained.summary,
+            trained.data,
+            0.9,
+            latency_batch=8,
+            latency_repeats=3,
+            latency=where,
+        )  # fmt: skip
+        for where in ("cpu", "device", "none")
+    }
+    assert records["none"]["latency_ms"] is None
+    assert all(form["latency_ms"] is None for form in records["none"]["forms"])
+    assert records["cpu"]["latency_ms"] > 0 and records["device"]["latency_ms"] > 0
+    for key in ("test_acc", "test_loss", "nonzero_weights", "bytes_on_disk"):
+        assert records["cpu"][key] == records["device"][key] == records["none"][key]
+
+
 def test_evaluate_unreached_threshold(trained):
     record = evaluate(trained, threshold=1.01)
     assert record["converged"] is False

@@ -111,6 +111,13 @@ def test_resources_come_from_the_plan_with_the_safety_factor(smoke: dict) -> Non
                                 "train.sparse_parity")  # fmt: skip
     gpu_resources = plan.job_resources(on_gpu, "train", block)
     assert gpu_resources["gpu"] == 1
+    # evaluation runs where training did: a GPU job; without the CPU latency probe it is shorter
+    evaluate_on_gpu = plan.block_job(on_gpu, "evaluate", block)
+    assert evaluate_on_gpu.device == "cuda" and evaluate_on_gpu.gpu > 0
+    assert plan.job_resources(on_gpu, "evaluate", block)["gpu"] == 1
+    no_latency = {**on_gpu, "evaluate": {**on_gpu["evaluate"], "sparse_parity": {
+        **on_gpu["evaluate"]["sparse_parity"], "latency": "none"}}}  # fmt: skip
+    assert plan.block_job(no_latency, "evaluate", block).seconds < evaluate_on_gpu.seconds
     assert gpu_resources["gpu_mem_mb"] >= gpu_job.gpu * plan.SAFETY_FACTOR / 1e6 > 0
 
 
