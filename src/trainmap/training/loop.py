@@ -334,7 +334,7 @@ def train_block(
         def kept_state() -> dict[str, Any]:
             """The training state now, copied (what an interval runs again from; the histories are
             not copied: nothing appends to them between checks)."""
-            return training_state(block, optimizer, batches.samplers, running, records, hooks,
+            return training_state(block, optimizer, batches, running, records, hooks,
                                   histories=False)  # fmt: skip
 
         def verified() -> bool:
@@ -384,7 +384,7 @@ def train_block(
                     bar.set_postfix(test_acc=f"{sum(accs) / len(accs):.3f}", refresh=False)
             if at_resume:
                 elapsed = elapsed_before + time.perf_counter() - started
-                save_resume(resume_path, fingerprint, step, block, optimizer, batches.samplers,
+                save_resume(resume_path, fingerprint, step, block, optimizer, batches,
                             recorder, running, records, hooks, elapsed)  # fmt: skip
             if not check_every_step:
                 kept = {**kept_state(), "step": step}

@@ -17,11 +17,11 @@ from trainmap.training.hooks import TrainHooks
 from trainmap.training.record import CheckpointRecorder
 from trainmap.training.scores import RunningMeans
 from trainmap.training.seed_block import SeedBlock
-from trainmap.training.step import BatchSampler
+from trainmap.training.step import BlockBatches
 
 
 def training_state(block: SeedBlock, optimizer: torch.optim.Optimizer,
-                   samplers: list[BatchSampler], running: RunningMeans, records: list[SeedRecord],
+                   batches: BlockBatches, running: RunningMeans, records: list[SeedRecord],
                    hooks: TrainHooks, *, histories: bool = True) -> dict[str, Any]:  # fmt: skip
     """A copy of the block's training state: stacked model and optimiser state, every seed's batch
     order, RNG, running means, per-seed records (with their ``histories`` or without) and the
@@ -30,7 +30,7 @@ def training_state(block: SeedBlock, optimizer: torch.optim.Optimizer,
     return {
         "block": {key: value.detach().clone() for key, value in block.state().items()},
         "optimizer": copy.deepcopy(optimizer.state_dict()),
-        "samplers": [sampler.state_dict() for sampler in samplers],
+        "samplers": batches.state_dict(),
         "torch_rng": torch.get_rng_state(),
         "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None,
         "running": running.state_dict(),
@@ -43,7 +43,7 @@ def training_state(block: SeedBlock, optimizer: torch.optim.Optimizer,
 
 
 def save_resume(path: Path, fingerprint: str, step: int, block: SeedBlock,
-                optimizer: torch.optim.Optimizer, samplers: list[BatchSampler],
+                optimizer: torch.optim.Optimizer, batches: BlockBatches,
                 recorder: CheckpointRecorder, running: RunningMeans, records: list[SeedRecord],
                 hooks: TrainHooks, elapsed: float) -> None:  # fmt: skip
     """Write the block's training state after ``step`` optimiser steps to the resume file ``path``
@@ -52,7 +52,7 @@ def save_resume(path: Path, fingerprint: str, step: int, block: SeedBlock,
     # The time so far goes beside the file (seeds0-31.resume.timing.json), so the resume file of
     # a step is the same bytes in every run, like every other file trainmap writes.
     save_timing({"elapsed_s": elapsed}, path)
-    state = training_state(block, optimizer, samplers, running, records, hooks)
+    state = training_state(block, optimizer, batches, running, records, hooks)
     save_torch({"fingerprint": fingerprint, "step": step, **state,
                 "recorder": recorder.state_dict()}, path)  # fmt: skip
 

@@ -30,10 +30,6 @@ class BatchSampler:
         """Examples per batch (the whole set when it is smaller than ``batch_size``)."""
         return min(self.batch_size, self.n_examples)
 
-    def epoch_used_up(self) -> bool:
-        """Whether the next batch needs a new epoch's order."""
-        return self.position + self.batch > len(self.order)
-
     def new_epoch(self) -> torch.Tensor:
         """Draw the next epoch's order from the generator and start at its beginning."""
         self.order = torch.randperm(self.n_examples, generator=self.generator)
@@ -42,7 +38,7 @@ class BatchSampler:
 
     def next_indices(self) -> torch.Tensor:
         """Indices of the next batch; reshuffles when the epoch is used up."""
-        if self.epoch_used_up():
+        if self.position + self.batch > len(self.order):  # the epoch is used up
             self.new_epoch()
         start = self.position
         self.position = start + self.batch
@@ -73,6 +69,7 @@ class BlockBatches:
     def __init__(self, samplers: Sequence[BatchSampler], device: torch.device) -> None:
         self.samplers = list(samplers)
         self.device = device
+        self.position = self.samplers[0].position  # every sampler's, kept here while stepping
         self.orders = self._stacked()
 
     def _stacked(self) -> torch.Tensor:
@@ -84,25 +81,27 @@ class BlockBatches:
     def next_indices(self) -> torch.Tensor:
         """Every seed's indices of the next batch."""
         lead = self.samplers[0]
-        if lead.epoch_used_up():
+        if self.position + lead.batch > self.orders.shape[1]:  # the epoch is used up
             for sampler in self.samplers:
                 sampler.new_epoch()
-            self.orders = self._stacked()
-        start = lead.position
-        for sampler in self.samplers:
-            sampler.position = start + lead.batch
+            self.orders, self.position = self._stacked(), 0
+        start = self.position
+        self.position = start + lead.batch
         if len(self.samplers) == 1:
-            return self.orders[0, start : lead.position]
-        return self.orders[:, start : lead.position]
+            return self.orders[0, start : self.position]
+        return self.orders[:, start : self.position]
 
     def state_dict(self) -> list[dict[str, Any]]:
         """Each seed's sampler state."""
+        for sampler in self.samplers:
+            sampler.position = self.position
         return [sampler.state_dict() for sampler in self.samplers]
 
     def load_state_dict(self, states: Sequence[dict[str, Any]]) -> None:
         """Continue the saved batch sequences."""
         for sampler, state in zip(self.samplers, states, strict=True):
             sampler.load_state_dict(state)
+        self.position = self.samplers[0].position
         self.orders = self._stacked()
 
 
