@@ -58,7 +58,7 @@ def gpu_slot(
     """Run the block within: on a node's GPU with room for ``planned_mb`` (see the module
     docstring); yields the GPU's index, or None where nothing is claimed. Waits up to ``wait_s``
     for room; a job the largest GPU cannot hold is an error naming the key."""
-    if not device == "cuda" or os.environ.get(VISIBLE) is not None:
+    if device != "cuda" or os.environ.get(VISIBLE) is not None:
         yield None
         return
     gpus = list(node_gpus() if gpus is None else gpus)

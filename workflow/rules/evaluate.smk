@@ -12,6 +12,7 @@ rule evaluate:
         mem_mb=planned("evaluate", "mem_mb"),
         runtime=planned("evaluate", "runtime"),
         gpu=planned("evaluate", "gpu"),
+        gpu_mem_mb=planned("evaluate", "gpu_mem_mb"),
     params:
         block=seed_range_of_job,
         cell_hashes=cell_hashes_of_block,

@@ -17,4 +17,5 @@ run_job(
     cell_hashes=snakemake.params.cell_hashes,
     threads=snakemake.threads,
     device=snakemake.params.device,
+    gpu_mem_mb=snakemake.resources.get("gpu_mem_mb", 0),
 )

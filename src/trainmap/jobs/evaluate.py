@@ -12,6 +12,7 @@ import torch
 from trainmap.data import load_task_data
 from trainmap.evaluation import compression_table, evaluate_run, group_metrics, summarise
 from trainmap.evaluation.plots import plot_compression, plot_learning_curves
+from trainmap.gpus import gpu_slot
 from trainmap.grid import Cell, SeedRange, is_sparse
 from trainmap.io import load_json, save_json, save_table
 from trainmap.jobs.common import SeedRangeJob
@@ -36,15 +37,17 @@ def evaluate_block_job(
     quantize_manifest: str | Path | None = None,
     threads: int = 1,
     device: str = "cpu",
+    gpu_mem_mb: int = 0,
 ) -> list[dict[str, Any]]:
     """Rule ``evaluate``: per cell one JSON (``evaluation.json``) with accuracy, convergence, size
     and latency of its run's final model, and of its deploy (RepVGG) and quantised forms when it
     has them (``deploy_manifest``, ``quantize_manifest``). Accuracy on the task's training
-    ``device``; latency where ``settings["latency"]`` says (the schema's default: the CPU)."""
+    ``device`` (on a node with several GPUs, one with room for ``gpu_mem_mb``:
+    :func:`trainmap.gpus.gpu_slot`); latency where ``settings["latency"]`` says (the schema's
+    default: the CPU)."""
     job = SeedRangeJob("evaluate", block, manifest, tracking, cell_hashes)
     torch.set_num_threads(threads)
     job.uses(data_path)
-    data = on_device(load_task_data(data_path), resolve_device(device))
     latency = settings.get("latency", section_defaults("evaluate")["latency"])
 
     def evaluate(cell: Cell, run: RuleRun) -> dict[str, Any]:
@@ -86,7 +89,9 @@ def evaluate_block_job(
         run.log_artifact(output)
         return record
 
-    records = job.for_each_cell(evaluate, params={"evaluate": settings})
+    with gpu_slot(device, gpu_mem_mb):  # the data on the device before the first cell
+        data = on_device(load_task_data(data_path), resolve_device(device))
+        records = job.for_each_cell(evaluate, params={"evaluate": settings})
     job.write_manifest({"status": r["status"], "converged": r["converged"]} for r in records)
     return records
 

@@ -109,7 +109,7 @@ class CheckpointRecorder:
                 if not self.tables[index].exists():
                     raise FileNotFoundError(
                         f"{self.tables[index]} was removed while its run was training; its rows "
-                        "so far are lost: rerun the job (it starts over from its resume file)"
+                        "so far are lost: rerun the job (the block then starts over from step 0)"
                     )
                 with open(self.tables[index], "a", newline="") as stream:
                     csv.writer(stream, lineterminator="\n").writerows(
