@@ -18,6 +18,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import shutil
 import subprocess
 import tempfile
 import time
@@ -30,6 +31,8 @@ VISIBLE = "CUDA_VISIBLE_DEVICES"
 
 def node_gpus() -> list[tuple[int, int]]:
     """``(index, memory in MB)`` of each GPU ``nvidia-smi`` lists; none without it."""
+    if shutil.which("nvidia-smi") is None:
+        return []
     try:
         listed = subprocess.run(
             ["nvidia-smi", "--query-gpu=index,memory.total", "--format=csv,noheader,nounits"],

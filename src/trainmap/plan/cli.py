@@ -9,6 +9,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from trainmap import grid
+from trainmap.gpus import node_gpus
 from trainmap.plan.estimates import PlanError, plan_jobs
 from trainmap.plan.report import NodeLimits, check_limits, disk_bytes, format_plan
 
@@ -45,7 +46,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--configfile", nargs="*", default=[], metavar="CONFIG",
                         help="config files merged over params.yaml and config/config.yaml (a "
                         "file with a grid of its own: over params.yaml alone)")  # fmt: skip
-    parser.add_argument("--node-gpu-gb", type=float, default=NodeLimits.gpu_gb)
+    parser.add_argument("--node-gpu-gb", type=float, default=None,
+                        help="GPU memory of one GPU of the node (default: this machine's largest "
+                        f"GPU by nvidia-smi, else {NodeLimits.gpu_gb:g}, a cluster node's)")  # fmt: skip
     parser.add_argument("--node-ram-gb", type=float, default=NodeLimits.ram_gb)
     parser.add_argument("--node-disk-tb", type=float, default=NodeLimits.disk_tb)
     parser.add_argument("--job-hours", type=float, default=NodeLimits.job_hours)
@@ -54,6 +57,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="print only whether the grid fits the node (make run's first step): "
                         "one line, or the job or total past a limit and the key to change")  # fmt: skip
     args = parser.parse_args(argv)
+    if args.node_gpu_gb is None:  # a local run is refused before any job on this machine's GPUs
+        gpus = node_gpus()
+        args.node_gpu_gb = max(mb for _, mb in gpus) / 1e3 if gpus else NodeLimits.gpu_gb
     limits = NodeLimits(args.node_gpu_gb, args.node_ram_gb, args.node_disk_tb, args.job_hours)
     with grid.config_problems_reported():
         config = load_plan_config(args.configfile)

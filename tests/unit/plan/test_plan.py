@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import yaml
 
 from trainmap import grid, plan
 from trainmap.grid import SeedRange
@@ -65,6 +66,23 @@ def test_the_command_exits_non_zero_past_the_limits(capsys: pytest.CaptureFixtur
     refused = capsys.readouterr()
     assert not refused.out and "does not fit the node: disk: " in refused.err
     assert "archive" in refused.err
+
+
+def test_the_check_holds_gpu_jobs_to_this_machines_gpus(
+    tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without --node-gpu-gb the limit is this machine's largest GPU (nvidia-smi): a block that
+    does not fit it is refused before any job, naming the key."""
+    smoke = yaml.safe_load((REPO / "config/smoke.yaml").read_text())
+    smoke["train"]["sparse_parity"]["device"] = "cuda"
+    on_gpu = tmp_path / "gpu.yaml"
+    on_gpu.write_text(yaml.safe_dump(smoke))
+    monkeypatch.setattr("trainmap.plan.cli.node_gpus", lambda: [(0, 500), (1, 400)])  # 0.5 GB
+    assert plan.main(["--configfile", str(on_gpu), "--check"]) == 1
+    refused = capsys.readouterr().err
+    assert "GPU memory" in refused and "0.5 GB" in refused and "seed_block" in refused
+    monkeypatch.setattr("trainmap.plan.cli.node_gpus", lambda: [])  # none here: a cluster node's
+    assert plan.main(["--configfile", str(on_gpu), "--check"]) == 0
 
 
 @pytest.mark.parametrize("archive", [None, {"schedule": "every 3", "dtype": "bfloat16"},
