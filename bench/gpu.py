@@ -83,7 +83,7 @@ def full_rows() -> list[Workload]:
     rows.append(Workload("transformer", "modular_addition_stabilised", "transformer_ln", 40, 500))
     for precision in ("fp32", "tf32", "bf16"):
         for seeds in (1, 8, 20):
-            rows.append(Workload("resnet18", "cifar100", "resnet_bn", seeds, 40, precision))
+            rows.append(Workload("resnet18", "cifar100", "resnet_bn", seeds, 20, precision))
     return rows
 
 
