@@ -226,6 +226,9 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=None,
                         help="the report (default: bench/results/gpu.md on a GPU, "
                         "logs/bench/gpu-check.md for a --quick or CPU pass)")  # fmt: skip
+    parser.add_argument("--budget-s", type=float, default=450.0,
+                        help="start no row after this many seconds (default 450: the script "
+                        "ends within 8 minutes); the rows left are listed as skipped")  # fmt: skip
     args = parser.parse_args()
     device = torch.device(args.device)
     if device.type == "cpu" and not args.quick:
@@ -239,27 +242,41 @@ def main() -> int:
     config = paper_config()
     rows = quick_rows(device) if args.quick else full_rows()
     started = time.perf_counter()
-    measured = []
+    measured: list[dict] = []
+    args.out.parent.mkdir(parents=True, exist_ok=True)
     for row in rows:
-        result = measure(config, row, device, args.quick)
+        head = {"workload": row.name, "seeds": row.seeds, "precision": row.precision,
+                "steps": row.steps}  # fmt: skip
+        if time.perf_counter() - started > args.budget_s:  # finish within the device's time
+            result = {**head, "skipped": f"past the {args.budget_s:g} s budget"}
+        else:
+            try:
+                result = measure(config, row, device, args.quick)
+            except Exception as error:  # noqa: BLE001 - one row's failure must not lose the rest
+                result = {**head, "skipped": f"failed: {type(error).__name__}: {error}"[:300]}
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
         measured.append(result)
         print(json.dumps(result), flush=True)
-    text = report(measured, name or device.type, time.perf_counter() - started)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(text)
-    print(text)
-    by = {(r["workload"], r["seeds"], r["precision"]): r for r in measured if "wall_s" in r}
-    mlp = max((r for r in measured if r["workload"] == "mlp" and "wall_s" in r),
-              key=lambda r: r["seeds"])  # fmt: skip
-    transformer = next(r for r in measured if r["workload"] == "transformer")
-    speedup = H100_TRANSFORMER_S / (transformer["wall_s"] / transformer["steps"] * 5000)
-    resnet = [r for key, r in by.items() if key[0] == "resnet18"]
-    fraction = max((r["peak_fraction"] for r in resnet), default=math.nan)
-    print(f"gpu_bench device={(name or device.type).replace(' ', '_')} "
-          f"mlp{mlp['seeds']}_ms_per_step={mlp['ms_per_step']:.3f} "
-          f"transformer{transformer['seeds']}_speedup_vs_h100={speedup:.2f} "
-          f"resnet18_peak_fraction={fraction:.3f}")  # fmt: skip
-    return 0
+        # the report so far, after every row: a run cut short still leaves its rows
+        args.out.write_text(report(measured, name or device.type, time.perf_counter() - started))
+    print(args.out.read_text())
+    done = [r for r in measured if "wall_s" in r]
+    parts = [f"gpu_bench device={(name or device.type).replace(' ', '_')}"]
+    mlp = [r for r in done if r["workload"] == "mlp"]
+    if mlp:
+        largest = max(mlp, key=lambda r: r["seeds"])
+        parts.append(f"mlp{largest['seeds']}_ms_per_step={largest['ms_per_step']:.3f}")
+    transformer = [r for r in done if r["workload"] == "transformer"]
+    if transformer:
+        per_step = transformer[0]["wall_s"] / transformer[0]["steps"]
+        parts.append(f"transformer{transformer[0]['seeds']}_speedup_vs_h100="
+                     f"{H100_TRANSFORMER_S / (per_step * 5000):.2f}")  # fmt: skip
+    fractions = [r["peak_fraction"] for r in done if r["workload"] == "resnet18"]
+    parts.append(f"resnet18_peak_fraction={max(fractions, default=math.nan):.3f}")
+    parts.append(f"rows={len(done)}/{len(measured)}")
+    print(" ".join(parts))
+    return 0 if done else 1
 
 
 if __name__ == "__main__":
