@@ -5,7 +5,8 @@ block with ``trainmap.training.loop.train_block`` (metrics at the setting's chec
 test evaluation, archive and outputs written to a temporary directory), for a cut number of steps:
 
 * ``mlp``: the sparse-parity MLP (n = 40, k = 3, 40-128-2, SGD, batch 32; checkpoint every 100
-  steps, the paper's setting) at 1, 40, 400 and 1,000 seeds;
+  steps, the paper's setting) at 1, 40, 400 and 1,000 seeds, and at 1,000 seeds again with the
+  losses read on the host every step (side by side: what checking them at checkpoints saves);
 * ``transformer``: the stabilised modular-addition transformer (d = 128, LayerNorm, AdamW, batch
   256, checkpoint every 50) at 40 seeds;
 * ``resnet18``: ResNet-18 (BatchNorm, 64-512) on CIFAR-shaped data (32 x 32 x 3, 100 classes,
@@ -76,10 +77,15 @@ class Workload:
     seeds: int
     steps: int
     precision: str = "fp32"
+    #: True: read the losses on the host every step (the CPU's way; on a GPU, the side-by-side
+    #: measure of what checking them at checkpoints saves)
+    check_every_step: bool | None = None
 
 
 def full_rows() -> list[Workload]:
     rows = [Workload("mlp", "sparse_parity", "mlp", s, 1000) for s in (1, 40, 400, 1000)]
+    rows.append(Workload("mlp, host check each step", "sparse_parity", "mlp", 1000, 1000,
+                         check_every_step=True))  # fmt: skip
     rows.append(Workload("transformer", "modular_addition_stabilised", "transformer_ln", 40, 500))
     for precision in ("fp32", "tf32", "bf16"):
         for seeds in (1, 8, 20):
@@ -90,6 +96,8 @@ def full_rows() -> list[Workload]:
 def quick_rows(device: torch.device) -> list[Workload]:
     precisions = ("fp32", "bf16") if device.type == "cpu" else ("fp32", "tf32", "bf16")
     rows = [Workload("mlp", "sparse_parity", "mlp", s, 200) for s in (1, 40)]
+    rows.append(Workload("mlp, host check each step", "sparse_parity", "mlp", 40, 200,
+                         check_every_step=True))  # fmt: skip
     rows.append(Workload("transformer", "modular_addition_stabilised", "transformer_ln", 4, 20))
     rows += [Workload("resnet18", "cifar100", "resnet_bn", 2, 2, p) for p in precisions]
     return rows
@@ -170,7 +178,7 @@ def measure(config: dict[str, Any], row: Workload, device: torch.device, quick: 
         paths = [TrainPaths.in_directory(Path(tmp) / f"seed{s}") for s in seeds]
         started = time.perf_counter()
         train_block(models, data, cfg, seeds, paths, resume_path=Path(tmp) / "resume.pt",
-                    progress=False)  # fmt: skip
+                    progress=False, check_every_step=row.check_every_step)  # fmt: skip
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         wall = time.perf_counter() - started

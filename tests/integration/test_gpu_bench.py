@@ -26,7 +26,14 @@ def test_the_gpu_benchmark_runs_every_row_and_names_the_device(tmp_path):
     assert "Device: **" in text and "**cpu**" not in text  # the CPU's model, not just "cpu"
     rows = [line for line in text.splitlines() if line.startswith("| ") and "---" not in line]
     assert [row.split(" | ")[0] for row in rows[1:]] == (
-        ["| mlp", "| mlp", "| transformer", "| resnet18", "| resnet18"]
+        [
+            "| mlp",
+            "| mlp",
+            "| mlp, host check each step",
+            "| transformer",
+            "| resnet18",
+            "| resnet18",
+        ]
     )
     assert "bf16" in text
     assert result.stdout.strip().splitlines()[-1].startswith("gpu_bench device=")
