@@ -351,13 +351,21 @@ class PoisonAt(TrainHooks):
 
     def __init__(self, poison: dict[int, int]) -> None:
         self.poison = poison  # seed index -> the step after which it is poisoned
+        self.seen: list[int] = []  # state a rerun interval must restore (as AST's flip rates)
 
     @torch.no_grad()
     def after_step(self, step: int) -> None:
+        self.seen.append(step)
         for index, at in self.poison.items():
             if step == at:
                 first = next(iter(self.block.parameters))
                 self.block.tensor(first)[index].view(-1)[0] = float("inf")
+
+    def state_dict(self) -> dict:
+        return {"seen": list(self.seen)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.seen = list(state["seen"])
 
 
 def assert_same_outputs(a: TrainPaths, b: TrainPaths) -> None:
@@ -386,11 +394,13 @@ def test_losses_checked_late_give_the_files_of_per_step_checks(tmp_path, request
     data = request.getfixturevalue(data_name)
     cfg = TrainConfig(**{**vars(cfg), "steps": 40, "checkpoint_every": 10, "resume_every": 25})
     seeds = [0, 1, 2]
-    runs = {}
+    runs, hooks = {}, {}
     for check in (True, False):
+        hooks[check] = PoisonAt(poison)
         summaries, paths = run_block(tmp_path / str(check), arch, seeds, data, cfg, options,
-                                     hooks=PoisonAt(poison), check_every_step=check)  # fmt: skip
+                                     hooks=hooks[check], check_every_step=check)  # fmt: skip
         runs[check] = summaries, paths
+    assert hooks[False].seen == hooks[True].seen  # the hooks' state rolled back with the rest
     for index in range(len(seeds)):
         expected = runs[True][0][index]
         if index in poison:
