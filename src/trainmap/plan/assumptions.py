@@ -87,7 +87,9 @@ CPU = Device(
 )  # fmt: skip
 #: A node's GPU (an H100, assumed: no GPU run of this project has been measured): fp32 ~50 TFLOP/s
 #: at 40 % utilisation; ~3 ms a step of kernel launches for a vmapped block; batched float64
-#: singular values at ~100 GFLOP/s; ~1 GB of CUDA context.
+#: singular values at ~100 GFLOP/s; ~1 GB of CUDA context. ``bench/gpu.py`` measures each of
+#: these (ms a step by block size, the metrics' share, peak memory against this plan): its
+#: numbers replace these where a GPU has run it.
 GPU = Device(
     "cuda", 50e12 * 0.4, 3e-3, 0.02e-3, 100e9, 1.0 * GB,
     "FLOP-based: H100 fp32 50 TFLOP/s at 40 % utilisation, 3 ms/step launch overhead, float64 "
