@@ -245,11 +245,10 @@ def train_block(
             hooks.load_state_dict(state["hooks"])
 
         saved = load_resume(resume_path, fingerprint)
-        if saved is not None and not recorder.can_resume(saved["recorder"]):
+        if saved is not None and not recorder.load_state_dict(saved["recorder"]):
             saved = None  # a metric table lost rows the resume file counts: start over
         if saved is not None:
             restore(saved)
-            recorder.load_state_dict(saved["recorder"])
             start_step = resumed_from = saved["step"]
             elapsed_before = saved["elapsed_s"]  # from the resume file's timing sidecar
         else:

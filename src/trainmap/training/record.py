@@ -136,35 +136,37 @@ class CheckpointRecorder:
         self.flush()
         return {"written": list(self.written)}
 
-    def can_resume(self, state: Mapping[str, Any]) -> bool:
-        """Whether every table still holds the rows :meth:`state_dict` counted (a table cut short
-        or removed since: the run starts over instead)."""
-        return "written" in state and all(
-            count == 0 or _data_lines(table) >= count
-            for table, count in zip(self.tables, state["written"], strict=True)
-        )
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+    def load_state_dict(self, state: Mapping[str, Any]) -> bool:
         """Continue from :meth:`state_dict`: each table is cut back to the rows it held then (rows
-        a killed run appended after its resume point are dropped; they will come again)."""
-        for index, (table, count) in enumerate(zip(self.tables, state["written"], strict=True)):
-            self.rows[index] = []
-            self.written[index] = count
-            self.started[index] = count > 0
+        a killed run appended after its resume point are dropped; they will come again). False,
+        and nothing changed, when a table no longer holds those rows (cut short or removed since:
+        the run starts over instead)."""
+        counts = list(state.get("written", ()))
+        if len(counts) != len(self.tables):
+            return False
+        prefixes = []
+        for table, count in zip(self.tables, counts, strict=True):
+            prefix = _first_lines(table, count + 1) if count else b""
+            if count and prefix.count(b"\n") < count + 1:
+                return False
+            prefixes.append(prefix)
+        for index, (table, count, prefix) in enumerate(zip(self.tables, counts, prefixes,
+                                                           strict=True)):  # fmt: skip
+            self.rows[index], self.written[index], self.started[index] = [], count, count > 0
             if count == 0:
                 table.unlink(missing_ok=True)
-                continue
-            with open(table, "rb") as stream:
-                kept = b"".join(line for _, line in zip(range(count + 1), stream, strict=False))
-            write_atomic(table, lambda tmp, kept=kept: Path(tmp).write_bytes(kept))
+            else:
+                write_atomic(table, lambda tmp, kept=prefix: Path(tmp).write_bytes(kept))
+        return True
 
 
-def _data_lines(table: Path) -> int:
-    """Rows in a table file below its header (0 when there is no file)."""
+def _first_lines(table: Path, lines: int) -> bytes:
+    """The first ``lines`` lines of ``table`` (fewer when it is shorter; none without a file),
+    read no further."""
     if not table.exists():
-        return 0
+        return b""
     with open(table, "rb") as stream:
-        return max(0, sum(1 for _ in stream) - 1)
+        return b"".join(line for _, line in zip(range(lines), stream, strict=False))
 
 
 def _cell(value: Any) -> Any:
