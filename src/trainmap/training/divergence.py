@@ -30,9 +30,7 @@ def freeze(record: SeedRecord, block: SeedBlock, index: int, step: int) -> None:
     taken), its state kept as it is now."""
     record.diverged_step, record.steps_done = step + 1, step
     # on the training device: restoring it after each step copies nothing from the host
-    record.frozen_state = {
-        key: value[index].detach().clone() for key, value in block.state().items()
-    }
+    record.frozen_state = block.state_of(index, device=None)
 
 
 def zero_frozen_grads(block: SeedBlock, active: torch.Tensor) -> None:

@@ -286,7 +286,7 @@ def train_block(
         def take_step(check: bool) -> None:
             """One optimiser step of every active seed; with ``check``, a seed whose loss is not
             finite is frozen first (read on the host), else its losses are kept for
-            :func:`verified`."""
+            :func:`check_interval`."""
             nonlocal step, active, active_mask
             with forward_context:
                 logits, inputs, targets, task_losses = _forward_step(block, batches, data)
@@ -307,10 +307,9 @@ def train_block(
                     active_mask = _seed_mask(size, active, losses.device)
                     if not active:
                         return
-            else:
-                unchecked.append(
-                    torch.stack([task_losses.detach(), losses.detach()]).reshape(2, -1)
-                )
+            else:  # kept as they are: no work on the device until the interval is checked
+                unchecked.extend([losses.detach()] if extra is None else
+                                 [task_losses.detach(), losses.detach()])  # fmt: skip
             optimizer.zero_grad(set_to_none=True)
             if lr_varies:  # the schedule is a function of the step: nothing to save for resume
                 for group in optimizer.param_groups:
@@ -336,23 +335,22 @@ def train_block(
             return training_state(block, optimizer, batches, running, records, hooks,
                                   histories=False)  # fmt: skip
 
-        def verified() -> bool:
-            """Whether every active seed's losses since the last check are finite; if not, the
-            interval runs again from its start, checking every step (one host read per interval)."""
+        def check_interval() -> None:
+            """If an active seed's loss since the last check was not finite, run the interval
+            again from its start, checking every step (one host read per interval)."""
             nonlocal step, active, active_mask
             if check_every_step or not unchecked:
-                return True
-            losses = torch.stack(unchecked)[:, :, active]
+                return
+            losses = torch.stack([values.reshape(-1) for values in unchecked])[:, active]
             unchecked.clear()
             if bool(torch.isfinite(losses).all()):
-                return True
+                return
             target, step = step, kept["step"]
             restore(kept)
             active = active_seeds()
             active_mask = None if len(active) == size else _seed_mask(size, active, device)
             while step < target and active:
                 take_step(check=True)
-            return False
 
         started = time.perf_counter()
         if start_step == 0:
@@ -371,7 +369,7 @@ def train_block(
             at_resume = step % cfg.resume_every == 0 and step < cfg.steps
             if not (at_checkpoint or at_resume) and active:
                 continue
-            verified()  # the losses since the last check, before anything is recorded
+            check_interval()  # the losses since the last check, before anything is recorded
             if not active:
                 break
             # --- checkpointing and resume state -----------------------------------------------

@@ -132,10 +132,13 @@ class SeedBlock:
         """Every state-dict entry, seed dimension first (the block's own tensors, not copies)."""
         return {key: self.tensor(key) for key in self.state_keys}
 
-    def state_of(self, index: int) -> dict[str, torch.Tensor]:
-        """Seed ``index``'s state dict (copies on the CPU)."""
+    def state_of(
+        self, index: int, device: torch.device | str | None = "cpu"
+    ) -> dict[str, torch.Tensor]:
+        """Seed ``index``'s state dict: copies on ``device`` (None: where the block holds it)."""
         return {
-            key: value[index].detach().to("cpu", copy=True) for key, value in self.state().items()
+            key: value[index].detach().to(device or value.device, copy=True)
+            for key, value in self.state().items()
         }
 
     @torch.no_grad()
