@@ -220,6 +220,12 @@ def with_train_defaults(settings: Mapping[str, Any]) -> dict[str, Any]:
     return {**asdict(TrainConfig()), **settings}
 
 
+def latency_device(settings: Mapping[str, Any]) -> str:
+    """Where an evaluation's latency is measured (``evaluate.<task>.latency``; omitted: the
+    schema's default)."""
+    return str(settings.get("latency", section_defaults("evaluate")["latency"]))
+
+
 def training_device(config: Mapping[str, Any], task: str) -> str:
     """Where ``task`` trains (``train.<task>.device``; omitted: TrainConfig's default), and where
     its models are evaluated."""

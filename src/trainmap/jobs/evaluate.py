@@ -13,11 +13,10 @@ from trainmap.data import load_task_data
 from trainmap.evaluation import compression_table, evaluate_run, group_metrics, summarise
 from trainmap.evaluation.plots import plot_compression, plot_learning_curves
 from trainmap.gpus import gpu_slot
-from trainmap.grid import Cell, SeedRange, is_sparse
+from trainmap.grid import Cell, SeedRange, is_sparse, latency_device
 from trainmap.io import load_json, save_json, save_table
 from trainmap.jobs.common import SeedRangeJob
 from trainmap.lineage import check_files
-from trainmap.schema import section_defaults
 from trainmap.tracking import RuleRun, rule_run
 from trainmap.training.setup import on_device, resolve_device
 
@@ -48,7 +47,7 @@ def evaluate_block_job(
     job = SeedRangeJob("evaluate", block, manifest, tracking, cell_hashes)
     torch.set_num_threads(threads)
     job.uses(data_path)
-    latency = settings.get("latency", section_defaults("evaluate")["latency"])
+    latency = latency_device(settings)
 
     def evaluate(cell: Cell, run: RuleRun) -> dict[str, Any]:
         other_forms = []

@@ -59,7 +59,6 @@ from trainmap.plan.assumptions import (
     Device,
 )
 from trainmap.plan.profile import ModelProfile, dataset_bytes, dataset_examples, model_profile
-from trainmap.schema import section_defaults
 from trainmap.training.archive import ArchivePolicy, checkpoint_steps, kept_indices
 
 #: Resources requested from a scheduler are the plan's estimate times this, once, for every rule:
@@ -371,7 +370,7 @@ def block_job(
     if rule == "evaluate":
         data_bytes, n_test = dataset_bytes(config, block.task, profile)
         evaluate = grid.evaluate_settings(config, block.task)
-        where = evaluate.get("latency", section_defaults("evaluate")["latency"])
+        where = grid.latency_device(evaluate)
         latency = 0 if where == "none" else (
             int(evaluate.get("latency_batch", 256)) * int(evaluate.get("latency_repeats", 20))
         )  # fmt: skip
