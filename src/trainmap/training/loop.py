@@ -330,10 +330,9 @@ def train_block(
             running.add(active, task_losses, logits, targets)
 
         def kept_state() -> dict[str, Any]:
-            """The training state now, copied (what an interval runs again from; the histories are
-            not copied: nothing appends to them between checks)."""
-            return training_state(block, optimizer, batches, running, records, hooks,
-                                  histories=False)  # fmt: skip
+            """The training state at this step, held in memory: what an interval runs again from."""
+            state = training_state(block, optimizer, batches, running, records, hooks, kept=True)
+            return {**state, "step": step}
 
         def check_interval() -> None:
             """If an active seed's loss since the last check was not finite, run the interval
@@ -361,7 +360,7 @@ def train_block(
         active = active_seeds()
         active_mask = None if len(active) == size else _seed_mask(size, active, device)
         unchecked: list[torch.Tensor] = []
-        kept = None if check_every_step else {**kept_state(), "step": step}
+        kept = None if check_every_step else kept_state()
         while step < cfg.steps and active:
             # --- the step (every seed of the block at once) --------------------------------------
             take_step(check=check_every_step)
@@ -384,7 +383,7 @@ def train_block(
                 save_resume(resume_path, fingerprint, step, block, optimizer, batches,
                             recorder, running, records, hooks, elapsed)  # fmt: skip
             if not check_every_step:
-                kept = {**kept_state(), "step": step}
+                kept = kept_state()
         bar.close()
         wall_time = elapsed_before + time.perf_counter() - started
         summaries = []

@@ -22,23 +22,26 @@ from trainmap.training.step import BlockBatches
 
 def training_state(block: SeedBlock, optimizer: torch.optim.Optimizer,
                    batches: BlockBatches, running: RunningMeans, records: list[SeedRecord],
-                   hooks: TrainHooks, *, histories: bool = True) -> dict[str, Any]:  # fmt: skip
-    """A copy of the block's training state: stacked model and optimiser state, every seed's batch
-    order, RNG, running means, per-seed records (with their ``histories`` or without) and the
-    hooks' state. What the resume file holds besides the metric rows, and what an interval whose
-    losses are checked late runs again from."""
+                   hooks: TrainHooks, *, kept: bool = False) -> dict[str, Any]:  # fmt: skip
+    """The block's training state: stacked model and optimiser state, every seed's batch order,
+    RNG, running means, per-seed records and the hooks' state. What the resume file holds besides
+    the metric row counts; with ``kept``, what an interval whose losses are checked late runs
+    again from: held in memory, so the optimiser's and the hooks' state are copied (the file
+    serialises them at once), and without the histories (nothing appends to them between
+    checks)."""
+    held = copy.deepcopy if kept else (lambda value: value)
     return {
         "block": {key: value.detach().clone() for key, value in block.state().items()},
-        "optimizer": copy.deepcopy(optimizer.state_dict()),
+        "optimizer": held(optimizer.state_dict()),
         "samplers": batches.state_dict(),
         "torch_rng": torch.get_rng_state(),
         "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None,
         "running": running.state_dict(),
         "records": [
-            {key: value for key, value in vars(record).items() if histories or key != "history"}
+            {key: value for key, value in vars(record).items() if not kept or key != "history"}
             for record in records
         ],
-        "hooks": copy.deepcopy(hooks.state_dict()),
+        "hooks": held(hooks.state_dict()),
     }
 
 
