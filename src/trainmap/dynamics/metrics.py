@@ -59,8 +59,10 @@ All conventions: ``nn.Linear`` weights are (out, in) matrices; attention
 (``trainmap.models.MultiHeadAttention``) counts one (d_head, d_model) matrix per head for the
 query, key and value projections (as the authors did) and the output projection whole; embeddings
 and normalisation layers (BatchNorm, LayerNorm) are ignored. Each matrix's singular values are
-computed once per checkpoint (batched over the trajectory with ``torch.linalg.svdvals`` in
-float64); singular values below 1e-5 count as 0 (the authors' code). A matrix with a NaN or Inf
+computed once per checkpoint in float64, batched over the trajectory and over the matrices of one
+shape (:func:`grouped_singular_values`); singular values below 1e-5 count as 0 (the authors'
+code). The values stay on the weights' device until :func:`metric_frames` copies them to the host
+at once. A matrix with a NaN or Inf
 entry at a checkpoint is skipped there (the code returns None for it) and counted in
 ``skipped_matrices``; a ratio of an all-zero matrix or slice is left out of that ratio's mean; a
 model without biases gets NaN bias metrics (the HMM then drops those features with a warning).
@@ -90,7 +92,7 @@ row per checkpoint: ``step``, the 14 metric columns in :data:`METRIC_NAMES` orde
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -317,33 +319,72 @@ def _stacked_matrix(state: Mapping[str, torch.Tensor], matrix: MatrixSlice) -> t
     return tensor if matrix.rows is None else tensor[:, matrix.rows]
 
 
+def _finite_part(stacked: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Which checkpoints of ``stacked`` are finite, and ``stacked`` with the others zeroed
+    (skipped, but kept in shape). On an accelerator the zeroing is done unconditionally, so
+    nothing is read back to the host."""
+    finite = torch.isfinite(stacked).flatten(1).all(dim=1)
+    if stacked.device.type == "cpu" and bool(finite.all()):  # a read costs nothing on the CPU
+        return finite, stacked
+    mask = finite.view(-1, *[1] * (stacked.dim() - 1))
+    return finite, torch.where(mask, stacked, torch.zeros_like(stacked))
+
+
+def _needs_singular_values(matrix: MatrixSlice, rules: str) -> bool:
+    """Whether ``rules`` computes singular values of ``matrix`` (not of a conv kernel under
+    ``paper``: convention (b))."""
+    return not (matrix.kind == "conv" and rules == "paper")
+
+
+def _clean_matrix(
+    state: Mapping[str, torch.Tensor], matrix: MatrixSlice, cache: dict | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`_finite_part` of ``matrix``'s :func:`_stacked_matrix`, kept in ``cache`` for the
+    other conventions over the same weights."""
+    key = f"clean {matrix!r}"
+    if cache is None:
+        return _finite_part(_stacked_matrix(state, matrix))
+    if key not in cache:
+        cache[key] = _finite_part(_stacked_matrix(state, matrix))
+    return cache[key]
+
+
+def singular_inputs(
+    state: Mapping[str, torch.Tensor], layout: WeightLayout, rules: str, cache: dict
+) -> dict[str, torch.Tensor]:
+    """The ``[n_checkpoints, rows, cols]`` matrices (non-finite checkpoints zeroed) whose singular
+    values ``rules`` needs for ``layout`` and ``cache`` does not hold yet, by matrix key."""
+    found: dict[str, torch.Tensor] = {}
+    for matrix in layout.matrices:
+        key = repr(matrix)
+        if key in cache or not _needs_singular_values(matrix, rules):
+            continue
+        _, clean = _clean_matrix(state, matrix, cache)
+        found[key] = clean.reshape(clean.shape[0], clean.shape[1], -1)
+    return found
+
+
 def _matrix_statistics(
-    stacked: torch.Tensor,
+    finite: torch.Tensor,
+    clean: torch.Tensor,
     kind: str,
     rules: str,
-    cache: dict[str, torch.Tensor] | None = None,
-    key: str = "",
+    singular: torch.Tensor | None = None,
 ) -> dict:
-    """Per-checkpoint statistics of one matrix over the trajectory; one SVD per checkpoint.
+    """Per-checkpoint statistics of one matrix over the trajectory (:func:`_clean_matrix`'s
+    ``finite`` and ``clean``).
 
     ``rules`` is :func:`statistics_rules`'s. Under ``paper`` a conv kernel (``kind="conv"``) gets
     only its mean slice L1, L2 and L1/L2; under ``extended`` it is the (out, in * kh * kw) matrix.
+    ``singular``: the matrix's singular values (:func:`grouped_singular_values` of its
+    :func:`singular_inputs`), computed here when not given.
     """
-    finite = torch.isfinite(stacked).flatten(1).all(dim=1)
-    clean = stacked
-    if not bool(finite.all()):  # zero the non-finite checkpoints (skipped, but kept in shape)
-        clean = torch.where(finite.view(-1, *[1] * (stacked.dim() - 1)), stacked,
-                            torch.zeros_like(stacked))  # fmt: skip
     stats: dict = {"finite": finite, "entries": clean.flatten(1)}
     if kind == "conv" and rules == "paper":
         return stats | _conv_slice_statistics(clean)
     matrix = clean.reshape(clean.shape[0], clean.shape[1], -1)
-    if cache is None:
+    if singular is None:
         singular = singular_values(matrix)
-    else:  # conventions of one checkpoint share each matrix's singular values
-        if key not in cache:
-            cache[key] = singular_values(matrix)
-        singular = cache[key]
     singular = torch.where(singular < SINGULAR_VALUE_FLOOR, torch.zeros_like(singular), singular)
     l1 = matrix.abs().flatten(1).sum(dim=1)
     l2 = matrix.flatten(1).norm(dim=1)
@@ -364,6 +405,11 @@ GRAM_MIN_SIDE = 64
 GRAM_MIN_CONDITION = 1e-3
 
 
+def _takes_gram_route(rows: int, cols: int) -> bool:
+    short, long = min(rows, cols), max(rows, cols)
+    return short >= GRAM_MIN_SIDE and long >= GRAM_MIN_RATIO * short
+
+
 def singular_values(matrix: torch.Tensor) -> torch.Tensor:
     """The singular values of a batch of matrices ``[n, rows, cols]`` (float64), largest first, by
     the fastest route that keeps them exact to 1e-12 of the largest.
@@ -376,17 +422,42 @@ def singular_values(matrix: torch.Tensor) -> torch.Tensor:
     kept only where every sigma_i >= :data:`GRAM_MIN_CONDITION` * sigma_max (error <= 2.2e-13 of
     sigma_max); a batch with a smaller one falls back to ``svdvals`` (tests/test_streamed_metrics.py).
     """
-    rows, cols = matrix.shape[-2:]
-    short, long = min(rows, cols), max(rows, cols)
-    if short < GRAM_MIN_SIDE or long < GRAM_MIN_RATIO * short:
-        return torch.linalg.svdvals(matrix)
-    transposed = matrix.transpose(-1, -2)
-    gram = matrix @ transposed if rows <= cols else transposed @ matrix
-    singular = torch.linalg.eigvalsh(gram).clamp(min=0).sqrt().flip(-1)
-    largest = singular[..., :1]
-    if bool((singular >= GRAM_MIN_CONDITION * largest).all()):
-        return singular
-    return torch.linalg.svdvals(matrix)
+    return grouped_singular_values({"": matrix})[""]
+
+
+def grouped_singular_values(
+    matrices: Mapping[str, torch.Tensor], batched: bool | None = None
+) -> dict[str, torch.Tensor]:
+    """:func:`singular_values` of each ``[n, rows, cols]`` matrix of ``matrices``, with the Gram
+    route's condition of every matrix read back to the host at once. ``batched``: the matrices of
+    one shape in one call (a checkpoint's same-shape layers together; None: on an accelerator,
+    where a call costs a launch and a copy of the group costs little, not on the CPU). The values
+    equal one call per matrix: the route and its fallback are decided per matrix, and batched
+    LAPACK calls on the CPU compute each matrix alone (tests/unit/dynamics/test_streamed_metrics.py,
+    bit for bit)."""
+    groups: dict[tuple, list[str]] = {}
+    for key, matrix in matrices.items():
+        together = matrix.device.type != "cpu" if batched is None else batched
+        shape = (tuple(matrix.shape), matrix.dtype, matrix.device)
+        groups.setdefault(shape if together else (*shape, key), []).append(key)
+    found: dict[str, torch.Tensor] = {}
+    gram: list[tuple[str, torch.Tensor]] = []
+    for (shape, *_), keys in groups.items():
+        stacked = torch.cat([matrices[key] for key in keys]) if len(keys) > 1 else matrices[keys[0]]
+        rows, cols = shape[-2:]
+        if not _takes_gram_route(rows, cols):
+            found.update(zip(keys, torch.linalg.svdvals(stacked).split(shape[0]), strict=True))
+            continue
+        transposed = stacked.transpose(-1, -2)
+        product = stacked @ transposed if rows <= cols else transposed @ stacked
+        values = torch.linalg.eigvalsh(product).clamp(min=0).sqrt().flip(-1)
+        gram += zip(keys, values.split(shape[0]), strict=True)
+    if gram:  # which matrices keep the Gram route: one read for all of them
+        kept = torch.stack([(values >= GRAM_MIN_CONDITION * values[:, :1]).all()
+                            for _, values in gram]).tolist()  # fmt: skip
+        for (key, values), keep in zip(gram, kept, strict=True):
+            found[key] = values if keep else torch.linalg.svdvals(matrices[key])
+    return found
 
 
 def _conv_slice_statistics(kernel: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -406,7 +477,12 @@ def _conv_slice_statistics(kernel: torch.Tensor) -> dict[str, torch.Tensor]:
     }
 
 
-def _mean_over_matrices(stats: list[dict], key: str) -> np.ndarray:
+#: Values of a trajectory's metrics before they reach the host: ``[n]`` tensors on the weights'
+#: device, or numpy arrays where they were computed on the host.
+Values = torch.Tensor | np.ndarray
+
+
+def _mean_over_matrices(stats: list[dict], key: str) -> Values:
     """(1/K) sum over the matrices that have ``key`` and are finite (and, for a ratio, have a
     non-zero denominator) at each checkpoint; NaN where none does."""
     having = [s for s in stats if key in s]
@@ -419,10 +495,10 @@ def _mean_over_matrices(stats: list[dict], key: str) -> np.ndarray:
         used &= torch.stack([s[RATIOS[key]] for s in having]) > 0
     summed = torch.where(used, values, torch.zeros_like(values)).sum(dim=0)
     counts = used.sum(dim=0)
-    return torch.where(counts > 0, summed / counts.clamp(min=1), torch.nan).cpu().numpy()
+    return torch.where(counts > 0, summed / counts.clamp(min=1), torch.nan)
 
 
-def _pooled_rows(parts: list[torch.Tensor], n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _pooled_rows(parts: list[torch.Tensor], n: int) -> tuple[Values, Values, Values]:
     """Per checkpoint (row): mean, median and variance (no Bessel) of the ``[n, k_i]`` parts side
     by side; NaN where there are no values (a model without biases)."""
     width = sum(part.shape[1] for part in parts)
@@ -437,43 +513,58 @@ def _pooled_rows(parts: list[torch.Tensor], n: int) -> tuple[np.ndarray, np.ndar
     return mean, np.median(pooled, axis=1, overwrite_input=True), variance
 
 
-def _pooled_rows_torch(pooled: torch.Tensor) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _pooled_rows_torch(pooled: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """:func:`_pooled_rows` in torch, on ``pooled``'s device (a GPU): the same mean and variance up
     to summation order (~1e-16 relative) and the same median (the mean of the two middle values,
     convention (e); sorting is exact)."""
     width = pooled.shape[1]
     ordered = pooled.sort(dim=1).values
     median = (ordered[:, (width - 1) // 2] + ordered[:, width // 2]) / 2
-    mean, variance = pooled.mean(dim=1), pooled.var(dim=1, correction=0)
-    return mean.cpu().numpy(), median.cpu().numpy(), variance.cpu().numpy()
+    return pooled.mean(dim=1), median, pooled.var(dim=1, correction=0)
 
 
-def trajectory_metrics(
+def _on_host(value: Values) -> np.ndarray:
+    return value.cpu().numpy() if isinstance(value, torch.Tensor) else value
+
+
+@dataclass
+class PendingMetrics:
+    """A trajectory's metrics before they cross to the host (:func:`pending_metrics`).
+
+    ``values``: every metric of :data:`METRIC_NAMES`, ``finite_matrices`` (per checkpoint, how
+    many counted matrices are finite) and ``clean`` (1 where every counted matrix and bias is
+    finite), each ``[n_checkpoints]``; ``repair(t)``: the pooled statistics of checkpoint ``t``
+    without its non-finite tensors, for the checkpoints that are not clean.
+    """
+
+    values: dict[str, Values]
+    n_matrices: int
+    repair: Callable[[int], dict[str, np.ndarray]]
+
+
+def pending_metrics(
     state: Mapping[str, torch.Tensor],
     model: nn.Module | WeightLayout,
     convention: str = "paper",
-    singular_cache: dict[str, torch.Tensor] | None = None,
-) -> pd.DataFrame:
-    """The 14 metrics (appendix B) of every checkpoint of a stacked trajectory ``state``.
-
-    ``state`` maps state-dict names to ``[n_checkpoints, *shape]`` tensors; ``model`` only tells
-    which entries are Linear/Conv/attention tensors (:func:`weight_matrices`), or is the layout
-    itself (:func:`state_dict_layout` for checkpoints without their model); ``convention`` is one
-    of :data:`CONVENTIONS` (module docstring). ``singular_cache``: a dict shared by calls on the
-    same ``state`` (the conventions of one checkpoint), so each matrix's singular values are
-    computed once.
-    """
+    singular_cache: dict | None = None,
+) -> PendingMetrics:
+    """:func:`trajectory_metrics`'s values, left where they were computed (the weights' device).
+    ``singular_cache``: a dict shared by calls on the same ``state``; singular values already in it
+    (:func:`grouped_singular_values` of :func:`singular_inputs`) are not computed again."""
     rules = statistics_rules(convention)
     layout = model if isinstance(model, WeightLayout) else layout_of_model(model, convention)
     matrices, bias_names = list(layout.matrices), list(layout.biases)
     if not matrices:
         raise ValueError("the model has no Linear or Conv2d weight to compute metrics on")
+    cache = {} if singular_cache is None else singular_cache
+    cache.update(grouped_singular_values(singular_inputs(state, layout, rules, cache)))
     stats = [
-        _matrix_statistics(_stacked_matrix(state, m), m.kind, rules, singular_cache, repr(m))
+        _matrix_statistics(*_clean_matrix(state, m, cache), m.kind, rules, cache.get(repr(m)))
         for m in matrices
     ]
     n_checkpoints = next(iter(state.values())).shape[0]
-    table = {key: _mean_over_matrices(stats, key) for key in MATRIX_MEANS[rules]}
+    values: dict[str, Values] = {key: _mean_over_matrices(stats, key)
+                                 for key in MATRIX_MEANS[rules]}  # fmt: skip
     biases = [state[name].to(torch.float64).reshape(n_checkpoints, -1) for name in bias_names]
     finite = torch.stack([s["finite"] for s in stats])  # [K, n]
     clean = finite.all(dim=0)
@@ -486,37 +577,82 @@ def trajectory_metrics(
     ) -> dict:  # fmt: skip
         """The pooled statistics of ``rows`` (checkpoints) over the given matrices and biases
         (``cache``: shared with other conventions over the same weights and biases)."""
-        values = {}
+        found = {}
         if rules == "extended":
-            values["sv_mean"], _, values["sv_var"] = _pooled_rows(
+            found["sv_mean"], _, found["sv_var"] = _pooled_rows(
                 [s["singular"][rows] for s in matrix_stats], n
             )
         for prefix, parts, names in (("w", [s["entries"][rows] for s in matrix_stats], matrices),
                                      ("b", bias_rows, bias_names)):  # fmt: skip
             key = repr((prefix, names))
             if cache is None:
-                found = _pooled_rows(parts, n)
-            else:  # copies: a non-finite checkpoint's row is patched in place below
+                statistics = _pooled_rows(parts, n)
+            else:  # host arrays copied: a non-finite checkpoint's row is patched in place
                 if key not in cache:
                     cache[key] = _pooled_rows(parts, n)
-                found = tuple(array.copy() for array in cache[key])
-            values[f"{prefix}_mean"], values[f"{prefix}_median"], values[f"{prefix}_var"] = found
-        return values
+                statistics = tuple(v.copy() if isinstance(v, np.ndarray) else v
+                                   for v in cache[key])  # fmt: skip
+            found[f"{prefix}_mean"], found[f"{prefix}_median"], found[f"{prefix}_var"] = statistics
+        return found
 
-    # Checkpoints where every matrix and bias is finite (all, in a healthy run): pooled over all
-    # checkpoints at once; the others one at a time, leaving out the non-finite tensors.
-    batched = pooled(slice(None), n_checkpoints, stats, biases, singular_cache)
-    for t in np.flatnonzero(~clean.cpu().numpy()):
+    def repair(t: int) -> dict[str, np.ndarray]:
+        """Checkpoint ``t`` pooled alone, leaving out its non-finite matrices and biases."""
         row = slice(t, t + 1)
         valid = [s for s in stats if bool(s["finite"][t])]
         finite_biases = [b[row] for b in biases if bool(torch.isfinite(b[t]).all())]
-        for key, value in pooled(row, 1, valid, finite_biases).items():
-            batched[key][t] = value[0]
-    table.update(batched)
-    frame = pd.DataFrame({name: table[name] for name in METRIC_NAMES})
-    frame["n_matrices"] = len(matrices)
-    frame["skipped_matrices"] = len(matrices) - finite.sum(dim=0).cpu().numpy()
-    return frame
+        return {key: _on_host(value) for key, value in pooled(row, 1, valid, finite_biases).items()}
+
+    # Pooled over all checkpoints at once; the checkpoints where a matrix or bias is not finite
+    # (none, in a healthy run) are repaired one at a time on the host.
+    values.update(pooled(slice(None), n_checkpoints, stats, biases, singular_cache))
+    values["finite_matrices"] = finite.sum(dim=0)
+    values["clean"] = clean
+    return PendingMetrics(values, len(matrices), repair)
+
+
+def metric_frames(pending: Sequence[PendingMetrics]) -> list[pd.DataFrame]:
+    """The metric tables of ``pending`` (:func:`trajectory_metrics`'s format), every tensor value
+    copied to the host in one transfer per device (float64 holds the counts exactly)."""
+    host = [{name: value for name, value in p.values.items() if isinstance(value, np.ndarray)}
+            for p in pending]  # fmt: skip
+    tensors: dict[torch.device, list[tuple[int, str, torch.Tensor]]] = {}
+    for index, p in enumerate(pending):
+        for name, value in p.values.items():
+            if isinstance(value, torch.Tensor):
+                tensors.setdefault(value.device, []).append((index, name, value))
+    for found in tensors.values():
+        copied = torch.cat([value.to(torch.float64) for _, _, value in found]).cpu().numpy()
+        ends = np.cumsum([value.numel() for _, _, value in found])
+        for (index, name, _), part in zip(found, np.split(copied, ends[:-1]), strict=True):
+            host[index][name] = part
+    frames = []
+    for p, values in zip(pending, host, strict=True):
+        for t in np.flatnonzero(~values["clean"].astype(bool)):
+            for key, value in p.repair(int(t)).items():
+                values[key][t] = value[0]
+        frame = pd.DataFrame({name: values[name] for name in METRIC_NAMES})
+        frame["n_matrices"] = p.n_matrices
+        frame["skipped_matrices"] = p.n_matrices - values["finite_matrices"].astype(np.int64)
+        frames.append(frame)
+    return frames
+
+
+def trajectory_metrics(
+    state: Mapping[str, torch.Tensor],
+    model: nn.Module | WeightLayout,
+    convention: str = "paper",
+    singular_cache: dict | None = None,
+) -> pd.DataFrame:
+    """The 14 metrics (appendix B) of every checkpoint of a stacked trajectory ``state``.
+
+    ``state`` maps state-dict names to ``[n_checkpoints, *shape]`` tensors; ``model`` only tells
+    which entries are Linear/Conv/attention tensors (:func:`weight_matrices`), or is the layout
+    itself (:func:`state_dict_layout` for checkpoints without their model); ``convention`` is one
+    of :data:`CONVENTIONS` (module docstring). ``singular_cache``: a dict shared by calls on the
+    same ``state`` (the conventions of one checkpoint), so each matrix's singular values are
+    computed once.
+    """
+    return metric_frames([pending_metrics(state, model, convention, singular_cache)])[0]
 
 
 def collect_run_metrics(

@@ -31,10 +31,14 @@ from torch import nn
 from trainmap.dynamics import metrics as metric_definitions
 from trainmap.dynamics.columns import CONVENTIONS, METRIC_NAMES
 from trainmap.dynamics.metrics import (
+    PendingMetrics,
     WeightLayout,
+    grouped_singular_values,
     layout_of_model,
+    metric_frames,
+    pending_metrics,
+    singular_inputs,
     statistics_rules,
-    trajectory_metrics,
     with_history,
 )
 
@@ -87,25 +91,36 @@ class StreamedMetrics:
         """One list of rows per seed of ``state`` (``[S, *shape]`` per entry): a row per variant,
         with :data:`STREAMED_COLUMNS`. A convention that counts no matrix of the architecture
         (e.g. ``paper`` on an embedding and its readout) has no rows; ``collect_metrics`` then
-        names the problem."""
+        names the problem. Each space's same-shape matrices share batched singular-value calls
+        across the conventions, and every variant's values reach the host in one copy per
+        checkpoint (one more read where a matrix takes the Gram route: which keep it)."""
         size = next(iter(state.values())).shape[0]
-        per_seed: list[list[dict]] = [[] for _ in range(size)]
+        variants: list[tuple[str, str, str]] = []  # (space, convention, computation)
+        pending: dict[str, PendingMetrics] = {}
         for space in self.spaces:
             weights, layouts = self._space(state, space)
-            computed: dict[str, list[dict]] = {}
-            singular: dict[str, torch.Tensor] = {}  # each matrix's SVD once for all conventions
-            for convention in CONVENTIONS:
+            # The conventions that count a matrix here (not: an embedding table and its readout).
+            counted = [c for c in CONVENTIONS if layouts[c].matrices]
+            cache: dict = {}  # each matrix's float64 copy and singular values once for all
+            inputs: dict = {}
+            for convention in counted:
+                inputs |= singular_inputs(weights, layouts[convention],
+                                          statistics_rules(convention), cache)  # fmt: skip
+            cache |= grouped_singular_values(inputs)
+            for convention in counted:
                 layout = layouts[convention]
-                if not layout.matrices:  # nothing it counts (a table and its readout)
-                    continue
-                same = repr((statistics_rules(convention), layout.matrices, layout.biases))
-                if same not in computed:
-                    frame = trajectory_metrics(weights, layout, convention, singular)
-                    computed[same] = frame.to_dict("records")
-                for index, values in enumerate(computed[same]):
-                    per_seed[index].append({"step": step, "convention": convention,
-                                            "weights": space, **values,
-                                            "definitions": self.definitions})  # fmt: skip
+                same = repr((space, statistics_rules(convention), layout.matrices, layout.biases))
+                if same not in pending:
+                    pending[same] = pending_metrics(weights, layout, convention, cache)
+                variants.append((space, convention, same))
+        frames = dict(zip(pending, metric_frames(list(pending.values())), strict=True))
+        records = {same: frame.to_dict("records") for same, frame in frames.items()}
+        per_seed: list[list[dict]] = [[] for _ in range(size)]
+        for space, convention, same in variants:
+            for index, values in enumerate(records[same]):
+                per_seed[index].append({"step": step, "convention": convention,
+                                        "weights": space, **values,
+                                        "definitions": self.definitions})  # fmt: skip
         return per_seed
 
     def _space(self, state: Mapping[str, torch.Tensor],

@@ -24,9 +24,15 @@ from trainmap.dynamics.metrics import (
     _pooled_rows,
     _pooled_rows_torch,
     collect_run_metrics,
+    grouped_singular_values,
     singular_values,
 )
-from trainmap.dynamics.streamed import metrics_table, read_streamed, variant_rows
+from trainmap.dynamics.streamed import (
+    StreamedMetrics,
+    metrics_table,
+    read_streamed,
+    variant_rows,
+)
 from trainmap.models.repvgg import deploy_trajectory
 from trainmap.training.archive import (
     ArchivePolicy,
@@ -119,6 +125,61 @@ def test_gram_route_is_exact_and_falls_back_where_it_would_not_be():
     got = singular_values(ill[None])[0]
     assert torch.equal(got, torch.linalg.svdvals(ill[None])[0])  # the fallback, bit for bit
     assert ((got - sigma).abs().max() / sigma[0]).item() < 1e-12
+
+
+def test_same_shape_matrices_share_one_call_and_keep_their_own_values(monkeypatch):
+    """Batched (as on an accelerator), a checkpoint's same-shape matrices go through one call per
+    route, the Gram route's fallback is still decided per matrix, and each matrix gets the bits
+    of a call of its own (batched LAPACK computes each matrix alone)."""
+    generator = torch.Generator().manual_seed(1)
+    u, _ = torch.linalg.qr(torch.randn(64, 64, generator=generator, dtype=torch.float64))
+    v, _ = torch.linalg.qr(torch.randn(576, 64, generator=generator, dtype=torch.float64))
+    ill = ((u * torch.logspace(0, -9, 64, dtype=torch.float64)) @ v.T).expand(3, 64, 576)
+    matrices = {f"wide{i}": torch.randn(3, 64, 576, generator=generator, dtype=torch.float64)
+                for i in range(3)} | {"ill": ill.clone()}  # fmt: skip
+    matrices |= {f"square{i}": torch.randn(3, 16, 16, generator=generator, dtype=torch.float64)
+                 for i in range(4)}  # fmt: skip
+    alone = {key: singular_values(matrix) for key, matrix in matrices.items()}
+    calls: dict[str, list[int]] = {"eigvalsh": [], "svdvals": []}
+    for name in calls:
+        original = getattr(torch.linalg, name)
+
+        def counted(matrix, *args, _original=original, _name=name, **kwargs):
+            calls[_name].append(matrix.shape[0])
+            return _original(matrix, *args, **kwargs)
+
+        monkeypatch.setattr(torch.linalg, name, counted)
+    together = grouped_singular_values(matrices, batched=True)
+    # one eigvalsh for the four wide matrices, one svdvals for the four square ones, and the
+    # ill-conditioned wide matrix alone falls back to svdvals
+    assert calls == {"eigvalsh": [12], "svdvals": [12, 3]}
+    assert together.keys() == matrices.keys()
+    for key, expected in alone.items():
+        assert torch.equal(together[key], expected), key
+
+
+def test_streamed_rows_cross_to_the_host_once_per_checkpoint(monkeypatch):
+    """Every convention's values of a checkpoint reach the host in one copy, and the Gram route's
+    conditions of all its matrices in one read."""
+    torch.manual_seed(0)
+    meta = {"input_kind": "vector", "input_shape": [300], "num_classes": 2}
+    from trainmap.models import build_model
+
+    model = build_model("mlp", meta, hidden=[64, 64])  # 64 x 300: the Gram route
+    state = {name: torch.stack([value.detach(), 2 * value.detach()])
+             for name, value in model.state_dict().items()}  # fmt: skip
+    reads = {"cpu": 0, "tolist": 0}
+    for name in reads:
+        original = getattr(torch.Tensor, name)
+
+        def counted(self, *args, _original=original, _name=name, **kwargs):
+            reads[_name] += 1
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(torch.Tensor, name, counted)
+    rows = StreamedMetrics(model).rows(state, step=5)
+    assert reads == {"cpu": 1, "tolist": 1}
+    assert [len(seed) for seed in rows] == [len(CONVENTIONS)] * 2
 
 
 def test_pooled_statistics_on_a_device_equal_numpys():
