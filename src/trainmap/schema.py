@@ -157,6 +157,13 @@ def allowed_values(spec: Mapping[str, Any]) -> str:
     null)``, ``a number > 0 and <= 1``, ``true or false``."""
     if "enum" in spec:
         return "one of " + ", ".join("null" if v is None else str(v) for v in spec["enum"])
+    if "anyOf" in spec:  # a per-seed setting: a number, or a list of them (one per seed)
+        words = [
+            allowed_values(choice) for choice in spec["anyOf"] if choice.get("type") != "array"
+        ]
+        if any(choice.get("type") == "array" for choice in spec["anyOf"]):
+            words.append("a list of them, one per seed")
+        return ", or ".join(words)
     types = spec.get("type", [])
     types = [types] if isinstance(types, str) else list(types)
     text = " or ".join(_TYPE_NAMES[name] for name in types if name != "null") or "a value"

@@ -80,6 +80,8 @@ def _schema_message(error: jsonschema.ValidationError) -> str:
             f"config key {key_path([*path, missing[0]])}: missing; {key_path(path) or 'the top level'} "
             f"requires {', '.join(map(repr, missing))}{source}"
         )
+    if error.validator == "anyOf" and error.context:
+        return _alternative_message(error)
     message = f"config key {key_path(path) or '(top level)'}: {error.message}"
     if error.validator == "type" and isinstance(error.instance, str) and _is_number(error.instance):
         message += (
@@ -89,6 +91,22 @@ def _schema_message(error: jsonschema.ValidationError) -> str:
     if error.validator == "pattern" and "description" in error.schema:
         message += f"; allowed: {error.schema['description']}"
     return message + source
+
+
+def _alternative_message(error: jsonschema.ValidationError) -> str:
+    """A value that fits none of a key's forms (a number, or a list of numbers one per seed): the
+    problem with the form it was written in, and the other form named."""
+    kinds = [choice.get("type") for choice in error.validator_value]
+    written = "array" if isinstance(error.instance, list) else None
+    chosen = kinds.index(written) if written in kinds else next(
+        (index for index, kind in enumerate(kinds) if kind != "array"), 0)  # fmt: skip
+    inner = [e for e in error.context if e.schema_path and e.schema_path[0] == chosen]
+    message = _schema_message(min(inner, key=_error_order) if inner else error.context[0])
+    if "array" in kinds and written is None:
+        text, _, source = message.rpartition(" (schema: ")
+        message = (f"{text}; or a list of such values, one per seed (seed s takes position s mod "
+                   f"the list's length) (schema: {source}")  # fmt: skip
+    return message
 
 
 def _is_number(text: str) -> bool:

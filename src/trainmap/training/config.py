@@ -3,22 +3,27 @@ train.<task>``) and where its outputs go (:class:`TrainPaths`)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
 from trainmap.training.archive import ArchivePolicy, checkpoint_steps
 
+#: Settings that may differ between the seeds of one block: given as a list, seed ``s`` trains with
+#: the value at position ``s`` mod the list's length (a sweep inside one block).
+PER_SEED = ("lr", "momentum", "weight_decay")
+
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """Training hyperparameters of one task (``params.yaml: train.<task>``)."""
+    """Training hyperparameters of one task (``params.yaml: train.<task>``); a setting of
+    :data:`PER_SEED` is a number or a tuple of per-seed values (:meth:`for_seed`)."""
 
     optimizer: str = "sgd"
-    lr: float = 0.1
-    momentum: float = 0.0
+    lr: float | tuple[float, ...] = 0.1
+    momentum: float | tuple[float, ...] = 0.0
     betas: tuple[float, float] = (0.9, 0.999)
-    weight_decay: float = 0.0
+    weight_decay: float | tuple[float, ...] = 0.0
     batch_size: int = 32
     steps: int = 1000
     schedule: str = "constant"
@@ -39,10 +44,24 @@ class TrainConfig:
         if unknown:
             raise ValueError(f"unknown training settings {unknown}; allowed: {sorted(known)}")
         values = dict(settings)
-        if "betas" in values:
-            values["betas"] = tuple(values["betas"])
+        for key in ("betas", *PER_SEED):
+            if isinstance(values.get(key), list):
+                values[key] = tuple(values[key])
         values["archive"] = ArchivePolicy.from_value(values.get("archive"))
         return cls(**values)
+
+    def for_seed(self, seed: int) -> TrainConfig:
+        """This config with every per-seed setting (:data:`PER_SEED`) at ``seed``'s value: position
+        ``seed`` mod the list's length."""
+        chosen = {key: values[seed % len(values)] for key in PER_SEED
+                  if isinstance(values := getattr(self, key), tuple)}  # fmt: skip
+        return replace(self, **chosen) if chosen else self
+
+    def seed_settings(self, seed: int) -> dict[str, float]:
+        """The per-seed settings given as lists, at ``seed``'s values (empty when there are
+        none)."""
+        own = self.for_seed(seed)
+        return {key: getattr(own, key) for key in PER_SEED if isinstance(getattr(self, key), tuple)}
 
     @property
     def checkpoint_steps(self) -> list[int]:

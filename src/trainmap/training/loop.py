@@ -100,6 +100,7 @@ from trainmap.training.step import (
     BlockBatches,
     clip_seed_grad_norms,
     lr_factor,
+    make_block_optimizer,
     make_optimizer,
     seed_cross_entropy,
 )
@@ -198,6 +199,9 @@ def train_block(
     device = resolve_device(cfg.device)
     with arithmetic(cfg.precision, device, cfg.deterministic):
         size = len(models)
+        seed_settings = [cfg.seed_settings(seed) for seed in seeds]  # recorded in the summaries
+        if size == 1:  # a block of one trains with its seed's values of per-seed settings
+            cfg = cfg.for_seed(seeds[0])
         if not (len(seeds) == len(paths) == size):
             raise ValueError(f"a block of {size} models needs as many seeds and paths")
         hooks = hooks or TrainHooks()
@@ -218,7 +222,9 @@ def train_block(
         if check_every_step is None:
             check_every_step = device.type == "cpu"
         hooks.attach(block)
-        optimizer = make_optimizer(block.parameters.values(), cfg, device)
+        optimizer = make_block_optimizer(list(block.parameters.values()), cfg, seeds, device)
+        base_lrs = [group["lr"] for group in optimizer.param_groups]
+        seed_lrs = [cfg.for_seed(seed).lr for seed in seeds]
         forward_context = autocast(cfg.precision, device)
         lr_varies = cfg.schedule != "constant" or cfg.warmup_steps > 0
         batches = BlockBatches([_sampler(len(data.x_train), cfg, seed) for seed in seeds], device)
@@ -271,7 +277,7 @@ def train_block(
                     "train_acc": train_acc,
                     "test_loss": test_losses[index],
                     "test_acc": test_accs[index],
-                    "lr": cfg.lr * lr_factor(step, cfg),  # the learning rate of the next step
+                    "lr": seed_lrs[index] * lr_factor(step, cfg),  # of the next step
                 }
                 records[index].history.append(row)
                 if on_checkpoint is not None:
@@ -312,8 +318,8 @@ def train_block(
                                  [task_losses.detach(), losses.detach()])  # fmt: skip
             optimizer.zero_grad(set_to_none=True)
             if lr_varies:  # the schedule is a function of the step: nothing to save for resume
-                for group in optimizer.param_groups:
-                    group["lr"] = cfg.lr * lr_factor(step, cfg)
+                for group, base_lr in zip(optimizer.param_groups, base_lrs, strict=True):
+                    group["lr"] = base_lr * lr_factor(step, cfg)
             if active_mask is None:  # a block of one's scalar loss is the plain loop's graph
                 (losses if losses.dim() == 0 else losses.sum()).backward()
             else:  # frozen seeds add nothing (their NaN must not reach the sum)
@@ -407,6 +413,7 @@ def train_block(
                 "metrics_s": recorder.metrics_s,
                 "archive_s": recorder.archive_s,
                 "seed_block": size,
+                **({"seed_settings": seed_settings[index]} if seed_settings[index] else {}),
                 "resumed_from_step": resumed_from,
                 "final": record.history[-1],
             })  # fmt: skip

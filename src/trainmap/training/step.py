@@ -111,21 +111,94 @@ def make_optimizer(
     """SGD (with momentum), Adam or AdamW as configured; on a CUDA ``device`` torch's fused kernel
     (one launch for every tensor). Their updates are elementwise, so on a block's stacked tensors
     each seed is updated exactly as alone."""
-    params = list(params)
+    return _torch_optimizer([{"params": list(params)}], cfg, device)
+
+
+def _torch_optimizer(
+    groups: list[dict[str, Any]], cfg: TrainConfig, device: torch.device | None
+) -> torch.optim.Optimizer:
+    """The configured optimiser over param ``groups`` (a group's own ``lr``, ``momentum``,
+    ``weight_decay`` override ``cfg``'s)."""
     fused = {"fused": True} if device is not None and device.type == "cuda" else {}
+    settings = {"lr": cfg.lr, "weight_decay": cfg.weight_decay, **fused}
     if cfg.optimizer == "sgd":
-        return torch.optim.SGD(
-            params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay, **fused
-        )
+        return torch.optim.SGD(groups, momentum=cfg.momentum, **settings)
     if cfg.optimizer == "adam":
-        return torch.optim.Adam(
-            params, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay, **fused
-        )
+        return torch.optim.Adam(groups, betas=cfg.betas, **settings)
     if cfg.optimizer == "adamw":
-        return torch.optim.AdamW(
-            params, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay, **fused
-        )
+        return torch.optim.AdamW(groups, betas=cfg.betas, **settings)
     raise ValueError(f"unknown optimizer {cfg.optimizer!r}; allowed: sgd, adam, adamw")
+
+
+def make_block_optimizer(
+    params: Sequence[torch.Tensor],
+    cfg: TrainConfig,
+    seeds: Sequence[int],
+    device: torch.device | None = None,
+) -> torch.optim.Optimizer | SeedRunsOptimizer:
+    """The optimiser of a block's stacked ``params`` (``[S, ...]``, one row per seed of ``seeds``):
+    :func:`make_optimizer` when every seed has the same settings, else a
+    :class:`SeedRunsOptimizer` (per-seed settings, :data:`trainmap.training.config.PER_SEED`)."""
+    configs = [cfg.for_seed(seed) for seed in seeds]
+    runs: list[tuple[int, int, TrainConfig]] = []
+    for index, own in enumerate(configs):
+        if runs and runs[-1][2] == own:
+            runs[-1] = (runs[-1][0], index + 1, own)
+        else:
+            runs.append((index, index + 1, own))
+    if len(runs) == 1:
+        return make_optimizer(params, configs[0], device)
+    return SeedRunsOptimizer(params, runs, device)
+
+
+class SeedRunsOptimizer:
+    """One torch optimiser for a block whose seeds differ in learning rate, momentum or weight
+    decay: each run of neighbouring seeds with the same settings is a param group of views of the
+    stacked tensors (``[start:stop]`` rows), with those settings. The update is torch's own, row by
+    row elementwise as for a shared setting, so each seed trains as it would alone with its values
+    (tests/unit/training/test_seed_blocks.py, bit for bit on the CPU).
+
+    The loop's interface: :meth:`zero_grad`, :meth:`step`, ``param_groups``, :meth:`state_dict`,
+    :meth:`load_state_dict`.
+    """
+
+    def __init__(
+        self,
+        params: Sequence[torch.Tensor],
+        runs: Sequence[tuple[int, int, TrainConfig]],
+        device: torch.device | None = None,
+    ) -> None:
+        self.params = list(params)
+        self.rows = [(start, stop) for start, stop, _ in runs]
+        self.views = [[param.detach()[start:stop] for param in self.params]
+                      for start, stop in self.rows]  # fmt: skip
+        groups = [{"params": views, "lr": own.lr, "momentum": own.momentum,
+                   "weight_decay": own.weight_decay}
+                  for views, (_, _, own) in zip(self.views, runs, strict=True)]  # fmt: skip
+        if runs[0][2].optimizer != "sgd":  # momentum is SGD's alone
+            for group in groups:
+                del group["momentum"]
+        self.optimizer = _torch_optimizer(groups, runs[0][2], device)
+        self.param_groups = self.optimizer.param_groups
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for param in self.params:
+            param.grad = None
+        self.optimizer.zero_grad(set_to_none=set_to_none)
+
+    @torch.no_grad()
+    def step(self) -> None:
+        """Each group's views take their rows of the stacked gradients, then torch's step."""
+        for views, (start, stop) in zip(self.views, self.rows, strict=True):
+            for view, param in zip(views, self.params, strict=True):
+                view.grad = None if param.grad is None else param.grad[start:stop]
+        self.optimizer.step()
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.optimizer.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.optimizer.load_state_dict(state)
 
 
 def lr_factor(step: int, cfg: TrainConfig) -> float:

@@ -23,6 +23,7 @@ from trainmap.training.loop import (
     TrainHooks,
     TrainPaths,
     build_cell_model,
+    lr_factor,
     train_block,
     train_model,
 )
@@ -409,3 +410,33 @@ def test_losses_checked_late_give_the_files_of_per_step_checks(tmp_path, request
         else:
             assert expected["status"] == "completed"
         assert_same_outputs(runs[True][1][index], runs[False][1][index])
+
+
+@pytest.mark.parametrize("case", ["mlp", "vgg_deep"])
+def test_a_block_holds_a_sweep_each_seed_as_alone_with_its_values(tmp_path, request, case):
+    """Per-seed settings (lists: seed s takes position s mod length): in one block each seed trains
+    as alone with its own learning rate and weight decay (float64, 1e-10); a seed whose values
+    equal a shared setting's has that block's bits; the history and summary carry its values."""
+    from dataclasses import replace
+
+    data_name, arch, options, cfg = CASES[case]
+    data = request.getfixturevalue(data_name)
+    seeds = [0, 1, 2]
+    sweep = replace(cfg, lr=(cfg.lr, cfg.lr / 3), weight_decay=(cfg.weight_decay, 0.05))
+    summaries, paths = run_block(tmp_path / "sweep", arch, seeds, as_float64(data), sweep, options,
+                                 torch.float64)  # fmt: skip
+    for seed, block_paths, summary in zip(seeds, paths, summaries, strict=True):
+        own = replace(cfg, lr=sweep.lr[seed % 2], weight_decay=sweep.weight_decay[seed % 2])
+        assert summary["seed_settings"] == {"lr": own.lr, "weight_decay": own.weight_decay}
+        _, alone = run_alone(tmp_path / f"alone{seed}", arch, seed, as_float64(data), sweep,
+                             options, torch.float64)  # fmt: skip
+        assert max_relative_difference(read_archive(block_paths.archive.parent)["state"],
+                                       read_archive(alone.archive.parent)["state"]) < 1e-10  # fmt: skip
+        history = pd.read_csv(block_paths.history)
+        assert history["lr"].iloc[-1] == own.lr * lr_factor(own.steps, own)
+    # float32: seeds 0 and 2 have the shared setting's values, so that block's bits
+    _, swept = run_block(tmp_path / "sweep32", arch, seeds, data, sweep, options)
+    _, shared = run_block(tmp_path / "shared32", arch, seeds, data, cfg, options)
+    for index in (0, 2):
+        assert swept[index].model.read_bytes() == shared[index].model.read_bytes()
+    assert swept[1].model.read_bytes() != shared[1].model.read_bytes()
