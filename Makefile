@@ -17,11 +17,6 @@ UV := $(shell command -v uv 2>/dev/null || echo $(HOME)/.local/bin/uv)
 RUN := $(UV) run --locked --quiet
 SNAKEMAKE := $(RUN) snakemake
 DVC := $(RUN) dvc
-# Each dvc.yaml stage creates its output directories first (a grid may leave one empty, e.g. no
-# per-group maps); `make run` does the same before `dvc commit`, from the stages' own commands.
-DVC_MKDIRS = $(RUN) python -c "import yaml; print('\n'.join(s['cmd'].split(' && ')[0] for s in yaml.safe_load(open('dvc.yaml'))['stages'].values() if s['cmd'].startswith('mkdir -p ')))" | sh
-# `dvc commit` copies outputs it already knew into the cache (measured on the smoke grid: 5 of 251
-# files linked); `dvc checkout --relink` then makes every output a link to its cache object.
 # Push to the default remote where one is set (DVC_REMOTE, or `dvc remote add -d`); else say so.
 DVC_PUSH = if $(DVC) remote default >/dev/null 2>&1; then \
 	    echo "dvc push to remote $$($(DVC) remote default)"; $(DVC) push --quiet; \
@@ -74,7 +69,7 @@ run: setup dvc-remote  ## the study on CONFIG (default: the embedded grid); vers
 	$(RUN) python -m trainmap.findings time $(call RESULTS_OF,$(CONFIG)) $$SECONDS --cores $(CORES) >/dev/null
 	@if [ "$(CONFIG)" = "$(DVC_CONFIG)" ]; then \
 	    echo "Recording data and checkpoints in DVC (dvc commit into the linked cache .dvc/cache)"; \
-	    $(DVC_MKDIRS) && $(DVC) commit --force --quiet && $(DVC) checkout --relink --quiet && $(DVC_PUSH); \
+	    $(RUN) python -m trainmap.grid.dvc_record && $(DVC_PUSH); \
 	else \
 	    echo "Not versioned by DVC: dvc.yaml runs $(DVC_CONFIG) (params.yaml: dvc.configfile)"; \
 	fi

@@ -6,7 +6,8 @@ test evaluation, archive and outputs written to a temporary directory), for a cu
 
 * ``mlp``: the sparse-parity MLP (n = 40, k = 3, 40-128-2, SGD, batch 32; checkpoint every 100
   steps, the paper's setting) at 1, 40, 400 and 1,000 seeds, and at 1,000 seeds again with the
-  losses read on the host every step (side by side: what checking them at checkpoints saves);
+  losses read on the host every step (side by side: what checking them at checkpoints saves), and
+  with a learning-rate sweep of 4 values inside the block (what per-seed settings cost);
 * ``transformer``: the stabilised modular-addition transformer (d = 128, LayerNorm, AdamW, batch
   256, checkpoint every 50) at 40 seeds;
 * ``resnet18``: ResNet-18 (BatchNorm, 64-512) on CIFAR-shaped data (32 x 32 x 3, 100 classes,
@@ -80,12 +81,15 @@ class Workload:
     #: True: read the losses on the host every step (the CPU's way; on a GPU, the side-by-side
     #: measure of what checking them at checkpoints saves)
     check_every_step: bool | None = None
+    #: a learning-rate sweep inside the block: this many values (halving), seed s the (s mod n)-th
+    lr_sweep: int = 0
 
 
 def full_rows() -> list[Workload]:
     rows = [Workload("mlp", "sparse_parity", "mlp", s, 1000) for s in (1, 40, 400, 1000)]
     rows.append(Workload("mlp, host check each step", "sparse_parity", "mlp", 1000, 1000,
                          check_every_step=True))  # fmt: skip
+    rows.append(Workload("mlp, lr sweep of 4", "sparse_parity", "mlp", 1000, 1000, lr_sweep=4))
     rows.append(Workload("transformer", "modular_addition_stabilised", "transformer_ln", 40, 500))
     for precision in ("fp32", "tf32", "bf16"):
         for seeds in (1, 8, 20):
@@ -98,6 +102,7 @@ def quick_rows(device: torch.device) -> list[Workload]:
     rows = [Workload("mlp", "sparse_parity", "mlp", s, 200) for s in (1, 40)]
     rows.append(Workload("mlp, host check each step", "sparse_parity", "mlp", 40, 200,
                          check_every_step=True))  # fmt: skip
+    rows.append(Workload("mlp, lr sweep of 4", "sparse_parity", "mlp", 40, 200, lr_sweep=4))
     rows.append(Workload("transformer", "modular_addition_stabilised", "transformer_ln", 4, 20))
     rows += [Workload("resnet18", "cifar100", "resnet_bn", 2, 2, p) for p in precisions]
     return rows
@@ -153,6 +158,8 @@ def measure(config: dict[str, Any], row: Workload, device: torch.device, quick: 
     settings.update(steps=row.steps, resume_every=row.steps + 1, device=str(device),
                     precision=row.precision, archive={"schedule": "none"})  # fmt: skip
     settings["checkpoint_every"] = min(settings["checkpoint_every"], row.steps)
+    if row.lr_sweep:
+        settings["lr"] = [settings["lr"] / 2**index for index in range(row.lr_sweep)]
     options = grid.model_settings(config, row.task, row.arch)
     if quick and row.task == "cifar100":
         options = QUICK_RESNET

@@ -10,7 +10,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
-from conftest import dvc, dvc_smoke_project, snakemake
+from conftest import dvc, dvc_smoke_project, git, snakemake
 
 from trainmap.lineage import block_manifests, check_current, check_tree
 
@@ -115,8 +115,23 @@ def test_exp_run_with_one_changed_hyperparameter(dvc_project: Path) -> None:
     sparse_model = dvc_project / "results/train/sparse_parity/mlp/kaiming/seed0/model.pt"
     digits_model = dvc_project / "results/train/digits/vgg_bn/kaiming/seed0/model.pt"
     sparse_before, digits_before = md5(sparse_model), md5(digits_model)
+    # `dvc exp run` first restores results/ to the dvc.lock it starts from (the data stage below is
+    # skipped: "didn't change"). What is there when a plain run of dvc.yaml's study ends is
+    # recorded by the workflow (onsuccess: trainmap.grid.dvc_record) and kept; a file written
+    # after it is not recorded, and DVC deletes it.
+    git("add", "-A", cwd=dvc_project)
+    git("commit", "-qm", "the study and its lock", cwd=dvc_project)
+    finished = dvc_project / "results/data/finished_when_the_plain_run_ended.txt"
+    finished.write_text("finished work\n")
+    plain = snakemake("--cores", "2", "--configfile", "config/smoke.yaml", cwd=dvc_project)
+    assert "Recorded the results in DVC" in plain.stderr, plain.stderr[-2000:]
+    unrecorded = dvc_project / "results/data/written_after_the_run.txt"
+    unrecorded.write_text("not recorded\n")
     result = dvc("exp", "run", "-S", "train.digits.lr=0.02", cwd=dvc_project)
     assert "Running stage 'train'" in result.stdout
+    assert "Stage 'data' didn't change" in result.stdout
+    assert finished.read_text() == "finished work\n"
+    assert not unrecorded.exists(), "DVC kept a file no lock records: the test shows nothing"
     assert md5(digits_model) != digits_before, "the digits run did not retrain"
     assert md5(sparse_model) == sparse_before, "an unchanged task was retrained"
     shown = dvc("exp", "show", "--json", cwd=dvc_project).stdout

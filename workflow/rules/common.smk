@@ -16,6 +16,7 @@ import sys
 from snakemake.common import overwrite_function_params
 
 from trainmap import grid, plan
+from trainmap.grid.dvc_record import record_finished_work
 from trainmap.methods import check_method
 from trainmap.plugins import plugin_sources
 from trainmap.tracking import cluster_tracking_problem, init_tracking, tracking_settings
@@ -61,6 +62,17 @@ onstart:
 
 onsuccess:
     stop_server(JOB_SERVER.pop("process", None))
+    # A plain run's outputs under results/, which dvc.yaml versions: recorded in DVC when this is
+    # the run dvc.yaml makes, else a warning (`dvc exp run` would delete them: grid.dvc_record).
+    said = record_finished_work(
+        config,
+        Path(workflow.basedir),
+        workflow.overwrite_configfiles,
+        workflow.config_settings.overwrite_config,
+        workflow.dag_settings.targets,
+    )
+    if said:
+        print(said, file=sys.stderr)
 
 
 onerror:
