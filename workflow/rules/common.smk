@@ -68,7 +68,7 @@ onsuccess:
         config,
         Path(workflow.basedir),
         workflow.overwrite_configfiles,
-        workflow.config_settings.overwrite_config,
+        workflow.config_settings.config,
         workflow.dag_settings.targets,
     )
     if said:

@@ -29,14 +29,19 @@ from trainmap.grid.tracking_checks import DVC_RESULTS_ROOT
 DEFAULT_STUDY = "config/config.yaml"
 
 
-def runs_dvc_study(config: dict, configfiles: Sequence[str], overrides: dict,
-                   targets: Sequence[str]) -> bool:  # fmt: skip
-    """Whether a Snakemake run is the one ``dvc.yaml`` runs: ``params.yaml``'s
-    ``dvc.configfile`` (and no other ``--configfile``), no ``--config`` overrides, the default
-    target."""
-    wanted = config.get("dvc", {}).get("configfile", DEFAULT_STUDY)
-    given = [Path(name) for name in configfiles if Path(name) != Path(DEFAULT_STUDY)]
-    expected = [] if Path(wanted) == Path(DEFAULT_STUDY) else [Path(wanted)]
+def runs_dvc_study(config: dict, configfiles: Sequence[str | Path], overrides: dict,
+                   targets: Sequence[str], base_dir: Path = Path(".")) -> bool:  # fmt: skip
+    """Whether a Snakemake run in ``base_dir`` is the one ``dvc.yaml`` runs: ``params.yaml``'s
+    ``dvc.configfile`` (and no other ``--configfile``; Snakemake gives them as absolute paths), no
+    ``--config`` overrides, the default target."""
+
+    def resolved(name: str | Path) -> Path:
+        return (base_dir / name).resolve()  # an absolute name stays itself
+
+    default = resolved(DEFAULT_STUDY)
+    wanted = resolved(config.get("dvc", {}).get("configfile", DEFAULT_STUDY))
+    given = [resolved(name) for name in configfiles if resolved(name) != default]
+    expected = [] if wanted == default else [wanted]
     return given == expected and not overrides and not targets
 
 
@@ -47,7 +52,8 @@ def record_finished_work(
     overrides: dict,
     targets: Sequence[str],
 ) -> str:
-    """After a successful plain Snakemake run in ``base_dir``: record its outputs in DVC when it
+    """After a successful plain Snakemake run in ``base_dir`` (``overrides``: its ``--config``
+    values, not its config files' contents): record its outputs in DVC when it
     ran ``dvc.yaml``'s study (:func:`runs_dvc_study`), else say what DVC would delete. Returns the
     line to print ("" where there is nothing to say: not a DVC project, another results root, or a
     DVC stage, whose outputs DVC records itself)."""
@@ -55,7 +61,7 @@ def record_finished_work(
         return ""
     keep = (f"`dvc exp run` and `dvc checkout` restore {DVC_RESULTS_ROOT}/ to dvc.lock and delete "
             "what it does not record")  # fmt: skip
-    if not runs_dvc_study(config, configfiles, overrides, targets):
+    if not runs_dvc_study(config, configfiles, overrides, targets, base_dir):
         return (
             f"warning: this run wrote to {DVC_RESULTS_ROOT}/, which dvc.yaml versions, but is not "
             f"the run dvc.yaml makes (params.yaml dvc.configfile, its default target, no --config), "

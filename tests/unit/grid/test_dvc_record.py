@@ -28,10 +28,13 @@ STUDY = {"dvc": {"configfile": "config/config.yaml"}}
 )
 def test_only_the_run_dvc_yaml_makes_counts_as_its_study(configfiles, overrides, targets,
                                                         expected):  # fmt: skip
-    assert runs_dvc_study(STUDY, configfiles, overrides, targets) is expected
+    assert runs_dvc_study(STUDY, configfiles, overrides, targets, REPO_ROOT) is expected
+    # Snakemake gives its --configfile files as absolute paths
+    absolute = [str(REPO_ROOT / name) for name in configfiles]
+    assert runs_dvc_study(STUDY, absolute, overrides, targets, REPO_ROOT) is expected
     smoke = {"dvc": {"configfile": "config/smoke.yaml"}}
-    assert runs_dvc_study(smoke, ["config/smoke.yaml"], {}, []) is True
-    assert runs_dvc_study(smoke, [], {}, []) is False
+    assert runs_dvc_study(smoke, [str(REPO_ROOT / "config/smoke.yaml")], {}, [], REPO_ROOT)
+    assert runs_dvc_study(smoke, [], {}, [], REPO_ROOT) is False
 
 
 def test_a_plain_run_is_recorded_warned_about_or_left_alone(tmp_path, monkeypatch):
