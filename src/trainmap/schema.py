@@ -28,7 +28,12 @@ if TYPE_CHECKING:
     import jsonschema
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-SCHEMA_PATH = REPO_ROOT / "workflow" / "schemas" / "config.schema.yaml"
+#: The config schema: the checkout's (the workflow validates against it), else the copy an
+#: installed wheel carries inside the package (pyproject.toml: force-include).
+SCHEMA_NAME = "config.schema.yaml"
+_CHECKOUT_SCHEMA = REPO_ROOT / "workflow" / "schemas" / SCHEMA_NAME
+SCHEMA_PATH = (_CHECKOUT_SCHEMA if _CHECKOUT_SCHEMA.is_file()
+               else Path(__file__).resolve().parent / "schemas" / SCHEMA_NAME)  # fmt: skip
 
 
 @functools.cache
@@ -112,7 +117,14 @@ def _error_order(error: jsonschema.ValidationError) -> tuple:
 
 
 def _source() -> str:
-    return f" (schema: {SCHEMA_PATH.relative_to(REPO_ROOT).as_posix()})"
+    return f" (schema: {schema_name()})"
+
+
+def schema_name() -> str:
+    """The schema's path as messages name it: relative to the checkout, or the installed file."""
+    if SCHEMA_PATH.is_relative_to(REPO_ROOT):
+        return SCHEMA_PATH.relative_to(REPO_ROOT).as_posix()
+    return SCHEMA_PATH.as_posix()
 
 
 def _message(error: jsonschema.ValidationError) -> str:

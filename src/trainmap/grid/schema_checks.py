@@ -12,7 +12,7 @@ from typing import Any
 import jsonschema
 
 from trainmap.grid.errors import ConfigError, did_you_mean, key_path
-from trainmap.schema import SCHEMA_PATH, schema_validator
+from trainmap.schema import schema_name, schema_validator
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 
@@ -64,7 +64,7 @@ def _error_order(error: jsonschema.ValidationError) -> tuple:
 
 def _schema_message(error: jsonschema.ValidationError) -> str:
     path = list(error.absolute_path)
-    source = f" (schema: {SCHEMA_PATH.relative_to(REPO_ROOT)})"
+    source = f" (schema: {schema_name()})"
     if error.validator == "additionalProperties" and isinstance(error.instance, dict):
         allowed = sorted(error.schema.get("properties", {}))
         unknown = sorted(set(error.instance) - set(allowed), key=str)

@@ -1,0 +1,60 @@
+"""The trainmap command (trainmap.cli): each command reaches its module's main with its own
+arguments, --version and --help answer, and what an install lacks is named in one line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from trainmap import cli
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_version_and_help_name_every_command(capsys):
+    with pytest.raises(SystemExit) as stopped:
+        cli.main(["--version"])
+    assert stopped.value.code == 0 and capsys.readouterr().out.startswith("trainmap 0.")
+    with pytest.raises(SystemExit):
+        cli.main(["--help"])
+    shown = capsys.readouterr().out
+    assert all(f"  {name} " in shown for name in cli.COMMANDS)
+    assert cli.main([]) == 2  # no command: the help, on stderr
+
+
+def test_a_command_runs_its_module_with_its_own_arguments(monkeypatch, capsys):
+    monkeypatch.chdir(REPO_ROOT)
+    assert cli.main(["check", "config/smoke.yaml"]) == 0
+    assert capsys.readouterr().out.startswith("ok: params.yaml + config/smoke.yaml")
+    with pytest.raises(SystemExit) as stopped:
+        cli.main(["map", "--help"])
+    assert stopped.value.code == 0 and "--threshold" in capsys.readouterr().out
+
+
+def test_what_the_install_lacks_is_named_with_its_install_command(monkeypatch, tmp_path, capsys):
+    message = cli.missing_extra(ModuleNotFoundError("No module named 'mlflow'", name="mlflow"))
+    assert message is not None and "pip install 'trainmap[workflow]'" in message
+    assert cli.missing_extra(ModuleNotFoundError("x", name="numpy")) is None
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["run", "-n"]) == 2
+    assert "needs a trainmap checkout" in capsys.readouterr().err
+
+    def without_snakemake(name, *args):
+        raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+
+    (tmp_path / "Snakefile").write_text("")
+    monkeypatch.setattr(cli.importlib, "import_module", without_snakemake)
+    assert cli.main(["run", "-n"]) == 2
+    assert "pip install 'trainmap[workflow]'" in capsys.readouterr().err
+
+
+def test_a_torch_older_than_supported_is_refused_naming_the_fix(monkeypatch):
+    import trainmap
+
+    monkeypatch.setattr(trainmap, "_installed_version", lambda name: "2.3.1+cu121")
+    with pytest.raises(ImportError, match=r"needs torch >= 2\.10; this environment has torch "
+                                          r"2\.3\.1\+cu121: pip install 'torch>=2\.10'"):  # fmt: skip
+        trainmap._check_torch()
+    monkeypatch.setattr(trainmap, "_installed_version", lambda name: "2.11.0+cu128")
+    trainmap._check_torch()  # a GPU image's torch is accepted as it is
