@@ -68,7 +68,7 @@ run: setup dvc-remote  ## the study on CONFIG (default: the embedded grid); vers
 	SECONDS=0; $(SNAKEMAKE) --cores $(CORES) --configfile $(CONFIG) --rerun-incomplete; \
 	$(RUN) python -m trainmap.findings time $(call RESULTS_OF,$(CONFIG)) $$SECONDS --cores $(CORES) >/dev/null
 	@if [ "$(CONFIG)" = "$(DVC_CONFIG)" ]; then \
-	    echo "Recording data and checkpoints in DVC (dvc commit into the linked cache .dvc/cache)"; \
+	    echo "Recording data and checkpoints in DVC (dvc commit into .dvc/cache)"; \
 	    $(RUN) python -m trainmap.grid.dvc_record && $(DVC_PUSH); \
 	else \
 	    echo "Not versioned by DVC: dvc.yaml runs $(DVC_CONFIG) (params.yaml: dvc.configfile)"; \

@@ -118,12 +118,14 @@ def test_exp_run_with_one_changed_hyperparameter(dvc_project: Path) -> None:
     # `dvc exp run` first restores results/ to the dvc.lock it starts from (the data stage below is
     # skipped: "didn't change"). What is there when a plain run of dvc.yaml's study ends is
     # recorded by the workflow (onsuccess: trainmap.grid.dvc_record) and kept; a file written
-    # after it is not recorded, and DVC deletes it.
+    # after it is not recorded, and DVC deletes it. (A run with nothing to do ends before
+    # Snakemake's onsuccess: this one remakes the summary.)
     git("add", "-A", cwd=dvc_project)
     git("commit", "-qm", "the study and its lock", cwd=dvc_project)
     finished = dvc_project / "results/data/finished_when_the_plain_run_ended.txt"
     finished.write_text("finished work\n")
-    plain = snakemake("--cores", "2", "--configfile", "config/smoke.yaml", cwd=dvc_project)
+    plain = snakemake("--cores", "2", "--configfile", "config/smoke.yaml", "--forcerun",
+                      "summary", cwd=dvc_project)  # fmt: skip
     assert "Recorded the results in DVC" in plain.stderr, plain.stderr[-2000:]
     unrecorded = dvc_project / "results/data/written_after_the_run.txt"
     unrecorded.write_text("not recorded\n")
@@ -142,7 +144,8 @@ def test_exp_run_with_one_changed_hyperparameter(dvc_project: Path) -> None:
     for cell in ("digits/vgg_bn/kaiming/seed0", "digits/repvgg/kaiming/seed0"):
         trained = json.loads((results / "train" / cell / "train.json").read_text())
         evaluated = json.loads((results / "evaluate" / cell / "evaluation.json").read_text())
-        assert evaluated["test_acc"] == trained["final"]["test_acc"], f"{cell}: stale evaluation"
+        assert evaluated["test_acc"] == trained["final"]["test_acc"], (
+            f"{cell}: stale evaluation\n{result.stdout[-4000:]}")  # fmt: skip
         summary = pd.read_csv(results / "summary/evaluation.csv")
         row = summary.set_index(["task", "arch", "method", "seed"]).loc[tuple(cell.split("/")[:3])
                                                                         + (0,)]  # fmt: skip

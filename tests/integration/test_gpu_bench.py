@@ -30,6 +30,7 @@ def test_the_gpu_benchmark_runs_every_row_and_names_the_device(tmp_path):
             "| mlp",
             "| mlp",
             "| mlp, host check each step",
+            "| mlp, lr sweep of 4",
             "| transformer",
             "| resnet18",
             "| resnet18",

@@ -91,9 +91,10 @@ class StreamedMetrics:
         """One list of rows per seed of ``state`` (``[S, *shape]`` per entry): a row per variant,
         with :data:`STREAMED_COLUMNS`. A convention that counts no matrix of the architecture
         (e.g. ``paper`` on an embedding and its readout) has no rows; ``collect_metrics`` then
-        names the problem. Each space's same-shape matrices share batched singular-value calls
-        across the conventions, and every variant's values reach the host in one copy per
-        checkpoint (one more read where a matrix takes the Gram route: which keep it)."""
+        names the problem. Each matrix's float64 copy and singular values are computed once for
+        all conventions (same-shape matrices in one batched call on an accelerator), and every
+        variant's values reach the host in one copy per checkpoint (one more read where a matrix
+        takes the Gram route: which matrices keep it)."""
         size = next(iter(state.values())).shape[0]
         variants: list[tuple[str, str, str]] = []  # (space, convention, computation)
         pending: dict[str, PendingMetrics] = {}

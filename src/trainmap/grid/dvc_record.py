@@ -78,17 +78,21 @@ def record_finished_work(
 
 def commit_outputs(base_dir: Path) -> str:
     """Record every output of ``dvc.yaml``'s stages in DVC: each stage's directories made first
-    (:func:`stage_directories`), ``dvc commit --force`` (cache and ``dvc.lock``; it copies into the
-    cache only what it did not hold: on the smoke grid 5 of 251 files), then ``dvc checkout
-    --relink`` (every output a link to its cache object). Returns "" or what failed."""
+    (:func:`stage_directories`), then ``dvc commit --force`` (cache and ``dvc.lock``). Returns ""
+    or what failed.
+
+    The outputs stay plain files, not links into the cache (no ``dvc checkout --relink``): before
+    a stage runs, DVC replaces its persisted outputs that are cache links by copies, which gives
+    them new modification times, and the stage's Snakemake then finds them newer than the
+    upstream results an earlier stage just remade and skips the jobs (measured: a `dvc exp run`
+    that retrained a model kept its old evaluation)."""
     for stage_dir in stage_directories(base_dir):
         (base_dir / stage_dir).mkdir(parents=True, exist_ok=True)
-    for command in (["commit", "--force", "--quiet"], ["checkout", "--relink", "--quiet"]):
-        done = subprocess.run([sys.executable, "-m", "dvc", *command], cwd=base_dir,
-                              capture_output=True, text=True)  # fmt: skip
-        if done.returncode != 0:
-            last = (done.stderr.strip().splitlines() or ["no message"])[-1]
-            return f"`dvc {command[0]}` failed ({last})"
+    done = subprocess.run([sys.executable, "-m", "dvc", "commit", "--force", "--quiet"],
+                          cwd=base_dir, capture_output=True, text=True)  # fmt: skip
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["no message"])[-1]
+        return f"`dvc commit` failed ({last})"
     return ""
 
 

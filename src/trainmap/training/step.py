@@ -154,9 +154,10 @@ def make_block_optimizer(
 class SeedRunsOptimizer:
     """One torch optimiser for a block whose seeds differ in learning rate, momentum or weight
     decay: each run of neighbouring seeds with the same settings is a param group of views of the
-    stacked tensors (``[start:stop]`` rows), with those settings. The update is torch's own, row by
-    row elementwise as for a shared setting, so each seed trains as it would alone with its values
-    (tests/unit/training/test_seed_blocks.py, bit for bit on the CPU).
+    stacked tensors (``[start:stop]`` rows), with those settings. The update is torch's own and
+    elementwise, so a seed gets the bits it gets in a block that shares its values, and trains as it
+    would alone with them to a block's round-off (tests/unit/training/test_seed_blocks.py: bit for
+    bit against the shared block on the CPU, 1e-10 against the seed alone in float64).
 
     The loop's interface: :meth:`zero_grad`, :meth:`step`, ``param_groups``, :meth:`state_dict`,
     :meth:`load_state_dict`.
