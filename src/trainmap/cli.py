@@ -114,6 +114,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_workflow(rest)
     module_name = COMMANDS[chosen.command][0]
     try:
+        from trainmap import check_torch
+
+        check_torch(importlib.import_module("torch").__version__)
         module = importlib.import_module(module_name)
         command_main: Callable[[list[str]], int | None] = module.main
         sys.argv = [f"trainmap {chosen.command}", *rest]

@@ -49,12 +49,10 @@ def test_what_the_install_lacks_is_named_with_its_install_command(monkeypatch, t
     assert "pip install 'trainmap[workflow]'" in capsys.readouterr().err
 
 
-def test_a_torch_older_than_supported_is_refused_naming_the_fix(monkeypatch):
+def test_a_torch_older_than_supported_is_refused_naming_the_fix():
     import trainmap
 
-    monkeypatch.setattr(trainmap, "_installed_version", lambda name: "2.3.1+cu121")
     with pytest.raises(ImportError, match=r"needs torch >= 2\.10; this environment has torch "
                                           r"2\.3\.1\+cu121: pip install 'torch>=2\.10'"):  # fmt: skip
-        trainmap._check_torch()
-    monkeypatch.setattr(trainmap, "_installed_version", lambda name: "2.11.0+cu128")
-    trainmap._check_torch()  # a GPU image's torch is accepted as it is
+        trainmap.check_torch("2.3.1+cu121")
+    trainmap.check_torch("2.11.0+cu128")  # a GPU image's torch is accepted as it is

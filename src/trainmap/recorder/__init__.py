@@ -36,9 +36,12 @@ import pandas as pd
 import torch
 from torch import nn
 
+from trainmap import check_torch
 from trainmap.dynamics.columns import CONVENTIONS, HISTORY_COLUMNS, METRIC_NAMES
 from trainmap.dynamics.metrics import WeightLayout, trajectory_metrics
 from trainmap.io import write_atomic
+
+check_torch(torch.__version__)
 
 #: The recorded table's file name in the run's directory (what the command line looks for).
 METRICS_FILE = "metrics.csv"

@@ -222,9 +222,9 @@ def train_block(
         if check_every_step is None:
             check_every_step = device.type == "cpu"
         hooks.attach(block)
-        optimizer = make_block_optimizer(list(block.parameters.values()), cfg, seeds, device)
+        seed_configs = [cfg.for_seed(seed) for seed in seeds]  # per-seed settings at their values
+        optimizer = make_block_optimizer(list(block.parameters.values()), seed_configs, device)
         base_lrs = [group["lr"] for group in optimizer.param_groups]
-        seed_lrs = [cfg.for_seed(seed).lr for seed in seeds]
         forward_context = autocast(cfg.precision, device)
         lr_varies = cfg.schedule != "constant" or cfg.warmup_steps > 0
         batches = BlockBatches([_sampler(len(data.x_train), cfg, seed) for seed in seeds], device)
@@ -277,7 +277,7 @@ def train_block(
                     "train_acc": train_acc,
                     "test_loss": test_losses[index],
                     "test_acc": test_accs[index],
-                    "lr": seed_lrs[index] * lr_factor(step, cfg),  # of the next step
+                    "lr": seed_configs[index].lr * lr_factor(step, cfg),  # of the next step
                 }
                 records[index].history.append(row)
                 if on_checkpoint is not None:

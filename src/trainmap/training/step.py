@@ -132,14 +132,13 @@ def _torch_optimizer(
 
 def make_block_optimizer(
     params: Sequence[torch.Tensor],
-    cfg: TrainConfig,
-    seeds: Sequence[int],
+    configs: Sequence[TrainConfig],
     device: torch.device | None = None,
 ) -> torch.optim.Optimizer | SeedRunsOptimizer:
-    """The optimiser of a block's stacked ``params`` (``[S, ...]``, one row per seed of ``seeds``):
-    :func:`make_optimizer` when every seed has the same settings, else a
-    :class:`SeedRunsOptimizer` (per-seed settings, :data:`trainmap.training.config.PER_SEED`)."""
-    configs = [cfg.for_seed(seed) for seed in seeds]
+    """The optimiser of a block's stacked ``params`` (``[S, ...]``, one row per seed), ``configs``
+    each seed's settings (:meth:`TrainConfig.for_seed`): :func:`make_optimizer` when every seed has
+    the same settings, else a :class:`SeedRunsOptimizer` (per-seed settings,
+    :data:`trainmap.training.config.PER_SEED`)."""
     runs: list[tuple[int, int, TrainConfig]] = []
     for index, own in enumerate(configs):
         if runs and runs[-1][2] == own:
