@@ -312,3 +312,27 @@ def test_findings_of_a_tree_without_comparisons_name_the_fix(tmp_path):
     assert refused.returncode == 2
     assert "no joint comparison's results" in refused.stderr and "make run" in refused.stderr
     assert not (tmp_path / "page.md").exists()
+
+
+def test_a_grid_past_the_free_disk_is_refused_before_any_job(tmp_path):
+    """A plain ``snakemake`` run (not ``make run``) of a grid that would write more than the
+    results' disk holds stops in its onstart, naming the size, the disk and the key."""
+    import shutil
+
+    from conftest import copy_workflow
+
+    workdir = copy_workflow(tmp_path / "project")
+    per_seed = 201 * 4 * 2000**2  # 201 float32 checkpoints of a 2000 x 2000 hidden layer
+    seeds = list(range(int(2 * shutil.disk_usage(workdir).free / per_seed) + 1))
+    (workdir / "big.yaml").write_text(
+        "results: results-big\n"
+        f"grid: [{{task: sparse_parity, archs: [mlp], methods: [kaiming], seeds: {seeds}}}]\n"
+        "model: {sparse_parity: {mlp: {hidden: [2000, 2000]}}}\n"
+        "train: {sparse_parity: {steps: 2000, checkpoint_every: 10, seed_block: 1,\n"
+        "                        archive: {schedule: all}}}\n"
+    )
+    refused = snakemake("--cores", "1", "--configfile", "big.yaml", cwd=workdir, check=False)
+    assert refused.returncode == 1, refused.stderr
+    assert "error: the plan does not fit: disk: the grid writes " in refused.stderr, refused.stderr
+    assert "GB free" in refused.stderr and "train.sparse_parity.archive" in refused.stderr
+    assert "nothing ran" in refused.stderr and not (workdir / "results-big").exists()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import subprocess
 import sys
 import types
@@ -155,12 +156,48 @@ for index, (task, data_options, arch, options, settings) in enumerate(blocks):
     paths = [TrainPaths.in_directory(out / f"block{index}" / f"seed{s}") for s in (0, 1)]
     train_block(models, data, cfg, [0, 1], paths, resume_path=out / f"block{index}.resume.pt",
                 progress=False, fingerprint="portable")
+# The stages whose bits differed on an Intel Xeon: GradInit's scales and AWQ's search (a grid
+# argmin over output errors).
+from trainmap.methods.gradinit import run_gradinit
+from trainmap.methods.quantize import awq_search, layer_inputs, quantizable_layers
+data = make_task_data("sparse_parity", {"n_bits": 40, "k": 3, "n_train": 256, "n_test": 64})
+model = build_cell_model("mlp", "gradinit", 0, data.meta, {"hidden": [128]})
+result = run_gradinit(model, data, {"variant": "sgd", "eta": 0.1, "gamma": 1.0, "tau": 0.01,
+                                    "iterations": 20, "batch_size": 32}, seed=0)
+result.history.to_csv(out / "gradinit_history.csv")
+(out / "gradinit_scales.txt").write_text(repr(result.scales))
+names = quantizable_layers(model)
+inputs = layer_inputs(model, names, data.x_train)
+for name in names:
+    module = model.get_submodule(name)
+    scale, alpha, error = awq_search(module, module.weight, inputs[name], bits=4)
+    (out / f"awq_{name}.txt").write_text(repr((scale.tolist(), alpha, error)))
+"""
+
+#: MKL picks its kernels by CPU vendor (``mkl_serv_intel_cpu_true``) and has paths for AMD's Zen
+#: (``mkl_serv_cpuiszen``); both are exported from torch's library, so a preloaded stub makes MKL on
+#: this CPU dispatch as on an Intel one (its verbose line then names Intel's AVX2 / AVX-512 branches).
+MKL_AS_ON_INTEL = """
+int mkl_serv_intel_cpu_true(void) { return 1; }
+int mkl_serv_cpuiszen(void) { return 0; }
 """
 
 
-def code_paths() -> dict[str, dict[str, str]]:
-    """Every code path this CPU can be forced into, one library at a time ({}: its own choice)."""
-    paths = {"own choice": {}}
+def mkl_as_on_intel(directory: Path) -> dict[str, str]:
+    """The environment that preloads :data:`MKL_AS_ON_INTEL`, compiled with the C compiler."""
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    assert compiler, "this test compiles a 2-line C library: install a C compiler (gcc)"
+    directory.mkdir(parents=True, exist_ok=True)
+    source, library = directory / "mkl_as_on_intel.c", directory / "mkl_as_on_intel.so"
+    source.write_text(MKL_AS_ON_INTEL)
+    subprocess.run([compiler, "-shared", "-fPIC", "-o", str(library), str(source)], check=True)
+    return {"LD_PRELOAD": str(library)}
+
+
+def code_paths(directory: Path) -> dict[str, dict[str, str]]:
+    """Every code path this CPU can be forced into, one library at a time ({}: its own choice),
+    and MKL dispatching as on an Intel CPU (the vendor check that no variable pins)."""
+    paths = {"own choice": {}, "MKL as on Intel": mkl_as_on_intel(directory)}
     for capability in ("default", "avx2", "avx512"):
         paths[f"ATen {capability}"] = {"ATEN_CPU_CAPABILITY": capability}
     for branch in ("AUTO", "COMPATIBLE", "SSE4_2", "AVX", "AVX2", "AVX512"):
@@ -193,10 +230,10 @@ def train_digests(directory: Path, forced: dict[str, str], level: str) -> dict[s
 def test_every_code_path_gives_the_same_bits_with_the_pin_and_not_without(tmp_path):
     if cpu_problem("avx2"):
         pytest.skip(cpu_problem("avx2"))
-    paths = code_paths()
+    paths = code_paths(tmp_path / "library")
     # the CPU's own paths and the slowest, forced: each level must override both
     some = ("own choice", "ATen default", "MKL COMPATIBLE", "oneDNN SSE41", "ATen avx2",
-            "oneDNN AVX2")  # fmt: skip
+            "oneDNN AVX2", "MKL as on Intel")  # fmt: skip
     runs = [(name, "avx2") for name in paths]
     runs += [(name, level) for name in some if name in paths for level in ("baseline", "0")]
     with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
@@ -206,14 +243,25 @@ def test_every_code_path_gives_the_same_bits_with_the_pin_and_not_without(tmp_pa
     for level in ("avx2", "baseline"):
         pinned = {name: digest for (name, pin), digest in digests.items() if pin == level}
         reference = pinned["own choice"]
-        assert len(reference) >= 2 * 2 * 4  # trajectory, model, history, summary per seed per block
+        assert len(reference) >= 2 * 2 * 4 + 2 + 2  # per seed per block; GradInit; AWQ per layer
         assert {name for name, digest in pinned.items() if digest != reference} == set(), level
     assert digests["own choice", "avx2"] != digests["own choice", "baseline"]
     unpinned = {name: digest for (name, pin), digest in digests.items() if pin == "0"}
     # Without the pin, forcing ATen's, MKL's or oneDNN's path changes the bits: the comparisons
     # above can fail.
-    for name in ("ATen default", "MKL COMPATIBLE", "oneDNN SSE41"):
+    differing = ["ATen default", "MKL COMPATIBLE", "oneDNN SSE41"]
+    if cpu_vendor() != "GenuineIntel":  # on an Intel CPU the stub changes nothing
+        differing.append("MKL as on Intel")
+    for name in differing:
         assert unpinned[name] != unpinned["own choice"], name
+
+
+def cpu_vendor() -> str:
+    """The first processor's ``vendor_id`` (GenuineIntel, AuthenticAMD)."""
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("vendor_id"):
+            return line.split(":", 1)[1].strip()
+    return ""
 
 
 def test_a_switch_that_cannot_hold_is_refused_before_any_job_naming_the_variable(monkeypatch):

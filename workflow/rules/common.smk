@@ -41,6 +41,18 @@ JOB_SERVER = {}
 
 
 onstart:
+    # A grid that cannot finish here is refused before any job: its planned bytes against the
+    # results' disk, a job's planned RAM against this machine's (trainmap.plan.machine_problem).
+    problem = plan.machine_problem(
+        plan.plan_jobs(config, RESULTS), RESULTS, local=workflow.local_exec
+    )
+    if problem:
+        print(
+            f"error: the plan does not fit: {problem} (make plan: every job's estimate; "
+            "nothing ran)",
+            file=sys.stderr,
+        )
+        raise SystemExit(1)
     # Create the tracking database and experiment once, before parallel jobs (measured: a fresh
     # SQLite database migrated by 8 jobs at once lost 7 of their runs).
     tracking = tracking_settings(config)

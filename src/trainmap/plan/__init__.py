@@ -69,7 +69,14 @@ from trainmap.plan.estimates import (
     training_job,
 )
 from trainmap.plan.profile import ModelProfile, dataset_bytes, dataset_examples, model_profile
-from trainmap.plan.report import NodeLimits, check_limits, disk_bytes, format_plan, rule_totals
+from trainmap.plan.report import (
+    NodeLimits,
+    check_limits,
+    disk_bytes,
+    format_plan,
+    machine_problem,
+    rule_totals,
+)
 
 __all__ = [
     "ANALYSIS_SOURCE",
@@ -112,6 +119,7 @@ __all__ = [
     "device_of",
     "disk_bytes",
     "format_plan",
+    "machine_problem",
     "gradinit_job",
     "job_resources",
     "kept_checkpoints",

@@ -1,10 +1,14 @@
 """The plan of a grid against one node: per-rule totals, the node's limits (:class:`NodeLimits`,
-:func:`check_limits`: a job or the grid past one is a :class:`PlanError` naming the key to change)
-and the plan as text (:func:`format_plan`)."""
+:func:`check_limits`: a job or the grid past one is a :class:`PlanError` naming the key to change),
+against the machine a run starts on (:func:`machine_problem`) and the plan as text
+(:func:`format_plan`)."""
 
 from __future__ import annotations
 
+import os
+import shutil
 from dataclasses import dataclass
+from pathlib import Path
 
 import pandas as pd
 
@@ -70,6 +74,51 @@ def check_limits(jobs: pd.DataFrame, limits: NodeLimits) -> None:
             f"node's {limits.disk_tb:g} TB; change "
             f"{' or '.join([k for k in by_job['keys'] if 'archive' in k] or by_job['keys'])}"
         )
+
+
+def machine_memory_bytes() -> int:
+    """This machine's memory as a process sees it: physical RAM, or a lower cgroup limit."""
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    limit = Path("/sys/fs/cgroup/memory.max")
+    if limit.is_file() and limit.read_text().strip().isdigit():
+        total = min(total, int(limit.read_text()))
+    return total
+
+
+def _bytes_under(directory: Path) -> int:
+    return sum(path.stat().st_size for path in directory.rglob("*") if path.is_file())
+
+
+def machine_problem(jobs: pd.DataFrame, results: str | Path, *, local: bool) -> str | None:
+    """Why a run of ``jobs`` cannot finish here, or None. What is known for certain before any job:
+    the bytes the grid writes against the free space of the file system ``results`` lies on plus
+    what ``results`` holds already (a rerun rewrites only what is missing, so this never refuses a
+    grid that fits), and, for jobs that run on this machine (``local``), each job's planned host
+    RAM against its memory (:func:`machine_memory_bytes`). A node's limits and a job's time are
+    :func:`check_limits`' (``make run``, ``python -m trainmap.plan --check``)."""
+    results = Path(results)
+    if local:
+        memory = machine_memory_bytes()
+        over = jobs[jobs["ram"] > memory]
+        if len(over):
+            job = over.sort_values("ram").iloc[-1]
+            return (f"rule {job['rule']}, job {job['job']}: host RAM {job['ram'] / GB:.1f} GB "
+                    f"planned ({job['memory_from']}) exceeds this machine's {memory / GB:.1f} GB; "
+                    f"change {' or '.join(job['keys'])}")  # fmt: skip
+    total = disk_bytes(jobs)
+    existing = next((p for p in (results, *results.resolve().parents) if p.exists()), Path("/"))
+    free = shutil.disk_usage(existing).free
+    if total <= free:
+        return None
+    held = _bytes_under(results) if results.is_dir() else 0
+    if total <= free + held:
+        return None
+    by_job = jobs.sort_values("bytes").iloc[-1]
+    keys = [k for k in by_job["keys"] if "archive" in k] or list(by_job["keys"])
+    return (f"disk: the grid writes {total / GB:,.1f} GB (largest: rule {by_job['rule']}, job "
+            f"{by_job['job']}, {by_job['bytes'] / GB:.1f} GB: {by_job['bytes_from']}) and "
+            f"{existing} has {free / GB:,.1f} GB free ({held / GB:,.1f} GB already in {results}); "
+            f"change {' or '.join(keys)}, or set results: to a larger disk")  # fmt: skip
 
 
 def format_plan(jobs: pd.DataFrame, limits: NodeLimits) -> str:

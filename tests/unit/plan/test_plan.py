@@ -3,6 +3,7 @@ bytes counted exactly, and the paper's and the 1,000-seed configs within one nod
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -49,6 +50,32 @@ def test_a_plan_past_the_node_names_rule_job_resource_and_key(smoke: dict) -> No
         plan.check_limits(jobs.query("rule == 'train'"), plan.NodeLimits(job_hours=1e-4))
     with pytest.raises(plan.PlanError, match=r"disk: .*archive"):
         plan.check_limits(jobs.query("rule == 'train'"), plan.NodeLimits(disk_tb=1e-9))
+
+
+def test_a_run_is_held_to_this_machines_memory_and_free_disk(
+    smoke: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The workflow's onstart check: what cannot finish here, before any job; files already in
+    the results directory count as room (a rerun rewrites only what is missing)."""
+    jobs = plan.plan_jobs(smoke)
+    total = int(plan.disk_bytes(jobs))
+    results = tmp_path / "results"
+    monkeypatch.setattr("trainmap.plan.report.machine_memory_bytes", lambda: 64 * 2**30)
+    free = {"bytes": total + 1}
+    monkeypatch.setattr("shutil.disk_usage", lambda path: type("U", (), {"free": free["bytes"]}))
+    assert plan.machine_problem(jobs, results, local=True) is None
+    free["bytes"] = total // 2
+    problem = plan.machine_problem(jobs, results, local=True)
+    assert problem.startswith("disk: the grid writes") and f"{tmp_path} has" in problem
+    assert "change train." in problem and "archive" in problem
+    results.mkdir()  # a rerun: what the results hold already makes room
+    (results / "done.bin").write_bytes(b"0" * (total - total // 2))
+    assert plan.machine_problem(jobs, results, local=True) is None
+    monkeypatch.setattr("trainmap.plan.report.machine_memory_bytes", lambda: 2**20)
+    problem = plan.machine_problem(jobs, results, local=True)
+    assert re.match(r"rule \w+, job .*: host RAM .* GB planned .*exceeds this machine's 0\.0 GB; "
+                    r"change ", problem), problem  # fmt: skip
+    assert plan.machine_problem(jobs, results, local=False) is None  # cluster nodes: not this one
 
 
 def test_the_command_exits_non_zero_past_the_limits(capsys: pytest.CaptureFixture) -> None:
