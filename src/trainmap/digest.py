@@ -4,8 +4,9 @@ that says whether a run reproduced it.
 The published digest is a ``sha256sum``-format file (one ``<sha256>  <path>`` line per result file,
 sorted by path; timing sidecars and temporary files aside, trainmap.lineage.is_result_file), and
 its own SHA-256 is the study's digest the docs quote (docs/getting-started.md). In the portable mode (trainmap.portable)
-the same seed and config give the same bits on any x86-64 CPU, so a fresh clone's ``make run``
-reproduces the file exactly; a result that differs names itself.
+the same seed and config give the same bits whatever instruction set the CPU has, so a fresh
+clone's ``make run`` reproduces the file exactly on the publishing machine's kind of CPU (and the
+CPU-specific results docs/running.md lists aside, on others); a result that differs names itself.
 
 Usage::
 

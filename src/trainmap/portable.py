@@ -1,7 +1,8 @@
-"""Portable numbers: the same seed and config give the same bits on any x86-64 CPU.
+"""Portable numbers: the same seed and config give the same bits whatever x86-64 CPU runs them.
 
 A CPU run's bits depend on which code path each math library picks for the CPU it finds. Portable
-mode pins every such choice, so a seed's numbers no longer depend on which CPU runs it:
+mode pins every such choice a library lets a process make (an Intel Xeon still gave other bits for
+a few stages than the AMD EPYC that publishes the digests: docs/running.md, Portable numbers):
 
 * ATen's vectorised kernels (``ATEN_CPU_CAPABILITY``: element-wise ops, reductions, the optimisers'
   foreach updates);
@@ -198,6 +199,17 @@ _KERNEL_FLAGS = ("sse", "ssse", "avx", "fma", "f16c", "amx", "bmi", "vnni", "vpc
                  "vaes", "sha_ni", "adx")  # fmt: skip
 
 
+def cpu_vendor() -> str | None:
+    """The first processor's ``vendor_id`` (``GenuineIntel``, ``AuthenticAMD``): MKL picks its
+    kernels by it. None where there is no /proc/cpuinfo."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return None
+    return next((line.partition(":")[2].strip() for line in lines
+                 if line.startswith("vendor_id")), None)  # fmt: skip
+
+
 def cpu_model_and_flags() -> tuple[str, list[str] | None]:
     """This CPU's model name and the /proc/cpuinfo flags that decide a kernel's code path (sorted;
     None where there is no /proc/cpuinfo, and the platform's name for the model)."""
@@ -217,12 +229,29 @@ def cpu_model_and_flags() -> tuple[str, list[str] | None]:
     return found.get("model name", name), flags
 
 
+def cpu_caches() -> dict[str, str]:
+    """The first CPU's caches as Linux lists them (``L1d``, ``L2``, ...: size, e.g. ``1024K``);
+    oneDNN sizes some of its blocks by the per-core L2. Empty where /sys does not say."""
+    caches = {}
+    for index in sorted(Path("/sys/devices/system/cpu/cpu0/cache").glob("index*")):
+        try:
+            level, kind, size = ((index / name).read_text().strip()
+                                 for name in ("level", "type", "size"))  # fmt: skip
+        except OSError:
+            continue
+        if kind != "Instruction":
+            caches[f"L{level}{'d' if kind == 'Data' else ''}"] = size
+    return caches
+
+
 def numeric_environment(environ: MutableMapping[str, str] = os.environ) -> dict[str, object]:
-    """What decides a run's bits besides its seed and config: the CPU (model, kernel-relevant
-    flags), the portable level and its pins as set in ``environ``, and the versions and chosen
-    code paths of Python, torch (its ATen CPU capability, MKL, oneDNN), numpy and its OpenBLAS
-    (version and the core type it dispatched to). JSON-ready; published beside a study's digest
-    (trainmap.digest) so that a mismatch can say what differs between the two machines."""
+    """What decides a run's bits besides its seed and config: the CPU (model, vendor,
+    kernel-relevant flags, cache sizes), the portable level and its pins as set in ``environ``,
+    and the versions and chosen code paths of the C library (its libm computes ATen's portable
+    exp, log and pow), Python, torch (its ATen CPU capability, MKL, oneDNN), numpy and its
+    OpenBLAS (version and the core type it dispatched to). JSON-ready; published beside a
+    study's digest (trainmap.digest) so that a mismatch can say what differs between the two
+    machines."""
     import re
 
     import numpy as np
@@ -243,7 +272,10 @@ def numeric_environment(environ: MutableMapping[str, str] = os.environ) -> dict[
     blas = [pool for pool in threadpool_info() if pool.get("user_api") == "blas"]
     return {
         "cpu": name,
+        "cpu_vendor": cpu_vendor(),
         "cpu_flags": flags or [],
+        "cpu_caches": cpu_caches(),
+        "libc": " ".join(platform.libc_ver()).strip() or None,
         "machine": platform.machine(),
         "portable": level or "0",
         "pins": {key: environ[key] for key in sorted(LEVELS[DEFAULT_LEVEL]) if key in environ},
@@ -262,11 +294,12 @@ def numeric_environment(environ: MutableMapping[str, str] = os.environ) -> dict[
 
 def environment_differences(published: dict, here: dict) -> list[str]:
     """Each entry of two :func:`numeric_environment` records that differs, as ``key: here vs
-    published`` (flags: the ones only here with +, only there with -); empty when the same."""
+    published`` (flags: the ones only here with +, only there with -); empty when the same. A
+    key the published record lacks (written before trainmap recorded it) says nothing."""
     differences = []
     for key in sorted(set(published) | set(here)):
         mine, theirs = here.get(key), published.get(key)
-        if mine == theirs:
+        if mine == theirs or key not in published:
             continue
         if key == "cpu_flags" and isinstance(mine, list) and isinstance(theirs, list):
             more = [f"+{f}" for f in sorted(set(mine) - set(theirs))]

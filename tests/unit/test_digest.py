@@ -152,20 +152,25 @@ def test_the_machine_is_recorded_with_the_digest_and_compared_on_a_mismatch(stud
     write_digest("published.sha256", study)
     record = json.loads(Path("published.environment.json").read_text())
     assert record == json.loads(json.dumps(numeric_environment()))
-    assert {"cpu", "cpu_flags", "torch", "torch_cpu_capability", "mkl", "onednn", "numpy",
-            "blas", "python", "portable"} <= set(record)  # fmt: skip
+    assert {"cpu", "cpu_vendor", "cpu_flags", "cpu_caches", "libc", "torch",
+            "torch_cpu_capability", "mkl", "onednn", "numpy", "blas", "python",
+            "portable"} <= set(record)  # fmt: skip
+    assert record["libc"].startswith("glibc ") and record["cpu_vendor"]  # this Linux machine
+    assert "L2" in record["cpu_caches"], record["cpu_caches"]
     (study / "joint/c/verdicts.md").write_text("no difference")
     assert "the difference is not the machine's" in "\n".join(
         check_digest("published.sha256", study).lines()
     )
     # the published run's machine: another CPU with AMX, another torch
     record |= {"cpu": "Intel Xeon", "cpu_flags": [*record["cpu_flags"], "amx_tile"],
-               "torch": "2.0.0"}  # fmt: skip
+               "torch": "2.0.0", "cpu_caches": {"L1d": "48K", "L2": "2048K"}}  # fmt: skip
+    del record["libc"]  # a record written before trainmap recorded the C library
     Path("published.environment.json").write_text(json.dumps(record))
     text = "\n".join(check_digest("published.sha256", study).lines())
     assert "This machine (the run kept no record of its own" in text
     assert "cpu: " in text and "'Intel Xeon' published" in text and "-amx_tile" in text
     assert "torch: " in text and "'2.0.0' published" in text
+    assert "'2048K'}" in text and "libc" not in text
     Path("published.environment.json").unlink()
     text = "\n".join(check_digest("published.sha256", study).lines())
     assert "no record of its machine" in text and "not the machine's" not in text

@@ -23,6 +23,7 @@ from trainmap.portable import (
     apply_portable_mode,
     conflicts,
     cpu_problem,
+    cpu_vendor,
     portable_enabled,
     portable_environment,
     portable_level,
@@ -254,14 +255,6 @@ def test_every_code_path_gives_the_same_bits_with_the_pin_and_not_without(tmp_pa
         differing.append("MKL as on Intel")
     for name in differing:
         assert unpinned[name] != unpinned["own choice"], name
-
-
-def cpu_vendor() -> str:
-    """The first processor's ``vendor_id`` (GenuineIntel, AuthenticAMD)."""
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("vendor_id"):
-            return line.split(":", 1)[1].strip()
-    return ""
 
 
 def test_a_switch_that_cannot_hold_is_refused_before_any_job_naming_the_variable(monkeypatch):

@@ -96,6 +96,8 @@ def machine_problem(jobs: pd.DataFrame, results: str | Path, *, local: bool) -> 
     grid that fits), and, for jobs that run on this machine (``local``), each job's planned host
     RAM against its memory (:func:`machine_memory_bytes`). A node's limits and a job's time are
     :func:`check_limits`' (``make run``, ``python -m trainmap.plan --check``)."""
+    if jobs.empty:  # a config of external run sets only: nothing the plan sizes
+        return None
     results = Path(results)
     if local:
         memory = machine_memory_bytes()

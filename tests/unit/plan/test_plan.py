@@ -76,6 +76,7 @@ def test_a_run_is_held_to_this_machines_memory_and_free_disk(
     assert re.match(r"rule \w+, job .*: host RAM .* GB planned .*exceeds this machine's 0\.0 GB; "
                     r"change ", problem), problem  # fmt: skip
     assert plan.machine_problem(jobs, results, local=False) is None  # cluster nodes: not this one
+    assert plan.machine_problem(jobs.iloc[0:0].loc[:, []], results, local=True) is None  # no grid
 
 
 def test_the_command_exits_non_zero_past_the_limits(capsys: pytest.CaptureFixture) -> None:
