@@ -85,6 +85,14 @@ def run_workflow(argv: Sequence[str]) -> int:
     except ModuleNotFoundError as error:
         print(missing_extra(error) or f"error: {error}", file=sys.stderr)
         return 2
+    # Snakemake reads --configfile files before the Snakefile, so a file that is not UTF-8 or not
+    # YAML would end in its traceback: read them as the config check does (one line, the file).
+    files = argparse.ArgumentParser(add_help=False)
+    files.add_argument("--configfile", "--configfiles", nargs="+", action="extend", default=[])
+    from trainmap.grid import check_config_files, config_problems_reported
+
+    with config_problems_reported():
+        check_config_files(files.parse_known_args(rest)[0].configfile)
     command = [sys.executable, "-m", "snakemake", "--cores", known.cores, *rest]
     os.execv(sys.executable, command)
     return 0  # not reached: execv replaces this process

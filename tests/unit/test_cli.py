@@ -49,6 +49,24 @@ def test_what_the_install_lacks_is_named_with_its_install_command(monkeypatch, t
     assert "pip install 'trainmap[workflow]'" in capsys.readouterr().err
 
 
+def test_run_refuses_a_config_file_snakemake_would_fail_on_in_one_line(monkeypatch, tmp_path,
+                                                                     capsys):  # fmt: skip
+    """Snakemake reads ``--configfile`` before the Snakefile (a traceback for a Latin-1 file):
+    ``trainmap run`` reads each first, as the config check does, and never starts Snakemake."""
+    monkeypatch.chdir(tmp_path)
+    Path("Snakefile").write_text("")
+    Path("latin1.yaml").write_bytes("grid: [] # caf\xe9\n".encode("latin-1"))
+    Path("good.yaml").write_text("grid: []\n")
+    monkeypatch.setattr("os.execv", lambda *args: pytest.fail(f"Snakemake started: {args}"))
+    for args in (["--configfile", "good.yaml", "latin1.yaml"], ["--configfile=latin1.yaml"],
+                 ["all", "--configfiles", "latin1.yaml", "-n"]):  # fmt: skip
+        with pytest.raises(SystemExit) as stopped:
+            cli.main(["run", *args])
+        assert stopped.value.code == 1
+        error = capsys.readouterr().err
+        assert error.startswith("config file latin1.yaml, line 1: not UTF-8 text (byte 0xe9"), error
+
+
 def test_a_torch_older_than_supported_is_refused_naming_the_fix():
     import trainmap
 
