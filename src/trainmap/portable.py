@@ -199,31 +199,34 @@ _KERNEL_FLAGS = ("sse", "ssse", "avx", "fma", "f16c", "amx", "bmi", "vnni", "vpc
                  "vaes", "sha_ni", "adx")  # fmt: skip
 
 
-def cpu_vendor() -> str | None:
-    """The first processor's ``vendor_id`` (``GenuineIntel``, ``AuthenticAMD``): MKL picks its
-    kernels by it. None where there is no /proc/cpuinfo."""
+def _first_processor() -> dict[str, str] | None:
+    """The first processor's /proc/cpuinfo entries up to its flags (None where there is none)."""
     try:
         lines = Path("/proc/cpuinfo").read_text().splitlines()
     except OSError:
         return None
-    return next((line.partition(":")[2].strip() for line in lines
-                 if line.startswith("vendor_id")), None)  # fmt: skip
+    found: dict[str, str] = {}
+    for line in lines:
+        key, _, value = line.partition(":")
+        found.setdefault(key.strip(), value.strip())
+        if key.strip() == "flags":
+            break
+    return found
+
+
+def cpu_vendor() -> str | None:
+    """The first processor's ``vendor_id`` (``GenuineIntel``, ``AuthenticAMD``): MKL picks its
+    kernels by it. None where there is no /proc/cpuinfo."""
+    return (_first_processor() or {}).get("vendor_id")
 
 
 def cpu_model_and_flags() -> tuple[str, list[str] | None]:
     """This CPU's model name and the /proc/cpuinfo flags that decide a kernel's code path (sorted;
     None where there is no /proc/cpuinfo, and the platform's name for the model)."""
     name, flags = platform.processor() or platform.machine(), None
-    try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-    except OSError:
+    found = _first_processor()
+    if found is None:
         return name, None
-    found: dict[str, str] = {}
-    for line in lines:  # the first processor's entries
-        key, _, value = line.partition(":")
-        found.setdefault(key.strip(), value.strip())
-        if {"model name", "flags"} <= found.keys():
-            break
     if "flags" in found:
         flags = sorted(f for f in found["flags"].split() if f.startswith(_KERNEL_FLAGS))
     return found.get("model name", name), flags
