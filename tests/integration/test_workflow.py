@@ -322,13 +322,13 @@ def test_a_grid_past_the_free_disk_is_refused_before_any_job(tmp_path):
     from conftest import copy_workflow
 
     workdir = copy_workflow(tmp_path / "project")
-    per_seed = 201 * 4 * 2000**2  # 201 float32 checkpoints of a 2000 x 2000 hidden layer
+    per_seed = 2001 * 4 * 2000**2  # 2001 float32 checkpoints of a 2000 x 2000 hidden layer
     seeds = list(range(int(2 * shutil.disk_usage(workdir).free / per_seed) + 1))
     (workdir / "big.yaml").write_text(
         "results: results-big\n"
         f"grid: [{{task: sparse_parity, archs: [mlp], methods: [kaiming], seeds: {seeds}}}]\n"
         "model: {sparse_parity: {mlp: {hidden: [2000, 2000]}}}\n"
-        "train: {sparse_parity: {steps: 2000, checkpoint_every: 10, seed_block: 1,\n"
+        "train: {sparse_parity: {steps: 20000, checkpoint_every: 10, seed_block: 1,\n"
         "                        archive: {schedule: all}}}\n"
     )
     refused = snakemake("--cores", "1", "--configfile", "big.yaml", cwd=workdir, check=False)
