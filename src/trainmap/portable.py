@@ -47,6 +47,7 @@ the CPU it runs on, and the numbers are that CPU's).
 
 from __future__ import annotations
 
+import functools
 import os
 import platform
 import sys
@@ -199,8 +200,10 @@ _KERNEL_FLAGS = ("sse", "ssse", "avx", "fma", "f16c", "amx", "bmi", "vnni", "vpc
                  "vaes", "sha_ni", "adx")  # fmt: skip
 
 
+@functools.cache
 def _first_processor() -> dict[str, str] | None:
-    """The first processor's /proc/cpuinfo entries up to its flags (None where there is none)."""
+    """The first processor's /proc/cpuinfo entries up to its flags (None where there is none);
+    read once a process (the vendor, model and flags of one record all come from it)."""
     try:
         lines = Path("/proc/cpuinfo").read_text().splitlines()
     except OSError:

@@ -48,41 +48,55 @@ def disk_bytes(jobs: pd.DataFrame) -> float:
     return float(jobs["bytes"].sum() + (jobs["scratch"].max() if len(jobs) else 0.0))
 
 
+def _job_over(jobs: pd.DataFrame, column: str, limit: float, resource: str, shown_limit: str,
+              owner: str) -> str | None:  # fmt: skip
+    """The largest job past ``limit`` in ``column`` (``gpu``, ``ram``, ``seconds``) as a message
+    naming rule, job, estimate, ``owner``'s limit and the keys to change; None when none is."""
+    over = jobs[jobs[column] > limit]
+    if not len(over):
+        return None
+    job = over.sort_values(column).iloc[-1]
+    shown = f"{job[column] / 3600:.1f} h" if column == "seconds" else f"{job[column] / GB:.1f} GB"
+    source = job["time_from"] if column == "seconds" else job["memory_from"]
+    return (f"rule {job['rule']}, job {job['job']}: {resource} {shown} planned ({source}) exceeds "
+            f"{owner} {shown_limit}; change {' or '.join(job['keys'])}")  # fmt: skip
+
+
+def _disk_message(jobs: pd.DataFrame, total: str, limit: str) -> str:
+    """The grid's ``total`` bytes past a disk ``limit``, naming the largest job and the keys that
+    shrink it (the archive's first)."""
+    job = jobs.sort_values("bytes").iloc[-1]
+    keys = [k for k in job["keys"] if "archive" in k] or list(job["keys"])
+    return (
+        f"disk: the grid writes {total} (largest: rule {job['rule']}, job {job['job']}, "
+        f"{job['bytes'] / GB:.1f} GB: {job['bytes_from']}) {limit}; change {' or '.join(keys)}"
+    )
+
+
 def check_limits(jobs: pd.DataFrame, limits: NodeLimits) -> None:
     """Raise :class:`PlanError` for the first job past ``limits`` (GPU memory, RAM, hours) or a
     grid past the disk, naming rule, job, resource, estimate and the config key to change."""
     checks = (
-        ("gpu", limits.gpu_gb * GB, "GPU memory", lambda v: f"{v / GB:.1f} GB", f"{limits.gpu_gb:g} GB"),
-        ("ram", limits.ram_gb * GB, "host RAM", lambda v: f"{v / GB:.1f} GB", f"{limits.ram_gb:g} GB"),
-        ("seconds", limits.job_hours * 3600, "time", lambda v: f"{v / 3600:.1f} h", f"{limits.job_hours:g} h"),
-    )  # fmt: skip
-    for column, limit, resource, show, shown_limit in checks:
-        over = jobs[jobs[column] > limit]
-        if len(over):
-            job = over.sort_values(column).iloc[-1]
-            source = job["time_from"] if column == "seconds" else job["memory_from"]
-            raise PlanError(
-                f"rule {job['rule']}, job {job['job']}: {resource} {show(job[column])} planned "
-                f"({source}) exceeds the node's {shown_limit}; change {' or '.join(job['keys'])}"
-            )
+        ("gpu", limits.gpu_gb * GB, "GPU memory", f"{limits.gpu_gb:g} GB"),
+        ("ram", limits.ram_gb * GB, "host RAM", f"{limits.ram_gb:g} GB"),
+        ("seconds", limits.job_hours * 3600, "time", f"{limits.job_hours:g} h"),
+    )
+    for column, limit, resource, shown_limit in checks:
+        problem = _job_over(jobs, column, limit, resource, shown_limit, "the node's")
+        if problem:
+            raise PlanError(problem)
     total = disk_bytes(jobs)
     if total > limits.disk_tb * 1e12:
-        by_job = jobs.sort_values("bytes").iloc[-1]
-        raise PlanError(
-            f"disk: the grid writes {total / 1e12:.2f} TB (largest: rule {by_job['rule']}, job "
-            f"{by_job['job']}, {by_job['bytes'] / GB:.1f} GB: {by_job['bytes_from']}) past the "
-            f"node's {limits.disk_tb:g} TB; change "
-            f"{' or '.join([k for k in by_job['keys'] if 'archive' in k] or by_job['keys'])}"
-        )
+        raise PlanError(_disk_message(jobs, f"{total / 1e12:.2f} TB",
+                                      f"past the node's {limits.disk_tb:g} TB"))  # fmt: skip
 
 
 def machine_memory_bytes() -> int:
     """This machine's memory as a process sees it: physical RAM, or a lower cgroup limit."""
     total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     limit = Path("/sys/fs/cgroup/memory.max")
-    if limit.is_file() and limit.read_text().strip().isdigit():
-        total = min(total, int(limit.read_text()))
-    return total
+    value = limit.read_text().strip() if limit.is_file() else ""  # "max": no limit
+    return min(total, int(value)) if value.isdigit() else total
 
 
 def _bytes_under(directory: Path) -> int:
@@ -101,12 +115,10 @@ def machine_problem(jobs: pd.DataFrame, results: str | Path, *, local: bool) -> 
     results = Path(results)
     if local:
         memory = machine_memory_bytes()
-        over = jobs[jobs["ram"] > memory]
-        if len(over):
-            job = over.sort_values("ram").iloc[-1]
-            return (f"rule {job['rule']}, job {job['job']}: host RAM {job['ram'] / GB:.1f} GB "
-                    f"planned ({job['memory_from']}) exceeds this machine's {memory / GB:.1f} GB; "
-                    f"change {' or '.join(job['keys'])}")  # fmt: skip
+        problem = _job_over(jobs, "ram", memory, "host RAM", f"{memory / GB:.1f} GB",
+                            "this machine's")  # fmt: skip
+        if problem:
+            return problem
     total = disk_bytes(jobs)
     existing = next((p for p in (results, *results.resolve().parents) if p.exists()), Path("/"))
     free = shutil.disk_usage(existing).free
@@ -115,12 +127,9 @@ def machine_problem(jobs: pd.DataFrame, results: str | Path, *, local: bool) -> 
     held = _bytes_under(results) if results.is_dir() else 0
     if total <= free + held:
         return None
-    by_job = jobs.sort_values("bytes").iloc[-1]
-    keys = [k for k in by_job["keys"] if "archive" in k] or list(by_job["keys"])
-    return (f"disk: the grid writes {total / GB:,.1f} GB (largest: rule {by_job['rule']}, job "
-            f"{by_job['job']}, {by_job['bytes'] / GB:.1f} GB: {by_job['bytes_from']}) and "
-            f"{existing} has {free / GB:,.1f} GB free ({held / GB:,.1f} GB already in {results}); "
-            f"change {' or '.join(keys)}, or set results: to a larger disk")  # fmt: skip
+    room = (f"and {existing} has {free / GB:,.1f} GB free ({held / GB:,.1f} GB already in "
+            f"{results})")  # fmt: skip
+    return f"{_disk_message(jobs, f'{total / GB:,.1f} GB', room)}, or set results: to a larger disk"
 
 
 def format_plan(jobs: pd.DataFrame, limits: NodeLimits) -> str:
