@@ -77,6 +77,10 @@ run: setup dvc-remote  ## the study on CONFIG (default: the embedded grid); vers
 	@# The published answer: every result file's sha256 beside the config, and the findings page
 	@# (docs/findings.md includes config/config.findings.md) against this run's answers.
 	@$(RUN) python -m trainmap.digest check $(basename $(CONFIG)).results.sha256 $(call RESULTS_OF,$(CONFIG))
+	@# The answer sentences of the README and the docs are written from the default study's results.
+	@if [ "$(CONFIG)" = "config/config.yaml" ]; then \
+	    $(RUN) python -m trainmap.findings answers --check $(call RESULTS_OF,$(CONFIG)) README.md docs/index.md docs/getting-started.md || true; \
+	fi
 
 plan: setup  ## bytes written, peak RAM/GPU memory and time of every job of CONFIG, checked against one node (python -m trainmap.plan --help)
 	$(RUN) python -m trainmap.plan --configfile $(CONFIG) $(PLAN_ARGS)

@@ -72,6 +72,7 @@ from scipy.stats import binomtest
 from selection_real import finished_maps, read_joint_cells, study_command
 
 from trainmap.dynamics import paths as label_free
+from trainmap.dynamics import timecourse
 from trainmap.dynamics.hmm.estimator import TrainingHMM
 from trainmap.dynamics.joint import compare_groups
 from trainmap.dynamics.pipeline import FittedMap, analysis_runs, convergence_from_tables
@@ -83,6 +84,8 @@ from trainmap.dynamics.verdicts import (
     SECONDARY,
     censoring_steps,
     compare_methods,
+    family,
+    map_transitions,
     path_evidence,
     run_quantities,
 )
@@ -93,25 +96,36 @@ from trainmap.jobs.analysis import rows_of_fit
 RESULTS = Path(__file__).parent / "results"
 CSV_PATH = RESULTS / "verdict_calibration.csv"
 MD_PATH = RESULTS / "verdict_calibration.md"
-#: Each planted effect's default non-zero sizes (size 0, the null, is run once: effect "none").
-SIZES = {"detour": (0.25, 0.5, 1.0), "fork": (0.25, 0.5, 1.0), "slower": (0.5, 1.0, 2.0),
-         "offset": (1.0, 2.0, 4.0)}  # fmt: skip
 NULL = "none"
+#: The null cells, each at one size: labels exchangeable (``none``: one law for both methods), a
+#: start that decays by the start window (``start``: 8 within-state SDs at step 0, gone by a tenth
+#: of training) or by twice it (``start_slow``), a constant level (4 SDs), a constant scale (x 2)
+#: and Student-t noise with 3 degrees of freedom in both methods (``tails``, its size the degrees).
+NULLS = {NULL: 0.0, "start": 8.0, "start_slow": 8.0, "level": 4.0, "scale": 1.0, "tails": 3.0}
+#: Each planted path effect's default non-zero sizes (``offset``: b's first state moved, reported
+#: by the start verdict and the band for as long as runs stay in it).
+SIZES = {"slower": (1.0, 2.0), "detour": (0.5, 1.0), "fork": (0.5, 1.0), "offset": (4.0,)}
+#: The trajectories verdict as published before the start window (every grid step, metrics
+#: z-scored over all steps pooled): computed here only, to show what it fired on.
+PUBLISHED = "trajectories, all grid steps (as published)"
 #: The table's verdict columns: a column name -> the quantities it reads (any significant).
 COLUMNS = {
+    "start": (timecourse.START,),
     "convergence": (CONVERGENCE_STEP,),
-    "trajectories": (label_free.TRAJECTORIES,),
-    "first passage": (label_free.FIRST_PASSAGE,),
-    "states visited": (label_free.STATES_VISITED,),
+    "dynamics after W": (timecourse.DYNAMICS,),
+    "trajectories after W": (label_free.TRAJECTORIES,),
     "transitions": (label_free.TRANSITIONS,),
+    "states visited": (label_free.STATES_VISITED,),
+    "first passage": (label_free.FIRST_PASSAGE,),
     "collapsed paths": (label_free.COLLAPSED_PATHS,),
     "primary (any)": (PRIMARY,),
     "occupancy (any state)": ("occupancy of state",),
     "time in detours": ("time in detour states",),
     "secondary (any)": (SECONDARY,),
+    "published trajectories (raw p)": (PUBLISHED,),
 }
 FIELDS = ["effect", "size", "n_per_method", "seed", "restarts", "permutations", "k", "seconds",
-          "quantity", "family", "p", "p_holm"]  # fmt: skip
+          "quantity", "p"]  # fmt: skip
 LENGTH, TRUE_K, THRESHOLD = 150, 3, 0.5
 
 
@@ -121,9 +135,14 @@ LENGTH, TRUE_K, THRESHOLD = 150, 3, 0.5
 def one_comparison(
     effect: str, size: float, n: int, seed: int, restarts: int, permutations: int, alpha: float
 ) -> list[dict]:  # fmt: skip
-    """One data set of :func:`sample_methods`, one shared map and its verdicts: a row per verdict."""
-    runs, groups, _, _ = sample_methods(effect if effect != NULL else "detour", size, n,
-                                        n_states=TRUE_K, length=LENGTH, seed=seed)  # fmt: skip
+    """One data set of :func:`sample_methods`, one shared map and its verdicts: a row per verdict
+    (its raw p; Holm is applied by :func:`significant` within the families the code now names)."""
+    if effect in (NULL, "tails"):
+        drawn = sample_methods("detour", 0.0, n, n_states=TRUE_K, length=LENGTH, seed=seed,
+                               tails=size if effect == "tails" else None)  # fmt: skip
+    else:
+        drawn = sample_methods(effect, size, n, n_states=TRUE_K, length=LENGTH, seed=seed)
+    runs, groups, _, _ = drawn
     convergence = convergence_from_tables(runs, THRESHOLD)
     started = time.perf_counter()
     with warnings.catch_warnings():
@@ -132,39 +151,68 @@ def one_comparison(
                                     TrainingHMM(selection="holdout", restarts=restarts,
                                                 random_state=seed),
                                     {"permutations": permutations, "seed": seed, "alpha": alpha})  # fmt: skip
+    evidence = comparison.paths
+    in_first = np.array([groups[run] == "a" for run in evidence.trajectories.index])
+    values = evidence.trajectories.to_numpy(dtype=float)
+    published = label_free.energy_verdict(values[in_first], values[~in_first], permutations, 0.95,
+                                          np.random.default_rng(seed))  # fmt: skip
     seconds = round(time.perf_counter() - started, 2)
-    return [{"effect": effect, "size": size, "n_per_method": n, "seed": seed,
-             "restarts": restarts, "permutations": permutations, "k": comparison.hmm.n_states_,
-             "seconds": seconds, "quantity": row.quantity, "family": row.family, "p": row.p,
-             "p_holm": row.p_holm} for row in comparison.verdicts.itertuples()]  # fmt: skip
+    common = {"effect": effect, "size": size, "n_per_method": n, "seed": seed,
+              "restarts": restarts, "permutations": permutations, "k": comparison.hmm.n_states_,
+              "seconds": seconds}  # fmt: skip
+    return [common | {"quantity": row.quantity, "p": row.p}
+            for row in comparison.verdicts.itertuples()] + [
+        common | {"quantity": PUBLISHED, "p": published.p}]  # fmt: skip
 
 
 def design(effects: list[str], sizes: Mapping[str, tuple[float, ...]], per_method: list[int],
-           seeds: int, null_seeds: int) -> list[tuple[str, float, int, int]]:  # fmt: skip
-    """Every (effect, size, n, seed) to fit: the null (``null_seeds`` seeds) and each effect's
+           seeds: int, null_seeds: int, nulls: Mapping[str, float] = NULLS,
+           ) -> list[tuple[str, float, int, int]]:  # fmt: skip
+    """Every (effect, size, n, seed) to fit: each null (``null_seeds`` seeds) and each effect's
     sizes (``seeds`` seeds); seed by seed, smallest n first, so a run cut short has every cell."""
     cells = [(effect, size) for effect in effects for size in sizes[effect]]
     jobs = []
     for n in per_method:
         for seed in range(max(seeds, null_seeds)):
-            jobs += [(NULL, 0.0, n, seed)] if seed < null_seeds else []
+            jobs += [(null, size, n, seed) for null, size in nulls.items()] \
+                if seed < null_seeds else []  # fmt: skip
             jobs += [(effect, size, n, seed) for effect, size in cells] if seed < seeds else []
     return jobs
 
 
+def holm(p: np.ndarray) -> np.ndarray:
+    """Holm-adjusted p-values (NaN stays NaN)."""
+    adjusted = np.full(len(p), np.nan)
+    finite = np.flatnonzero(np.isfinite(p))
+    order = finite[np.argsort(p[finite], kind="stable")]
+    m = len(order)
+    running = 0.0
+    for rank, index in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * p[index]))
+        adjusted[index] = running
+    return adjusted
+
+
 def significant(rows: pd.DataFrame, alpha: float) -> pd.DataFrame:
-    """One row per data set (effect, size, n, seed), one boolean column per :data:`COLUMNS`."""
+    """One row per data set (effect, size, n, seed), one boolean column per :data:`COLUMNS`:
+    each verdict Holm-corrected within its family (:func:`~trainmap.dynamics.verdicts.family`,
+    as the code now assigns it), the published trajectories form by its own raw p."""
     keys = ["effect", "size", "n_per_method", "seed"]
-    rows = rows.assign(hit=rows["p_holm"] < alpha)
     found = {}
     for key, fit in rows.groupby(keys, sort=False):
+        families = fit["quantity"].map(lambda q: "published" if q == PUBLISHED else family(q))
+        adjusted = pd.Series(np.nan, index=fit.index)
+        for name in families.unique():
+            members = families == name
+            adjusted[members] = holm(fit.loc[members, "p"].to_numpy(dtype=float))
+        hit = adjusted < alpha
         cells = {}
         for column, reads in COLUMNS.items():
             if reads[0] in (PRIMARY, SECONDARY):
-                chosen = fit["family"] == reads[0]
+                chosen = families == reads[0]
             else:
-                chosen = fit["quantity"].str.startswith(reads[0])
-            cells[column] = bool(fit.loc[chosen, "hit"].any())
+                chosen = fit["quantity"].str.startswith(reads[0], na=False)
+            cells[column] = bool(hit[chosen].any())
         cells["k"] = int(fit["k"].iloc[0])
         found[key] = cells
     table = pd.DataFrame.from_dict(found, orient="index")
@@ -184,29 +232,34 @@ def interval(hits: int, total: int) -> tuple[float, float]:
 
 
 def null_table(hits: pd.DataFrame, alpha: float) -> str:
-    """False positives (size 0): per n and verdict column, k/N, the 95 % interval and whether alpha
-    lies at or above its lower end (calibrated within the interval)."""
-    lines = ["| runs per method | verdict | significant | 95 % interval | <= alpha within it |",
-             "| --- | --- | --- | --- | --- |"]  # fmt: skip
-    for n, fits in hits[hits["effect"] == NULL].groupby("n_per_method"):
+    """False findings under every null: per null cell, n and verdict column, k/N, the
+    Clopper-Pearson 95 % interval and whether alpha lies at or above its lower end (calibrated
+    within the interval)."""
+    lines = ["| null | runs per method | verdict | significant | 95 % interval | "
+             "<= alpha within it |", "| --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+    for (effect, n), fits in hits[hits["effect"].isin(list(NULLS))].groupby(
+            ["effect", "n_per_method"], sort=False):  # fmt: skip
         for column in COLUMNS:
             k, total = int(fits[column].sum()), len(fits)
             low, high = interval(k, total)
-            lines.append(f"| {n} | {column} | {share(k, total)} | [{low:.3f}, {high:.3f}] | "
-                         f"{'yes' if low <= alpha else '**no**'} |")  # fmt: skip
+            lines.append(f"| {effect} | {n} | {column} | {share(k, total)} | "
+                         f"[{low:.3f}, {high:.3f}] | {'yes' if low <= alpha else '**no**'} |")  # fmt: skip
     return "\n".join(lines)
 
 
 def power_table(hits: pd.DataFrame) -> str:
     """Share of data sets with a significant verdict, per effect x size x n (rows) and verdict
-    column (columns); the mean K of the shared maps."""
+    column (columns), each share with its Clopper-Pearson 95 % interval; the mean K."""
     header = ["effect", "size", "runs per method", "fits", "mean K", *COLUMNS]
     lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
-    order = {name: index for index, name in enumerate([NULL, *SIZES])}
+    order = {name: index for index, name in enumerate([*NULLS, *SIZES])}
     cells = hits.groupby(["effect", "size", "n_per_method"])
     for (effect, size, n), fits in sorted(cells, key=lambda item: (order.get(item[0][0], 99),
                                                                    item[0][1], item[0][2])):  # fmt: skip
-        shares = [f"{fits[column].mean():.2f}" for column in COLUMNS]
+        shares = []
+        for column in COLUMNS:
+            low, high = interval(int(fits[column].sum()), len(fits))
+            shares.append(f"{fits[column].mean():.2f} [{low:.2f}, {high:.2f}]")
         lines.append(f"| {effect} | {size:g} | {n} | {len(fits)} | {fits['k'].mean():.1f} | "
                      + " | ".join(shares) + " |")  # fmt: skip
     return "\n".join(lines)
@@ -273,7 +326,8 @@ def real_comparison(config: dict, name: str, cells: list, root: Path) -> dict | 
                                      detours),
         "censored_at": censoring_steps(runs, outcomes.convergence, outcomes.status),
         "evidence": path_evidence(runs, states, n_states, fitted.hmm.features_, outcomes.status,
-                                  settings["trajectory_points"]),
+                                  settings["trajectory_points"], settings["start_window"],
+                                  map_transitions(fitted.hmm, runs)),
     }  # fmt: skip
 
 
@@ -376,11 +430,13 @@ def parse_sizes(values: list[str]) -> dict[str, tuple[float, ...]]:
 
 def summary(hits: pd.DataFrame, found: dict[str, pd.DataFrame], alpha: float) -> str:
     """The last line (module docstring)."""
-    null = hits[hits["effect"] == NULL]
-    parts = ["verdict_calibration null",
-             f"primary={int(null['primary (any)'].sum())}/{len(null)}",
-             f"secondary={int(null['secondary (any)'].sum())}/{len(null)} | power primary"]  # fmt: skip
-    for (effect, size, n), fits in hits[hits["effect"] != NULL].groupby(
+    parts = ["verdict_calibration"]
+    for effect in NULLS:
+        null = hits[hits["effect"] == effect]
+        if len(null):
+            parts.append(f"null {effect} primary={int(null['primary (any)'].sum())}/{len(null)}")
+    parts.append("| power primary")
+    for (effect, size, n), fits in hits[~hits["effect"].isin(list(NULLS))].groupby(
             ["effect", "size", "n_per_method"]):  # fmt: skip
         parts.append(f"{effect}@{size:g},n={n}={int(fits['primary (any)'].sum())}/{len(fits)}")
     for name, rows in found.items():
@@ -398,8 +454,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="sampler seeds per effect and size (default 20)")  # fmt: skip
     parser.add_argument("--null-seeds", type=int, default=100,
                         help="sampler seeds of the null, size 0 (default 100)")  # fmt: skip
-    parser.add_argument("--runs", type=int, nargs="+", default=[16, 32],
-                        help="runs per method (default 16 32)")  # fmt: skip
+    parser.add_argument("--runs", type=int, nargs="+", default=[32],
+                        help="runs per method (default 32)")  # fmt: skip
     parser.add_argument("--effects", nargs="+", default=list(SIZES), choices=list(SIZES))
     parser.add_argument("--size", action="append", default=[],
                         help="effect=s1,s2: that effect's non-zero sizes (default "

@@ -28,14 +28,21 @@ method listed is the reference).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from trainmap.dynamics.hmm.estimator import TrainingHMM
-from trainmap.dynamics.paths import common_grid, path_difference
+from trainmap.dynamics.paths import common_grid
+from trainmap.dynamics.timecourse import (
+    START,
+    TimeResolved,
+    shared_checkpoints,
+    time_resolved,
+    window_end,
+)
 from trainmap.dynamics.regression import (
     DetourRegression,
     regress_detours,
@@ -47,6 +54,7 @@ from trainmap.dynamics.verdicts import (
     PathEvidence,
     censoring_steps,
     compare_methods,
+    map_transitions,
     path_evidence,
     run_quantities,
     verdict_markdown,
@@ -69,23 +77,13 @@ class JointComparison:
     verdicts: pd.DataFrame
     settings: dict
     paths: PathEvidence | None = None  # the label-free verdicts' runs (diverged left out)
+    bands: dict[tuple[str, str], TimeResolved] = field(default_factory=dict)
 
-    def path_differences(self) -> dict[tuple[str, str], pd.DataFrame]:
-        """Per pair of groups (first, second): where their trajectories differ, feature x grid
-        step (:func:`trainmap.dynamics.paths.path_difference`)."""
-        if self.paths is None:
-            return {}
-        order = list(dict.fromkeys(self.groups[run] for run in self.groups))
-        found = {}
-        for i, first in enumerate(order):
-            for second in order[i + 1 :]:
-                members = [r for r in self.paths.states if self.groups[r] in (first, second)]
-                if len(members) < 2:
-                    continue
-                in_first = np.array([self.groups[r] == first for r in members], dtype=bool)
-                found[first, second] = path_difference(self.paths.trajectories.loc[members],
-                                                       in_first)  # fmt: skip
-        return found
+    def time_resolved(self) -> dict[tuple[str, str], TimeResolved]:
+        """Per pair of groups (first, second): where their metrics differ, feature x shared
+        checkpoint, with max-T adjusted p-values (:func:`trainmap.dynamics.timecourse.time_resolved`;
+        computed with the comparison)."""
+        return dict(self.bands)
 
     @property
     def detours_explained_by_group(self) -> list[int]:
@@ -158,12 +156,15 @@ def detour_visit_rates(
 
 def check_comparable(
     runs: Mapping[str, pd.DataFrame], groups: Mapping[str, str], status: Mapping[str, str],
-    grid_points: int,
+    grid_points: int, start_window: int | str = "10%",
 ) -> None:  # fmt: skip
     """Bad input a comparison cannot answer, raised before any fit: a group with fewer than 2
-    runs (a relabelling test has nothing to relabel; the ValueError names the group and its run)
-    or runs without a common step grid (:func:`trainmap.dynamics.paths.common_grid` names the
-    short run)."""
+    runs (a relabelling test has nothing to relabel; the ValueError names the group and its run),
+    runs without a common step grid (:func:`trainmap.dynamics.paths.common_grid` names the
+    short run), runs whose checkpoint schedules differ over the span they all cover
+    (:func:`~trainmap.dynamics.timecourse.shared_checkpoints` names two of them) or a start
+    window that leaves fewer than 2 shared checkpoints after it
+    (:func:`~trainmap.dynamics.timecourse.window_end`)."""
     order = list(dict.fromkeys(groups[run] for run in groups))
     if len(order) < 2:
         raise ValueError(f"a joint comparison needs at least 2 groups; got {order}")
@@ -178,6 +179,7 @@ def check_comparable(
     kept = {run: runs[run] for run in runs if status.get(run, "completed") != "diverged"}
     if kept:
         common_grid(kept, grid_points)
+        window_end(start_window, shared_checkpoints(kept, groups))
 
 
 def compare_groups(
@@ -195,7 +197,7 @@ def compare_groups(
     ``confidence``, ``seed``; :data:`trainmap.dynamics.settings.ANALYSIS_DEFAULTS` fills the rest).
     """
     settings = with_defaults(settings or {})
-    check_comparable(runs, groups, status, settings["trajectory_points"])
+    check_comparable(runs, groups, status, settings["trajectory_points"], settings["start_window"])
     hmm.fit(runs, strata=groups)
     states = hmm.decode(runs)
     distributions = {run: state_distribution(s, hmm.n_states_) for run, s in states.items()}
@@ -230,12 +232,58 @@ def compare_groups(
     quantities = run_quantities(states, hmm.n_states_, convergence, status, detours.detour_states)
     ordered_groups = {run: groups[run] for g in order for run in groups if groups[run] == g}
     evidence = path_evidence(runs, states, hmm.n_states_, hmm.features_, status,
-                             settings["trajectory_points"])  # fmt: skip
+                             settings["trajectory_points"], settings["start_window"],
+                             map_transitions(hmm, runs))  # fmt: skip
     verdicts = compare_methods(quantities.loc[list(ordered_groups)], ordered_groups,
                                n_permutations=settings["permutations"],
                                confidence=settings["confidence"], alpha=settings["alpha"],
                                seed=settings["seed"],
                                censored_at=censoring_steps(runs, convergence, status),
                                paths=evidence)  # fmt: skip
+    bands = metric_bands(evidence, ordered_groups, settings)
+    verdicts = with_band_notes(verdicts, bands)
     return JointComparison(hmm, states, dict(groups), detours, with_groups, occupancy,
-                           visit_rates, table, dissimilarity, verdicts, dict(settings), evidence)  # fmt: skip
+                           visit_rates, table, dissimilarity, verdicts, dict(settings), evidence,
+                           bands)  # fmt: skip
+
+
+def metric_bands(evidence: PathEvidence, groups: Mapping[str, str], settings: Mapping[str, Any]
+                 ) -> dict[tuple[str, str], TimeResolved]:  # fmt: skip
+    """Per pair of groups with 2 runs each: where their metrics differ at the shared checkpoints
+    (:func:`~trainmap.dynamics.timecourse.time_resolved`, ``settings``' permutations and alpha,
+    seeded by the analysis seed and the pair's position)."""
+    order = list(dict.fromkeys(groups[run] for run in groups))
+    found = {}
+    for i, first in enumerate(order):
+        for j, second in enumerate(order[i + 1 :], start=i + 1):
+            members = [r for r in evidence.values if groups.get(r) in (first, second)]
+            members.sort(key=lambda run: groups[run] != first)
+            in_first = np.array([groups[r] == first for r in members], dtype=bool)
+            if in_first.sum() < 2 or (~in_first).sum() < 2:
+                continue
+            rng = np.random.default_rng(np.random.SeedSequence([settings["seed"], i, j, 59]))
+            band = time_resolved({r: evidence.values[r] for r in members}, in_first,
+                                 evidence.features, evidence.checkpoints,
+                                 settings["permutations"], settings["alpha"], rng)  # fmt: skip
+            if settings["trajectory_points"] > len(evidence.checkpoints):
+                band.notes.append(
+                    f"the runs share {len(evidence.checkpoints)} checkpoints, fewer than "
+                    f"trajectory_points {settings['trajectory_points']}: every checkpoint is "
+                    "compared")  # fmt: skip
+            found[first, second] = band
+    return found
+
+
+def with_band_notes(verdicts: pd.DataFrame, bands: Mapping[tuple[str, str], TimeResolved]
+                    ) -> pd.DataFrame:  # fmt: skip
+    """``verdicts`` with each pair's start row's note saying where in training the pair's metrics
+    differ (:meth:`~trainmap.dynamics.timecourse.TimeResolved.sentence`), after the step it reads."""
+    verdicts = verdicts.copy()
+    for (first, second), band in bands.items():
+        rows = ((verdicts["first"] == first) & (verdicts["second"] == second)
+                & (verdicts["quantity"] == START))  # fmt: skip
+        for index in verdicts.index[rows]:
+            note = verdicts.at[index, "note"]
+            verdicts.at[index, "note"] = "; ".join(part for part in (note, band.sentence(),
+                                                                     *band.notes) if part)  # fmt: skip
+    return verdicts

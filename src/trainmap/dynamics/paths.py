@@ -12,8 +12,11 @@ change when the map's states are renumbered (or, for the trajectory test, needs 
   distance E = 2 E|X - Y| - E|X - X'| - E|Y - Y'| (its unbiased U-statistic, from scipy's
   Euclidean distances, float64 loops no CPU model changes); its p-value from relabelling runs
   (:func:`scipy.stats.permutation_test`), its interval a percentile
-  bootstrap of E over runs resampled within each method. :func:`path_difference` says where in
-  training and in which metrics the methods differ (the figure ``paths.png``);
+  bootstrap of E over runs resampled within each method. A joint comparison enters each run
+  after the start window, its own level and scale removed
+  (:func:`trainmap.dynamics.timecourse.level_scale_free`), so a different start, level or scale
+  is not a different trajectory; :mod:`trainmap.dynamics.timecourse` says where in training and
+  in which metrics the methods differ (the figure ``paths.png``);
 * **first passage to the final state** (:func:`first_passage`): the state the most runs end in is
   a property of the pooled runs, not of its number; each run's first step in it is its event time,
   a run that never reaches it is right-censored at its last step, and the two methods are compared
@@ -21,11 +24,14 @@ change when the map's states are renumbered (or, for the trajectory test, needs 
   mean difference, log-rank permutation p);
 * **states visited**: the number of distinct states of a run's decoded path (difference of means,
   relabelling p, as the occupancies);
-* **transitions** (:func:`transition_lr`): the likelihood-ratio statistic of method-specific
-  against shared transition matrices, G = 2 sum_m sum_ij n^m_ij log(p^m_ij / p_ij), with
-  n^m_ij the method's transition counts (self-transitions included) and p the maximum-likelihood
-  estimates; its p-value from relabelling runs (G's chi-square law assumes independent
-  transitions, which runs' paths are not);
+* **transitions** (:func:`transition_lr`): H0, the same dynamics given the state: the
+  likelihood-ratio statistic of method-specific against shared transition matrices,
+  G = 2 sum_m sum_(i in V) sum_j n^m_ij log(p^m_ij / p_ij), with n^m_ij the method's expected
+  transition counts under the shared map (:func:`expected_transitions`, self-transitions included),
+  p the maximum-likelihood estimates and V the states both methods visit (a row one method never
+  leaves carries no comparison); the initial distributions are per method in both models, so a
+  different start adds nothing to G. Its p-value from relabelling runs with the map fixed (G's
+  chi-square law assumes independent transitions, which runs' paths are not);
 * **collapsed paths** (:func:`collapsed_paths_tv`): each run's path with repeated states collapsed
   (0 0 2 2 3 -> 0 2 3); the total variation between the methods' distributions of collapsed paths,
   0.5 sum_path |P_a(path) - P_b(path)|, with a relabelling p.
@@ -107,18 +113,6 @@ def trajectory_matrix(
     return pd.DataFrame(z.reshape(len(runs), -1), index=list(runs), columns=columns)
 
 
-def path_difference(trajectories: pd.DataFrame, in_first: np.ndarray) -> pd.DataFrame:
-    """Where two methods' trajectories differ: per feature (rows) and grid step (columns), the
-    standardised mean difference (second minus first, over the pooled within-method standard
-    deviation; 0 where both are constant) of :func:`trajectory_matrix`'s values."""
-    values = trajectories.to_numpy(dtype=float)
-    a, b = values[in_first], values[~in_first]
-    pooled = np.sqrt(((len(a) - 1) * a.var(axis=0, ddof=1) + (len(b) - 1) * b.var(axis=0, ddof=1))
-                     / max(len(a) + len(b) - 2, 1))  # fmt: skip
-    difference = (b.mean(axis=0) - a.mean(axis=0)) / np.where(pooled > 0, pooled, np.inf)
-    return pd.Series(difference, index=trajectories.columns).unstack("step")
-
-
 @dataclass(frozen=True)
 class Verdict:
     """One label-free test: ``effect`` with its percentile interval, the relabelling ``p``."""
@@ -129,7 +123,7 @@ class Verdict:
     p: float
 
 
-def _percentile(draws: np.ndarray, confidence: float) -> tuple[float, float]:
+def percentile_interval(draws: np.ndarray, confidence: float) -> tuple[float, float]:
     tail = (1 - confidence) / 2
     return float(np.quantile(draws, tail)), float(np.quantile(draws, 1 - tail))
 
@@ -198,7 +192,7 @@ def energy_verdict(
     np.add.at(counts, (rows, n_first + rng.integers(0, n_second, (n_permutations, n_second))), 1.0)
     in_first = runs < n_first
     draws = _energy_from_counts(distances, counts * in_first, counts * ~in_first)
-    return Verdict(effect, *_percentile(draws, confidence), float(test.pvalue))
+    return Verdict(effect, *percentile_interval(draws, confidence), float(test.pvalue))
 
 
 def transition_counts(path: np.ndarray, n_states: int) -> np.ndarray:
@@ -208,39 +202,91 @@ def transition_counts(path: np.ndarray, n_states: int) -> np.ndarray:
     return counts
 
 
-def _g_statistic(first: np.ndarray, second: np.ndarray) -> float:
-    """G = 2 sum_m sum_ij n^m_ij log(p^m_ij / p_ij) for two methods' summed counts."""
-    total = 0.0
+def expected_transitions(model, sequences: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """Each run's expected transition counts [K, K] under a fitted HMM ``model`` (the sum over t of
+    p(s_t = i, s_t+1 = j | run), self-transitions included), from its forward-backward on the run's
+    standardised observations ``sequences`` (its residuals where the model has run terms)."""
+    from trainmap.dynamics.hmm.forward_backward import log_forward_backward
+
+    found = []
+    for z in sequences:
+        frames = model._compute_log_likelihood(model.residuals(np.asarray(z, dtype=float)))
+        if len(frames) < 2:
+            found.append(np.zeros((model.n_components, model.n_components)))
+            continue
+        _, counts, _ = log_forward_backward(frames[None], model.startprob_, model.transmat_)
+        found.append(counts)
+    return found
+
+
+#: The smallest (expected) number of departures from a state for a method to count as visiting it.
+VISITED = 1.0
+
+
+def transition_g(first: np.ndarray, second: np.ndarray) -> np.ndarray:
+    """G = 2 sum_m sum_(i in V) sum_j n^m_ij log(p^m_ij / p_ij) for two methods' summed counts
+    [..., K, K] (batched over leading axes), over the states V both methods leave at least
+    :data:`VISITED` times: per-method against shared transition rows. A state one method does not
+    visit carries no comparison."""
+    both = (first.sum(axis=-1) >= VISITED) & (second.sum(axis=-1) >= VISITED)
     shared = first + second
-    shared_p = shared / np.maximum(shared.sum(axis=1, keepdims=True), 1.0)
+    shared_p = shared / np.maximum(shared.sum(axis=-1, keepdims=True), 1e-300)
+    total = np.zeros(first.shape[:-2])
     for counts in (first, second):
-        own = counts / np.maximum(counts.sum(axis=1, keepdims=True), 1.0)
-        used = counts > 0
-        total += float((counts[used] * np.log(own[used] / shared_p[used])).sum())
+        own = counts / np.maximum(counts.sum(axis=-1, keepdims=True), 1e-300)
+        used = (counts > 0) & both[..., None]
+        ratio = np.where(used, own, 1.0) / np.where(used, shared_p, 1.0)
+        total = total + np.where(used, counts * np.log(ratio), 0.0).sum(axis=(-1, -2))
     return 2.0 * total
+
+
+def relabellings(in_first: np.ndarray, n_permutations: int, rng: np.random.Generator) -> np.ndarray:
+    """[P, n] random relabellings of the runs (True: the first method), group sizes kept."""
+    n_first = int(in_first.sum())
+    masks = np.zeros((n_permutations, len(in_first)), dtype=bool)
+    for row in range(n_permutations):
+        masks[row, rng.permutation(len(in_first))[:n_first]] = True
+    return masks
+
+
+def bootstrap_counts(
+    n_first: int, n_second: int, draws: int, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
+    """How often each run is drawn [draws, n], per method, when each method's runs (the first
+    ``n_first``, then the rest) are resampled within the method."""
+    first = np.zeros((draws, n_first + n_second))
+    second = np.zeros_like(first)
+    rows = np.arange(draws)[:, None]
+    np.add.at(first, (rows, rng.integers(0, n_first, (draws, n_first))), 1.0)
+    np.add.at(second, (rows, n_first + rng.integers(0, n_second, (draws, n_second))), 1.0)
+    return first, second
 
 
 def transition_lr(
     counts: np.ndarray, in_first: np.ndarray, n_permutations: int, confidence: float,
     rng: np.random.Generator,
 ) -> Verdict:  # fmt: skip
-    """The likelihood-ratio statistic G of method-specific against shared transition matrices
-    (module docstring) from each run's counts ``counts`` [runs, K, K]; p from relabelling the
-    runs, the interval a bootstrap within each method."""
-
-    def statistic(mask: np.ndarray) -> float:
-        return _g_statistic(counts[mask].sum(axis=0), counts[~mask].sum(axis=0))
-
-    observed = statistic(in_first)
-    p = _relabelling_p(statistic, observed, in_first, n_permutations, rng)
-    ordered = np.concatenate([counts[in_first], counts[~in_first]])
-    n_first = int(in_first.sum())
-    draws = np.empty(n_permutations)
-    for row in range(n_permutations):
-        index = _resample_within(n_first, len(counts) - n_first, rng)
-        draws[row] = _g_statistic(ordered[index[:n_first]].sum(axis=0),
-                                  ordered[index[n_first:]].sum(axis=0))  # fmt: skip
-    return Verdict(observed, *_percentile(draws, confidence), p)
+    """The likelihood ratio G (:func:`transition_g`) of method-specific against shared transition
+    matrices from each run's counts ``counts`` [runs, K, K] (expected under the shared map,
+    :func:`expected_transitions`): the initial distributions are per method in both models, so
+    they add nothing to G; each relabelling re-sums the runs' counts (one matrix product for all
+    relabellings), the map and its emissions fixed, no refit. p from relabelling the runs, the
+    interval a bootstrap within each method."""
+    n, k = len(counts), counts.shape[-1]
+    flat = counts.reshape(n, k * k)
+    observed = float(transition_g(flat[in_first].sum(axis=0).reshape(k, k),
+                                  flat[~in_first].sum(axis=0).reshape(k, k)))  # fmt: skip
+    masks = relabellings(in_first, n_permutations, rng).astype(float)
+    summed = masks @ flat
+    relabelled = transition_g(summed.reshape(-1, k, k),
+                              (flat.sum(axis=0) - summed).reshape(-1, k, k))  # fmt: skip
+    tolerance = 1e-9 * max(abs(observed), 1.0)
+    p = (1 + int((relabelled >= observed - tolerance).sum())) / (1 + n_permutations)
+    ordered = np.concatenate([flat[in_first], flat[~in_first]])
+    first, second = bootstrap_counts(int(in_first.sum()), int((~in_first).sum()), n_permutations,
+                                     rng)  # fmt: skip
+    draws = transition_g((first @ ordered).reshape(-1, k, k), (second @ ordered).reshape(-1, k, k))
+    return Verdict(observed, *percentile_interval(draws, confidence), float(p))
 
 
 def collapse(path: np.ndarray) -> tuple[int, ...]:
@@ -275,7 +321,7 @@ def collapsed_paths_tv(
     for row in range(n_permutations):
         index = _resample_within(n_first, len(codes) - n_first, rng)
         draws[row] = _total_variation(ordered[index], boundary, n_codes)
-    return Verdict(observed, *_percentile(draws, confidence), p)
+    return Verdict(observed, *percentile_interval(draws, confidence), p)
 
 
 def _relabelling_p(

@@ -65,6 +65,7 @@ from trainmap.dynamics.settings import ANALYSIS_DEFAULTS, HMM_SETTINGS, make_hmm
 from trainmap.dynamics.stability import map_stability
 from trainmap.dynamics.stability_results import MapStability
 from trainmap.dynamics.training_map import TrainingMap, build_training_map, draw_training_map
+from trainmap.dynamics.verdicts import answer_lines
 from trainmap.io import save_json, write_atomic
 
 __all__ = [
@@ -433,12 +434,15 @@ class JointResult:
                                             "stability": self.stability.to_dict()}  # fmt: skip
 
     def verdict_markdown(self) -> str:
-        """``verdicts.md``: the stability line (and from which n each verdict holds again), then
-        the verdict table and its notes."""
+        """``verdicts.md``: the answer of each pair (:func:`~trainmap.dynamics.verdicts.answer_lines`:
+        start, where the metrics differ, path), the stability line (and from which n each verdict
+        holds again), then the verdict table and its notes."""
         curve = self.stability.curve
         per_verdict = "".join(f"- {line}\n" for line in curve.verdict_lines()) if curve else ""
         per_verdict = f"Each verdict on subsamples:\n\n{per_verdict}\n" if per_verdict else ""
-        return (f"**Stability:** {self.stability.line}.\n\n{per_verdict}"
+        answer = "".join(f"{line}\n\n" for line in answer_lines(self.comparison.verdicts))
+        return (f"**Answer** (start, where the metrics differ, path):\n\n{answer}"
+                f"**Stability:** {self.stability.line}.\n\n{per_verdict}"
                 f"{self.comparison.verdict_markdown()}")  # fmt: skip
 
     def write(self, out_dir: str | os.PathLike, title: str = "") -> dict[str, str]:
@@ -464,7 +468,7 @@ class JointResult:
                 alpha=comparison.settings["alpha"],
             ),
             "paths.png": plots.plot_path_difference(
-                comparison.path_differences(), out / "paths.png", title=title
+                comparison.time_resolved(), out / "paths.png", title=title
             ),  # fmt: skip
             "occupancy.png": plots.plot_occupancy(
                 comparison.occupancy, self.detour_states, out / "occupancy.png", title=title

@@ -249,39 +249,51 @@ def plot_verdicts(
 
 
 def plot_path_difference(
-    differences: Mapping[tuple[str, str], pd.DataFrame], path: str | os.PathLike, title: str = ""
+    bands: Mapping[tuple[str, str], Any], path: str | os.PathLike, title: str = ""
 ) -> str:
-    """Where the methods' trajectories differ: per method pair a heat map of the standardised mean
-    difference (second minus first) of each metric (rows) at each step of the common grid
-    (columns) (:func:`trainmap.dynamics.paths.path_difference`)."""
-    pairs = list(differences.items())
+    """Where the methods' metrics differ: per method pair a heat map of the standardised mean
+    difference (second minus first, over that step's pooled within-method SD) of each metric
+    (rows) at each shared checkpoint (columns), the cells whose max-T adjusted p is below alpha
+    dotted, and under it the checkpoints at which any metric differs
+    (:class:`trainmap.dynamics.timecourse.TimeResolved`)."""
+    pairs = list(bands.items())
     if not pairs:
         figure, axis = plt.subplots(figsize=(4, 1))
         axis.text(0.5, 0.5, "no pair of methods with 2 runs each", ha="center", va="center")
         axis.axis("off")
         _save(figure, path)
         return "No pair of methods has two runs each to compare."
-    limit = max(float(np.nanmax(np.abs(table.to_numpy()))) for _, table in pairs) or 1.0
-    rows = max(len(table) for _, table in pairs)
-    figure, axes = plt.subplots(len(pairs), 1, figsize=(9, 1.0 + (0.22 * rows + 0.6) * len(pairs)),
+    limit = max(float(np.nanmax(np.abs(band.effect.to_numpy()))) for _, band in pairs) or 1.0
+    limit = min(limit, 5.0)  # a start difference of 20 SDs would wash out every later one
+    rows = max(len(band.effect) for _, band in pairs)
+    figure, axes = plt.subplots(len(pairs), 1, figsize=(9, 1.0 + (0.22 * rows + 0.9) * len(pairs)),
                                 squeeze=False)  # fmt: skip
-    for axis, ((first, second), table) in zip(axes[:, 0], pairs, strict=True):
+    for axis, ((first, second), band) in zip(axes[:, 0], pairs, strict=True):
+        table, hit = band.effect, band.p.to_numpy() < band.alpha
         image = axis.imshow(table.to_numpy(), aspect="auto", cmap="RdBu_r", vmin=-limit,
                             vmax=limit, interpolation="nearest")  # fmt: skip
+        marked = np.argwhere(hit)
+        if len(marked):
+            axis.scatter(marked[:, 1], marked[:, 0], s=3, c="black", marker=".", linewidths=0)
+        steps = hit.any(axis=0)
+        axis.scatter(np.flatnonzero(steps), np.full(int(steps.sum()), len(table) - 0.3), s=6,
+                     c="black", marker="|", clip_on=False)  # fmt: skip
         axis.set_yticks(range(len(table)), list(table.index), fontsize=7)
         ticks = np.linspace(0, table.shape[1] - 1, min(table.shape[1], 6)).round().astype(int)
         axis.set_xticks(ticks, [f"{table.columns[t]:.0f}" for t in ticks], fontsize=7)
-        axis.set_title(f"{second} vs {first}", fontsize=9)
+        axis.set_title(f"{second} vs {first}: {band.sentence()}", fontsize=7, wrap=True)
         figure.colorbar(image, ax=axis, label="standardised difference", shrink=0.8)
-    axes[-1, 0].set_xlabel("step")
-    figure.suptitle(title or "where the trajectories differ", fontsize=10)
+    axes[-1, 0].set_xlabel("step (shared checkpoints)")
+    figure.suptitle(title or "where the metrics differ", fontsize=10)
     _save(figure, path)
     return (
         "Where in training and in which metrics the methods' runs differ: per method pair, the "
-        "difference of the two methods' mean (second minus first) of each standardised metric at "
-        "each step of the grid every run covers, over the pooled within-method standard "
-        "deviation (red: higher in the second method). The trajectories verdict tests all cells "
-        "at once (energy distance between the runs)."
+        "difference of the two methods' means (second minus first) of each metric at each "
+        "checkpoint every run saved, over that step's pooled within-method standard deviation "
+        "(red: higher in the second method; colours capped at 5). Dotted cells differ after "
+        "max-T correction over all checkpoints x metrics (family-wise alpha; relabelling runs); "
+        "the ticks under each map mark the checkpoints at which any metric differs. Levels count "
+        "here: a different start shows as a difference at the first steps."
     )
 
 

@@ -87,8 +87,9 @@ from trainmap.dynamics.paths import (
     FIRST_PASSAGE,
     TRAJECTORIES,
     TRANSITIONS,
-    final_state,
+    expected_transitions,
 )
+from trainmap.dynamics.timecourse import DYNAMICS, START
 from trainmap.dynamics.stability_results import (
     DEFAULT_MAX_FRACTION,
     MapStability,
@@ -111,7 +112,7 @@ from trainmap.dynamics.verdicts import (
 DEFAULT_STEP = 8
 #: The label-free verdicts a subsample can test again only with the comparison's path evidence
 #: (states visited is a per-run quantity of run_quantities, tested without it).
-LABEL_FREE = (TRAJECTORIES, FIRST_PASSAGE, TRANSITIONS, COLLAPSED_PATHS)
+LABEL_FREE = (START, DYNAMICS, TRAJECTORIES, FIRST_PASSAGE, TRANSITIONS, COLLAPSED_PATHS)
 
 
 def default_ladder(
@@ -329,9 +330,9 @@ def _held_verdicts(
     full = payload.get("paths")
     if full is not None:
         kept = [run for run in ordered if run in full.states]
-        evidence = PathEvidence(full.trajectories.loc[kept], {r: decoded[r] for r in kept},
-                                {r: full.steps[r] for r in kept}, refit.selection.n_states,
-                                final_state({r: decoded[r] for r in kept}))  # fmt: skip
+        counts = expected_transitions(refit.selection.model, [refit.z[r] for r in kept])
+        evidence = full.subset(kept, decoded, refit.selection.n_states,
+                               dict(zip(kept, counts, strict=True)))
     table = compare_methods(quantities.loc[list(ordered)], ordered, **payload["compare"],
                             paths=evidence)  # fmt: skip
     held = {verdict_key(row) for _, row in table.iterrows()}

@@ -210,13 +210,20 @@ def known_answer_scores(
     }
 
 
-#: The differences :func:`sample_methods` plants between two methods.
-_EFFECTS = ("detour", "fork", "slower", "offset")
+#: The differences :func:`sample_methods` plants between two methods: changes of b's model, and
+#: (:data:`SAME_DYNAMICS`) changes of b's runs' values that leave the dynamics as a's.
+_EFFECTS = ("detour", "fork", "slower", "offset", "start", "start_slow", "level", "scale")
+#: The planted effects under which the methods follow the same dynamics: a start that decays,
+#: a constant level, a constant scale (the path verdicts' nulls).
+SAME_DYNAMICS = ("start", "start_slow", "level", "scale")
+#: The start effects' decay, as a share of the run's length: ``start`` is gone by a tenth of
+#: training (the default start window), ``start_slow`` by twice that.
+START_DECAY = {"start": 0.1, "start_slow": 0.2}
 
 
 def sample_methods(
     effect: str, size: float, n_runs_per_method: int, n_states: int = 3, length: int = 150,
-    seed: int = 0, nuisance: float = 0.0,
+    seed: int = 0, nuisance: float = 0.0, tails: float | None = None,
 ) -> tuple[dict[str, pd.DataFrame], dict[str, str], dict[str, np.ndarray], dict[str, KnownHMM]]:  # fmt: skip
     """Two methods' runs with a known difference: ``n_runs_per_method`` metric tables of group
     ``"a"`` and as many of group ``"b"``, whose law differs from a's by ``effect`` of ``size``.
@@ -237,10 +244,20 @@ def sample_methods(
       (covariance: the last state's);
     * ``slower``: b's mean dwell in state k is multiplied by 1 + ``size`` (``size`` > -1);
     * ``offset``: b's first state's mean moves by ``size`` within-state standard deviations (the
-      first state's, along the move) perpendicular to the path's first step.
+      first state's, along the move) perpendicular to the path's first step;
+    * ``start``: every b run's values move by ``size`` such standard deviations in that direction
+      at the first checkpoint, the move decaying linearly to nothing by a tenth of the run
+      (``start_slow``: by a fifth, twice the default start window): another start, the same
+      dynamics;
+    * ``level``: every b run's values move by ``size`` such standard deviations in that direction
+      at every checkpoint (every state's mean shifted: the same dynamics at another level);
+    * ``scale``: every b run's values (standard units: means and within-state spread) are
+      multiplied by 1 + ``size`` about the first state's mean (``size`` > -1): the same dynamics
+      at another scale, as a rescaling of the weights scales their norms.
 
     Each planted choice is one transition probability of b's model, so each b run takes it
-    independently with probability ``size``. At ``size`` 0 b's model draws exactly what a's does
+    independently with probability ``size``. ``tails``: both methods' within-state noise
+    Student-t (:func:`sample_runs`). At ``size`` 0 b's model draws exactly what a's does
     (an extra state has probability 0, and hmmlearn draws the same numbers): ``runs`` and
     ``states`` are then those of :func:`sample_runs` with ``2 * n_runs_per_method`` runs, a true
     null.
@@ -254,32 +271,39 @@ def sample_methods(
         raise ValueError(f"effect {effect!r}: choose one of {', '.join(_EFFECTS)}")
     if effect in ("detour", "fork") and not 0 <= size <= 1:
         raise ValueError(f"{effect} size {size!r}: a probability, in [0, 1]")
-    if effect == "slower" and not size > -1:
-        raise ValueError(f"slower size {size!r}: the dwell is multiplied by 1 + size, so > -1")
+    if effect in ("slower", "scale") and not size > -1:
+        raise ValueError(f"{effect} size {size!r}: multiplies by 1 + size, so > -1")
     if n_states < 2:
         raise ValueError(f"n_states {n_states!r}: a path needs at least 2 states")
-    runs, states, truth = sample_runs(n_states, n_runs_per_method, length, seed, nuisance)
-    planted = _planted_model(truth, effect, size)
+    runs, states, truth = sample_runs(n_states, n_runs_per_method, length, seed, nuisance, tails)
+    same = effect in SAME_DYNAMICS
+    planted = truth if same else _planted_model(truth, effect, size)
+    moved = _moved_values(truth, effect, size, length) if same else None
     finals = (n_states - 1, n_states) if effect == "fork" else (n_states - 1,)
     groups = dict.fromkeys(runs, "a")
     for index in range(n_runs_per_method, 2 * n_runs_per_method):
         run = f"run{index:02d}"
-        runs[run], states[run] = _sample_table(planted, index, length, seed, nuisance, finals)
+        runs[run], states[run] = _sample_table(planted, index, length, seed, nuisance, finals,
+                                               tails, moved=moved)  # fmt: skip
         groups[run] = "b"
     return runs, groups, states, {"a": truth, "b": planted}
 
 
 def _sample_table(
     truth: KnownHMM, index: int, length: int, seed: int, nuisance: float, finals: tuple[int, ...],
-    tails: float | None = None, autocorrelation: float = 0.0,
+    tails: float | None = None, autocorrelation: float = 0.0, moved=None,
 ) -> tuple[pd.DataFrame, np.ndarray]:  # fmt: skip
     """Run ``index`` of ``truth`` (:func:`sample_runs`' and :func:`sample_methods`' one draw):
-    its metric table, ``test_acc`` 1.0 in the states ``finals``, and its true states."""
+    its metric table, ``test_acc`` 1.0 in the states ``finals``, and its true states.
+    ``moved``: a function of the values [T, d] (standard units) that plants a same-dynamics
+    effect (:func:`_moved_values`), applied before the run's nuisance."""
     values, hidden = truth.model.sample(length, random_state=seed * 1000 + index + 1)
     if tails is not None:
         values = heavy_tails(values, hidden, truth.model.means_, tails, seed, index)
     if autocorrelation:
         values = autocorrelated_noise(values, hidden, truth.model.means_, autocorrelation)
+    if moved is not None:
+        values = moved(values)
     if nuisance:
         values = run_nuisance(values, truth.loadings, nuisance, seed, index)
     names = list(METRIC_NAMES[: truth.model.n_features])
@@ -287,6 +311,23 @@ def _sample_table(
     table.insert(0, "step", np.arange(length) * 10)
     table["test_acc"] = np.isin(hidden, finals).astype(float)
     return table, hidden
+
+
+def _moved_values(truth: KnownHMM, effect: str, size: float, length: int):
+    """The function that plants a same-dynamics ``effect`` of ``size`` (:data:`SAME_DYNAMICS`,
+    :func:`sample_methods`) in a run's values [length, d] in standard units."""
+    if effect == "scale":
+        origin = truth.model.means_[0]
+        return lambda values: origin + (1 + size) * (values - origin)
+    to_factors = np.linalg.pinv(truth.loadings)
+    factor_means = truth.model.means_ @ to_factors.T
+    direction = _away(factor_means[1] - factor_means[0], factor_means[0], factor_means)
+    spread = math.sqrt(direction @ to_factors @ truth.model.covars_[0] @ to_factors.T @ direction)
+    shift = (size * spread * direction) @ truth.loadings.T
+    if effect == "level":
+        return lambda values: values + shift
+    weight = np.clip(1 - np.arange(length) / (START_DECAY[effect] * length), 0.0, 1.0)
+    return lambda values: values + weight[:, None] * shift
 
 
 def _planted_model(truth: KnownHMM, effect: str, size: float) -> KnownHMM:

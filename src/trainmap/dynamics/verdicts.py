@@ -37,6 +37,8 @@ import numpy as np
 import pandas as pd
 
 from trainmap.dynamics import paths as label_free
+from trainmap.dynamics import timecourse
+from trainmap.dynamics.timecourse import START_FAMILY
 from trainmap.dynamics.regression import fill_holm, state_distribution
 from trainmap.dynamics.survival import compare_survival
 
@@ -48,18 +50,38 @@ CONVERGENCE_STEP = "convergence step"
 OCCUPANCY = "occupancy of state"
 TIME_IN_DETOURS = "time in detour states"
 NO_RUN_CONVERGED = "no run of either method converged: every run censored, no evidence can be had"
-#: The verdict families, each Holm-corrected on its own within a method pair: the label-free
-#: verdicts (:mod:`trainmap.dynamics.paths`) and the convergence step answer the study's question;
-#: the state-level ones (occupancies, time in detours) say where in one map a difference lies.
-PRIMARY, SECONDARY = "primary", "secondary"
+#: The verdict families, each Holm-corrected on its own within a method pair, assigned by what
+#: each verdict does under planted nulls (bench/verdict_calibration.py; docs/decisions/): the start
+#: (:mod:`trainmap.dynamics.timecourse`: the intervention's direct effect, reported first, never the
+#: finding), with the verdicts after the start window, which a start that outlasts the window also
+#: triggers; the primary, the verdicts whose finding rate stays within alpha under a decaying
+#: start, a slower start, a level, a scale, exchangeable labels and heavy tails: the path; the
+#: secondary, the state-level ones (occupancies, time in detours) and the verdicts that read which
+#: state a run is in, which a level or scale difference triggers (it gives a method states of its
+#: own, or splits a shared one): where in one map a difference lies.
+START, PRIMARY, SECONDARY = START_FAMILY, "primary", "secondary"
+FAMILIES = (START, PRIMARY, SECONDARY)
 #: A significant unsigned verdict (an energy distance, a likelihood ratio, a total variation).
 DIFFER = "paths differ"
+#: The verdicts whose effect has no direction: a significant one says "differ".
+UNSIGNED = (*label_free.UNSIGNED, timecourse.START, timecourse.DYNAMICS)
+#: A significant start verdict.
+STARTS_DIFFER = "starts differ"
+#: The start family: the start, and the verdicts after the start window (a start that outlasts
+#: the window fires them).
+START_VERDICTS = (timecourse.START, timecourse.DYNAMICS, label_free.TRAJECTORIES)
+#: The label-free verdicts that read which state a run is in (fired by a level or a scale).
+STATE_IDENTITY = (label_free.TRANSITIONS, label_free.STATES_VISITED, label_free.COLLAPSED_PATHS,
+                  label_free.FIRST_PASSAGE)  # fmt: skip
 
 
 def family(quantity: str) -> str:
-    """The family of a verdict's quantity: secondary for the state-level quantities (whose meaning
-    depends on the map's state numbering), primary for every other."""
-    return SECONDARY if _state_level(quantity) else PRIMARY
+    """The family of a verdict's quantity (:data:`FAMILIES`): start for :data:`START_VERDICTS`,
+    secondary for the state-level quantities and :data:`STATE_IDENTITY`, primary for every
+    other (the convergence step)."""
+    if quantity in START_VERDICTS:
+        return START
+    return SECONDARY if _state_level(quantity) or quantity in STATE_IDENTITY else PRIMARY
 
 
 def _state_level(quantity: str) -> bool:
@@ -75,31 +97,72 @@ def per_run_quantity(quantity: str) -> bool:
 
 @dataclass
 class PathEvidence:
-    """What the label-free verdicts of :mod:`trainmap.dynamics.paths` read, per run: its
-    trajectory on the common step grid (:func:`~trainmap.dynamics.paths.trajectory_matrix`), its
-    decoded path and checkpoint steps, and the map's number of states. Diverged runs are left out
-    by :func:`path_evidence`; a comparison reads only the runs of its pair."""
+    """What the label-free verdicts of :mod:`trainmap.dynamics.paths` and
+    :mod:`trainmap.dynamics.timecourse` read, per run: its trajectory on the common step grid
+    (:func:`~trainmap.dynamics.paths.trajectory_matrix`), its decoded path and checkpoint steps,
+    its expected transition counts under the map (``counts``), the map's number of states, its
+    metrics at the runs' shared checkpoints (``values``: run -> [features, checkpoints]) and the
+    last step of the start window (``window_end``). Diverged runs are left out by
+    :func:`path_evidence`; a comparison reads only the runs of its pair."""
 
     trajectories: pd.DataFrame
     states: dict[str, np.ndarray]
     steps: dict[str, np.ndarray]
     n_states: int
     final_state: int
+    counts: dict[str, np.ndarray]
+    checkpoints: np.ndarray
+    values: dict[str, np.ndarray]
+    window_end: float
+    features: list[str]
+
+    def subset(self, runs: Sequence[str], states: Mapping[str, np.ndarray], n_states: int,
+               counts: Mapping[str, np.ndarray]) -> PathEvidence:  # fmt: skip
+        """The evidence of ``runs`` with their paths decoded, and their expected transitions
+        counted, by another map (a subsample's) of ``n_states`` states."""
+        kept = list(runs)
+        return PathEvidence(self.trajectories.loc[kept], {r: np.asarray(states[r]) for r in kept},
+                            {r: self.steps[r] for r in kept}, n_states,
+                            label_free.final_state({r: states[r] for r in kept}),
+                            {r: np.asarray(counts[r]) for r in kept}, self.checkpoints,
+                            {r: self.values[r] for r in kept}, self.window_end,
+                            list(self.features))  # fmt: skip
 
 
 def path_evidence(
     runs: Mapping[str, pd.DataFrame], states: Mapping[str, np.ndarray], n_states: int,
     features: Sequence[str], status: Mapping[str, str], grid_points: int,
+    start_window: int | str = "10%", counts: Mapping[str, np.ndarray] | None = None,
 ) -> PathEvidence:  # fmt: skip
-    """The :class:`PathEvidence` of a joint comparison's runs: diverged runs (``status``) left out,
-    every other run's ``features`` on a common grid of ``grid_points`` steps and its decoded path
-    (``states``, from the shared map of ``n_states`` states)."""
+    """The :class:`PathEvidence` of a joint comparison's runs: diverged runs (``status``) left
+    out, every other run's ``features`` on a common grid of ``grid_points`` steps and at the runs'
+    shared checkpoints (:func:`~trainmap.dynamics.timecourse.shared_checkpoints`), its decoded
+    path (``states``, from the shared map of ``n_states`` states), its transition counts
+    (``counts``: run -> [K, K], the expected counts under the map,
+    :func:`map_transitions`; None: its decoded path's) and the start window's end
+    (``start_window``: :func:`~trainmap.dynamics.timecourse.window_end`)."""
     kept = [run for run in runs if status.get(run, "completed") != "diverged"]
-    grid = label_free.common_grid({run: runs[run] for run in kept}, grid_points)
-    trajectories = label_free.trajectory_matrix({run: runs[run] for run in kept}, features, grid)
+    tables = {run: runs[run] for run in kept}
+    grid = label_free.common_grid(tables, grid_points)
+    trajectories = label_free.trajectory_matrix(tables, features, grid)
+    checkpoints = timecourse.shared_checkpoints(tables)
+    if counts is None:
+        counts = {run: label_free.transition_counts(np.asarray(states[run]), n_states)
+                  for run in kept}  # fmt: skip
     return PathEvidence(trajectories, {run: np.asarray(states[run]) for run in kept},
                         {run: label_free.run_steps(runs[run]) for run in kept}, n_states,
-                        label_free.final_state({run: states[run] for run in kept}))  # fmt: skip
+                        label_free.final_state({run: states[run] for run in kept}),
+                        {run: np.asarray(counts[run]) for run in kept}, checkpoints,
+                        timecourse.metric_cube(tables, features, checkpoints),
+                        timecourse.window_end(start_window, checkpoints), list(features))  # fmt: skip
+
+
+def map_transitions(hmm: Any, runs: Mapping[str, pd.DataFrame]) -> dict[str, np.ndarray]:
+    """Run -> its expected transition counts [K, K] under the fitted shared map ``hmm`` (a
+    :class:`~trainmap.dynamics.hmm.estimator.TrainingHMM`;
+    :func:`~trainmap.dynamics.paths.expected_transitions`)."""
+    counts = label_free.expected_transitions(hmm.model_, [hmm.transform(t) for t in runs.values()])
+    return dict(zip(runs, counts, strict=True))
 
 
 def _permutation_test(
@@ -175,7 +238,7 @@ def compare_methods(
             if paths is not None:
                 pair = _with_paths(pair, paths, groups, first, second, n_permutations, confidence,
                                    seed + 1000 * len(rows) + 500)  # fmt: skip
-            for name in (PRIMARY, SECONDARY):
+            for name in FAMILIES:
                 members = [row for row in pair if row["family"] == name]
                 fill_holm(members, key="p")
                 threshold = alpha / max(len(members), 1)
@@ -188,13 +251,15 @@ def compare_methods(
     return pd.DataFrame(rows, columns=columns)
 
 
-#: The order of a pair's primary verdicts in the table.
+#: The order of a pair's label-free verdicts in the table (within each family).
 PRIMARY_ORDER = (
+    timecourse.START,
     "convergence step",
+    timecourse.DYNAMICS,
     label_free.TRAJECTORIES,
-    label_free.FIRST_PASSAGE,
-    label_free.STATES_VISITED,
     label_free.TRANSITIONS,
+    label_free.STATES_VISITED,
+    label_free.FIRST_PASSAGE,
     label_free.COLLAPSED_PATHS,
 )
 
@@ -225,19 +290,31 @@ def _with_paths(
     enough = n_first >= 2 and n_second >= 2
     args = (n_permutations, confidence, rng)
     if enough:
-        values = paths.trajectories.loc[members].to_numpy(dtype=float)
+        cube = np.stack([paths.values[run] for run in members])  # runs x features x checkpoints
+        start = timecourse.start_verdict(cube[:, :, 0], in_first, *args)
+        after = paths.checkpoints > paths.window_end
+        dynamics = timecourse.dynamics_verdict(timecourse.level_scale_free(cube[:, :, after]),
+                                               in_first, *args)  # fmt: skip
+        grid = paths.trajectories.loc[members]
+        late = grid.columns.get_level_values("step").to_numpy() > paths.window_end
+        values = _level_scale_free_grid(grid.loc[:, late])
         energy = label_free.energy_verdict(values[in_first], values[~in_first], *args)
-        counts = np.stack([label_free.transition_counts(paths.states[r], paths.n_states)
-                           for r in members])  # fmt: skip
+        counts = np.stack([paths.counts[run] for run in members])
         lr = label_free.transition_lr(counts, in_first, *args)
         tv = label_free.collapsed_paths_tv([label_free.collapse(paths.states[r]) for r in members],
                                            in_first, *args)  # fmt: skip
     else:
-        energy = lr = tv = label_free.Verdict(nan, nan, nan, nan)
-    for quantity, verdict in ((label_free.TRAJECTORIES, energy), (label_free.TRANSITIONS, lr),
-                              (label_free.COLLAPSED_PATHS, tv)):  # fmt: skip
+        start = dynamics = energy = lr = tv = label_free.Verdict(nan, nan, nan, nan)
+    after_window = f"after step {paths.window_end:,.0f}, each run's own level and scale removed"
+    for quantity, verdict, note in (
+        (timecourse.START, start, f"at step {paths.checkpoints[0]:,.0f}"),
+        (timecourse.DYNAMICS, dynamics, after_window),
+        (label_free.TRAJECTORIES, energy, after_window),
+        (label_free.TRANSITIONS, lr, "expected transitions under the map"),
+        (label_free.COLLAPSED_PATHS, tv, ""),
+    ):
         added.append(_row(first, second, quantity, verdict.effect, verdict.low, verdict.high,
-                          verdict.p, n_first, n_second, n_permutations))  # fmt: skip
+                          verdict.p, n_first, n_second, n_permutations, note=note))  # fmt: skip
     samples = []
     for group in (first, second):
         passages = [label_free.first_passage(paths.states[r], paths.steps[r], paths.final_state)
@@ -253,8 +330,17 @@ def _with_paths(
                             if not result.no_events else "no run reached the final state")))  # fmt: skip
     rows = pair + added
     order = {quantity: index for index, quantity in enumerate(PRIMARY_ORDER)}
-    return sorted(rows, key=lambda row: (row["family"] != PRIMARY,
+    return sorted(rows, key=lambda row: (FAMILIES.index(row["family"]),
                                          order.get(row["quantity"], len(order))))  # fmt: skip
+
+
+def _level_scale_free_grid(grid: pd.DataFrame) -> np.ndarray:
+    """Rows of a trajectory matrix's (feature, step) columns with each run's each feature centred
+    and scaled over its steps (:func:`~trainmap.dynamics.timecourse.level_scale_free`), flat."""
+    features = grid.columns.get_level_values("feature")
+    names = list(dict.fromkeys(features))
+    cube = np.stack([grid.loc[:, features == name].to_numpy(dtype=float) for name in names], axis=1)
+    return timecourse.level_scale_free(cube).reshape(len(grid), -1)
 
 
 def _compare_pair(
@@ -338,7 +424,9 @@ def _verdict(row: dict[str, Any], threshold: float, alpha: float, n_permutations
     if n_first < 2 or n_second < 2 or row["smallest_p"] > threshold or not np.isfinite(row["p"]):
         return NOT_ENOUGH_RUNS
     if row["p_holm"] < alpha:
-        if row["quantity"] in label_free.UNSIGNED:
+        if row["quantity"] == timecourse.START:
+            return STARTS_DIFFER
+        if row["quantity"] in UNSIGNED:
             return DIFFER
         return f"{row['second']} {'higher' if row['effect'] > 0 else 'lower'}"
     return NO_EVIDENCE
@@ -396,20 +484,27 @@ def verdict_text(row: Mapping[str, Any], emphasis: str = "") -> str:
 
 
 def verdict_markdown(verdicts: pd.DataFrame, confidence: float) -> str:
-    """The verdict table as Markdown, one line per method pair and quantity: the primary family
-    (convergence and the label-free verdicts, the study's answer) under its own heading first,
-    then the secondary (state-level: where in this map a difference lies), each family
-    Holm-corrected on its own. The runs column counts the runs right-censored in a survival
-    comparison (convergence step, first passage); the verdict column holds the verdict's label
-    where the table has one (:func:`trainmap.dynamics.labels.label_verdicts`: findings marked),
-    then a note. Notes under the tables say how each test treats diverged and unconverged runs."""
+    """The verdict table as Markdown, one line per method pair and quantity, a heading per family
+    (each Holm-corrected on its own): the start (the intervention's direct effect, with the steps
+    at which the metrics differ in its note), the primary (the path: the study's answer), the
+    secondary (state-level: where in this map a difference lies). The runs column counts the runs
+    right-censored in a survival comparison (convergence step, first passage); the verdict column
+    holds the verdict's label where the table has one
+    (:func:`trainmap.dynamics.labels.label_verdicts`: findings marked), then a note. Notes under
+    the tables say what each test compares and how it treats diverged and unconverged runs."""
     families = verdicts["family"] if "family" in verdicts else verdicts["quantity"].map(family)
     parts = []
-    headings = {PRIMARY: "Label-free verdicts (primary family: the answer; Holm within it)",
+    headings = {START: "The start (family `start`: the intervention's direct effect and the course "
+                       "after the start window, which a start that outlasts the window also "
+                       "changes; never the finding; where the metrics differ in the start's note; "
+                       "Holm within it)",
+                PRIMARY: "The path (primary family: the verdicts no planted start, level or scale "
+                         "triggers; the answer; Holm within it)",
                 SECONDARY: "State-level verdicts (secondary family: where in this map the "
-                           "difference lies; Holm within it)"}  # fmt: skip
-    split = families.nunique() > 1  # headings only where both families are there
-    for name in (PRIMARY, SECONDARY):
+                           "difference lies; a level or scale difference triggers them; Holm "
+                           "within it)"}  # fmt: skip
+    split = families.nunique() > 1  # headings only where several families are there
+    for name in FAMILIES:
         rows = verdicts[families == name]
         if rows.empty:
             continue
@@ -421,17 +516,27 @@ def verdict_markdown(verdicts: pd.DataFrame, confidence: float) -> str:
         text += ("\nConvergence step: log-rank test; effect = difference of restricted mean "
                  "convergence steps (Kaplan-Meier); runs that never converged are censored at "
                  "their last step, diverged runs left out.\n")  # fmt: skip
-    if label_free.TRAJECTORIES in quantities:
-        text += ("\nLabel-free verdicts (they do not depend on how the map numbers its states): "
-                 "trajectories = energy distance between the methods' runs, each run its "
-                 "standardised metrics on a common step grid (paths.png: where they differ); "
-                 "first passage = steps to the state most runs end in (log-rank, runs that never "
-                 "reach it censored at their last step; effect = difference of restricted means); "
-                 "states visited = distinct states per run; transitions = likelihood ratio of "
-                 "method-specific against shared transition matrices; collapsed paths = total "
-                 "variation between the methods' distributions of paths with repeats collapsed. "
-                 "p-values from relabelling runs; diverged runs left out of each, runs that never "
-                 "converged kept.\n")  # fmt: skip
+    if timecourse.START in quantities:
+        text += ("\nStart: energy distance between the methods' runs at their first shared "
+                 "checkpoint (H0: the same distribution of metrics there). Where the metrics "
+                 "differ: per shared checkpoint and metric a t statistic scaled by that step's "
+                 "pooled within-method SD, max-T adjusted over all checkpoints x metrics (strong "
+                 "family-wise control, so each step named is licensed on its own; levels count; "
+                 "no evidence after a step is not equivalence). Dynamics after the start window: "
+                 "H0, after the start window (analysis.start_window) the methods' runs follow the "
+                 "same course up to each run's own level and scale (each run's metrics centred "
+                 "and scaled over those checkpoints: a start that has decayed, a constant level "
+                 "and a constant scale are inside H0); max-T p, effect = the largest standardised "
+                 "difference. Trajectories: energy distance between the methods' runs on the same "
+                 "representation, on the common step grid after the window. Transitions: H0, the "
+                 "same transition matrix given the state (initial distributions per method in "
+                 "both models), likelihood ratio of expected transition counts under the map over "
+                 "the states both methods visit. First passage = steps to the state most runs end "
+                 "in (log-rank, runs that never reach it censored at their last step); states "
+                 "visited = distinct states per run; collapsed paths = total variation between the "
+                 "methods' distributions of paths with repeats collapsed. p-values from "
+                 "relabelling runs; diverged runs left out of each, runs that never converged "
+                 "kept.\n")  # fmt: skip
     return text
 
 
@@ -457,3 +562,58 @@ def _number(value: float) -> str:
     if not np.isfinite(value):
         return ""
     return f"{value:+.0f}" if abs(value) >= 100 else f"{value:+.3f}"
+
+
+def answer_lines(verdicts: pd.DataFrame) -> list[str]:
+    """The answer of each method pair in words, in the order that keeps it honest: the start
+    (the intervention's direct effect, never the finding), the steps at which the metrics differ
+    (the start row's note, from the max-T band), then the path (the primary family: its findings,
+    its significant verdicts that are not reproducible, or no evidence). ``verdicts``: a labelled
+    verdict table (:func:`trainmap.dynamics.labels.label_verdicts`; unlabelled rows read as their
+    verdict). One line per pair, in Markdown."""
+    lines = []
+    for (first, second), rows in verdicts.groupby(["first", "second"], sort=False):
+        rows = rows.to_dict(orient="records")
+        start = next((r for r in rows if r["quantity"] == timecourse.START), None)
+        parts = []
+        if start is not None:
+            step, _, where = str(start.get("note") or "").partition("; ")
+            said = ("the runs start apart" if start["verdict"] == STARTS_DIFFER
+                    else "no evidence that the runs start apart")  # fmt: skip
+            parts.append(f"start: {said} ({step}, p = {_p(start)}): the intervention's direct "
+                         "effect, not a finding about the path")  # fmt: skip
+            if where:
+                parts.append(f"where: {where}")
+            later = [r for r in rows if r["quantity"] in START_VERDICTS[1:]]
+            moved = [r for r in later if r["verdict"] not in (NO_EVIDENCE, NOT_ENOUGH_RUNS)]
+            if moved:
+                said = "; ".join(f"{r['quantity']} p = {_p(r)}" for r in moved)
+                parts.append(f"after the start window the course still differs ({said}), which "
+                             "a start that outlasts the window also gives")  # fmt: skip
+            elif later:
+                parts.append("after the start window no evidence that the course differs")
+        primary = [r for r in rows if r.get("family", family(r["quantity"])) == PRIMARY]
+        findings = [r for r in primary if r.get("finding")]
+        unsure = [r for r in primary if not r.get("finding")
+                  and r["verdict"] not in (NO_EVIDENCE, NOT_ENOUGH_RUNS)]  # fmt: skip
+        if findings:
+            said = "; ".join(f"{r['quantity']}: {r['verdict']} (p = {_p(r)})" for r in findings)
+            parts.append(f"path: the dynamics differ: {said}")
+        elif unsure:
+            said = "; ".join(f"{r['quantity']}: {r.get('label') or r['verdict']}" for r in unsure)
+            parts.append(f"path: no reproducible difference ({said})")
+        elif all(r["verdict"] == NOT_ENOUGH_RUNS for r in primary):
+            parts.append("path: not enough runs to tell")
+        else:
+            tested = ", ".join(f"{r['quantity']} p = {_p(r)}" for r in primary
+                               if r["verdict"] != NOT_ENOUGH_RUNS)  # fmt: skip
+            parts.append(f"path: no evidence that the dynamics differ ({tested}); no evidence is "
+                         "not equivalence")  # fmt: skip
+        lines.append(f"**{second} vs {first}**: " + ". ".join(parts) + ".")
+    return lines
+
+
+def _p(row: Mapping[str, Any]) -> str:
+    """A row's Holm p, three significant digits."""
+    return f"{row['p_holm']:.3g}" if np.isfinite(row["p_holm"]) else "n/a"
+

@@ -35,7 +35,7 @@ from trainmap.dynamics.pipeline import (
 )
 from trainmap.dynamics.stability_results import MapStability
 from trainmap.dynamics.tables import read_metric_table
-from trainmap.dynamics.verdicts import verdict_text
+from trainmap.dynamics.verdicts import answer_lines, verdict_text
 from trainmap.grid import Cell
 from trainmap.io import block_manifest_of, load_json, save_json
 from trainmap.jobs.common import settings_hash
@@ -267,6 +267,10 @@ def joint_comparison_job(
         run.set_tags({"joint": name, "detour_states": result.detour_states})
         _log_stability(run, result.stability)
         run.set_tags(verdict_tags(result.comparison.verdicts))
+        # the run page shows its description first: the answer in words, start before path
+        run.set_tags({"mlflow.note.content": "\n\n".join(
+            [f"# {name}", *answer_lines(result.comparison.verdicts),
+             "Every verdict with its interval and label: the artifact verdicts.md."])})  # fmt: skip
         for group, rate in result.comparison.visit_rates.items():
             run.log_metrics({f"{group}.detour_visit_rate": rate})
         _log_figures(run, result.captions, out_dir)

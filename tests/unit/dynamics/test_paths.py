@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from trainmap.dynamics import paths
+from trainmap.dynamics import paths, timecourse
 from trainmap.dynamics.hmm.estimator import TrainingHMM
 from trainmap.dynamics.joint import check_comparable, compare_groups
 from trainmap.dynamics.synthetic import sample_runs
@@ -15,6 +15,7 @@ from trainmap.dynamics.verdicts import (
     DIFFER,
     PRIMARY,
     SECONDARY,
+    START,
     PathEvidence,
     compare_methods,
     path_evidence,
@@ -52,19 +53,22 @@ def _pair(evidence: PathEvidence, groups: dict[str, str], permutations: int = 40
 
 
 def test_the_trajectory_test_finds_a_late_offset_and_locates_it():
-    runs = _runs_with_late_offset(offset=2.0)
+    runs = _runs_with_late_offset(offset=3.0)
     groups = {run: run[0] for run in runs}
     states = {run: np.zeros(50, dtype=int) for run in runs}
     table = _pair(_evidence(runs, states, 1), groups).set_index("quantity")
     row = table.loc[paths.TRAJECTORIES]
-    assert row["family"] == PRIMARY
+    assert row["family"] == START  # after the start window: a start outlasting it fires it too
     assert row["p"] < 0.01 and row["verdict"] == DIFFER
     assert row["low"] <= row["effect"] <= row["high"]
     evidence = _evidence(runs, states, 1)
-    in_first = np.array([groups[r] == "a" for r in evidence.trajectories.index])
-    where = paths.path_difference(evidence.trajectories, in_first)
+    in_first = np.array([groups[r] == "a" for r in evidence.values])
+    band = timecourse.time_resolved(evidence.values, in_first, evidence.features,
+                                    evidence.checkpoints, 400, 0.05, np.random.default_rng(0))  # fmt: skip
+    where = band.effect
     feature, step = np.unravel_index(np.abs(where.to_numpy()).argmax(), where.shape)
     assert where.index[feature] == "l2" and where.columns[step] >= 250
+    assert band.windows()[0][0] >= 250  # nothing differs before the offset
 
 
 def test_the_trajectory_test_finds_nothing_between_draws_of_one_method():
@@ -109,9 +113,10 @@ def test_renumbering_the_states_changes_no_label_free_verdict():
     renumbered = {run: renumber[path] for run, path in states.items()}
     before = _pair(_evidence(runs, states, 3), groups).set_index("quantity")
     after = _pair(_evidence(runs, renumbered, 3), groups).set_index("quantity")
-    primary = before[before["family"] == PRIMARY].index
-    columns = ["effect", "low", "high", "p", "p_holm", "verdict"]
-    pd.testing.assert_frame_equal(before.loc[primary, columns], after.loc[primary, columns])
+    label_free = [paths.TRANSITIONS, paths.STATES_VISITED, paths.FIRST_PASSAGE,
+                  paths.COLLAPSED_PATHS, paths.TRAJECTORIES]  # fmt: skip
+    columns = ["effect", "low", "high", "p", "verdict"]
+    pd.testing.assert_frame_equal(before.loc[label_free, columns], after.loc[label_free, columns])
     # the state-level verdicts do depend on it: their quantities are named by state number
     assert (before.loc["occupancy of state 1", "effect"]
             != after.loc["occupancy of state 1", "effect"])  # fmt: skip
@@ -121,17 +126,20 @@ def test_holm_runs_within_each_family():
     runs, states = _paths_runs()
     groups = {run: run[0] for run in sorted(runs)}
     table = _pair(_evidence(runs, states, 3), groups)
+    start = table[table["family"] == START]
     primary = table[table["family"] == PRIMARY]
     secondary = table[table["family"] == SECONDARY]
-    assert list(table["family"]) == [PRIMARY] * len(primary) + [SECONDARY] * len(secondary)
-    # Holm over the primary family alone: the smallest p is multiplied by its size, not the table's
-    tested = primary[np.isfinite(primary["p"])]
+    assert list(table["family"]) == ([START] * len(start) + [PRIMARY] * len(primary)
+                                     + [SECONDARY] * len(secondary))  # fmt: skip
+    # Holm over the secondary family alone: the smallest p is multiplied by its size, not the
+    # table's
+    tested = secondary[np.isfinite(secondary["p"])]
     smallest = tested["p"].idxmin()
     assert tested.loc[smallest, "p_holm"] == pytest.approx(
         min(1.0, tested["p"].min() * len(tested))
     )
     markdown = verdict_markdown(table, 0.95)
-    assert markdown.index("Label-free verdicts") < markdown.index("State-level verdicts")
+    assert markdown.index("The path") < markdown.index("State-level verdicts")
 
 
 def test_diverged_runs_are_left_out_of_the_label_free_verdicts():
