@@ -320,14 +320,15 @@ def real_comparison(config: dict, name: str, cells: list, root: Path) -> dict | 
     detours = load_json(directory / "joint.json").get("detour_states", []) \
         if (directory / "joint.json").is_file() else []  # fmt: skip
     n_states = fitted.hmm.n_states_
+    evidence = path_evidence(runs, states, n_states, fitted.hmm.features_, outcomes.status,
+                             settings["trajectory_points"], settings["start_window"],
+                             map_transitions(fitted.hmm, runs))  # fmt: skip
     return {
         "name": name, "settings": settings, "groups": groups, "selection": fitted.hmm.selection,
         "quantities": run_quantities(states, n_states, outcomes.convergence, outcomes.status,
-                                     detours),
+                                     detours, evidence.after_window()),
         "censored_at": censoring_steps(runs, outcomes.convergence, outcomes.status),
-        "evidence": path_evidence(runs, states, n_states, fitted.hmm.features_, outcomes.status,
-                                  settings["trajectory_points"], settings["start_window"],
-                                  map_transitions(fitted.hmm, runs)),
+        "evidence": evidence,
     }  # fmt: skip
 
 

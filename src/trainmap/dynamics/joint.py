@@ -229,11 +229,12 @@ def compare_groups(
         )  # fmt: skip
         for g in order
     }
-    quantities = run_quantities(states, hmm.n_states_, convergence, status, detours.detour_states)
-    ordered_groups = {run: groups[run] for g in order for run in groups if groups[run] == g}
     evidence = path_evidence(runs, states, hmm.n_states_, hmm.features_, status,
                              settings["trajectory_points"], settings["start_window"],
                              map_transitions(hmm, runs))  # fmt: skip
+    quantities = run_quantities(states, hmm.n_states_, convergence, status, detours.detour_states,
+                                evidence.after_window())  # fmt: skip
+    ordered_groups = {run: groups[run] for g in order for run in groups if groups[run] == g}
     verdicts = compare_methods(quantities.loc[list(ordered_groups)], ordered_groups,
                                n_permutations=settings["permutations"],
                                confidence=settings["confidence"], alpha=settings["alpha"],

@@ -22,7 +22,8 @@ change when the map's states are renumbered (or, for the trajectory test, needs 
   a run that never reaches it is right-censored at its last step, and the two methods are compared
   as the convergence step is (:func:`trainmap.dynamics.survival.compare_survival`: restricted
   mean difference, log-rank permutation p);
-* **states visited**: the number of distinct states of a run's decoded path (difference of means,
+* **states visited after the start window**: the number of distinct states of a run's decoded
+  path after the start window (a start of its own is the start's; difference of means,
   relabelling p, as the occupancies);
 * **transitions** (:func:`transition_lr`): H0, the same dynamics given the state: the
   likelihood-ratio statistic of method-specific against shared transition matrices,
@@ -53,7 +54,7 @@ import pandas as pd
 
 TRAJECTORIES = "trajectories (energy distance)"
 FIRST_PASSAGE = "first passage to the final state"
-STATES_VISITED = "states visited"
+STATES_VISITED = "states visited after the start window"
 TRANSITIONS = "transitions (likelihood ratio)"
 COLLAPSED_PATHS = "collapsed paths (total variation)"
 #: The label-free quantities whose effect has no direction: a significant one says "differ".
@@ -228,6 +229,8 @@ def transition_g(first: np.ndarray, second: np.ndarray) -> np.ndarray:
     [..., K, K] (batched over leading axes), over the states V both methods leave at least
     :data:`VISITED` times: per-method against shared transition rows. A state one method does not
     visit carries no comparison."""
+    # expected counts below 1e-9 of a transition are rounding of a posterior, not evidence
+    first, second = (np.where(counts > 1e-9, counts, 0.0) for counts in (first, second))
     both = (first.sum(axis=-1) >= VISITED) & (second.sum(axis=-1) >= VISITED)
     shared = first + second
     shared_p = shared / np.maximum(shared.sum(axis=-1, keepdims=True), 1e-300)

@@ -206,6 +206,7 @@ def stability_curve(
     payload |= {"ids_by_group": ids_by_group,
                 "holdout": hmm.holdout, "groups": groups, "verdicts": followed,
                 "paths": paths if any(_label_free(v) for v in followed) else None,
+                "counted": paths.after_window() if paths is not None else None,
                 "compare": {"n_permutations": permutations, "confidence": confidence,
                             "alpha": alpha, "seed": seed,
                             "censored_at": censoring_steps(runs, convergence, status)}}  # fmt: skip
@@ -315,7 +316,7 @@ def _held_verdicts(
         return []
     drawn = sorted(decoded)
     quantities = run_quantities(decoded, refit.selection.n_states, payload["convergence"],
-                                payload["status"], detours)  # fmt: skip
+                                payload["status"], detours, payload.get("counted"))  # fmt: skip
     full_state = {state: full for full, state in matched.items()}
     renamed = {f"occupancy of state {state}": f"occupancy of state {full_state[state]}"
                for state in range(refit.selection.n_states) if state in full_state}  # fmt: skip

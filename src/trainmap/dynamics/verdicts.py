@@ -116,6 +116,11 @@ class PathEvidence:
     window_end: float
     features: list[str]
 
+    def after_window(self) -> dict[str, np.ndarray]:
+        """Run -> which of its checkpoints lie after the start window (``steps`` > ``window_end``):
+        the states visited are counted there (:func:`run_quantities`)."""
+        return {run: steps > self.window_end for run, steps in self.steps.items()}
+
     def subset(self, runs: Sequence[str], states: Mapping[str, np.ndarray], n_states: int,
                counts: Mapping[str, np.ndarray]) -> PathEvidence:  # fmt: skip
         """The evidence of ``runs`` with their paths decoded, and their expected transitions
@@ -438,17 +443,22 @@ def run_quantities(
     convergence: Mapping[str, int | None],
     status: Mapping[str, str],
     detour_states: Sequence[int],
+    counted: Mapping[str, np.ndarray] | None = None,
 ) -> pd.DataFrame:
-    """Per run: occupancy of each state, the number of states it visits (NaN for a diverged run),
-    time in detour states (when there are detours) and the convergence step (NaN for runs that
-    never converged or diverged; :func:`compare_methods` counts the runs that never converged as
-    censored at :func:`censoring_steps`)."""
+    """Per run: occupancy of each state, the number of states it visits (NaN for a diverged run;
+    ``counted``: run -> which of its checkpoints count, those after the start window,
+    :meth:`PathEvidence.after_window`; a run not in it counts every checkpoint), time in detour
+    states (when there are detours) and the convergence step (NaN for runs that never converged or
+    diverged; :func:`compare_methods` counts the runs that never converged as censored at
+    :func:`censoring_steps`)."""
     rows = {}
+    counted = counted or {}
     for run, sequence in states.items():
         occupancy = state_distribution(sequence, n_states)
         row = {f"{OCCUPANCY} {k}": occupancy[k] for k in range(n_states)}
         diverged = status.get(run, "completed") == "diverged"
-        row[label_free.STATES_VISITED] = np.nan if diverged else float(len(np.unique(sequence)))
+        late = np.asarray(sequence)[counted[run]] if run in counted else np.asarray(sequence)
+        row[label_free.STATES_VISITED] = np.nan if diverged else float(len(np.unique(late)))
         if detour_states:
             row[TIME_IN_DETOURS] = float(occupancy[list(detour_states)].sum())
         step = convergence.get(run)
