@@ -150,6 +150,10 @@ def test_every_rule_invocation_is_an_mlflow_run(smoke_run: Path) -> None:
     assert seeds.data.tags["mlflow.parentRunId"] == joint.info.run_id
     assert joint.data.tags["seed_group_run"] == seeds.info.run_id
     assert len([run for run in runs if run.info.run_name == "joint parity_init"]) == 1
+    # its description, what the run page shows first: the answer in words, start before path
+    description = joint.data.tags["mlflow.note.content"]
+    assert description.startswith("# parity_init")
+    assert description.index("start:") < description.index("path:")
 
 
 def test_second_run_has_nothing_to_do(smoke_run: Path) -> None:
@@ -300,6 +304,33 @@ def test_the_smoke_study_gives_its_published_bits_or_says_where_they_start(
         assert check.matches, report
     else:
         assert check.matches or (check.environment and check.origins.lines()), report
+
+
+def test_the_answer_blocks_are_written_from_the_results_and_checked(smoke_run: Path, tmp_path):
+    """`python -m trainmap.findings answers` writes each comparison's answer (start, where, path)
+    between the generated block's lines of each file, leaves the rest, and `--check` says when a
+    block differs; a file without a block is named."""
+    import sys
+
+    from conftest import run_command
+
+    from trainmap.findings import BLOCK_END, BLOCK_START
+
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# Title\n\nBefore.\n\n{BLOCK_START}\nstale words\n{BLOCK_END}\n\nAfter.\n")
+    python = [sys.executable, "-m", "trainmap.findings", "answers", "results"]
+    stale = run_command([*python, str(readme), "--check"], cwd=smoke_run, check=False)
+    assert stale.returncode == 1 and "Answers differ" in stale.stdout
+    run_command([*python, str(readme)], cwd=smoke_run)
+    text = readme.read_text()
+    assert text.startswith("# Title\n\nBefore.") and text.endswith("After.\n")
+    assert "stale words" not in text
+    assert "- `parity_init`, **gradinit vs kaiming**: start:" in text
+    assert run_command([*python, str(readme), "--check"], cwd=smoke_run).returncode == 0
+    bare = tmp_path / "bare.md"
+    bare.write_text("no block\n")
+    refused = run_command([*python, str(bare)], cwd=smoke_run, check=False)
+    assert refused.returncode == 2 and "bare.md: no generated block" in refused.stderr
 
 
 def test_findings_of_a_tree_without_comparisons_name_the_fix(tmp_path):

@@ -9,7 +9,7 @@ import pytest
 
 from trainmap.dynamics.synthetic import sample_methods, sample_runs
 
-EFFECTS = ("detour", "fork", "slower", "offset")
+EFFECTS = ("detour", "fork", "slower", "offset", "start", "start_slow", "level", "scale")
 N = 12  # runs per method
 
 
@@ -77,6 +77,32 @@ def test_offset_moves_b_first_state() -> None:
 
     seen = first_state_mean("b") - first_state_mean("a")
     assert np.corrcoef(seen, shift)[0, 1] > 0.9
+
+
+@pytest.mark.parametrize("effect", ["start", "start_slow", "level", "scale"])
+def test_same_dynamics_effects_move_the_values_and_keep_the_states(effect: str) -> None:
+    """start decays to nothing by a tenth of the run (start_slow by a fifth), level moves every
+    checkpoint by one vector, scale multiplies the values about the first state's mean; b's true
+    states are a's draws' (the dynamics unchanged)."""
+    null, groups, null_states, truth = sample_methods(effect, 0.0, N, length=100, seed=3)
+    runs, _, states, _ = sample_methods(effect, 4.0, N, length=100, seed=3)
+    features = [c for c in runs["run00"].columns if c not in ("step", "test_acc")]
+    scale = truth["a"].scale
+    for run in _by_group(groups, "b"):
+        np.testing.assert_array_equal(states[run], null_states[run])
+        moved = (runs[run][features].to_numpy() - null[run][features].to_numpy()) / scale
+        size = np.linalg.norm(moved, axis=1)
+        if effect == "level":
+            np.testing.assert_allclose(moved, np.repeat(moved[:1], len(moved), axis=0), atol=1e-9)
+        elif effect == "scale":
+            assert size.max() > 0
+        else:
+            gone = 10 if effect == "start" else 20
+            assert size[0] > 0 and size[gone - 1] < size[0] and np.all(size[gone:] < 1e-9)
+            np.testing.assert_allclose(size[: gone], size[0] * (1 - np.arange(gone) / gone),
+                                       rtol=1e-6)  # fmt: skip
+    for run in _by_group(groups, "a"):
+        assert runs[run].equals(null[run])
 
 
 @pytest.mark.parametrize("effect", EFFECTS)

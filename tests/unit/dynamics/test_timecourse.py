@@ -143,3 +143,21 @@ def test_the_start_family_is_shown_first_with_its_band():
     table = _verdicts(runs, groups, permutations=100).reset_index()
     markdown = verdict_markdown(table, 0.95)
     assert markdown.index("The start") < markdown.index("The path")
+
+
+def test_the_answer_says_the_start_where_and_the_path_in_that_order():
+    """answer_lines on a table whose start differs and whose course after the window does not: the
+    start is the intervention's direct effect, the band's steps follow, then the path."""
+    from trainmap.dynamics.verdicts import answer_lines
+
+    runs, groups, _, _ = sample_methods("start", 8.0, 8, length=60, seed=2)
+    table = _verdicts(runs, groups).reset_index()
+    start = table["quantity"] == timecourse.START
+    table.loc[start, "note"] += "; the metrics differ at steps 0-60 of 0-590"
+    (line,) = answer_lines(table)
+    assert line.startswith("**b vs a**: start: the runs start apart (at step 0, p = ")
+    assert line.index("start:") < line.index("where: the metrics differ at steps 0-60")
+    assert line.index("where:") < line.index("path:")
+    # these runs have no convergence step (no accuracy): the one path verdict cannot be had
+    assert line.endswith("path: not enough runs to tell.")
+    assert "after the start window no evidence that the course differs" in line
