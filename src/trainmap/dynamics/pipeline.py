@@ -40,7 +40,7 @@ figure and the maps.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -405,6 +405,7 @@ class JointResult:
     stability: MapStability
     training_map: TrainingMap
     steps: dict[str, np.ndarray]  # run -> its checkpoints' steps
+    notes: list[str] = field(default_factory=list)  # verdicts.md's sentences after the answer
     captions: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -440,7 +441,8 @@ class JointResult:
         curve = self.stability.curve
         per_verdict = "".join(f"- {line}\n" for line in curve.verdict_lines()) if curve else ""
         per_verdict = f"Each verdict on subsamples:\n\n{per_verdict}\n" if per_verdict else ""
-        answer = "".join(f"{line}\n\n" for line in answer_lines(self.comparison.verdicts))
+        answer = "".join(f"{line}\n\n" for line in [*answer_lines(self.comparison.verdicts),
+                                                     *self.notes])  # fmt: skip
         return (f"**Answer** (start, where the metrics differ, path):\n\n{answer}"
                 f"**Stability:** {self.stability.line}.\n\n{per_verdict}"
                 f"{self.comparison.verdict_markdown()}")  # fmt: skip
@@ -490,10 +492,12 @@ class JointResult:
 def joint_group(
     runs: Mapping[str, pd.DataFrame], groups: Mapping[str, str], outcomes: Outcomes,
     settings: Mapping[str, Any], out_dir: str | os.PathLike | None = None, title: str = "",
-    n_jobs: int = 1,
+    n_jobs: int = 1, notes: Sequence[str] = (),
 ) -> JointResult:  # fmt: skip
     """One shared HMM over several groups' runs (``groups``: run id -> group label), the comparison
-    of the groups, its verdicts, its bootstrap and its map; written to ``out_dir`` when given."""
+    of the groups, its verdicts, its bootstrap and its map; written to ``out_dir`` when given.
+    ``notes``: sentences ``verdicts.md`` gives after the answer (e.g. what compares across
+    architectures, :func:`~trainmap.dynamics.timecourse.architecture_note`)."""
     settings = with_defaults(settings)
     comparison = compare_groups(runs, groups, outcomes.convergence, outcomes.status,
                                 make_hmm(settings | {"n_jobs": n_jobs}), settings)  # fmt: skip
@@ -505,7 +509,8 @@ def joint_group(
                                          comparison.detours_explained_by_group)  # fmt: skip
     training_map = build_training_map(comparison.hmm, runs, comparison.states,
                                       outcomes.convergence, groups=groups)  # fmt: skip
-    result = JointResult(comparison, bootstrap, stability, training_map, _steps(runs))
+    result = JointResult(comparison, bootstrap, stability, training_map, _steps(runs),
+                         [note for note in notes if note])  # fmt: skip
     if out_dir is not None:
         result.write(out_dir, title)
     return result

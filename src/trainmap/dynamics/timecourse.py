@@ -294,6 +294,33 @@ def time_resolved(values: Mapping[str, np.ndarray], in_first: np.ndarray, featur
                         n_permutations)  # fmt: skip
 
 
+#: The metrics that are ratios of norms of the same weights: a rescaling of the weights (GradInit's
+#: intervention) leaves them unchanged; a change of the weights' shape does not.
+SCALE_FREE_METRICS = ("l1_l2", "trace_spectral")
+
+
+def architecture_note(architectures: Sequence[str], repvgg_weights: str = "train") -> str:
+    """What compares across the architectures of a comparison ("" for one architecture): which
+    metrics a rescaling leaves alone, and, for RepVGG, which weights are measured
+    (``analysis.repvgg_weights``)."""
+    names = sorted(set(architectures))
+    if len(names) < 2:
+        return ""
+    text = (f"The methods differ in architecture ({', '.join(names)}): the ratio metrics "
+            f"{' and '.join(SCALE_FREE_METRICS)} are unchanged by a rescaling of the weights but "
+            "not by their shape, so the start and the band compare architectures as well as "
+            "training; the verdicts after the start window remove each run's own level and "
+            "scale.")  # fmt: skip
+    if any(name.startswith("repvgg") for name in names):
+        text += (" RepVGG's runs are measured in their fused deploy weights (analysis.repvgg_weights: "
+                 "deploy): every metric of one weight space with its plain twin's."
+                 if repvgg_weights == "deploy" else
+                 " RepVGG's runs are measured in their multi-branch training weights "
+                 "(analysis.repvgg_weights: train): another weight space than a plain network's; "
+                 "deploy compares the fused kernels.")  # fmt: skip
+    return text
+
+
 def share_of_start(effect: pd.DataFrame) -> float:
     """The share of the squared standardised differences summed over all shared checkpoints that
     sits at the first one (0 where none differs)."""

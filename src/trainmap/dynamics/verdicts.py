@@ -595,20 +595,27 @@ def answer_lines(verdicts: pd.DataFrame) -> list[str]:
             if where:
                 parts.append(f"where: {where}")
             later = [r for r in rows if r["quantity"] in START_VERDICTS[1:]]
+            window = str(later[0].get("note") or "").partition(", each run")[0] if later else ""
+            after = f"after the start window ({window})" if window else "after the start window"
             moved = [r for r in later if r["verdict"] not in (NO_EVIDENCE, NOT_ENOUGH_RUNS)]
-            if moved:
+            held = [r for r in moved if r.get("finding", True)]
+            if held:
+                said = "; ".join(f"{r['quantity']} p = {_p(r)}" for r in held)
+                parts.append(f"{after} the course still differs ({said}), which a start that "
+                             "outlasts the window also gives")  # fmt: skip
+            elif moved:
                 said = "; ".join(f"{r['quantity']} p = {_p(r)}" for r in moved)
-                parts.append(f"after the start window the course still differs ({said}), which "
-                             "a start that outlasts the window also gives")  # fmt: skip
+                parts.append(f"{after} the course differs in these runs but not reproducibly "
+                             f"({said}: not held again on subsamples of the seeds)")  # fmt: skip
             elif later:
-                parts.append("after the start window no evidence that the course differs")
+                parts.append(f"{after} no evidence that the course differs")
         primary = [r for r in rows if r.get("family", family(r["quantity"])) == PRIMARY]
         findings = [r for r in primary if r.get("finding")]
         unsure = [r for r in primary if not r.get("finding")
                   and r["verdict"] not in (NO_EVIDENCE, NOT_ENOUGH_RUNS)]  # fmt: skip
         if findings:
             said = "; ".join(f"{r['quantity']}: {r['verdict']} (p = {_p(r)})" for r in findings)
-            parts.append(f"path: the dynamics differ: {said}")
+            parts.append(f"path: a reproducible difference: {said}")
         elif unsure:
             said = "; ".join(f"{r['quantity']}: {r.get('label') or r['verdict']}" for r in unsure)
             parts.append(f"path: no reproducible difference ({said})")

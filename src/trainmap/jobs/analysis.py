@@ -35,6 +35,7 @@ from trainmap.dynamics.pipeline import (
 )
 from trainmap.dynamics.stability_results import MapStability
 from trainmap.dynamics.tables import read_metric_table
+from trainmap.dynamics.timecourse import architecture_note
 from trainmap.dynamics.verdicts import answer_lines, verdict_text
 from trainmap.grid import Cell
 from trainmap.io import block_manifest_of, load_json, save_json
@@ -262,8 +263,10 @@ def joint_comparison_job(
                   config_hash=settings_hash([settings, name, run_ids]),
                   name=f"joint {name}" + (f" round {adaptive_round['round']}"
                                           if adaptive_round is not None else "")) as run:  # fmt: skip
+        architectures = [Cell.of(cell).arch for cell in cells]
+        note = architecture_note(architectures, settings.get("repvgg_weights", "train"))
         result = joint_group(runs, groups, outcomes, settings, out_dir, title=name,
-                             n_jobs=threads)  # fmt: skip
+                             n_jobs=threads, notes=[note])  # fmt: skip
         run.set_tags({"joint": name, "detour_states": result.detour_states})
         _log_stability(run, result.stability)
         run.set_tags(verdict_tags(result.comparison.verdicts))
