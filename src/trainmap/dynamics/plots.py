@@ -193,27 +193,33 @@ def plot_verdicts(
     alpha: float = 0.05,
 ) -> str:  # fmt: skip
     """A labelled verdict table (:func:`trainmap.dynamics.labels.label_verdicts`) in three
-    panels: the primary family's Holm p-values (every statistic on one scale), the step effects
-    (convergence step, first passage) and the state-level occupancy effects with their intervals;
+    panels: the Holm p-values of every verdict that is not about one state (every statistic on
+    one scale; its family in brackets), the step effects (convergence step, first passage) and the
+    state-level effects (each state's occupancy, the time in detours) with their intervals;
     coloured by verdict: green marks findings only, orange a significant difference that is not
     one."""
     from trainmap.dynamics.paths import FIRST_PASSAGE
-    from trainmap.dynamics.verdicts import NO_EVIDENCE, NOT_ENOUGH_RUNS, PRIMARY, family
+    from trainmap.dynamics.verdicts import NO_EVIDENCE, NOT_ENOUGH_RUNS, OCCUPANCY, TIME_IN_DETOURS
+    from trainmap.dynamics.verdicts import family as family_of
 
     rows = verdicts.reset_index(drop=True)
-    families = rows["family"] if "family" in rows else rows["quantity"].map(family)
+    families = rows["family"] if "family" in rows else rows["quantity"].map(family_of)
+    rows = rows.assign(family=families)
     in_steps = rows["quantity"].isin(["convergence step", FIRST_PASSAGE])
-    panels = [("p", rows[families == PRIMARY]), ("steps", rows[in_steps]),
-              ("occupancy", rows[(families != PRIMARY) & ~in_steps])]  # fmt: skip
+    one_state = rows["quantity"].str.startswith(OCCUPANCY) | (rows["quantity"] == TIME_IN_DETOURS)
+    panels = [("p", rows[~one_state]), ("steps", rows[in_steps]),
+              ("occupancy", rows[one_state])]  # fmt: skip
     panels = [(kind, part) for kind, part in panels if len(part)]
-    height = 0.9 + 0.32 * max(max(len(part) for _, part in panels), 1)
-    figure, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), height), squeeze=False)
+    # one panel under another, each row tall enough for its two- or three-line label
+    sizes = [len(part) for _, part in panels]
+    figure, axes = plt.subplots(len(panels), 1, figsize=(10, 1.0 + 0.5 * sum(sizes) + 0.6 * len(sizes)),
+                                squeeze=False, gridspec_kw={"height_ratios": sizes})  # fmt: skip
 
     def colour(row: Any) -> str:
         return ("0.6" if row.verdict == NOT_ENOUGH_RUNS else "C2" if getattr(row, "finding", False)
                 else "C0" if row.verdict == NO_EVIDENCE else "C1")  # fmt: skip
 
-    for axis, (kind, part) in zip(axes[0], panels, strict=True):
+    for axis, (kind, part) in zip(axes[:, 0], panels, strict=True):
         for position, row in enumerate(part.itertuples()):
             if kind == "p":
                 value = row.p_holm if np.isfinite(row.p_holm) else 1.0
@@ -228,19 +234,20 @@ def plot_verdicts(
             axis.axvline(0, color="0.3", lw=0.8)
             axis.set_xlabel("difference of restricted mean steps" if kind == "steps"
                             else "occupancy difference")  # fmt: skip
-        axis.set_yticks(range(len(part)), [f"{r.second} vs {r.first}: {r.quantity}\n"
-                                           + textwrap.fill(str(getattr(r, "label", r.verdict)), 50)
+        axis.set_yticks(range(len(part)), [f"{r.second} vs {r.first}: {r.quantity} [{r.family}]\n"
+                                           + textwrap.fill(str(getattr(r, "label", r.verdict)), 70)
                                            for r in part.itertuples()], fontsize=7)  # fmt: skip
         axis.invert_yaxis()
     figure.suptitle(title or "verdicts", fontsize=10)
     _save(figure, path)
     return (
-        "Verdicts per method pair. Left: the primary family (convergence and the label-free "
-        "verdicts, which do not depend on how the map numbers its states) as -log10 of the "
-        f"Holm-corrected p-value; right of the dashed line is significant at alpha {alpha:g}. "
+        "Verdicts per method pair. Top: every verdict that is not about one state (its family "
+        "in brackets: start, the intervention's direct effect; primary, the path; secondary, "
+        "where in this map) as -log10 of the Holm-corrected p-value (Holm within each family); "
+        f"right of the dashed line is significant at alpha {alpha:g}. "
         "Then the step effects (convergence step, first passage to the final state: the "
         "difference of restricted mean steps of the Kaplan-Meier curves, second method minus "
-        f"first, {confidence:.0%} bootstrap interval) and the state-level family (occupancy "
+        f"first, {confidence:.0%} bootstrap interval) and the state-level verdicts (occupancy "
         "differences with their intervals: where in this map a difference lies). Green: a "
         "finding (significant after Holm's correction and holding again on subsamples of the "
         "seeds), orange: significant but not a finding (its label says why), blue: no evidence "

@@ -67,8 +67,9 @@ def test_cli_runs_fit_map_regression_and_joint(tmp_path):
     # 4 runs per group: a ladder of one seed count (3 = floor(0.8 x 4)), its sentence on top
     stability = json.loads((out / "joint" / "stability.json").read_text())
     assert stability["measured"] and stability["ladder"] == [3]
-    assert (out / "joint" / "verdicts.md").read_text().startswith(
-        f"**Stability:** {stability['line']}.")  # fmt: skip
+    page = (out / "joint" / "verdicts.md").read_text()
+    assert page.startswith("**Answer** (start, where the metrics differ, path):")
+    assert f"\n\n**Stability:** {stability['line']}.\n" in page
     assert json.loads((out / "stability.json").read_text())["ladder"] == [6]
 
 
