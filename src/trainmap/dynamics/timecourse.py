@@ -182,12 +182,23 @@ def max_t(values: np.ndarray, in_first: np.ndarray, n_permutations: int,
     first = in_first[None, :].astype(float)
     t, d = _t_statistics(first, 1 - first, centred, floor)
     t, d = t[0], d[0]
+    # Relabellings keep both group sizes, and the columns are centred (they sum to 0), so with
+    # S the first method's sum, Q a column's sum of squares and c = 1/n_a + 1/n_b:
+    # t^2 = (n - 2) c r / (1 - c r), r = S^2 / Q, increasing in r; one product per chunk of
+    # relabellings gives every S, and each relabelling's largest t is that of its largest r.
+    n_first, n = int(in_first.sum()), len(in_first)
+    c = 1 / n_first + 1 / (n - n_first)
+    total_squares = (centred**2).sum(axis=0)
+    constant = total_squares <= 0
+    total_squares = np.where(constant, 1.0, total_squares)
+    lowest = 1e-12 * max(n - 2, 1) / n  # the pooled variance's floor (_prepared), relative to Q
     maxima = np.empty(n_permutations)
     masks = relabellings(in_first, n_permutations, rng)
     for start in range(0, n_permutations, _CHUNK):
-        chunk = masks[start : start + _CHUNK].astype(float)
-        relabelled, _ = _t_statistics(chunk, 1 - chunk, centred, floor)
-        maxima[start : start + _CHUNK] = np.abs(relabelled).max(axis=1)
+        sums = masks[start : start + _CHUNK].astype(float) @ centred
+        largest = (sums**2 / total_squares).max(axis=1)
+        maxima[start : start + _CHUNK] = np.sqrt(
+            max(n - 2, 1) * c * largest / np.maximum(1 - c * largest, lowest))
     maxima.sort()
     exceed = len(maxima) - np.searchsorted(maxima, np.abs(t) - 1e-9 * np.maximum(np.abs(t), 1))
     return t, d, (1 + exceed) / (1 + n_permutations)

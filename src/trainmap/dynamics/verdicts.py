@@ -624,8 +624,8 @@ def answer_lines(verdicts: pd.DataFrame) -> list[str]:
         else:
             tested = ", ".join(f"{r['quantity']} p = {_p(r)}" for r in primary
                                if r["verdict"] != NOT_ENOUGH_RUNS)  # fmt: skip
-            parts.append(f"path: no evidence that the dynamics differ ({tested}); no evidence is "
-                         "not equivalence")  # fmt: skip
+            parts.append(f"path: no evidence of a difference ({tested}); no evidence is not "
+                         "equivalence")  # fmt: skip
         lines.append(f"**{second} vs {first}**: " + ". ".join(parts) + ".")
     return lines
 
