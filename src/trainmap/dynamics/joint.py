@@ -36,13 +36,6 @@ import pandas as pd
 
 from trainmap.dynamics.hmm.estimator import TrainingHMM
 from trainmap.dynamics.paths import common_grid
-from trainmap.dynamics.timecourse import (
-    START,
-    TimeResolved,
-    shared_checkpoints,
-    time_resolved,
-    window_end,
-)
 from trainmap.dynamics.regression import (
     DetourRegression,
     regress_detours,
@@ -50,6 +43,13 @@ from trainmap.dynamics.regression import (
     trajectory_dissimilarity,
 )
 from trainmap.dynamics.settings import with_defaults
+from trainmap.dynamics.timecourse import (
+    START,
+    TimeResolved,
+    shared_checkpoints,
+    time_resolved,
+    window_end,
+)
 from trainmap.dynamics.verdicts import (
     PathEvidence,
     censoring_steps,

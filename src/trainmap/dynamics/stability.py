@@ -89,7 +89,6 @@ from trainmap.dynamics.paths import (
     TRANSITIONS,
     expected_transitions,
 )
-from trainmap.dynamics.timecourse import DYNAMICS, START
 from trainmap.dynamics.stability_results import (
     DEFAULT_MAX_FRACTION,
     MapStability,
@@ -99,6 +98,7 @@ from trainmap.dynamics.stability_results import (
     ladder_limit,
     verdict_key,
 )
+from trainmap.dynamics.timecourse import DYNAMICS, START
 from trainmap.dynamics.verdicts import (
     NO_EVIDENCE,
     NOT_ENOUGH_RUNS,
@@ -332,8 +332,9 @@ def _held_verdicts(
     if full is not None:
         kept = [run for run in ordered if run in full.states]
         counts = expected_transitions(refit.selection.model, [refit.z[r] for r in kept])
-        evidence = full.subset(kept, decoded, refit.selection.n_states,
-                               dict(zip(kept, counts, strict=True)))
+        evidence = full.subset(
+            kept, decoded, refit.selection.n_states, dict(zip(kept, counts, strict=True))
+        )
     table = compare_methods(quantities.loc[list(ordered)], ordered, **payload["compare"],
                             paths=evidence)  # fmt: skip
     held = {verdict_key(row) for _, row in table.iterrows()}

@@ -198,7 +198,8 @@ def max_t(values: np.ndarray, in_first: np.ndarray, n_permutations: int,
         sums = masks[start : start + _CHUNK].astype(float) @ centred
         largest = (sums**2 / total_squares).max(axis=1)
         maxima[start : start + _CHUNK] = np.sqrt(
-            max(n - 2, 1) * c * largest / np.maximum(1 - c * largest, lowest))
+            max(n - 2, 1) * c * largest / np.maximum(1 - c * largest, lowest)
+        )
     maxima.sort()
     exceed = len(maxima) - np.searchsorted(maxima, np.abs(t) - 1e-9 * np.maximum(np.abs(t), 1))
     return t, d, (1 + exceed) / (1 + n_permutations)

@@ -38,9 +38,9 @@ import pandas as pd
 
 from trainmap.dynamics import paths as label_free
 from trainmap.dynamics import timecourse
-from trainmap.dynamics.timecourse import START_FAMILY
 from trainmap.dynamics.regression import fill_holm, state_distribution
 from trainmap.dynamics.survival import compare_survival
+from trainmap.dynamics.timecourse import START_FAMILY
 
 NOT_ENOUGH_RUNS = "not enough runs"
 NO_EVIDENCE = "no evidence of a difference"
@@ -633,4 +633,3 @@ def answer_lines(verdicts: pd.DataFrame) -> list[str]:
 def _p(row: Mapping[str, Any]) -> str:
     """A row's Holm p, three significant digits."""
     return f"{row['p_holm']:.3g}" if np.isfinite(row["p_holm"]) else "n/a"
-
