@@ -13,6 +13,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -20,7 +21,14 @@ import pandas as pd
 import pytest
 import torch
 import yaml
-from conftest import REPO_ROOT, MlflowServer, copy_workflow, dry_run_job_counts, snakemake
+from conftest import (
+    REPO_ROOT,
+    MlflowServer,
+    copy_workflow,
+    dry_run_job_counts,
+    run_command,
+    snakemake,
+)
 
 from .test_workflow import cells_of_block_rules
 
@@ -28,6 +36,15 @@ pytestmark = pytest.mark.integration
 
 SCRIPT = REPO_ROOT / "profiles/slurm/local_cluster.sh"
 SMOKE = "config/smoke.yaml"
+#: Snakemake with the SLURM executor's status checks at a fixed pause (the plugin lengthens it by
+#: 10 s after each check that finds no job finished, up to 180 s: fixed_status_checks.py).
+FIXED_STATUS_CHECKS = Path(__file__).parent / "fixed_status_checks.py"
+
+
+def slurm_snakemake(*args: str, cwd: Path, **kwargs) -> subprocess.CompletedProcess:
+    """``snakemake ARGS`` through :data:`FIXED_STATUS_CHECKS`, with this environment's
+    interpreter."""
+    return run_command([sys.executable, str(FIXED_STATUS_CHECKS), *args], cwd=cwd, **kwargs)
 
 
 def slurm_unavailable() -> str | None:
@@ -66,7 +83,7 @@ def slurm_run(cluster, tmp_path_factory):
         planned = snakemake("-n", "--cores", "2", *configs, cwd=workdir, **env)
         (workdir / "planned_jobs.json").write_text(json.dumps(dry_run_job_counts(planned.stdout)))
         started = time.monotonic()
-        snakemake(
+        slurm_snakemake(
             "--profile", "profiles/slurm", *configs,
             "--slurm-status-command", "squeue", "--slurm-no-account",
             "--slurm-init-seconds-before-status-checks", "1",
@@ -176,7 +193,7 @@ def test_a_block_of_a_resnet18_sized_model_trains_through_sbatch(cluster, tmp_pa
     )
     configs = ["--configfile", SMOKE, "resnet18.yaml"]
     block = "fake_images/resnet_bn/kaiming/seeds0-1"
-    done = snakemake(
+    done = slurm_snakemake(
         f"results/metrics/{block}.json", "--profile", "profiles/slurm", *configs,
         "--slurm-status-command", "squeue", "--slurm-no-account",
         "--slurm-init-seconds-before-status-checks", "1", "--seconds-between-status-checks", "2",

@@ -149,6 +149,8 @@ def present_final_round(trace: Mapping[str, Any], out_dir: str | os.PathLike) ->
     entry = {key: value for key, value in trace.items() if key != "decisions"}
     save_json(load_json(source / "joint.json") | {"adaptive": entry}, out / "joint.json")
     verdicts = (source / "verdicts.md").read_text()
-    line = f"**Adaptive seeds:** {adaptive_line(trace)}.\n\n"
-    head, _, rest = verdicts.partition("\n\n")
-    write_verdicts(out, f"{head}\n\n{line}{rest}", out.name)
+    # the adaptive line goes after the stability line (after the answer, which opens the page)
+    paragraphs = verdicts.split("\n\n")
+    after = next((i for i, part in enumerate(paragraphs) if part.startswith("**Stability:**")), 0)
+    paragraphs.insert(after + 1, f"**Adaptive seeds:** {adaptive_line(trace)}.")
+    write_verdicts(out, "\n\n".join(paragraphs), out.name)

@@ -19,7 +19,8 @@ make an error that tracks the method's schedule):
   runs, which controls the family-wise error over all steps x metrics in the strong sense, so each
   step named is licensed on its own ("differ from step a to step b"). No evidence after step b is
   not equivalence (that would need a margin and two one-sided tests, Schuirmann 1987);
-* **the dynamics after the start window** (:func:`dynamics_verdict`, primary): H0, after a start
+* **the dynamics after the start window** (:func:`dynamics_verdict`; in the start family, because
+  a start that outlasts the window fires it, bench/verdict_calibration.py): H0, after a start
   window W fixed before the data are seen (``analysis.start_window``, default the first 10 % of the
   common span), the methods' runs follow the same course up to each run's own level and scale. Each
   run's each metric is centred and scaled by its own mean and standard deviation over the
@@ -91,7 +92,7 @@ def shared_checkpoints(runs: Mapping[str, pd.DataFrame], groups: Mapping[str, st
             f"({len(inside[one])} against {len(inside[other])} checkpoints); the time-resolved "
             "comparison reads the methods' own checkpoints and does not interpolate (an "
             "interpolation error would follow each method's schedule): give every run of a "
-            "comparison the same checkpoint schedule (train.<task>.checkpoints and steps)"
+            "comparison the same checkpoint schedule (train.<task>.checkpoint_every and steps)"
         )  # fmt: skip
     return inside[reference].astype(float)
 

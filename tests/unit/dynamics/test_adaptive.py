@@ -163,10 +163,11 @@ def test_an_adaptive_comparison_adds_seeds_until_it_stops(repo_root, tmp_path):
     assert summary["adaptive"]["seeds_added"] == list(range(4, n))
     assert summary["adaptive"]["stable"] == stable
     verdicts = (root / "results/joint/parity_init/verdicts.md").read_text().split("\n\n")
-    assert verdicts[0] == f"**Stability:** {decisions[-1]['line']}."
-    assert verdicts[1].startswith(f"**Adaptive seeds:** {n} seeds per method after {final} "
+    assert verdicts[0] == "**Answer** (start, where the metrics differ, path):"
+    line = verdicts.index(f"**Stability:** {decisions[-1]['line']}.")
+    assert verdicts[line + 1].startswith(f"**Adaptive seeds:** {n} seeds per method after {final} "
                                   f"round(s) (seeds 4-{n - 1} added); K by round: 4 seeds: K = ")  # fmt: skip
-    assert "; stopped because " in verdicts[1]
+    assert "; stopped because " in verdicts[line + 1]
     assert trace["rounds"][0]["map"] == "first" and "n_states" in trace["rounds"][-1]
     if final:  # each later round says whether its map is the previous one's
         assert trace["rounds"][1]["map"] in ("changed", "unchanged")
