@@ -332,10 +332,3 @@ def architecture_note(architectures: Sequence[str], repvgg_weights: str = "train
                  "(analysis.repvgg_weights: train): another weight space than a plain network's; "
                  "deploy compares the fused kernels.")  # fmt: skip
     return text
-
-
-def share_of_start(effect: pd.DataFrame) -> float:
-    """The share of the squared standardised differences summed over all shared checkpoints that
-    sits at the first one (0 where none differs)."""
-    squares = (effect.to_numpy() ** 2).sum(axis=0)
-    return float(squares[0] / squares.sum()) if squares.sum() > 0 else 0.0
