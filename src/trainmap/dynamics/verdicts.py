@@ -176,9 +176,7 @@ def _permutation_test(
     """Two-sided p-values of mean(second) - mean(first) for each column of ``values`` [n, q]."""
     n_first = int(in_first.sum())
     observed = values[~in_first].mean(axis=0) - values[in_first].mean(axis=0)
-    masks = np.zeros((n_permutations, len(values)), dtype=bool)
-    for row in range(n_permutations):
-        masks[row, rng.permutation(len(values))[:n_first]] = True
+    masks = label_free.relabellings(in_first, n_permutations, rng)  # the same draws as before
     first = masks.astype(float) @ values / n_first
     second = (~masks).astype(float) @ values / (len(values) - n_first)
     extreme = (np.abs(second - first) >= np.abs(observed) - 1e-12).sum(axis=0)
