@@ -284,3 +284,18 @@ def test_dvc_runs_the_stage_of_every_rule_a_setting_reaches(probe, repo_root: Pa
                     f"{'.'.join(key)} reaches rule {rule} (DVC stage {stage}), but no stage that "
                     f"declares params section {key[0]} runs it or precedes it"
                 )  # fmt: skip
+
+
+def test_new_training_keys_at_their_off_value_rerun_nothing(smoke_run: Path, tmp_path) -> None:
+    """``train.<task>.augment`` (null or {}) and ``param_groups: single`` leave a finished study up
+    to date: they are out of the cell hash, the rules' params and the effective settings. Turning
+    augmentation on for digits reruns digits' training (the check can fail)."""
+    planner = Planner(smoke_run)
+    overlay = tmp_path / "off.yaml"
+    for off in (None, {}):
+        settings = {"augment": off, "param_groups": "single"}
+        overlay.write_text(yaml.safe_dump({"train": {"sparse_parity": settings, "digits": settings}}))
+        assert planner.plan(overlay) == {}, off
+    overlay.write_text(yaml.safe_dump({"train": {"digits": {"augment": {"flip": True}}}}))
+    planned = planner.plan(overlay)
+    assert planned.get("train") == {"direct"} and "effective_settings" in planned

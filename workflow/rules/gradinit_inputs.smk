@@ -7,4 +7,4 @@ GRADINIT_METHODS = grid.methods_with_stage("gradinit")
 
 @input_function
 def gradinit_settings_of_task(wildcards):
-    return grid.stage_settings(config, "gradinit", wildcards.task)
+    return grid.stage_job_settings(config, "gradinit", wildcards.task)

@@ -6,7 +6,7 @@ SPARSE_METHODS = grid.methods_with_stage("sparse")
 
 @input_function
 def sparse_settings_of_task(wildcards):
-    return grid.stage_settings(config, "sparse", wildcards.task)
+    return grid.stage_job_settings(config, "sparse", wildcards.task)
 
 
 @input_function

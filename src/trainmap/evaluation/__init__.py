@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from torch import nn
 
 from trainmap.data import TaskData
 from trainmap.models import count_parameters
+from trainmap.training.augment import evaluation_inputs, recipe_of_record
 from trainmap.training.checkpoints import load_model
 from trainmap.training.loop import evaluate_split
 
@@ -84,24 +86,27 @@ def evaluate_form(
     latency_repeats: int = 20,
     bytes_path: str | Path | None = None,
     latency: str = "cpu",
+    prepare: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> dict[str, Any]:
     """Accuracy, size and latency of one form of a run's model (trained, deploy, sparse, int8...).
 
     Accuracy and loss on ``data``'s device (the training device, :func:`trainmap.training.setup.
     on_device`); latency on the CPU (``latency="cpu"``), on that device (``"device"``) or not at
     all (``"none"``: None). ``bytes_path`` is the file whose size is reported when it is not the
-    checkpoint itself (a packed storage format).
+    checkpoint itself (a packed storage format). ``prepare``: what the test inputs go through
+    first (the run's normalisation, :func:`trainmap.training.augment.evaluation_inputs`).
     """
     device = data.x_test.device
     model = load_model(model_path).to(device)
-    test_loss, test_acc = evaluate_split(model, data.x_test, data.y_test)
+    test_loss, test_acc = evaluate_split(model, data.x_test, data.y_test, prepare)
+    example = data.x_test[:1] if prepare is None else prepare(data.x_test[:1])
     if latency == "none":
         latency_ms = None
     elif latency == "cpu":
-        latency_ms = measure_latency_ms(model.cpu(), data.x_test[0].cpu(), latency_batch,
+        latency_ms = measure_latency_ms(model.cpu(), example[0].cpu(), latency_batch,
                                         latency_repeats)  # fmt: skip
     else:
-        latency_ms = measure_latency_ms(model, data.x_test[0], latency_batch, latency_repeats)
+        latency_ms = measure_latency_ms(model, example[0], latency_batch, latency_repeats)
     return {
         "form": form,
         "test_acc": test_acc,
@@ -127,14 +132,19 @@ def evaluate_run(
 ) -> dict[str, Any]:
     """Everything the evaluation table reports about one run: its final model (``form``), its
     convergence, and the same measurements for its other forms (``other_forms``: dicts of
-    :func:`evaluate_form` arguments ``form``, ``model_path`` and optionally ``bytes_path``)."""
-    primary = evaluate_form(form, model_path, data, latency_batch, latency_repeats, latency=latency)
+    :func:`evaluate_form` arguments ``form``, ``model_path`` and optionally ``bytes_path``). Every
+    form sees the test inputs as the run's training evaluated them (its recorded ``augment``'s
+    normalisation, ``train_summary``)."""
+    prepare = evaluation_inputs(recipe_of_record(train_summary.get("augment")), data.x_test.dtype)
+    primary = evaluate_form(form, model_path, data, latency_batch, latency_repeats, latency=latency,
+                            prepare=prepare)  # fmt: skip
     forms = [primary] + [
         evaluate_form(
             data=data,
             latency_batch=latency_batch,
             latency_repeats=latency_repeats,
             latency=latency,
+            prepare=prepare,
             **other,
         )  # fmt: skip
         for other in other_forms or []

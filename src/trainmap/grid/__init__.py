@@ -52,12 +52,14 @@ from trainmap.grid.cells import (
     run_checkpoints,
     seed_block,
     seed_ranges_of,
+    stage_job_settings,
     stage_settings,
     teacher_cell,
     train_settings,
     trained_cells,
     training_device,
     with_train_defaults,
+    without_off_keys,
 )
 from trainmap.grid.effective import (
     check_params_edits,
@@ -174,6 +176,7 @@ __all__ = [
     "save_effective_settings",
     "seed_block",
     "seed_ranges_of",
+    "stage_job_settings",
     "stage_settings",
     "StudyBlocks",
     "study_blocks",
@@ -185,5 +188,6 @@ __all__ = [
     "latency_device",
     "training_device",
     "with_train_defaults",
+    "without_off_keys",
     "validate_schema",
 ]

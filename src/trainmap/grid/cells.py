@@ -128,12 +128,43 @@ def model_settings(config: dict, task: str, arch: str) -> dict:
     return canonical(config["model"].get(task, {}).get(arch, {}))
 
 
+#: Training settings whose "off" value is left out of a run's settings (its hash, the rule's
+#: params, the effective settings): a study that ran before the key existed stays up to date.
+OFF_VALUES = {"augment": (None, {}), "param_groups": ("single",)}
+
+
+def without_off_keys(settings: Mapping[str, Any]) -> dict:
+    """``settings`` (a train-style mapping) without the keys of :data:`OFF_VALUES` at their off
+    value."""
+    return {key: value for key, value in settings.items()
+            if not (key in OFF_VALUES and value in OFF_VALUES[key])}  # fmt: skip
+
+
 def train_settings(config: dict, task: str) -> dict:
     """The training hyperparameters of ``task``: everything that determines a run's arithmetic.
     ``seed_block`` (how many seeds share a job) is left out: it never changes a run's result, so
-    changing it must not make a run look different (see :func:`seed_block`)."""
-    settings = canonical(config["train"][task])
+    changing it must not make a run look different (see :func:`seed_block`); so are keys at their
+    off value (:data:`OFF_VALUES`)."""
+    settings = without_off_keys(canonical(config["train"][task]))
     settings.pop("seed_block", None)
+    return settings
+
+
+def stage_job_settings(config: dict, stage: str, task: str) -> dict:
+    """What a method stage's job reads: :func:`stage_settings`, with the task's batch augmentation
+    (``train.<task>.augment``, when on) where the stage draws training batches: GradInit's scale
+    search draws them as training does (``augment`` beside its settings, MixUp left out by the
+    job), and AST's retraining takes it unless ``sparse.<task>.train.augment`` says otherwise."""
+    settings = stage_settings(config, stage, task)
+    augment = train_settings(config, task).get("augment")
+    if not augment:
+        return settings
+    if stage == "gradinit":
+        return {**settings, "augment": augment}
+    if stage == "sparse":
+        retrain = dict(settings.get("train", {}))
+        retrain.setdefault("augment", augment)
+        return canonical({**settings, "train": without_off_keys(retrain)})
     return settings
 
 

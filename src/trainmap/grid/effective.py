@@ -34,6 +34,7 @@ from trainmap.grid.cells import (
     method_of,
     model_settings,
     stage_settings,
+    without_off_keys,
 )
 from trainmap.grid.errors import ConfigError, key_path
 from trainmap.grid.files import YAML_LOADER, read_config_file
@@ -61,7 +62,8 @@ def effective_settings(config: dict) -> dict:
         task = cell.task
         settings["data"][task] = data_settings(config, task)
         settings["model"].setdefault(task, {})[cell.arch] = model_settings(config, task, cell.arch)
-        settings["train"][task] = canonical(config["train"][task])  # seed_block too: jobs read it
+        # seed_block too (jobs read it); a key at its off value is not a setting a run read
+        settings["train"][task] = without_off_keys(canonical(config["train"][task]))
         for stage in method_of(cell).stages:
             settings[stage][task] = stage_settings(config, stage, task)
         settings["evaluate"][task] = evaluate_settings(config, task)

@@ -89,6 +89,12 @@ def check_train(where: str, settings: dict) -> None:
     except ValueError as error:
         message = str(error).removeprefix("train.<task>.precision: ")
         raise ConfigError(f"config key {where}.precision: {message}") from None
+    from trainmap.training.augment import augmentation
+
+    try:  # a preset and options that fit together (the task's inputs: check_augment)
+        augmentation(settings.get("augment"), f"config key {where}.augment")
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
     if settings.get("warmup_steps", 0) >= settings["steps"]:
         raise ConfigError(
             f"config key {where}.warmup_steps: {settings['warmup_steps']} must be below "
@@ -253,3 +259,50 @@ def check_sparsifiable(config: dict, built: Mapping[tuple[str, str], Any]) -> No
             f"(dense_layers: {cfg['dense_layers']}) are {', '.join(map(str, candidates))}, none "
             f"divisible by m = {cfg['m']}; choose an m that divides one of them (e.g. 4)"
         )
+
+
+def check_augment(config: dict, base_dir: Path, built: Mapping[tuple[str, str], Any]) -> None:
+    """Each grid task's batch augmentation (``train.<task>.augment``, and a sparse stage's
+    ``sparse.<task>.train.augment``) fits its inputs: an image task, a crop within the padded
+    image, a cutout within the image, normalisation statistics per channel
+    (:meth:`~trainmap.training.augment.Augmentation.check`); where it changes the image size the
+    model sees (a crop smaller than the stored image), each of the task's models (``built``:
+    :func:`check_buildable`) takes that size."""
+    import torch
+
+    from trainmap.training.augment import augmentation
+
+    for task in dict.fromkeys(cell.task for cell in expand_grid(config)):
+        meta = data_module.model_meta(config["data"][task]["kind"],
+                                      data_options(config, task, base_dir))  # fmt: skip
+        places = [(f"train.{task}.augment", config["train"][task].get("augment"))]
+        if any(c.task == task and is_sparse(c) for c in expand_grid(config)):
+            retrain = config.get("sparse", {}).get(task, {}).get("train", {})
+            if "augment" in retrain:
+                places.append((f"sparse.{task}.train.augment", retrain["augment"]))
+        for where, settings in places:
+            try:
+                recipe = augmentation(settings, f"config key {where}")
+                if recipe is None:
+                    continue
+                recipe.check(meta["input_kind"], meta["input_shape"], f"config key {where}")
+            except ValueError as error:
+                raise ConfigError(str(error)) from None
+            shape = recipe.output_shape(meta["input_shape"])
+            if shape == list(meta["input_shape"]):
+                continue
+            for (model_task, arch), model in built.items():
+                if model_task != task:
+                    continue
+                try:
+                    with torch.no_grad():
+                        model.eval()(torch.zeros(2, *shape))
+                except Exception as error:  # a model built for the stored size only
+                    line = (str(error).strip().splitlines() or [""])[0]
+                    raise ConfigError(
+                        f"config key {where}: architecture {arch!r} on task {task!r} does not "
+                        f"take the {shape[1]}x{shape[2]} crops the recipe makes of the "
+                        f"{meta['input_shape'][1]}x{meta['input_shape'][2]} images "
+                        f"({type(error).__name__}: {line}); use an architecture that pools "
+                        "globally, or a crop of the stored size"
+                    ) from None

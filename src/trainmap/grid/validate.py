@@ -52,6 +52,7 @@ from trainmap.grid.grid_checks import check_grid_entry, check_job_count, check_u
 from trainmap.grid.schema_checks import validate_schema
 from trainmap.grid.section_checks import (
     STAGE_VALIDATORS,
+    check_augment,
     check_buildable,
     check_model_options,
     check_quantize,
@@ -108,7 +109,9 @@ def check_config(config: dict, base_dir: Path | None = None, read_runs: bool = T
     check_external(config, base_dir, read_runs)
     check_features(config)
     check_analysis_runs(config)
-    check_sparsifiable(config, check_buildable(config, base_dir))
+    built = check_buildable(config, base_dir)
+    check_sparsifiable(config, built)
+    check_augment(config, base_dir, built)
     check_tracking_uri(config)
 
 

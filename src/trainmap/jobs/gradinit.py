@@ -21,6 +21,7 @@ from trainmap.methods.gradinit_report import (
     rescale_with_diagnostics,
 )
 from trainmap.tracking import RuleRun
+from trainmap.training.augment import augmentation
 from trainmap.training.checkpoints import save_dense
 from trainmap.training.loop import build_cell_model
 
@@ -49,6 +50,8 @@ def gradinit_block_job(
     """
     job = SeedRangeJob("gradinit", block, manifest, tracking, cell_hashes)
     torch.set_num_threads(threads)
+    settings = dict(settings)
+    recipe = augmentation(settings.pop("augment", None), "train.<task>.augment")  # training's
     cfg = check_settings(settings)
     objective = options["objective"]
     job.uses(data_path)
@@ -56,7 +59,7 @@ def gradinit_block_job(
 
     def rescale(cell: Cell, run: RuleRun) -> GradInitReport:
         model = build_cell_model(cell.arch, cell.method, cell.seed, data.meta, model_options)
-        report = rescale_with_diagnostics(model, data, cfg, cell.seed, objective)
+        report = rescale_with_diagnostics(model, data, cfg, cell.seed, objective, recipe=recipe)
         out = job.seed_dir(cell)
         save_dense(model, out / "init.pt", arch=cell.arch, method=cell.method, seed=cell.seed,
                    model_options=model_options, meta=data.meta)  # fmt: skip

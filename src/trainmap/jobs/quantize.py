@@ -10,11 +10,12 @@ import torch
 
 from trainmap.data import load_task_data
 from trainmap.grid import Cell, SeedRange
-from trainmap.io import load_torch, save_json
+from trainmap.io import load_json, load_torch, save_json
 from trainmap.jobs.common import SeedRangeJob
 from trainmap.methods.packing import save_packed
 from trainmap.methods.quantize import quantize_model, save_quantized
 from trainmap.tracking import RuleRun
+from trainmap.training.augment import evaluation_inputs, recipe_of_record
 from trainmap.training.checkpoints import model_from_checkpoint
 
 
@@ -37,10 +38,13 @@ def quantize_block_job(
     torch.set_num_threads(threads)
     job.uses(data_path)
     data = load_task_data(data_path)
-    calibration = data.x_train[:calibration_batch]
 
     def quantize(cell: Cell, run: RuleRun) -> dict[str, Any]:
         model_path = job.input_file(run_manifest, cell, "model.pt")
+        summary = load_json(job.input_file(run_manifest, cell, "train.json"))
+        prepare = evaluation_inputs(recipe_of_record(summary.get("augment")), data.x_train.dtype)
+        calibration = data.x_train[:calibration_batch]  # as the run's evaluation saw inputs
+        calibration = calibration if prepare is None else prepare(calibration)
         source = load_torch(model_path)
         model = model_from_checkpoint(source)
         out_dir = job.seed_dir(cell)

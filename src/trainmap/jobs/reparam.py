@@ -10,11 +10,12 @@ import torch
 
 from trainmap.data import load_task_data
 from trainmap.grid import Cell, SeedRange
-from trainmap.io import load_torch, save_json
+from trainmap.io import load_json, load_torch, save_json
 from trainmap.jobs.common import SeedRangeJob
 from trainmap.models import count_parameters
 from trainmap.models.repvgg import check_equivalence, save_deploy, to_deploy
 from trainmap.tracking import RuleRun
+from trainmap.training.augment import evaluation_inputs, recipe_of_record
 from trainmap.training.checkpoints import load_model, model_from_checkpoint
 
 
@@ -42,7 +43,10 @@ def reparam_block_job(
         out = job.seed_dir(cell)
         deploy = to_deploy(trained)
         save_deploy(deploy, out / "deploy.pt", **info)
-        check = check_equivalence(trained, load_model(out / "deploy.pt"), data.x_test)
+        summary = load_json(job.input_file(train_manifest, cell, "train.json"))
+        prepare = evaluation_inputs(recipe_of_record(summary.get("augment")), data.x_test.dtype)
+        check = check_equivalence(trained, load_model(out / "deploy.pt"), data.x_test,
+                                  prepare=prepare)  # fmt: skip
         check |= {
             "train_params": count_parameters(trained),
             "deploy_params": count_parameters(deploy),

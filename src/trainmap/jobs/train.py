@@ -11,7 +11,7 @@ import torch
 
 from trainmap.data import load_task_data
 from trainmap.gpus import gpu_slot
-from trainmap.grid import SeedRange
+from trainmap.grid import SeedRange, without_off_keys
 from trainmap.io import load_torch
 from trainmap.jobs.common import SeedRangeJob, settings_hash
 from trainmap.training.loop import TrainConfig, TrainPaths, build_cell_model, train_block
@@ -48,7 +48,7 @@ def train_block_job(
             saved = load_torch(job.input_file(init_manifest, cell, "init.pt"))
             model.load_state_dict(saved["state_dict"])
     paths = [TrainPaths.in_directory(job.seed_dir(cell)) for cell in cells]
-    params = {"model": model_options, "train": asdict(cfg), "threads": threads,
+    params = {"model": model_options, "train": without_off_keys(asdict(cfg)), "threads": threads,
               "seed_block": len(cells)}  # fmt: skip
     infos = [{"arch": c.arch, "method": c.method, "seed": c.seed, "model_options": model_options,
               "meta": data.meta} for c in cells]  # fmt: skip

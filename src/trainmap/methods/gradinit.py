@@ -68,6 +68,7 @@ from torch.func import functional_call
 
 from trainmap.data import TaskData
 from trainmap.schema import check_section, section_defaults
+from trainmap.training.augment import Augmentation, to_unit, without_mixup
 
 #: Defaults of the ``gradinit.<task>`` settings: the schema's (``$defs/gradinit_settings``), where
 #: each setting's type, allowed values and default are declared once; the paper's CIFAR-10 setting
@@ -418,17 +419,30 @@ def _batch_statistics_mode(model: nn.Module) -> None:
 
 
 def batch_draws(
-    data: TaskData, draw_size: int, generator: torch.Generator
+    data: TaskData,
+    draw_size: int,
+    generator: torch.Generator,
+    recipe: Augmentation | None = None,
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """Endless seeded draws of ``draw_size`` training examples (an epoch-wise permutation)."""
+    """Endless seeded draws of ``draw_size`` training examples (an epoch-wise permutation), each
+    augmented by ``recipe`` (``train.<task>.augment``; its per-example draws made from the same
+    generator after each epoch's order; MixUp, if any, is not applied here: the authors'
+    ``gradinit_utils`` draws plain batches of the augmented training set). uint8 pixels come in
+    ``[0, 1]``."""
     n = len(data.x_train)
     if draw_size > n:
         raise ValueError(f"a draw of {draw_size} examples needs a larger training set than {n}")
+    recipe = without_mixup(recipe)
+    shape = tuple(data.x_train.shape[1:])
     while True:
         order = torch.randperm(n, generator=generator)
+        draws = None if recipe is None else recipe.draw_epoch(n, draw_size, shape, generator)
         for start in range(0, n - draw_size + 1, draw_size):
             index = order[start : start + draw_size]
-            yield data.x_train[index], data.y_train[index]
+            inputs, targets = data.x_train[index], data.y_train[index]
+            if draws is not None:
+                inputs = recipe.apply(inputs, targets, draws[start : start + draw_size])[0]
+            yield to_unit(inputs), targets
 
 
 def run_gradinit(
@@ -438,15 +452,17 @@ def run_gradinit(
     seed: int,
     objective: str = "gradinit",
     progress: bool = False,
+    recipe: Augmentation | None = None,
 ) -> GradInitResult:
-    """:func:`gradinit` on a task's training set with seeded draws (settings: ``gradinit.<task>``)."""
+    """:func:`gradinit` on a task's training set with seeded draws (settings: ``gradinit.<task>``),
+    augmented as training augments them (``recipe``: :func:`batch_draws`)."""
     cfg = check_settings(settings)
     batch = min(cfg["batch_size"], len(data.x_train) // 2)  # a small data set caps B
     size = batch if objective == "metainit" else 2 * batch - round(cfg["overlap"] * batch)
     generator = torch.Generator().manual_seed(seed)
     return gradinit(
         model,
-        batch_draws(data, size, generator),
+        batch_draws(data, size, generator, recipe),
         objective=objective,
         variant=cfg["variant"],
         eta=cfg["eta"],
@@ -515,7 +531,10 @@ def layer_diagnostics(
     return pd.DataFrame(rows)
 
 
-def draws_for(data: TaskData, batch_size: int, seed: int) -> Callable[[], Iterator]:
-    """A factory of identical seeded minibatch streams (for before/after diagnostics)."""
+def draws_for(
+    data: TaskData, batch_size: int, seed: int, recipe: Augmentation | None = None
+) -> Callable[[], Iterator]:
+    """A factory of identical seeded minibatch streams (for before/after diagnostics), augmented
+    by ``recipe`` as :func:`batch_draws` does."""
     size = min(batch_size, len(data.x_train))
-    return lambda: batch_draws(data, size, torch.Generator().manual_seed(seed))
+    return lambda: batch_draws(data, size, torch.Generator().manual_seed(seed), recipe)

@@ -26,6 +26,7 @@ from trainmap.methods.gradinit import (
     layer_diagnostics,
     run_gradinit,
 )
+from trainmap.training.augment import Augmentation
 from trainmap.training.loop import derive_seed
 
 
@@ -77,15 +78,17 @@ def rescale_with_diagnostics(
     seed: int,
     objective: str = "gradinit",
     progress: bool = False,
+    recipe: Augmentation | None = None,
 ) -> GradInitReport:
     """:func:`run_gradinit` on ``model`` (rescaled in place), with :func:`layer_diagnostics` on the
     same seeded minibatches before and after. ``seed`` is the grid cell's: GradInit's draws and the
-    diagnostics' each get a seed of their own derived from it."""
+    diagnostics' each get a seed of their own derived from it; ``recipe`` augments both as training
+    does (``train.<task>.augment``)."""
     cfg = check_settings(settings)
-    probe = draws_for(data, cfg["batch_size"], derive_seed(seed, "gradinit-diagnostics"))
+    probe = draws_for(data, cfg["batch_size"], derive_seed(seed, "gradinit-diagnostics"), recipe)
     before = layer_diagnostics(model, probe(), cfg["diagnostic_batches"])
     result = run_gradinit(model, data, cfg, derive_seed(seed, "gradinit"), objective,
-                          progress=progress)  # fmt: skip
+                          progress=progress, recipe=recipe)  # fmt: skip
     after = layer_diagnostics(model, probe(), cfg["diagnostic_batches"])
     return GradInitReport(objective, result, diagnostics_table(before, after, result.scales))
 

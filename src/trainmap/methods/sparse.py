@@ -60,6 +60,7 @@ from trainmap.methods.sparse_layers import (
 )
 from trainmap.schema import check_section, section_defaults
 from trainmap.training.archive import ArchivePolicy
+from trainmap.training.augment import Augmentation, evaluation_inputs, recipe_of
 from trainmap.training.loop import (
     BlockCheckpointHook,
     TrainConfig,
@@ -349,11 +350,15 @@ def run_sparse_block(
             f"inputs divide into groups of {cfg['m']}); set sparse.<task>.dense_layers: none"
         )
     slorb_k = cfg["slorb_k"] if options.get("slorb") else None
+    recipe = recipe_of(cfg["train"].get("augment"))  # the retraining's (the dense runs', inherited)
+    prepare = evaluation_inputs(recipe, data.x_train.dtype)
     students = []
     for start in starts:
         scores = None
-        if options["mask"] == "wanda":
-            scores = wanda_scores(start, names, data.x_train[: cfg["calibration_batch"]])
+        if options["mask"] == "wanda":  # calibration inputs as the model evaluates them
+            calibration = data.x_train[: cfg["calibration_batch"]]
+            scores = wanda_scores(start, names,
+                                  calibration if prepare is None else prepare(calibration))  # fmt: skip
         students.append(sparsify(start, cfg["n"], cfg["m"], slorb_k, scores, names, layout))
     paths = [TrainPaths.in_directory(out) for out in out_dirs]
     if options.get("retrain"):
@@ -367,7 +372,7 @@ def run_sparse_block(
         flips = [hooks.flip_history(index) for index in range(len(seeds))]
     else:
         policy = ArchivePolicy.from_value(cfg["train"].get("archive"))
-        summaries = [_prune_without_training(student, data, seed_paths, info, policy)
+        summaries = [_prune_without_training(student, data, seed_paths, info, policy, recipe)
                      for student, seed_paths, info in zip(students, paths, infos, strict=True)]  # fmt: skip
         flips = [pd.DataFrame(columns=["step", "flip_rate", "initial_flip_rate"]) for _ in seeds]
     for student, out, seed_paths, summary, table in zip(students, out_dirs, paths, summaries,
@@ -381,11 +386,13 @@ def run_sparse_block(
 
 def _prune_without_training(
     model: nn.Module, data: TaskData, paths: TrainPaths, info: Mapping[str, Any],
-    policy: ArchivePolicy,
+    policy: ArchivePolicy, recipe: Augmentation | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """One-shot pruning: the pruned model is the result, and its only checkpoint (step 0: its
-    metrics, and its archive file unless ``policy`` keeps none)."""
-    test_loss, test_acc = evaluate_split(model, data.x_test, data.y_test)
+    metrics, and its archive file unless ``policy`` keeps none); evaluated as ``recipe`` (the
+    training's augmentation, recorded in the summary) prepares inputs."""
+    prepare = evaluation_inputs(recipe, data.x_test.dtype)
+    test_loss, test_acc = evaluate_split(model, data.x_test, data.y_test, prepare)
     row = {"step": 0, "train_loss": math.nan, "train_acc": math.nan, "test_loss": test_loss,
            "test_acc": test_acc, "lr": 0.0}  # fmt: skip
     history = pd.DataFrame([row])
@@ -398,7 +405,8 @@ def _prune_without_training(
     save_sparse(model, paths.model, **info)
     return {"status": "completed", "diverged_step": None, "steps": 0, "steps_done": 0,
             "n_checkpoints": 1, "wall_time_s": 0.0, "steps_per_s": math.nan,
-            "resumed_from_step": None, "final": row}  # fmt: skip
+            "resumed_from_step": None, "final": row,
+            **({"augment": recipe.record()} if recipe is not None else {})}  # fmt: skip
 
 
 def plot_flip_rates(histories: Mapping[str, pd.DataFrame], path: str | os.PathLike,

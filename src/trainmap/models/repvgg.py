@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import copy
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -249,14 +249,20 @@ def model_from_deploy(saved: dict[str, Any]) -> nn.Sequential:
 
 @torch.no_grad()
 def check_equivalence(
-    train_model: nn.Module, deploy_model: nn.Module, inputs: torch.Tensor, batch_size: int = 512
+    train_model: nn.Module,
+    deploy_model: nn.Module,
+    inputs: torch.Tensor,
+    batch_size: int = 512,
+    prepare: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> dict[str, Any]:
-    """Largest absolute logit difference and whether every prediction agrees (both in eval mode)."""
+    """Largest absolute logit difference and whether every prediction agrees (both in eval mode);
+    ``prepare``: what each batch of ``inputs`` goes through first (the run's normalisation)."""
     train_model.eval()
     deploy_model.eval()
     largest, same, scale = 0.0, True, 0.0
     for start in range(0, len(inputs), batch_size):
         x = inputs[start : start + batch_size]
+        x = x if prepare is None else prepare(x)
         reference, fused = train_model(x), deploy_model(x)
         largest = max(largest, float((reference - fused).abs().max()))
         scale = max(scale, float(reference.abs().max()))

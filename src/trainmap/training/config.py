@@ -35,6 +35,12 @@ class TrainConfig:
     archive: ArchivePolicy = field(default_factory=ArchivePolicy)
     precision: str = field(default_factory=lambda: _schema_default("precision"))
     deterministic: bool = field(default_factory=lambda: _schema_default("deterministic"))
+    #: the batch augmentation (``train.<task>.augment``; :mod:`trainmap.training.augment`), None
+    #: when off
+    augment: dict[str, Any] | None = None
+    #: the optimiser's parameter groups (``train.<task>.param_groups``;
+    #: :mod:`trainmap.training.param_groups`)
+    param_groups: str = field(default_factory=lambda: _schema_default("param_groups"))
 
     @classmethod
     def from_dict(cls, settings: dict[str, Any]) -> TrainConfig:

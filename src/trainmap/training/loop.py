@@ -80,6 +80,7 @@ from tqdm.auto import tqdm
 from trainmap.data import TaskData
 from trainmap.io import save_json, timing_path, write_atomic
 from trainmap.models import count_parameters
+from trainmap.training.augment import Augmentation, evaluation_inputs, recipe_of, to_unit
 from trainmap.training.config import TrainConfig, TrainPaths
 from trainmap.training.divergence import SeedRecord, freeze, restore_frozen, zero_frozen_grads
 from trainmap.training.hooks import BlockCheckpointHook, CheckpointHook, TrainHooks
@@ -208,9 +209,14 @@ def train_block(
         cfg.archive.check_device(device)
         block = SeedBlock(models).to(device)
         data = on_device(data, device)
+        recipe = recipe_of(cfg.augment)
+        if recipe is not None:
+            recipe.check(data.meta.get("input_kind", "image"), list(data.x_train.shape[1:]),
+                         "train.<task>.augment")  # fmt: skip
         problem = (
-            None if size == 1 else vectorisation_problem(block, _first_batches(data, cfg, seeds))
-        )
+            None if size == 1
+            else vectorisation_problem(block, _first_batches(data, cfg, seeds, recipe))
+        )  # fmt: skip
         if problem is not None:
             del block  # its stacked copy of the seeds' state: each seed trains from its own model
             return _train_seeds_apart(
@@ -223,11 +229,13 @@ def train_block(
             check_every_step = device.type == "cpu"
         hooks.attach(block)
         seed_configs = [cfg.for_seed(seed) for seed in seeds]  # per-seed settings at their values
-        optimizer = make_block_optimizer(list(block.parameters.values()), seed_configs, device)
+        optimizer = make_block_optimizer(block, seed_configs, device)
         base_lrs = [group["lr"] for group in optimizer.param_groups]
         forward_context = autocast(cfg.precision, device)
         lr_varies = cfg.schedule != "constant" or cfg.warmup_steps > 0
-        batches = BlockBatches([_sampler(len(data.x_train), cfg, seed) for seed in seeds], device)
+        shape = tuple(data.x_train.shape[1:])
+        batches = BlockBatches([_sampler(len(data.x_train), cfg, seed, recipe, shape)
+                                for seed in seeds], device)  # fmt: skip
         structure = metric_structure(models[0], model_info[0] if model_info else None)
         recorder = CheckpointRecorder(structure, [p.metrics for p in paths],
                                       [p.archive.parent for p in paths], cfg.checkpoint_steps,
@@ -267,7 +275,12 @@ def train_block(
 
         def checkpoint(step: int) -> None:
             with forward_context:
-                test_losses, test_accs = evaluate_block(block, data.x_test, data.y_test)
+                test_losses, test_accs = evaluate_block(
+                    block,
+                    data.x_test,
+                    data.y_test,
+                    prepare=evaluation_inputs(recipe, data.x_test.dtype),
+                )
             active = active_seeds()
             for index in active:
                 train_loss, train_acc = running.pop(index)
@@ -295,7 +308,7 @@ def train_block(
             :func:`check_interval`."""
             nonlocal step, active, active_mask
             with forward_context:
-                logits, inputs, targets, task_losses = _forward_step(block, batches, data)
+                logits, inputs, targets, task_losses = _forward_step(block, batches, data, recipe)
                 extra = None
                 if hooks.adds_loss:  # hook: e.g. distillation, on (S, B, ...) tensors
                     if size == 1:  # a block of one steps on (B, ...) tensors and a scalar loss
@@ -414,6 +427,7 @@ def train_block(
                 "archive_s": recorder.archive_s,
                 "seed_block": size,
                 **({"seed_settings": seed_settings[index]} if seed_settings[index] else {}),
+                **({"augment": recipe.record()} if recipe is not None else {}),
                 "resumed_from_step": resumed_from,
                 "final": record.history[-1],
             })  # fmt: skip
@@ -428,17 +442,35 @@ def train_block(
         return summaries
 
 
-def _sampler(n_examples: int, cfg: TrainConfig, seed: int) -> BatchSampler:
-    """Seed ``seed``'s batch order: its own generator, seeded from the seed."""
+def _sampler(
+    n_examples: int,
+    cfg: TrainConfig,
+    seed: int,
+    recipe: Augmentation | None = None,
+    shape: tuple[int, ...] = (),
+) -> BatchSampler:
+    """Seed ``seed``'s batch order (and augmentation draws): generators of their own, seeded from
+    the seed."""
     generator = torch.Generator().manual_seed(derive_seed(seed, "batches"))
-    return BatchSampler(n_examples, cfg.batch_size, generator)
+    if recipe is None:
+        return BatchSampler(n_examples, cfg.batch_size, generator)
+    augment_generator = torch.Generator().manual_seed(derive_seed(seed, "augment"))
+    return BatchSampler(n_examples, cfg.batch_size, generator, augment=recipe,
+                        augment_generator=augment_generator, shape=shape)  # fmt: skip
 
 
-def _first_batches(data: TaskData, cfg: TrainConfig, seeds: Sequence[int]) -> torch.Tensor:
-    """Each seed's first training batch, ``(S, B, ...)`` (from fresh samplers: the loop's own
-    samplers are not touched)."""
+def _first_batches(
+    data: TaskData, cfg: TrainConfig, seeds: Sequence[int], recipe: Augmentation | None = None
+) -> torch.Tensor:
+    """Each seed's first training batch, ``(S, B, ...)``, as the model evaluates it (from fresh
+    samplers: the loop's own samplers are not touched)."""
     indices = [_sampler(len(data.x_train), cfg, seed).next_indices() for seed in seeds]
-    return data.x_train[torch.stack(indices).to(data.x_train.device)]
+    batch = data.x_train[torch.stack(indices).to(data.x_train.device)]
+    if recipe is None:
+        return to_unit(batch)
+    return recipe.prepare(batch.flatten(0, 1)).reshape(
+        len(seeds), -1, *recipe.output_shape(batch.shape[2:])
+    )
 
 
 def _train_seeds_apart(
@@ -501,19 +533,35 @@ def _seed_mask(size: int, active: Sequence[int], device: torch.device) -> torch.
 
 
 def _forward_step(
-    block: SeedBlock, batches: BlockBatches, data: TaskData
+    block: SeedBlock, batches: BlockBatches, data: TaskData, recipe: Augmentation | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """One training batch per seed and the block's forward pass: logits, inputs, targets and the
     loss. A block of S > 1 gives ``(S, B, ...)`` tensors and each seed's mean cross-entropy
     ``(S,)``; a block of one gives the plain loop's ``(B, ...)`` tensors and its scalar loss, so its
-    graph is the plain loop's (model, cross-entropy; ``flatten`` is a no-op on 2-D logits)."""
+    graph is the plain loop's (model, cross-entropy; ``flatten`` is a no-op on 2-D logits).
+
+    With an augmentation ``recipe`` the batch is augmented between the gather and the forward pass
+    (outside vmap, :meth:`~trainmap.training.augment.Augmentation.apply`) and the inputs returned
+    are the augmented ones; under MixUp the loss is ``lam CE(y) + (1 - lam) CE(y_partner)`` and
+    the targets returned are each example's own labels. uint8 pixels reach the model in [0, 1]."""
     indices = batches.next_indices()
     inputs, targets = data.x_train[indices], data.y_train[indices]
+    partner = lam = None
+    if recipe is not None:
+        inputs, partner, lam = recipe.apply(inputs, targets, batches.draws)
+    elif inputs.dtype == torch.uint8:
+        inputs = to_unit(inputs)
     if block.size > 1:
         logits = block(inputs)
-        return logits, inputs, targets, seed_cross_entropy(logits, targets)
+        losses = seed_cross_entropy(logits, targets)
+        if partner is not None:
+            losses = lam * losses + (1 - lam) * seed_cross_entropy(logits, partner)
+        return logits, inputs, targets, losses
     output = block.module(inputs)
-    return output, inputs, targets, F.cross_entropy(output.flatten(0, -2), targets.flatten())
+    loss = F.cross_entropy(output.flatten(0, -2), targets.flatten())
+    if partner is not None:
+        loss = lam * loss + (1 - lam) * F.cross_entropy(output.flatten(0, -2), partner.flatten())
+    return output, inputs, targets, loss
 
 
 def _write_outputs(

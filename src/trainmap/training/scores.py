@@ -5,6 +5,7 @@ the previous checkpoint (:class:`RunningMeans`)."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,13 +19,20 @@ EVAL_BATCH = 4096
 
 
 @torch.no_grad()
-def evaluate_split(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
-    """Mean cross-entropy and accuracy of ``model`` on ``(x, y)`` in eval mode."""
+def evaluate_split(
+    model: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    prepare: Callable[[torch.Tensor], torch.Tensor] | None = None,
+) -> tuple[float, float]:
+    """Mean cross-entropy and accuracy of ``model`` on ``(x, y)`` in eval mode; ``prepare``: what
+    each batch of ``x`` goes through first (normalisation: ``trainmap.training.augment``)."""
     was_training = model.training
     model.eval()
     loss_sum, correct = 0.0, 0
     for start in range(0, len(x), EVAL_BATCH):
-        logits = model(x[start : start + EVAL_BATCH])
+        inputs = x[start : start + EVAL_BATCH]
+        logits = model(inputs if prepare is None else prepare(inputs))
         target = y[start : start + EVAL_BATCH]
         loss_sum += F.cross_entropy(logits, target, reduction="sum").item()
         correct += (logits.argmax(dim=1) == target).sum().item()
@@ -34,15 +42,20 @@ def evaluate_split(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[
 
 @torch.no_grad()
 def evaluate_block(
-    block: SeedBlock, x: torch.Tensor, y: torch.Tensor
+    block: SeedBlock,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    prepare: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> tuple[list[float], list[float]]:
-    """Every seed's mean cross-entropy and accuracy on ``(x, y)``, in eval mode."""
+    """Every seed's mean cross-entropy and accuracy on ``(x, y)``, in eval mode; ``prepare``: what
+    each batch of ``x`` goes through first."""
     was_training = block.training
     block.eval()
     loss_sum = torch.zeros(block.size, dtype=torch.float64, device=x.device)
     correct = torch.zeros(block.size, dtype=torch.long, device=x.device)
     for start in range(0, len(x), EVAL_BATCH):
-        logits = block.forward_shared(x[start : start + EVAL_BATCH])
+        inputs = x[start : start + EVAL_BATCH]
+        logits = block.forward_shared(inputs if prepare is None else prepare(inputs))
         target = y[start : start + EVAL_BATCH]
         flat = logits.reshape(-1, logits.shape[-1])
         losses = F.cross_entropy(flat, target.repeat(block.size), reduction="none")
