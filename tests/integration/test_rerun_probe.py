@@ -294,7 +294,9 @@ def test_new_training_keys_at_their_off_value_rerun_nothing(smoke_run: Path, tmp
     overlay = tmp_path / "off.yaml"
     for off in (None, {}):
         settings = {"augment": off, "param_groups": "single"}
-        overlay.write_text(yaml.safe_dump({"train": {"sparse_parity": settings, "digits": settings}}))
+        overlay.write_text(
+            yaml.safe_dump({"train": {"sparse_parity": settings, "digits": settings}})
+        )
         assert planner.plan(overlay) == {}, off
     overlay.write_text(yaml.safe_dump({"train": {"digits": {"augment": {"flip": True}}}}))
     planned = planner.plan(overlay)

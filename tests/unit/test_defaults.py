@@ -187,9 +187,10 @@ def test_training_defaults_declared_in_the_schema_are_the_training_loops() -> No
     from trainmap.training.config import TrainConfig
 
     defaults = section_defaults("train")
-    assert set(defaults) == {"seed_block", "precision", "deterministic"}
+    assert set(defaults) == {"seed_block", "precision", "deterministic", "param_groups"}
     assert TrainConfig().precision == defaults["precision"] == "fp32"
     assert TrainConfig().deterministic is defaults["deterministic"] is False
+    assert TrainConfig().param_groups == defaults["param_groups"] == "single"
 
 
 def test_seed_block_takes_the_schemas_default_and_range() -> None:

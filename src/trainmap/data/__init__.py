@@ -17,6 +17,10 @@ registering its kinds with :func:`register_data_kind` as a plugin does:
     their missing- and damaged-file checks (:mod:`~trainmap.data.files`).
 :mod:`~trainmap.data.arrays`
     ``arrays``: a user's own train/test arrays in one ``.npz`` or ``.pt`` file.
+:mod:`~trainmap.data.image_folder`
+    ``image_folder``: images in ``train/<class>/`` and ``val/<class>/`` folders, decoded once
+    (torchvision) into a fixed-size uint8 cache; :func:`generate_image_folder` writes a synthetic
+    one.
 
 Readers accept ``n_train`` to keep a seeded, class-stratified subsample of the training set, which
 makes CPU-sized runs possible. Every kind is deterministic: the same arguments give identical
@@ -35,6 +39,13 @@ from trainmap.data.cifar import (
     restricted_unpickle,
 )
 from trainmap.data.generated import make_modular_addition, make_sparse_parity
+from trainmap.data.image_folder import (
+    generate_image_folder,
+    image_folder_cache_bytes,
+    image_folder_classes,
+    image_folder_sizes,
+    read_image_folder,
+)
 from trainmap.data.mnist import read_mnist
 from trainmap.data.packaged import (
     DATA_KIND_PACKAGES,
@@ -78,6 +89,10 @@ __all__ = [
     "damaged_data_files",
     "data_kind",
     "data_kind_options",
+    "generate_image_folder",
+    "image_folder_cache_bytes",
+    "image_folder_classes",
+    "image_folder_sizes",
     "import_data_package",
     "input_kind_of",
     "load_task_data",
@@ -95,6 +110,7 @@ __all__ = [
     "read_cifar",
     "read_cifar10",
     "read_cifar100",
+    "read_image_folder",
     "read_mnist",
     "register_data_kind",
     "restricted_unpickle",

@@ -19,6 +19,9 @@ default switches):
 :mod:`~trainmap.models.repvgg`
     ``repvgg`` and its ablations ``repvgg_idonly``, ``repvgg_1x1only``, ``repvgg_plain``, and
     ``repvgg_a0`` .. ``repvgg_b3g4`` (Ding et al. 2021); the RepVGG block owns its fusion.
+:mod:`~trainmap.models.torchvision_resnet`
+    ``resnet18`` / ``resnet50``: torchvision's ResNets (RGB images, no pretrained weights; needs
+    the ``workflow`` extra), with the training-maps authors' CIFAR stem as ``cifar_stem``.
 
 The imports of the family modules below are the one place where the built-in families register,
 exactly as a user's family registers: a module that calls :func:`register_architecture` for each
@@ -28,7 +31,7 @@ architecture, imported once. A new family is a new module here plus one line in 
 from __future__ import annotations
 
 # The built-in families: importing each runs its register_architecture calls.
-from trainmap.models import mlp, repvgg, resnet, transformer, vgg  # noqa: F401
+from trainmap.models import mlp, repvgg, resnet, torchvision_resnet, transformer, vgg  # noqa: F401
 from trainmap.models.registry import (
     ARCHITECTURES,
     INPUT_KINDS,

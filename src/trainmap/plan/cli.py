@@ -19,7 +19,8 @@ def load_plan_config(files: Iterable[str]) -> dict:
     files with a grid of their own start from params.yaml alone) and validated as the workflow does,
     except that a reader kind's data files (MNIST, CIFAR) need not be here: the plan knows their
     sizes (:func:`dataset_examples`). A missing data directory is a warning; the checks after it
-    (the schema has passed) are then skipped."""
+    (the schema has passed) are then skipped. An ``image_folder``'s is refused unless it states
+    ``num_classes`` (its images are then counted as a kind whose size only the data knows)."""
     from trainmap import plugins
 
     config = grid.merged_config("params.yaml", "config/config.yaml", *files)
@@ -29,6 +30,10 @@ def load_plan_config(files: Iterable[str]) -> dict:
         grid.check_config(config, base_dir=Path.cwd())
     except grid.ConfigError as error:
         if not (str(error).startswith("config key data.") and ".path: " in str(error)):
+            raise
+        task = str(error).removeprefix("config key data.").split(".path: ", 1)[0]
+        settings = config["data"].get(task, {})
+        if settings.get("kind") == "image_folder" and settings.get("num_classes") is None:
             raise
         print(f"warning: {error} (planned without the data)", file=sys.stderr)
     return config

@@ -314,6 +314,7 @@ def block_jobs(config: Mapping[str, Any], results: str | None = None) -> list[Jo
             "size-based: (n_train + n_test) x input bytes" + ("" if sizes else " (70,000 assumed)"),
             "size-based: 3 copies of the data set while it is read and saved",
             f"assumed: start-up + {DATA_S:g} s (the default study's 1-3 s) + reading at 50 MB/s",
+            (f"data.{task}.n_train", f"data.{task}.size") if kind == "image_folder" else (),
         ))  # fmt: skip
     for rule in grid.BLOCK_RULES:
         for block in grid.seed_ranges_of(config, rule.cells(config, cells)):

@@ -12,6 +12,7 @@ import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -141,9 +142,14 @@ def model_profile(config: Mapping[str, Any], task: str, arch: str) -> ModelProfi
 
 
 def dataset_examples(kind: str, options: Mapping[str, Any]) -> tuple[int, int] | None:
-    """``(n_train, n_test)`` of a data kind with ``options``, known without the data; None when
-    only the data knows (``arrays``, a plugin's kind)."""
+    """``(n_train, n_test)`` of a data kind with ``options``, known without the data (an
+    ``image_folder``'s: counted from its listing); None when only the data knows (``arrays``, a
+    plugin's kind)."""
     options = {**data_module.data_kind_options(kind), **options}
+    if kind == "image_folder":  # a folder not there yet (planned from num_classes): unknown
+        if not Path(options["path"]).is_dir():
+            return None
+        return _image_folder_sizes(str(options["path"]), options["n_train"])
     if kind == "sparse_parity":
         return int(options["n_train"]), int(options["n_test"])
     if kind == "modular_addition":
@@ -167,9 +173,19 @@ def dataset_examples(kind: str, options: Mapping[str, Any]) -> tuple[int, int] |
 
 
 def dataset_bytes(config: Mapping[str, Any], task: str, profile: ModelProfile) -> tuple[float, int]:
-    """The task's data set in bytes (inputs as the model takes them, int64 labels) and its test
-    examples; a kind whose size only its data knows counts as 60000 + 10000 examples."""
+    """The task's data set in bytes (inputs as the model takes them, an ``image_folder``'s as its
+    uint8 cache; int64 labels) and its test examples; a kind whose size only its data knows counts
+    as 60000 + 10000 examples."""
     options = dict(grid.data_settings(config, task))
     kind = options.pop("kind")
     n_train, n_test = dataset_examples(kind, options) or (60000, 10000)
-    return (n_train + n_test) * (profile.input_bytes + 8), n_test
+    input_bytes = profile.input_bytes
+    if kind == "image_folder":  # its uint8 cache (data.image_folder_cache_bytes): 3 x size^2
+        input_bytes = 3 * int(options.get("size", data_module.data_kind_options(kind)["size"])) ** 2
+    return (n_train + n_test) * (input_bytes + 8), n_test
+
+
+@functools.cache
+def _image_folder_sizes(path: str, n_train: int | None) -> tuple[int, int]:
+    # Listed once per process: every block job's estimate asks again, and a folder may be large.
+    return data_module.image_folder_sizes(path, n_train)

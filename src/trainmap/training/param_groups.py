@@ -10,8 +10,12 @@ fraction of the learning rate or of the weight decay.
     decay, everything else as configured. A network without: every bias (FixUp's scalar biases
     included) and FixUp's scalar multipliers (``scale``) at a tenth of the learning rate, with the
     configured weight decay, everything else as configured.
+``repvgg``
+    weight decay on the kernels of convolutions and fully-connected layers only (Ding et al. 2021,
+    sec. 4.1: "weight decay of 10^-4 on the kernels of conv and fully-connected layers"): every
+    other parameter (BatchNorm's, biases) without it.
 
-The authors choose by names: the no-BN rule for an architecture named ``*nobn*``, ``*fixup*`` or a
+The GradInit authors choose by names: the no-BN rule for an architecture named ``*nobn*``, ``*fixup*`` or a
 ``resnet`` run with ``--no_bn``, the parameters whose full names contain ``bias`` / ``scale``; the
 BN rule otherwise, the parameters whose names contain ``norm`` or ``bn``. trainmap chooses by the
 network's structure instead, so that a user's architecture gets the rule its layers call for
@@ -86,6 +90,21 @@ def gradinit_groups(model: nn.Module) -> list[ParamGroup]:
     return [group for group in groups if group.names]
 
 
+def kernel_groups(model: nn.Module) -> list[ParamGroup]:
+    """RepVGG's groups: the weights of every ``nn.Conv*`` and ``nn.Linear`` decayed, every other
+    parameter without weight decay (see the module docstring)."""
+    names = [name for name, _ in model.named_parameters()]
+    kernels = {id(module.weight) for module in model.modules()
+               if isinstance(module, nn.Linear | nn.modules.conv._ConvNd)
+               and isinstance(getattr(module, "weight", None), nn.Parameter)}  # fmt: skip
+    decayed = {name for name, parameter in model.named_parameters() if id(parameter) in kernels}
+    groups = [
+        ParamGroup("no_decay", _kept(names, set(names) - decayed), weight_decay_factor=0.0),
+        ParamGroup("kernels", _kept(names, decayed)),
+    ]
+    return [group for group in groups if group.names]
+
+
 def _kept(names: list[str], chosen: set[str]) -> tuple[str, ...]:
     """The ``chosen`` names in the order of ``names``."""
     return tuple(name for name in names if name in chosen)
@@ -95,6 +114,7 @@ def _kept(names: list[str], chosen: set[str]) -> tuple[str, ...]:
 PARAM_GROUP_RULES: dict[str, Callable[[nn.Module], list[ParamGroup]]] = {
     "single": single_group,
     "gradinit": gradinit_groups,
+    "repvgg": kernel_groups,
 }
 
 

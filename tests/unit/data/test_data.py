@@ -346,6 +346,7 @@ def test_registry_and_options():
         "mnist",
         "cifar10",
         "cifar100",
+        "image_folder",
         "arrays",
     }
     assert data_kind_options("sparse_parity") == {

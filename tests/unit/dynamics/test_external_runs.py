@@ -227,7 +227,8 @@ def test_every_trainmap_architecture_reads_the_same_by_name_and_shape() -> None:
     """The state-dict rules give each shipped architecture the layout its model gives."""
     from trainmap.models import arch_names
 
-    tasks = {"tokens": ("modular_addition", {}), "image": ("digits", {}),
+    # RGB images: every image architecture takes 3 channels, not every one 1 (resnet18, resnet50).
+    tasks = {"tokens": ("modular_addition", {}), "image": ("cifar10", {}),
              "vector": ("sparse_parity", {"n_bits": 40})}  # fmt: skip
     from trainmap.models import ARCHITECTURES
 

@@ -24,6 +24,9 @@ DIGITS_META = {"input_kind": "image", "input_shape": [1, 8, 8], "num_classes": 1
 CIFAR_META = {"input_kind": "image", "input_shape": [3, 32, 32], "num_classes": 10}
 TOKENS_META = {"input_kind": "tokens", "input_shape": [3], "num_classes": 7, "vocab_size": 8}
 META_BY_KIND = {"vector": VECTOR_META, "image": DIGITS_META, "tokens": TOKENS_META}
+#: Architectures that take only RGB images (torchvision's ResNets) get small RGB ones instead.
+RGB_META = {"input_kind": "image", "input_shape": [3, 8, 8], "num_classes": 10}
+META_BY_ARCH = {"resnet18": RGB_META, "resnet50": RGB_META}
 EXPECTED_ARCHS = {
     "mlp",
     "transformer",
@@ -33,6 +36,8 @@ EXPECTED_ARCHS = {
     "resnet",
     "resnet_bn",
     "resnet_plain",
+    "resnet18",
+    "resnet50",
 }
 # Small sizes keep every test fast; the registry defaults are exercised separately.
 SMALL_OPTIONS = {
@@ -58,6 +63,11 @@ def example_inputs(meta: dict, batch: int = BATCH) -> torch.Tensor:
     return torch.randn(batch, *meta["input_shape"])
 
 
+def meta_for(arch: str, kind: str) -> dict:
+    """The small example metadata ``arch`` is tested on for input ``kind``."""
+    return META_BY_ARCH.get(arch, META_BY_KIND[kind]) if kind == "image" else META_BY_KIND[kind]
+
+
 def compatible_cases() -> list[tuple[str, str]]:
     return [
         (arch, kind) for arch in arch_names() for kind in sorted(ARCHITECTURES[arch].input_kinds)
@@ -79,14 +89,14 @@ def test_registry_holds_every_family() -> None:
     assert arch_names() == sorted(arch_names())
     assert ARCHITECTURES["mlp"].input_kinds == frozenset({"vector", "image"})
     assert ARCHITECTURES["transformer"].input_kinds == frozenset({"tokens"})
-    for name in ("vgg", "vgg_bn", "resnet", "resnet_bn", "resnet_plain"):
+    for name in ("vgg", "vgg_bn", "resnet", "resnet_bn", "resnet_plain", "resnet18", "resnet50"):
         assert ARCHITECTURES[name].input_kinds == frozenset({"image"})
 
 
 @pytest.mark.parametrize(("arch", "kind"), compatible_cases())
 def test_every_arch_gives_logits_and_gradients(arch: str, kind: str) -> None:
     torch.manual_seed(0)
-    meta = META_BY_KIND[kind]
+    meta = meta_for(arch, kind)
     model = build_model(arch, meta, **SMALL_OPTIONS.get(arch, {}))
     logits = model(example_inputs(meta))
     assert logits.shape == (BATCH, meta["num_classes"])
@@ -361,7 +371,7 @@ def test_transformer_reads_out_the_last_position() -> None:
 
 @pytest.mark.parametrize("arch", sorted(EXPECTED_ARCHS))
 def test_same_seed_same_parameters_other_seed_other_parameters(arch: str) -> None:
-    meta = META_BY_KIND[sorted(ARCHITECTURES[arch].input_kinds)[0]]
+    meta = meta_for(arch, sorted(ARCHITECTURES[arch].input_kinds)[0])
 
     def parameters_for(seed: int) -> dict[str, torch.Tensor]:
         torch.manual_seed(seed)

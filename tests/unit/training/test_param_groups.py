@@ -231,3 +231,17 @@ def test_a_tenth_keeps_its_tenth_under_the_schedule(tmp_path, meta, monkeypatch)
         history = pd.read_csv(path.history)
         assert list(history["lr"]) == [cfg.lr[seed] * lr_factor(step, cfg)
                                        for step in history["step"]]  # fmt: skip
+
+
+def test_repvgg_groups_decay_only_conv_and_linear_kernels():
+    """The RepVGG paper (sec. 4.1): weight decay on the kernels of conv and fully-connected
+    layers; BatchNorm parameters and biases without it."""
+    from trainmap.models import build_model
+
+    model = build_model("repvgg", {"input_kind": "image", "input_shape": [3, 16, 16],
+                                   "num_classes": 10}, depths=[1, 1], widths=[8, 16])  # fmt: skip
+    groups = {group.label: group for group in parameter_groups(model, "repvgg")}
+    assert groups["no_decay"].weight_decay_factor == 0.0
+    kernels = set(groups["kernels"].names)
+    for name, parameter in model.named_parameters():
+        assert (name in kernels) == (parameter.dim() > 1), name
