@@ -33,6 +33,9 @@ def validate_schema(config: dict) -> None:
         raise ConfigError(_schema_message(errors[0]))
 
 
+#: Training settings a stage that does not train refuses with a pointer to ``train.<task>``.
+_TRAINING_ONLY = ("augment", "param_groups")
+
 #: At one key, an unknown key is reported before a missing one (``grdi:`` is why ``grid`` is
 #: missing), and both before a bad value.
 _ERROR_RANK = {"additionalProperties": 0, "required": 1}
@@ -70,9 +73,14 @@ def _schema_message(error: jsonschema.ValidationError) -> str:
         unknown = sorted(set(error.instance) - set(allowed), key=str)
         level = "top-level key" if not path else "key"
         inside = f" in {key_path(path)}" if path else ""
+        hint = ""
+        if unknown[0] in _TRAINING_ONLY and path:  # a training setting under a stage that does not
+            hint = (f"; {unknown[0]} is a training setting: set it in train.<task> (the method "
+                    "stages that draw training batches, GradInit and AST's retraining, take it "
+                    "from there)")  # fmt: skip
         return (
             f"config key {key_path([*path, unknown[0]])}: unknown {level} {unknown[0]!r}{inside}; "
-            f"allowed: {', '.join(allowed)}{did_you_mean(str(unknown[0]), allowed)}{source}"
+            f"allowed: {', '.join(allowed)}{did_you_mean(str(unknown[0]), allowed)}{hint}{source}"
         )
     if error.validator == "required" and isinstance(error.instance, dict):
         missing = [key for key in error.validator_value if key not in error.instance]

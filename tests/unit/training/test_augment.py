@@ -213,8 +213,18 @@ def run(directory, data, cfg, seeds, **kwargs):
                                {"widths": [4, 8], "convs_per_stage": [1, 1]}).to(dtype)
               for seed in seeds]  # fmt: skip
     paths = [TrainPaths.in_directory(directory / f"seed{seed}") for seed in seeds]
+    infos = [
+        {
+            "arch": "vgg_bn",
+            "method": "kaiming",
+            "seed": seed,
+            "meta": data.meta,
+            "model_options": {"widths": [4, 8], "convs_per_stage": [1, 1]},
+        }
+        for seed in seeds
+    ]
     summaries = train_block(models, data, cfg, seeds, paths, resume_path=directory / "resume.pt",
-                            progress=False, **kwargs)  # fmt: skip
+                            progress=False, model_info=infos, **kwargs)  # fmt: skip
     return summaries, models
 
 
@@ -321,3 +331,48 @@ def test_bad_augment_settings_are_refused_naming_the_key(settings, message):
 
 def test_off_is_none():
     assert A.augmentation(None) is None and A.augmentation({}) is None
+
+
+def test_gradinit_draws_are_augmented_as_training_draws_them(digits):
+    """GradInit's scale search draws augmented batches (crop, flip, normalisation), never mixed:
+    the same seed gives the same draws, and without a recipe the draws are the plain batches."""
+    from trainmap.methods.gradinit import batch_draws
+
+    recipe = A.augmentation({"crop": 8, "padding": 1, "flip": True, "mixup": 0.5,
+                             "normalize": {"mean": [0.3], "std": [0.4]}})  # fmt: skip
+
+    def first(recipe_or_none, seed=0):
+        return next(batch_draws(digits, 64, torch.Generator().manual_seed(seed), recipe_or_none))
+
+    plain_x, plain_y = first(None)
+    x, y = first(recipe)
+    assert torch.equal(y, plain_y)  # the same examples: the order is drawn first
+    assert not torch.equal(x, plain_x) and x.min() < 0  # augmented and normalised
+    assert torch.equal(first(recipe)[0], x)
+    generator = torch.Generator().manual_seed(0)
+    order = torch.randperm(len(digits.x_train), generator=generator)[:64]
+    draws = A.without_mixup(recipe).draw_epoch(len(digits.x_train), 64, (1, 8, 8), generator)
+    expected, partner, _ = A.without_mixup(recipe).apply(digits.x_train[order], plain_y, draws[:64])
+    assert partner is None and torch.equal(x, expected)
+
+
+@pytest.mark.slow  # a real training run
+def test_evaluation_of_a_run_normalises_as_its_training_did(tmp_path, digits):
+    """evaluate_run reads the recipe the run's train.json names and evaluates every form on
+    normalised inputs: the accuracy its training loop recorded at the last checkpoint."""
+    import pandas as pd
+
+    from trainmap.evaluation import evaluate_run
+
+    cfg = TrainConfig(lr=0.05, momentum=0.9, batch_size=64, steps=20, checkpoint_every=10,
+                      resume_every=10**6, augment={"flip": True,
+                                                   "normalize": {"mean": [5.0], "std": [0.1]}})  # fmt: skip
+    summaries, _ = run(tmp_path, digits, cfg, [0])
+    history = pd.read_csv(tmp_path / "seed0" / "history.csv")
+    record = evaluate_run(tmp_path / "seed0" / "model.pt", history, summaries[0], digits,
+                          threshold=0.5, latency="none")  # fmt: skip
+    assert record["test_acc"] == pytest.approx(history["test_acc"].iloc[-1], abs=1e-12)
+    unnormalised = {**summaries[0], "augment": None}
+    other = evaluate_run(tmp_path / "seed0" / "model.pt", history, unnormalised, digits,
+                         threshold=0.5, latency="none")  # fmt: skip
+    assert other["test_acc"] != record["test_acc"]  # the statistics matter

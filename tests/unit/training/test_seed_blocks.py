@@ -384,16 +384,22 @@ def assert_same_outputs(a: TrainPaths, b: TrainPaths) -> None:
 
 @pytest.mark.parametrize(
     ("case", "poison"),
-    [("mlp", {1: 13}), ("mlp", {0: 3, 2: 27}), ("mlp", {0: 21, 1: 21, 2: 21}), ("vgg_bn", {1: 17})],
-)
+    [("mlp", {1: 13}), ("mlp", {0: 3, 2: 27}), ("mlp", {0: 21, 1: 21, 2: 21}), ("vgg_bn", {1: 17}),
+     ("vgg_bn_augmented", {1: 17})],
+)  # fmt: skip
 def test_losses_checked_late_give_the_files_of_per_step_checks(tmp_path, request, case, poison):
     """Losses kept on the device and checked only at checkpoints and resume points (the GPU's
     way): an interval in which a seed diverged runs again step by step, so each seed freezes at the
     step it diverged at and every file equals the per-step check's (the CPU's way), bit for bit:
-    one seed, two in different intervals, every seed of the block; BatchNorm buffers too."""
+    one seed, two in different intervals, every seed of the block; BatchNorm buffers too, and the
+    augmentation draws the replay takes again."""
+    augment = None
+    if case == "vgg_bn_augmented":
+        case, augment = "vgg_bn", {"crop": 8, "padding": 1, "flip": True, "cutout": 3, "mixup": 0.4}
     data_name, arch, options, cfg = CASES[case]
     data = request.getfixturevalue(data_name)
-    cfg = TrainConfig(**{**vars(cfg), "steps": 40, "checkpoint_every": 10, "resume_every": 25})
+    cfg = TrainConfig(**{**vars(cfg), "steps": 40, "checkpoint_every": 10, "resume_every": 25,
+                         "augment": augment})  # fmt: skip
     seeds = [0, 1, 2]
     runs, hooks = {}, {}
     for check in (True, False):
