@@ -9,15 +9,16 @@ between the two.
 
 * ``digits`` (scikit-learn's 8 x 8 digits), ``vgg_bn`` at the registry's defaults, the default
   study's recipe (params.yaml ``train.digits``); augmentation: crop 8 pad 1 and flip.
-* a generated image folder (:func:`trainmap.data.image_folder.generate_image_folder`: 10 classes
-  of oriented stripes, ``--per-class`` training images each, 32 px), ``vgg_bn`` 16/32/64;
-  augmentation: ``gradinit_cifar``.
+* a generated image folder (:func:`trainmap.data.image_folder.generate_image_folder`: ``--classes``
+  classes of oriented stripes under pixel noise ``--noise``, ``--per-class`` training images each,
+  32 px; the defaults, 40 x 10 under noise 1, make a task a small CNN overfits), ``vgg_bn``
+  16/32/64, 400 steps; augmentation: ``gradinit_cifar``.
 * ``cifar10`` from ``data/cifar10`` (``--cifar-train`` images, ``resnet18`` with the CIFAR stem)
   when the directory holds the CIFAR-10 python batches; otherwise the table says it was not there.
 
 Usage::
 
-    .venv/bin/python bench/augment_accuracy.py            # ~5 min on 2 cores
+    .venv/bin/python bench/augment_accuracy.py            # ~4 min on 2 cores
     .venv/bin/python bench/augment_accuracy.py --quick    # ~2 min
 
 Writes ``bench/results/augment_accuracy.md`` unless ``--no-write``.
@@ -40,8 +41,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     parser.add_argument("--quick", action="store_true", help="2 seeds, shorter runs")
     parser.add_argument("--seeds", type=int, default=None, help="seeds per case (default 4)")
-    parser.add_argument("--per-class", type=int, default=60,
-                        help="generated folder: training images per class (default 60)")  # fmt: skip
+    parser.add_argument("--per-class", type=int, default=10,
+                        help="generated folder: training images per class (default 10)")  # fmt: skip
+    parser.add_argument("--classes", type=int, default=40,
+                        help="generated folder: classes (default 40)")  # fmt: skip
+    parser.add_argument("--noise", type=float, default=1.0,
+                        help="generated folder: pixel noise SD (default 1.0)")  # fmt: skip
+    parser.add_argument("--only", choices=["digits", "folder", "cifar10"], default=None,
+                        help="run one case")  # fmt: skip
     parser.add_argument("--cifar-train", type=int, default=5000,
                         help="CIFAR-10 training images (a stratified subsample; default 5000)")  # fmt: skip
     parser.add_argument("--no-write", action="store_true", help="print only")
@@ -91,12 +98,62 @@ def summary_rows(name: str, results: dict) -> list[str]:
     return lines
 
 
+def digits_case(args: argparse.Namespace, seeds: list[int]) -> list[str]:
+    """scikit-learn's digits, vgg_bn, the default study's recipe; crop 8 pad 1 and flip."""
+    from trainmap.data import make_task_data
+
+    digits = make_task_data("digits", {})
+    train = {"optimizer": "sgd", "lr": 0.05, "momentum": 0.9, "weight_decay": 0.0001,
+             "batch_size": 128, "steps": 120 if args.quick else 240, "schedule": "cosine",
+             "grad_clip": 1.0, "checkpoint_every": 40 if args.quick else 80,
+             "resume_every": 10**6}  # fmt: skip
+    augment = {"crop": 8, "padding": 1, "flip": True}
+    return summary_rows("digits (crop 8 pad 1, flip)",
+                        run_case(digits, "vgg_bn", {}, train, augment, seeds))  # fmt: skip
+
+
+def folder_case(args: argparse.Namespace, seeds: list[int]) -> list[str]:
+    """A generated image folder (``--classes`` classes of noisy stripes, ``--per-class`` training
+    images each, 32 px), vgg_bn 16/32/64; gradinit_cifar."""
+    from trainmap.data import make_task_data
+    from trainmap.data.image_folder import generate_image_folder
+
+    with tempfile.TemporaryDirectory() as scratch:
+        root = generate_image_folder(Path(scratch) / "folder", n_classes=args.classes,
+                                     n_train=args.per_class, n_val=30, size=32, seed=0,
+                                     noise=args.noise)  # fmt: skip
+        folder = make_task_data("image_folder", {"path": str(root), "size": 32})
+    train = {"optimizer": "sgd", "lr": 0.05, "momentum": 0.9, "weight_decay": 0.0005,
+             "batch_size": 64, "steps": 200 if args.quick else 400, "schedule": "cosine",
+             "checkpoint_every": 100, "resume_every": 10**6}  # fmt: skip
+    options = {"widths": [16, 32, 64], "convs_per_stage": [1, 1, 1]}
+    name = (f"generated folder ({args.classes} classes x {args.per_class} images, noise "
+            f"{args.noise:g}; gradinit_cifar)")  # fmt: skip
+    return summary_rows(name, run_case(folder, "vgg_bn", options, train,
+                                       {"preset": "gradinit_cifar"}, seeds))  # fmt: skip
+
+
+def cifar_case(args: argparse.Namespace, seeds: list[int]) -> list[str]:
+    """CIFAR-10 from data/cifar10 (a subsample), resnet18 with the CIFAR stem; gradinit_cifar."""
+    from trainmap.data import make_task_data
+
+    if not (CIFAR / "data_batch_1").exists():
+        return ["", f"CIFAR-10: `{CIFAR}` holds no CIFAR-10 python batches here; not measured."]
+    cifar = make_task_data("cifar10", {"path": str(CIFAR), "n_train": args.cifar_train})
+    train = {"optimizer": "sgd", "lr": 0.1, "momentum": 0.9, "weight_decay": 0.0005,
+             "batch_size": 128, "steps": 400, "schedule": "cosine", "checkpoint_every": 200,
+             "resume_every": 10**6}  # fmt: skip
+    return summary_rows(
+        "cifar10 (gradinit_cifar)",
+        run_case(
+            cifar, "resnet18", {"cifar_stem": True}, train, {"preset": "gradinit_cifar"}, seeds[:2]
+        ),
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     import torch
-
-    from trainmap.data import make_task_data
-    from trainmap.data.image_folder import generate_image_folder
 
     seeds = list(range(args.seeds or (2 if args.quick else 4)))
     lines = [
@@ -110,46 +167,12 @@ def main(argv: list[str] | None = None) -> int:
         "| data | augment | test acc | train acc | gap |",
         "|---|---|---|---|---|",
     ]
-    digits = make_task_data("digits", {})
-    digits_train = {"optimizer": "sgd", "lr": 0.05, "momentum": 0.9, "weight_decay": 0.0001,
-                    "batch_size": 128, "steps": 120 if args.quick else 240, "schedule": "cosine",
-                    "grad_clip": 1.0, "checkpoint_every": 40 if args.quick else 80,
-                    "resume_every": 10**6}  # fmt: skip
-    lines += summary_rows(
-        "digits (crop 8 pad 1, flip)",
-        run_case(
-            digits, "vgg_bn", {}, digits_train, {"crop": 8, "padding": 1, "flip": True}, seeds
-        ),
-    )
-    with tempfile.TemporaryDirectory() as scratch:
-        root = generate_image_folder(Path(scratch) / "folder", n_classes=10,
-                                     n_train=args.per_class, n_val=30, size=32, seed=0)  # fmt: skip
-        folder = make_task_data("image_folder", {"path": str(root), "size": 32})
-    folder_train = {"optimizer": "sgd", "lr": 0.05, "momentum": 0.9, "weight_decay": 0.0005,
-                    "batch_size": 64, "steps": 200 if args.quick else 400, "schedule": "cosine",
-                    "checkpoint_every": 100, "resume_every": 10**6}  # fmt: skip
-    lines += summary_rows(f"generated folder ({len(folder.x_train)} images, gradinit_cifar)",
-                          run_case(folder, "vgg_bn", {"widths": [16, 32, 64],
-                                                      "convs_per_stage": [1, 1, 1]},
-                                   folder_train, {"preset": "gradinit_cifar"}, seeds))  # fmt: skip
-    if (CIFAR / "data_batch_1").exists():
-        cifar = make_task_data("cifar10", {"path": str(CIFAR), "n_train": args.cifar_train})
-        cifar_train = {"optimizer": "sgd", "lr": 0.1, "momentum": 0.9, "weight_decay": 0.0005,
-                       "batch_size": 128, "steps": 400, "schedule": "cosine",
-                       "checkpoint_every": 200, "resume_every": 10**6}  # fmt: skip
-        lines += summary_rows(
-            "cifar10 (gradinit_cifar)",
-            run_case(
-                cifar,
-                "resnet18",
-                {"cifar_stem": True},
-                cifar_train,
-                {"preset": "gradinit_cifar"},
-                seeds[:2],
-            ),
-        )
-    else:
-        lines += ["", f"CIFAR-10: `{CIFAR}` holds no CIFAR-10 python batches here; not measured."]
+    if args.only in (None, "digits"):
+        lines += digits_case(args, seeds)
+    if args.only in (None, "folder"):
+        lines += folder_case(args, seeds)
+    if args.only in (None, "cifar10"):
+        lines += cifar_case(args, seeds)
     text = "\n".join(lines) + "\n"
     print(text)
     if not args.no_write:

@@ -12,7 +12,9 @@ test evaluation, archive and outputs written to a temporary directory), for a cu
   256, checkpoint every 50) at 40 seeds;
 * ``resnet18``: ResNet-18 (BatchNorm, 64-512) on CIFAR-shaped data (32 x 32 x 3, 100 classes,
   generated: the machine has no network; the arithmetic is CIFAR-100's) at 1, 8 and 20 seeds, in
-  each precision (``fp32``, ``tf32``, ``bf16``); checkpoint every 195 steps as the paper.
+  each precision (``fp32``, ``tf32``, ``bf16``); checkpoint every 195 steps as the paper; with the
+  paper config's augmentation (``training_maps_cifar``: crop, flip, normalisation, applied on the
+  device), and at 8 seeds in fp32 once more without it (side by side: what augmentation costs).
 
 Per row: ms per step of the block, seed-steps/s, the share of the wall time spent on the streamed
 metrics (``metrics_s`` of ``train.timing.json``), peak device memory against the plan's estimate
@@ -83,6 +85,8 @@ class Workload:
     check_every_step: bool | None = None
     #: a learning-rate sweep inside the block: this many values (halving), seed s the (s mod n)-th
     lr_sweep: int = 0
+    #: False: the setting's augmentation (train.<task>.augment) turned off
+    augment: bool = True
 
 
 def full_rows() -> list[Workload]:
@@ -94,6 +98,8 @@ def full_rows() -> list[Workload]:
     for precision in ("fp32", "tf32", "bf16"):
         for seeds in (1, 8, 20):
             rows.append(Workload("resnet18", "cifar100", "resnet_bn", seeds, 20, precision))
+    rows.append(Workload("resnet18, no augmentation", "cifar100", "resnet_bn", 8, 20,
+                         augment=False))  # fmt: skip
     return rows
 
 
@@ -105,6 +111,8 @@ def quick_rows(device: torch.device) -> list[Workload]:
     rows.append(Workload("mlp, lr sweep of 4", "sparse_parity", "mlp", 40, 200, lr_sweep=4))
     rows.append(Workload("transformer", "modular_addition_stabilised", "transformer_ln", 4, 20))
     rows += [Workload("resnet18", "cifar100", "resnet_bn", 2, 2, p) for p in precisions]
+    rows.append(Workload("resnet18, no augmentation", "cifar100", "resnet_bn", 2, 2,
+                         augment=False))  # fmt: skip
     return rows
 
 
@@ -158,6 +166,8 @@ def measure(config: dict[str, Any], row: Workload, device: torch.device, quick: 
     settings.update(steps=row.steps, resume_every=row.steps + 1, device=str(device),
                     precision=row.precision, archive={"schedule": "none"})  # fmt: skip
     settings["checkpoint_every"] = min(settings["checkpoint_every"], row.steps)
+    if not row.augment:
+        settings["augment"] = None
     if row.lr_sweep:
         settings["lr"] = [settings["lr"] / 2**index for index in range(row.lr_sweep)]
     options = grid.model_settings(config, row.task, row.arch)

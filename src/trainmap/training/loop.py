@@ -40,6 +40,11 @@ frozen (its weights and statistics stay those of the step it diverged at; it no 
 gradients), while the other seeds of the block go on. Its outputs are still written, so the rest of
 the workflow completes and analysis can exclude the run visibly.
 
+Augmentation (``train.<task>.augment``, :mod:`.augment`): each seed's per-example draws are made
+per epoch beside its batch order (from a generator of its own, kept in the resume state) and
+applied to the gathered batch on the device, outside vmap; evaluation normalises only. uint8
+pixels (an image folder's cache) reach the model in [0, 1].
+
 Methods that change training itself (AST's distillation, SR-STE decay and mask refresh) plug in
 through :class:`TrainHooks`, called from the places marked ``# hook:`` in the loop; the plain loop
 is the hooks' defaults, which do nothing. Hooks see the block's stacked tensors.
@@ -54,7 +59,8 @@ global RNG from its seed before its first step, so a model that draws random num
 same run alone and in such a block.
 
 The loop's pieces live beside it, one concern each: :mod:`.hooks` (``TrainHooks``), :mod:`.config`
-(``TrainConfig``, ``TrainPaths``), :mod:`.setup` (device, derived seeds, a cell's initial model),
+(``TrainConfig``, ``TrainPaths``), :mod:`.augment` (batch augmentation), :mod:`.param_groups` (the
+optimiser's parameter groups), :mod:`.setup` (device, derived seeds, a cell's initial model),
 :mod:`.step` (batch order, optimiser, schedule, per-seed loss and clipping), :mod:`.precision`
 (the arithmetic: fp32, tf32, bf16 autocast, deterministic kernels), :mod:`.scores` (test
 evaluation, running training means), :mod:`.divergence` (per-seed records, frozen seeds) and

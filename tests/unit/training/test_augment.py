@@ -376,3 +376,11 @@ def test_evaluation_of_a_run_normalises_as_its_training_did(tmp_path, digits):
     other = evaluate_run(tmp_path / "seed0" / "model.pt", history, unnormalised, digits,
                          threshold=0.5, latency="none")  # fmt: skip
     assert other["test_acc"] != record["test_acc"]  # the statistics matter
+
+
+def test_the_schema_lists_the_presets_and_options_the_code_has():
+    from trainmap.schema import config_schema
+
+    augment = config_schema()["$defs"]["train_settings"]["properties"]["augment"]
+    assert augment["properties"]["preset"]["enum"] == list(A.PRESETS)
+    assert set(augment["properties"]) == {"preset", *A.OPTIONS}
