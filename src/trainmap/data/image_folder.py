@@ -276,10 +276,13 @@ def missing_image_folder_files(directory: Path) -> list[str]:
 def damaged_image_folder_files(directory: Path) -> list[tuple[str, str]]:
     """``(file or folder, what is wrong)`` for the image folder at ``directory``: a split with no
     class folder, a class folder in one split only, an empty class folder, an empty (0-byte) file
-    and a file PIL cannot identify as an image. Reads headers only (PIL's lazy open), no pixels."""
+    and a file PIL cannot identify as an image. Reads headers only (PIL's lazy open), no pixels.
+    Images not in RGB (grayscale, RGBA, palette) are not damage: they are converted when the
+    folder is decoded, and a warning here says how many."""
     from PIL import Image
 
     found: list[tuple[str, str]] = []
+    converted: dict[str, list[Path]] = {}
     present = [split for split in SPLITS if (directory / split).is_dir()]
     by_split = {split: split_classes(directory, split) for split in present}
     for split in present:
@@ -302,19 +305,30 @@ def damaged_image_folder_files(directory: Path) -> list[tuple[str, str]]:
                               "images in it or remove it"))  # fmt: skip
             for file in files:
                 try:
-                    _check_image_header(file, Image)
+                    mode = _check_image_header(file, Image)
                 except (DamagedFile, OSError) as error:
                     found.append((str(file), problem_text(error)))
+                    continue
+                if mode != "RGB":
+                    converted.setdefault(mode, []).append(file)
+    if converted:
+        count = sum(map(len, converted.values()))
+        modes = ", ".join(f"{mode} ({len(files)})" for mode, files in sorted(converted.items()))
+        example = next(iter(converted.values()))[0]
+        warnings.warn(f"image folder {directory}: {count} image(s) are not RGB ({modes}, e.g. "
+                      f"{example}); they are converted to RGB when the folder is decoded",
+                      stacklevel=2)  # fmt: skip
     return found
 
 
-def _check_image_header(file: Path, image_module: Any) -> None:
-    """``file`` is not empty and PIL identifies it from its header; else :class:`DamagedFile`."""
+def _check_image_header(file: Path, image_module: Any) -> str:
+    """``file``'s colour mode (from its header) when it is not empty and PIL identifies it; else
+    :class:`DamagedFile`."""
     if file.stat().st_size == 0:
         raise DamagedFile("is empty (0 bytes): replace it with the image or remove it")
     try:
-        with image_module.open(file):  # lazy: reads the header, not the pixels
-            pass
+        with image_module.open(file) as image:  # lazy: reads the header, not the pixels
+            return str(image.mode)
     except image_module.UnidentifiedImageError:
         with open(file, "rb") as stream:
             head = stream.read(64)

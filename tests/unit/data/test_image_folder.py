@@ -176,7 +176,9 @@ def test_without_torchvision_the_reader_names_the_extra(
         data.read_image_folder(folder)
     # the listing-only paths need no torchvision
     assert data.model_meta("image_folder", {"path": str(folder)})["num_classes"] == 3
-    assert data.damaged_data_files("image_folder", folder) == []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # the RGB conversion, tested on its own
+        assert data.damaged_data_files("image_folder", folder) == []
 
 
 # --- checks before any job: listing and headers only ----------------------------------------------
@@ -330,3 +332,12 @@ def test_the_plan_refuses_a_cache_past_the_node_naming_the_data_keys(
     (tmp_path / "study.yaml").write_text(yaml.safe_dump(study))
     with pytest.raises(grid.ConfigError, match=r"data\.imgs\.path: directory .*absent"):
         plan.load_plan_config([str(tmp_path / "study.yaml")])
+
+
+def test_the_config_check_says_which_images_it_will_convert(folder: Path) -> None:
+    """Mixed grayscale/RGBA images are not damage: the header check warns how many it converts."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert data.damaged_data_files("image_folder", folder) == []
+    messages = [str(w.message) for w in caught if issubclass(w.category, UserWarning)]
+    assert len(messages) == 1 and "2 image(s) are not RGB (L (1), RGBA (1)" in messages[0], messages
