@@ -341,3 +341,13 @@ def test_the_config_check_says_which_images_it_will_convert(folder: Path) -> Non
         assert data.damaged_data_files("image_folder", folder) == []
     messages = [str(w.message) for w in caught if issubclass(w.category, UserWarning)]
     assert len(messages) == 1 and "2 image(s) are not RGB (L (1), RGBA (1)" in messages[0], messages
+
+
+def test_num_classes_sizes_a_folder_not_there_yet_and_must_match_one_that_is(
+    folder: Path, tmp_path: Path
+) -> None:
+    absent = {"path": str(tmp_path / "later"), "size": 16, "num_classes": 10}
+    assert data.model_meta("image_folder", absent)["num_classes"] == 10
+    assert data.model_meta("image_folder", absent)["input_shape"] == [3, 16, 16]
+    with pytest.raises(ValueError, match="num_classes 5 but .* holds 3 class folders"):
+        data.model_meta("image_folder", {"path": str(folder), "num_classes": 5})
