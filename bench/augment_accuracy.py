@@ -27,7 +27,6 @@ Writes ``bench/results/augment_accuracy.md`` unless ``--no-write``.
 from __future__ import annotations
 
 import argparse
-import platform
 import statistics
 import tempfile
 from pathlib import Path
@@ -155,12 +154,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     import torch
 
+    from trainmap.portable import cpu_model_and_flags
+
     seeds = list(range(args.seeds or (2 if args.quick else 4)))
     lines = [
         "# Augmentation and generalisation",
         "",
         f"`bench/augment_accuracy.py{' --quick' if args.quick else ''}` on "
-        f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, "
+        f"{cpu_model_and_flags()[0]}, {torch.get_num_threads()} threads, "
         f"{len(seeds)} seeds a case. Test accuracy: mean (min-max); train: the final model on the "
         "whole unaugmented training set; gap: train - test.",
         "",

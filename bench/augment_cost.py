@@ -24,7 +24,6 @@ Writes ``bench/results/augment_cost.md`` (the tables) unless ``--no-write``.
 from __future__ import annotations
 
 import argparse
-import platform
 import statistics
 import tempfile
 import time
@@ -182,6 +181,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     import torch
 
+    from trainmap.portable import cpu_model_and_flags
+
     rounds = args.rounds or 3
     images = args.images or (600 if args.quick else 2000)
     threads = torch.get_num_threads()
@@ -191,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     lines = [
         "# Batch augmentation's cost",
         "",
-        f"`bench/augment_cost.py{' --quick' if args.quick else ''}` on {platform.processor() or platform.machine()}, "
+        f"`bench/augment_cost.py{' --quick' if args.quick else ''}` on {cpu_model_and_flags()[0]}, "
         f"{threads} threads, torch {torch.__version__}.",
         "",
         f"## A ResNet-18 step (CIFAR stem, batch {args.batch}, median of {rounds} rounds)",

@@ -34,6 +34,7 @@ def test_the_gpu_benchmark_runs_every_row_and_names_the_device(tmp_path):
             "| transformer",
             "| resnet18",
             "| resnet18",
+            "| resnet18, no augmentation",
         ]
     )
     assert "bf16" in text
