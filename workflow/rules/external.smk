@@ -11,7 +11,12 @@ wildcard_constraints:
 rule external_metrics:
     input:
         external_files,
-        definitions="src/trainmap/dynamics/metrics.py",
+        # The metric definitions and the families' layouts (which matrices count) are inputs:
+        # changing either reruns the set's tables.
+        definitions=[
+            "src/trainmap/dynamics/metrics.py",
+            "src/trainmap/dynamics/family_layouts.py",
+        ],
     output:
         manifest=f"{RESULTS}/external/{{external}}/metrics.json",
     log:
@@ -20,7 +25,7 @@ rule external_metrics:
         "../envs/trainmap.yaml"
     threads: 1
     resources:
-        mem_mb=4000,
+        mem_mb=memory_mb_of_external,
         runtime=60,
     params:
         runs=runs_of_external,

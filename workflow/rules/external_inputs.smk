@@ -27,6 +27,12 @@ def external_run_file(name, run, filename):
 
 
 @input_function
+def memory_mb_of_external(wildcards):
+    """external_metrics' memory: a constant plus three times the set's largest checkpoint."""
+    return grid.external_metrics_memory_mb(EXTERNAL_RUNS[wildcards.external])
+
+
+@input_function
 def runs_of_external(wildcards):
     return EXTERNAL_RUNS[wildcards.external]
 

@@ -72,7 +72,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "a Lightning run (version_<n>/ with checkpoints/*.ckpt and metrics.csv), "
                         "or a directory with such runs below it (a run is named by its path "
                         "relative to the common parent)")  # fmt: skip
-    parser.add_argument("--out", type=Path, required=True, help="output directory")
+    parser.add_argument("--out", type=Path,
+                        help="output directory (required unless --show-layout)")  # fmt: skip
     parser.add_argument("--threshold", type=float,
                         help="convergence = first checkpoint whose test_acc >= this (required "
                         "unless --metrics-only)")  # fmt: skip
@@ -123,6 +124,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--metrics-only",
         action="store_true",
         help="write the external runs' metric tables and stop",
+    )
+    external.add_argument(
+        "--show-layout",
+        action="store_true",
+        help="print which matrices of each external run's first checkpoint the metrics count "
+        "(the checkpoint family recognised, the counted matrices and heads, what is left out and "
+        "why) and stop, fitting and writing nothing",
     )
     grouping = parser.add_mutually_exclusive_group()
     grouping.add_argument("--groups", type=Path,
@@ -441,8 +449,39 @@ def _external_model(args: argparse.Namespace):
         raise SystemExit(f"error: --arch {args.arch}: {error}") from None
 
 
+def show_layouts(args: argparse.Namespace) -> int:
+    """``--show-layout``: for each external run given, the layout its metrics would use (by
+    --convention, --heads, --arch) on its first checkpoint, printed: the family recognised
+    (:mod:`trainmap.dynamics.family_layouts`), else "generic rules" or the architecture; each
+    counted matrix, counted bias and left-out entry with its reason. Nothing is fitted or written."""
+    from trainmap.dynamics.external import run_layout
+    from trainmap.dynamics.external_layouts import checkpoint_shapes
+    from trainmap.dynamics.family_layouts import FAMILIES, describe_layout, detect_family
+
+    model = _external_model(args)
+    for path in args.tables:
+        try:
+            run = read_external_run(path, args.evaluation, args.accuracy_key)
+            step, first = next(iter(run.checkpoints.items()))
+            shapes = checkpoint_shapes(first)
+            layout = run_layout(shapes, first, args.convention, args.heads, model)
+        except ExternalRunError as error:
+            raise SystemExit(f"error: {error}") from None
+        family = detect_family(shapes)
+        source = (f"architecture {args.arch}" if model is not None
+                  else FAMILIES[family].title if family else "generic rules")  # fmt: skip
+        print(f"{path}: first checkpoint {first.name} (step {step}), convention "
+              f"{args.convention}, heads {args.heads or 'not given (projections whole)'}")  # fmt: skip
+        print("\n".join(describe_layout(shapes, layout, source)))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.show_layout:
+        return show_layouts(args)
+    if args.out is None:
+        raise SystemExit("error: --out is required (or --show-layout)")
     if args.threshold is None and not args.metrics_only:
         raise SystemExit("error: --threshold is required (or --metrics-only)")
     found = find_runs(args.tables)

@@ -13,7 +13,9 @@ A run's own hyperparameters (``hparams.yaml``, ``config.json``, ``trainer_state.
 joint comparisons, also together with trainmap's own runs) reads external and own runs alike. The
 counted matrices come from the state dict alone (:func:`trainmap.dynamics.metrics.state_dict_layout`:
 names and shapes; attention heads split when ``heads`` is given; under ``paper`` a residual
-block's 1x1 ``shortcut``/``downsample`` conv left out, as the authors' ResNet walker does), or
+block's 1x1 ``shortcut``/``downsample`` conv left out, as the authors' ResNet walker does; a
+GPT-NeoX, Llama-style or BERT checkpoint by its family's names,
+:func:`trainmap.dynamics.family_layouts.checkpoint_layout`), or
 from a model of a registered architecture (a plugin's) when exact conventions matter. A damaged or
 inconsistent run raises :class:`ExternalRunError` naming the file and the fix, before any metric
 is written.
@@ -57,18 +59,22 @@ from trainmap.dynamics.external_layouts import (
     read_evaluation,
     run_layouts,
 )
+from trainmap.dynamics.family_layouts import checkpoint_layout
 from trainmap.dynamics.metrics import (
     WeightLayout,
     collect_run_metrics,
     layout_of_model,
-    state_dict_layout,
 )
 
 #: A run's own hyperparameters (``--group-by``), looked for in the run's directory and its parent:
 #: Lightning's, a Hugging Face model's config and the Trainer's state.
 HYPERPARAMETER_FILES = ("hparams.yaml", "config.json", HF_STATE)
-#: Checkpoints whose metrics are computed in one batch (memory: chunk x one state dict).
+#: At most this many checkpoints' metrics are computed in one batch ...
 CHUNK = 32
+#: ... and at most this many bytes of counted weights held at once (:func:`chunk_size`): a large
+#: checkpoint (a language model's, hundreds of MB) is measured one at a time, so peak memory is
+#: about one checkpoint's counted weights plus a constant, whatever the model.
+CHUNK_BYTES = 256 * 2**20
 
 
 @dataclass(frozen=True)
@@ -208,7 +214,7 @@ def run_layout(
     from ``model`` (a registered architecture) when given, else from the names and shapes."""
     if model is None:
         try:
-            return state_dict_layout(shapes, convention, heads)
+            return checkpoint_layout(shapes, convention, heads)
         except ValueError as error:
             raise ExternalRunError(f"{path}: {error}") from None
     expected = {k: tuple(v.shape) for k, v in model.state_dict().items() if v.is_floating_point()}
@@ -223,27 +229,50 @@ def run_layout(
 
 
 def stacked_states(
-    run: ExternalRun, steps: list[int], reference: Mapping[str, tuple[int, ...]]
+    run: ExternalRun,
+    steps: list[int],
+    reference: Mapping[str, tuple[int, ...]],
+    keep: set[str] | None = None,
 ) -> dict[str, torch.Tensor]:
     """The state dicts of ``steps`` stacked ``[n, *shape]``, each checked to hold the tensors of
-    ``reference`` (the shapes of the run's first checkpoint)."""
+    ``reference`` (the shapes of the run's first checkpoint); ``keep``: only these entries are
+    kept once a checkpoint is checked (the counted ones), the rest freed at once. One checkpoint
+    is returned as views of its own tensors (no stacked copy)."""
     first_step, first_path = next(iter(run.checkpoints.items()))
+    names = [key for key in reference if keep is None or key in keep]
     states = []
     for step in steps:
         path = run.checkpoints[step]
         state = load_state_dict_file(path)
         shapes = {k: tuple(v.shape) for k, v in state.items()}
         _check_same_shapes(path, step, shapes, first_path, first_step, reference)
-        states.append(state)
-    return {key: torch.stack([state[key] for state in states]) for key in reference}
+        # float64 once per entry (the metrics' precision): every head slice of a fused matrix is
+        # then a view of the one copy, not a float64 copy of the whole matrix each
+        states.append({key: state[key].to(torch.float64) for key in names})
+        del state
+    if len(states) == 1:
+        return {key: value.unsqueeze(0) for key, value in states[0].items()}
+    return {key: torch.stack([state[key] for state in states]) for key in names}
+
+
+def counted_entries(layout: WeightLayout) -> set[str]:
+    """The state entries ``layout``'s metrics read: its matrices and biases."""
+    return {matrix.name for matrix in layout.matrices} | set(layout.biases)
+
+
+def chunk_size(counted_bytes: int) -> int:
+    """How many checkpoints to measure together: :data:`CHUNK`, or fewer so that their counted
+    weights stay within :data:`CHUNK_BYTES` (at least one)."""
+    return max(1, min(CHUNK, CHUNK_BYTES // max(1, counted_bytes)))
 
 
 def external_run_metrics(
     run: ExternalRun, convention: str = "paper", heads: int | None = None,
     model: nn.Module | None = None,
 ) -> pd.DataFrame:  # fmt: skip
-    """The run's metric table (``collect_run_metrics``'s format), :data:`CHUNK` checkpoints at a
-    time (each checkpoint's metrics depend on that checkpoint alone)."""
+    """The run's metric table (``collect_run_metrics``'s format), :func:`chunk_size` checkpoints
+    at a time (each checkpoint's metrics depend on that checkpoint alone), only the counted
+    entries of each kept in memory."""
     steps = list(run.checkpoints)
     first_path = run.checkpoints[steps[0]]
     reference = checkpoint_shapes(first_path)
@@ -251,10 +280,15 @@ def external_run_metrics(
     if not layout.matrices:
         raise ExternalRunError(f"{first_path}: no 2-D or 4-D weight to compute metrics on (left "
                                f"out: {layout.ignored})")  # fmt: skip
-    tables = []
-    for start in range(0, len(steps), CHUNK):
-        chunk = steps[start : start + CHUNK]
-        state = stacked_states(run, chunk, reference)
+    keep = counted_entries(layout)
+    first = stacked_states(run, steps[:1], reference, keep)  # measured first: it sizes the chunks
+    size = chunk_size(sum(t.numel() * t.element_size() for t in first.values()))
+    trajectory = {"step": torch.tensor(steps[:1]), "state": first}
+    tables = [collect_run_metrics(trajectory, layout, run.evaluation, convention)]
+    del first, trajectory
+    for start in range(1, len(steps), size):
+        chunk = steps[start : start + size]
+        state = stacked_states(run, chunk, reference, keep)
         trajectory = {"step": torch.tensor(chunk), "state": state}
         tables.append(collect_run_metrics(trajectory, layout, run.evaluation, convention))
     return pd.concat(tables, ignore_index=True)

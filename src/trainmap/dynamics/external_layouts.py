@@ -21,6 +21,10 @@ The output directories of the two most used training frameworks read as they are
   them, e.g. ``model.0.weight``); the accuracy is a column of the CSVLogger's ``metrics.csv``
   (default ``val_acc``; the rows of other logging calls, blank there, are skipped).
 
+A checkpoint saved in shards (``model.safetensors.index.json`` or ``pytorch_model.bin.index.json``
+beside its shards, as ``save_pretrained`` writes a large model) is read through its index, merged
+(:func:`load_state_dict_file`, :func:`checkpoint_shapes`).
+
 A damaged or inconsistent file raises :class:`ExternalRunError` naming the file and the fix. Each
 checkpoint's header (names and shapes of its tensors, Lightning's ``global_step``) is read without
 its weights' values (:func:`checkpoint_header`); :func:`load_state_dict_file` reads the weights.
@@ -65,6 +69,13 @@ LIGHTNING_ACCURACY_KEY = "val_acc"
 STEP_NAME = re.compile(r"^[A-Za-z_\-]*?(\d+)$")
 #: Keys under which training scripts commonly nest a state dict in a ``.pt`` file.
 NESTED_STATE_KEYS = ("state_dict", "model_state_dict", "model")
+#: A checkpoint saved in shards (``save_pretrained`` of a large model) is named by its index, a
+#: JSON file whose ``weight_map`` gives each tensor's shard file (beside the index).
+SHARD_INDEX_SUFFIX = ".index.json"
+#: The weights of a Hugging Face model folder (a Hub snapshot, ``save_pretrained``'s output), in
+#: the order one is read where a folder holds several.
+MODEL_WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                 "pytorch_model.bin.index.json")  # fmt: skip
 
 
 class ExternalRunError(ValueError):
@@ -106,8 +117,57 @@ def find_checkpoints(directory: Path) -> dict[int, Path]:
 
 
 def load_state_dict_file(path: Path, mmap: bool = False) -> dict[str, torch.Tensor]:
-    """A checkpoint's floating-point tensors (``weights_only=True`` for ``.pt``/``.pth``)."""
+    """A checkpoint's floating-point tensors (``weights_only=True`` for ``.pt``/``.pth``/``.bin``).
+    A sharded checkpoint, given as its index JSON or as a model folder (:func:`model_weights`),
+    loads as one state dict merged from all its shards."""
+    path = model_weights(path) if path.is_dir() else path
+    if path.name.endswith(SHARD_INDEX_SUFFIX):
+        merged: dict[str, object] = {}
+        for shard in _existing_shards(path):
+            state = _load(shard, mmap)
+            merged |= state if isinstance(state, Mapping) else {}
+        return _weights_of(path, merged)
     return _weights_of(path, _load(path, mmap))
+
+
+def model_weights(directory: Path) -> Path:
+    """The weights file of a Hugging Face model folder: the first of :data:`MODEL_WEIGHTS` it
+    holds; none is an :class:`ExternalRunError` naming the folder."""
+    found = next((directory / name for name in MODEL_WEIGHTS if (directory / name).is_file()), None)
+    if found is None:
+        held = sorted(p.name for p in directory.iterdir())[:8]
+        raise ExternalRunError(f"{directory}: a model folder without weights (none of "
+                               f"{', '.join(MODEL_WEIGHTS)}; it holds {held or 'nothing'}); give "
+                               "the folder save_pretrained wrote, or the weights file itself")  # fmt: skip
+    return found
+
+
+def index_shards(index: Path) -> list[Path]:
+    """The shard files a sharded checkpoint's index JSON names in its ``weight_map`` (beside the
+    index), in name order, whether or not they exist; a damaged index is an
+    :class:`ExternalRunError` naming it."""
+    try:
+        weight_map = json.loads(index.read_text())["weight_map"]
+        names = sorted(set(weight_map.values()))
+    except Exception as error:  # noqa: BLE001 - every failure to read is one clear error
+        raise ExternalRunError(f"{index}: not a shard index ({type(error).__name__}: {error}); "
+                               "an index is JSON with a weight_map of tensor -> shard file, as "
+                               "save_pretrained writes it") from None  # fmt: skip
+    if not names or not all(isinstance(name, str) and name for name in names):
+        raise ExternalRunError(f"{index}: its weight_map names no shard files; restore the index "
+                               "save_pretrained wrote")  # fmt: skip
+    return [index.parent / name for name in names]
+
+
+def _existing_shards(index: Path) -> list[Path]:
+    """:func:`index_shards`, each of which must exist: a missing one is an error naming it."""
+    shards = index_shards(index)
+    missing = [shard.name for shard in shards if not shard.is_file()]
+    if missing:
+        raise ExternalRunError(f"{index}: shard(s) {', '.join(missing)} missing (of {len(shards)} "
+                               "the index names); download or copy the whole checkpoint, every "
+                               "shard beside its index")  # fmt: skip
+    return shards
 
 
 def _load(path: Path, mmap: bool = False) -> object:
@@ -156,7 +216,13 @@ def checkpoint_header(path: Path) -> CheckpointHeader:
     checked against the file's), a ``.pt``/``.ckpt`` zip memory-mapped (the pickled structure,
     not the tensors' data), a legacy (non-zip) torch file whole. A damaged file raises
     :class:`ExternalRunError` naming it. The config check, the run's step check and its metric
-    job all ask here, so each file's weights are read once, by the metric job."""
+    job all ask here, so each file's weights are read once, by the metric job. A sharded
+    checkpoint (its index JSON, or a model folder: :func:`model_weights`) has the shapes of all
+    its shards' headers; a missing shard is an error naming it."""
+    path = model_weights(path) if path.is_dir() else path
+    if path.name.endswith(SHARD_INDEX_SUFFIX):  # a sharded checkpoint: its shards' headers
+        shards = [checkpoint_header(shard).shapes for shard in _existing_shards(path)]
+        return CheckpointHeader({k: v for shapes in shards for k, v in shapes.items()}, None)
     try:
         stat = path.stat()
     except OSError as error:

@@ -74,6 +74,7 @@ from trainmap.grid.errors import (
 )
 from trainmap.grid.external import (
     external_arch,
+    external_metrics_memory_mb,
     external_runs,
     external_sets,
     joint_external_sets,
@@ -140,6 +141,7 @@ __all__ = [
     "evaluate_settings",
     "expand_grid",
     "external_arch",
+    "external_metrics_memory_mb",
     "external_runs",
     "external_sets",
     "grid_tasks",

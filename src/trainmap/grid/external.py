@@ -44,6 +44,28 @@ def external_runs(spec: Mapping[str, Any], base_dir: str | Path) -> dict[str, st
     return {p.relative_to(root).as_posix(): str(p) for p in found}
 
 
+#: The external_metrics job's memory besides its checkpoints: Python, torch and the metric tables.
+EXTERNAL_BASE_MB = 1500
+
+
+def external_metrics_memory_mb(runs: Mapping[str, str]) -> int:
+    """Memory to request for a set's ``external_metrics`` job: a constant plus three times its
+    largest checkpoint file (the loaded state dict, its counted entries and their float64 matrices;
+    :func:`trainmap.dynamics.external.chunk_size` keeps one large checkpoint in memory at a time).
+    A run whose files cannot be listed counts nothing here (the config check names it)."""
+    from trainmap.dynamics.external import run_files
+
+    largest = 0
+    for directory in runs.values():
+        try:
+            files = run_files(directory)
+        except OSError:
+            continue
+        sizes = [f.stat().st_size for f in files if f.is_file() and f.suffix != ".csv"]
+        largest = max([largest, *sizes])
+    return EXTERNAL_BASE_MB + -(-3 * largest // 2**20)
+
+
 def joint_external_sets(spec: Mapping[str, Any]) -> list[str]:
     """The external sets a joint comparison pools beside its own runs."""
     return list(spec.get("external", []))

@@ -1,0 +1,179 @@
+"""Reading and measuring public checkpoint suites: Pythia-14m's and Pythia-160m's shapes.
+
+For each shape, a run of ``--revisions`` checkpoints (random weights from the model's config,
+built locally with ``transformers``' ``GPTNeoXForCausalLM``, saved as float16 safetensors as the
+suites ship them, each revision a perturbed copy) is measured by the path external runs take
+(:func:`trainmap.dynamics.external.external_run_metrics`, the paper convention with the heads
+split), in a fresh process:
+
+* seconds to read one revision (``load_state_dict_file``) and to measure one (the run's wall time
+  over its revisions, reading included);
+* peak RSS above the process's RSS after its imports, against the checkpoint file's size (goal at
+  the 160m shape: <= 1.5x);
+* the projected time of a 14m pass over all 154 revisions and a 160m pass over 20;
+* what dominates: the seconds in the spectra (``torch.linalg.svdvals`` / ``matrix_norm(ord=2)``,
+  timed by a profile of one revision) against the rest.
+
+Usage::
+
+    .venv/bin/python bench/suite_read.py            # ~4 min on 2 cores
+    .venv/bin/python bench/suite_read.py --quick    # 14m only, ~1 min
+
+Writes ``bench/results/suite_read.md`` unless ``--no-write``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results" / "suite_read.md"
+#: The two Pythia shapes (EleutherAI's configs: hidden, layers, heads, intermediate, vocab).
+SHAPES = {
+    "14m": {"hidden_size": 128, "num_hidden_layers": 6, "num_attention_heads": 4,
+            "intermediate_size": 512, "vocab_size": 50304},
+    "160m": {"hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12,
+             "intermediate_size": 3072, "vocab_size": 50304},
+}  # fmt: skip
+PASSES = {"14m": 154, "160m": 20}
+RSS_GOAL = 1.5
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser.add_argument("--quick", action="store_true", help="the 14m shape only")
+    parser.add_argument("--revisions", type=int, default=3, help="revisions a run (default 3)")
+    parser.add_argument("--no-write", action="store_true", help="print only")
+    parser.add_argument("--child", nargs=2, metavar=("RUN_DIR", "HEADS"), help=argparse.SUPPRESS)
+    return parser.parse_args(argv)
+
+
+def write_run(directory: Path, shape: dict, revisions: int) -> int:
+    """``revisions`` float16 checkpoints of a GPT-NeoX of ``shape``; the file size in bytes."""
+    import torch
+    from safetensors.torch import save_file
+    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
+
+    torch.manual_seed(0)
+    config = GPTNeoXConfig(**shape, max_position_embeddings=2048, rotary_pct=0.25)
+    model = GPTNeoXForCausalLM(config).half()
+    state = {key: value.contiguous() for key, value in model.state_dict().items()}
+    directory.mkdir(parents=True)
+    for index in range(revisions):
+        step = index * 1000
+        noisy = {key: (value + 0.01 * torch.randn_like(value)).contiguous()
+                 if value.is_floating_point() else value for key, value in state.items()}  # fmt: skip
+        save_file(noisy, str(directory / f"step{step}.safetensors"))
+    (directory / "evaluation.csv").write_text(
+        "step,test_acc\n" + "".join(f"{i * 1000},0.0\n" for i in range(revisions))
+    )
+    return (directory / "step0.safetensors").stat().st_size
+
+
+def child(run_dir: str, heads: str) -> None:
+    """Measure one run in this (fresh) process and print a JSON line of timings and RSS."""
+    import resource
+    import time
+
+    import torch
+
+    from trainmap.dynamics.external import external_run_metrics, read_external_run
+    from trainmap.dynamics.external_layouts import load_state_dict_file
+
+    torch.set_num_threads(torch.get_num_threads())
+    idle_kb = _rss_kb()
+    run = read_external_run(run_dir)
+    first = next(iter(run.checkpoints.values()))
+    started = time.perf_counter()
+    state = load_state_dict_file(first)
+    read_s = time.perf_counter() - started
+    del state
+    started = time.perf_counter()
+    external_run_metrics(run, "paper", int(heads))
+    measure_s = (time.perf_counter() - started) / len(run.checkpoints)
+    peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    print(json.dumps({"read_s": read_s, "measure_s": measure_s, "idle_kb": idle_kb,
+                      "peak_kb": peak_kb}))  # fmt: skip
+
+
+def _rss_kb() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
+def spectra_share(run_dir: Path, heads: int) -> float:
+    """The share of one revision's measuring spent in singular values (cProfile)."""
+    import cProfile
+    import pstats
+
+    from trainmap.dynamics.external import ExternalRun, external_run_metrics, read_external_run
+
+    run = read_external_run(run_dir)
+    step, path = next(iter(run.checkpoints.items()))
+    one = ExternalRun(run.directory, {step: path}, run.evaluation.head(1))
+    profile = cProfile.Profile()
+    profile.runcall(external_run_metrics, one, "paper", heads)
+    stats = pstats.Stats(profile)
+    total = stats.total_tt
+    spectral = sum(row[2] for func, row in stats.stats.items()  # own time of the SVD kernels
+                   if any(name in func[2] for name in ("svdvals", "matrix_norm", "linalg_svd")))  # fmt: skip
+    return spectral / total if total else float("nan")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.child:
+        child(*args.child)
+        return 0
+    import torch
+
+    from trainmap.portable import cpu_model_and_flags
+
+    shapes = ["14m"] if args.quick else ["14m", "160m"]
+    rows = []
+    with tempfile.TemporaryDirectory() as scratch:
+        for name in shapes:
+            run_dir = Path(scratch) / name
+            size = write_run(run_dir, SHAPES[name], args.revisions)
+            heads = SHAPES[name]["num_attention_heads"]
+            out = subprocess.run([sys.executable, __file__, "--child", str(run_dir), str(heads)],
+                                 capture_output=True, text=True, check=True)  # fmt: skip
+            measured = json.loads(out.stdout.strip().splitlines()[-1])
+            share = spectra_share(run_dir, heads)
+            above = (measured["peak_kb"] - measured["idle_kb"]) * 1024
+            rows.append({"shape": name, "file_mb": size / 2**20, **measured,
+                         "rss_ratio": above / size, "spectra_share": share,
+                         "pass_s": measured["measure_s"] * PASSES[name]})  # fmt: skip
+    lines = [
+        "# Reading and measuring checkpoint suites",
+        "",
+        f"`bench/suite_read.py{' --quick' if args.quick else ''}` on {cpu_model_and_flags()[0]}, "
+        f"{torch.get_num_threads()} threads; GPT-NeoX checkpoints of Pythia's shapes (float16 "
+        f"safetensors, random weights), {args.revisions} revisions a run, heads split.",
+        "",
+        "| shape | file MB | read s | measure s / revision | peak RSS above idle / file | "
+        "spectra's share | projected pass |",
+        "|---|---:|---:|---:|---:|---:|---|",
+        *[f"| {r['shape']} | {r['file_mb']:.0f} | {r['read_s']:.2f} | {r['measure_s']:.2f} | "
+          f"{r['rss_ratio']:.2f} | {r['spectra_share']:.0%} | {PASSES[r['shape']]} revisions: "
+          f"{r['pass_s'] / 60:.1f} min |" for r in rows],
+        "",
+        f"Goal: peak RSS above idle <= {RSS_GOAL}x the checkpoint at the 160m shape.",
+    ]  # fmt: skip
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if not args.no_write:
+        RESULTS.parent.mkdir(parents=True, exist_ok=True)
+        RESULTS.write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
