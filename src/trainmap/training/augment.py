@@ -111,11 +111,6 @@ class Augmentation:
         del values["mean"], values["std"]
         return values
 
-    @property
-    def draws_examples(self) -> bool:
-        """Whether any per-example draw is made (crop, flip, cutout, resized crop)."""
-        return bool(self.crop or self.flip or self.cutout or self.resized_crop)
-
     def check(self, input_kind: str, input_shape: Sequence[int], where: str) -> None:
         """Refuse a recipe the task's inputs cannot take (a ValueError naming ``where``'s key):
         augmentation of a vector or token task, a crop larger than the padded image, a cutout
@@ -248,12 +243,6 @@ class Augmentation:
 def to_unit(inputs: torch.Tensor) -> torch.Tensor:
     """uint8 pixels as float32 in ``[0, 1]`` (``ToTensor``); any other tensor as it is."""
     return inputs.float().div_(255) if inputs.dtype == torch.uint8 else inputs
-
-
-def prepare_inputs(inputs: torch.Tensor, recipe: Augmentation | None) -> torch.Tensor:
-    """Inputs as a model evaluates them: :meth:`Augmentation.prepare`, or (no recipe) uint8 pixels
-    in ``[0, 1]`` and anything else as it is."""
-    return to_unit(inputs) if recipe is None else recipe.prepare(inputs)
 
 
 def augmentation(settings: Mapping[str, Any] | None, where: str = "augment") -> Augmentation | None:
