@@ -58,16 +58,35 @@ def cifar_like(n: int, seed: int = 0):
     return task_data(x, y, x[:256], y[:256], kind="bench", input_kind="image", num_classes=10)
 
 
+def timed_steps(model, data, cfg, recipe, steps: int) -> float:
+    """Seconds of ``steps`` of the loop's own step (gather, augmentation, forward, loss; backward
+    and the optimiser step) for one seed of ``model`` on ``data``."""
+    import torch
+
+    from trainmap.training.loop import _forward_step, _sampler
+    from trainmap.training.seed_block import SeedBlock
+    from trainmap.training.step import BlockBatches, make_optimizer
+
+    block, optimizer = SeedBlock([model]), make_optimizer(model, cfg)
+    shape = tuple(data.x_train.shape[1:])
+    batches = BlockBatches([_sampler(len(data.x_train), cfg, 0, recipe, shape)],
+                           torch.device("cpu"))  # fmt: skip
+    started = time.perf_counter()
+    for _ in range(steps):
+        _, _, _, loss = _forward_step(block, batches, data, recipe)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+    return time.perf_counter() - started
+
+
 def step_cost(batch: int, rounds: int, steps: int) -> list[dict]:
     """Median seconds per ResNet-18 step without and with each preset (the loop's step)."""
     import torch
-    import torch.nn.functional as F  # noqa: F401
 
     from trainmap.models import build_model
     from trainmap.training.augment import augmentation
-    from trainmap.training.loop import TrainConfig, _forward_step, _sampler
-    from trainmap.training.seed_block import SeedBlock
-    from trainmap.training.step import BlockBatches, make_optimizer
+    from trainmap.training.loop import TrainConfig
 
     data = cifar_like(4 * batch)
     torch.manual_seed(0)
@@ -77,17 +96,7 @@ def step_cost(batch: int, rounds: int, steps: int) -> list[dict]:
     times: dict[str, list[float]] = {name: [] for name in recipes}
 
     def run(recipe) -> float:
-        block = SeedBlock([model])
-        optimizer = make_optimizer(model, cfg)
-        batches = BlockBatches([_sampler(len(data.x_train), cfg, 0, recipe, (3, 32, 32))],
-                               torch.device("cpu"))  # fmt: skip
-        started = time.perf_counter()
-        for _ in range(steps):
-            _, _, _, loss = _forward_step(block, batches, data, recipe)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-        return (time.perf_counter() - started) / steps
+        return timed_steps(model, data, cfg, recipe, steps) / steps
 
     for recipe in recipes.values():  # warm-up: first-call costs of every path
         run(recipe)
@@ -148,9 +157,7 @@ def folder_epochs(images: int) -> dict:
     from trainmap.data.image_folder import generate_image_folder
     from trainmap.models import build_model
     from trainmap.training.augment import augmentation
-    from trainmap.training.loop import TrainConfig, _forward_step, _sampler
-    from trainmap.training.seed_block import SeedBlock
-    from trainmap.training.step import BlockBatches, make_optimizer
+    from trainmap.training.loop import TrainConfig
 
     with tempfile.TemporaryDirectory() as scratch:
         root = generate_image_folder(Path(scratch) / "folder", n_classes=10, n_train=images // 10,
@@ -162,17 +169,7 @@ def folder_epochs(images: int) -> dict:
     model = build_model("vgg_bn", data.meta, widths=[16, 32], convs_per_stage=[1, 1])
     cfg = TrainConfig(lr=0.05, momentum=0.9, batch_size=64)
     recipe = augmentation({"preset": "gradinit_cifar"})
-    block, optimizer = SeedBlock([model]), make_optimizer(model, cfg)
-    batches = BlockBatches([_sampler(len(data.x_train), cfg, 0, recipe, (3, 32, 32))],
-                           torch.device("cpu"))  # fmt: skip
-    steps = len(data.x_train) // 64
-    started = time.perf_counter()
-    for _ in range(steps):
-        _, _, _, loss = _forward_step(block, batches, data, recipe)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-    epoch = time.perf_counter() - started
+    epoch = timed_steps(model, data, cfg, recipe, len(data.x_train) // 64)
     return {"images": len(data.x_train) + len(data.x_test), "decode_s": decode, "epoch_s": epoch,
             "first_epoch_s": decode + epoch, "first_over_later": (decode + epoch) / epoch}  # fmt: skip
 
