@@ -26,7 +26,9 @@ from tqdm import tqdm
 from trainmap.dynamics.columns import CONVENTIONS, METRIC_NAMES
 from trainmap.dynamics.external import (
     HYPERPARAMETER_FILES,
+    ExternalRun,
     ExternalRunError,
+    check_run_shapes,
     external_run_metrics,
     read_external_run,
     run_hyperparameters,
@@ -36,6 +38,7 @@ from trainmap.dynamics.external_layouts import (
     EVALUATION_FILE,
     HF_ACCURACY_KEY,
     LIGHTNING_ACCURACY_KEY,
+    read_evaluation,
     run_layouts,
 )
 from trainmap.dynamics.hmm.estimator import STANDARDISATIONS
@@ -64,14 +67,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "shared map. Writes hmm.npz/json, selection, states, map (PNG/SVG/JSON), detours.json and "
         "figures to --out.",
     )
-    parser.add_argument("tables", nargs="+", type=Path, metavar="RUNS",
+    parser.add_argument("tables", nargs="+", type=_run_source, metavar="RUNS",
                         help="per-run metric CSV files, directories searched for metrics.csv, "
                         "or external runs: a directory of checkpoints (step_100.pt, "
                         "checkpoint-100.safetensors, ...) with evaluation.csv (step, test_acc), "
                         "a Hugging Face Trainer output directory (checkpoint-<step>/ folders), "
                         "a Lightning run (version_<n>/ with checkpoints/*.ckpt and metrics.csv), "
                         "or a directory with such runs below it (a run is named by its path "
-                        "relative to the common parent)")  # fmt: skip
+                        "relative to the common parent); or hf://ORG/NAME, a checkpoint suite in "
+                        "the local Hugging Face cache (see --seeds, --steps)")  # fmt: skip
     parser.add_argument("--out", type=Path,
                         help="output directory (required unless --show-layout)")  # fmt: skip
     parser.add_argument("--threshold", type=float,
@@ -132,6 +136,25 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "(the checkpoint family recognised, the counted matrices and heads, what is left out and "
         "why) and stop, fitting and writing nothing",
     )
+    suites = parser.add_argument_group(
+        "checkpoint suites in the Hugging Face cache (hf://ORG/NAME)"
+    )
+    suites.add_argument("--seeds", help="a repository per seed: the seeds filling {seed} in the "
+                        "name, e.g. 1-9 or 0,2,4")  # fmt: skip
+    suites.add_argument("--steps", help="the steps to read, e.g. 0-1000,2000 (default: every "
+                        "cached step)")  # fmt: skip
+    suites.add_argument("--revision-pattern", default=r"step(\d+)",
+                        help="a branch per revision: the regular expression whose first group is "
+                        "the step (default %(default)s)")  # fmt: skip
+    suites.add_argument(
+        "--hf-cache",
+        type=Path,
+        default=None,
+        help="the Hub cache (default: huggingface_hub's, HF_HUB_CACHE / HF_HOME)",
+    )
+    suites.add_argument("--curves", type=Path, default=None,
+                        help="a directory of <run>.csv files (step, test_acc): each suite run's "
+                        "curve (a suite ships none; needed for a map with --threshold)")  # fmt: skip
     grouping = parser.add_mutually_exclusive_group()
     grouping.add_argument("--groups", type=Path,
                           help="CSV with columns run,group: also fit one shared map of all runs "
@@ -215,6 +238,56 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--jobs", type=int, default=1,
                         help="parallel processes for the fits and the bootstrap")  # fmt: skip
     return parser.parse_args(argv)
+
+
+def _run_source(text: str) -> Path | str:
+    """A ``RUNS`` argument: ``hf://...`` as it is (a Hub suite), anything else a path."""
+    from trainmap.dynamics.hub import is_hub_source
+
+    return text if is_hub_source(text) else Path(text)
+
+
+def hub_runs(args: argparse.Namespace, write: bool = True) -> dict[str, ExternalRun]:
+    """The runs of the ``hf://`` suites among ``args.tables``, resolved offline in the Hub cache
+    (:mod:`trainmap.dynamics.hub`), their resolution written to ``--out``/revisions.json (one
+    suite) or ``revisions-<i>.json``; each run's curve from ``--curves``/<run>.csv, or none (a
+    curve of no accuracy: metric tables only). ``write=False``: no manifest written."""
+    from trainmap.dynamics.hub import (
+        MANIFEST_FILE,
+        hub_run_checkpoints,
+        parse_hub_source,
+        resolve_hub_runs,
+        write_manifest,
+    )
+
+    sources = [source for source in args.tables if isinstance(source, str)]
+    runs: dict[str, ExternalRun] = {}
+    for index, source in enumerate(sources):
+        try:
+            spec = parse_hub_source(source, seeds=args.seeds, steps=args.steps,
+                                    revision_pattern=args.revision_pattern,
+                                    cache_dir=args.hf_cache)  # fmt: skip
+            manifest = resolve_hub_runs(spec)
+        except (ValueError, ExternalRunError) as error:
+            raise SystemExit(f"error: {source}: {error}") from None
+        name = MANIFEST_FILE if len(sources) == 1 else f"revisions-{index}.json"
+        if write and args.out is not None:
+            write_manifest(manifest, args.out / name)
+        for run in manifest.runs:
+            checkpoints = hub_run_checkpoints(manifest, run)
+            runs[run] = ExternalRun(Path(source) / run, checkpoints, suite_curve(args, run,
+                                                                                checkpoints))  # fmt: skip
+    return runs
+
+
+def suite_curve(args: argparse.Namespace, run: str, checkpoints: dict[int, Path]) -> pd.DataFrame:
+    """``--curves``/<run>.csv read as an evaluation curve, or a curve without accuracy (NaN)."""
+    if args.curves is None:
+        return pd.DataFrame({"step": list(checkpoints), "test_acc": float("nan")})
+    try:
+        return read_evaluation(args.curves / f"{run}.csv", list(checkpoints))
+    except ExternalRunError as error:
+        raise SystemExit(f"error: --curves: {error}") from None
 
 
 def find_tables(paths: list[Path]) -> dict[str, Path]:
@@ -402,6 +475,24 @@ def _run_id(file: Path, parent: Path) -> str:
     return str(name) if str(name) not in ("", ".") else file.stem
 
 
+def suite_tables(runs: dict[str, ExternalRun], args: argparse.Namespace) -> dict[str, Path]:
+    """The metric tables of the suites' runs, written to ``--out``/metrics/<run>/metrics.csv."""
+    model = _external_model(args)
+    written = {}
+    try:
+        for run, external in tqdm(runs.items(), desc="suite runs", unit="run"):
+            check_run_shapes(external)
+            table = external_run_metrics(external, args.convention, args.heads, model)
+            path = args.out / "metrics" / run / "metrics.csv"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write_atomic(path, lambda tmp, t=table: t.to_csv(tmp, index=False))
+            written[run] = path
+    except ExternalRunError as error:
+        raise SystemExit(f"error: {error}") from None
+    print(f"{len(written)} suite run(s): metric tables in {args.out / 'metrics'}")
+    return written
+
+
 def external_tables(runs: dict[str, Path], args: argparse.Namespace) -> dict[str, Path]:
     """Metric tables of the external runs among ``runs``, written to ``--out``/metrics/<run>/;
     every run is read and checked before the first table is written. Runs whose checkpoints hold
@@ -459,9 +550,13 @@ def show_layouts(args: argparse.Namespace) -> int:
     from trainmap.dynamics.family_layouts import FAMILIES, describe_layout, detect_family
 
     model = _external_model(args)
-    for path in args.tables:
+    suites = hub_runs(args, write=False)  # an hf:// suite: its first run stands for all
+    shown = {**{path: None for path in args.tables if isinstance(path, Path)},
+             **({next(iter(suites.values())).directory: next(iter(suites.values()))}
+                if suites else {})}  # fmt: skip
+    for path, resolved in shown.items():
         try:
-            run = read_external_run(path, args.evaluation, args.accuracy_key)
+            run = resolved or read_external_run(path, args.evaluation, args.accuracy_key)
             step, first = next(iter(run.checkpoints.items()))
             shapes = checkpoint_shapes(first)
             layout = run_layout(shapes, first, args.convention, args.heads, model)
@@ -484,7 +579,14 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("error: --out is required (or --show-layout)")
     if args.threshold is None and not args.metrics_only:
         raise SystemExit("error: --threshold is required (or --metrics-only)")
-    found = find_runs(args.tables)
+    suites = hub_runs(args)
+    if suites and args.threshold is not None and args.curves is None:
+        raise SystemExit("error: --threshold needs each suite run's curve: give --curves DIR "
+                         "(a <run>.csv of step,test_acc per run), or map with --metrics-only")  # fmt: skip
+    paths = [source for source in args.tables if isinstance(source, Path)]
+    found = find_runs(paths) if paths or not suites else {}
+    if suites:
+        found.update(suite_tables(suites, args))
     try:
         groups = run_groups(found, args)  # a wrong groups file stops here, before any work
     except (GroupingError, ExternalRunError) as error:

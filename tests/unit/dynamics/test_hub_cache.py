@@ -437,3 +437,49 @@ def test_huggingface_hub_is_imported_lazily() -> None:
     names = [alias.name for node in top_level for alias in node.names]
     names += [node.module or "" for node in top_level if isinstance(node, ast.ImportFrom)]
     assert names and not any(name.startswith("huggingface_hub") for name in names)
+
+
+# --- the command line: trainmap map hf://... ------------------------------------------------------
+
+
+def test_the_command_line_measures_a_suite_as_the_plain_layout_of_the_same_weights(
+    cache: Path, tmp_path: Path
+) -> None:
+    """``trainmap map hf://ORG/NAME --metrics-only`` resolves the suite offline, writes its
+    revisions.json and each run's metric table; the metrics equal those of the same checkpoint
+    files laid out plainly (a directory of step<N>.safetensors)."""
+    from trainmap.dynamics.__main__ import main
+
+    out = tmp_path / "out"
+    main(["hf://EleutherAI/pythia-14m-seed{seed}", "--seeds", "1-2", "--steps", "0-100",
+          "--hf-cache", str(cache), "--out", str(out), "--metrics-only"])  # fmt: skip
+    manifest = read_manifest(out / "revisions.json")
+    assert sorted(manifest.runs) == ["pythia-14m-seed1", "pythia-14m-seed2"]
+    for run in manifest.runs:
+        plain = tmp_path / "plain" / run
+        plain.mkdir(parents=True)
+        checkpoints = hub_run_checkpoints(manifest, run)
+        for step, path in checkpoints.items():
+            (plain / f"step{step}.safetensors").symlink_to(path.resolve())
+        (plain / "evaluation.csv").write_text(
+            "step,test_acc\n" + "".join(f"{step},0.5\n" for step in checkpoints)
+        )
+        from trainmap.dynamics.external import read_external_run
+
+        expected = external_run_metrics(read_external_run(plain))
+        table = pd.read_csv(out / "metrics" / run / "metrics.csv")
+        assert list(table["step"]) == [0, 100]
+        metrics = [c for c in expected.columns if c not in ("step", "test_acc", "train_acc",
+                                                            "test_loss", "train_loss", "lr")]  # fmt: skip
+        pd.testing.assert_frame_equal(table[metrics], expected[metrics], check_dtype=False)
+
+
+def test_the_command_line_wants_a_curve_for_a_map_of_a_suite(cache: Path, tmp_path: Path) -> None:
+    from trainmap.dynamics.__main__ import main
+
+    with pytest.raises(SystemExit, match="--threshold needs each suite run's curve"):
+        main(["hf://EleutherAI/pythia-14m-seed{seed}", "--seeds", "1-2", "--hf-cache",
+              str(cache), "--out", str(tmp_path / "out"), "--threshold", "0.5"])  # fmt: skip
+    with pytest.raises(SystemExit, match="absent|not cached|9"):
+        main(["hf://EleutherAI/pythia-14m-seed{seed}", "--seeds", "9", "--hf-cache",
+              str(cache), "--out", str(tmp_path / "out"), "--metrics-only"])  # fmt: skip
