@@ -170,10 +170,16 @@ def probe(smoke_run: Path, tmp_path_factory) -> dict[tuple[str, ...], dict | str
 
 def run_probe(smoke_run: Path, scratch: Path) -> dict[tuple[str, ...], dict | str]:
     """Every leaf of params.yaml's rule sections, changed one at a time (to a value the config
-    check accepts), and Snakemake's plan for it; the config error when no other value passes."""
+    check accepts), and Snakemake's plan for it; the config error when no other value passes.
+
+    The settings of a task no cell of the grid runs are planned together, one plan per task with
+    all of them changed at once (the first value each passes with): no rule may rerun for the
+    whole change, so none reruns for any part of it. Where the joint change fails the config
+    check, each of its settings is planned alone."""
     params = yaml.safe_load((smoke_run / "params.yaml").read_text())
-    effective = load_config(smoke_run / "params.yaml", smoke_run / "config/config.yaml",
-                            smoke_run / SMOKE, check_paths_from=smoke_run)  # fmt: skip
+    base = (smoke_run / "params.yaml", smoke_run / "config/config.yaml", smoke_run / SMOKE)
+    effective = load_config(*base, check_paths_from=smoke_run)
+    cells = expand_grid(effective)
     candidates = values_by_name(params)
     for name, values in values_by_name(effective["grid"]).items():
         candidates.setdefault(name, set()).update(values)
@@ -181,24 +187,47 @@ def run_probe(smoke_run: Path, scratch: Path) -> dict[tuple[str, ...], dict | st
         candidates.setdefault(name, set()).update(values)
     planner = Planner(smoke_run)
     assert planner.plan(None) == {}, "the finished smoke grid has work left before any change"
-    overlay = scratch / "overlay.yaml"
+
+    def passes(change: dict, name: str) -> str | None:
+        """The config error for ``change`` as an overlay, or None when it passes."""
+        overlay = scratch / name
+        overlay.write_text(yaml.safe_dump(change))
+        try:
+            load_config(*base, overlay, check_paths_from=smoke_run)
+        except (ConfigError, ValueError) as refused:
+            return str(refused).splitlines()[0]
+        return None
+
     results: dict[tuple[str, ...], dict | str] = {}
+    outside: dict[str, dict[tuple[str, ...], object]] = {}  # task -> {key: accepted value}
     for section in SECTIONS:
         for path, _ in leaves(params[section], (section,)):
-            current = get(effective, path)
             error = "no other value"
-            for value in alternatives(current, candidates.get(path[-1], set())):
-                overlay.write_text(yaml.safe_dump(nested(path, copy.deepcopy(value))))
-                try:
-                    load_config(smoke_run / "params.yaml", smoke_run / "config/config.yaml",
-                                smoke_run / SMOKE, overlay, check_paths_from=smoke_run)  # fmt: skip
-                except (ConfigError, ValueError) as refused:
-                    error = str(refused).splitlines()[0]
-                    continue
-                results[path] = planner.plan(overlay)
-                break
+            for value in alternatives(get(effective, path), candidates.get(path[-1], set())):
+                refused = passes(nested(path, copy.deepcopy(value)), "overlay.yaml")
+                if refused is None:
+                    if reaches_grid(path, cells):
+                        results[path] = planner.plan(scratch / "overlay.yaml")
+                    else:
+                        outside.setdefault(path[1], {})[path] = value
+                    break
+                error = refused
             else:
                 results[path] = error
+    for changes in outside.values():
+        joint: dict = {}
+        for path, value in changes.items():
+            node = joint
+            for key in path[:-1]:
+                node = node.setdefault(key, {})
+            node[path[-1]] = copy.deepcopy(value)
+        if passes(joint, "joint.yaml") is None:
+            plan = planner.plan(scratch / "joint.yaml")
+            results.update((path, plan) for path in changes)
+            continue
+        for path, value in changes.items():
+            passes(nested(path, copy.deepcopy(value)), "overlay.yaml")
+            results[path] = planner.plan(scratch / "overlay.yaml")
     (smoke_run / "rerun_probe.yaml").write_text(yaml.safe_dump(
         {".".join(k): ({rule: sorted(why) for rule, why in v.items()} if isinstance(v, dict)
                        else v) for k, v in results.items()}))  # fmt: skip

@@ -23,13 +23,14 @@ from pathlib import Path
 import pandas as pd
 from tqdm import tqdm
 
-from trainmap.dynamics.columns import CONVENTIONS, METRIC_NAMES
+from trainmap.dynamics.columns import CONVENTIONS, CURVES, DIRECTIONS, METRIC_NAMES
 from trainmap.dynamics.external import (
     HYPERPARAMETER_FILES,
     ExternalRun,
     ExternalRunError,
     check_run_shapes,
     external_run_metrics,
+    no_curve,
     read_external_run,
     run_hyperparameters,
 )
@@ -79,8 +80,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path,
                         help="output directory (required unless --show-layout)")  # fmt: skip
     parser.add_argument("--threshold", type=float,
-                        help="convergence = first checkpoint whose test_acc >= this (required "
-                        "unless --metrics-only)")  # fmt: skip
+                        help="convergence = the first checkpoint whose --curve reaches this "
+                        "(see --direction); without it the map, its states, occupancy and path "
+                        "verdicts are made and what needs convergence (the detour regression, "
+                        "the convergence verdict and its stability line) is left out, each "
+                        "saying why, and runs need no curve")  # fmt: skip
+    parser.add_argument("--curve", choices=CURVES, default=CURVES[0],
+                        help="the column of each run's curve convergence reads (default "
+                        "%(default)s; test_loss: a held-out loss, with --direction falling)")  # fmt: skip
+    parser.add_argument("--direction", choices=DIRECTIONS, default=DIRECTIONS[0],
+                        help="rising: converged at the first checkpoint at or above --threshold "
+                        "(an accuracy); falling: at or below it (a loss); default %(default)s")  # fmt: skip
     defaults = ANALYSIS_DEFAULTS  # the config schema's: the workflow's defaults too
     external = parser.add_argument_group("external runs (checkpoint directories)")
     external.add_argument("--heads", type=int,
@@ -153,8 +163,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="the Hub cache (default: huggingface_hub's, HF_HUB_CACHE / HF_HOME)",
     )
     suites.add_argument("--curves", type=Path, default=None,
-                        help="a directory of <run>.csv files (step, test_acc): each suite run's "
-                        "curve (a suite ships none; needed for a map with --threshold)")  # fmt: skip
+                        help="a directory of <run>.csv files (step and the --curve column, "
+                        "e.g. step,test_loss): each suite run's curve (a suite ships none; "
+                        "needed for a map with --threshold)")  # fmt: skip
     grouping = parser.add_mutually_exclusive_group()
     grouping.add_argument("--groups", type=Path,
                           help="CSV with columns run,group: also fit one shared map of all runs "
@@ -281,13 +292,23 @@ def hub_runs(args: argparse.Namespace, write: bool = True) -> dict[str, External
 
 
 def suite_curve(args: argparse.Namespace, run: str, checkpoints: dict[int, Path]) -> pd.DataFrame:
-    """``--curves``/<run>.csv read as an evaluation curve, or a curve without accuracy (NaN)."""
+    """``--curves``/<run>.csv read as an evaluation curve (holding ``--curve`` when a threshold
+    is given), or none (:func:`~trainmap.dynamics.external.no_curve`)."""
     if args.curves is None:
-        return pd.DataFrame({"step": list(checkpoints), "test_acc": float("nan")})
+        return no_curve(list(checkpoints))
     try:
-        return read_evaluation(args.curves / f"{run}.csv", list(checkpoints))
+        return read_evaluation(args.curves / f"{run}.csv", list(checkpoints), needed_curve(args))
     except ExternalRunError as error:
         raise SystemExit(f"error: --curves: {error}") from None
+
+
+#: Why a map made without ``--threshold`` has no convergence step (each left-out result says so).
+NO_THRESHOLD = "no convergence criterion was given (--threshold, with --curve and --direction)"
+
+
+def needed_curve(args: argparse.Namespace) -> str | None:
+    """The curve column each run must have: ``--curve`` with a ``--threshold``, else none."""
+    return args.curve if args.threshold is not None else None
 
 
 def find_tables(paths: list[Path]) -> dict[str, Path]:
@@ -502,7 +523,8 @@ def external_tables(runs: dict[str, Path], args: argparse.Namespace) -> dict[str
         return runs
     model = _external_model(args)
     try:
-        read = {run: read_external_run(path, args.evaluation, args.accuracy_key)
+        read = {run: read_external_run(path, args.evaluation, args.accuracy_key,
+                                       needed_curve(args))
                 for run, path in external.items()}  # fmt: skip
         tables = {run: external_run_metrics(r, args.convention, args.heads, model)
                   for run, r in tqdm(read.items(), desc="external runs", unit="run")}  # fmt: skip
@@ -556,7 +578,9 @@ def show_layouts(args: argparse.Namespace) -> int:
                 if suites else {})}  # fmt: skip
     for path, resolved in shown.items():
         try:
-            run = resolved or read_external_run(path, args.evaluation, args.accuracy_key)
+            run = resolved or read_external_run(
+                path, args.evaluation, args.accuracy_key, curve=None
+            )
             step, first = next(iter(run.checkpoints.items()))
             shapes = checkpoint_shapes(first)
             layout = run_layout(shapes, first, args.convention, args.heads, model)
@@ -577,8 +601,10 @@ def main(argv: list[str] | None = None) -> int:
         return show_layouts(args)
     if args.out is None:
         raise SystemExit("error: --out is required (or --show-layout)")
-    if args.threshold is None and not args.metrics_only:
-        raise SystemExit("error: --threshold is required (or --metrics-only)")
+    if args.curve == "test_loss" and args.direction == "rising" and args.threshold is not None:
+        print("note: --curve test_loss with --direction rising: a run converges at the first "
+              "checkpoint whose loss is at or ABOVE --threshold; for a loss that falls to it, "
+              "give --direction falling")  # fmt: skip
     suites = hub_runs(args)
     if suites and args.threshold is not None and args.curves is None:
         raise SystemExit("error: --threshold needs each suite run's curve: give --curves DIR "
@@ -598,15 +624,21 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         raise SystemExit(f"error: --diverged names runs without a table: {unknown[:5]}")
     fix = f"{REGENERATE}; if the run diverged, name it with --diverged"
+    curve = needed_curve(args)
     try:
-        runs = {run: read_metric_table(path, [*args.features, "test_acc"],
+        runs = {run: read_metric_table(path, [*args.features, *([curve] if curve else [])],
                                        diverged=run in args.diverged, fix=fix)
                 for run, path in files.items()}  # fmt: skip
     except MetricTableError as error:
         raise SystemExit(f"error: {error}") from error
-    convergence = convergence_from_tables(runs, args.threshold)
-    outcomes = Outcomes(convergence, {run: "diverged" if run in args.diverged else "completed"
-                                      for run in runs})  # fmt: skip
+    status = {run: "diverged" if run in args.diverged else "completed" for run in runs}
+    if curve is None:
+        outcomes = Outcomes(dict.fromkeys(runs), status, NO_THRESHOLD)
+        print(f"no --threshold: {NO_THRESHOLD}; the map, its states, occupancy and path verdicts "
+              "are made, and what needs convergence is left out")  # fmt: skip
+    else:
+        outcomes = Outcomes(convergence_from_tables(runs, args.threshold, args.direction, curve),
+                            status)  # fmt: skip
     settings = {"k_max": args.k_max, "restarts": args.restarts, "holdout": args.holdout,
                 "seed": args.seed, "features": args.features, "bootstrap": args.bootstrap,
                 "stability": args.stability, "alpha": args.alpha,

@@ -27,6 +27,10 @@ METRIC_NAMES = (
 )
 #: The run's history at each checkpoint, after the metrics.
 HISTORY_COLUMNS = ("train_loss", "train_acc", "test_loss", "test_acc")
+#: The history columns a convergence criterion can read: an accuracy, or a held-out loss.
+CURVES = ("test_acc", "test_loss")
+#: How a curve reaches its threshold: an accuracy rises to it, a loss falls to it.
+DIRECTIONS = ("rising", "falling")
 #: Ratio metric -> its denominator metric (a ratio is undefined where the denominator is 0).
 RATIOS = {"l1_l2": "l2", "trace_spectral": "spectral"}
 #: The metric conventions (module docstring of :mod:`trainmap.dynamics.metrics`): the paper's

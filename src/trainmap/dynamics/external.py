@@ -171,7 +171,10 @@ def run_files(directory: str | Path, evaluation_file: str = EVALUATION_FILE) -> 
 
 
 def read_external_run(
-    directory: str | Path, evaluation_file: str = EVALUATION_FILE, accuracy_key: str | None = None
+    directory: str | Path,
+    evaluation_file: str = EVALUATION_FILE,
+    accuracy_key: str | None = None,
+    curve: str | None = "test_acc",
 ) -> ExternalRun:
     """One external run directory, its checkpoints found and its evaluation curve checked. A
     trainmap run's checkpoint archive (``<run>/checkpoints``, trainmap.training.archive) reads
@@ -181,7 +184,9 @@ def read_external_run(
     :data:`HF_ACCURACY_KEY`) in ``trainer_state.json``. So does a Lightning run
     (:func:`is_lightning_run`, without an ``evaluation.csv`` of its own): ``checkpoints/*.ckpt``
     and the column ``accuracy_key`` (default :data:`LIGHTNING_ACCURACY_KEY`) of its
-    ``metrics.csv``."""
+    ``metrics.csv``. ``curve``: the column an ``evaluation.csv`` must hold (``test_acc``, or
+    ``test_loss`` for a curve that falls); None: a run needs no curve (a map without convergence),
+    and one without an evaluation file has none (:func:`no_curve`)."""
     directory = Path(directory)
     layouts = run_layouts(directory)
     if len(layouts) > 1:
@@ -202,8 +207,16 @@ def read_external_run(
     history = directory.parent / "history.csv"
     if not evaluation_path.exists() and directory.name == "checkpoints" and history.is_file():
         evaluation_path = history  # a trainmap run's archive: its history is the curve
-    evaluation = read_evaluation(evaluation_path, list(checkpoints))
+    if curve is None and not evaluation_path.exists():
+        return ExternalRun(directory, checkpoints, no_curve(list(checkpoints)))
+    evaluation = read_evaluation(evaluation_path, list(checkpoints), curve)
     return ExternalRun(directory, checkpoints, evaluation)
+
+
+def no_curve(steps: list[int]) -> pd.DataFrame:
+    """The evaluation record of a run without a curve: its checkpoint steps alone (its metric
+    table's history columns are then NaN)."""
+    return pd.DataFrame({"step": steps})
 
 
 def run_layout(

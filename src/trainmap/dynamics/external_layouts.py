@@ -308,17 +308,20 @@ def _check_every_step(path: Path, curve: pd.DataFrame, steps: list[int], what: s
         raise ExternalRunError(f"{path}: {what} checkpoint step(s) {absent[:5]}; {fix}")
 
 
-def read_evaluation(path: Path, steps: list[int]) -> pd.DataFrame:
-    """The run's evaluation curve: ``step``, ``test_acc`` and the optional history columns."""
-    table = _read_csv(path, "each run needs its evaluation curve, a CSV with columns step and "
-                      "test_acc", "write it with columns step and test_acc")  # fmt: skip
-    missing = [column for column in ("step", "test_acc") if column not in table]
+def read_evaluation(path: Path, steps: list[int], curve: str | None = "test_acc") -> pd.DataFrame:
+    """The run's evaluation curve: ``step``, ``curve`` (the column convergence reads: ``test_acc``,
+    or ``test_loss`` for a language model's held-out loss; None: none required) and the optional
+    history columns."""
+    required = ("step", curve) if curve else ("step",)
+    table = _read_csv(path, f"each run needs its evaluation curve, a CSV with columns "
+                      f"{' and '.join(required)}", f"write it with columns {', '.join(required)}")  # fmt: skip
+    missing = [column for column in required if column not in table]
     if missing:
         raise ExternalRunError(
             f"{path}: no column {' or '.join(missing)}; the evaluation curve "
-            f"needs step and test_acc (it has {', '.join(table.columns)})"
+            f"needs {' and '.join(required)} (it has {', '.join(table.columns)})"
         )
-    for column in ("step", "test_acc"):
+    for column in required:
         values = pd.to_numeric(table[column], errors="coerce")
         bad = table.index[~np.isfinite(values.to_numpy(dtype=float))]
         if len(bad):

@@ -78,6 +78,7 @@ class JointComparison:
     settings: dict
     paths: PathEvidence | None = None  # the label-free verdicts' runs (diverged left out)
     bands: dict[tuple[str, str], TimeResolved] = field(default_factory=dict)
+    no_curve: str = ""  # why the runs have no convergence step ("" when they have one)
 
     def time_resolved(self) -> dict[tuple[str, str], TimeResolved]:
         """Per pair of groups (first, second): where their metrics differ, feature x shared
@@ -94,10 +95,23 @@ class JointComparison:
             return []
         return [d for d in self.detours.detour_states if d not in self.with_groups.detour_states]
 
+    def left_out(self) -> list[str]:
+        """One line per result left out because the runs have no convergence step (empty when
+        they have one)."""
+        if not self.no_curve:
+            return []
+        return [
+            f"Left out: the convergence step verdict ({self.no_curve}).",
+            f"Left out: the detour regression, pooled and with the groups ({self.no_curve}).",
+            f"Left out: the convergence step's line in the stability curve ({self.no_curve}).",
+        ]
+
     def verdict_markdown(self) -> str:
-        """The verdict table as Markdown, a line naming the features the shared map leaves out
+        """The verdict table as Markdown, the lines on what the runs' lack of a convergence step
+        leaves out (:meth:`left_out`), a line naming the features the shared map leaves out
         (and why), and a line on detours the group explains as well."""
         text = verdict_markdown(self.verdicts, self.settings["confidence"])
+        text += "".join(f"\n{line}\n" for line in self.left_out())
         if self.hmm.dropped_features_:
             text += f"\n{self.hmm.dropped_note()}\n"
         explained = self.detours_explained_by_group
@@ -121,13 +135,16 @@ class JointComparison:
                 "convergence_step_mean": float(steps.mean()) if len(steps) else None,
                 "convergence_step_median": float(steps.median()) if len(steps) else None,
                 "convergence_step_std": float(steps.std(ddof=1)) if len(steps) > 1 else None,
-                "never_converged": int(
+                "never_converged": None
+                if self.no_curve
+                else int(
                     (rows["convergence_step"].isna() & (rows["status"] != "diverged")).sum()
                 ),  # fmt: skip
                 "diverged": int((rows["status"] == "diverged").sum()),
                 "dissimilarity": self.dissimilarity[group],
             }
-        return {
+        found = {"no_curve": self.no_curve} if self.no_curve else {}
+        return found | {
             "n_states": self.hmm.n_states_,
             "selection_at_ceiling": self.hmm.at_ceiling_,
             "features": list(self.hmm.features_),
@@ -189,26 +206,30 @@ def compare_groups(
     status: Mapping[str, str],
     hmm: TrainingHMM,
     settings: Mapping[str, Any] | None = None,
+    no_curve: str = "",
 ) -> JointComparison:
     """Fit ``hmm`` (unfitted, configured) on the pooled runs and compare the groups (``groups``:
     run id -> group label).
 
     ``settings``: the analysis settings used here (``alpha``, ``dissimilarity``, ``permutations``,
     ``confidence``, ``seed``; :data:`trainmap.dynamics.settings.ANALYSIS_DEFAULTS` fills the rest).
+    ``no_curve``: why the runs have no convergence step (:class:`~trainmap.dynamics.pipeline.Outcomes`):
+    then neither regression is fitted and the convergence step is no verdict.
     """
     settings = with_defaults(settings or {})
     check_comparable(runs, groups, status, settings["trajectory_points"], settings["start_window"])
     hmm.fit(runs, strata=groups)
     states = hmm.decode(runs)
     distributions = {run: state_distribution(s, hmm.n_states_) for run, s in states.items()}
-    detours = regress_detours(distributions, convergence, status, alpha=settings["alpha"])
+    detours = regress_detours(distributions, convergence, status, alpha=settings["alpha"],
+                              no_curve=no_curve)  # fmt: skip
     order = list(dict.fromkeys(groups[run] for run in groups))
     indicators = pd.DataFrame(
         {f"group:{g}": [float(groups[run] == g) for run in runs] for g in order[1:]},
         index=list(runs),
     )
     with_groups = regress_detours(distributions, convergence, status, extra=indicators,
-                                  alpha=settings["alpha"])  # fmt: skip
+                                  alpha=settings["alpha"], no_curve=no_curve)  # fmt: skip
     occupancy = pd.DataFrame(
         [np.mean([distributions[r] for r in runs if groups[r] == g], axis=0) for g in order],
         index=order,
@@ -233,7 +254,7 @@ def compare_groups(
                              settings["trajectory_points"], settings["start_window"],
                              map_transitions(hmm, runs))  # fmt: skip
     quantities = run_quantities(states, hmm.n_states_, convergence, status, detours.detour_states,
-                                evidence.after_window())  # fmt: skip
+                                evidence.after_window(), with_convergence=not no_curve)  # fmt: skip
     ordered_groups = {run: groups[run] for g in order for run in groups if groups[run] == g}
     verdicts = compare_methods(quantities.loc[list(ordered_groups)], ordered_groups,
                                n_permutations=settings["permutations"],
@@ -245,7 +266,7 @@ def compare_groups(
     verdicts = with_band_notes(verdicts, bands)
     return JointComparison(hmm, states, dict(groups), detours, with_groups, occupancy,
                            visit_rates, table, dissimilarity, verdicts, dict(settings), evidence,
-                           bands)  # fmt: skip
+                           bands, no_curve)  # fmt: skip
 
 
 def metric_bands(evidence: PathEvidence, groups: Mapping[str, str], settings: Mapping[str, Any]

@@ -92,10 +92,14 @@ __all__ = [
 
 @dataclass
 class Outcomes:
-    """What the regression and the map need to know about each run."""
+    """What the regression and the map need to know about each run. ``no_curve``: why the runs
+    have no convergence step at all ("" when they have one: a curve and a threshold); the results
+    that need one (the detour regression, the convergence verdict and its stability line, the
+    convergence figures) are then left out, each with this reason."""
 
     convergence: dict[str, int | None]
     status: dict[str, str]
+    no_curve: str = ""
 
 
 def analysis_runs(
@@ -120,17 +124,21 @@ def analysis_runs(
         warnings.warn(f"{len(left_out)} of {len(runs)} runs left out of the map (nan_runs: runs): "
                       f"{shown}", stacklevel=2)  # fmt: skip
     kept = Outcomes({run: outcomes.convergence.get(run) for run in tables},
-                    {run: outcomes.status.get(run, "completed") for run in tables})  # fmt: skip
+                    {run: outcomes.status.get(run, "completed") for run in tables},
+                    outcomes.no_curve)  # fmt: skip
     return tables, kept
 
 
 def convergence_from_tables(
-    runs: Mapping[str, pd.DataFrame], threshold: float
-) -> dict[str, int | None]:
-    """First step whose ``test_acc`` reaches ``threshold``, per run (None: never)."""
+    runs: Mapping[str, pd.DataFrame], threshold: float, direction: str = "rising",
+    curve: str = "test_acc",
+) -> dict[str, int | None]:  # fmt: skip
+    """First step whose ``curve`` column reaches ``threshold`` (at or above it for a ``rising``
+    curve, at or below it for a ``falling`` one), per run (None: never)."""
     from trainmap.evaluation import convergence_step
 
-    return {run: convergence_step(table, threshold) for run, table in runs.items()}
+    return {run: convergence_step(table, threshold, direction, curve)
+            for run, table in runs.items()}  # fmt: skip
 
 
 def _write_csv(frame: pd.DataFrame, path: Path) -> None:
@@ -164,7 +172,8 @@ def _detour_regression(
     hmm: TrainingHMM, states: Mapping[str, np.ndarray], outcomes: Outcomes, alpha: float
 ) -> DetourRegression:
     distributions = {run: state_distribution(s, hmm.n_states_) for run, s in states.items()}
-    return regress_detours(distributions, outcomes.convergence, outcomes.status, alpha=alpha)
+    return regress_detours(distributions, outcomes.convergence, outcomes.status, alpha=alpha,
+                           no_curve=outcomes.no_curve)  # fmt: skip
 
 
 # --- one group: fit, regression, map ----------------------------------------------------------
@@ -300,6 +309,7 @@ class GroupRegression:
                 self.outcomes.status,
                 out / "convergence.png",
                 title=title,
+                no_curve=self.outcomes.no_curve,
             ),
         }
         return self.captions
@@ -482,6 +492,7 @@ class JointResult:
                 else {},  # no rate of a detour the map does not draw
                 out / "convergence.png",
                 title=title,
+                no_curve=comparison.no_curve,
             ),
             "map.png": _with_note(map_caption, comparison.hmm),
             "stability.png": plots.plot_stability(self.stability, out / "stability.png", title),
@@ -500,11 +511,13 @@ def joint_group(
     architectures, :func:`~trainmap.dynamics.timecourse.architecture_note`)."""
     settings = with_defaults(settings)
     comparison = compare_groups(runs, groups, outcomes.convergence, outcomes.status,
-                                make_hmm(settings | {"n_jobs": n_jobs}), settings)  # fmt: skip
+                                make_hmm(settings | {"n_jobs": n_jobs}), settings,
+                                no_curve=outcomes.no_curve)  # fmt: skip
     bootstrap = run_bootstrap(comparison.hmm, runs, outcomes, comparison.detours, settings, n_jobs)
     stability = map_stability(comparison.hmm, runs, groups, outcomes.convergence, outcomes.status,
                               comparison.detours.detour_states, settings, n_jobs,
-                              verdicts=comparison.verdicts, paths=comparison.paths)  # fmt: skip
+                              verdicts=comparison.verdicts, paths=comparison.paths,
+                              no_curve=outcomes.no_curve)  # fmt: skip
     comparison.verdicts = label_verdicts(comparison.verdicts, stability,
                                          comparison.detours_explained_by_group)  # fmt: skip
     training_map = build_training_map(comparison.hmm, runs, comparison.states,

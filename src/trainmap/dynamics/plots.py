@@ -361,8 +361,12 @@ def plot_convergence_histogram(
     status: Mapping[str, str],
     path: str | os.PathLike,
     title: str = "",
+    no_curve: str = "",
 ) -> str:
-    """Histogram of convergence steps; diverged and never-converged runs counted in the title."""
+    """Histogram of convergence steps; diverged and never-converged runs counted in the title.
+    ``no_curve``: why the runs have no convergence step (the figure says so instead)."""
+    if no_curve:
+        return _without_curve(path, title or "convergence steps", no_curve)
     steps = [s for r, s in convergence.items() if s is not None and status.get(r) != "diverged"]
     diverged = sum(1 for r in convergence if status.get(r) == "diverged")
     never = sum(1 for r, s in convergence.items() if s is None and status.get(r) != "diverged")
@@ -393,12 +397,27 @@ def plot_occupancy(
     return "Mean fraction of checkpoints each group's runs spend in each shared state."
 
 
+def _without_curve(path: str | os.PathLike, title: str, reason: str) -> str:
+    """A convergence figure for runs without a convergence step: the reason in its place; the
+    caption."""
+    figure, axis = plt.subplots(figsize=(5, 3.2))
+    axis.text(0.5, 0.5, textwrap.fill(f"No convergence steps: {reason}", 48), ha="center",
+              va="center", fontsize=9, transform=axis.transAxes)  # fmt: skip
+    axis.set_axis_off()
+    axis.set_title(title)
+    _save(figure, path)
+    return f"No convergence steps to show: {reason}."
+
+
 def plot_group_convergence(
     convergence: pd.DataFrame, visit_rates: Mapping[str, float], path: str | os.PathLike,
-    title: str = "",
+    title: str = "", no_curve: str = "",
 ) -> str:  # fmt: skip
     """Convergence steps per group: boxes plus every run; the labels give detour visit rates
-    (none when ``visit_rates`` is empty: no detour the group regression keeps)."""
+    (none when ``visit_rates`` is empty: no detour the group regression keeps). ``no_curve``: why
+    the runs have no convergence step (the figure says so instead)."""
+    if no_curve:
+        return _without_curve(path, title or "convergence step per group", no_curve)
     groups = list(dict.fromkeys(convergence["group"]))
     figure, axis = plt.subplots(figsize=(max(4.5, 1.3 * len(groups) + 2), 3.4))
     data = [convergence.loc[convergence["group"] == g, "convergence_step"].dropna() for g in groups]

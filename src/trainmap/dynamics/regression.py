@@ -138,7 +138,7 @@ class DetourRegression:
             "correction": "holm",
             "detour_states": self.detour_states,
             "excluded": self.excluded,
-            "excluded_note": EXCLUDED_NOTE,
+            "excluded_note": EXCLUDED_NOTE if self.excluded else None,
             "rank_deficient": self.rank_deficient,
             "coefficients": [
                 {key: _finite_or_none(value) for key, value in row.items()}
@@ -169,6 +169,7 @@ def regress_detours(
     status: Mapping[str, str] | None = None,
     extra: pd.DataFrame | None = None,
     alpha: float = DEFAULT_ALPHA,
+    no_curve: str = "",
 ) -> DetourRegression:
     """OLS of convergence step on state distributions with effect coding (module docstring).
 
@@ -176,13 +177,19 @@ def regress_detours(
     their coefficients are appended to the table with ``state`` = their column name. A detour's
     coefficient must be significant at ``alpha`` after Holm's correction across the states. Runs
     that never converged or diverged are left out and listed in ``excluded`` (:data:`EXCLUDED_NOTE`).
+    ``no_curve``: why the runs have no convergence step at all (no curve or no threshold): then
+    nothing is fitted and ``not_fitted`` says so (no run is listed as never converged).
     """
     import statsmodels.api as sm
 
     if not 0 < alpha < 1:
         raise ValueError(f"analysis.alpha: {alpha!r} is not allowed; it must be in (0, 1)")
-    used, excluded = included_runs(convergence, status or {})
     n_states = len(next(iter(distributions.values())))
+    if no_curve:
+        rows = [_state_row(k, 0, 0) for k in range(n_states)]
+        return DetourRegression(pd.DataFrame(rows), float("nan"), float("nan"), 0, float("nan"),
+                                alpha=alpha, not_fitted=f"no detour regression: {no_curve}")  # fmt: skip
+    used, excluded = included_runs(convergence, status or {})
     shares = np.array([distributions[run] for run in used]) if used else np.zeros((0, n_states))
     visited = (shares > 0).sum(axis=0) if used else np.zeros(n_states, dtype=int)
     present = [k for k in range(n_states) if visited[k] > 0]

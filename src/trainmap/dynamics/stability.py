@@ -168,6 +168,7 @@ def stability_curve(
     paths: PathEvidence | None = None,
     reselect_k: bool = False,
     restarts: int | None = None,
+    no_curve: str = "",
 ) -> StabilityCurve:
     """The stability curve of the fitted map ``hmm`` of ``runs`` (module docstring).
 
@@ -186,7 +187,8 @@ def stability_curve(
     again on every subsample (module docstring); ``paths``, the comparison's label-free evidence
     (:func:`~trainmap.dynamics.verdicts.path_evidence`), lets its label-free verdicts be tested
     again: each subsample's drawn runs, their trajectories and their paths decoded by the
-    subsample's own map. Raises ValueError for a ladder entry
+    subsample's own map. ``no_curve`` (runs without a convergence step): a subsample's comparison
+    has no convergence verdict either, as the full one. Raises ValueError for a ladder entry
     that is not an integer >= 2, exceeds the runs available per method or the ladder limit.
     """
     started = time.perf_counter()
@@ -205,6 +207,7 @@ def stability_curve(
     followed = followed_verdicts(verdicts, groups)
     payload |= {"ids_by_group": ids_by_group,
                 "holdout": hmm.holdout, "groups": groups, "verdicts": followed,
+                "with_convergence": not no_curve,
                 "paths": paths if any(_label_free(v) for v in followed) else None,
                 "counted": paths.after_window() if paths is not None else None,
                 "compare": {"n_permutations": permutations, "confidence": confidence,
@@ -316,7 +319,8 @@ def _held_verdicts(
         return []
     drawn = sorted(decoded)
     quantities = run_quantities(decoded, refit.selection.n_states, payload["convergence"],
-                                payload["status"], detours, payload.get("counted"))  # fmt: skip
+                                payload["status"], detours, payload.get("counted"),
+                                payload.get("with_convergence", True))  # fmt: skip
     full_state = {state: full for full, state in matched.items()}
     renamed = {f"occupancy of state {state}": f"occupancy of state {full_state[state]}"
                for state in range(refit.selection.n_states) if state in full_state}  # fmt: skip
@@ -345,7 +349,7 @@ def map_stability(
     hmm: TrainingHMM, runs: Mapping[str, pd.DataFrame], groups: Mapping[str, str] | None,
     convergence: Mapping[str, int | None], status: Mapping[str, str],
     detour_states: Sequence[int], settings: Mapping[str, Any], n_jobs: int = 1,
-    verdicts: pd.DataFrame | None = None, paths: PathEvidence | None = None,
+    verdicts: pd.DataFrame | None = None, paths: PathEvidence | None = None, no_curve: str = "",
 ) -> MapStability:  # fmt: skip
     """The stability curve of a fitted map with the analysis settings (``stability`` subsamples
     per n, 0: none; ``stability_step``, ``stability_max_fraction``, ``stability_ari`` (the
@@ -371,6 +375,6 @@ def map_stability(
         alpha=settings["alpha"], n_jobs=n_jobs, max_iter=settings["bootstrap_iter"],
         max_fraction=settings["stability_max_fraction"], verdicts=verdicts,
         permutations=settings["permutations"], confidence=settings["confidence"], paths=paths,
-        warm_start=False, restarts=settings["stability_restarts"],
+        warm_start=False, restarts=settings["stability_restarts"], no_curve=no_curve,
     )  # fmt: skip
     return MapStability(curve)

@@ -442,13 +442,15 @@ def run_quantities(
     status: Mapping[str, str],
     detour_states: Sequence[int],
     counted: Mapping[str, np.ndarray] | None = None,
+    with_convergence: bool = True,
 ) -> pd.DataFrame:
     """Per run: occupancy of each state, the number of states it visits (NaN for a diverged run;
     ``counted``: run -> which of its checkpoints count, those after the start window,
     :meth:`PathEvidence.after_window`; a run not in it counts every checkpoint), time in detour
     states (when there are detours) and the convergence step (NaN for runs that never converged or
     diverged; :func:`compare_methods` counts the runs that never converged as censored at
-    :func:`censoring_steps`)."""
+    :func:`censoring_steps`); ``with_convergence=False`` (runs without a curve): no convergence
+    step column, so the comparison has no convergence verdict."""
     rows = {}
     counted = counted or {}
     for run, sequence in states.items():
@@ -461,7 +463,8 @@ def run_quantities(
             row[TIME_IN_DETOURS] = float(occupancy[list(detour_states)].sum())
         step = convergence.get(run)
         converged = step is not None and status.get(run, "completed") != "diverged"
-        row[CONVERGENCE_STEP] = float(step) if converged else np.nan
+        if with_convergence:
+            row[CONVERGENCE_STEP] = float(step) if converged else np.nan
         rows[run] = row
     return pd.DataFrame.from_dict(rows, orient="index")
 
@@ -611,7 +614,11 @@ def answer_lines(verdicts: pd.DataFrame) -> list[str]:
         findings = [r for r in primary if r.get("finding")]
         unsure = [r for r in primary if not r.get("finding")
                   and r["verdict"] not in (NO_EVIDENCE, NOT_ENOUGH_RUNS)]  # fmt: skip
-        if findings:
+        if not primary:
+            parts.append("path: no verdict of the primary family (the convergence step needs a "
+                         "convergence criterion, which these runs lack); the state-level verdicts "
+                         "say where their paths differ, if they do")  # fmt: skip
+        elif findings:
             said = "; ".join(f"{r['quantity']}: {r['verdict']} (p = {_p(r)})" for r in findings)
             parts.append(f"path: a reproducible difference: {said}")
         elif unsure:

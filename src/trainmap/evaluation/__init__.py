@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from trainmap.data import TaskData
+from trainmap.dynamics.columns import DIRECTIONS
 from trainmap.models import count_parameters
 from trainmap.training.augment import evaluation_inputs, recipe_of_record
 from trainmap.training.checkpoints import load_model
@@ -29,9 +30,17 @@ from trainmap.training.loop import evaluate_split
 GROUP_KEYS = ["task", "arch", "method"]
 
 
-def convergence_step(history: pd.DataFrame, threshold: float) -> int | None:
-    """First checkpoint step whose ``test_acc >= threshold``; ``None`` if there is none."""
-    reached = history.loc[history["test_acc"] >= threshold, "step"]
+def convergence_step(
+    history: pd.DataFrame, threshold: float, direction: str = "rising", curve: str = "test_acc"
+) -> int | None:
+    """First checkpoint step whose ``curve`` column reaches ``threshold``: at or above it for a
+    ``rising`` curve (an accuracy, the paper's), at or below it for a ``falling`` one (a held-out
+    loss); ``None`` if there is none."""
+    if direction not in DIRECTIONS:
+        raise ValueError(f"direction {direction!r}: choose one of {', '.join(DIRECTIONS)}")
+    values = history[curve]
+    reached = history.loc[values >= threshold if direction == "rising" else values <= threshold,
+                          "step"]  # fmt: skip
     return int(reached.iloc[0]) if len(reached) else None
 
 

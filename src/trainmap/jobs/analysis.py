@@ -92,13 +92,20 @@ def joint_run_ids(labels: list[str], cells: list[dict]) -> list[str]:
 
 def group_outcomes(evaluation_paths: list[str], labels: list[str]) -> Outcomes:
     """Outcomes (convergence step, status) keyed by run label, from the runs' evaluations (each
-    checked against its block's manifest: trainmap.lineage)."""
+    checked against its block's manifest: trainmap.lineage). A run whose record says ``"curve":
+    null`` (an external set without a curve or threshold) has no convergence criterion, and
+    then no run of the map has one (``no_curve`` names them)."""
     check_files(evaluation_paths)
     evaluations = [load_json(path) for path in evaluation_paths]
+    without = [label for label, e in zip(labels, evaluations, strict=True)
+               if "curve" in e and e["curve"] is None]  # fmt: skip
+    shown = ", ".join(without[:3]) + (", ..." if len(without) > 3 else "")
     return Outcomes(
         convergence={label: e["convergence_step"] for label, e in zip(labels, evaluations,
                                                                       strict=True)},
         status={label: e["status"] for label, e in zip(labels, evaluations, strict=True)},
+        no_curve=(f"{len(without)} of {len(labels)} runs have no convergence criterion (a curve "
+                  f"and a threshold): {shown}" if without else ""),
     )  # fmt: skip
 
 

@@ -483,3 +483,48 @@ def test_the_command_line_wants_a_curve_for_a_map_of_a_suite(cache: Path, tmp_pa
     with pytest.raises(SystemExit, match="absent|not cached|9"):
         main(["hf://EleutherAI/pythia-14m-seed{seed}", "--seeds", "9", "--hf-cache",
               str(cache), "--out", str(tmp_path / "out"), "--metrics-only"])  # fmt: skip
+
+
+MAP = ["--features", "l1", "l2", "w_mean", "--k-max", "2", "--restarts", "1", "--bootstrap", "0",
+       "--stability", "0"]  # fmt: skip
+
+
+def test_a_suite_maps_without_a_curve_saying_what_is_left_out(cache: Path, tmp_path: Path,
+                                                              capsys) -> None:  # fmt: skip
+    """No --threshold, no --curves: the map is made from the weights and the detour regression
+    says why it is not fitted; the runs need no curve."""
+    from trainmap.dynamics.__main__ import main
+
+    out = tmp_path / "out"
+    main(["hf://EleutherAI/pythia-14m-seed{seed}", "--seeds", "1-3", "--hf-cache", str(cache),
+          "--out", str(out), *MAP])  # fmt: skip
+    assert "no --threshold" in capsys.readouterr().out
+    detours = json.loads((out / "detours.json").read_text())
+    assert not detours["fitted"] and "--threshold" in detours["not_fitted"]
+    assert (out / "map.json").is_file() and (out / "states.csv").is_file()
+
+
+def test_a_suite_converges_on_a_falling_loss(cache: Path, tmp_path: Path) -> None:
+    """--curves with a held-out loss per run, --curve test_loss --direction falling: a run
+    converges at its first revision at or below the threshold; one that stays above is listed as
+    never converged."""
+    from trainmap.dynamics.__main__ import main
+
+    curves = tmp_path / "curves"
+    curves.mkdir()
+    losses = {1: (6.0, 3.5, 2.9), 2: (6.0, 5.0, 4.0), 3: (6.0, 2.5, 2.0)}
+    for seed, values in losses.items():
+        rows = "".join(f"{step},{loss}\n" for step, loss in zip((0, 100, 200), values, strict=True))
+        (curves / f"pythia-14m-seed{seed}.csv").write_text("step,test_loss\n" + rows)
+    out = tmp_path / "out"
+    main(["hf://EleutherAI/pythia-14m-seed{seed}", "--seeds", "1-3", "--hf-cache", str(cache),
+          "--out", str(out), "--curves", str(curves), "--threshold", "3.0", "--curve",
+          "test_loss", "--direction", "falling", *MAP])  # fmt: skip
+    table = pd.read_csv(out / "metrics" / "pythia-14m-seed1" / "metrics.csv")
+    assert list(table["test_loss"]) == [6.0, 3.5, 2.9]
+    detours = json.loads((out / "detours.json").read_text())
+    assert detours["excluded"]["never_converged"] == ["pythia-14m-seed2"]
+    with pytest.raises(SystemExit, match="test_loss"):  # the curve must hold the column read
+        main(["hf://EleutherAI/pythia-14m-seed{seed}", "--seeds", "1-3", "--hf-cache",
+              str(cache), "--out", str(out), "--curves", str(curves), "--threshold", "0.5",
+              *MAP])  # fmt: skip
