@@ -1,6 +1,8 @@
 # External run sets (config key external; trainmap.grid.external): checkpoints trainmap did not
-# train, read into metric tables (external_metrics) and mapped (external_map); analysis.joint
-# comparisons pool them beside the grid's own runs (joint_comparison's external param).
+# train, run directories or a suite in the Hugging Face cache (its revisions.json, written by the
+# config check, is an input), read into metric tables (external_metrics) and mapped
+# (external_map); analysis.joint comparisons pool them beside the grid's own runs
+# (joint_comparison's external param).
 from trainmap.schema import section_defaults
 
 
@@ -10,7 +12,7 @@ wildcard_constraints:
 
 rule external_metrics:
     input:
-        external_files,
+        unpack(external_files),
         # The metric definitions and the families' layouts (which matrices count) are inputs:
         # changing either reruns the set's tables.
         definitions=[

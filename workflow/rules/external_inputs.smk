@@ -1,24 +1,22 @@
 # The external run sets and their rules' input and params functions (rules in external.smk);
-# the joint comparisons read the sets' runs too (analysis_inputs.smk).
+# the joint comparisons read the sets' runs too (analysis_inputs.smk). A hub set's suite was
+# resolved into its revisions.json by the config check; its runs and files come from there.
+from trainmap.grid.external import external_set
 
 EXTERNAL_SETS = grid.external_sets(config)
-#: Each set's runs: run id -> run directory.
-EXTERNAL_RUNS = {
-    name: grid.external_runs(spec, workflow.basedir)
+#: Each set as the workflow reads it (trainmap.grid.external.ExternalSet).
+EXTERNAL = {
+    name: external_set(config, spec, workflow.basedir)
     for name, spec in EXTERNAL_SETS.items()
 }
+#: Each set's runs: run id -> run directory (or a suite run's hf:// source).
+EXTERNAL_RUNS = {name: external.runs for name, external in EXTERNAL.items()}
 
 
 def external_files(wildcards):
-    """Every checkpoint and evaluation file of one set: a changed file reruns its metrics."""
-    from trainmap.dynamics.external import run_files
-
-    evaluation = EXTERNAL_SETS[wildcards.external].get("evaluation", "evaluation.csv")
-    return [
-        str(path)
-        for run_dir in EXTERNAL_RUNS[wildcards.external].values()
-        for path in run_files(run_dir, evaluation)
-    ]
+    """Every file one set's metrics read, named (files; a hub set's hub and curves): a changed
+    file reruns its metrics."""
+    return EXTERNAL[wildcards.external].inputs()
 
 
 def external_run_file(name, run, filename):
@@ -29,7 +27,7 @@ def external_run_file(name, run, filename):
 @input_function
 def memory_mb_of_external(wildcards):
     """external_metrics' memory: a constant plus three times the set's largest checkpoint."""
-    return grid.external_metrics_memory_mb(EXTERNAL_RUNS[wildcards.external])
+    return EXTERNAL[wildcards.external].memory_mb()
 
 
 @input_function

@@ -14,10 +14,14 @@ run_job(
     out_dir=str(Path(snakemake.output.manifest).parent),
     manifest=snakemake.output.manifest,
     tracking=tracking_settings(snakemake.config),
-    threshold=spec["threshold"],
+    threshold=spec.get("threshold"),
     heads=spec.get("heads"),
     evaluation=spec.get("evaluation", "evaluation.csv"),
     accuracy_key=spec.get("accuracy_key"),
     convention=snakemake.params.convention,
     arch=snakemake.params.arch,
+    hub=snakemake.input.get("hub"),
+    curves=snakemake.input.get("curves"),
+    # the job's defaults are the schema's: passed only where the set gives them
+    **{key: spec[key] for key in ("curve", "direction") if key in spec},
 )

@@ -45,6 +45,7 @@ from trainmap.dynamics.external_layouts import (
 from trainmap.dynamics.hmm.estimator import STANDARDISATIONS
 from trainmap.dynamics.hmm.factory import COVARIANCE_TYPES, EMISSIONS
 from trainmap.dynamics.hmm.selection import SELECTION_RULES
+from trainmap.dynamics.hub import DEFAULT_REVISION_PATTERN
 from trainmap.dynamics.pipeline import (
     Outcomes,
     analysis_runs,
@@ -153,7 +154,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "name, e.g. 1-9 or 0,2,4")  # fmt: skip
     suites.add_argument("--steps", help="the steps to read, e.g. 0-1000,2000 (default: every "
                         "cached step)")  # fmt: skip
-    suites.add_argument("--revision-pattern", default=r"step(\d+)",
+    suites.add_argument("--revision-pattern", default=DEFAULT_REVISION_PATTERN,
                         help="a branch per revision: the regular expression whose first group is "
                         "the step (default %(default)s)")  # fmt: skip
     suites.add_argument(

@@ -22,9 +22,11 @@ A run is named by its repository's name, the ``-``-separated part holding ``{ste
 (:func:`run_name`: ``pythia-14m-seed1``, ``multiberts-seed_0``).
 
 :func:`resolve_hub_runs` resolves a :class:`HubSpec` once into a :class:`Manifest` (run -> step ->
-repository, revision, commit, snapshot folder, weight files), checking every file it names;
-:func:`write_manifest` writes it (``revisions.json``, atomically), :func:`read_manifest` reads it
-back, :func:`hub_run_files` lists the files a run is read from and :func:`hub_run_checkpoints`
+repository, revision, commit, snapshot folder, weight files, and the spec it was resolved from),
+checking every file it names; :func:`write_manifest` writes it (``revisions.json``, atomically),
+:func:`read_manifest` reads it back, :func:`manifest_for` reads it when it is the resolution of a
+given spec and resolves and writes it otherwise (the workflow's ``external: hub:`` sets),
+:func:`hub_run_files` lists the files a run is read from and :func:`hub_run_checkpoints`
 gives a run's checkpoint per step, a path
 :func:`trainmap.dynamics.external_layouts.load_state_dict_file` reads (a snapshot's
 ``model.safetensors``, a sharded checkpoint's index JSON, or ``pytorch_model.bin``). Nothing after
@@ -53,15 +55,25 @@ from trainmap.dynamics.external_layouts import (
     index_shards,
 )
 from trainmap.io import save_json
+from trainmap.schema import config_schema
 
 HUB_SCHEME = "hf://"
 SEED = "{seed}"
 STEP = "{step}"
+#: The defaults of a suite's settings: the config schema's (``external[i].hub``), declared there
+#: once for the workflow and this module alike.
+HUB_DEFAULTS: dict[str, object] = {
+    key: setting["default"]
+    for key, setting in config_schema()["properties"]["external"]["items"]["properties"]["hub"][
+        "properties"
+    ].items()
+    if "default" in setting
+}
 #: A branch's name, matched at its start; the first group is the step (Pythia's ``step1000``,
 #: OLMo's ``step1000-tokens4B``).
-DEFAULT_REVISION_PATTERN = r"step(\d+)"
+DEFAULT_REVISION_PATTERN = str(HUB_DEFAULTS["revision_pattern"])
 #: The revision read of each repository of a repository-per-checkpoint suite (``{step}``).
-DEFAULT_REVISION = "main"
+DEFAULT_REVISION = str(HUB_DEFAULTS["revision"])
 #: The manifest's file name beside a map's outputs.
 MANIFEST_FILE = "revisions.json"
 MANIFEST_FORMAT = 1
@@ -152,12 +164,13 @@ class HubCheckpoint:
 @dataclass(frozen=True)
 class Manifest:
     """A suite resolved once: its ``source`` (``hf://`` and the repository pattern), the
-    ``cache_dir`` it was found in, and ``runs``: run name -> step -> :class:`HubCheckpoint`, in
-    step order."""
+    ``cache_dir`` it was found in, ``runs``: run name -> step -> :class:`HubCheckpoint`, in step
+    order, and the ``spec`` it was resolved from (None in a manifest written without one)."""
 
     source: str
     cache_dir: Path
     runs: dict[str, dict[int, HubCheckpoint]]
+    spec: HubSpec | None = None
 
 
 def parse_ranges(value: str | int | Iterable[int], what: str) -> tuple[tuple[int, int], ...]:
@@ -248,19 +261,23 @@ def resolve_hub_runs(spec: HubSpec) -> Manifest:
         runs[run_name(spec.repo, seed)] = {
             step: _checkpoint(hub, cache, name, revision) for step, (name, revision) in kept.items()
         }
-    return Manifest(source=HUB_SCHEME + spec.repo, cache_dir=cache, runs=runs)
+    return Manifest(source=HUB_SCHEME + spec.repo, cache_dir=cache, runs=runs, spec=spec)
 
 
 def write_manifest(manifest: Manifest, path: str | os.PathLike) -> None:
     """Write ``manifest`` to ``path`` (conventionally :data:`MANIFEST_FILE`) atomically, as JSON:
     ``{"format", "source", "cache_dir", "runs": {run: {step: {repo, revision, commit, snapshot,
-    files}}}}``."""
+    files}}}, "spec": {repo, seeds, steps, revision_pattern, revision, cache_dir}}`` (``spec``
+    only when the manifest has one)."""
     runs = {
         run: {str(step): _entry(checkpoint) for step, checkpoint in checkpoints.items()}
         for run, checkpoints in manifest.runs.items()
     }
-    save_json({"format": MANIFEST_FORMAT, "source": manifest.source,
-               "cache_dir": str(manifest.cache_dir), "runs": runs}, path)  # fmt: skip
+    content = {"format": MANIFEST_FORMAT, "source": manifest.source,
+               "cache_dir": str(manifest.cache_dir), "runs": runs}  # fmt: skip
+    if manifest.spec is not None:
+        content["spec"] = _spec_entry(manifest.spec)
+    save_json(content, path)
 
 
 def read_manifest(path: str | os.PathLike) -> Manifest:
@@ -276,7 +293,8 @@ def read_manifest(path: str | os.PathLike) -> Manifest:
             run: dict(sorted((int(step), _from_entry(entry)) for step, entry in steps.items()))
             for run, steps in content["runs"].items()
         }
-        manifest = Manifest(str(content["source"]), Path(content["cache_dir"]), runs)
+        spec = _from_spec_entry(content["spec"]) if content.get("spec") is not None else None
+        manifest = Manifest(str(content["source"]), Path(content["cache_dir"]), runs, spec)
     except Exception as error:  # noqa: BLE001 - every failure to read is one clear error
         raise HubCacheError(f"{path}: not a suite manifest ({type(error).__name__}: {error}); "
                             "resolve the suite again (resolve_hub_runs, write_manifest)") from None  # fmt: skip
@@ -294,6 +312,43 @@ def read_manifest(path: str | os.PathLike) -> Manifest:
                         f"suite again: {_download_command(checkpoint.repo, checkpoint.revision)}"
                     )
     return manifest
+
+
+def manifest_for(spec: HubSpec, path: str | os.PathLike) -> Manifest:
+    """The resolution of ``spec``, kept at ``path``: the manifest there when it was resolved from
+    ``spec`` and every file it names is still there (the file is then left untouched, its
+    modification time too); else ``spec`` resolved again (:func:`resolve_hub_runs`) and written
+    there (:func:`write_manifest`). Raises :class:`HubCacheError` when the cache cannot give
+    ``spec``."""
+    path = Path(path)
+    if path.is_file():
+        try:
+            kept = read_manifest(path)
+        except HubCacheError:  # unreadable, or naming files cleaned since: resolved again below
+            kept = None
+        if kept is not None and kept.spec == spec:
+            return kept
+    manifest = resolve_hub_runs(spec)
+    write_manifest(manifest, path)
+    return manifest
+
+
+def _spec_entry(spec: HubSpec) -> dict[str, object]:
+    """A spec as the manifest's JSON holds it."""
+    return {"repo": spec.repo, "seeds": list(spec.seeds),
+            "steps": [[lo, hi] for lo, hi in spec.steps],
+            "revision_pattern": spec.revision_pattern, "revision": spec.revision,
+            "cache_dir": str(spec.cache_dir) if spec.cache_dir is not None else None}  # fmt: skip
+
+
+def _from_spec_entry(entry: Mapping) -> HubSpec:
+    """The spec of a manifest's JSON entry (:func:`_spec_entry`)."""
+    cache_dir = entry["cache_dir"]
+    return HubSpec(repo=str(entry["repo"]), seeds=tuple(int(s) for s in entry["seeds"]),
+                   steps=tuple((int(lo), int(hi)) for lo, hi in entry["steps"]),
+                   revision_pattern=str(entry["revision_pattern"]),
+                   revision=str(entry["revision"]),
+                   cache_dir=Path(cache_dir) if cache_dir is not None else None)  # fmt: skip
 
 
 def _entry(checkpoint: HubCheckpoint) -> dict[str, object]:

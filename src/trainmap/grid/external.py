@@ -1,13 +1,18 @@
 """External run sets (config key ``external``): checkpoints trainmap did not train, on the map.
 
-Each set names run directories (glob patterns relative to the project, one directory per run:
-state dicts named by step plus ``evaluation.csv``; :mod:`trainmap.dynamics.external`), the test
-accuracy at which a run has converged, and how to read the state dicts (by name and shape, with the
-head count of attention layers, or through a registered architecture built for a task's data). A
-set gets a training map of its own (``results/external/<name>/``) and can join a joint comparison
-(``analysis.joint[i].external``) beside the grid's own runs. Every run is read and checked here,
-before any job: checkpoints named by integer steps, readable, the same tensors at every step, and
-an evaluation curve with ``test_acc`` at every checkpoint step.
+Each set names its runs either as run directories (``runs``: glob patterns relative to the
+project, one directory per run: state dicts named by step plus ``evaluation.csv``;
+:mod:`trainmap.dynamics.external`) or as a checkpoint suite in the local Hugging Face cache
+(``hub``: :mod:`trainmap.grid.external_hub`, resolved once into the set's ``revisions.json``), and
+says how a run converges (``threshold`` on the ``curve`` column, reached ``rising`` or
+``falling``; no threshold, no convergence criterion) and how to read the state dicts (by name and
+shape, with the head count of attention layers, or through a registered architecture built for a
+task's data). A set gets a training map of its own (``results/external/<name>/``) and can join a
+joint comparison (``analysis.joint[i].external``) beside the grid's own runs. Every run is read and
+checked here, before any job: checkpoints named by integer steps, readable, the same tensors at
+every step, and, with a threshold, an evaluation curve holding the ``curve`` column at every
+checkpoint step. :func:`external_set` gives what the workflow reads of one set (its runs, input
+files and memory) as an :class:`ExternalSet`.
 """
 
 from __future__ import annotations
@@ -15,13 +20,31 @@ from __future__ import annotations
 import glob
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trainmap.grid.errors import ConfigError
+from trainmap.schema import config_schema
+
+if TYPE_CHECKING:
+    from trainmap.dynamics.hub import Manifest
 
 #: The smallest number of runs a set needs for a training map of its own.
 MIN_EXTERNAL_RUNS = 2
+#: The defaults of a set's settings (``curve``, ``direction``): the config schema's.
+EXTERNAL_DEFAULTS: dict[str, Any] = {
+    key: setting["default"]
+    for key, setting in config_schema()["properties"]["external"]["items"]["properties"].items()
+    if "default" in setting
+}
+#: The curve a threshold on which is a fraction (at most 1).
+ACCURACY_CURVE = "test_acc"
+#: Settings of a set of run directories that a hub set has no use for, and the reason.
+RUNS_ONLY = {
+    "evaluation": "a suite's curves come from curves: (<run>.csv files)",
+    "accuracy_key": "a suite's curves come from curves: (<run>.csv files)",
+}
 
 
 def external_sets(config: Mapping[str, Any]) -> dict[str, dict]:
@@ -29,8 +52,88 @@ def external_sets(config: Mapping[str, Any]) -> dict[str, dict]:
     return {spec["name"]: spec for spec in config.get("external") or []}
 
 
+def is_hub_set(spec: Mapping[str, Any]) -> bool:
+    """Whether set ``spec`` is a checkpoint suite in the Hugging Face cache (``hub``), not run
+    directories (``runs``)."""
+    return "hub" in spec
+
+
+def needed_curve(spec: Mapping[str, Any]) -> str | None:
+    """The curve column each run of set ``spec`` must have: its ``curve`` when it has a
+    ``threshold``, else none (no convergence criterion, no curve needed)."""
+    if spec.get("threshold") is None:
+        return None
+    return spec.get("curve", EXTERNAL_DEFAULTS["curve"])
+
+
+@dataclass(frozen=True)
+class ExternalSet:
+    """One external set as the workflow reads it. ``runs``: run id -> its directory (``runs``
+    sets) or its ``hf://`` source (hub sets). ``hub``: a hub set's resolved suite and
+    ``manifest_path`` its ``revisions.json``; ``curves``: a hub set's run id -> curve file."""
+
+    spec: Mapping[str, Any]
+    runs: dict[str, str]
+    hub: Manifest | None = None
+    manifest_path: Path | None = None
+    curves: dict[str, Path] = field(default_factory=dict)
+
+    def inputs(self) -> dict[str, list[str] | str]:
+        """The files the set's metrics read, named for the job: ``files`` (a run directory's
+        checkpoints and evaluation file, a suite's snapshot files), and for a hub set ``hub`` (its
+        ``revisions.json``, one path) and, with ``curves``, ``curves`` (each run's curve file). A
+        changed file reruns the set's metrics."""
+        if self.hub is None:
+            from trainmap.dynamics.external import run_files
+
+            evaluation = self.spec.get("evaluation", "evaluation.csv")
+            files = [
+                str(p) for run_dir in self.runs.values() for p in run_files(run_dir, evaluation)
+            ]
+            return {"files": files}
+        from trainmap.grid.external_hub import hub_set_files
+
+        named: dict[str, list[str] | str] = {
+            "files": [str(p) for p in hub_set_files(self.hub)],
+            "hub": str(self.manifest_path),
+        }
+        if self.curves:
+            named["curves"] = [str(path) for path in self.curves.values()]
+        return named
+
+    def memory_mb(self) -> int:
+        """Memory to request for the set's ``external_metrics`` job (:func:`memory_mb`)."""
+        if self.hub is None:
+            return external_metrics_memory_mb(self.runs)
+        from trainmap.grid.external_hub import largest_hub_checkpoint
+
+        return memory_mb(largest_hub_checkpoint(self.hub))
+
+
+def external_set(
+    config: Mapping[str, Any], spec: Mapping[str, Any], base_dir: str | Path
+) -> ExternalSet:
+    """Set ``spec`` of ``config`` as the workflow reads it: a ``runs`` set's directories
+    (:func:`external_runs`), or a hub set's suite from its manifest, resolved and written first
+    when absent or out of date (:func:`trainmap.grid.external_hub.hub_set_manifest`; a cache that
+    cannot give the suite raises :class:`~trainmap.dynamics.hub.HubCacheError`)."""
+    if not is_hub_set(spec):
+        return ExternalSet(spec, external_runs(spec, base_dir))
+    from trainmap.grid.external_hub import (
+        hub_curve_files,
+        hub_manifest_path,
+        hub_set_manifest,
+        hub_set_runs,
+    )
+
+    manifest = hub_set_manifest(config, spec, base_dir)
+    runs = hub_set_runs(manifest)
+    return ExternalSet(spec, runs, manifest, hub_manifest_path(config, spec["name"], base_dir),
+                       hub_curve_files(spec, runs, base_dir))  # fmt: skip
+
+
 def external_runs(spec: Mapping[str, Any], base_dir: str | Path) -> dict[str, str]:
-    """Run id -> run directory of one set: its ``runs`` patterns expanded and sorted; a run id is
+    """Run id -> run directory of one ``runs`` set: its patterns expanded and sorted; a run id is
     the directory's path relative to the runs' common parent (``seed3``, ``lr0.1/seed3``)."""
     base = Path(base_dir)
     found: list[Path] = []
@@ -48,11 +151,17 @@ def external_runs(spec: Mapping[str, Any], base_dir: str | Path) -> dict[str, st
 EXTERNAL_BASE_MB = 1500
 
 
+def memory_mb(largest_checkpoint: int) -> int:
+    """Memory (MB) to request for a set's ``external_metrics`` job whose largest checkpoint holds
+    ``largest_checkpoint`` bytes: a constant plus three times that checkpoint (the loaded state
+    dict, its counted entries and their float64 matrices;
+    :func:`trainmap.dynamics.external.chunk_size` keeps one large checkpoint in memory at a time)."""
+    return EXTERNAL_BASE_MB + -(-3 * largest_checkpoint // 2**20)
+
+
 def external_metrics_memory_mb(runs: Mapping[str, str]) -> int:
-    """Memory to request for a set's ``external_metrics`` job: a constant plus three times its
-    largest checkpoint file (the loaded state dict, its counted entries and their float64 matrices;
-    :func:`trainmap.dynamics.external.chunk_size` keeps one large checkpoint in memory at a time).
-    A run whose files cannot be listed counts nothing here (the config check names it)."""
+    """:func:`memory_mb` of a ``runs`` set (run id -> directory): its largest checkpoint file. A
+    run whose files cannot be listed counts nothing here (the config check names it)."""
     from trainmap.dynamics.external import run_files
 
     largest = 0
@@ -63,7 +172,7 @@ def external_metrics_memory_mb(runs: Mapping[str, str]) -> int:
             continue
         sizes = [f.stat().st_size for f in files if f.is_file() and f.suffix != ".csv"]
         largest = max([largest, *sizes])
-    return EXTERNAL_BASE_MB + -(-3 * largest // 2**20)
+    return memory_mb(largest)
 
 
 def joint_external_sets(spec: Mapping[str, Any]) -> list[str]:
@@ -72,13 +181,15 @@ def joint_external_sets(spec: Mapping[str, Any]) -> list[str]:
 
 
 def check_external(config: Mapping[str, Any], base_dir: str | Path, read_runs: bool = True) -> None:
-    """Names unique and apart from the grid's method/arch labels, every pattern matching run
-    directories, every run readable (:func:`trainmap.dynamics.external.read_external_run` and the
-    cheap shape check of each checkpoint), ``arch`` a registered architecture built for ``task``'s
-    data, and each joint comparison's ``external`` naming a set. Raises :class:`ConfigError`.
-    ``read_runs=False`` skips reading the runs (their directories are still matched)."""
-    from trainmap.dynamics.external import ExternalRunError, check_run_shapes, read_external_run
-
+    """Names unique and apart from the grid's method/arch labels; the convergence settings
+    consistent (:func:`_check_convergence`); every pattern matching run directories, or a hub
+    set's suite resolved (its ``revisions.json`` written when absent or out of date:
+    :func:`external_set`); at least :data:`MIN_EXTERNAL_RUNS` runs; every run readable
+    (:func:`trainmap.dynamics.external.read_external_run`, or a suite run's checkpoints and its
+    ``curves`` file, and the cheap shape check of each checkpoint); ``arch`` a registered
+    architecture built for ``task``'s data; and each joint comparison's ``external`` naming a set.
+    Raises :class:`ConfigError`. ``read_runs=False`` skips reading the runs (their directories
+    are still matched, a suite's manifest still read)."""
     seen: set[str] = set()
     for index, spec in enumerate(config.get("external") or []):
         where = f"config key external[{index}]"
@@ -87,23 +198,11 @@ def check_external(config: Mapping[str, Any], base_dir: str | Path, read_runs: b
                               "unique (they name results/external/<name>)")  # fmt: skip
         seen.add(spec["name"])
         _check_name_apart(where, spec["name"])
-        runs = external_runs(spec, base_dir)
-        if len(runs) < MIN_EXTERNAL_RUNS:
-            raise ConfigError(
-                f"{where}.runs: the patterns {spec['runs']} match {len(runs)} run director"
-                f"{'y' if len(runs) == 1 else 'ies'} under {base_dir}; a training map needs at "
-                f"least {MIN_EXTERNAL_RUNS} (one directory per run, patterns relative to the "
-                "project, e.g. runs/seed*)"
-            )
-        for run_dir in runs.values() if read_runs else ():
-            try:
-                check_run_shapes(
-                    read_external_run(
-                        run_dir, spec.get("evaluation", "evaluation.csv"), spec.get("accuracy_key")
-                    )  # fmt: skip
-                )
-            except ExternalRunError as error:
-                raise ConfigError(f"{where}.runs: {error}") from None
+        _check_convergence(where, spec)
+        if is_hub_set(spec):
+            _check_hub_set(config, where, spec, base_dir, read_runs)
+        else:
+            _check_runs_set(where, spec, base_dir, read_runs)
         _check_external_arch(config, where, spec, base_dir)
     for index, joint in enumerate(config.get("analysis", {}).get("joint", [])):
         if "task" not in joint and len(joint_external_sets(joint)) < 2:
@@ -117,6 +216,86 @@ def check_external(config: Mapping[str, Any], base_dir: str | Path, read_runs: b
                     f"config key analysis.joint[{index}].external[{position}]: no external set "
                     f"{name!r}; sets: {', '.join(sorted(seen)) or 'none (config key external)'}"
                 )
+
+
+def _check_convergence(where: str, spec: Mapping[str, Any]) -> None:
+    """What relates a set's settings to each other: a ``test_acc`` threshold is a fraction (at
+    most 1); a hub set's threshold needs its runs' ``curves``; ``curves`` belongs to a hub set,
+    ``evaluation`` and ``accuracy_key`` to a ``runs`` set."""
+    threshold = spec.get("threshold")
+    curve = spec.get("curve", EXTERNAL_DEFAULTS["curve"])
+    if threshold is not None and curve == ACCURACY_CURVE and threshold > 1:
+        raise ConfigError(f"{where}.threshold: {threshold} is above 1, but {ACCURACY_CURVE} is a "
+                          "fraction; write e.g. 0.9 for 90 % (or set curve: test_loss for a "
+                          "loss threshold)")  # fmt: skip
+    if not is_hub_set(spec):
+        if "curves" in spec:
+            raise ConfigError(f"{where}.curves: only a hub set takes curves; a run directory "
+                              "holds its own curve (evaluation: names its file); remove curves")  # fmt: skip
+        return
+    for key, reason in RUNS_ONLY.items():
+        if key in spec:
+            raise ConfigError(f"{where}.{key}: a hub set has no use for {key} ({reason}); "
+                              "remove it")  # fmt: skip
+    if threshold is not None and spec.get("curves") is None:
+        raise ConfigError(
+            f"{where}.threshold: a suite ships no curve, so its runs cannot reach threshold "
+            f"{threshold}; give curves (a directory of <run>.csv with step and {curve}, one per "
+            "run) or leave threshold out (a map without a convergence criterion)"
+        )
+
+
+def _check_runs_set(where: str, spec: Mapping[str, Any], base_dir: str | Path,
+                    read_runs: bool) -> None:  # fmt: skip
+    """A ``runs`` set: its patterns match enough run directories, each readable (with the
+    set's curve when it has a threshold) and of one architecture."""
+    from trainmap.dynamics.external import ExternalRunError, check_run_shapes, read_external_run
+
+    runs = external_runs(spec, base_dir)
+    if len(runs) < MIN_EXTERNAL_RUNS:
+        raise ConfigError(
+            f"{where}.runs: the patterns {spec['runs']} match {len(runs)} run director"
+            f"{'y' if len(runs) == 1 else 'ies'} under {base_dir}; a training map needs at "
+            f"least {MIN_EXTERNAL_RUNS} (one directory per run, patterns relative to the "
+            "project, e.g. runs/seed*)"
+        )
+    for run_dir in runs.values() if read_runs else ():
+        try:
+            check_run_shapes(read_external_run(run_dir, spec.get("evaluation", "evaluation.csv"),
+                                               spec.get("accuracy_key"), needed_curve(spec)))  # fmt: skip
+        except ExternalRunError as error:
+            raise ConfigError(f"{where}.runs: {error}") from None
+
+
+def _check_hub_set(config: Mapping[str, Any], where: str, spec: Mapping[str, Any],
+                   base_dir: str | Path, read_runs: bool) -> None:  # fmt: skip
+    """A hub set: its suite resolved from the cache (or its manifest up to date), enough runs,
+    each run's checkpoints of one architecture and its curve file readable."""
+    from trainmap.dynamics.external import ExternalRun, ExternalRunError, check_run_shapes
+    from trainmap.dynamics.hub import hub_run_checkpoints
+    from trainmap.grid.external_hub import hub_run_curve
+
+    try:
+        external = external_set(config, spec, base_dir)
+    except ExternalRunError as error:  # HubCacheError: the repository, revision and download
+        raise ConfigError(f"{where}.hub: {error}") from None
+    if len(external.runs) < MIN_EXTERNAL_RUNS:
+        raise ConfigError(
+            f"{where}.hub: {spec['hub']['repo']} gives {len(external.runs)} run "
+            f"({', '.join(external.runs)}); a training map needs at least {MIN_EXTERNAL_RUNS}: a "
+            "repository per seed ({seed} in repo, with seeds, e.g. "
+            "EleutherAI/pythia-160m-seed{seed} with seeds 1-9)"
+        )
+    for run in external.runs if read_runs else ():
+        checkpoints = hub_run_checkpoints(external.hub, run)
+        try:
+            curve = hub_run_curve(external.curves.get(run), list(checkpoints), needed_curve(spec))
+        except ExternalRunError as error:
+            raise ConfigError(f"{where}.curves: {error}") from None
+        try:
+            check_run_shapes(ExternalRun(Path(external.runs[run]), checkpoints, curve))
+        except ExternalRunError as error:
+            raise ConfigError(f"{where}.hub: run {run}: {error}") from None
 
 
 def _check_name_apart(where: str, name: str) -> None:

@@ -90,6 +90,12 @@ def _schema_message(error: jsonschema.ValidationError) -> str:
         )
     if error.validator == "anyOf" and error.context:
         return _alternative_message(error)
+    if error.validator == "oneOf" and _required_choices(error) and isinstance(error.instance, dict):
+        choices = _required_choices(error)
+        given = [key for key in choices if key in error.instance]
+        said = "neither" if not given else "both " + " and ".join(given)
+        return (f"config key {key_path(path)}: give exactly one of {', '.join(choices)} (it has "
+                f"{said}){source}")  # fmt: skip
     message = f"config key {key_path(path) or '(top level)'}: {error.message}"
     if error.validator == "type" and isinstance(error.instance, str) and _is_number(error.instance):
         message += (
@@ -99,6 +105,16 @@ def _schema_message(error: jsonschema.ValidationError) -> str:
     if error.validator == "pattern" and "description" in error.schema:
         message += f"; allowed: {error.schema['description']}"
     return message + source
+
+
+def _required_choices(error: jsonschema.ValidationError) -> list[str]:
+    """The keys of a ``oneOf`` whose options each require one key (``runs`` or ``hub``); empty
+    for any other ``oneOf``."""
+    options = error.validator_value
+    keys = [option.get("required") for option in options if isinstance(option, dict)]
+    if len(keys) != len(options) or any(not k or len(k) != 1 for k in keys):
+        return []
+    return [k[0] for k in keys]
 
 
 def _alternative_message(error: jsonschema.ValidationError) -> str:

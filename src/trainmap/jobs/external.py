@@ -1,21 +1,29 @@
 """The external rules: metrics and a training map of runs trainmap did not train.
 
-``external_metrics`` reads one set's run directories (:mod:`trainmap.dynamics.external`) and writes,
-per run, ``runs/<run>/metrics.csv`` (the format of ``collect_metrics``) and ``evaluation.json``
-(convergence step and status, as ``evaluate`` writes them for the grid's own runs), so that the
-analysis reads an external run as it reads its own. ``external_map`` fits the set's map through the
+``external_metrics`` reads one set's run directories (:mod:`trainmap.dynamics.external`), or the
+runs of a checkpoint suite from its resolved ``revisions.json`` (:mod:`trainmap.grid.external_hub`),
+and writes, per run, ``runs/<run>/metrics.csv`` (the format of ``collect_metrics``) and
+``evaluation.json`` (convergence step and status, as ``evaluate`` writes them for the grid's own
+runs, and the convergence criterion, or null without one), so that the analysis reads an external
+run as it reads its own. ``external_map`` fits the set's map through the
 same pipeline steps as a group map (:mod:`trainmap.dynamics.pipeline`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from trainmap.dynamics.external import external_run_metrics, read_external_run
+import pandas as pd
+
+from trainmap.dynamics.external import ExternalRun, external_run_metrics, read_external_run
+from trainmap.dynamics.external_layouts import ExternalRunError
+from trainmap.dynamics.hub import Manifest, read_manifest
 from trainmap.dynamics.pipeline import map_runs
 from trainmap.dynamics.tables import read_metric_table
 from trainmap.evaluation import convergence_step
+from trainmap.grid.external import EXTERNAL_DEFAULTS
+from trainmap.grid.external_hub import CURVE_SUFFIX, hub_external_run
 from trainmap.io import save_json, write_atomic
 from trainmap.jobs.analysis import group_outcomes
 from trainmap.jobs.common import settings_hash
@@ -24,20 +32,41 @@ from trainmap.tracking import rule_run
 
 def external_metrics_job(
     name: str, runs: Mapping[str, str], out_dir: str | Path, manifest: str | Path,
-    tracking: Mapping[str, str], *, threshold: float, heads: int | None = None,
+    tracking: Mapping[str, str], *, threshold: float | None = None, heads: int | None = None,
     evaluation: str = "evaluation.csv", convention: str = "paper", arch: dict | None = None,
-    accuracy_key: str | None = None,
+    accuracy_key: str | None = None, hub: str | Path | None = None,
+    curves: Sequence[str | Path] | None = None, curve: str = EXTERNAL_DEFAULTS["curve"],
+    direction: str = EXTERNAL_DEFAULTS["direction"],
 ) -> None:  # fmt: skip
-    """Rule ``external_metrics``: every run of external set ``name`` (``runs``: run id -> its
-    directory) read and checked first, then its metric table and evaluation record written; the
-    manifest last. ``accuracy_key``: a Hugging Face Trainer run's accuracy key. ``arch``
+    """Rule ``external_metrics``: every run of external set ``name`` read and checked first, then
+    its metric table (``runs/<run>/metrics.csv``) and evaluation record
+    (``runs/<run>/evaluation.json``) written; the set's ``manifest`` (``metrics.json``) last.
+
+    ``runs``: run id -> its directory; for a suite in the Hugging Face cache, run id -> its
+    ``hf://`` source, and ``hub`` the suite's resolved ``revisions.json``, from which the
+    checkpoints are read, with ``curves`` each run's curve file ``<run>.csv`` (None: the runs
+    have no curve). ``accuracy_key``: a Hugging Face Trainer run's accuracy key. ``arch``
     (``{"arch", "meta", "options"}``) reads the state dicts through that architecture's model
-    instead of by name and shape."""
+    instead of by name and shape.
+
+    Convergence: the first checkpoint whose ``curve`` column reaches ``threshold``, ``rising``
+    to it or ``falling`` to it (:func:`trainmap.evaluation.convergence_step`); the record then
+    names ``curve`` and ``direction``. Without a threshold the set has no convergence criterion:
+    ``convergence_step``, ``converged`` and ``curve`` are null."""
     out_dir = Path(out_dir)
     model = _model(arch)
-    read = {run: read_external_run(path, evaluation, accuracy_key) for run, path in runs.items()}
+    needed = curve if threshold is not None else None
     params = {"set": name, "runs": len(runs), "threshold": threshold, "heads": heads,
               "metrics": convention, "arch": (arch or {}).get("arch")}  # fmt: skip
+    if hub is None:
+        read = {run: read_external_run(path, evaluation, accuracy_key, needed)
+                for run, path in runs.items()}  # fmt: skip
+    else:
+        suite = read_manifest(hub)
+        read = _suite_runs(suite, runs, curves, needed)
+        params["hub"] = suite.source
+    if (curve, direction) != (EXTERNAL_DEFAULTS["curve"], EXTERNAL_DEFAULTS["direction"]):
+        params |= {"curve": curve, "direction": direction}  # only when set: old hashes hold
     with rule_run(tracking, "external_metrics", task=f"external/{name}", params=params,
                   config_hash=settings_hash([name, sorted(runs), params])) as run:  # fmt: skip
         records = {}
@@ -46,16 +75,39 @@ def external_metrics_job(
             run_dir = out_dir / "runs" / run_id
             run_dir.mkdir(parents=True, exist_ok=True)
             write_atomic(run_dir / "metrics.csv", lambda tmp, t=table: t.to_csv(tmp, index=False))
-            step = convergence_step(table, threshold)
             records[run_id] = {
                 "run": run_id, "directory": runs[run_id], "checkpoints": len(table),
-                "convergence_step": step, "converged": step is not None, "threshold": threshold,
+                "threshold": threshold, **_convergence(table, threshold, curve, direction),
                 "status": "diverged" if table["skipped_matrices"].any() else "completed",
             }  # fmt: skip
             save_json(records[run_id], run_dir / "evaluation.json")
         run.log_metrics({"runs": len(records),
-                         "converged": sum(r["converged"] for r in records.values())})  # fmt: skip
+                         "converged": sum(r["converged"] is True for r in records.values())})  # fmt: skip
     save_json({"set": name, "runs": records}, manifest)
+
+
+def _suite_runs(suite: Manifest, runs: Mapping[str, str], curves: Sequence[str | Path] | None,
+                needed: str | None) -> dict[str, ExternalRun]:  # fmt: skip
+    """The runs ``runs`` of a resolved ``suite``, each with its curve file from ``curves``
+    (named ``<run>.csv``) when given; a run the manifest or the curves lack is an error naming
+    it."""
+    files = {Path(p).name.removesuffix(CURVE_SUFFIX): Path(p) for p in curves or ()}
+    absent = [run for run in runs if curves is not None and run not in files]
+    if absent:
+        raise ExternalRunError(f"{suite.source}: no curve file for runs {absent[:5]} among the "
+                               f"{len(files)} given; write <curves>/<run>{CURVE_SUFFIX} for "
+                               "every run")  # fmt: skip
+    return {run: hub_external_run(suite, run, files.get(run), needed) for run in runs}
+
+
+def _convergence(table: pd.DataFrame, threshold: float | None, curve: str, direction: str) -> dict:
+    """The evaluation record's convergence entries: the step, whether the run converged and the
+    criterion (``curve``, ``direction``); all null without a threshold."""
+    if threshold is None:
+        return {"convergence_step": None, "converged": None, "curve": None}
+    step = convergence_step(table, threshold, direction=direction, curve=curve)
+    return {"convergence_step": step, "converged": step is not None, "curve": curve,
+            "direction": direction}  # fmt: skip
 
 
 def _model(arch: dict | None):

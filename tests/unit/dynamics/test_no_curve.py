@@ -36,7 +36,7 @@ def test_a_falling_curve_converges_at_the_first_step_at_or_below_its_threshold()
 
 
 def test_a_map_without_a_curve_is_the_same_map_and_leaves_out_the_regression(tmp_path) -> None:
-    runs, _, _ = sample_runs(3, n_runs=8, length=40, seed=3)
+    runs, _, _ = sample_runs(3, n_runs=6, length=30, seed=3)
     status = dict.fromkeys(runs, "completed")
     with_curve = Outcomes(convergence_from_tables(runs, 0.5), status)
     assert any(step is not None for step in with_curve.convergence.values())
