@@ -13,11 +13,12 @@ wildcard_constraints:
 rule external_metrics:
     input:
         unpack(external_files),
-        # The metric definitions and the families' layouts (which matrices count) are inputs:
-        # changing either reruns the set's tables.
+        # The metric definitions, the families' layouts (which matrices count) and the bounded
+        # path of large checkpoints are inputs: changing any reruns the set's tables.
         definitions=[
             "src/trainmap/dynamics/metrics.py",
             "src/trainmap/dynamics/family_layouts.py",
+            "src/trainmap/dynamics/bounded.py",
         ],
     output:
         manifest=f"{RESULTS}/external/{{external}}/metrics.json",

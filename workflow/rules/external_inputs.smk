@@ -26,7 +26,7 @@ def external_run_file(name, run, filename):
 
 @input_function
 def memory_mb_of_external(wildcards):
-    """external_metrics' memory: a constant plus three times the set's largest checkpoint."""
+    """external_metrics' memory: a constant plus 1.5 times the set's largest checkpoint."""
     return EXTERNAL[wildcards.external].memory_mb()
 
 

@@ -27,6 +27,7 @@ Command line: ``python -m trainmap.dynamics.external RUN_DIR... --out DIR --thre
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -281,11 +282,14 @@ def chunk_size(counted_bytes: int) -> int:
 
 def external_run_metrics(
     run: ExternalRun, convention: str = "paper", heads: int | None = None,
-    model: nn.Module | None = None,
+    model: nn.Module | None = None, bounded: bool | None = None,
 ) -> pd.DataFrame:  # fmt: skip
     """The run's metric table (``collect_run_metrics``'s format), :func:`chunk_size` checkpoints
     at a time (each checkpoint's metrics depend on that checkpoint alone), only the counted
-    entries of each kept in memory."""
+    entries of each kept in memory. A checkpoint whose counted entries in float64 exceed
+    :data:`CHUNK_BYTES` (a language model's) is measured entry by entry instead
+    (:func:`trainmap.dynamics.bounded.bounded_checkpoint_metrics`: peak memory about its counted
+    weights in their own dtype; the same numbers within 1e-12); ``bounded`` forces either way."""
     steps = list(run.checkpoints)
     first_path = run.checkpoints[steps[0]]
     reference = checkpoint_shapes(first_path)
@@ -294,6 +298,10 @@ def external_run_metrics(
         raise ExternalRunError(f"{first_path}: no 2-D or 4-D weight to compute metrics on (left "
                                f"out: {layout.ignored})")  # fmt: skip
     keep = counted_entries(layout)
+    if bounded is None:
+        bounded = 8 * sum(math.prod(reference[name]) for name in keep) > CHUNK_BYTES
+    if bounded:
+        return _bounded_run_metrics(run, steps, reference, layout, convention)
     first = stacked_states(run, steps[:1], reference, keep)  # measured first: it sizes the chunks
     size = chunk_size(sum(t.numel() * t.element_size() for t in first.values()))
     trajectory = {"step": torch.tensor(steps[:1]), "state": first}
@@ -305,3 +313,21 @@ def external_run_metrics(
         trajectory = {"step": torch.tensor(chunk), "state": state}
         tables.append(collect_run_metrics(trajectory, layout, run.evaluation, convention))
     return pd.concat(tables, ignore_index=True)
+
+
+def _bounded_run_metrics(
+    run: ExternalRun, steps: list[int], reference: Mapping[str, tuple[int, ...]],
+    layout: WeightLayout, convention: str,
+) -> pd.DataFrame:  # fmt: skip
+    """:func:`external_run_metrics` one checkpoint at a time, each entry by entry, every
+    checkpoint's header checked against the first's first."""
+    from trainmap.dynamics.bounded import bounded_checkpoint_metrics
+
+    first_step, first_path = steps[0], run.checkpoints[steps[0]]
+    rows = []
+    for step in steps:
+        path = run.checkpoints[step]
+        _check_same_shapes(path, step, checkpoint_shapes(path), first_path, first_step, reference)
+        rows.append(bounded_checkpoint_metrics(path, step, layout, reference, run.evaluation,
+                                               convention))  # fmt: skip
+    return pd.concat(rows, ignore_index=True)

@@ -37,7 +37,7 @@ import functools
 import json
 import re
 import struct
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -128,6 +128,38 @@ def load_state_dict_file(path: Path, mmap: bool = False) -> dict[str, torch.Tens
             merged |= state if isinstance(state, Mapping) else {}
         return _weights_of(path, merged)
     return _weights_of(path, _load(path, mmap))
+
+
+def read_entries(path: Path, names: list[str]) -> Iterator[tuple[str, torch.Tensor]]:
+    """The floating-point entries ``names`` of the checkpoint at ``path``, one at a time, each its
+    own copy: a safetensors file (or a sharded checkpoint's shard, by its index) opened for each
+    entry and closed again, so no more than the entry being read is held; a torch file
+    memory-mapped once (its pages read as touched; a legacy non-zip file loaded whole). Reads what
+    :func:`load_state_dict_file` reads, entry by entry."""
+    path = model_weights(path) if path.is_dir() else path
+    if path.name.endswith(SHARD_INDEX_SUFFIX):
+        _existing_shards(path)
+        weight_map = json.loads(path.read_text())["weight_map"]
+        where = {name: path.parent / weight_map[name] for name in names}
+    elif path.suffix == ".safetensors":
+        where = dict.fromkeys(names, path)
+    else:
+        try:
+            state = _weights_of(path, _load(path, mmap=True))
+        except ExternalRunError:  # a legacy (non-zip) torch.save file cannot be memory-mapped
+            state = load_state_dict_file(path)
+        for name in names:
+            yield name, state[name].clone()
+        return
+    from safetensors import safe_open
+
+    for name in names:
+        try:
+            with safe_open(where[name], framework="pt", device="cpu") as handle:
+                tensor = handle.get_tensor(name)
+        except Exception as error:  # noqa: BLE001 - every failure to read is one clear error
+            raise _damaged(where[name], error) from None
+        yield name, tensor
 
 
 def model_weights(directory: Path) -> Path:

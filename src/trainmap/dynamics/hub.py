@@ -261,7 +261,37 @@ def resolve_hub_runs(spec: HubSpec) -> Manifest:
         runs[run_name(spec.repo, seed)] = {
             step: _checkpoint(hub, cache, name, revision) for step, (name, revision) in kept.items()
         }
+    _check_one_architecture(runs)
     return Manifest(source=HUB_SCHEME + spec.repo, cache_dir=cache, runs=runs, spec=spec)
+
+
+def _check_one_architecture(runs: Mapping[str, Mapping[int, HubCheckpoint]]) -> None:
+    """Every run's first checkpoint holds the first run's tensors, by name and shape (their
+    headers; a run's own checkpoints are compared with each other when it is read): a map
+    compares runs of one architecture. Raises :class:`HubCacheError` naming both revisions."""
+    from trainmap.dynamics.external_layouts import checkpoint_shapes
+
+    reference: tuple[str, HubCheckpoint, dict] | None = None
+    for run, checkpoints in runs.items():
+        if not checkpoints:
+            continue
+        checkpoint = next(iter(checkpoints.values()))
+        shapes = checkpoint_shapes(checkpoint.weights)
+        if reference is None:
+            reference = (run, checkpoint, shapes)
+            continue
+        first_run, first, expected = reference
+        differ = sorted(set(shapes) ^ set(expected)) or sorted(
+            key for key in shapes if shapes[key] != expected[key]
+        )
+        if differ:
+            raise HubCacheError(
+                f"{checkpoint.repo} at revision {checkpoint.revision}: run {run} holds other "
+                f"tensors than run {first_run} ({first.repo} at revision {first.revision}): "
+                f"{', '.join(differ[:5])}{' ...' if len(differ) > 5 else ''} differ in name or "
+                "shape; the runs of one suite share one architecture (map each model size as a "
+                "suite of its own)"
+            )
 
 
 def write_manifest(manifest: Manifest, path: str | os.PathLike) -> None:

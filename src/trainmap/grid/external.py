@@ -18,6 +18,7 @@ files and memory) as an :class:`ExternalSet`.
 from __future__ import annotations
 
 import glob
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -149,14 +150,18 @@ def external_runs(spec: Mapping[str, Any], base_dir: str | Path) -> dict[str, st
 
 #: The external_metrics job's memory besides its checkpoints: Python, torch and the metric tables.
 EXTERNAL_BASE_MB = 1500
+#: ... and per byte of its largest checkpoint: a checkpoint whose counted weights in float64 pass
+#: the chunk budget (trainmap.dynamics.external.CHUNK_BYTES, whose float64 work the constant
+#: holds) is measured entry by entry (trainmap.dynamics.bounded), in about its counted weights'
+#: own size (bench/suite_read.py: peak RSS above idle against the checkpoint).
+CHECKPOINT_FACTOR = 1.5
 
 
 def memory_mb(largest_checkpoint: int) -> int:
     """Memory (MB) to request for a set's ``external_metrics`` job whose largest checkpoint holds
-    ``largest_checkpoint`` bytes: a constant plus three times that checkpoint (the loaded state
-    dict, its counted entries and their float64 matrices;
-    :func:`trainmap.dynamics.external.chunk_size` keeps one large checkpoint in memory at a time)."""
-    return EXTERNAL_BASE_MB + -(-3 * largest_checkpoint // 2**20)
+    ``largest_checkpoint`` bytes: :data:`EXTERNAL_BASE_MB` plus :data:`CHECKPOINT_FACTOR` times
+    that checkpoint."""
+    return EXTERNAL_BASE_MB + math.ceil(CHECKPOINT_FACTOR * largest_checkpoint / 2**20)
 
 
 def external_metrics_memory_mb(runs: Mapping[str, str]) -> int:

@@ -373,6 +373,18 @@ def test_a_step_value_that_is_not_an_integer_is_refused(cache: Path) -> None:
         resolve_hub_runs(spec(cache, "google/multiberts-seed_{seed}-step_{step}k", seeds=[0]))
 
 
+def test_runs_of_another_architecture_are_refused_naming_both_revisions(cache: Path) -> None:
+    wider = {"layers.0.weight": torch.zeros(8, 4), "layers.0.bias": torch.zeros(8),
+             "layers.1.weight": torch.zeros(3, 8)}  # fmt: skip
+    for revision in ("step0", "step100", "step200"):
+        add_revision(cache, "EleutherAI/pythia-14m-seed4", revision,
+                     {"model.safetensors": safetensors_bytes(wider)})  # fmt: skip
+    with pytest.raises(HubCacheError, match=r"EleutherAI/pythia-14m-seed4 at revision step0: run "
+                       r"pythia-14m-seed4 holds other tensors than run pythia-14m-seed1 "
+                       r"\(EleutherAI/pythia-14m-seed1 at revision step0\): layers.0.bias, "):  # fmt: skip
+        resolve_hub_runs(spec(cache, "EleutherAI/pythia-14m-seed{seed}", seeds="1,4"))
+
+
 def test_a_repository_not_in_the_cache_names_the_download(cache: Path) -> None:
     with pytest.raises(HubCacheError, match=r"EleutherAI/pythia-14m-seed7: not in the Hugging "
                        r"Face cache .*hf download EleutherAI/pythia-14m-seed7 --revision step0  "

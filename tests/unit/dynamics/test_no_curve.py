@@ -21,7 +21,15 @@ from trainmap.dynamics.verdicts import CONVERGENCE_STEP, answer_lines
 from trainmap.evaluation import convergence_step
 
 WHY = "the suite ships no curve"
-SMALL = {"k_max": 3, "restarts": 2, "bootstrap": 0, "stability": 0, "permutations": 200}
+SMALL = {
+    "k_max": 3,
+    "restarts": 2,
+    "bootstrap": 0,
+    "stability": 0,
+    "permutations": 200,
+    "selection": "holdout",
+    "baseline_k_max": 2,
+}
 
 
 def test_a_falling_curve_converges_at_the_first_step_at_or_below_its_threshold() -> None:
@@ -80,3 +88,28 @@ def test_a_comparison_without_a_curve_drops_only_the_convergence_verdict() -> No
     assert text.count("Left out:") == 3 and text.count(WHY) == 3
     assert bare.summary()["no_curve"] == WHY and "no_curve" not in full.summary()
     assert "no verdict of the primary family" in answer_lines(bare.verdicts)[0]
+
+
+def test_checkpoint_directories_map_without_a_curve_on_the_command_line(tmp_path, capsys) -> None:
+    """Without --threshold a run directory needs no evaluation.csv; with one it does."""
+    import torch
+
+    from trainmap.dynamics.__main__ import main
+
+    generator = torch.Generator().manual_seed(0)
+    for run in ("a", "b", "c"):
+        folder = tmp_path / "runs" / run
+        folder.mkdir(parents=True)
+        for step in range(0, 50, 10):
+            state = {"fc1.weight": torch.randn(8, 4, generator=generator),
+                     "fc1.bias": torch.randn(8, generator=generator),
+                     "fc2.weight": torch.randn(2, 8, generator=generator)}  # fmt: skip
+            torch.save(state, folder / f"step_{step}.pt")
+    options = ["--out", str(tmp_path / "out"), "--features", "l1", "l2", "w_mean", "--k-max",
+               "2", "--restarts", "1", "--bootstrap", "0", "--stability", "0"]  # fmt: skip
+    with pytest.raises(SystemExit, match="evaluation"):
+        main([str(tmp_path / "runs"), *options, "--threshold", "0.5"])
+    main([str(tmp_path / "runs"), *options])
+    detours = json.loads((tmp_path / "out" / "detours.json").read_text())
+    assert not detours["fitted"] and "--threshold" in detours["not_fitted"]
+    assert "no --threshold" in capsys.readouterr().out

@@ -25,6 +25,7 @@ from trainmap.grid.external import (
     external_metrics_memory_mb,
     external_runs,
     external_set,
+    memory_mb,
 )
 
 from ..dynamics.test_hub_cache import add_checkpoint, add_revision, sharded_files, weights
@@ -77,7 +78,7 @@ def test_the_check_resolves_a_suite_once_and_the_workflow_reads_only_its_manifes
                  for c in steps.values()]  # fmt: skip
     assert inputs == {"files": snapshots, "hub": str(path)}
     largest = max(Path(file).stat().st_size for file in snapshots)
-    assert suite.memory_mb() == EXTERNAL_BASE_MB + -(-3 * largest // 2**20)
+    assert suite.memory_mb() == memory_mb(largest) > EXTERNAL_BASE_MB
     monkeypatch.undo()
 
     # Changed settings (the same seeds written otherwise change nothing): resolved again.
@@ -197,7 +198,7 @@ def test_a_sharded_checkpoint_counts_its_shards_together_in_the_jobs_memory(
     (checkpoint,) = suite.hub.runs["pythia-sharded-seed2"].values()
     sizes = [(checkpoint.snapshot / name).stat().st_size for name in checkpoint.files]
     assert len(sizes) == 3 and sum(sizes) > max(sizes)
-    assert suite.memory_mb() == EXTERNAL_BASE_MB + -(-3 * sum(sizes) // 2**20)
+    assert suite.memory_mb() == memory_mb(sum(sizes))
     assert set(suite.inputs()["files"]) >= {str(checkpoint.snapshot / n) for n in checkpoint.files}
 
 
