@@ -98,6 +98,21 @@ def run_workflow(argv: Sequence[str]) -> int:
     return 0  # not reached: execv replaces this process
 
 
+def check_installed_torch() -> None:
+    """:func:`trainmap.check_torch` on the installed torch's version, read from its metadata, not
+    by importing it (a command's ``--help`` imports no torch); without torch, the command's own
+    import says what is missing."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed
+
+    from trainmap import check_torch
+
+    try:
+        check_torch(installed("torch"))
+    except PackageNotFoundError:
+        return
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Dispatch ``trainmap COMMAND ARGS...`` to the command's module."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -122,9 +137,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_workflow(rest)
     module_name = COMMANDS[chosen.command][0]
     try:
-        from trainmap import check_torch
-
-        check_torch(importlib.import_module("torch").__version__)
+        check_installed_torch()
         module = importlib.import_module(module_name)
         command_main: Callable[[list[str]], int | None] = module.main
         sys.argv = [f"trainmap {chosen.command}", *rest]

@@ -74,3 +74,25 @@ def test_a_torch_older_than_supported_is_refused_naming_the_fix():
                                           r"2\.3\.1\+cu121: pip install 'torch>=2\.10'"):  # fmt: skip
         trainmap.check_torch("2.3.1+cu121")
     trainmap.check_torch("2.11.0+cu128")  # a GPU image's torch is accepted as it is
+
+
+#: What ``--help`` must not import: torch, the numeric stack and the analysis.
+HEAVY = ("torch", "numpy", "pandas", "matplotlib", "scipy", "sklearn", "hmmlearn",
+         "trainmap.dynamics.metrics", "trainmap.dynamics.pipeline", "trainmap.dynamics.hmm",
+         "trainmap.dynamics.map_command")  # fmt: skip
+
+
+@pytest.mark.integration  # a fresh interpreter: a program started
+def test_map_help_answers_without_torch_or_the_analysis():
+    """``trainmap map --help`` parses before any heavy import (a fresh interpreter: nothing
+    imported before), and the installed torch is checked from its metadata, not by importing it."""
+    import json
+    import subprocess
+    import sys
+
+    code = ("import json, sys\nfrom trainmap import cli\ntry:\n    cli.main(['map', '--help'])\n"
+            "except SystemExit as stop:\n    code = stop.code\n"
+            f"print(json.dumps([code, sorted(m for m in {HEAVY!r} if m in sys.modules)]))")  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert "--threshold" in out.stdout
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == [0, []]

@@ -37,13 +37,8 @@ import torch
 from torch import nn
 
 from trainmap.dynamics.external_layouts import (
-    CHECKPOINT_SUFFIXES,
-    EVALUATION_FILE,
-    HF_ACCURACY_KEY,
     HF_CHECKPOINT_DIR,
-    HF_STATE,
     HF_WEIGHTS,
-    LIGHTNING_ACCURACY_KEY,
     LIGHTNING_CHECKPOINTS,
     LIGHTNING_METRICS,
     LIGHTNING_SUFFIX,
@@ -66,10 +61,15 @@ from trainmap.dynamics.metrics import (
     collect_run_metrics,
     layout_of_model,
 )
+from trainmap.dynamics.run_names import (
+    CHECKPOINT_SUFFIXES,
+    EVALUATION_FILE,
+    HF_ACCURACY_KEY,
+    HF_STATE,
+    HYPERPARAMETER_FILES,
+    LIGHTNING_ACCURACY_KEY,
+)
 
-#: A run's own hyperparameters (``--group-by``), looked for in the run's directory and its parent:
-#: Lightning's, a Hugging Face model's config and the Trainer's state.
-HYPERPARAMETER_FILES = ("hparams.yaml", "config.json", HF_STATE)
 #: At most this many checkpoints' metrics are computed in one batch ...
 CHUNK = 32
 #: ... and at most this many bytes of counted weights held at once (:func:`chunk_size`): a large

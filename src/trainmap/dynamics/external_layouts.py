@@ -46,15 +46,14 @@ import pandas as pd
 import torch
 
 from trainmap.dynamics.metrics import HISTORY_COLUMNS
+from trainmap.dynamics.run_names import (
+    CHECKPOINT_SUFFIXES,
+    HF_STATE,
+)
 
-CHECKPOINT_SUFFIXES = (".pt", ".pth", ".safetensors", ".ckpt")
-EVALUATION_FILE = "evaluation.csv"
 #: The Hugging Face Trainer layout: ``checkpoint-<step>/`` folders, each holding one of these.
 HF_CHECKPOINT_DIR = re.compile(r"^checkpoint-(\d+)$")
 HF_WEIGHTS = ("model.safetensors", "pytorch_model.bin")
-HF_STATE = "trainer_state.json"
-#: The ``log_history`` key a Hugging Face run's accuracy is read from unless one is named.
-HF_ACCURACY_KEY = "eval_accuracy"
 #: The Lightning layout (``lightning_logs/version_<n>/``): ``checkpoints/*.ckpt`` named
 #: ``epoch=<e>-step=<step>.ckpt`` (else the file's ``global_step``), the CSVLogger's
 #: ``metrics.csv`` (a ``step`` column, one row per logging call, other columns blank) and
@@ -63,8 +62,6 @@ LIGHTNING_CHECKPOINTS = "checkpoints"
 LIGHTNING_SUFFIX = ".ckpt"
 LIGHTNING_METRICS = "metrics.csv"
 LIGHTNING_STEP = re.compile(r"(?:^|[-_])step=(\d+)(?:-v\d+)?$")
-#: The ``metrics.csv`` column a Lightning run's accuracy is read from unless one is named.
-LIGHTNING_ACCURACY_KEY = "val_acc"
 #: A checkpoint's file stem: a prefix of letters, ``_`` and ``-``, then the step.
 STEP_NAME = re.compile(r"^[A-Za-z_\-]*?(\d+)$")
 #: Keys under which training scripts commonly nest a state dict in a ``.pt`` file.

@@ -54,21 +54,11 @@ from trainmap.dynamics.external_layouts import (
     ExternalRunError,
     index_shards,
 )
+from trainmap.dynamics.run_names import HUB_DEFAULTS, HUB_SCHEME
 from trainmap.io import save_json
-from trainmap.schema import config_schema
 
-HUB_SCHEME = "hf://"
 SEED = "{seed}"
 STEP = "{step}"
-#: The defaults of a suite's settings: the config schema's (``external[i].hub``), declared there
-#: once for the workflow and this module alike.
-HUB_DEFAULTS: dict[str, object] = {
-    key: setting["default"]
-    for key, setting in config_schema()["properties"]["external"]["items"]["properties"]["hub"][
-        "properties"
-    ].items()
-    if "default" in setting
-}
 #: A branch's name, matched at its start; the first group is the step (Pythia's ``step1000``,
 #: OLMo's ``step1000-tokens4B``).
 DEFAULT_REVISION_PATTERN = str(HUB_DEFAULTS["revision_pattern"])
