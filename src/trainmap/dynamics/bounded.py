@@ -2,14 +2,15 @@
 
 :func:`trainmap.dynamics.metrics.trajectory_metrics` holds every counted matrix of a checkpoint in
 float64 at once (and, for the pooled statistics, a float64 copy of all their entries side by
-side): for a language model's checkpoint in float16 that is over four times the file. Here one
-checkpoint is measured entry by entry (:func:`~trainmap.dynamics.external_layouts.read_entries`):
-each entry read alone, each of its matrices (a fused attention matrix's heads one by one) taken
-to float64 and reduced to its per-matrix statistics by the same functions the trajectory path
-calls, then dropped; only the entries' values are kept, in their own dtype (float16 and float32
-as they are, bfloat16 as float32), for the pooled mean, median and variance (convention (e)).
-Peak memory is then about the counted weights in their own dtype (half a Pythia checkpoint's file:
-the embeddings are left out) plus one entry in float64.
+side): for a language model's checkpoint in float16, several times the file. Here one checkpoint
+is measured entry by entry (:func:`~trainmap.dynamics.external_layouts.read_entries`): each entry
+read alone and taken to float64 once, each of its matrices (a fused attention matrix's heads one by
+one, views of that copy) reduced to its per-matrix statistics by the same functions the trajectory
+path calls, then dropped, and the heap's freed pages returned; only the entries' values are kept,
+in their own dtype (float16 and float32 as they are, bfloat16 as float32), for the pooled mean,
+median and variance (convention (e)). Peak memory is then about the counted weights in their own
+dtype (half a Pythia checkpoint's file: the embeddings are left out) plus one entry in float64
+(bench/suite_read.py).
 
 The numbers are the trajectory path's: the per-matrix statistics and their means over matrices
 come from the same functions on the same float64 values; the pooled median is the same order
