@@ -88,6 +88,17 @@ def section_defaults(section: str) -> dict[str, Any]:
             if "default" in spec}  # fmt: skip
 
 
+def defaults_at(*keys: str) -> dict[str, Any]:
+    """``{key: default}`` of the object the schema declares at ``keys``, property names from the
+    top level, an array's items followed (``defaults_at("external", "hub")``: a suite's)."""
+    node = config_schema()
+    for key in keys:
+        node = node["properties"][key]
+        node = node.get("items", node)
+    return {key: copy.deepcopy(spec["default"]) for key, spec in node["properties"].items()
+            if "default" in spec}  # fmt: skip
+
+
 def section_choices(section: str) -> dict[str, tuple[Any, ...]]:
     """``{key: allowed values}`` of every setting of ``section`` the schema lists values for
     (``enum``)."""

@@ -48,6 +48,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
+import pandas as pd
+
 from trainmap.dynamics.external_layouts import (
     MODEL_WEIGHTS,
     SHARD_INDEX_SUFFIX,
@@ -259,6 +261,7 @@ def _check_one_architecture(runs: Mapping[str, Mapping[int, HubCheckpoint]]) -> 
     """Every run's first checkpoint holds the first run's tensors, by name and shape (their
     headers; a run's own checkpoints are compared with each other when it is read): a map
     compares runs of one architecture. Raises :class:`HubCacheError` naming both revisions."""
+    from trainmap.dynamics.external import _differing_entries
     from trainmap.dynamics.external_layouts import checkpoint_shapes
 
     reference: tuple[str, HubCheckpoint, dict] | None = None
@@ -271,9 +274,7 @@ def _check_one_architecture(runs: Mapping[str, Mapping[int, HubCheckpoint]]) -> 
             reference = (run, checkpoint, shapes)
             continue
         first_run, first, expected = reference
-        differ = sorted(set(shapes) ^ set(expected)) or sorted(
-            key for key in shapes if shapes[key] != expected[key]
-        )
+        differ = _differing_entries(shapes, expected)
         if differ:
             raise HubCacheError(
                 f"{checkpoint.repo} at revision {checkpoint.revision}: run {run} holds other "
@@ -391,6 +392,19 @@ def hub_run_checkpoints(manifest: Manifest, run: str) -> dict[int, Path]:
         raise HubCacheError(f"{manifest.source}: no run {run!r} (runs: "
                             f"{', '.join(manifest.runs)}); name one of them")  # fmt: skip
     return {step: checkpoint.weights for step, checkpoint in manifest.runs[run].items()}
+
+
+def suite_run_curve(curve_file: Path | None, steps: list[int], curve: str | None) -> pd.DataFrame:
+    """A suite run's evaluation curve at its checkpoint ``steps`` (a suite ships none): its
+    ``<run>.csv`` file read (:func:`~trainmap.dynamics.external_layouts.read_evaluation`, holding
+    the column ``curve``; None: no column required), or none without a file
+    (:func:`~trainmap.dynamics.external.no_curve`)."""
+    from trainmap.dynamics.external import no_curve
+    from trainmap.dynamics.external_layouts import read_evaluation
+
+    if curve_file is None:
+        return no_curve(steps)
+    return read_evaluation(Path(curve_file), steps, curve)
 
 
 def hub_run_files(manifest: Manifest, run: str) -> list[Path]:

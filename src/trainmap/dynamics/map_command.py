@@ -19,11 +19,11 @@ from trainmap.dynamics.external import (
     ExternalRunError,
     check_run_shapes,
     external_run_metrics,
-    no_curve,
     read_external_run,
     run_hyperparameters,
 )
-from trainmap.dynamics.external_layouts import read_evaluation, run_layouts
+from trainmap.dynamics.external_layouts import run_layouts
+from trainmap.dynamics.hub import suite_run_curve
 from trainmap.dynamics.pipeline import (
     Outcomes,
     analysis_runs,
@@ -75,10 +75,9 @@ def hub_runs(args: argparse.Namespace, write: bool = True) -> dict[str, External
 def suite_curve(args: argparse.Namespace, run: str, checkpoints: dict[int, Path]) -> pd.DataFrame:
     """``--curves``/<run>.csv read as an evaluation curve (holding ``--curve`` when a threshold
     is given), or none (:func:`~trainmap.dynamics.external.no_curve`)."""
-    if args.curves is None:
-        return no_curve(list(checkpoints))
+    curve_file = None if args.curves is None else args.curves / f"{run}.csv"
     try:
-        return read_evaluation(args.curves / f"{run}.csv", list(checkpoints), needed_curve(args))
+        return suite_run_curve(curve_file, list(checkpoints), needed_curve(args))
     except ExternalRunError as error:
         raise SystemExit(f"error: --curves: {error}") from None
 

@@ -9,7 +9,7 @@ modules import torch; the command line parses its arguments with these names bef
 
 from __future__ import annotations
 
-from trainmap.schema import config_schema
+from trainmap.schema import defaults_at
 
 #: A checkpoint file of a run directory ends in one of these.
 CHECKPOINT_SUFFIXES = (".pt", ".pth", ".safetensors", ".ckpt")
@@ -28,10 +28,4 @@ HYPERPARAMETER_FILES = ("hparams.yaml", "config.json", HF_STATE)
 HUB_SCHEME = "hf://"
 #: The defaults of a suite's settings: the config schema's (``external[i].hub``), declared there
 #: once for the workflow and the command line alike.
-HUB_DEFAULTS: dict[str, object] = {
-    key: setting["default"]
-    for key, setting in config_schema()["properties"]["external"]["items"]["properties"]["hub"][
-        "properties"
-    ].items()
-    if "default" in setting
-}
+HUB_DEFAULTS: dict[str, object] = defaults_at("external", "hub")

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainmap.grid.errors import ConfigError
-from trainmap.schema import config_schema
+from trainmap.schema import defaults_at
 
 if TYPE_CHECKING:
     from trainmap.dynamics.hub import Manifest
@@ -34,11 +34,7 @@ if TYPE_CHECKING:
 #: The smallest number of runs a set needs for a training map of its own.
 MIN_EXTERNAL_RUNS = 2
 #: The defaults of a set's settings (``curve``, ``direction``): the config schema's.
-EXTERNAL_DEFAULTS: dict[str, Any] = {
-    key: setting["default"]
-    for key, setting in config_schema()["properties"]["external"]["items"]["properties"].items()
-    if "default" in setting
-}
+EXTERNAL_DEFAULTS: dict[str, Any] = defaults_at("external")
 #: The curve a threshold on which is a fraction (at most 1).
 ACCURACY_CURVE = "test_acc"
 #: Settings of a set of run directories that a hub set has no use for, and the reason.
@@ -277,8 +273,7 @@ def _check_hub_set(config: Mapping[str, Any], where: str, spec: Mapping[str, Any
     """A hub set: its suite resolved from the cache (or its manifest up to date), enough runs,
     each run's checkpoints of one architecture and its curve file readable."""
     from trainmap.dynamics.external import ExternalRun, ExternalRunError, check_run_shapes
-    from trainmap.dynamics.hub import hub_run_checkpoints
-    from trainmap.grid.external_hub import hub_run_curve
+    from trainmap.dynamics.hub import hub_run_checkpoints, suite_run_curve
 
     try:
         external = external_set(config, spec, base_dir)
@@ -294,7 +289,7 @@ def _check_hub_set(config: Mapping[str, Any], where: str, spec: Mapping[str, Any
     for run in external.runs if read_runs else ():
         checkpoints = hub_run_checkpoints(external.hub, run)
         try:
-            curve = hub_run_curve(external.curves.get(run), list(checkpoints), needed_curve(spec))
+            curve = suite_run_curve(external.curves.get(run), list(checkpoints), needed_curve(spec))
         except ExternalRunError as error:
             raise ConfigError(f"{where}.curves: {error}") from None
         try:

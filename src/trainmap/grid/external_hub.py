@@ -18,10 +18,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
-
-from trainmap.dynamics.external import ExternalRun, no_curve
-from trainmap.dynamics.external_layouts import read_evaluation
+from trainmap.dynamics.external import ExternalRun
 from trainmap.dynamics.hub import (
     HUB_DEFAULTS,
     MANIFEST_FILE,
@@ -31,6 +28,7 @@ from trainmap.dynamics.hub import (
     hub_run_files,
     manifest_for,
     parse_hub_source,
+    suite_run_curve,
 )
 from trainmap.grid.study import results_root
 
@@ -105,22 +103,12 @@ def hub_curve_files(
     return {run: folder / f"{run}{CURVE_SUFFIX}" for run in runs}
 
 
-def hub_run_curve(curve_file: Path | None, steps: list[int], curve: str | None) -> pd.DataFrame:
-    """A suite run's evaluation curve at its checkpoint ``steps``: ``curve_file`` read
-    (:func:`~trainmap.dynamics.external_layouts.read_evaluation`; holding the column ``curve``,
-    None: no column required), or none without a file
-    (:func:`~trainmap.dynamics.external.no_curve`)."""
-    if curve_file is None:
-        return no_curve(steps)
-    return read_evaluation(Path(curve_file), steps, curve)
-
-
 def hub_external_run(
     manifest: Manifest, run: str, curve_file: Path | None, curve: str | None
 ) -> ExternalRun:
     """Run ``run`` of a resolved suite as an :class:`~trainmap.dynamics.external.ExternalRun`:
     its checkpoints from ``manifest`` (:func:`~trainmap.dynamics.hub.hub_run_checkpoints`), its
-    curve :func:`hub_run_curve`, its directory its ``hf://`` source (:func:`hub_set_runs`)."""
+    curve :func:`~trainmap.dynamics.hub.suite_run_curve`, its directory its ``hf://`` source (:func:`hub_set_runs`)."""
     checkpoints = hub_run_checkpoints(manifest, run)
-    evaluation = hub_run_curve(curve_file, list(checkpoints), curve)
+    evaluation = suite_run_curve(curve_file, list(checkpoints), curve)
     return ExternalRun(Path(hub_set_runs(manifest)[run]), checkpoints, evaluation)
