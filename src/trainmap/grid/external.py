@@ -272,8 +272,8 @@ def _check_hub_set(config: Mapping[str, Any], where: str, spec: Mapping[str, Any
                    base_dir: str | Path, read_runs: bool) -> None:  # fmt: skip
     """A hub set: its suite resolved from the cache (or its manifest up to date), enough runs,
     each run's checkpoints of one architecture and its curve file readable."""
-    from trainmap.dynamics.external import ExternalRun, ExternalRunError, check_run_shapes
-    from trainmap.dynamics.hub import hub_run_checkpoints, suite_run_curve
+    from trainmap.dynamics.external import ExternalRunError, check_run_shapes
+    from trainmap.grid.external_hub import hub_external_run
 
     try:
         external = external_set(config, spec, base_dir)
@@ -287,13 +287,13 @@ def _check_hub_set(config: Mapping[str, Any], where: str, spec: Mapping[str, Any
             "EleutherAI/pythia-160m-seed{seed} with seeds 1-9)"
         )
     for run in external.runs if read_runs else ():
-        checkpoints = hub_run_checkpoints(external.hub, run)
         try:
-            curve = suite_run_curve(external.curves.get(run), list(checkpoints), needed_curve(spec))
+            suite_run = hub_external_run(external.hub, run, external.curves.get(run),
+                                         needed_curve(spec))  # fmt: skip
         except ExternalRunError as error:
             raise ConfigError(f"{where}.curves: {error}") from None
         try:
-            check_run_shapes(ExternalRun(Path(external.runs[run]), checkpoints, curve))
+            check_run_shapes(suite_run)
         except ExternalRunError as error:
             raise ConfigError(f"{where}.hub: run {run}: {error}") from None
 
