@@ -24,7 +24,7 @@ in ``skipped_matrices``, as the trajectory path's repair does.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
+import functools
 import math
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -100,19 +100,19 @@ def _release_freed_memory() -> None:
     """Give the pages of the entry just measured back to the system (glibc's ``malloc_trim``;
     elsewhere nothing): its float64 copies, tens of MB each, are freed into the heap, whose
     threshold for mapping large blocks grows with them, and the heap keeps what it frees."""
-    if _LIBC is not None:
-        _LIBC.malloc_trim(0)
+    libc = _libc()
+    if libc is not None:
+        libc.malloc_trim(0)
 
 
+@functools.cache
 def _libc() -> ctypes.CDLL | None:
+    """The C library this process runs on, when it has ``malloc_trim`` (glibc), else None."""
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        return libc if hasattr(libc, "malloc_trim") else None
+        libc = ctypes.CDLL(None)  # the process's own symbols, the C library's among them
     except OSError:
         return None
-
-
-_LIBC = _libc()
+    return libc if hasattr(libc, "malloc_trim") else None
 
 
 def _no_repair(t: int) -> dict[str, np.ndarray]:
