@@ -1,10 +1,10 @@
 """Model selection of training maps on runs with a known answer, what it costs, and why it used to
 run to K_max.
 
-Data: :func:`trainmap.dynamics.synthetic.sample_runs`: 40 runs x 200 checkpoints of 14 correlated
+Data: :func:`trainmap.dynamics.maps.synthetic.sample_runs`: 40 runs x 200 checkpoints of 14 correlated
 metrics (two shared factors, raw units between 1e-3 and 1e3) from a left-to-right Gaussian HMM with
 3 or 5 states; runs differ in how long they stay in each state. Everything goes through the default
-preprocessing (:class:`trainmap.dynamics.hmm.estimator.TrainingHMM` with its defaults).
+preprocessing (:class:`trainmap.dynamics.maps.hmm.estimator.TrainingHMM` with its defaults).
 
 Studies (``--study``, default all):
 
@@ -44,9 +44,9 @@ from typing import Any
 import numpy as np
 from joblib import Parallel, delayed
 
-from trainmap.dynamics.hmm.estimator import TrainingHMM
-from trainmap.dynamics.synthetic import known_answer_scores, sample_runs
-from trainmap.dynamics.training_map import transitions
+from trainmap.dynamics.maps.hmm.estimator import TrainingHMM
+from trainmap.dynamics.maps.synthetic import known_answer_scores, sample_runs
+from trainmap.dynamics.maps.training_map import transitions
 
 #: The authors' script's settings other than its covariance type (diag by default, full for the
 #: models behind their reported K).
@@ -177,7 +177,7 @@ def study_analysis(n_jobs: int, quick: bool) -> float:
 
 
 def fit_each_alone(models: list, X: np.ndarray, lengths: list[int], weights=None) -> list[bool]:
-    """:func:`~trainmap.dynamics.hmm.gaussian.fit_together`'s contract, each model by its own
+    """:func:`~trainmap.dynamics.maps.hmm.gaussian.fit_together`'s contract, each model by its own
     ``fit`` (hmmlearn's loop)."""
     completed = []
     for model in models:
@@ -190,8 +190,8 @@ def fit_each_alone(models: list, X: np.ndarray, lengths: list[int], weights=None
 
 
 def study_cost(n_jobs: int, quick: bool) -> tuple[float, float]:
-    from trainmap.dynamics.hmm import gaussian
-    from trainmap.dynamics.hmm.gaussian import BatchedGaussianHMM
+    from trainmap.dynamics.maps.hmm import gaussian
+    from trainmap.dynamics.maps.hmm.gaussian import BatchedGaussianHMM
 
     n_runs, length = (10, 100) if quick else (40, 300)
     runs, _, _ = sample_runs(5, n_runs=n_runs, length=length, seed=0)

@@ -1,10 +1,10 @@
 """collect-metrics against the authors' metric loop, on the same checkpoints, side by side.
 
-trainmap's :func:`trainmap.dynamics.metrics.trajectory_metrics` (``paper`` convention) computes each
+trainmap's :func:`trainmap.dynamics.metrics.weights.trajectory_metrics` (``paper`` convention) computes each
 Linear matrix's singular values once per checkpoint, batched over the whole trajectory, reuses them
 for the spectral norm and the per-matrix singular-value statistics, and takes conv kernels' slice
 norms in one vectorised pass. The reference is the authors' loop re-implemented
-(:mod:`trainmap.dynamics.reference_metrics`: per checkpoint, per layer, ``vector_norm``,
+(:mod:`trainmap.dynamics.metrics.reference`: per checkpoint, per layer, ``vector_norm``,
 ``matrix_norm(ord=2)`` and ``svd`` separately, the authors' conventions). Both run on the same
 trajectories (random weights drifting over 60 checkpoints) of the sparse-parity MLP, a small CNN
 (``vgg_bn``, 8x8 inputs), ``resnet_bn`` and the 1-layer transformer (d_model 128, 4 heads), and
@@ -31,8 +31,8 @@ import numpy as np
 import pandas as pd
 import torch
 
-from trainmap.dynamics.metrics import METRIC_NAMES, trajectory_metrics, weight_matrices
-from trainmap.dynamics.reference_metrics import trajectory_metrics_reference
+from trainmap.dynamics.metrics.reference import trajectory_metrics_reference
+from trainmap.dynamics.metrics.weights import METRIC_NAMES, trajectory_metrics, weight_matrices
 from trainmap.models import build_model
 
 MODELS = {

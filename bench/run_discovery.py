@@ -4,7 +4,7 @@
 the runs below the paths given (:func:`trainmap.dynamics.__main__.find_runs`). Here: 1,000 run
 directories with 200 checkpoint files each (empty ``step_<n>.pt`` files and an
 ``evaluation.csv``: discovery reads names, not contents) under one root, found and named; then
-each run's checkpoints listed by step (:func:`trainmap.dynamics.external_layouts.find_checkpoints`, what
+each run's checkpoints listed by step (:func:`trainmap.dynamics.runs.layouts.find_checkpoints`, what
 reading a run starts with). Target: discovery under 2 s.
 
 **Recorder overhead.** A plain PyTorch loop timed side by side with and without
@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from trainmap.dynamics.__main__ import find_runs
-from trainmap.dynamics.external_layouts import find_checkpoints
+from trainmap.dynamics.runs.layouts import find_checkpoints
 from trainmap.recorder import MetricRecorder
 
 

@@ -1,12 +1,12 @@
 """K recovery with a per-run emission offset: the analysis setting ``emission`` of
-:class:`trainmap.dynamics.hmm.estimator.TrainingHMM`, ``plain`` against ``run_offset``, ``run_offset_drift``
-and ``run_affine`` (:mod:`trainmap.dynamics.hmm.run_terms`), through trainmap's one selection path.
+:class:`trainmap.dynamics.maps.hmm.estimator.TrainingHMM`, ``plain`` against ``run_offset``, ``run_offset_drift``
+and ``run_affine`` (:mod:`trainmap.dynamics.maps.hmm.run_terms`), through trainmap's one selection path.
 
-Data as bench/selection_nuisance.py: :func:`trainmap.dynamics.synthetic.sample_runs`, 40 runs x 200
+Data as bench/selection_nuisance.py: :func:`trainmap.dynamics.maps.synthetic.sample_runs`, 40 runs x 200
 checkpoints of 14 metrics, true K = 3 and 5, nuisance 0 and 1, sampler seeds 0..N-1. Every row is
 ``TrainingHMM(restarts=2, emission=...)`` (pooled z-scores, the paper's 20 % held-out split,
 K = 1..8, 2 seeded sticky restarts, K by held-out BIC: the selection of
-:func:`~trainmap.dynamics.hmm.selection.select_model`):
+:func:`~trainmap.dynamics.maps.hmm.selection.select_model`):
 
 ``plain``             the paper's Gaussian HMM (the default);
 ``run_offset``        a per-run offset of the emission means, fitted with the states (ECM);
@@ -15,7 +15,7 @@ K = 1..8, 2 seeded sticky restarts, K by held-out BIC: the selection of
                       three: its scale is exp(N(0, (nuisance / 10)^2)) per run).
 
 Per row: the selected K (K: seeds), how often it is right, the decoding accuracy up to relabelling
-of the selected model (:func:`~trainmap.dynamics.synthetic.known_answer_scores`; mean, min) and of
+of the selected model (:func:`~trainmap.dynamics.maps.synthetic.known_answer_scores`; mean, min) and of
 the true K's model (mean), and the mean CPU seconds of one full selection (single-threaded BLAS).
 
 ``--difference``: does the offset model keep a real difference between runs? Nuisance 0, true K = 3,
@@ -43,9 +43,9 @@ import pandas as pd
 from joblib import Parallel, delayed
 from selection_nuisance import table
 
-from trainmap.dynamics.hmm import EMISSIONS, TrainingHMM
-from trainmap.dynamics.metrics import METRIC_NAMES
-from trainmap.dynamics.synthetic import known_answer_scores, left_to_right_hmm, sample_runs
+from trainmap.dynamics.maps.hmm import EMISSIONS, TrainingHMM
+from trainmap.dynamics.maps.synthetic import known_answer_scores, left_to_right_hmm, sample_runs
+from trainmap.dynamics.metrics.weights import METRIC_NAMES
 
 RULES = EMISSIONS  # the rows: one per emission model
 SCENARIOS = ("late", "stuck")

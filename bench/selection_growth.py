@@ -3,7 +3,7 @@
 Likelihood criteria add states as data grow when the model is misspecified: the held-out BIC's
 penalty per checkpoint, p log n / n, vanishes as runs are added, so a state that fits a little of
 what the emission does not model pays for itself at enough runs. Measured on the known-answer
-sampler (:func:`trainmap.dynamics.synthetic.sample_runs`, true K = 3, 150 checkpoints, K_max 8,
+sampler (:func:`trainmap.dynamics.maps.synthetic.sample_runs`, true K = 3, 150 checkpoints, K_max 8,
 the analysis defaults' 5 restarts, one process per fit) in four forms: no nuisance; nuisance 1
 (each run its own offset, drift and scale, which the plain emission does not model); AR(1)
 within-state noise with coefficient 0.8 (``autocorrelation=0.8``: correlated over checkpoints as
@@ -15,7 +15,7 @@ Each data set is fitted once per selection splitting: ``holdout`` (one 20 % spli
 rule), ``folds`` (every run held out once over 3 folds) and ``reproducible`` (halves of 20 runs);
 ``--affine`` adds folds with the ``run_affine`` emission (each run's offset, drift and scale
 modelled; about 10x the cost). The ``gain`` rule's K at each tolerance is read off the folds curve
-(:func:`~trainmap.dynamics.hmm.curves.gain_curve`: the smallest K no larger K beats by more than
+(:func:`~trainmap.dynamics.maps.hmm.curves.gain_curve`: the smallest K no larger K beats by more than
 the tolerance in held-out nats per checkpoint per added state; the ``gain`` rule scores on the
 folds' splits, so its fit is the folds fit), so the tolerances are compared on the same fits;
 ``gain-holdout`` is the same reading of the holdout curve (one split: cheaper, noisier).
@@ -46,9 +46,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from trainmap.dynamics.hmm.curves import gain_curve
-from trainmap.dynamics.hmm.estimator import TrainingHMM
-from trainmap.dynamics.synthetic import sample_runs
+from trainmap.dynamics.maps.hmm.curves import gain_curve
+from trainmap.dynamics.maps.hmm.estimator import TrainingHMM
+from trainmap.dynamics.maps.synthetic import sample_runs
 from trainmap.io import append_rows
 from trainmap.schema import section_defaults
 

@@ -1,7 +1,7 @@
 """K recovery under run-to-run nuisance: one held-out split against folds.
 
 Real seeds differ by more than their states: an offset, a scale and a slow drift of the metrics per
-run. :func:`trainmap.dynamics.synthetic.sample_runs` with ``nuisance`` > 0 gives every run its own
+run. :func:`trainmap.dynamics.maps.synthetic.sample_runs` with ``nuisance`` > 0 gives every run its own
 (module docstring there); 40 runs x 200 checkpoints of 14 metrics, true K = 3 and 5, the CLI's
 defaults but 2 restarts. Rules compared (``TrainingHMM(selection=..., folds=...)``):
 
@@ -14,7 +14,7 @@ defaults but 2 restarts. Rules compared (``TrainingHMM(selection=..., folds=...)
 
 For each rule, true K and nuisance level: the selected K over the sampler seeds (K: count), how
 often it is right, the mean decoding accuracy up to relabelling
-(:func:`~trainmap.dynamics.synthetic.known_answer_scores`) and the mean CPU seconds of one fit.
+(:func:`~trainmap.dynamics.maps.synthetic.known_answer_scores`) and the mean CPU seconds of one fit.
 
 Usage::
 
@@ -40,8 +40,8 @@ from typing import Any
 import numpy as np
 from joblib import Parallel, delayed
 
-from trainmap.dynamics.hmm import TrainingHMM, n_free_parameters
-from trainmap.dynamics.synthetic import known_answer_scores, sample_runs
+from trainmap.dynamics.maps.hmm import TrainingHMM, n_free_parameters
+from trainmap.dynamics.maps.synthetic import known_answer_scores, sample_runs
 
 RULES: dict[str, dict[str, Any]] = {
     "holdout": {"selection": "holdout"},

@@ -31,9 +31,14 @@ from pathlib import Path
 
 import numpy as np
 
-from trainmap.dynamics.certainty import draw_counts, refit_payload, refit_resample, split_runs
-from trainmap.dynamics.hmm import SELECTION_RULES
+from trainmap.dynamics.maps.hmm import SELECTION_RULES
 from trainmap.dynamics.pipeline import make_hmm, map_runs
+from trainmap.dynamics.verdicts.certainty import (
+    draw_counts,
+    refit_payload,
+    refit_resample,
+    split_runs,
+)
 from trainmap.grid import analysis_settings, load_config, paper_groups, results_root
 from trainmap.jobs.paper import setting_runs
 
@@ -84,7 +89,7 @@ REFIT_COLUMNS = ["n_states", "bic", "bic_fold_sd", "ari_median", "reproduced", "
 def refit_check(runs: dict, outcomes, settings: dict, threads: int, sizes: list[int],
                 draws: int) -> None:  # fmt: skip
     """Why a rule's bootstrap refits select another K than its full fit: print the selection
-    curve of the full fit, then of the refit path (:func:`trainmap.dynamics.certainty.refit_resample`,
+    curve of the full fit, then of the refit path (:func:`trainmap.dynamics.verdicts.certainty.refit_resample`,
     warm-started as the bootstrap refits) on every run drawn once, on one bootstrap draw and on
     ``sizes[0]`` distinct runs; then K of full fits of ``draws`` random subsets of each size."""
     hmm = make_hmm(settings | {"n_jobs": threads}).fit(runs)

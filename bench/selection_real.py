@@ -136,7 +136,7 @@ def k_by_seeds(name: str, data: tuple, rule: str, per_method: list[int], draws: 
     for each n of ``per_method``: does the map's size grow with the seeds?"""
     import numpy as np
 
-    from trainmap.dynamics.settings import make_hmm
+    from trainmap.dynamics.maps.settings import make_hmm
 
     runs, outcomes, groups, settings = data
     groups = groups or dict.fromkeys(runs, name)

@@ -1,6 +1,6 @@
 """K recovery by the three selection rules side by side, and the ``reproducible`` rule's thresholds.
 
-Data: :func:`trainmap.dynamics.synthetic.sample_runs`, 40 runs x 200 checkpoints of 14 metrics
+Data: :func:`trainmap.dynamics.maps.synthetic.sample_runs`, 40 runs x 200 checkpoints of 14 metrics
 from a left-to-right Gaussian HMM with true K = 3 or 5 states, without (``nuisance`` 0) and with
 (1) a per-run offset, scale and drift. Every rule fits K = 1..8 with 2 restarts per K and split
 (the CLI's defaults otherwise) and ``n_jobs=1`` (one process per fit: comparable CPU seconds):
@@ -14,7 +14,7 @@ from a left-to-right Gaussian HMM with true K = 3 or 5 states, without (``nuisan
 
 For each rule, true K and nuisance level: the selected K over the sampler seeds (K: seeds), how
 often it is right, the mean decoding accuracy up to relabelling
-(:func:`~trainmap.dynamics.synthetic.known_answer_scores`) and the mean CPU and wall seconds of one
+(:func:`~trainmap.dynamics.maps.synthetic.known_answer_scores`) and the mean CPU and wall seconds of one
 fit (wall: two fits run side by side on 2 cores).
 
 Thresholds without refitting: from each reproducible fit's half maps (``hmm.half_models_``), the
@@ -51,12 +51,12 @@ import numpy as np
 import pandas as pd
 from joblib import Parallel, delayed
 
-from trainmap.dynamics.hmm import (
+from trainmap.dynamics.maps.hmm import (
     DEFAULT_REPRODUCE_ARI,
     DEFAULT_REPRODUCE_SHARE,
     TrainingHMM,
 )
-from trainmap.dynamics.synthetic import known_answer_scores, sample_runs
+from trainmap.dynamics.maps.synthetic import known_answer_scores, sample_runs
 
 RULES = ("holdout", "folds", "reproducible")
 ARI_TARGETS = (0.7, 0.8, 0.9)
@@ -68,7 +68,7 @@ def split_aris(hmm: TrainingHMM, runs: dict[str, pd.DataFrame]) -> list[dict[str
     """Per K and split of a reproducible fit: the ARI of the two half maps' decodings of every run
     (NaN where a half could not be fitted at K), whether K's fit of all runs exists, and the
     fit's K_BIC (the minimum of its two-fold held-out BIC)."""
-    from trainmap.dynamics.hmm import bic_minimum
+    from trainmap.dynamics.maps.hmm import bic_minimum
 
     k_bic = bic_minimum(hmm.selection_)
     from sklearn.metrics import adjusted_rand_score

@@ -65,8 +65,8 @@ def _load(config_file: str, comparison: str) -> None:
 def fit_round(round_: int, split_seed: int, half_size: int | None,
               selection: str = "reproducible") -> dict:  # fmt: skip
     """The full fit by ``selection`` on the runs round ``round_`` pools."""
-    from trainmap.dynamics.hmm import bic_minimum
-    from trainmap.dynamics.settings import make_hmm
+    from trainmap.dynamics.maps.hmm import bic_minimum
+    from trainmap.dynamics.maps.settings import make_hmm
 
     joint, seeds = RESULTS["joint"], RESULTS["seeds"]
     n = joint.seeds_per_method(round_)

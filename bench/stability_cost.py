@@ -43,7 +43,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from trainmap.dynamics.hmm import SELECTION_RULES as RULES
+from trainmap.dynamics.maps.hmm import SELECTION_RULES as RULES
 from trainmap.dynamics.pipeline import Outcomes, joint_group
 from trainmap.grid import analysis_settings, joint_comparisons, joint_labels, load_config
 from trainmap.io import load_json

@@ -1,12 +1,12 @@
 """The stability curve's seed count against a direct Monte Carlo over fresh seeds.
 
-:func:`trainmap.dynamics.stability.stability_curve` answers "from which n does a map of n of our N
+:func:`trainmap.dynamics.verdicts.stability.stability_curve` answers "from which n does a map of n of our N
 runs reproduce the map of all N" by *subsampling* the N runs. What a user wants to know is "are n
 seeds enough", i.e. would a map of n *fresh* seeds agree. On runs from a known HMM the second
 question can be answered directly: draw fresh sets of n runs from the true model (new sampler
-seeds, none of them among the N), fit a :class:`~trainmap.dynamics.hmm.estimator.TrainingHMM` on each with
+seeds, none of them among the N), fit a :class:`~trainmap.dynamics.maps.hmm.estimator.TrainingHMM` on each with
 the same settings, and measure the same criterion (ARI >= 0.9 of the decodings in >= 90 % of the
-draws; :class:`~trainmap.dynamics.stability_results.StabilityTargets`) against a reference:
+draws; :class:`~trainmap.dynamics.verdicts.stability_results.StabilityTargets`) against a reference:
 
 * ``MC vs full``: the full N-run map's decoding of the N runs, the curve's own reference. Fresh
   maps share no run with the full fit, so the difference to the subsample curve at the same n is
@@ -19,9 +19,9 @@ Fresh fits are cold (the fit's own restarts); the curve's refits are warm-starte
 map (k-step, ``max_iter`` 10, as in the workflow), so the curve is also shown cold (``sub cold``:
 ``warm_start=False``) to separate the two sources of optimism.
 
-Setting: the known answer of ``tests/unit/dynamics/test_stability.py`` (3 states, steps of 1.5
+Setting: the known answer of ``tests/unit/dynamics/verdicts/test_stability.py`` (3 states, steps of 1.5
 within-state SDs, 6 features, 200 checkpoints; K_max 4, 2 restarts). The full sets are the first N
-runs of :func:`~trainmap.dynamics.synthetic.sample_runs` (N = 40 and, to show what the ladder's cap
+runs of :func:`~trainmap.dynamics.maps.synthetic.sample_runs` (N = 40 and, to show what the ladder's cap
 is for, N = 24); the fresh sets are later runs of the same sampler, disjoint from the full set and
 from each other. The subsample curve is run up to n = N (``max_fraction`` 1) so that the bias near
 N can be seen; the tool's answer is the curve up to its cap, floor(0.8 N).
@@ -52,19 +52,19 @@ import numpy as np
 import pandas as pd
 from sklearn.metrics import adjusted_rand_score
 
-from trainmap.dynamics.hmm.estimator import TrainingHMM
-from trainmap.dynamics.metrics import METRIC_NAMES
-from trainmap.dynamics.stability import stability_curve
-from trainmap.dynamics.stability_results import (
+from trainmap.dynamics.maps.hmm.estimator import TrainingHMM
+from trainmap.dynamics.maps.synthetic import KnownHMM, sample_runs
+from trainmap.dynamics.metrics.weights import METRIC_NAMES
+from trainmap.dynamics.verdicts.stability import stability_curve
+from trainmap.dynamics.verdicts.stability_results import (
     DEFAULT_MAX_FRACTION,
     StabilityCurve,
     StabilityPoint,
     StabilityTargets,
     ladder_limit,
 )
-from trainmap.dynamics.synthetic import KnownHMM, sample_runs
 
-#: The weakly separated known answer of tests/unit/dynamics/test_stability.py.
+#: The weakly separated known answer of tests/unit/dynamics/verdicts/test_stability.py.
 SETTING = {"n_states": 3, "seed": 1, "separation": 1.5, "n_features": 6}
 FEATURES = list(METRIC_NAMES[: SETTING["n_features"]])
 K_MAX, RESTARTS, MAX_ITER = 4, 2, 10

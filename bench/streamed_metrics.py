@@ -21,7 +21,7 @@ Four sections (``--section``, default all):
     the same matrices. Median of alternating rounds.
 ``memory``
     Peak RSS and resume-file bytes of a training block
-    (tests/unit/dynamics/test_streamed_metrics.py's ``MEMORY_PROBE``: a ResNet-18-sized model,
+    (tests/unit/dynamics/metrics/test_streamed_metrics.py's ``MEMORY_PROBE``: a ResNet-18-sized model,
     2 seeds, Adam, a checkpoint every step), each count of checkpoints in a fresh process, as
     ratios to 20 checkpoints (flat: no checkpoint is held).
 ``bytes``
@@ -61,14 +61,14 @@ import pandas as pd
 import torch
 
 from trainmap.data import make_task_data
-from trainmap.dynamics.columns import CONVENTIONS
-from trainmap.dynamics.metrics import (
+from trainmap.dynamics.metrics.columns import CONVENTIONS
+from trainmap.dynamics.metrics.streamed import StreamedMetrics
+from trainmap.dynamics.metrics.weights import (
     collect_run_metrics,
     layout_of_model,
     singular_values,
     trajectory_metrics,
 )
-from trainmap.dynamics.streamed import StreamedMetrics
 from trainmap.grid import (
     data_settings,
     load_config,
@@ -289,7 +289,7 @@ def section_resnet18(quick: bool) -> None:
 
 
 def memory_probe_source() -> str:
-    """``MEMORY_PROBE`` of tests/unit/dynamics/test_streamed_metrics.py (the test's own probe,
+    """``MEMORY_PROBE`` of tests/unit/dynamics/metrics/test_streamed_metrics.py (the test's own probe,
     not a copy)."""
     path = REPO_ROOT / "tests" / "unit" / "dynamics" / "test_streamed_metrics.py"
     spec = importlib.util.spec_from_file_location("_streamed_metrics_tests", path)

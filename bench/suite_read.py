@@ -3,13 +3,13 @@
 For each shape, a run of ``--revisions`` checkpoints (random weights from the model's config,
 built locally with ``transformers``' ``GPTNeoXForCausalLM``, saved as float16 safetensors as the
 suites ship them, each revision a perturbed copy) is measured by the path external runs take
-(:func:`trainmap.dynamics.external.external_run_metrics`, the paper convention with the heads
+(:func:`trainmap.dynamics.runs.external.external_run_metrics`, the paper convention with the heads
 split), in a fresh process:
 
-* seconds to read one revision (every entry, :func:`~trainmap.dynamics.external_layouts.read_entries`)
+* seconds to read one revision (every entry, :func:`~trainmap.dynamics.runs.layouts.read_entries`)
   and to measure one (the run's wall time over its revisions, reading included; a checkpoint whose
   counted weights exceed the chunk budget, the 160m shape's, is measured entry by entry:
-  :mod:`trainmap.dynamics.bounded`);
+  :mod:`trainmap.dynamics.runs.bounded`);
 * peak RSS above the process's RSS after its imports, while measuring (before the read is timed),
   against the checkpoint file's size (goal at the 160m shape: <= 1.5x);
 * the projected time of a 14m pass over all 154 revisions and a 160m pass over 20;
@@ -86,8 +86,8 @@ def child(run_dir: str, heads: str, path: str) -> None:
 
     import torch
 
-    from trainmap.dynamics.external import external_run_metrics, read_external_run
-    from trainmap.dynamics.external_layouts import checkpoint_shapes, read_entries
+    from trainmap.dynamics.runs.external import external_run_metrics, read_external_run
+    from trainmap.dynamics.runs.layouts import checkpoint_shapes, read_entries
 
     torch.set_num_threads(torch.get_num_threads())
     idle_kb = _status_kb()
@@ -120,11 +120,11 @@ def _percent(share: float) -> str:
 
 def spectra_share(run_dir: Path, heads: int) -> float:
     """The share of one revision's measuring spent in singular values (cProfile: the cumulative
-    time of :func:`trainmap.dynamics.metrics.grouped_singular_values`)."""
+    time of :func:`trainmap.dynamics.metrics.weights.grouped_singular_values`)."""
     import cProfile
     import pstats
 
-    from trainmap.dynamics.external import ExternalRun, external_run_metrics, read_external_run
+    from trainmap.dynamics.runs.external import ExternalRun, external_run_metrics, read_external_run
 
     run = read_external_run(run_dir)
     step, path = next(iter(run.checkpoints.items()))
@@ -184,8 +184,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{r['pass_s'] / 60:.1f} min |" for r in rows],
         "",
         f"Goal: peak RSS above idle <= {RSS_GOAL}x the checkpoint at the 160m shape. The 160m "
-        "shape's counted weights exceed the chunk budget (trainmap.dynamics.external.CHUNK_BYTES), "
-        "so it is measured entry by entry (trainmap.dynamics.bounded); the row 'all in float64' "
+        "shape's counted weights exceed the chunk budget (trainmap.dynamics.runs.external.CHUNK_BYTES), "
+        "so it is measured entry by entry (trainmap.dynamics.runs.bounded); the row 'all in float64' "
         "is the trajectory path on the same files, for comparison.",
     ]  # fmt: skip
     text = "\n".join(lines) + "\n"

@@ -1,14 +1,14 @@
 """Calibration and power of a joint comparison's verdicts: how often each finds a difference.
 
-A joint comparison (:func:`trainmap.dynamics.joint.compare_groups`) tests every pair of methods
-in two families, each Holm-corrected on its own (:func:`trainmap.dynamics.verdicts.compare_methods`):
+A joint comparison (:func:`trainmap.dynamics.verdicts.joint.compare_groups`) tests every pair of methods
+in two families, each Holm-corrected on its own (:func:`trainmap.dynamics.verdicts.compare.compare_methods`):
 the primary (label-free: convergence step, trajectories, first passage to the final state, states
 visited, transitions, collapsed paths) and the secondary (state-level: occupancy of each state,
 time in detour states). A verdict counts as significant here when its Holm-corrected p is below
 alpha (the analysis default, 0.05); a family when any of its verdicts is.
 
 **(a) Power and false positives on runs with a known answer.** Two methods' runs from
-:func:`trainmap.dynamics.synthetic.sample_methods` (true K = 3, 150 checkpoints, 14 metrics), b's
+:func:`trainmap.dynamics.maps.synthetic.sample_methods` (true K = 3, 150 checkpoints, 14 metrics), b's
 law differing from a's by a planted effect of a size: ``detour`` (b's runs pass through an extra
 state off the path with probability size), ``fork`` (they end in another final state with
 probability size), ``slower`` (b's mean dwell in the middle phase times 1 + size), ``offset``
@@ -16,7 +16,7 @@ probability size), ``slower`` (b's mean dwell in the middle phase times 1 + size
 draws for every effect: effect ``none``), so its share of significant verdicts is the false
 positive rate, which should be <= alpha within its binomial 95 % interval (Clopper-Pearson,
 ``scipy.stats.binomtest(...).proportion_ci()``). Each data set gets one shared map, fitted by
-``compare_groups`` with :class:`~trainmap.dynamics.hmm.estimator.TrainingHMM`'s defaults but
+``compare_groups`` with :class:`~trainmap.dynamics.maps.hmm.estimator.TrainingHMM`'s defaults but
 ``selection="holdout"`` and ``--restarts`` (default 2; ``random_state`` the sampler seed), the
 analysis defaults' 2000 permutations, convergence at the first checkpoint with ``test_acc`` 1
 (the sampler's last state). "time in detours" exists only where the map's regression found a
@@ -71,14 +71,13 @@ import pandas as pd
 from scipy.stats import binomtest
 from selection_real import finished_maps, read_joint_cells, study_command
 
-from trainmap.dynamics import paths as label_free
-from trainmap.dynamics import timecourse
-from trainmap.dynamics.hmm.estimator import TrainingHMM
-from trainmap.dynamics.joint import compare_groups
+from trainmap.dynamics.maps.hmm.estimator import TrainingHMM
+from trainmap.dynamics.maps.settings import ANALYSIS_DEFAULTS, with_defaults
+from trainmap.dynamics.maps.synthetic import sample_methods
 from trainmap.dynamics.pipeline import FittedMap, analysis_runs, convergence_from_tables
-from trainmap.dynamics.settings import ANALYSIS_DEFAULTS, with_defaults
-from trainmap.dynamics.synthetic import sample_methods
-from trainmap.dynamics.verdicts import (
+from trainmap.dynamics.verdicts import paths as label_free
+from trainmap.dynamics.verdicts import timecourse
+from trainmap.dynamics.verdicts.compare import (
     CONVERGENCE_STEP,
     PRIMARY,
     SECONDARY,
@@ -89,6 +88,7 @@ from trainmap.dynamics.verdicts import (
     path_evidence,
     run_quantities,
 )
+from trainmap.dynamics.verdicts.joint import compare_groups
 from trainmap.grid.cells import joint_settings
 from trainmap.io import append_rows, load_json
 from trainmap.jobs.analysis import rows_of_fit
@@ -195,7 +195,7 @@ def holm(p: np.ndarray) -> np.ndarray:
 
 def significant(rows: pd.DataFrame, alpha: float) -> pd.DataFrame:
     """One row per data set (effect, size, n, seed), one boolean column per :data:`COLUMNS`:
-    each verdict Holm-corrected within its family (:func:`~trainmap.dynamics.verdicts.family`,
+    each verdict Holm-corrected within its family (:func:`~trainmap.dynamics.verdicts.compare.family`,
     as the code now assigns it), the published trajectories form by its own raw p."""
     keys = ["effect", "size", "n_per_method", "seed"]
     found = {}

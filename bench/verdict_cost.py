@@ -1,8 +1,8 @@
 """The label-free verdicts' cost against the rest of a joint comparison, side by side.
 
-A joint comparison (:func:`trainmap.dynamics.joint.compare_groups`) fits the shared map, decodes
+A joint comparison (:func:`trainmap.dynamics.verdicts.joint.compare_groups`) fits the shared map, decodes
 the runs, regresses detours and tests every pair of methods. The label-free verdicts
-(:mod:`trainmap.dynamics.paths` and :mod:`trainmap.dynamics.timecourse`: the start, the dynamics
+(:mod:`trainmap.dynamics.verdicts.paths` and :mod:`trainmap.dynamics.verdicts.timecourse`: the start, the dynamics
 after the start window by max-T, trajectories by energy distance, first passage, states visited,
 transitions, collapsed paths) add a common step grid, the shared checkpoints, a distance matrix
 and their relabelling tests and bootstrap intervals; the comparison also draws where the metrics
@@ -31,11 +31,11 @@ import warnings
 
 import numpy as np
 
-from trainmap.dynamics.hmm.estimator import TrainingHMM
-from trainmap.dynamics.joint import compare_groups
-from trainmap.dynamics.synthetic import sample_runs
-from trainmap.dynamics.timecourse import time_resolved
-from trainmap.dynamics.verdicts import compare_methods, path_evidence, run_quantities
+from trainmap.dynamics.maps.hmm.estimator import TrainingHMM
+from trainmap.dynamics.maps.synthetic import sample_runs
+from trainmap.dynamics.verdicts.compare import compare_methods, path_evidence, run_quantities
+from trainmap.dynamics.verdicts.joint import compare_groups
+from trainmap.dynamics.verdicts.timecourse import time_resolved
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -20,16 +20,16 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 SMOKE_READERS = frozenset({
     "tests/integration/test_browser.py", "tests/integration/test_portable_workflow.py",
     "tests/integration/test_rerun_probe.py", "tests/integration/test_workflow.py",
-    "tests/unit/dynamics/test_streamed_metrics.py",
+    "tests/unit/dynamics/metrics/test_streamed_metrics.py",
 })  # fmt: skip
 #: The longest scopes of `make test`, started first (longest first: the suite's wall time is then
 #: close to its work / workers), from `--durations` on 2 cores (docs/benchmarks.md); every other
 #: scope follows in collection order.
 LONGEST_FIRST = (
     "tests/integration/test_slurm.py", "smoke", "tests/integration/test_dvc.py",
-    "tests/unit/test_portable.py", "tests/unit/dynamics/test_adaptive.py",
+    "tests/unit/test_portable.py", "tests/unit/dynamics/verdicts/test_adaptive.py",
     "tests/integration/test_mlflow_postgres.py", "tests/integration/test_example.py",
-    "tests/integration/test_dvc_settings.py", "tests/unit/dynamics/test_external_runs.py",
+    "tests/integration/test_dvc_settings.py", "tests/unit/dynamics/runs/test_external_runs.py",
     "tests/unit/grid/test_config.py",
 )  # fmt: skip
 

@@ -4,7 +4,7 @@ README and the docs give are the numbers the study produces.
 The page holds, per joint comparison (``results/joint/<name>/``): the methods and their runs, the
 map's K and selection rule, the bootstrap's K counts, the stability line and the verdict table
 with effects, intervals, Holm p-values and labels (``verdicts.md``, the one place a verdict's words
-are made: trainmap.dynamics.verdicts); then the run's time, where ``make run`` recorded it
+are made: trainmap.dynamics.verdicts.compare); then the run's time, where ``make run`` recorded it
 (``summary/run.timing.json``, a timing sidecar). It lives beside the published digest:
 ``config/config.results.sha256`` and ``config/config.findings.md``; docs/findings.md includes it.
 
@@ -13,7 +13,7 @@ are made: trainmap.dynamics.verdicts); then the run's time, where ``make run`` r
 published ones, and where they are not, the first line that differs.
 
 ``answers`` writes (or with ``--check`` compares) the answer of every comparison, start, where
-the metrics differ and path in that order (:func:`trainmap.dynamics.verdicts.answer_lines`), into
+the metrics differ and path in that order (:func:`trainmap.dynamics.verdicts.compare.answer_lines`), into
 the block between :data:`BLOCK_START` and :data:`BLOCK_END` of each file named (the README's
 caption, ``docs/index.md``, ``docs/getting-started.md``), so no sentence there states an answer by
 hand; ``make run`` checks them.
@@ -34,7 +34,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainmap.dynamics.stability_results import reports_states, states_sentence
+from trainmap.dynamics.verdicts.stability_results import reports_states, states_sentence
 from trainmap.io import companion_path, load_json, save_json, save_text, timing_path
 
 #: Where ``make run`` records its wall time (a timing sidecar: left out of the digest).
@@ -126,10 +126,10 @@ def findings_page(root: str | Path, title: str = "Findings") -> str:
 
 def answers_block(root: str | Path) -> str:
     """Every joint comparison's answer under ``root``, one Markdown list item per method pair
-    (:func:`~trainmap.dynamics.verdicts.answer_lines` of its ``joint.json`` verdicts)."""
+    (:func:`~trainmap.dynamics.verdicts.compare.answer_lines` of its ``joint.json`` verdicts)."""
     import pandas as pd
 
-    from trainmap.dynamics.verdicts import answer_lines
+    from trainmap.dynamics.verdicts.compare import answer_lines
 
     root = Path(root)
     lines = []

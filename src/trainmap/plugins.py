@@ -38,7 +38,7 @@ import re
 import sys
 from pathlib import Path
 
-from trainmap.grid.errors import ConfigError
+from trainmap.errors import ConfigError
 
 ENTRY_POINT_GROUP = "trainmap.plugins"
 #: ``{"names": [...], "base_dir": "..."}`` of the last :func:`load_plugins`, for job processes.

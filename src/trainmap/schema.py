@@ -5,7 +5,7 @@ type, allowed values and default.
 errors). The code that completes one section of settings with defaults reads them here instead of
 repeating them: :func:`section_defaults` builds ``DEFAULT_SETTINGS`` of
 :mod:`trainmap.methods.sparse` and :mod:`trainmap.methods.gradinit` and ``ANALYSIS_DEFAULTS`` of
-:mod:`trainmap.dynamics.settings`; :func:`check_section` refuses a value the section's schema
+:mod:`trainmap.dynamics.maps.settings`; :func:`check_section` refuses a value the section's schema
 refuses, so Python keeps only the checks that relate one setting to another (``n < m``).
 
 A module of its own, outside :mod:`trainmap.grid` (whose package imports the model registry and

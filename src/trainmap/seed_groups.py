@@ -2,7 +2,7 @@
 
 MLflow charts one run's metric against step but cannot average runs over seeds, so each training-map
 group (rule ``fit_hmm``: one task/arch/method) and each joint comparison gets runs that carry the
-across-seed statistics of its runs' metric tables (:mod:`trainmap.dynamics.metrics`: ``test_acc``,
+across-seed statistics of its runs' metric tables (:mod:`trainmap.dynamics.metrics.weights`: ``test_acc``,
 ``test_loss``, ``train_acc``, ``train_loss`` and the 14 map metrics per checkpoint step).
 
 **The interval** is the Student-t 95 % confidence interval of the mean over seeds, what researchers
@@ -63,7 +63,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from trainmap.dynamics.metrics import HISTORY_COLUMNS, METRIC_NAMES
+from trainmap.dynamics.metrics.weights import HISTORY_COLUMNS, METRIC_NAMES
 from trainmap.tracking import RuleRun, summary_run
 
 #: The series summarised over seeds: accuracy and loss, then the 14 map metrics.

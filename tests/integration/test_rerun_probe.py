@@ -21,8 +21,8 @@ import pytest
 import yaml
 from conftest import SMOKE
 
+from trainmap.errors import ConfigError
 from trainmap.grid import Cell, expand_grid, load_config, method_of
-from trainmap.grid.errors import ConfigError
 
 pytestmark = pytest.mark.integration
 

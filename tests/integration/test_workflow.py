@@ -172,7 +172,7 @@ def test_changed_threshold_reruns_evaluation_not_training(smoke_run: Path) -> No
 
 def test_changed_metric_definitions_rerun_analysis_not_training(smoke_run: Path) -> None:
     """collect-metrics and what follows depend on the metrics code; training does not."""
-    definitions = smoke_run / "src/trainmap/dynamics/metrics.py"
+    definitions = smoke_run / "src/trainmap/dynamics/metrics/weights.py"
     original, stat = definitions.read_text(), definitions.stat()
     try:
         definitions.write_text(original + "\n# a changed metric definition\n")
@@ -237,7 +237,7 @@ def test_the_findings_page_is_written_from_the_results_and_checked(smoke_run: Pa
 
     from conftest import run_command
 
-    from trainmap.dynamics.stability_results import states_sentence
+    from trainmap.dynamics.verdicts.stability_results import states_sentence
 
     page = tmp_path / "smoke.findings.md"
     python = [sys.executable, "-m", "trainmap.findings"]

@@ -78,7 +78,7 @@ def test_a_torch_older_than_supported_is_refused_naming_the_fix():
 
 #: What ``--help`` must not import: torch, the numeric stack and the analysis.
 HEAVY = ("torch", "numpy", "pandas", "matplotlib", "scipy", "sklearn", "hmmlearn",
-         "trainmap.dynamics.metrics", "trainmap.dynamics.pipeline", "trainmap.dynamics.hmm",
+         "trainmap.dynamics.metrics.weights", "trainmap.dynamics.pipeline", "trainmap.dynamics.maps.hmm",
          "trainmap.dynamics.map_command")  # fmt: skip
 
 

@@ -22,14 +22,14 @@ import yaml
 # At module level: the first import of torch (which trainmap.grid and the CLI's modules load)
 # starts ldconfig, which a test outside the integration tier may not.
 from trainmap.dynamics.__main__ import parse_args
-from trainmap.dynamics.hmm import (
+from trainmap.dynamics.maps.hmm import (
     DEFAULT_FOLDS,
     DEFAULT_HALF_SIZE,
     DEFAULT_REPRODUCE_ARI,
     DEFAULT_REPRODUCE_SHARE,
     TrainingHMM,
 )
-from trainmap.dynamics.settings import ANALYSIS_DEFAULTS
+from trainmap.dynamics.maps.settings import ANALYSIS_DEFAULTS
 from trainmap.grid import seed_block
 from trainmap.schema import check_section, config_schema, section_defaults
 

@@ -44,7 +44,7 @@ def test_the_schema_is_the_one_the_grid_validates_with() -> None:
 
 
 def test_the_python_defaults_are_the_schemas() -> None:
-    from trainmap.dynamics.settings import ANALYSIS_DEFAULTS
+    from trainmap.dynamics.maps.settings import ANALYSIS_DEFAULTS
     from trainmap.methods import gradinit, sparse
 
     assert sparse.DEFAULT_SETTINGS == section_defaults("sparse")
@@ -88,18 +88,18 @@ def test_params_yaml_repeats_the_analysis_defaults_exactly() -> None:
 
 def implemented_choices() -> dict[tuple[str, str], tuple]:
     """Per (section, key), the values the code that implements the setting takes."""
-    from trainmap.dynamics.columns import CONVENTIONS
-    from trainmap.dynamics.hmm.curves import REPRODUCE_K, RESTART_RULES
-    from trainmap.dynamics.hmm.estimator import STANDARDISATIONS
-    from trainmap.dynamics.hmm.factory import (
+    from trainmap.dynamics.maps.hmm.curves import REPRODUCE_K, RESTART_RULES
+    from trainmap.dynamics.maps.hmm.estimator import STANDARDISATIONS
+    from trainmap.dynamics.maps.hmm.factory import (
         COVARIANCE_TYPES,
         EMISSIONS,
         INITIALISATIONS,
         TOL_SCALES,
     )
-    from trainmap.dynamics.hmm.selection import SELECTION_RULES
-    from trainmap.dynamics.regression import GROUND_METRICS
-    from trainmap.dynamics.tables import NAN_RUNS
+    from trainmap.dynamics.maps.hmm.selection import SELECTION_RULES
+    from trainmap.dynamics.maps.regression import GROUND_METRICS
+    from trainmap.dynamics.metrics.columns import CONVENTIONS
+    from trainmap.dynamics.metrics.tables import NAN_RUNS
     from trainmap.methods.gradinit import VARIANTS
     from trainmap.methods.nm import GROUP_LAYOUTS
 
@@ -139,7 +139,7 @@ def test_every_schema_enum_lists_the_values_the_code_takes() -> None:
 
 
 def test_training_hmm_takes_every_allowed_value_and_refuses_others() -> None:
-    from trainmap.dynamics.hmm.estimator import TrainingHMM
+    from trainmap.dynamics.maps.hmm.estimator import TrainingHMM
 
     for key, values in section_choices("analysis").items():
         if key not in inspect.signature(TrainingHMM).parameters:
@@ -166,7 +166,7 @@ def test_library_keyword_defaults_agree_with_the_schema() -> None:
 def test_the_metric_jobs_keyword_defaults_agree_with_the_schema() -> None:
     """The workflow passes analysis.metrics and analysis.repvgg_weights (or the schema's default);
     the job functions' own defaults, for a caller without a config, are the same."""
-    from trainmap.dynamics.settings import ANALYSIS_DEFAULTS
+    from trainmap.dynamics.maps.settings import ANALYSIS_DEFAULTS
     from trainmap.jobs.external import external_metrics_job
     from trainmap.jobs.metrics import collect_metrics_block_job
 
@@ -181,7 +181,7 @@ def test_every_setting_the_code_takes_is_in_the_schema() -> None:
     """The schema refuses unknown keys, so a setting the code reads but the schema lacks could never
     be set: TrainConfig's fields and the HMM settings the analysis passes on must be schema
     properties. Extend the schema when adding one."""
-    from trainmap.dynamics.settings import HMM_SETTINGS
+    from trainmap.dynamics.maps.settings import HMM_SETTINGS
     from trainmap.training.loop import TrainConfig
 
     train = set(config_schema()["$defs"]["train_settings"]["properties"])
@@ -193,7 +193,7 @@ def test_every_setting_the_code_takes_is_in_the_schema() -> None:
 @pytest.mark.integration  # starts a program (a subprocess)
 def test_the_analysis_reads_its_defaults_without_torch() -> None:
     """trainmap.schema sits outside trainmap.grid, whose package imports the model registry."""
-    probe = ("import sys, trainmap.dynamics.settings; "
+    probe = ("import sys, trainmap.dynamics.maps.settings; "
              "print(sorted({'torch', 'jsonschema'} & set(sys.modules)))")  # fmt: skip
     loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                             check=True).stdout.strip()  # fmt: skip

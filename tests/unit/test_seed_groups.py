@@ -11,7 +11,7 @@ import pytest
 from mlflow import MlflowClient
 from scipy import stats
 
-from trainmap.dynamics.metrics import METRIC_NAMES
+from trainmap.dynamics.metrics.weights import METRIC_NAMES
 from trainmap.seed_groups import SERIES, log_group, log_joint, seed_chart_urls, seed_statistics
 from trainmap.tracking import METRICS_PER_BATCH, init_tracking
 

@@ -11,7 +11,7 @@ rule collect_metrics:
         run=run_manifest_of_block,
         # The metric definitions are an input: changing them reruns this rule and the analysis
         # after it, never training.
-        definitions="src/trainmap/dynamics/metrics.py",
+        definitions="src/trainmap/dynamics/metrics/weights.py",
     output:
         manifest=f"{RESULTS}/metrics/{BLOCK}.json",
     log:
@@ -26,7 +26,7 @@ rule collect_metrics:
         block=seed_range_of_job,
         cell_hashes=cell_hashes_of_block,
         # paper (the authors' conventions), paper_shortcuts (paper counting ResNet shortcut
-        # convs) or extended: trainmap.dynamics.metrics
+        # convs) or extended: trainmap.dynamics.metrics.weights
         convention=grid.analysis_settings(config).get(
             "metrics", section_defaults("analysis")["metrics"]
         ),

@@ -16,9 +16,9 @@ rule external_metrics:
         # The metric definitions, the families' layouts (which matrices count) and the bounded
         # path of large checkpoints are inputs: changing any reruns the set's tables.
         definitions=[
-            "src/trainmap/dynamics/metrics.py",
-            "src/trainmap/dynamics/family_layouts.py",
-            "src/trainmap/dynamics/bounded.py",
+            "src/trainmap/dynamics/metrics/weights.py",
+            "src/trainmap/dynamics/runs/families.py",
+            "src/trainmap/dynamics/runs/bounded.py",
         ],
     output:
         manifest=f"{RESULTS}/external/{{external}}/metrics.json",

@@ -1,18 +1,18 @@
 """``python -m trainmap.dynamics``: training maps from per-run metric tables, outside Snakemake.
 
-Reads one CSV per run in the format of :mod:`trainmap.dynamics.metrics` (``step``, the 14 metric
+Reads one CSV per run in the format of :mod:`trainmap.dynamics.metrics.weights` (``step``, the 14 metric
 columns, ``test_acc``; the workflow writes them as ``results/metrics/<cell>/metrics.csv``), fits the
 HMM, draws the training map, runs the detour regression and, with ``--groups``, the joint comparison.
-Runs trainmap did not train are read from their checkpoints (:mod:`trainmap.dynamics.external`): a
+Runs trainmap did not train are read from their checkpoints (:mod:`trainmap.dynamics.runs.external`): a
 directory of state dicts named by step plus ``evaluation.csv``; their metric tables are written to
 ``--out``/metrics first, so external runs and trainmap's own tables share one map.
-Tables are read strictly (:func:`trainmap.dynamics.tables.read_metric_table`): a missing column, text
+Tables are read strictly (:func:`trainmap.dynamics.metrics.tables.read_metric_table`): a missing column, text
 in a numeric cell or a NaN/Inf metric in a run not named by ``--diverged`` stops it with an error
 naming the file, the column and the step.
 
 Its arguments are parsed before anything heavy is imported (``--help`` answers at once, without
 torch, pandas or the analysis): the choices and defaults come from the config schema
-(:mod:`trainmap.schema`) and the layouts' names from :mod:`trainmap.dynamics.run_names`; the
+(:mod:`trainmap.schema`) and the layouts' names from :mod:`trainmap.dynamics.runs.names`; the
 command itself is :mod:`trainmap.dynamics.map_command`, whose names (``find_runs``,
 ``run_groups``, ...) this module also gives.
 """
@@ -26,8 +26,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from trainmap.dynamics.columns import CONVENTIONS, CURVES, DIRECTIONS, METRIC_NAMES
-from trainmap.dynamics.run_names import (
+from trainmap.dynamics.metrics.columns import CONVENTIONS, CURVES, DIRECTIONS, METRIC_NAMES
+from trainmap.dynamics.runs.names import (
     EVALUATION_FILE,
     HF_ACCURACY_KEY,
     HUB_DEFAULTS,
@@ -82,7 +82,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--convention",
         choices=CONVENTIONS,
         default=defaults["metrics"],
-        help="metric convention (trainmap.dynamics.metrics; default %(default)s)",
+        help="metric convention (trainmap.dynamics.metrics.weights; default %(default)s)",
     )
     external.add_argument(
         "--evaluation",

@@ -13,7 +13,15 @@ from pathlib import Path
 import pandas as pd
 from tqdm import tqdm
 
-from trainmap.dynamics.external import (
+from trainmap.dynamics.metrics.tables import REGENERATE, MetricTableError, read_metric_table
+from trainmap.dynamics.pipeline import (
+    Outcomes,
+    analysis_runs,
+    convergence_from_tables,
+    joint_group,
+    map_runs,
+)
+from trainmap.dynamics.runs.external import (
     HYPERPARAMETER_FILES,
     ExternalRun,
     ExternalRunError,
@@ -22,17 +30,9 @@ from trainmap.dynamics.external import (
     read_external_run,
     run_hyperparameters,
 )
-from trainmap.dynamics.external_layouts import run_layouts
-from trainmap.dynamics.hub import suite_run_curve
-from trainmap.dynamics.pipeline import (
-    Outcomes,
-    analysis_runs,
-    convergence_from_tables,
-    joint_group,
-    map_runs,
-)
-from trainmap.dynamics.run_names import CHECKPOINT_SUFFIXES
-from trainmap.dynamics.tables import REGENERATE, MetricTableError, read_metric_table
+from trainmap.dynamics.runs.hub import suite_run_curve
+from trainmap.dynamics.runs.layouts import run_layouts
+from trainmap.dynamics.runs.names import CHECKPOINT_SUFFIXES
 from trainmap.io import write_atomic
 
 #: How deep :func:`find_runs` looks for run directories below a directory it is given.
@@ -41,10 +41,10 @@ RUN_SEARCH_DEPTH = 4
 
 def hub_runs(args: argparse.Namespace, write: bool = True) -> dict[str, ExternalRun]:
     """The runs of the ``hf://`` suites among ``args.tables``, resolved offline in the Hub cache
-    (:mod:`trainmap.dynamics.hub`), their resolution written to ``--out``/revisions.json (one
+    (:mod:`trainmap.dynamics.runs.hub`), their resolution written to ``--out``/revisions.json (one
     suite) or ``revisions-<i>.json``; each run's curve from ``--curves``/<run>.csv, or none (a
     curve of no accuracy: metric tables only). ``write=False``: no manifest written."""
-    from trainmap.dynamics.hub import (
+    from trainmap.dynamics.runs.hub import (
         MANIFEST_FILE,
         hub_run_checkpoints,
         parse_hub_source,
@@ -74,7 +74,7 @@ def hub_runs(args: argparse.Namespace, write: bool = True) -> dict[str, External
 
 def suite_curve(args: argparse.Namespace, run: str, checkpoints: dict[int, Path]) -> pd.DataFrame:
     """``--curves``/<run>.csv read as an evaluation curve (holding ``--curve`` when a threshold
-    is given), or none (:func:`~trainmap.dynamics.external.no_curve`)."""
+    is given), or none (:func:`~trainmap.dynamics.runs.external.no_curve`)."""
     curve_file = None if args.curves is None else args.curves / f"{run}.csv"
     try:
         return suite_run_curve(curve_file, list(checkpoints), needed_curve(args))
@@ -140,7 +140,7 @@ def find_runs(paths: list[Path]) -> dict[str, Path]:
 def not_a_metric_table(path: Path) -> str | None:
     """None when ``path``'s header is a trainmap metric table's (``step`` and at least one of the
     14 metrics); else why it is not."""
-    from trainmap.dynamics.metrics import METRIC_NAMES
+    from trainmap.dynamics.metrics.weights import METRIC_NAMES
 
     with open(path, newline="") as handle:
         header = [name.strip() for name in handle.readline().strip().split(",")]
@@ -194,7 +194,7 @@ class GroupingError(ValueError):
 def run_groups(runs: dict[str, Path], args: argparse.Namespace) -> dict[str, str]:
     """Run id -> group, from ``--groups`` (a CSV of run,group: every run found needs a group, and
     every run it names must have been found), ``--group-by`` (a hyperparameter of each run's own
-    files, :func:`trainmap.dynamics.external.run_hyperparameters`) or ``--group-by-path`` (a
+    files, :func:`trainmap.dynamics.runs.external.run_hyperparameters`) or ``--group-by-path`` (a
     regular expression's first group in the run id); empty without any of them. Every check
     runs before anything is fitted, and a grouping with fewer than 2 groups is refused."""
     if args.groups:
@@ -345,11 +345,11 @@ def _external_model(args: argparse.Namespace):
 def show_layouts(args: argparse.Namespace) -> int:
     """``--show-layout``: for each external run given, the layout its metrics would use (by
     --convention, --heads, --arch) on its first checkpoint, printed: the family recognised
-    (:mod:`trainmap.dynamics.family_layouts`), else "generic rules" or the architecture; each
+    (:mod:`trainmap.dynamics.runs.families`), else "generic rules" or the architecture; each
     counted matrix, counted bias and left-out entry with its reason. Nothing is fitted or written."""
-    from trainmap.dynamics.external import run_layout
-    from trainmap.dynamics.external_layouts import checkpoint_shapes
-    from trainmap.dynamics.family_layouts import FAMILIES, describe_layout, detect_family
+    from trainmap.dynamics.runs.external import run_layout
+    from trainmap.dynamics.runs.families import FAMILIES, describe_layout, detect_family
+    from trainmap.dynamics.runs.layouts import checkpoint_shapes
 
     model = _external_model(args)
     suites = hub_runs(args, write=False)  # an hf:// suite: its first run stands for all

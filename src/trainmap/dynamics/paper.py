@@ -19,7 +19,7 @@ have higher R^2, higher dissimilarity and detours; linear settings have none) as
 bootstrap intervals; :func:`table_markdown` and :func:`plot_paper` write ``table.md`` and the
 figure.
 
-Intervals: each map's bootstrap over runs (:mod:`trainmap.dynamics.certainty`: runs resampled,
+Intervals: each map's bootstrap over runs (:mod:`trainmap.dynamics.verdicts.certainty`: runs resampled,
 the map refitted at its own K, the drawn runs decoded and regressed) records every resample's
 R^2 and dissimilarity, and each state's Jaccard agreement with the full map (the table's bootstrap
 column: the states that reproduce; a bootstrap written with ``reselect_k`` gives its K counts).
@@ -41,14 +41,14 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from trainmap.dynamics.certainty import collapsed_to_one_state
-from trainmap.dynamics.regression import (
+from trainmap.dynamics.maps.regression import (
     GROUND_METRICS,
     is_detour,
     state_distribution,
     trajectory_dissimilarity,
 )
-from trainmap.dynamics.stability_results import (
+from trainmap.dynamics.verdicts.certainty import collapsed_to_one_state
+from trainmap.dynamics.verdicts.stability_results import (
     STATE_JACCARD,
     reports_states,
     reproduced_states,
@@ -389,7 +389,7 @@ def _k_counts(counts: Mapping[int, int]) -> str:
 
 def _bootstrap(row: Mapping[str, Any]) -> str:
     """The bootstrap cell: with refits at the map's K, the states that reproduce (mean Jaccard >=
-    :data:`~trainmap.dynamics.stability_results.STATE_JACCARD`) and each state's mean Jaccard;
+    :data:`~trainmap.dynamics.verdicts.stability_results.STATE_JACCARD`) and each state's mean Jaccard;
     with refits that reselected K, how many resamples selected each K."""
     jaccard = row.get("bootstrap_state_jaccard") or []
     if not reports_states(row.get("bootstrap_reselect_k", True), jaccard):
@@ -497,7 +497,7 @@ def _claim_cells(claim: Mapping[str, Any]) -> list[str]:
 
 def collapsed_bootstrap(row: Mapping[str, Any]) -> str:
     """A warning when a row's bootstrap collapsed to one state
-    (:func:`~trainmap.dynamics.certainty.collapsed_to_one_state`): its intervals and claims then
+    (:func:`~trainmap.dynamics.verdicts.certainty.collapsed_to_one_state`): its intervals and claims then
     describe a one-state map, not this one. Empty otherwise."""
     counts = row.get("bootstrap_k") or {}
     if not collapsed_to_one_state(counts, row["k"]):

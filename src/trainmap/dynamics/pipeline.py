@@ -1,7 +1,7 @@
 """The analysis steps: what the workflow's rules and the command line both run.
 
-Each step takes per-run metric tables (the format of :mod:`trainmap.dynamics.metrics`, read by
-:func:`trainmap.dynamics.tables.read_metric_table`, which stops at a damaged one) and returns one
+Each step takes per-run metric tables (the format of :mod:`trainmap.dynamics.metrics.weights`, read by
+:func:`trainmap.dynamics.metrics.tables.read_metric_table`, which stops at a damaged one) and returns one
 result object (after statsmodels' results classes). Its ``write(out_dir, title)`` writes a fixed set
 of files into one directory, draws the figures and keeps their captions (``captions``: figure name
 -> caption); a step given ``out_dir`` writes its result there. Jobs log from the result, never from
@@ -9,7 +9,7 @@ the files it just wrote.
 
 :func:`fit_group` -> :class:`GroupFit` (rule ``fit_hmm``)
     the fitted HMM and every run's decoded states, the appendix C baselines, the detour regression
-    of the full map and the bootstrap over runs (:mod:`trainmap.dynamics.certainty`). Writes
+    of the full map and the bootstrap over runs (:mod:`trainmap.dynamics.verdicts.certainty`). Writes
     ``hmm.npz`` + ``hmm.json`` (the fitted model; ``selection_at_ceiling`` when the BIC was still
     falling at K_max), ``selection.csv`` (per K: train/held-out log-likelihood, BIC of the best
     restart, mean and SD over restarts, AIC), ``baselines.csv`` (appendix C, table 4 form: k-means,
@@ -25,13 +25,13 @@ the files it just wrote.
 :func:`joint_group` -> :class:`JointResult` (rule ``joint_comparison``)
     ``verdicts.csv`` / ``verdicts.md`` / ``verdicts.png`` / ``paths.png`` (per method pair: effect, interval, p,
     verdict and its label, a finding only when it also holds again on subsamples:
-    :mod:`trainmap.dynamics.labels`), ``joint.json``, ``occupancy.png``, ``convergence.png``, ``map.png``, ``map.svg``,
+    :mod:`trainmap.dynamics.verdicts.labels`), ``joint.json``, ``occupancy.png``, ``convergence.png``, ``map.png``, ``map.svg``,
     ``regression.csv``, ``bootstrap.json`` and the shared model (``hmm.npz``, ``hmm.json``,
     ``states.csv``).
 
 The later steps of a group build on its fit: the command line passes :func:`fit_group`'s result on
 in memory (its regression and bootstrap included); a workflow rule reads what the fit rule wrote
-(:meth:`FittedMap.load`, :meth:`~trainmap.dynamics.certainty.BootstrapResult.load`). A feature the
+(:meth:`FittedMap.load`, :meth:`~trainmap.dynamics.verdicts.certainty.BootstrapResult.load`). A feature the
 HMM leaves out (a model without biases has no bias metrics) is named with the reason in ``hmm.json``
 and ``joint.json`` (``dropped_features``), in ``verdicts.md`` and in the captions of the selection
 figure and the maps.
@@ -49,23 +49,23 @@ import numpy as np
 import pandas as pd
 
 from trainmap.dynamics import plots
-from trainmap.dynamics.certainty import BootstrapResult, bootstrap_map
-from trainmap.dynamics.columns import METRIC_NAMES
-from trainmap.dynamics.hmm.baselines import baseline_table
-from trainmap.dynamics.hmm.estimator import TrainingHMM
-from trainmap.dynamics.joint import JointComparison, compare_groups, detour_visit_rates
-from trainmap.dynamics.labels import label_verdicts, supported_detours, write_verdicts
-from trainmap.dynamics.regression import (
+from trainmap.dynamics.maps.hmm.baselines import baseline_table
+from trainmap.dynamics.maps.hmm.estimator import TrainingHMM
+from trainmap.dynamics.maps.regression import (
     DetourRegression,
     regress_detours,
     state_distribution,
     trajectory_dissimilarity,
 )
-from trainmap.dynamics.settings import ANALYSIS_DEFAULTS, HMM_SETTINGS, make_hmm, with_defaults
-from trainmap.dynamics.stability import map_stability
-from trainmap.dynamics.stability_results import MapStability
-from trainmap.dynamics.training_map import TrainingMap, build_training_map, draw_training_map
-from trainmap.dynamics.verdicts import answer_lines
+from trainmap.dynamics.maps.settings import ANALYSIS_DEFAULTS, HMM_SETTINGS, make_hmm, with_defaults
+from trainmap.dynamics.maps.training_map import TrainingMap, build_training_map, draw_training_map
+from trainmap.dynamics.metrics.columns import METRIC_NAMES
+from trainmap.dynamics.verdicts.certainty import BootstrapResult, bootstrap_map
+from trainmap.dynamics.verdicts.compare import answer_lines
+from trainmap.dynamics.verdicts.joint import JointComparison, compare_groups, detour_visit_rates
+from trainmap.dynamics.verdicts.labels import label_verdicts, supported_detours, write_verdicts
+from trainmap.dynamics.verdicts.stability import map_stability
+from trainmap.dynamics.verdicts.stability_results import MapStability
 from trainmap.io import save_json, write_atomic
 
 __all__ = [
@@ -107,13 +107,13 @@ def analysis_runs(
 ) -> tuple[dict[str, pd.DataFrame], Outcomes]:
     """The runs and outcomes a map is made from under the analysis settings: each run's
     checkpoints cut by ``checkpoints_per_run`` and ``first_n``, and with ``nan_runs: runs`` the runs
-    with a non-finite metric left out (:func:`trainmap.dynamics.tables.analysis_tables`; a warning
+    with a non-finite metric left out (:func:`trainmap.dynamics.metrics.tables.analysis_tables`; a warning
     names them). Every analysis entry point (the workflow's jobs, ``python -m trainmap.dynamics``)
     calls it before :func:`fit_group` or :func:`joint_group`; the convergence step stays the run's
     own (its whole evaluation history)."""
     import warnings
 
-    from trainmap.dynamics.tables import analysis_tables
+    from trainmap.dynamics.metrics.tables import analysis_tables
 
     settings = with_defaults(settings)
     tables, left_out = analysis_tables(dict(runs), settings.get("features") or METRIC_NAMES,
@@ -436,7 +436,7 @@ class JointResult:
     @property
     def supported_detours(self) -> list[int]:
         """The detour states the map and convergence.png show as detours: those the regression
-        with the group indicators keeps (:func:`trainmap.dynamics.labels.supported_detours`)."""
+        with the group indicators keeps (:func:`trainmap.dynamics.verdicts.labels.supported_detours`)."""
         return supported_detours(self.detour_states, self.comparison.detours_explained_by_group)
 
     def summary(self) -> dict[str, Any]:
@@ -445,7 +445,7 @@ class JointResult:
                                             "stability": self.stability.to_dict()}  # fmt: skip
 
     def verdict_markdown(self) -> str:
-        """``verdicts.md``: the answer of each pair (:func:`~trainmap.dynamics.verdicts.answer_lines`:
+        """``verdicts.md``: the answer of each pair (:func:`~trainmap.dynamics.verdicts.compare.answer_lines`:
         start, where the metrics differ, path), the stability line (and from which n each verdict
         holds again), then the verdict table and its notes."""
         curve = self.stability.curve
@@ -508,7 +508,7 @@ def joint_group(
     """One shared HMM over several groups' runs (``groups``: run id -> group label), the comparison
     of the groups, its verdicts, its bootstrap and its map; written to ``out_dir`` when given.
     ``notes``: sentences ``verdicts.md`` gives after the answer (e.g. what compares across
-    architectures, :func:`~trainmap.dynamics.timecourse.architecture_note`)."""
+    architectures, :func:`~trainmap.dynamics.verdicts.timecourse.architecture_note`)."""
     settings = with_defaults(settings)
     comparison = compare_groups(runs, groups, outcomes.convergence, outcomes.status,
                                 make_hmm(settings | {"n_jobs": n_jobs}), settings,

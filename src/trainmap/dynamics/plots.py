@@ -67,7 +67,7 @@ def plot_bootstrap(bootstrap: Any, path: str | os.PathLike, title: str = "") -> 
     agreement over the resamples (Hennig 2007; >= 0.75 reproduces, < 0.5 dissolved), and how
     often each detour is found again. Refits that reselected K (older results, or
     ``reselect_k``): the distribution of the selected K beside the states found again."""
-    from trainmap.dynamics.stability_results import (
+    from trainmap.dynamics.verdicts.stability_results import (
         DISSOLVED_JACCARD,
         STATE_JACCARD,
         reports_states,
@@ -192,15 +192,20 @@ def plot_verdicts(
     verdicts: pd.DataFrame, confidence: float, path: str | os.PathLike, title: str = "",
     alpha: float = 0.05,
 ) -> str:  # fmt: skip
-    """A labelled verdict table (:func:`trainmap.dynamics.labels.label_verdicts`) in three
+    """A labelled verdict table (:func:`trainmap.dynamics.verdicts.labels.label_verdicts`) in three
     panels: the Holm p-values of every verdict that is not about one state (every statistic on
     one scale; its family in brackets), the step effects (convergence step, first passage) and the
     state-level effects (each state's occupancy, the time in detours) with their intervals;
     coloured by verdict: green marks findings only, orange a significant difference that is not
     one."""
-    from trainmap.dynamics.paths import FIRST_PASSAGE
-    from trainmap.dynamics.verdicts import NO_EVIDENCE, NOT_ENOUGH_RUNS, OCCUPANCY, TIME_IN_DETOURS
-    from trainmap.dynamics.verdicts import family as family_of
+    from trainmap.dynamics.verdicts.compare import (
+        NO_EVIDENCE,
+        NOT_ENOUGH_RUNS,
+        OCCUPANCY,
+        TIME_IN_DETOURS,
+    )
+    from trainmap.dynamics.verdicts.compare import family as family_of
+    from trainmap.dynamics.verdicts.paths import FIRST_PASSAGE
 
     rows = verdicts.reset_index(drop=True)
     families = rows["family"] if "family" in rows else rows["quantity"].map(family_of)
@@ -262,7 +267,7 @@ def plot_path_difference(
     difference (second minus first, over that step's pooled within-method SD) of each metric
     (rows) at each shared checkpoint (columns), the cells whose max-T adjusted p is below alpha
     dotted, and under it the checkpoints at which any metric differs
-    (:class:`trainmap.dynamics.timecourse.TimeResolved`)."""
+    (:class:`trainmap.dynamics.verdicts.timecourse.TimeResolved`)."""
     pairs = list(bands.items())
     if not pairs:
         figure, axis = plt.subplots(figsize=(4, 1))

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from trainmap.data import TaskData
-from trainmap.dynamics.columns import DIRECTIONS
+from trainmap.dynamics.metrics.columns import DIRECTIONS
 from trainmap.models import count_parameters
 from trainmap.training.augment import evaluation_inputs, recipe_of_record
 from trainmap.training.checkpoints import load_model

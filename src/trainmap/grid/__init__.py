@@ -3,11 +3,16 @@
 each concern's checks in a ``*_checks`` module of its own) and expanded into cells and seed ranges
 (:mod:`.cells`) and into the seed ranges each of the workflow's block rules runs (:mod:`.blocks`);
 what the jobs read and the params.yaml edits a DVC run must honour (:mod:`.effective`). Errors:
-:class:`ConfigError` (:mod:`.errors`). ``python -m trainmap.grid FILE`` checks a config file as the
+:class:`ConfigError` (:mod:`trainmap.errors`). ``python -m trainmap.grid FILE`` checks a config file as the
 workflow will."""
 
 from __future__ import annotations
 
+from trainmap.errors import (
+    ConfigError,
+    did_you_mean,
+    key_path,
+)
 from trainmap.grid.blocks import (
     BLOCK_RULES,
     BlockRule,
@@ -66,11 +71,6 @@ from trainmap.grid.effective import (
     effective_settings,
     params_edits,
     save_effective_settings,
-)
-from trainmap.grid.errors import (
-    ConfigError,
-    did_you_mean,
-    key_path,
 )
 from trainmap.grid.external import (
     external_arch,

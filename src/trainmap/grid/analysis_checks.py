@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from trainmap import methods, models
+from trainmap.errors import ConfigError, did_you_mean
 from trainmap.grid.cells import (
     MIN_RUNS_PER_GROUP,
     AdaptiveJoint,
@@ -26,7 +27,6 @@ from trainmap.grid.cells import (
     retrains,
     run_checkpoints,
 )
-from trainmap.grid.errors import ConfigError, did_you_mean
 
 
 def check_paper(config: dict) -> None:
@@ -162,7 +162,7 @@ def check_analysis_runs(config: dict) -> None:
     """Each map's runs allow its analysis settings: a checkpoint cut (``checkpoints_per_run``,
     ``first_n``) within the runs' checkpoints, and the ``reproducible`` rule's ``halves`` within
     the distinct splits of its runs into halves (per method in a joint comparison)."""
-    from trainmap.dynamics.hmm.splits import DEFAULT_HALVES, distinct_halvings
+    from trainmap.dynamics.maps.hmm.splits import DEFAULT_HALVES, distinct_halvings
 
     maps = [
         (f"group {name}", analysis_settings(config), "analysis", {name: cells})
@@ -202,7 +202,7 @@ def check_analysis_runs(config: dict) -> None:
 
 def check_features(config: dict) -> None:
     """``analysis.features`` names metrics that collect_metrics computes."""
-    from trainmap.dynamics.metrics import METRIC_NAMES
+    from trainmap.dynamics.metrics.weights import METRIC_NAMES
 
     for position, name in enumerate(config.get("analysis", {}).get("features", [])):
         if name not in METRIC_NAMES:

@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from trainmap import data as data_module
+from trainmap.errors import ConfigError, did_you_mean
 from trainmap.grid.cells import data_options, data_settings
-from trainmap.grid.errors import ConfigError, did_you_mean
 
 
 def check_data(config: dict, task: str) -> None:

@@ -25,6 +25,7 @@ from typing import Any
 
 import yaml
 
+from trainmap.errors import ConfigError, key_path
 from trainmap.grid.cells import (
     analysis_settings,
     canonical,
@@ -36,7 +37,6 @@ from trainmap.grid.cells import (
     stage_settings,
     without_off_keys,
 )
-from trainmap.grid.errors import ConfigError, key_path
 from trainmap.grid.files import YAML_LOADER, read_config_file
 
 #: DVC sets these for every stage command it runs (``dvc/stage/run.py``: ``DVC_STAGE``, ``dvc exp

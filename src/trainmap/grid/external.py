@@ -2,7 +2,7 @@
 
 Each set names its runs either as run directories (``runs``: glob patterns relative to the
 project, one directory per run: state dicts named by step plus ``evaluation.csv``;
-:mod:`trainmap.dynamics.external`) or as a checkpoint suite in the local Hugging Face cache
+:mod:`trainmap.dynamics.runs.external`) or as a checkpoint suite in the local Hugging Face cache
 (``hub``: :mod:`trainmap.grid.external_hub`, resolved once into the set's ``revisions.json``), and
 says how a run converges (``threshold`` on the ``curve`` column, reached ``rising`` or
 ``falling``; no threshold, no convergence criterion) and how to read the state dicts (by name and
@@ -25,11 +25,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trainmap.grid.errors import ConfigError
+from trainmap.errors import ConfigError
 from trainmap.schema import defaults_at
 
 if TYPE_CHECKING:
-    from trainmap.dynamics.hub import Manifest
+    from trainmap.dynamics.runs.hub import Manifest
 
 #: The smallest number of runs a set needs for a training map of its own.
 MIN_EXTERNAL_RUNS = 2
@@ -81,7 +81,7 @@ class ExternalSet:
         ``revisions.json``, one path) and, with ``curves``, ``curves`` (each run's curve file). A
         changed file reruns the set's metrics."""
         if self.hub is None:
-            from trainmap.dynamics.external import run_files
+            from trainmap.dynamics.runs.external import run_files
 
             evaluation = self.spec.get("evaluation", "evaluation.csv")
             files = [
@@ -113,7 +113,7 @@ def external_set(
     """Set ``spec`` of ``config`` as the workflow reads it: a ``runs`` set's directories
     (:func:`external_runs`), or a hub set's suite from its manifest, resolved and written first
     when absent or out of date (:func:`trainmap.grid.external_hub.hub_set_manifest`; a cache that
-    cannot give the suite raises :class:`~trainmap.dynamics.hub.HubCacheError`)."""
+    cannot give the suite raises :class:`~trainmap.dynamics.runs.hub.HubCacheError`)."""
     if not is_hub_set(spec):
         return ExternalSet(spec, external_runs(spec, base_dir))
     from trainmap.grid.external_hub import (
@@ -147,8 +147,8 @@ def external_runs(spec: Mapping[str, Any], base_dir: str | Path) -> dict[str, st
 #: The external_metrics job's memory besides its checkpoints: Python, torch and the metric tables.
 EXTERNAL_BASE_MB = 1500
 #: ... and per byte of its largest checkpoint: a checkpoint whose counted weights in float64 pass
-#: the chunk budget (trainmap.dynamics.external.CHUNK_BYTES, whose float64 work the constant
-#: holds) is measured entry by entry (trainmap.dynamics.bounded), in about its counted weights'
+#: the chunk budget (trainmap.dynamics.runs.external.CHUNK_BYTES, whose float64 work the constant
+#: holds) is measured entry by entry (trainmap.dynamics.runs.bounded), in about its counted weights'
 #: own size (bench/suite_read.py: peak RSS above idle against the checkpoint).
 CHECKPOINT_FACTOR = 1.5
 
@@ -163,7 +163,7 @@ def memory_mb(largest_checkpoint: int) -> int:
 def external_metrics_memory_mb(runs: Mapping[str, str]) -> int:
     """:func:`memory_mb` of a ``runs`` set (run id -> directory): its largest checkpoint file. A
     run whose files cannot be listed counts nothing here (the config check names it)."""
-    from trainmap.dynamics.external import run_files
+    from trainmap.dynamics.runs.external import run_files
 
     largest = 0
     for directory in runs.values():
@@ -186,7 +186,7 @@ def check_external(config: Mapping[str, Any], base_dir: str | Path, read_runs: b
     consistent (:func:`_check_convergence`); every pattern matching run directories, or a hub
     set's suite resolved (its ``revisions.json`` written when absent or out of date:
     :func:`external_set`); at least :data:`MIN_EXTERNAL_RUNS` runs; every run readable
-    (:func:`trainmap.dynamics.external.read_external_run`, or a suite run's checkpoints and its
+    (:func:`trainmap.dynamics.runs.external.read_external_run`, or a suite run's checkpoints and its
     ``curves`` file, and the cheap shape check of each checkpoint); ``arch`` a registered
     architecture built for ``task``'s data; and each joint comparison's ``external`` naming a set.
     Raises :class:`ConfigError`. ``read_runs=False`` skips reading the runs (their directories
@@ -250,7 +250,11 @@ def _check_runs_set(where: str, spec: Mapping[str, Any], base_dir: str | Path,
                     read_runs: bool) -> None:  # fmt: skip
     """A ``runs`` set: its patterns match enough run directories, each readable (with the
     set's curve when it has a threshold) and of one architecture."""
-    from trainmap.dynamics.external import ExternalRunError, check_run_shapes, read_external_run
+    from trainmap.dynamics.runs.external import (
+        ExternalRunError,
+        check_run_shapes,
+        read_external_run,
+    )
 
     runs = external_runs(spec, base_dir)
     if len(runs) < MIN_EXTERNAL_RUNS:
@@ -272,7 +276,7 @@ def _check_hub_set(config: Mapping[str, Any], where: str, spec: Mapping[str, Any
                    base_dir: str | Path, read_runs: bool) -> None:  # fmt: skip
     """A hub set: its suite resolved from the cache (or its manifest up to date), enough runs,
     each run's checkpoints of one architecture and its curve file readable."""
-    from trainmap.dynamics.external import ExternalRunError, check_run_shapes
+    from trainmap.dynamics.runs.external import ExternalRunError, check_run_shapes
     from trainmap.grid.external_hub import hub_external_run
 
     try:

@@ -2,11 +2,11 @@
 
 A set ``{name, hub: {repo, seeds, steps, revision_pattern, revision, cache}}`` (config key
 ``external``) names a suite the way ``trainmap map hf://ORG/NAME --seeds ... --steps ...`` does
-(:mod:`trainmap.dynamics.hub`). At the config check it is resolved once, offline, into the set's
+(:mod:`trainmap.dynamics.runs.hub`). At the config check it is resolved once, offline, into the set's
 manifest ``<results>/external/<name>/revisions.json`` (run -> step -> revision -> commit -> files,
 and the settings it was resolved from); a later check finds it up to date and leaves it untouched,
 so its modification time reruns nothing, and resolves again only when the settings changed or a
-file it names is gone (:func:`trainmap.dynamics.hub.manifest_for`). After that the run ids, the
+file it names is gone (:func:`trainmap.dynamics.runs.hub.manifest_for`). After that the run ids, the
 jobs' input files, their memory and the checkpoints read all come from the manifest, never from the
 cache's layout. ``curves:`` (optional) is a directory of ``<run>.csv`` files, each run's evaluation
 curve; a suite ships none.
@@ -18,8 +18,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from trainmap.dynamics.external import ExternalRun
-from trainmap.dynamics.hub import (
+from trainmap.dynamics.runs.external import ExternalRun
+from trainmap.dynamics.runs.hub import (
     HUB_DEFAULTS,
     MANIFEST_FILE,
     HubSpec,
@@ -37,10 +37,10 @@ CURVE_SUFFIX = ".csv"
 
 
 def hub_spec(settings: Mapping[str, Any], base_dir: str | Path) -> HubSpec:
-    """The :class:`~trainmap.dynamics.hub.HubSpec` of a set's ``hub`` settings, each left out
-    taking the schema's default (:data:`~trainmap.dynamics.hub.HUB_DEFAULTS`); ``cache`` relative
+    """The :class:`~trainmap.dynamics.runs.hub.HubSpec` of a set's ``hub`` settings, each left out
+    taking the schema's default (:data:`~trainmap.dynamics.runs.hub.HUB_DEFAULTS`); ``cache`` relative
     to ``base_dir`` (the project). A bad value raises
-    :class:`~trainmap.dynamics.hub.HubCacheError` naming it."""
+    :class:`~trainmap.dynamics.runs.hub.HubCacheError` naming it."""
     values = HUB_DEFAULTS | dict(settings)
     cache = values["cache"]
     return parse_hub_source(
@@ -63,8 +63,8 @@ def hub_set_manifest(
     config: Mapping[str, Any], spec: Mapping[str, Any], base_dir: str | Path
 ) -> Manifest:
     """The resolved suite of hub set ``spec``: its manifest, written when absent or out of date
-    (:func:`~trainmap.dynamics.hub.manifest_for`), read otherwise. Raises
-    :class:`~trainmap.dynamics.hub.HubCacheError` naming the repository, the revision and the
+    (:func:`~trainmap.dynamics.runs.hub.manifest_for`), read otherwise. Raises
+    :class:`~trainmap.dynamics.runs.hub.HubCacheError` naming the repository, the revision and the
     download that fixes it."""
     path = hub_manifest_path(config, spec["name"], base_dir)
     return manifest_for(hub_spec(spec["hub"], base_dir), path)
@@ -106,9 +106,9 @@ def hub_curve_files(
 def hub_external_run(
     manifest: Manifest, run: str, curve_file: Path | None, curve: str | None
 ) -> ExternalRun:
-    """Run ``run`` of a resolved suite as an :class:`~trainmap.dynamics.external.ExternalRun`:
-    its checkpoints from ``manifest`` (:func:`~trainmap.dynamics.hub.hub_run_checkpoints`), its
-    curve :func:`~trainmap.dynamics.hub.suite_run_curve`, its directory its ``hf://`` source (:func:`hub_set_runs`)."""
+    """Run ``run`` of a resolved suite as an :class:`~trainmap.dynamics.runs.external.ExternalRun`:
+    its checkpoints from ``manifest`` (:func:`~trainmap.dynamics.runs.hub.hub_run_checkpoints`), its
+    curve :func:`~trainmap.dynamics.runs.hub.suite_run_curve`, its directory its ``hf://`` source (:func:`hub_set_runs`)."""
     checkpoints = hub_run_checkpoints(manifest, run)
     evaluation = suite_run_curve(curve_file, list(checkpoints), curve)
     return ExternalRun(Path(hub_set_runs(manifest)[run]), checkpoints, evaluation)

@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from trainmap.grid.errors import ConfigError, key_path
+from trainmap.errors import ConfigError, key_path
 
 
 def merge_config(base: dict, override: dict) -> dict:

@@ -9,10 +9,10 @@ from pathlib import Path
 
 from trainmap import data as data_module
 from trainmap import methods, models
+from trainmap.errors import ConfigError, did_you_mean
 from trainmap.grid.blocks import BLOCK_RULES
 from trainmap.grid.cells import Cell, expand_grid, seed_block, seed_ranges_of
 from trainmap.grid.data_checks import check_data_package, check_data_path, task_input_kind
-from trainmap.grid.errors import ConfigError, did_you_mean
 from trainmap.grid.section_checks import check_stage_settings
 
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import jsonschema
 
-from trainmap.grid.errors import ConfigError, did_you_mean, key_path
+from trainmap.errors import ConfigError, did_you_mean, key_path
 from trainmap.schema import schema_name, schema_validator
 
 REPO_ROOT = Path(__file__).resolve().parents[3]

@@ -12,6 +12,7 @@ from typing import Any
 
 from trainmap import data as data_module
 from trainmap import methods, models
+from trainmap.errors import ConfigError, did_you_mean
 from trainmap.grid.cells import (
     data_options,
     expand_grid,
@@ -19,7 +20,6 @@ from trainmap.grid.cells import (
     model_settings,
     with_train_defaults,
 )
-from trainmap.grid.errors import ConfigError, did_you_mean
 from trainmap.schema import section_defaults
 
 
@@ -49,7 +49,7 @@ def check_train(where: str, settings: dict) -> None:
             f"{where}.steps = {settings['steps']}; allowed: at most steps (a trajectory needs "
             "checkpoints)"
         )
-    from trainmap.dynamics.columns import METRIC_NAMES
+    from trainmap.dynamics.metrics.columns import METRIC_NAMES
     from trainmap.training.archive import MAX_CHECKPOINTS, n_checkpoints
 
     steps, every = settings["steps"], settings["checkpoint_every"]

@@ -7,8 +7,8 @@ import importlib.util
 import os
 from pathlib import Path
 
+from trainmap.errors import ConfigError
 from trainmap.grid.effective import under_dvc
-from trainmap.grid.errors import ConfigError
 from trainmap.grid.study import results_root
 
 #: Tracking URI schemes MLflow serves (mlflow's tracking-store registry; a test compares them),

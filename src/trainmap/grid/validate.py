@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from trainmap import plugins
+from trainmap.errors import ConfigError
 from trainmap.grid.analysis_checks import (
     check_analysis_runs,
     check_features,
@@ -46,7 +47,6 @@ from trainmap.grid.analysis_checks import (
 from trainmap.grid.cells import expand_grid
 from trainmap.grid.data_checks import check_data
 from trainmap.grid.effective import params_edit_hint
-from trainmap.grid.errors import ConfigError
 from trainmap.grid.external import check_external
 from trainmap.grid.grid_checks import check_grid_entry, check_job_count, check_unique_cells
 from trainmap.grid.schema_checks import validate_schema

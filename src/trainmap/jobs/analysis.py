@@ -17,13 +17,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from trainmap.dynamics.adaptive import (
-    adaptive_trace,
-    map_changes,
-    present_final_round,
-    round_decision,
-)
-from trainmap.dynamics.certainty import BootstrapResult
+from trainmap.dynamics.metrics.tables import read_metric_table
 from trainmap.dynamics.pipeline import (
     FittedMap,
     Outcomes,
@@ -33,10 +27,16 @@ from trainmap.dynamics.pipeline import (
     map_group,
     regress_group,
 )
-from trainmap.dynamics.stability_results import MapStability
-from trainmap.dynamics.tables import read_metric_table
-from trainmap.dynamics.timecourse import architecture_note
-from trainmap.dynamics.verdicts import answer_lines, verdict_text
+from trainmap.dynamics.verdicts.adaptive import (
+    adaptive_trace,
+    map_changes,
+    present_final_round,
+    round_decision,
+)
+from trainmap.dynamics.verdicts.certainty import BootstrapResult
+from trainmap.dynamics.verdicts.compare import answer_lines, verdict_text
+from trainmap.dynamics.verdicts.stability_results import MapStability
+from trainmap.dynamics.verdicts.timecourse import architecture_note
 from trainmap.grid import Cell
 from trainmap.io import block_manifest_of, load_json, save_json
 from trainmap.jobs.common import settings_hash
@@ -49,7 +49,7 @@ def read_group_runs(
     metrics_paths: list[str], evaluation_paths: list[str], labels: list[str]
 ) -> tuple[dict[str, pd.DataFrame], Outcomes]:
     """Metric tables and outcomes (convergence step, status) keyed by run label. Tables are read
-    strictly (trainmap.dynamics.tables): NaN or Inf metrics only in a run whose evaluation says it
+    strictly (trainmap.dynamics.metrics.tables): NaN or Inf metrics only in a run whose evaluation says it
     diverged; a damaged table stops the job naming the file, column, step and the block manifest
     to delete. Each table must be the one its block's manifest records, made from the runs that
     sit upstream now (trainmap.lineage), or the job stops before fitting anything."""
@@ -129,7 +129,7 @@ def _log_stability(run: RuleRun, stability: MapStability) -> None:
 
 
 def verdict_tags(verdicts: pd.DataFrame) -> dict[str, str]:
-    """Each verdict's words (:func:`~trainmap.dynamics.verdicts.verdict_text`, as in
+    """Each verdict's words (:func:`~trainmap.dynamics.verdicts.compare.verdict_text`, as in
     ``verdicts.md``) as an MLflow tag, ``verdict/<second> vs <first>/<quantity>`` (the characters
     MLflow refuses in a key replaced by '_'); findings start with 'finding: '."""
     tags = {}
@@ -252,7 +252,7 @@ def joint_comparison_job(
     ``external``: runs of external sets pooled beside the cells (``{"set", "run", "metrics",
     "evaluation"}`` each; rule ``external_metrics`` wrote their tables), grouped by set.
     ``adaptive_round`` (checkpoint ``joint_round``): this is one round of an adaptive comparison;
-    its decision goes to ``round.json`` (:func:`trainmap.dynamics.adaptive.round_decision`)."""
+    its decision goes to ``round.json`` (:func:`trainmap.dynamics.verdicts.adaptive.round_decision`)."""
     out_dir = Path(out_dir)
     external = external or []
     run_ids = joint_run_ids(labels, cells)
@@ -305,7 +305,7 @@ def joint_comparison_job(
 
 def adaptive_rounds_job(decisions: list[str], trace_path: str | Path) -> None:
     """Rule ``adaptive_rounds``: the trace of an adaptive comparison's rounds (``adaptive.json``:
-    :func:`trainmap.dynamics.adaptive.adaptive_trace` and the rounds' decision files)."""
+    :func:`trainmap.dynamics.verdicts.adaptive.adaptive_trace` and the rounds' decision files)."""
     trace = adaptive_trace([load_json(path) for path in decisions])
     changes = map_changes([Path(path).parent for path in decisions])
     for entry, change in zip(trace["rounds"], changes, strict=True):
@@ -317,7 +317,7 @@ def adaptive_joint_job(
     name: str, trace_path: str, out_dir: str | Path, tracking: Mapping[str, str]
 ) -> None:
     """Rule ``joint_comparison`` of an adaptive comparison: its last round's files with the trace
-    of its rounds (:func:`trainmap.dynamics.adaptive.present_final_round`); an MLflow run with the
+    of its rounds (:func:`trainmap.dynamics.verdicts.adaptive.present_final_round`); an MLflow run with the
     final seed count and why it stopped."""
     out_dir = Path(out_dir)
     trace = load_json(trace_path)

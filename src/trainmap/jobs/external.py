@@ -1,6 +1,6 @@
 """The external rules: metrics and a training map of runs trainmap did not train.
 
-``external_metrics`` reads one set's run directories (:mod:`trainmap.dynamics.external`), or the
+``external_metrics`` reads one set's run directories (:mod:`trainmap.dynamics.runs.external`), or the
 runs of a checkpoint suite from its resolved ``revisions.json`` (:mod:`trainmap.grid.external_hub`),
 and writes, per run, ``runs/<run>/metrics.csv`` (the format of ``collect_metrics``) and
 ``evaluation.json`` (convergence step and status, as ``evaluate`` writes them for the grid's own
@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from trainmap.dynamics.external import ExternalRun, external_run_metrics, read_external_run
-from trainmap.dynamics.external_layouts import ExternalRunError
-from trainmap.dynamics.hub import Manifest, read_manifest
+from trainmap.dynamics.metrics.tables import read_metric_table
 from trainmap.dynamics.pipeline import map_runs
-from trainmap.dynamics.tables import read_metric_table
+from trainmap.dynamics.runs.external import ExternalRun, external_run_metrics, read_external_run
+from trainmap.dynamics.runs.hub import Manifest, read_manifest
+from trainmap.dynamics.runs.layouts import ExternalRunError
 from trainmap.evaluation import convergence_step
 from trainmap.grid.external import EXTERNAL_DEFAULTS
 from trainmap.grid.external_hub import CURVE_SUFFIX, hub_external_run

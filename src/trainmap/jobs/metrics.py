@@ -8,16 +8,16 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from trainmap.dynamics.external import CHUNK, ExternalRun, stacked_states
-from trainmap.dynamics.external_layouts import checkpoint_shapes
-from trainmap.dynamics.metrics import collect_run_metrics
-from trainmap.dynamics.streamed import (
+from trainmap.dynamics.metrics.streamed import (
     STREAMED_FILE,
     metrics_table,
     read_streamed,
     stale_definitions,
     variant_rows,
 )
+from trainmap.dynamics.metrics.weights import collect_run_metrics
+from trainmap.dynamics.runs.external import CHUNK, ExternalRun, stacked_states
+from trainmap.dynamics.runs.layouts import checkpoint_shapes
 from trainmap.grid import Cell, SeedRange
 from trainmap.io import load_torch, write_atomic
 from trainmap.jobs.common import SeedRangeJob
@@ -46,10 +46,10 @@ def collect_metrics_block_job(
 ) -> list[pd.DataFrame]:
     """Rule ``collect_metrics``: per cell, the 14 weight metrics of every checkpoint of its run
     (``metrics.csv``), in the ``analysis.metrics`` convention (``paper``, ``paper_shortcuts`` or ``extended``;
-    trainmap.dynamics.metrics).
+    trainmap.dynamics.metrics.weights).
 
     The training job streamed them (``checkpoint_metrics.csv``, every convention;
-    trainmap.dynamics.streamed): this job takes the convention's rows while they were computed by
+    trainmap.dynamics.metrics.streamed): this job takes the convention's rows while they were computed by
     the current metric definitions. After a metric is redefined it recomputes them from the run's
     checkpoint archive when that holds every checkpoint (:func:`recompute_from_archive`), and
     otherwise stops, naming the runs that must retrain.
@@ -97,7 +97,7 @@ def recompute_from_archive(
     history: pd.DataFrame, convention: str, fused: bool,
 ) -> pd.DataFrame:  # fmt: skip
     """A run's metric table computed again from its archived checkpoints, read as an external run
-    (trainmap.dynamics.external), :data:`~trainmap.dynamics.external.CHUNK` checkpoints at a time.
+    (trainmap.dynamics.runs.external), :data:`~trainmap.dynamics.runs.external.CHUNK` checkpoints at a time.
     The archive must hold every checkpoint of the run's history; else
     :class:`ArchiveTooSparseError` names the run, what its archive holds and the command that
     retrains it."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from trainmap.dynamics.columns import CONVENTIONS
+from trainmap.dynamics.metrics.columns import CONVENTIONS
 from trainmap.plan.profile import ModelProfile
 
 GB = 1e9

@@ -14,13 +14,13 @@ or one callback in a framework's trainer: :class:`trainmap.recorder.lightning.Me
 the model's current weights and rewrites the run's ``metrics.csv`` atomically: ``step``, the 14
 metrics, ``n_matrices``, ``skipped_matrices`` and the evaluation columns logged (``test_acc``,
 ``test_loss``, ``train_acc``, ``train_loss``) - the table format of
-:func:`trainmap.dynamics.metrics.collect_run_metrics`, which ``python -m trainmap.dynamics`` maps
+:func:`trainmap.dynamics.metrics.weights.collect_run_metrics`, which ``python -m trainmap.dynamics`` maps
 directly (a directory of such runs, or the tables themselves).
 
 The metrics are computed as for checkpoints read afterwards
-(:func:`trainmap.dynamics.external.external_run_metrics`): the same layout of the state dict (by
-name and shape, with ``heads`` for attention; :func:`trainmap.dynamics.external.run_layout`) and the
-same :func:`trainmap.dynamics.metrics.trajectory_metrics` the training loop streams its metrics
+(:func:`trainmap.dynamics.runs.external.external_run_metrics`): the same layout of the state dict (by
+name and shape, with ``heads`` for attention; :func:`trainmap.dynamics.runs.external.run_layout`) and the
+same :func:`trainmap.dynamics.metrics.weights.trajectory_metrics` the training loop streams its metrics
 with, on the weights in float64. The numbers equal those of the same weights saved and read back
 (tests/unit/recorder/test_recorder.py: exactly equal on the CPU, 1e-12 required).
 """
@@ -37,8 +37,8 @@ import torch
 from torch import nn
 
 from trainmap import check_torch
-from trainmap.dynamics.columns import CONVENTIONS, HISTORY_COLUMNS, METRIC_NAMES
-from trainmap.dynamics.metrics import WeightLayout, trajectory_metrics
+from trainmap.dynamics.metrics.columns import CONVENTIONS, HISTORY_COLUMNS, METRIC_NAMES
+from trainmap.dynamics.metrics.weights import WeightLayout, trajectory_metrics
 from trainmap.io import write_atomic
 
 check_torch(torch.__version__)
@@ -51,7 +51,7 @@ COLUMNS = ["step", *METRIC_NAMES, "n_matrices", "skipped_matrices", *HISTORY_COL
 class MetricRecorder:
     """Records one run's metric table in ``directory`` (created if missing) as training goes.
 
-    ``convention``: the metric convention (:data:`trainmap.dynamics.columns.CONVENTIONS`, default
+    ``convention``: the metric convention (:data:`trainmap.dynamics.metrics.columns.CONVENTIONS`, default
     ``paper``); ``heads``: attention heads, to split query/key/value projections per head as the
     paper does (default: whole matrices). A step already recorded is refused (a resumed run
     continues its own table: an existing ``metrics.csv`` is read back and extended)."""
@@ -75,7 +75,7 @@ class MetricRecorder:
         ``evaluation`` (any of ``test_acc``, ``test_loss``, ``train_acc``, ``train_loss``; a
         tensor is read as a number): compute the 14 metrics, append the row and rewrite the
         table. Returns the row."""
-        from trainmap.dynamics.external import run_layout
+        from trainmap.dynamics.runs.external import run_layout
 
         unknown = sorted(set(evaluation) - set(HISTORY_COLUMNS))
         if unknown:

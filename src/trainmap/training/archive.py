@@ -17,7 +17,7 @@ schema:
 
 One safetensors file per kept checkpoint and seed, ``<run dir>/checkpoints/step_<step>.safetensors``,
 written (atomically) when the checkpoint is taken and never held in memory or in a resume file
-afterwards. The directory is an external run's layout (:mod:`trainmap.dynamics.external`: state
+afterwards. The directory is an external run's layout (:mod:`trainmap.dynamics.runs.external`: state
 dicts named by step), so an archive can be mapped, and its metrics recomputed, by the same code that
 reads any other run's checkpoints.
 """
@@ -190,7 +190,7 @@ def archived_steps(run_directory: str | os.PathLike) -> list[int]:
 def read_archive(run_directory: str | os.PathLike) -> dict[str, Any]:
     """A run's archived checkpoints stacked: ``{"step": LongTensor[n], "state": {name: [n, ...]}}``
     (every kept checkpoint in memory at once: for small runs and tests; the metrics path reads an
-    archive a chunk at a time through :mod:`trainmap.dynamics.external`)."""
+    archive a chunk at a time through :mod:`trainmap.dynamics.runs.external`)."""
     steps = archived_steps(run_directory)
     if not steps:
         raise FileNotFoundError(f"{archive_directory(run_directory)}: no archived checkpoint; the "

@@ -4,7 +4,7 @@ At each checkpoint the loop hands :meth:`CheckpointRecorder.capture` the block's
 dimension first, on the training device). The recorder
 
 * computes the 14 metrics of every convention for every active seed at once
-  (:class:`trainmap.dynamics.streamed.StreamedMetrics`) and appends each seed's rows to its
+  (:class:`trainmap.dynamics.metrics.streamed.StreamedMetrics`) and appends each seed's rows to its
   ``checkpoint_metrics.csv`` as training goes (at least every :data:`FLUSH_S` seconds, whenever
   the resume file is written, and at the end), formatted as pandas writes them;
 * writes the checkpoint of every active seed to its archive when ``train.<task>.archive`` keeps
@@ -31,7 +31,7 @@ import pandas as pd
 import torch
 from torch import nn
 
-from trainmap.dynamics.streamed import STREAMED_COLUMNS, StreamedMetrics
+from trainmap.dynamics.metrics.streamed import STREAMED_COLUMNS, StreamedMetrics
 from trainmap.io import write_atomic
 from trainmap.training.archive import (
     ArchivePolicy,

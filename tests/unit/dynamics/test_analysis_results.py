@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from trainmap.dynamics.certainty import BootstrapResult
+from trainmap.dynamics.metrics.tables import read_metric_table
 from trainmap.dynamics.pipeline import (
     FittedMap,
     GroupFit,
@@ -28,7 +28,7 @@ from trainmap.dynamics.pipeline import (
     map_group,
     regress_group,
 )
-from trainmap.dynamics.tables import read_metric_table
+from trainmap.dynamics.verdicts.certainty import BootstrapResult
 from trainmap.grid import Cell
 
 from .test_cli import write_tables

@@ -11,8 +11,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from trainmap.dynamics.metrics import METRIC_NAMES
-from trainmap.dynamics.tables import REGENERATE
+from trainmap.dynamics.metrics.tables import REGENERATE
+from trainmap.dynamics.metrics.weights import METRIC_NAMES
 
 #: Every test here runs the command line in a subprocess: the integration tier.
 pytestmark = pytest.mark.integration

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-import trainmap.dynamics.training_map as training_map_module
+import trainmap.dynamics.maps.training_map as training_map_module
 import trainmap.figures as figures
 from trainmap.dynamics.pipeline import fit_group, joint_group, map_group, regress_group
 
@@ -78,7 +78,7 @@ def test_the_stability_legend_sits_beside_the_data_and_the_verdicts_differ_in_st
     tmp_path, monkeypatch
 ) -> None:
     from trainmap.dynamics.plots import plot_stability
-    from trainmap.dynamics.stability_results import (
+    from trainmap.dynamics.verdicts.stability_results import (
         MapStability,
         StabilityCurve,
         StabilityPoint,
@@ -117,8 +117,8 @@ def test_edge_labels_keep_off_each_other_and_the_states(monkeypatch, tmp_path) -
     """A map whose edges' middles crowd one place (every forward edge of 5 states, two of them
     off the main line, and two backward edges; drawn at the arcs' middles, two labels overlap):
     each label finds a spot along its arc where it overlaps no other label and no state circle."""
-    from trainmap.dynamics import training_map as module
-    from trainmap.dynamics.training_map import Edge, FeatureChange, TrainingMap
+    from trainmap.dynamics.maps import training_map as module
+    from trainmap.dynamics.maps.training_map import Edge, FeatureChange, TrainingMap
 
     figures = []
     monkeypatch.setattr(module, "save_figure", lambda figure, *a, **k: figures.append(figure))
@@ -156,8 +156,8 @@ def test_the_bootstrap_figure_shows_each_states_jaccard_when_refits_keep_k(tmp_p
     """Refits at the full map's K: one box of Jaccard values per state (a state that dissolved
     in most resamples sits below the 0.5 line) and its mean beside the detours; a result whose
     refits reselected K keeps the histogram of K. No word leaves the canvas in either."""
-    from trainmap.dynamics.certainty import BootstrapResult
     from trainmap.dynamics.plots import plot_bootstrap
+    from trainmap.dynamics.verdicts.certainty import BootstrapResult
 
     jaccards = [[0.95, 0.9, 0.3], [0.9, 0.85, 0.4], [0.97, 0.8, 0.2], [0.92, 0.9, 0.9]]
     kept = BootstrapResult(n_resamples=4, n_states=3, k_counts={3: 4}, state_found=[1, 1, 1],

@@ -13,11 +13,11 @@ import json
 import pandas as pd
 import pytest
 
-from trainmap.dynamics.joint import compare_groups
+from trainmap.dynamics.maps.settings import make_hmm, with_defaults
+from trainmap.dynamics.maps.synthetic import sample_methods, sample_runs
 from trainmap.dynamics.pipeline import Outcomes, convergence_from_tables, map_runs
-from trainmap.dynamics.settings import make_hmm, with_defaults
-from trainmap.dynamics.synthetic import sample_methods, sample_runs
-from trainmap.dynamics.verdicts import CONVERGENCE_STEP, answer_lines
+from trainmap.dynamics.verdicts.compare import CONVERGENCE_STEP, answer_lines
+from trainmap.dynamics.verdicts.joint import compare_groups
 from trainmap.evaluation import convergence_step
 
 WHY = "the suite ships no curve"

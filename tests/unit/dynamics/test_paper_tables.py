@@ -13,6 +13,12 @@ import pandas as pd
 import pytest
 from conftest import copy_workflow, snakemake
 
+from trainmap.dynamics.maps.regression import (
+    pairwise_distances,
+    state_distribution,
+    trajectory_dissimilarity,
+)
+from trainmap.dynamics.maps.synthetic import sample_runs
 from trainmap.dynamics.paper import (
     PAPER,
     REPRODUCED,
@@ -27,12 +33,6 @@ from trainmap.dynamics.paper import (
     table_markdown,
 )
 from trainmap.dynamics.pipeline import Outcomes, convergence_from_tables, map_runs
-from trainmap.dynamics.regression import (
-    pairwise_distances,
-    state_distribution,
-    trajectory_dissimilarity,
-)
-from trainmap.dynamics.synthetic import sample_runs
 from trainmap.grid import ConfigError, load_config
 
 SMALL = {"k_max": 4, "restarts": 2, "baseline_k_max": 4, "bootstrap": 12, "stability": 0,
@@ -120,7 +120,7 @@ def test_authors_pass_sees_the_authors_checkpoints_per_run_where_the_runs_have_t
 
 
 def test_checkpoint_cuts_spread_evenly_then_take_the_first_rows() -> None:
-    from trainmap.dynamics.tables import analysis_tables, checkpoint_rows
+    from trainmap.dynamics.metrics.tables import analysis_tables, checkpoint_rows
 
     assert checkpoint_rows(101, 30, None).tolist()[:4] == [0, 3, 7, 10]
     assert len(checkpoint_rows(101, 30, None)) == 30 and checkpoint_rows(101, 30, None)[-1] == 100

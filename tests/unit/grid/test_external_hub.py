@@ -15,8 +15,8 @@ import pandas as pd
 import pytest
 from conftest import REPO_ROOT
 
-from trainmap.dynamics import hub as hub_module
-from trainmap.dynamics.hub import MANIFEST_FILE, read_manifest
+from trainmap.dynamics.runs import hub as hub_module
+from trainmap.dynamics.runs.hub import MANIFEST_FILE, read_manifest
 from trainmap.grid import ConfigError, load_config
 from trainmap.grid.external import (
     EXTERNAL_BASE_MB,
@@ -28,7 +28,7 @@ from trainmap.grid.external import (
     memory_mb,
 )
 
-from ..dynamics.test_hub_cache import add_checkpoint, add_revision, sharded_files, weights
+from ..dynamics.runs.test_hub_cache import add_checkpoint, add_revision, sharded_files, weights
 
 SUITE = "EleutherAI/pythia-14m-seed{seed}"
 RUNS = ["pythia-14m-seed1", "pythia-14m-seed2", "pythia-14m-seed3"]
@@ -206,7 +206,7 @@ def test_a_runs_set_reads_as_before(tmp_path: Path) -> None:
     """A set of run directories: its runs, inputs and memory as before the hub form."""
     import torch
 
-    from trainmap.dynamics.external import run_files
+    from trainmap.dynamics.runs.external import run_files
 
     for run in ("a", "b"):
         folder = tmp_path / "runs" / run
@@ -268,7 +268,7 @@ def test_the_job_writes_the_command_lines_tables_and_records_the_criterion(
 
 
 def test_the_curve_settings_are_the_codes_and_the_jobs_defaults_the_schemas() -> None:
-    from trainmap.dynamics.columns import CURVES, DIRECTIONS
+    from trainmap.dynamics.metrics.columns import CURVES, DIRECTIONS
     from trainmap.jobs.external import external_metrics_job
     from trainmap.schema import config_schema
 

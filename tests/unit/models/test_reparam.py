@@ -154,7 +154,7 @@ def test_to_deploy_leaves_the_model_untouched_and_round_trips(tmp_path):
 def test_deploy_trajectory_fuses_every_checkpoint_into_one_weight_space_for_both_archs():
     """analysis.repvgg_weights: deploy. Each fused checkpoint computes its training-time checkpoint
     exactly (eq. 3), and a RepVGG and its plain ablation get metric tables over the same matrices."""
-    from trainmap.dynamics.metrics import trajectory_metrics
+    from trainmap.dynamics.metrics.weights import trajectory_metrics
     from trainmap.models.repvgg import deploy_trajectory
 
     inputs = torch.randn(4, 1, 8, 8, dtype=torch.float64)

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from trainmap.dynamics.metrics import layout_of_model
+from trainmap.dynamics.metrics.weights import layout_of_model
 from trainmap.models import ARCHITECTURES, arch_names, build_model, check_arch, count_parameters
 from trainmap.models import torchvision_resnet as family
 from trainmap.training.seed_block import SeedBlock, vectorisation_problem

@@ -1,6 +1,7 @@
-"""The package's import graph has no cycle: every import between trainmap's modules, at
-module level or inside a function (a deferred import hides a cycle, it does not remove it), read
-from the source with ``ast``. ``if TYPE_CHECKING:`` imports are left out: they never run."""
+"""The package's import graph has no cycle and keeps the layering docs/architecture.md states:
+every import between trainmap's modules, at module level or inside a function (a deferred import
+hides a cycle or a layer crossed, it does not remove it), read from the source with ``ast``.
+``if TYPE_CHECKING:`` imports are left out: they never run."""
 
 from __future__ import annotations
 
@@ -106,17 +107,99 @@ def test_no_import_cycle_in_trainmap() -> None:
         pytest.fail(f"an import cycle in src/trainmap: {' -> '.join(cycle)}")
 
 
+#: The layers, lowest first (docs/architecture.md, "Layers"). A module belongs to the layer of the
+#: longest prefix that names it; it may import its own layer and every layer below, never above.
+LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("ground", ("trainmap", "trainmap.io", "trainmap.schema", "trainmap.errors",
+                "trainmap.registry", "trainmap.portable", "trainmap.gpus", "trainmap.lineage",
+                "trainmap.tracking", "trainmap.figures", "trainmap.plugins")),
+    ("data and models", ("trainmap.data", "trainmap.models", "trainmap.methods")),
+    ("metrics", ("trainmap.dynamics", "trainmap.dynamics.metrics")),
+    ("training", ("trainmap.training",)),
+    ("methods", tuple(f"trainmap.methods.{name}" for name in
+                      ("gradinit", "gradinit_report", "nm", "packing", "quantize", "sparse",
+                       "sparse_layers"))),
+    ("evaluation", ("trainmap.evaluation",)),
+    ("runs", ("trainmap.dynamics.runs", "trainmap.recorder")),
+    ("maps", ("trainmap.dynamics.maps",)),
+    ("verdicts", ("trainmap.dynamics.verdicts",)),
+    ("analysis", ("trainmap.dynamics.paper", "trainmap.dynamics.plots",
+                  "trainmap.dynamics.pipeline", "trainmap.seed_groups", "trainmap.findings",
+                  "trainmap.digest")),
+    ("grid", ("trainmap.grid",)),
+    ("commands", ("trainmap.jobs", "trainmap.plan", "trainmap.cli", "trainmap.worker",
+                  "trainmap.unfinished", "trainmap.dynamics.__main__",
+                  "trainmap.dynamics.map_command")),
+)  # fmt: skip
+
+
+def layer_of(module: str) -> int:
+    """The index in :data:`LAYERS` of the longest prefix that names ``module``."""
+    best, best_length = -1, -1
+    for index, (_, prefixes) in enumerate(LAYERS):
+        for prefix in prefixes:
+            if (module == prefix or module.startswith(prefix + ".")) and len(prefix) > best_length:
+                best, best_length = index, len(prefix)
+    if best < 0:
+        raise LookupError(f"{module} is in no layer: add it to LAYERS and docs/architecture.md")
+    return best
+
+
+def upward_imports(graph: Graph) -> list[str]:
+    """Every import of a module in a higher layer, as ``a (layer) -> b (layer)``."""
+    found = []
+    for module in sorted(graph):
+        for target in sorted(graph[module]):
+            if layer_of(target) > layer_of(module):
+                found.append(f"{module} ({LAYERS[layer_of(module)][0]}) -> {target} "
+                             f"({LAYERS[layer_of(target)][0]})")  # fmt: skip
+    return found
+
+
+def test_every_module_has_a_layer() -> None:
+    for module in import_graph():
+        layer_of(module)
+
+
+def test_a_layer_crossed_upward_is_found() -> None:
+    """Positive control: an import from the ground floor into a command is reported, one the
+    other way is not."""
+    assert upward_imports({"trainmap.io": {"trainmap.jobs.train"}}) == [
+        "trainmap.io (ground) -> trainmap.jobs.train (commands)"
+    ]
+    assert upward_imports({"trainmap.jobs.train": {"trainmap.io"}}) == []
+    assert layer_of("trainmap.methods") < layer_of("trainmap.training") < layer_of(
+        "trainmap.methods.sparse"
+    )
+
+
+def test_no_import_crosses_a_layer_upward() -> None:
+    crossed = upward_imports(import_graph())
+    assert not crossed, "imports against the layering (docs/architecture.md, Layers):\n" + (
+        "\n".join(crossed)
+    )
+
+
+def test_the_layers_are_the_ones_the_docs_state() -> None:
+    """docs/architecture.md's Layers section names each layer, lowest first."""
+    text = (PACKAGE.parents[1] / "docs" / "architecture.md").read_text()
+    section = text[text.index("## Layers") :]
+    positions = [section.find(f"**{name}**") for name, _ in LAYERS]
+    assert -1 not in positions, [name for name, _ in LAYERS if f"**{name}**" not in section]
+    assert positions == sorted(positions), "the docs list the layers in another order"
+
+
 @pytest.mark.integration  # starts a program (a subprocess)
 def test_the_refits_worker_processes_import_no_heavy_library() -> None:
     """The bootstrap's and the stability curve's worker processes import
-    ``trainmap.dynamics.certainty`` and ``.stability`` to unpickle their refit function: without
+    ``trainmap.dynamics.verdicts.certainty`` and ``.stability`` to unpickle their refit function: without
     torch, matplotlib, scipy.stats or statsmodels (measured: 2.1 s of every worker's start with
     them, 0.3 s without). A module-level import of one of them anywhere on that path fails this."""
     import subprocess
     import sys
 
     heavy = ("torch", "matplotlib", "scipy.stats", "statsmodels", "mlflow")
-    probe = ("import sys, trainmap.dynamics.certainty, trainmap.dynamics.stability; "
+    probe = ("import sys, trainmap.dynamics.verdicts.certainty, trainmap.dynamics.verdicts.stability; "
              f"print([m for m in {heavy!r} if m in sys.modules])")  # fmt: skip
     loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                             check=True).stdout.strip()  # fmt: skip

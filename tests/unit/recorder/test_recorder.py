@@ -13,9 +13,9 @@ import torch
 from torch import nn
 
 from trainmap.dynamics.__main__ import find_runs
-from trainmap.dynamics.columns import METRIC_NAMES
-from trainmap.dynamics.external import external_run_metrics, read_external_run
-from trainmap.dynamics.tables import read_metric_table
+from trainmap.dynamics.metrics.columns import METRIC_NAMES
+from trainmap.dynamics.metrics.tables import read_metric_table
+from trainmap.dynamics.runs.external import external_run_metrics, read_external_run
 from trainmap.recorder import MetricRecorder
 
 
