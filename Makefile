@@ -25,6 +25,9 @@ DVC_CONFIG = $(shell $(RUN) python -c "import yaml; print(yaml.safe_load(open('p
 # Where a config file's study writes (config key results: results for the default study,
 # results-paper/<setting> for the paper's, ...): $(call RESULTS_OF,config/paper/cpu.yaml).
 RESULTS_OF = $(shell $(RUN) python -m trainmap.grid --results-root $(1))
+# The digest a config's results are checked against, its findings page and machine record beside
+# it (trainmap.io.published_digest_of): config/config.yaml -> config/published/config.results.sha256.
+PUBLISHED_OF = $(dir $(1))published/$(notdir $(basename $(1))).results.sha256
 
 # bench: BENCH_ARGS=--quick for a fast pass (each script's --help says what it measures).
 BENCH_ARGS ?=
@@ -42,7 +45,7 @@ ALLOWED_HOSTS ?=
 # The local SLURM's state, logs and pid files: a private (0700) directory, never a shared /tmp path.
 SLURM_DIR ?= $(CURDIR)/.slurm
 
-.PHONY: help setup run plan paper repro report test test-fast lint format bench docs mlflow-ui mlflow-server \
+.PHONY: help setup run plan paper repro report test test-fast test-record lint format bench docs mlflow-ui mlflow-server \
 	slurm-up slurm-down dvc-remote clean
 
 help:  ## list the targets
@@ -74,12 +77,14 @@ run: setup dvc-remote  ## the study on CONFIG (default: the embedded grid); vers
 	    echo "Not versioned by DVC: dvc.yaml runs $(DVC_CONFIG) (params.yaml: dvc.configfile)"; \
 	fi
 	@echo "Evaluation table: $(call RESULTS_OF,$(CONFIG))/summary/evaluation.csv   Report: make report   Runs: make mlflow-ui"
-	@# The published answer: every result file's sha256 beside the config, and the findings page
-	@# (docs/findings.md includes config/config.findings.md) against this run's answers.
-	@$(RUN) python -m trainmap.digest check $(basename $(CONFIG)).results.sha256 $(call RESULTS_OF,$(CONFIG))
-	@# The answer sentences of the README and the docs are written from the default study's results.
+	@# The published answer: every result file's sha256 (config/published/), and the findings page
+	@# (docs/findings.md includes config/published/config.findings.md) against this run's answers.
+	@$(RUN) python -m trainmap.digest check $(call PUBLISHED_OF,$(CONFIG)) $(call RESULTS_OF,$(CONFIG))
+	@# The answer sentences of the README and the docs are written from the default study's results,
+	@# the times they quote from the records (trainmap.records; the times themselves aside).
 	@if [ "$(CONFIG)" = "config/config.yaml" ]; then \
 	    $(RUN) python -m trainmap.findings answers --check $(call RESULTS_OF,$(CONFIG)) README.md docs/index.md docs/getting-started.md || true; \
+	    $(RUN) python -m trainmap.records write --check || true; \
 	fi
 
 plan: setup  ## bytes written, peak RAM/GPU memory and time of every job of CONFIG, checked against one node (python -m trainmap.plan --help)
@@ -109,11 +114,19 @@ TEST_WORKERS ?= $(CORES)
 TEST_TIMEOUT ?= 1800
 PYTEST_PARALLEL = -n $(TEST_WORKERS) --dist loadscope --timeout $(TEST_TIMEOUT)
 
-test: setup  ## the full suite, every tier (docs/benchmarks.md gives each tier's time); prints the 25 slowest steps
-	$(RUN) pytest $(PYTEST_PARALLEL) --durations=25 $(PYTEST_ARGS)
+# Each tier leaves what its tests took in .test-durations/ (ignored: a run never changes the
+# checkout); make test-record publishes them.
+DURATIONS_DIR := .test-durations
 
-test-fast: setup  ## the tier to run before every commit (under 3 min): no Snakemake, server, browser or subprocess, nothing slow
-	$(RUN) pytest -m "not integration and not slow" $(PYTEST_PARALLEL) --durations=10 $(PYTEST_ARGS)
+test: setup  ## the full suite, every tier (bench/results/times.md gives each tier's time); prints the 25 slowest steps
+	$(RUN) pytest $(PYTEST_PARALLEL) --durations=25 --durations-file $(DURATIONS_DIR)/full.json $(PYTEST_ARGS)
+
+test-fast: setup  ## the tier to run before every commit: no Snakemake, server, browser or subprocess, nothing slow
+	$(RUN) pytest -m "not integration and not slow" $(PYTEST_PARALLEL) --durations=10 --durations-file $(DURATIONS_DIR)/fast.json $(PYTEST_ARGS)
+
+test-record: setup  ## on the reference machine, after a green make test and make test-fast: their times into bench/results/test_tiers.json, times.md and the README
+	$(RUN) python -m trainmap.records tests --durations $(DURATIONS_DIR)
+	$(RUN) python -m trainmap.records write
 
 lint: setup  ## ruff, snakefmt and snakemake --lint
 	$(RUN) ruff check src tests bench workflow/scripts

@@ -75,9 +75,11 @@ def run_grid(configfile: str, cores: int, worker: bool, out: Path | None = None)
 
 
 def check_digest(workdir: Path, configfile: str, env: dict) -> str:
-    """Whether the run's result files match the published digest beside the config
-    (``<config>.results.sha256``, as ``make run`` checks), or why it was not checked."""
-    published = Path(configfile).with_suffix(".results.sha256")
+    """Whether the run's result files match the config's published digest
+    (``published/<config>.results.sha256``, as ``make run`` checks), or why it was not checked."""
+    from trainmap.io import published_digest_of
+
+    published = published_digest_of(configfile)
     if not (workdir / published).exists():
         return f"not checked (no {published})"
     root = subprocess.run(

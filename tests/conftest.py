@@ -73,6 +73,52 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: rank.get(xdist_scope(item.nodeid), len(rank)))
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--durations-file", metavar="PATH", default=None,
+        help="write each test's seconds, the outcome counts and the wall time to PATH (JSON; "
+        "make test and make test-fast: .test-durations/, which make test-record copies into "
+        "bench/results/test_tiers.json)",
+    )  # fmt: skip
+
+
+class DurationsFile:
+    """``--durations-file``: what the session's tests took, written when it ends (by the
+    controller under pytest-xdist, which receives every worker's reports)."""
+
+    def __init__(self, config: pytest.Config, path: str) -> None:
+        import time
+
+        self.config, self.path = config, path
+        self.started = time.monotonic()
+        self.seconds: dict[str, float] = {}
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        self.seconds[report.nodeid] = self.seconds.get(report.nodeid, 0.0) + report.duration
+
+    @pytest.hookimpl(trylast=True)  # after the session's fixtures are torn down
+    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        import time
+
+        from trainmap.records import durations_file
+
+        stats = self.config.pluginmanager.get_plugin("terminalreporter").stats
+        counts = {name: len(reports) for name, reports in stats.items() if name}
+        durations_file(
+            self.path, self.seconds, counts, time.monotonic() - self.started,
+            workers=int(getattr(self.config.option, "numprocesses", None) or 1),
+            markexpr=self.config.option.markexpr,
+            whole_suite=self.config.args_source == pytest.Config.ArgsSource.TESTPATHS,
+            exitstatus=int(exitstatus),
+        )  # fmt: skip
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    path = config.getoption("durations_file")
+    if path and not hasattr(config, "workerinput"):  # a pytest-xdist worker writes none
+        config.pluginmanager.register(DurationsFile(config, path), "durations-file")
+
+
 #: Programs a test outside the ``integration`` tier may start: cheap lookups, never a workflow,
 #: a server, a browser or another Python process.
 #: (lscpu: joblib counts the physical cores; ldconfig: a first import of torch finds libraries;

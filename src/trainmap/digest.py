@@ -10,12 +10,13 @@ CPU-specific results docs/running.md lists aside, on others); a result that diff
 
 Usage::
 
-    python -m trainmap.digest check config/config.results.sha256 results   # after make run
-    python -m trainmap.digest write config/config.results.sha256 results   # publish a new one
+    python -m trainmap.digest check config/published/config.results.sha256 results  # make run's
+    python -m trainmap.digest write config/published/config.results.sha256 results  # publish one
 
 Both also handle the findings page beside the listing (trainmap.findings:
-``config/config.findings.md``): ``write`` writes it, ``check`` says whether the run's answers are
-the published ones.
+``config/published/config.findings.md``): ``write`` writes it, ``check`` says whether the run's
+answers are the published ones. ``make run`` checks a config's results against
+``<config folder>/published/<config name>.results.sha256`` (trainmap.io.published_digest_of).
 """
 
 from __future__ import annotations
@@ -36,7 +37,6 @@ from trainmap.io import (
     save_text,
 )
 from trainmap.lineage import MADE_FROM, block_manifests, directory_hashes
-from trainmap.training.archive import ARCHIVE_DIRECTORY
 
 
 def result_hashes(root: str | Path) -> dict[str, str]:
@@ -45,6 +45,8 @@ def result_hashes(root: str | Path) -> dict[str, str]:
     SHA-256 of its own listing (:func:`format_hashes` of its files), so the published listing stays
     one line per result and still changes with any archived bit (``sha256sum -c`` cannot check
     those lines; :func:`check_digest` does)."""
+    from trainmap.training.archive import ARCHIVE_DIRECTORY  # torch: not for the command's --help
+
     root = Path(root)
     hashes: dict[str, str] = {}
     archives: dict[str, dict[str, str]] = {}
@@ -287,14 +289,14 @@ class DigestCheck:
         if self.extra and 2 * len(self.missing) > self.listed:
             other = (f" Most listed files are missing and {len(self.extra)} are beyond the "
                      "listing: is it another study's digest (each config file has its own, "
-                     "<config>.results.sha256)?")  # fmt: skip
+                     "published/<config>.results.sha256)?")  # fmt: skip
         return (f"Results differ from the published digest {self.published[:16]} in {len(bad)} "
                 f"files{missing}: {names} (this run: {self.actual[:16]}).{other}")  # fmt: skip
 
 
 def environment_path(published_digest: str | Path) -> Path:
     """The record of the machine a digest was made on (:func:`~trainmap.portable.numeric_environment`):
-    ``config/config.results.sha256`` -> ``config/config.environment.json``."""
+    ``config/published/config.results.sha256`` -> ``config/published/config.environment.json``."""
     return companion_path(published_digest, ".environment.json")
 
 
@@ -356,7 +358,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("action", choices=("check", "write"))
     parser.add_argument("published", help="the sha256sum-format listing, e.g. "
-                        "config/config.results.sha256")  # fmt: skip
+                        "config/published/config.results.sha256")  # fmt: skip
     parser.add_argument("root", nargs="?", default="results", help="the results directory")
     args = parser.parse_args(argv)
     from trainmap.findings import check_findings, findings_page, findings_path, title_of

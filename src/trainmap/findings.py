@@ -6,7 +6,8 @@ map's K and selection rule, the bootstrap's K counts, the stability line and the
 with effects, intervals, Holm p-values and labels (``verdicts.md``, the one place a verdict's words
 are made: trainmap.dynamics.verdicts.compare); then the run's time, where ``make run`` recorded it
 (``summary/run.timing.json``, a timing sidecar). It lives beside the published digest:
-``config/config.results.sha256`` and ``config/config.findings.md``; docs/findings.md includes it.
+``config/published/config.results.sha256`` and ``config/published/config.findings.md``;
+docs/findings.md includes it, and trainmap.records quotes its run time.
 
 ``check`` compares the page with the one the results under a root give, the run's time aside
 (a run's time is never the same twice): after ``make run`` it says whether the answers are the
@@ -20,8 +21,8 @@ hand; ``make run`` checks them.
 
 Usage::
 
-    python -m trainmap.findings write config/config.findings.md results
-    python -m trainmap.findings check config/config.findings.md results
+    python -m trainmap.findings write config/published/config.findings.md results
+    python -m trainmap.findings check config/published/config.findings.md results
     python -m trainmap.findings answers results README.md docs/index.md [--check]
 """
 
@@ -34,7 +35,6 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainmap.dynamics.verdicts.stability_results import reports_states, states_sentence
 from trainmap.io import companion_path, load_json, save_json, save_text, timing_path
 
 #: Where ``make run`` records its wall time (a timing sidecar: left out of the digest).
@@ -47,8 +47,8 @@ BLOCK_END = "<!-- end generated -->"
 
 
 def findings_path(published_digest: str | Path) -> Path:
-    """The findings page beside a published digest: ``config/config.results.sha256`` ->
-    ``config/config.findings.md``."""
+    """The findings page beside a published digest: ``config/published/config.results.sha256``
+    -> ``config/published/config.findings.md``."""
     return companion_path(published_digest, ".findings.md")
 
 
@@ -61,6 +61,8 @@ def _k_counts(counts: dict[str, int], total: int) -> str:
 def _comparison(directory: Path) -> str:
     """One comparison's section of the page, from its joint.json, hmm.json, bootstrap.json and
     verdicts.md."""
+    from trainmap.dynamics.verdicts.stability_results import reports_states, states_sentence
+
     joint = load_json(directory / "joint.json", timing=False)
     lines = [f"## {directory.name}", ""]
     runs = ", ".join(f"{name} {group['runs']} runs" for name, group in joint["groups"].items())
@@ -144,7 +146,8 @@ def answers_block(root: str | Path) -> str:
 def with_block(text: str, block: str, name: str) -> str:
     """``text`` with the lines between :data:`BLOCK_START` and :data:`BLOCK_END` replaced by
     ``block``. Raises ValueError naming the file ``name`` when it has no such block."""
-    start, end = text.find(BLOCK_START), text.find(BLOCK_END)
+    start = text.find(BLOCK_START)
+    end = text.find(BLOCK_END, start)  # its own end: another generated block may come first
     if start < 0 or end < start:
         raise ValueError(f"{name}: no generated block ({BLOCK_START!r} ... {BLOCK_END!r}); add "
                          "the two lines where the answers go")  # fmt: skip
@@ -243,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
         ("check", "compare the page with the results' (the run's time aside)"),
     ):
         sub = actions.add_parser(action, help=text, description=text)
-        sub.add_argument("page", help="the findings page, e.g. config/config.findings.md")
+        sub.add_argument("page", help="the findings page, e.g. config/published/config.findings.md")
         sub.add_argument("root", nargs="?", default="results", help="the results directory")
         if action == "write":
             sub.add_argument("--title", help="the page's title (default: the page's own, else "

@@ -89,9 +89,21 @@ class DamagedFileError(OSError):
 SEED_RANGE_MANIFEST = re.compile(r"seeds(\d+)-(\d+)\.json")
 
 
+#: Where a config's published outputs live: a folder beside the config files (config/published/).
+PUBLISHED_DIRECTORY = "published"
+
+
+def published_digest_of(configfile: str | Path) -> Path:
+    """The digest a config's results are checked against (``make run``'s last step):
+    ``config/config.yaml`` -> ``config/published/config.results.sha256``, its findings page and
+    machine record beside it (:func:`companion_path`)."""
+    path = Path(configfile)
+    return path.parent / PUBLISHED_DIRECTORY / f"{path.stem}.results.sha256"
+
+
 def companion_path(published_digest: str | Path, suffix: str) -> Path:
-    """A file published beside a digest: ``config/config.results.sha256`` with ``suffix``
-    ``.findings.md`` -> ``config/config.findings.md``."""
+    """A file published beside a digest: ``config/published/config.results.sha256`` with
+    ``suffix`` ``.findings.md`` -> ``config/published/config.findings.md``."""
     path = Path(published_digest)
     name = path.name.removesuffix(".sha256").removesuffix(".results")
     return path.with_name(f"{name}{suffix}")

@@ -284,17 +284,17 @@ def test_the_findings_page_is_written_from_the_results_and_checked(smoke_run: Pa
 def test_the_smoke_study_gives_its_published_bits_or_says_where_they_start(
     smoke_run: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """config/smoke.results.sha256: on a machine like the one that published it (the same CPU
-    model, kernel flags and library versions) the smoke study gives every published bit; on
+    """config/published/smoke.results.sha256: on a machine like the one that published it (the
+    same CPU model, kernel flags and library versions) the smoke study gives every published bit; on
     another, the check matches too or says where the difference starts and how the machines
     differ (the portable mode's promise and its limits: docs/running.md, Portable numbers)."""
     from conftest import REPO_ROOT
 
     from trainmap.digest import check_digest, environment_path
-    from trainmap.io import load_json
+    from trainmap.io import load_json, published_digest_of
     from trainmap.portable import environment_differences, numeric_environment
 
-    published = REPO_ROOT / "config/smoke.results.sha256"
+    published = published_digest_of(REPO_ROOT / "config/smoke.yaml")
     monkeypatch.chdir(smoke_run)
     check = check_digest(published, "results")
     machine = environment_differences(load_json(environment_path(published), timing=False),

@@ -213,3 +213,23 @@ def test_a_listing_most_of_whose_files_are_missing_asks_whether_it_is_another_st
     line = check_digest("published.sha256", study).line()
     assert "Most listed files are missing and 1 are beyond the listing" in line, line
     assert "another study's digest" in line
+
+
+@pytest.mark.parametrize("config", ["config", "smoke"])
+def test_make_run_checks_a_config_against_its_published_files(config: str) -> None:
+    """config/<name>.yaml's run is checked against config/published/<name>.results.sha256 (the
+    Makefile's PUBLISHED_OF spells the same path), its machine record and findings page beside it;
+    the digest lists the study's own results root."""
+    from trainmap.digest import environment_path
+    from trainmap.findings import findings_path
+    from trainmap.io import published_digest_of
+
+    root = Path(__file__).resolve().parents[2]
+    published = published_digest_of(f"config/{config}.yaml")
+    assert published == Path(f"config/published/{config}.results.sha256")
+    for path in (published, environment_path(published), findings_path(published)):
+        assert (root / path).is_file(), f"{path} is missing"
+    listed = parse_hashes((root / published).read_text())
+    assert listed and all(name.startswith("results/") for name in listed)
+    rule = "PUBLISHED_OF = $(dir $(1))published/$(notdir $(basename $(1))).results.sha256"
+    assert rule in (root / "Makefile").read_text()

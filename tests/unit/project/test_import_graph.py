@@ -125,7 +125,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("verdicts", ("trainmap.dynamics.verdicts",)),
     ("analysis", ("trainmap.dynamics.paper", "trainmap.dynamics.plots",
                   "trainmap.dynamics.pipeline", "trainmap.seed_groups", "trainmap.findings",
-                  "trainmap.digest")),
+                  "trainmap.digest", "trainmap.records")),
     ("grid", ("trainmap.grid",)),
     ("commands", ("trainmap.jobs", "trainmap.plan", "trainmap.cli", "trainmap.worker",
                   "trainmap.unfinished", "trainmap.dynamics.__main__",
@@ -138,7 +138,8 @@ def layer_of(module: str) -> int:
     best, best_length = -1, -1
     for index, (_, prefixes) in enumerate(LAYERS):
         for prefix in prefixes:
-            if (module == prefix or module.startswith(prefix + ".")) and len(prefix) > best_length:
+            within = module.startswith(prefix + ".") and prefix != "trainmap"  # the package: itself
+            if (module == prefix or within) and len(prefix) > best_length:
                 best, best_length = index, len(prefix)
     if best < 0:
         raise LookupError(f"{module} is in no layer: add it to LAYERS and docs/architecture.md")
@@ -168,6 +169,8 @@ def test_a_layer_crossed_upward_is_found() -> None:
         "trainmap.io (ground) -> trainmap.jobs.train (commands)"
     ]
     assert upward_imports({"trainmap.jobs.train": {"trainmap.io"}}) == []
+    with pytest.raises(LookupError, match="trainmap.new_module"):
+        layer_of("trainmap.new_module")
     assert layer_of("trainmap.methods") < layer_of("trainmap.training") < layer_of(
         "trainmap.methods.sparse"
     )
