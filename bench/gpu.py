@@ -45,19 +45,15 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-from torch.utils.flop_counter import FlopCounterMode
-
-from trainmap import grid
-from trainmap.data import TaskData, make_task_data
-from trainmap.grid.study import merged_config
 from trainmap.io import load_timing
-from trainmap.plan import STARTUP_S
-from trainmap.plan.estimates import block_job
 from trainmap.portable import cpu_model_and_flags
-from trainmap.training.loop import TrainConfig, TrainPaths, build_cell_model, train_block
+
+if TYPE_CHECKING:
+    import torch
+
+    from trainmap.data import TaskData
 
 ROOT = Path(__file__).resolve().parents[1]
 #: The one earlier GPU figure: the stabilised transformer's 40 seeds x 5,000 steps on an H100.
@@ -122,11 +118,17 @@ QUICK_RESNET = {"widths": [8, 16, 32, 64], "blocks_per_stage": [2, 2, 2, 2]}
 
 def paper_config() -> dict[str, Any]:
     """params.yaml under config/paper.yaml, unchecked (its data paths need not exist here)."""
+    from trainmap.grid.study import merged_config
+
     return merged_config(str(ROOT / "params.yaml"), str(ROOT / "config/paper.yaml"))
 
 
 def cifar_shaped(n_train: int, n_test: int) -> TaskData:
     """Generated images of CIFAR-100's shape and classes (a fixed generator)."""
+    import torch
+
+    from trainmap.data import TaskData
+
     generator = torch.Generator().manual_seed(0)
     x = torch.randn(n_train + n_test, 3, 32, 32, generator=generator)
     y = torch.randint(0, 100, (n_train + n_test,), generator=generator)
@@ -136,6 +138,8 @@ def cifar_shaped(n_train: int, n_test: int) -> TaskData:
 
 
 def task_data(config: Mapping[str, Any], task: str, quick: bool) -> TaskData:
+    from trainmap.data import make_task_data
+
     if task == "cifar100":  # CIFAR-100's sizes: the plan's test evaluation is the same work
         return cifar_shaped(512, 128) if quick else cifar_shaped(50_000, 10_000)
     options = {k: v for k, v in config["data"][task].items() if k != "kind"}
@@ -144,6 +148,9 @@ def task_data(config: Mapping[str, Any], task: str, quick: bool) -> TaskData:
 
 def forward_flops(model: torch.nn.Module, example: torch.Tensor) -> float:
     """FLOPs of one example's forward pass (``FlopCounterMode``)."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
     counter = FlopCounterMode(display=False)
     with counter, torch.no_grad():
         model.eval()(example[None])
@@ -153,6 +160,8 @@ def forward_flops(model: torch.nn.Module, example: torch.Tensor) -> float:
 def peak_tflops(device: torch.device, precision: str) -> float | None:
     if device.type != "cuda":
         return None
+    import torch
+
     name = torch.cuda.get_device_name(device)
     for key, peaks in PEAKS.items():
         if key in name:
@@ -162,6 +171,13 @@ def peak_tflops(device: torch.device, precision: str) -> float | None:
 
 def measure(config: dict[str, Any], row: Workload, device: torch.device, quick: bool) -> dict:
     """Train ``row``'s block for its steps on ``device``; measured and planned numbers."""
+    import torch
+
+    from trainmap import grid
+    from trainmap.plan import STARTUP_S
+    from trainmap.plan.estimates import block_job
+    from trainmap.training.loop import TrainConfig, TrainPaths, build_cell_model, train_block
+
     settings = grid.with_train_defaults(grid.train_settings(config, row.task))
     settings.update(steps=row.steps, resume_every=row.steps + 1, device=str(device),
                     precision=row.precision, archive={"schedule": "none"})  # fmt: skip
@@ -218,6 +234,8 @@ def measure(config: dict[str, Any], row: Workload, device: torch.device, quick: 
 
 
 def report(rows: list[dict], device: str, elapsed: float) -> str:
+    import torch
+
     lines = [
         "# GPU training throughput (bench/gpu.py)",
         "",
@@ -246,7 +264,8 @@ def report(rows: list[dict], device: str, elapsed: float) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--device", default=None,
+                        help="cuda or cpu (default: cuda where there is one, else cpu)")  # fmt: skip
     parser.add_argument("--quick", action="store_true", help="CPU-sized rows (a check)")
     parser.add_argument("--out", type=Path, default=None,
                         help="the report (default: bench/results/gpu.md on a GPU, "
@@ -255,7 +274,9 @@ def main() -> int:
                         help="start no row after this many seconds (default 450: the script "
                         "ends within 8 minutes); the rows left are listed as skipped")  # fmt: skip
     args = parser.parse_args()
-    device = torch.device(args.device)
+    import torch
+
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type == "cpu" and not args.quick:
         print("gpu_bench: skipped: no CUDA device here; on a GPU node run `PYTHONPATH=src python "
               "bench/gpu.py`; `--device cpu --quick` checks the script on the CPU")  # fmt: skip

@@ -25,18 +25,21 @@ import argparse
 import copy
 import statistics
 import time
+from typing import TYPE_CHECKING
 
-import torch
-import torch.nn.functional as F
 import yaml
 
-from trainmap.data import make_task_data
-from trainmap.methods.gradinit import batch_draws, check_settings, gradinit
-from trainmap.training.loop import build_cell_model
+if TYPE_CHECKING:
+    import torch
 
 
 def time_training_steps(model: torch.nn.Module, data, batch: int, steps: int) -> float:
     """Seconds per plain SGD training step (momentum 0.9), after one warm-up step."""
+    import torch
+    import torch.nn.functional as F
+
+    from trainmap.methods.gradinit import batch_draws
+
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     draws = batch_draws(data, batch, torch.Generator().manual_seed(0))
     model.train()
@@ -57,6 +60,10 @@ def time_training_steps(model: torch.nn.Module, data, batch: int, steps: int) ->
 
 def time_iterations(model, data, settings: dict, objective: str, iterations: int) -> float:
     """Seconds per GradInit/MetaInit iteration, after one warm-up iteration."""
+    import torch
+
+    from trainmap.methods.gradinit import batch_draws, gradinit
+
     batch = settings["batch_size"]
     size = batch if objective == "metainit" else 2 * batch - round(settings["overlap"] * batch)
     kwargs = {k: settings[k] for k in ("variant", "eta", "gamma", "tau", "overlap", "min_scale",
@@ -75,6 +82,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--arch", default="vgg_deep", help="architecture (default vgg_deep)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     args = parser.parse_args(argv)
+    import torch
+
+    from trainmap.data import make_task_data
+    from trainmap.methods.gradinit import check_settings
+    from trainmap.training.loop import build_cell_model
+
     torch.set_num_threads(args.threads)
     params = yaml.safe_load(open("params.yaml"))
     settings = check_settings(params["gradinit"]["digits"])

@@ -42,11 +42,6 @@ import warnings
 from typing import Any
 
 import numpy as np
-from joblib import Parallel, delayed
-
-from trainmap.dynamics.maps.hmm.estimator import TrainingHMM
-from trainmap.dynamics.maps.synthetic import known_answer_scores, sample_runs
-from trainmap.dynamics.maps.training_map import transitions
 
 #: The authors' script's settings other than its covariance type (diag by default, full for the
 #: models behind their reported K).
@@ -80,6 +75,10 @@ def select(
     n_states: int, seed: int, settings: dict[str, Any], separation: float | None = None
 ) -> dict[str, Any]:
     """Fit one sampled data set; the selection and how it compares with the truth."""
+    from trainmap.dynamics.maps.hmm.estimator import TrainingHMM
+    from trainmap.dynamics.maps.synthetic import known_answer_scores, sample_runs
+    from trainmap.dynamics.maps.training_map import transitions
+
     options = {} if separation is None else {"separation": separation}
     runs, states, truth = sample_runs(n_states, seed=seed, **options)
     started = time.process_time()
@@ -96,6 +95,8 @@ def select(
 
 
 def run_many(jobs: list[tuple], n_jobs: int) -> list[dict[str, Any]]:
+    from joblib import Parallel, delayed
+
     return Parallel(n_jobs=n_jobs)(delayed(select)(*job) for job in jobs)
 
 
@@ -152,6 +153,7 @@ def study_analysis(n_jobs: int, quick: bool) -> float:
     """Wall time of one whole joint comparison (shared fit, bootstrap, verdicts, figures)."""
     import tempfile
 
+    from trainmap.dynamics.maps.synthetic import sample_runs
     from trainmap.dynamics.pipeline import Outcomes, convergence_from_tables, joint_group
 
     cases = {"parity-sized: 2 methods x 32 runs x 321 checkpoints": (2, 32, 321),
@@ -191,7 +193,9 @@ def fit_each_alone(models: list, X: np.ndarray, lengths: list[int], weights=None
 
 def study_cost(n_jobs: int, quick: bool) -> tuple[float, float]:
     from trainmap.dynamics.maps.hmm import gaussian
+    from trainmap.dynamics.maps.hmm.estimator import TrainingHMM
     from trainmap.dynamics.maps.hmm.gaussian import BatchedGaussianHMM
+    from trainmap.dynamics.maps.synthetic import sample_runs
 
     n_runs, length = (10, 100) if quick else (40, 300)
     runs, _, _ = sample_runs(5, n_runs=n_runs, length=length, seed=0)

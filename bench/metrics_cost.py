@@ -26,14 +26,15 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
-import torch
 
-from trainmap.dynamics.metrics.reference import trajectory_metrics_reference
-from trainmap.dynamics.metrics.weights import METRIC_NAMES, trajectory_metrics, weight_matrices
-from trainmap.models import build_model
+from trainmap.dynamics.metrics.columns import METRIC_NAMES
+
+if TYPE_CHECKING:
+    import pandas as pd
+    import torch
 
 MODELS = {
     "mlp 40-128-2": ("mlp", {"input_kind": "vector", "input_shape": [40], "num_classes": 2}),
@@ -48,6 +49,8 @@ MODELS = {
 
 def trajectory(model: torch.nn.Module, checkpoints: int, seed: int) -> dict[str, torch.Tensor]:
     """Stacked states that drift by small random steps from the model's initial weights."""
+    import torch
+
     generator = torch.Generator().manual_seed(seed)
     state = {k: v.detach().clone() for k, v in model.state_dict().items() if v.is_floating_point()}
     stacked = {k: [v] for k, v in state.items()}
@@ -60,6 +63,8 @@ def trajectory(model: torch.nn.Module, checkpoints: int, seed: int) -> dict[str,
 
 def relative_difference(a: pd.DataFrame, b: pd.DataFrame) -> pd.Series:
     """Per metric, the largest |a - b| / |b| over checkpoints."""
+    import pandas as pd
+
     a, b = a[list(METRIC_NAMES)].to_numpy(), b[list(METRIC_NAMES)].to_numpy()
     return pd.Series(np.nanmax(np.abs(a - b) / np.maximum(np.abs(b), 1e-12), axis=0),
                      index=list(METRIC_NAMES))  # fmt: skip
@@ -76,6 +81,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="20 checkpoints, 2 rounds")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     args = parser.parse_args(argv)
+    import torch
+
+    from trainmap.dynamics.metrics.reference import trajectory_metrics_reference
+    from trainmap.dynamics.metrics.weights import trajectory_metrics, weight_matrices
+    from trainmap.models import build_model
+
     torch.set_num_threads(args.threads)
     checkpoints, rounds = (20, 2) if args.quick else (60, 3)
     ratios, differences, conventions = [], [], {}

@@ -38,16 +38,20 @@ import tempfile
 import time
 from datetime import datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import pandas as pd
+if TYPE_CHECKING:
+    import pandas as pd
 
-from trainmap import grid, plan
-from trainmap.data import make_task_data
-from trainmap.training.loop import TrainConfig, TrainPaths, build_cell_model, train_block
+    from trainmap import grid
 
 
 def finished_ratios(config: dict, results: str) -> pd.DataFrame:
     """Measured / planned time of every finished training block under ``results``."""
+    import pandas as pd
+
+    from trainmap import grid, plan
+
     rows = []
     for block in grid.seed_ranges_of(config, grid.trained_cells(config)):
         job = plan.block_job(config, "train", block)
@@ -66,6 +70,8 @@ _FINISHED = re.compile(r"^Finished jobid: (\d+) \(Rule: (\w+)\)$")
 def snakemake_durations(log: Path) -> pd.DataFrame:
     """Every finished job of a Snakemake log: rule, wildcards (as a dict), seconds from its start
     stamp to its ``Finished`` stamp (whole seconds: +-1 s)."""
+    import pandas as pd
+
     stamp, job, started, jobs = None, None, {}, []
     for line in log.read_text().splitlines():
         line = line.strip()
@@ -87,6 +93,10 @@ def snakemake_durations(log: Path) -> pd.DataFrame:
 
 def logged_ratios(config: dict, log: Path) -> pd.DataFrame:
     """Measured (Snakemake log) / planned time (start-up excluded) of every planned job."""
+    import pandas as pd
+
+    from trainmap import plan
+
     planned = plan.plan_jobs(config).set_index(["rule", "job"])
     rows = []
     for job in snakemake_durations(log).itertuples():
@@ -120,6 +130,10 @@ def directory_bytes(directory: Path) -> int:
 
 def run_block(config: dict, block: grid.SeedRange, steps: int) -> dict:
     """Train ``block`` with its steps cut to ``steps`` here; measured and planned numbers."""
+    from trainmap import grid, plan
+    from trainmap.data import make_task_data
+    from trainmap.training.loop import TrainConfig, TrainPaths, build_cell_model, train_block
+
     settings = dict(config["train"][block.task])
     settings.pop("seed_block", None)
     settings.update(steps=steps, resume_every=steps + 1, device="cpu")
@@ -157,6 +171,10 @@ def main() -> int:
     parser.add_argument("--blocks", type=int, default=4, help="blocks run here, at most")
     parser.add_argument("--quick", action="store_true", help="2 blocks, 100 steps")
     args = parser.parse_args()
+    import pandas as pd
+
+    from trainmap import grid, plan
+
     if args.quick:
         args.steps, args.blocks = 100, 2
     config = plan.load_plan_config([args.config])

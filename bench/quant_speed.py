@@ -28,28 +28,22 @@ import os
 import statistics
 import tempfile
 import time
+from typing import TYPE_CHECKING
 
-import torch
-
-from trainmap.data import make_task_data
-from trainmap.methods.quantize import int8_inference_model
-from trainmap.training.loop import (
-    TrainConfig,
-    TrainPaths,
-    build_cell_model,
-    evaluate_split,
-    train_model,
-)
+if TYPE_CHECKING:
+    import torch
 
 TARGET = 1.5
 
 
-@torch.inference_mode()
 def images_per_second(model: torch.nn.Module, inputs: torch.Tensor, batches: int) -> float:
-    started = time.perf_counter()
-    for _ in range(batches):
-        model(inputs)
-    return batches * len(inputs) / (time.perf_counter() - started)
+    import torch
+
+    with torch.inference_mode():
+        started = time.perf_counter()
+        for _ in range(batches):
+            model(inputs)
+        return batches * len(inputs) / (time.perf_counter() - started)
 
 
 def median_speeds(forms: dict[str, torch.nn.Module], pool: torch.Tensor, batch: int,
@@ -76,6 +70,18 @@ def main(argv: list[str] | None = None) -> int:
         help="comma-separated inference batch sizes (default 1,16,256)",
     )
     args = parser.parse_args(argv)
+    import torch
+
+    from trainmap.data import make_task_data
+    from trainmap.methods.quantize import int8_inference_model
+    from trainmap.training.loop import (
+        TrainConfig,
+        TrainPaths,
+        build_cell_model,
+        evaluate_split,
+        train_model,
+    )
+
     batch_sizes = [int(value) for value in args.batches.split(",")]
     torch.set_num_threads(args.threads)
     data = make_task_data("digits", {})

@@ -20,18 +20,20 @@ import argparse
 import os
 import statistics
 import time
+from typing import TYPE_CHECKING
 
-import torch
-from torch import nn
-
-from trainmap.models import build_model, count_parameters
-from trainmap.models.repvgg import to_deploy
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
 
 TARGET = 1.5
 
 
 def count_macs(model: nn.Module, shape: tuple[int, ...]) -> int:
     """Multiply-accumulates of Conv2d and Linear layers for one forward pass of ``shape``."""
+    import torch
+    from torch import nn
+
     total = 0
 
     def hook(module: nn.Module, inputs: tuple, output: torch.Tensor) -> None:
@@ -53,16 +55,21 @@ def count_macs(model: nn.Module, shape: tuple[int, ...]) -> int:
     return total
 
 
-@torch.inference_mode()
 def throughput(model: nn.Module, inputs: torch.Tensor, batches: int) -> float:
     """Images per second over ``batches`` forward passes (after the caller's warm-up)."""
-    started = time.perf_counter()
-    for _ in range(batches):
-        model(inputs)
-    return batches * len(inputs) / (time.perf_counter() - started)
+    import torch
+
+    with torch.inference_mode():
+        started = time.perf_counter()
+        for _ in range(batches):
+            model(inputs)
+        return batches * len(inputs) / (time.perf_counter() - started)
 
 
 def randomise_bn(model: nn.Module) -> None:
+    import torch
+    from torch import nn
+
     generator = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for module in model.modules():
@@ -73,6 +80,11 @@ def randomise_bn(model: nn.Module) -> None:
 
 def measure(arch: str, image: int, channels: int, batch: int, batches: int, rounds: int,
             channels_last: bool = False) -> float:  # fmt: skip
+    import torch
+
+    from trainmap.models import build_model, count_parameters
+    from trainmap.models.repvgg import to_deploy
+
     meta = {"input_kind": "image", "input_shape": [channels, image, image], "num_classes": 1000
             if image >= 224 else 10}  # fmt: skip
     torch.manual_seed(0)
@@ -112,6 +124,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--channels-last", action="store_true",
                         help="NHWC memory format for both forms (often faster on CPU)")  # fmt: skip
     args = parser.parse_args(argv)
+    import torch
+
     torch.set_num_threads(args.threads)
     layout = "channels_last" if args.channels_last else "contiguous (NCHW)"
     print(f"CPU, fp32, {args.threads} threads, {layout}, median of alternating rounds")

@@ -25,13 +25,10 @@ import argparse
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-from torch import nn
-
-from trainmap.dynamics.__main__ import find_runs
-from trainmap.dynamics.runs.layouts import find_checkpoints
-from trainmap.recorder import MetricRecorder
+if TYPE_CHECKING:
+    from trainmap.recorder import MetricRecorder
 
 
 def make_runs(root: Path, runs: int, checkpoints: int) -> None:
@@ -44,6 +41,9 @@ def make_runs(root: Path, runs: int, checkpoints: int) -> None:
 
 
 def loop_seconds(steps: int, every: int, recorder: MetricRecorder | None) -> float:
+    import torch
+    from torch import nn
+
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(40, 128), nn.ReLU(), nn.Linear(128, 2))
     optimiser = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -66,6 +66,12 @@ def main() -> None:
     parser.add_argument("--every", type=int, default=50, help="checkpoint interval")
     parser.add_argument("--quick", action="store_true", help="20 files a run, 500 steps a block")
     args = parser.parse_args()
+    import torch
+
+    from trainmap.dynamics.__main__ import find_runs
+    from trainmap.dynamics.runs.layouts import find_checkpoints
+    from trainmap.recorder import MetricRecorder
+
     args.checkpoints = args.checkpoints or (20 if args.quick else 200)
     args.steps = args.steps or (500 if args.quick else 2000)
     torch.set_num_threads(1)

@@ -39,21 +39,23 @@ import warnings
 from typing import Any
 
 import numpy as np
-import pandas as pd
-from joblib import Parallel, delayed
-from selection_nuisance import table
 
-from trainmap.dynamics.maps.hmm import EMISSIONS, TrainingHMM
-from trainmap.dynamics.maps.synthetic import known_answer_scores, left_to_right_hmm, sample_runs
-from trainmap.dynamics.metrics.weights import METRIC_NAMES
+from trainmap.dynamics.metrics.columns import METRIC_NAMES
+from trainmap.schema import section_choices
 
-RULES = EMISSIONS  # the rows: one per emission model
+#: the rows: one per emission model (trainmap.dynamics.maps.hmm.EMISSIONS, as the schema lists
+#: them: no analysis import before the arguments are parsed)
+RULES = section_choices("analysis")["emission"]
 SCENARIOS = ("late", "stuck")
 
 
 def sample_split_runs(scenario: str, seed: int, n_runs: int = 40, length: int = 200) -> tuple:
     """:func:`sample_runs`'s tables (true K = 3, no nuisance) with the second half of the runs
     starting in state 1 (``late``) or in the last state (``stuck``)."""
+    import pandas as pd
+
+    from trainmap.dynamics.maps.synthetic import left_to_right_hmm
+
     truth = left_to_right_hmm(3, length=length, seed=seed)
     start = {"late": 1, "stuck": 2}[scenario]
     runs, states = {}, {}
@@ -70,17 +72,23 @@ def sample_split_runs(scenario: str, seed: int, n_runs: int = 40, length: int = 
 def data_set(n_states: int, seed: int, nuisance: float, scenario: str | None) -> tuple:
     """``(runs, states, truth)`` of one job."""
     if scenario is None:
+        from trainmap.dynamics.maps.synthetic import sample_runs
+
         return sample_runs(n_states, seed=seed, nuisance=nuisance)
     return sample_split_runs(scenario, seed)
 
 
 def accuracy(decoded: dict[str, np.ndarray], states: dict, truth: Any) -> float:
     """Fraction of checkpoints decoded right up to relabelling."""
+    from trainmap.dynamics.maps.synthetic import known_answer_scores
+
     return float(known_answer_scores(decoded, set(), states, truth)["accuracy"])
 
 
 def select(runs: dict, states: dict, truth: Any, restarts: int, emission: str) -> dict[str, Any]:
     """One selection with ``emission``: K, accuracy of K's and of the true K's model, CPU s."""
+    from trainmap.dynamics.maps.hmm import TrainingHMM
+
     started = time.process_time()
     hmm = TrainingHMM(restarts=restarts, selection="holdout", emission=emission).fit(runs)
     cpu = time.process_time() - started
@@ -146,6 +154,9 @@ def main(argv: list[str] | None = None) -> int:
                  for level in args.nuisance.split(",")]  # fmt: skip
     jobs = [(rule, k, seed, level, args.restarts, scenario) for rule in rules
             for k, level, scenario in kinds for seed in range(args.seeds)]  # fmt: skip
+    from joblib import Parallel, delayed
+    from selection_nuisance import table
+
     # The costly emission models first, so the processes finish together.
     jobs.sort(key=lambda j: (-RULES.index(j[0]), -j[1]))
     started = time.perf_counter()

@@ -33,11 +33,10 @@ from contextlib import redirect_stderr
 from dataclasses import dataclass, replace
 from io import StringIO
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-import torch
-
-from trainmap.data import make_task_data
-from trainmap.training.loop import TrainConfig, TrainPaths, build_cell_model, train_block
+if TYPE_CHECKING:
+    from trainmap.training.loop import TrainConfig
 
 TARGETS = {"mlp": 8.0, "cnn": 3.0, "transformer": 3.0}
 
@@ -48,30 +47,33 @@ class Workload:
     data: dict
     arch: str
     options: dict
-    cfg: TrainConfig
+    #: the TrainConfig's settings (built after the arguments are parsed: no torch for --help)
+    cfg: dict[str, Any]
 
 
 WORKLOADS = {
     "mlp": Workload("sparse_parity", {"n_bits": 40, "k": 3, "n_train": 1000, "n_test": 100},
                     "mlp", {"hidden": [128]},
-                    TrainConfig(lr=0.1, weight_decay=0.01, batch_size=32, steps=600,
-                                checkpoint_every=50, resume_every=10**6)),
+                    dict(lr=0.1, weight_decay=0.01, batch_size=32, steps=600,
+                         checkpoint_every=50, resume_every=10**6)),
     "cnn": Workload("digits", {}, "vgg_bn", {},
-                    TrainConfig(lr=0.05, momentum=0.9, weight_decay=1e-4, batch_size=128,
-                                steps=60, schedule="cosine", checkpoint_every=5,
-                                resume_every=10**6)),
+                    dict(lr=0.05, momentum=0.9, weight_decay=1e-4, batch_size=128,
+                         steps=60, schedule="cosine", checkpoint_every=5,
+                         resume_every=10**6)),
     "transformer": Workload("modular_addition", {"p": 113, "train_frac": 0.3}, "transformer",
                             {"d_model": 128, "n_heads": 4, "d_mlp": 512},
-                            TrainConfig(optimizer="adamw", lr=1e-3, betas=(0.9, 0.98),
-                                        weight_decay=1.0, batch_size=2048, steps=12,
-                                        warmup_steps=10, checkpoint_every=4,
-                                        resume_every=10**6)),
+                            dict(optimizer="adamw", lr=1e-3, betas=(0.9, 0.98),
+                                 weight_decay=1.0, batch_size=2048, steps=12,
+                                 warmup_steps=10, checkpoint_every=4,
+                                 resume_every=10**6)),
 }  # fmt: skip
 
 
 def seconds(workload: Workload, data, size: int, cfg: TrainConfig, directory: Path) -> float:
     """Wall time of one training of ``size`` seeds as a block (a block of one: the one-seed loop,
     which is what ``train_model`` runs)."""
+    from trainmap.training.loop import TrainPaths, build_cell_model, train_block
+
     seeds = list(range(size))
     models = [build_cell_model(workload.arch, "kaiming", s, data.meta, workload.options)
               for s in seeds]  # fmt: skip
@@ -85,8 +87,11 @@ def seconds(workload: Workload, data, size: int, cfg: TrainConfig, directory: Pa
 
 def measure(name: str, sizes: list[int], rounds: int, quick: bool, device: str) -> dict[int, float]:
     """Speedup in seeds per second of each block size over the one-seed loop."""
+    from trainmap.data import make_task_data
+    from trainmap.training.loop import TrainConfig
+
     workload = WORKLOADS[name]
-    cfg = replace(workload.cfg, device=device)
+    cfg = replace(TrainConfig(**workload.cfg), device=device)
     if quick:
         cfg = replace(cfg, steps=max(cfg.checkpoint_every, cfg.steps // 3))
     data = make_task_data(workload.task, workload.data)
@@ -119,6 +124,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=WORKLOADS)
     parser.add_argument("--sizes", nargs="+", type=int, default=None)
     args = parser.parse_args(argv)
+    import torch
+
     torch.set_num_threads(args.threads)
     sizes = args.sizes or ([8, 32] if args.quick else [1, 8, 32, 128])
     rounds = 1 if args.quick else args.rounds

@@ -42,15 +42,15 @@ import argparse
 import time
 import warnings
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
-from trainmap.dynamics.maps.hmm.curves import gain_curve
-from trainmap.dynamics.maps.hmm.estimator import TrainingHMM
-from trainmap.dynamics.maps.synthetic import sample_runs
 from trainmap.io import append_rows
 from trainmap.schema import section_defaults
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 RESULTS = Path(__file__).parent / "results"
 FORMS = {"none": {}, "nuisance 1": {"nuisance": 1.0}, "ar 0.8": {"autocorrelation": 0.8},
@@ -69,6 +69,8 @@ FIELDS = ["fit", "form", "n_runs", "seed", "n_states", "heldout_log_likelihood",
 
 def sample(form: str, n_runs: int, seed: int) -> dict[str, pd.DataFrame]:
     """The metric tables of one data set."""
+    from trainmap.dynamics.maps.synthetic import sample_runs
+
     runs, _, _ = sample_runs(TRUE_K, n_runs=n_runs, length=LENGTH, seed=seed, **FORMS[form])
     return runs
 
@@ -76,6 +78,8 @@ def sample(form: str, n_runs: int, seed: int) -> dict[str, pd.DataFrame]:
 def fit_one(fit: str, form: str, n_runs: int, seed: int, k_max: int = K_MAX) -> list[dict]:
     """One fit of one data set: a row per K of its selection curve, with the K its rule chose and
     the fit's CPU seconds."""
+    from trainmap.dynamics.maps.hmm.estimator import TrainingHMM
+
     runs = sample(form, n_runs, seed)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -92,6 +96,8 @@ def fit_one(fit: str, form: str, n_runs: int, seed: int, k_max: int = K_MAX) -> 
 
 def gain_k(curve: pd.DataFrame, tolerance: float) -> int:
     """The ``gain`` rule's K on a stored curve (rows of one fit)."""
+    from trainmap.dynamics.maps.hmm.curves import gain_curve
+
     chosen = gain_curve(curve.reset_index(drop=True), tolerance)
     return int(chosen.loc[chosen["gain_chosen"], "n_states"].iloc[0])
 
@@ -139,6 +145,8 @@ def table(rows: pd.DataFrame, sizes: list[int]) -> tuple[str, str]:
 
 def check_gain_rule(form: str, n_runs: int, seed: int, tolerance: float) -> None:
     """``selection="gain"`` picks the K :func:`gain_k` reads off the folds fit's curve."""
+    from trainmap.dynamics.maps.hmm.estimator import TrainingHMM
+
     runs = sample(form, n_runs, seed)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -193,6 +201,8 @@ def main(argv: list[str] | None = None) -> int:
         for name in ("csv", "out"):
             path = getattr(args, name)
             setattr(args, name, path.with_name(f"{path.stem}_kmax{args.k_max}{path.suffix}"))
+    import pandas as pd
+
     fits = args.fits + (["affine"] if args.affine else [])
     seeds, sizes, csv_path = args.seeds, sorted(args.runs), args.csv
     if args.quick:

@@ -38,10 +38,6 @@ from collections import Counter
 from typing import Any
 
 import numpy as np
-from joblib import Parallel, delayed
-
-from trainmap.dynamics.maps.hmm import TrainingHMM, n_free_parameters
-from trainmap.dynamics.maps.synthetic import known_answer_scores, sample_runs
 
 RULES: dict[str, dict[str, Any]] = {
     "holdout": {"selection": "holdout"},
@@ -58,6 +54,9 @@ def select(
 ) -> list[dict[str, Any]]:
     """One sampled data set fitted by one rule (splits and restarts seeded by ``random_state``): K,
     decoding accuracy, CPU seconds."""
+    from trainmap.dynamics.maps.hmm import TrainingHMM, n_free_parameters
+    from trainmap.dynamics.maps.synthetic import known_answer_scores, sample_runs
+
     runs, states, truth = sample_runs(n_states, seed=seed, nuisance=nuisance)
     if rule == "offset":
         runs = {run: table - table.iloc[:EARLY_WINDOW].mean().where(table.columns != "step", 0.0)
@@ -126,6 +125,8 @@ def split_sensitivity(
 ) -> str:  # fmt: skip
     """Does the data decide K, or the split? The same data sets fitted with ``splits`` estimator
     seeds (another held-out split or other folds, other restarts): K per seed."""
+    from joblib import Parallel, delayed
+
     jobs = [(rule, k, seed, nuisance, restarts, split) for rule in rules for k, seed in data
             for split in range(splits)]  # fmt: skip
     results = [row for rows in Parallel(n_jobs=n_jobs)(delayed(select)(*job) for job in jobs)
@@ -169,6 +170,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"K per estimator seed (0..{args.splits - 1}), nuisance {levels[-1]:g}\n")
         print(split_sensitivity(rules, data, levels[-1], args.splits, args.restarts, args.jobs))
         return 0
+    from joblib import Parallel, delayed
+
     jobs = [(rule, k, seed, level, args.restarts) for rule in rules for k in (3, 5)
             for level in levels for seed in range(args.seeds)]  # fmt: skip
     # Slowest first, so the processes finish together.

@@ -31,20 +31,17 @@ from pathlib import Path
 
 import numpy as np
 
-from trainmap.dynamics.maps.hmm import SELECTION_RULES
-from trainmap.dynamics.pipeline import make_hmm, map_runs
-from trainmap.dynamics.verdicts.certainty import (
-    draw_counts,
-    refit_payload,
-    refit_resample,
-    split_runs,
-)
-from trainmap.grid import analysis_settings, load_config, paper_groups, results_root
-from trainmap.jobs.paper import setting_runs
+from trainmap.schema import section_choices
+
+#: trainmap.dynamics.maps.hmm.SELECTION_RULES, as the schema lists them (no analysis import
+#: before the arguments are parsed)
+SELECTION_RULES = section_choices("analysis")["selection"]
 
 
 def setting_inputs(results: Path, config: dict, setting: str) -> tuple[list[Path], list[Path]]:
     """One paper setting's metric tables and evaluations under ``results``, cell by cell."""
+    from trainmap.grid import paper_groups
+
     cells = paper_groups(config)[setting]
     return ([results / "metrics" / cell.id / "metrics.csv" for cell in cells],
             [results / "evaluate" / cell.id / "evaluation.json" for cell in cells])  # fmt: skip
@@ -60,6 +57,9 @@ def load_setting(results: Path, config: dict, setting: str, rule: str,
                  overrides: dict | None = None) -> tuple:  # fmt: skip
     """One paper setting's runs, outcomes and ``trainmap``-pass settings under selection ``rule``
     (and ``overrides``, e.g. fewer bootstrap refits), read as rule ``paper_map`` reads them."""
+    from trainmap.grid import analysis_settings, paper_groups
+    from trainmap.jobs.paper import setting_runs
+
     cells = paper_groups(config)[setting]
     metrics, evaluations = setting_inputs(results, config, setting)
     return setting_runs(
@@ -73,6 +73,8 @@ def map_setting(results: Path, config: dict, setting: str, rule: str, threads: i
                 overrides: dict | None = None) -> dict:  # fmt: skip
     """One paper setting's ``trainmap`` pass under selection ``rule``, as rule ``paper_map``
     runs it; returns K, the bootstrap's agreement, the stability line, R^2, detours, seconds."""
+    from trainmap.dynamics.pipeline import map_runs
+
     runs, outcomes, settings = load_setting(results, config, setting, rule, overrides)
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as out:
@@ -92,6 +94,14 @@ def refit_check(runs: dict, outcomes, settings: dict, threads: int, sizes: list[
     curve of the full fit, then of the refit path (:func:`trainmap.dynamics.verdicts.certainty.refit_resample`,
     warm-started as the bootstrap refits) on every run drawn once, on one bootstrap draw and on
     ``sizes[0]`` distinct runs; then K of full fits of ``draws`` random subsets of each size."""
+    from trainmap.dynamics.pipeline import make_hmm
+    from trainmap.dynamics.verdicts.certainty import (
+        draw_counts,
+        refit_payload,
+        refit_resample,
+        split_runs,
+    )
+
     hmm = make_hmm(settings | {"n_jobs": threads}).fit(runs)
     print(f"full fit: K = {hmm.n_states_}\n{hmm.selection_[REFIT_COLUMNS].to_string()}")
     payload = refit_payload(hmm, runs, outcomes.convergence, outcomes.status, settings["alpha"],
@@ -141,6 +151,8 @@ def main() -> None:
                         help="the finished setting with the smallest metric tables only (unless "
                         "--setting), 20 bootstrap refits, 5 stability subsamples per n")  # fmt: skip
     args = parser.parse_args()
+    from trainmap.grid import load_config, paper_groups, results_root
+
     project = args.project.resolve()
     config = load_config(*(project / path for path in args.config), check_paths_from=project)
     results = (args.results or project / results_root(config)).resolve()

@@ -32,16 +32,13 @@ import warnings
 from collections import Counter
 from pathlib import Path
 
-from trainmap.dynamics.pipeline import analysis_runs, fit_group, joint_group, with_defaults
-from trainmap.grid import load_config, results_root
-from trainmap.grid.cells import joint_comparisons, joint_labels, joint_settings, paper_groups
-from trainmap.jobs.analysis import joint_run_ids, read_group_runs, seed_labels
-
 RULES = ("holdout", "folds", "reproducible")
 
 
 def cell_inputs(config: dict, cells: list) -> tuple[list[str], list[str]]:
     """The metric tables and evaluations of ``cells`` under the config's results root."""
+    from trainmap.grid import results_root
+
     root = results_root(config)
     return ([f"{root}/metrics/{cell.id}/metrics.csv" for cell in cells],
             [f"{root}/evaluate/{cell.id}/evaluation.json" for cell in cells])  # fmt: skip
@@ -55,6 +52,9 @@ def missing_inputs(metrics: list[str], evaluations: list[str]) -> list[str]:
 
 def read_joint_cells(config: dict, cells: list) -> tuple[dict, object, dict]:
     """The runs, outcomes and groups (run id -> method label) of a joint comparison's cells."""
+    from trainmap.grid.cells import joint_labels
+    from trainmap.jobs.analysis import joint_run_ids, read_group_runs
+
     labels = joint_labels(cells)
     ids = joint_run_ids(labels, [cell.to_dict() for cell in cells])
     runs, outcomes = read_group_runs(*cell_inputs(config, cells), ids)
@@ -64,6 +64,8 @@ def read_joint_cells(config: dict, cells: list) -> tuple[dict, object, dict]:
 def map_inputs(config: dict, paper: bool) -> dict[str, tuple[list[str], list[str]]]:
     """Each joint comparison's (or with ``paper``, each paper setting's) metric tables and
     evaluations, cell by cell."""
+    from trainmap.grid.cells import joint_comparisons, paper_groups
+
     groups = paper_groups(config) if paper else joint_comparisons(config)
     return {name: cell_inputs(config, cells) for name, cells in groups.items()}
 
@@ -90,6 +92,8 @@ def study_command(config_file: str, paper: bool) -> str:
 
 def joint_maps(config: dict, only: list[str]) -> dict[str, tuple]:
     """Each joint comparison's runs, outcomes, groups and settings."""
+    from trainmap.grid.cells import joint_comparisons, joint_settings
+
     return {name: (*read_joint_cells(config, cells), joint_settings(config, name))
             for name, cells in joint_comparisons(config).items()
             if not only or name in only}  # fmt: skip
@@ -97,6 +101,9 @@ def joint_maps(config: dict, only: list[str]) -> dict[str, tuple]:
 
 def paper_maps(config: dict, only: list[str]) -> dict[str, tuple]:
     """Each paper setting's runs and outcomes (trainmap's pass: the config's analysis settings)."""
+    from trainmap.grid.cells import paper_groups
+    from trainmap.jobs.analysis import read_group_runs, seed_labels
+
     found = {}
     for setting, cells in paper_groups(config).items():
         if only and setting not in only:
@@ -108,6 +115,8 @@ def paper_maps(config: dict, only: list[str]) -> dict[str, tuple]:
 
 
 def one(name: str, data: tuple, rule: str, args: argparse.Namespace) -> dict:
+    from trainmap.dynamics.pipeline import analysis_runs, fit_group, joint_group, with_defaults
+
     runs, outcomes, groups, settings = data
     settings = with_defaults(settings) | {"selection": rule, "bootstrap": args.bootstrap,
                                           "stability": args.stability}  # fmt: skip
@@ -137,6 +146,7 @@ def k_by_seeds(name: str, data: tuple, rule: str, per_method: list[int], draws: 
     import numpy as np
 
     from trainmap.dynamics.maps.settings import make_hmm
+    from trainmap.dynamics.pipeline import analysis_runs, with_defaults
 
     runs, outcomes, groups, settings = data
     groups = groups or dict.fromkeys(runs, name)
@@ -178,6 +188,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="the finished map with the smallest metric tables only (unless "
                         "--only), 20 bootstrap refits, 5 stability subsamples per n")  # fmt: skip
     args = parser.parse_args(argv)
+    from trainmap.grid import load_config, results_root
+
     args.bootstrap = args.bootstrap if args.bootstrap is not None else (20 if args.quick else 200)
     args.stability = args.stability if args.stability is not None else (5 if args.quick else 20)
     config = load_config("params.yaml", "config/config.yaml", args.config)

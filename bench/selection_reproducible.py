@@ -45,18 +45,14 @@ import time
 import warnings
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
-from joblib import Parallel, delayed
 
-from trainmap.dynamics.maps.hmm import (
-    DEFAULT_REPRODUCE_ARI,
-    DEFAULT_REPRODUCE_SHARE,
-    TrainingHMM,
-)
-from trainmap.dynamics.maps.synthetic import known_answer_scores, sample_runs
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from trainmap.dynamics.maps.hmm import TrainingHMM
 
 RULES = ("holdout", "folds", "reproducible")
 ARI_TARGETS = (0.7, 0.8, 0.9)
@@ -108,6 +104,9 @@ def fit_one(rule: str, n_states: int, seed: int, nuisance: float, restarts: int,
             length: int) -> tuple[dict[str, Any], list[dict[str, Any]]]:  # fmt: skip
     """One sampled data set fitted by one rule: K, decoding accuracy, CPU and wall seconds, and
     (reproducible) the ARI per K and split."""
+    from trainmap.dynamics.maps.hmm import TrainingHMM
+    from trainmap.dynamics.maps.synthetic import known_answer_scores, sample_runs
+
     runs, states, truth = sample_runs(n_states, n_runs=40, length=length, seed=seed,
                                       nuisance=nuisance)  # fmt: skip
     started, cpu_started = time.perf_counter(), time.process_time()
@@ -166,6 +165,8 @@ def ari_table(aris: pd.DataFrame) -> str:
 
 def grid(fits: pd.DataFrame, aris: pd.DataFrame) -> tuple[str, dict[tuple[float, float], int]]:
     """The K the rule picks per fit and threshold pair: recovery per data kind and in all."""
+    from trainmap.dynamics.maps.hmm import DEFAULT_REPRODUCE_ARI, DEFAULT_REPRODUCE_SHARE
+
     data = kinds(aris)
     header = ["ARI target", "share", *(f"K={t} nuisance {n:g}" for t, n in data),
               "K right (all)", "selected K (all)"]  # fmt: skip
@@ -217,6 +218,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true",
                         help="2 sampler seeds, nothing written (make bench's fast pass)")  # fmt: skip
     args = parser.parse_args(argv)
+    import pandas as pd
+    from joblib import Parallel, delayed
+
+    from trainmap.dynamics.maps.hmm import DEFAULT_REPRODUCE_ARI, DEFAULT_REPRODUCE_SHARE
+
     if args.quick:
         args.seeds = 2
     out = args.out if args.out is not None else (None if args.quick else RESULTS)

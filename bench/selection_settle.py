@@ -33,8 +33,6 @@ from pathlib import Path
 
 from selection_real import cell_inputs, missing_inputs, read_joint_cells, report
 
-from trainmap.grid import results_root
-
 RESULTS: dict = {}  # the runs of each round, set in each worker by _load
 
 
@@ -111,6 +109,8 @@ def main(argv: list[str] | None = None) -> int:
                         "round (does K move between them?)")  # fmt: skip
     args = parser.parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    from trainmap.grid import results_root
+
     config, _, cells = every_round(args.config, args.comparison)
     if missing := missing_inputs(*cell_inputs(config, cells)):
         print(f"selection_settle: skipped: {args.config}'s adaptive study has not run every round "

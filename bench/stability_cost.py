@@ -40,15 +40,19 @@ import re
 import time
 from datetime import datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import pandas as pd
-
-from trainmap.dynamics.maps.hmm import SELECTION_RULES as RULES
-from trainmap.dynamics.pipeline import Outcomes, joint_group
-from trainmap.grid import analysis_settings, joint_comparisons, joint_labels, load_config
 from trainmap.io import load_json
-from trainmap.jobs.analysis import joint_run_ids, read_group_runs
+from trainmap.schema import section_choices
 
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from trainmap.dynamics.pipeline import Outcomes
+
+#: trainmap.dynamics.maps.hmm.SELECTION_RULES, as the schema lists them (no analysis import
+#: before the arguments are parsed)
+RULES = section_choices("analysis")["selection"]
 ANALYSIS_RULES = ("fit_hmm", "regress_detours", "training_map", "joint_comparison")
 TARGET_SHARE = 0.35
 STAMP = re.compile(r"^\[(\w{3} \w{3} +\d+ \d\d:\d\d:\d\d \d{4})\]$")
@@ -64,6 +68,9 @@ def load_joint(
     """The runs of joint comparison ``name`` as rule ``joint_comparison`` reads them: run ids
     ``<method>/seed<seed>`` (``<arch>/<method>`` when archs differ, the labels of
     ``trainmap.grid.joint_labels``), strict metric tables, outcomes from the evaluations."""
+    from trainmap.grid import joint_comparisons, joint_labels
+    from trainmap.jobs.analysis import joint_run_ids, read_group_runs
+
     cells = joint_comparisons(config)[name]
     labels = joint_labels(cells)
     run_ids = joint_run_ids(labels, cells)
@@ -86,6 +93,11 @@ def time_joint(
     call of :func:`~trainmap.dynamics.pipeline.joint_group` (under selection rule ``selection``
     when given, else the config's); with ``out``, its answers (K, then ``verdicts.md`` as the rule
     writes it) go to ``out/<name>-<rule>.md``."""
+    import pandas as pd
+
+    from trainmap.dynamics.pipeline import joint_group
+    from trainmap.grid import analysis_settings
+
     runs, groups, outcomes = load_joint(results, name, config)
     settings = analysis_settings(config) | ({"selection": selection} if selection else {})
     sizes = pd.Series(groups).value_counts().to_dict()
@@ -115,6 +127,8 @@ def time_joint(
 
 def job_intervals(log: Path) -> pd.DataFrame:
     """One row per finished job of a Snakemake log: rule, jobid, wildcards, start, end, seconds."""
+    import pandas as pd
+
     started: dict[str, dict] = {}
     rows, stamp, rule, job = [], None, None, None
     for line in log.read_text().splitlines():
@@ -215,6 +229,8 @@ def main() -> None:
         return
     times = {}
     if not args.log_only:
+        from trainmap.grid import load_config
+
         project = results.parent
         config = load_config(*(project / path for path in args.config), check_paths_from=project)
         by_rule = {}

@@ -47,32 +47,38 @@ import argparse
 import time
 import warnings
 from collections.abc import Mapping, Sequence
+from functools import cache
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
-from sklearn.metrics import adjusted_rand_score
 
-from trainmap.dynamics.maps.hmm.estimator import TrainingHMM
-from trainmap.dynamics.maps.synthetic import KnownHMM, sample_runs
-from trainmap.dynamics.metrics.weights import METRIC_NAMES
-from trainmap.dynamics.verdicts.stability import stability_curve
-from trainmap.dynamics.verdicts.stability_results import (
-    DEFAULT_MAX_FRACTION,
-    StabilityCurve,
-    StabilityPoint,
-    StabilityTargets,
-    ladder_limit,
-)
+from trainmap.dynamics.metrics.columns import METRIC_NAMES
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from trainmap.dynamics.maps.hmm.estimator import TrainingHMM
+    from trainmap.dynamics.maps.synthetic import KnownHMM
+    from trainmap.dynamics.verdicts.stability_results import StabilityTargets
 
 #: The weakly separated known answer of tests/unit/dynamics/verdicts/test_stability.py.
 SETTING = {"n_states": 3, "seed": 1, "separation": 1.5, "n_features": 6}
 FEATURES = list(METRIC_NAMES[: SETTING["n_features"]])
 K_MAX, RESTARTS, MAX_ITER = 4, 2, 10
-TARGETS = StabilityTargets()
+
+
+@cache
+def targets() -> StabilityTargets:
+    """The library's default stability targets (made once, after the arguments are parsed)."""
+    from trainmap.dynamics.verdicts.stability_results import StabilityTargets
+
+    return StabilityTargets()
 
 
 def fit_map(runs: Mapping[str, pd.DataFrame]) -> TrainingHMM:
     """A map with the known answer's settings (as the stability test fits)."""
+    from trainmap.dynamics.maps.hmm.estimator import TrainingHMM
+
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return TrainingHMM(k_max=K_MAX, restarts=RESTARTS, features=FEATURES).fit(runs)
@@ -80,6 +86,8 @@ def fit_map(runs: Mapping[str, pd.DataFrame]) -> TrainingHMM:
 
 def draw_runs(n_runs: int) -> tuple[dict[str, pd.DataFrame], dict[str, np.ndarray], KnownHMM]:
     """The sampler's first ``n_runs`` runs, in sampler order (run00, run01, ..., run100, ...)."""
+    from trainmap.dynamics.maps.synthetic import sample_runs
+
     runs, states, truth = sample_runs(SETTING["n_states"], n_runs=n_runs, seed=SETTING["seed"],
                                       separation=SETTING["separation"],
                                       n_features=SETTING["n_features"])  # fmt: skip
@@ -110,20 +118,26 @@ def decoding(hmm: TrainingHMM, runs: Mapping[str, pd.DataFrame]) -> np.ndarray:
 
 def sufficient_n(aris: Mapping[int, Sequence[float]], full_n: int, n_states: int) -> int | None:
     """The library's rule (StabilityCurve.sufficient_n) applied to ARIs per n."""
-    points = [StabilityPoint(n, n_states, [n_states] * len(a), list(a), {}, TARGETS.ari)
+    from trainmap.dynamics.verdicts.stability_results import StabilityCurve, StabilityPoint
+
+    points = [StabilityPoint(n, n_states, [n_states] * len(a), list(a), {}, targets().ari)
               for n, a in sorted(aris.items())]  # fmt: skip
-    return StabilityCurve(points, TARGETS, full_n, n_states, []).sufficient_n
+    return StabilityCurve(points, targets(), full_n, n_states, []).sufficient_n
 
 
 def share(aris: Sequence[float]) -> float:
     """Share of draws with ARI >= the target (NaN: a failed fit, never)."""
     values = np.nan_to_num(np.asarray(aris, float), nan=-1.0)
-    return float(np.mean(values >= TARGETS.ari))
+    return float(np.mean(values >= targets().ari))
 
 
 def full_set(full_n: int, truth: KnownHMM, n_subsamples: int, cold: bool) -> dict:
     """The full map of the sampler's first ``full_n`` runs, its decoding and the true one, and its
     subsample curve up to n = N (warm-started as the workflow refits, and cold)."""
+    from sklearn.metrics import adjusted_rand_score
+
+    from trainmap.dynamics.verdicts.stability import stability_curve
+
     runs, states, _ = draw_runs(full_n)
     hmm = fit_map(runs)
     convergence, status = outcomes(states)
@@ -148,6 +162,8 @@ def monte_carlo(
     """``draws`` maps per n, each fitted on its own fresh n runs (sampler indices from
     ``first_index`` on, disjoint across draws), each scored against every full set's references:
     (N, reference) -> n -> ARIs; (0, "K") -> n -> selected K."""
+    from sklearn.metrics import adjusted_rand_score
+
     pool, _, _ = draw_runs(first_index + draws * sum(ladder))
     ids = list(pool)[first_index:]
     scores: dict[tuple[int, str], dict[int, list[float]]] = {}
@@ -168,6 +184,10 @@ def monte_carlo(
 
 def validate(full: dict, scores: Mapping[tuple[int, str], Mapping[int, list[float]]]) -> dict:
     """The table and the sufficient n of each side for one full set."""
+    import pandas as pd
+
+    from trainmap.dynamics.verdicts.stability_results import DEFAULT_MAX_FRACTION, ladder_limit
+
     full_n, k = full["full_n"], full["hmm"].n_states_
     limit = ladder_limit(full_n, DEFAULT_MAX_FRACTION)
     curves = {name: {p.n: p for p in curve.points} for name, curve in full["curves"].items()}
@@ -218,6 +238,8 @@ def main() -> None:
     parser.add_argument("--mc-ladder", type=int, nargs="+", default=[8, 16, 24, 32, 40, 48, 56])
     parser.add_argument("--quick", action="store_true", help="10 draws and subsamples, no cold")
     args = parser.parse_args()
+    import pandas as pd
+
     draws, subsamples = (10, 10) if args.quick else (args.draws, args.subsamples)
     started = time.perf_counter()
     _, _, truth = draw_runs(1)
@@ -231,7 +253,7 @@ def main() -> None:
         full_n, limit, mc_max = result["full_n"], result["limit"], result["mc_max"]
         print(f"\n== N = {full_n} (full map K = {result['k_full']}, ARI with the true decoding "
               f"{result['full_vs_truth']:.3f}; {subsamples} subsamples, {draws} fresh sets per n; "
-              f"share: of ARI >= {TARGETS.ari:g})")  # fmt: skip
+              f"share: of ARI >= {targets().ari:g})")  # fmt: skip
         with pd.option_context("display.width", 250, "display.max_columns", 30):
             print(result["table"].round(3).to_string(na_rep="-"))
         print(f"sufficient n: tool (ladder capped at {limit}) {result['tool_sub']}; cold-refit "

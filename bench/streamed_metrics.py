@@ -56,48 +56,32 @@ from contextlib import redirect_stderr
 from dataclasses import dataclass, replace
 from io import StringIO
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import pandas as pd
-import torch
-
-from trainmap.data import make_task_data
 from trainmap.dynamics.metrics.columns import CONVENTIONS
-from trainmap.dynamics.metrics.streamed import StreamedMetrics
-from trainmap.dynamics.metrics.weights import (
-    collect_run_metrics,
-    layout_of_model,
-    singular_values,
-    trajectory_metrics,
-)
-from trainmap.grid import (
-    data_settings,
-    load_config,
-    merge_config,
-    model_settings,
-    read_config_file,
-    train_settings,
-)
-from trainmap.models import build_model
-from trainmap.models.repvgg import RepVGG, deploy_trajectory
-from trainmap.training.archive import ArchivePolicy, checkpoint_steps, read_archive
-from trainmap.training.loop import TrainConfig, TrainPaths, build_cell_model, train_block
+
+if TYPE_CHECKING:
+    import torch
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SECTIONS = ("share", "resnet18", "memory", "bytes")
 RESNET18_META = {"input_kind": "image", "input_shape": [3, 32, 32], "num_classes": 100}
 RESNET18_OPTIONS = {"widths": [64, 128, 256, 512], "blocks_per_stage": [2, 2, 2, 2]}
+#: the archive policies compared: each one's ArchivePolicy arguments (schedule, dtype)
 POLICIES = {
-    "all f32": ArchivePolicy("all", "float32"),
-    "all bf16": ArchivePolicy("all", "bfloat16"),
-    "every 10 f32": ArchivePolicy("every 10", "float32"),
-    "log 20 bf16": ArchivePolicy("log 20", "bfloat16"),
-    "none": ArchivePolicy("none", "float32"),
+    "all f32": ("all", "float32"),
+    "all bf16": ("all", "bfloat16"),
+    "every 10 f32": ("every 10", "float32"),
+    "log 20 bf16": ("log 20", "bfloat16"),
+    "none": ("none", "float32"),
 }
 SHARE_TARGET = 0.10
 
 
 def default_study() -> dict:
     """params.yaml extended by config/config.yaml, validated: what ``make run`` trains."""
+    from trainmap.grid import load_config
+
     return load_config(REPO_ROOT / "params.yaml", REPO_ROOT / "config/config.yaml",
                        check_paths_from=REPO_ROOT)  # fmt: skip
 
@@ -105,11 +89,16 @@ def default_study() -> dict:
 def paper_setting(name: str) -> dict:
     """params.yaml extended by config/paper/<name>.yaml (merged as Snakemake does; not validated,
     since its data files need not be here)."""
+    from trainmap.grid import merge_config, read_config_file
+
     return merge_config(read_config_file(REPO_ROOT / "params.yaml"),
                         read_config_file(REPO_ROOT / f"config/paper/{name}.yaml"))  # fmt: skip
 
 
 def task_data(config: dict, task: str):
+    from trainmap.data import make_task_data
+    from trainmap.grid import data_settings
+
     settings = dict(data_settings(config, task))
     return make_task_data(settings.pop("kind"), settings)
 
@@ -130,6 +119,15 @@ BLOCKS = (Block("sparse_parity", "mlp", 40), Block("digits", "repvgg", 8),
 
 def train_one_block(config: dict, block: Block, quick: bool, root: Path) -> dict:
     """Train ``block`` as the ``train`` rule does, then time the old metrics job on its archive."""
+    import pandas as pd
+
+    from trainmap.dynamics.metrics.weights import collect_run_metrics
+    from trainmap.grid import model_settings, train_settings
+    from trainmap.models import build_model
+    from trainmap.models.repvgg import RepVGG, deploy_trajectory
+    from trainmap.training.archive import read_archive
+    from trainmap.training.loop import TrainConfig, TrainPaths, build_cell_model, train_block
+
     data = task_data(config, block.task)
     options = dict(model_settings(config, block.task, block.arch))
     cfg = TrainConfig.from_dict(dict(train_settings(config, block.task)))
@@ -216,6 +214,10 @@ def section_share(quick: bool) -> dict[str, float]:
 
 def stacked_resnet18(size: int) -> tuple[dict[str, torch.Tensor], torch.nn.Module]:
     """``size`` seeds of ResNet-18 (CIFAR-100 shape) stacked: ``{name: [S, ...]}``."""
+    import torch
+
+    from trainmap.training.loop import build_cell_model
+
     models = [build_cell_model("resnet_bn", "kaiming", s, RESNET18_META, RESNET18_OPTIONS)
               for s in range(size)]  # fmt: skip
     states = [m.state_dict() for m in models]
@@ -225,6 +227,10 @@ def stacked_resnet18(size: int) -> tuple[dict[str, torch.Tensor], torch.nn.Modul
 def extended_matrices(state: dict[str, torch.Tensor], model: torch.nn.Module) -> list[torch.Tensor]:
     """Every matrix the ``extended`` convention counts, ``[S, rows, cols]`` in float64 (a conv
     kernel as (out, in * kh * kw))."""
+    import torch
+
+    from trainmap.dynamics.metrics.weights import layout_of_model
+
     matrices = []
     for matrix in layout_of_model(model, "extended").matrices:
         tensor = state[matrix.name].to(torch.float64)
@@ -236,6 +242,15 @@ def extended_matrices(state: dict[str, torch.Tensor], model: torch.nn.Module) ->
 def resnet18_jobs(size: int) -> tuple[dict[str, Callable[[], object]], dict[str, int]]:
     """What is timed on ``size`` stacked ResNet-18 seeds, by name; the matrices each convention
     counts."""
+    import torch
+
+    from trainmap.dynamics.metrics.streamed import StreamedMetrics
+    from trainmap.dynamics.metrics.weights import (
+        layout_of_model,
+        singular_values,
+        trajectory_metrics,
+    )
+
     state, model = stacked_resnet18(size)
     streamed = StreamedMetrics(model, deploy=False)
     layouts = {c: layout_of_model(model, c) for c in CONVENTIONS}
@@ -332,6 +347,11 @@ def section_memory(quick: bool) -> None:
 
 
 def section_bytes() -> None:
+    from trainmap.grid import model_settings, train_settings
+    from trainmap.models import build_model
+    from trainmap.training.archive import ArchivePolicy, checkpoint_steps
+
+    policies = {name: ArchivePolicy(*arguments) for name, arguments in POLICIES.items()}
     study = default_study()
     cifar = paper_setting("cifar100")
     modular = paper_setting("modular_addition")
@@ -356,14 +376,14 @@ def section_bytes() -> None:
     print(head + "".join(f"{name:>17}" for name in POLICIES))
     for label, elements, n in rows:
         cells = [f"{policy.bytes_per_run(n, elements) / 1e6:.2f} ({len(policy.kept_steps(list(range(n))))})"
-                 for policy in POLICIES.values()]  # fmt: skip
+                 for policy in policies.values()]  # fmt: skip
         print(f"{label:25}{elements:>11,}{n:>6}" + "".join(f"{c:>17}" for c in cells))
     print("GB per 40 seeds")
     print(head + "".join(f"{name:>17}" for name in POLICIES))
     for label, elements, n in rows:
         print(f"{label:25}{elements:>11,}{n:>6}"
               + "".join(f"{40 * p.bytes_per_run(n, elements) / 1e9:>17.3f}"
-                        for p in POLICIES.values()))  # fmt: skip
+                        for p in policies.values()))  # fmt: skip
     print(
         "(checkpoints: default study and MNIST-5k from params.yaml/config/config.yaml; "
         "cifar100 and modular addition from config/paper/)"
@@ -379,6 +399,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="which measurements (default: all)")  # fmt: skip
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     args = parser.parse_args(argv)
+    import torch
+
     torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, {args.threads} thread(s), sections {' '.join(args.section)}"
           f"{' (quick)' if args.quick else ''}", flush=True)  # fmt: skip

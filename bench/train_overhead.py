@@ -55,24 +55,16 @@ import time
 from contextlib import redirect_stderr
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+    from trainmap.data import TaskData
+    from trainmap.training.loop import TrainConfig
 
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
-
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from torch import nn  # noqa: E402
-
-from trainmap.data import TaskData, make_task_data  # noqa: E402
-from trainmap.grid import Cell, cell_hash  # noqa: E402
-from trainmap.tracking import init_tracking, rule_run, tracking_settings  # noqa: E402
-from trainmap.training.loop import (  # noqa: E402
-    TrainConfig,
-    TrainPaths,
-    build_cell_model,
-    derive_seed,
-    train_model,
-)
 
 TARGET = 0.95
 
@@ -141,6 +133,10 @@ class Bench:
     """Data, initial model and MLflow set-up of one workload, built once (untimed)."""
 
     def __init__(self, workload: Workload, steps: int, workdir: Path, config: dict) -> None:
+        from trainmap.data import make_task_data
+        from trainmap.grid import Cell
+        from trainmap.training.loop import TrainConfig, build_cell_model
+
         self.workload = workload
         self.cell = Cell(workload.name, workload.arch, "kaiming", 0)
         options = {key: value for key, value in workload.data.items() if key != "kind"}
@@ -168,6 +164,10 @@ class Bench:
         profiler: cProfile.Profile | None = None,
     ) -> float:
         """Seconds for ``train_model`` + the final metric flush, as ``train_job`` runs it."""
+        from trainmap.grid import cell_hash
+        from trainmap.tracking import rule_run, tracking_settings
+        from trainmap.training.loop import TrainPaths, train_model
+
         cfg = cfg or self.cfg
         self.runs += 1
         out_dir = self.workdir / f"{self.workload.name}-run{self.runs}"
@@ -234,6 +234,9 @@ class Bench:
 
 def test_metrics(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
     """Test loss and accuracy in eval mode, as a plain loop computes them at a checkpoint."""
+    import torch
+    import torch.nn.functional as F
+
     model.eval()
     with torch.no_grad():
         logits = model(x)
@@ -251,6 +254,11 @@ def bare_loop(
 ) -> list[tuple[float, float]]:
     """The plain loop: same optimiser and batch order as ``train_model``, and the test metrics at
     the same checkpoint steps; nothing else."""
+    import torch
+    import torch.nn.functional as F
+
+    from trainmap.training.loop import derive_seed
+
     x, y = train
     optimizer = torch.optim.SGD(
         model.parameters(), lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay
@@ -277,12 +285,17 @@ def bare_loop(
 
 
 def same_weights(a: nn.Module, b: nn.Module) -> bool:
+    import torch
+
     sa, sb = a.state_dict(), b.state_dict()
     return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
 
 
 def warm_up() -> None:
     """Pay lazy imports (torch._dynamo on the first optimizer) before anything is timed."""
+    import torch
+    from torch import nn
+
     torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=0.1)
 
 
@@ -383,6 +396,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.rounds < 1:
         parser.error("--rounds must be >= 1")
+    import torch
+
+    from trainmap.tracking import init_tracking
 
     torch.set_num_threads(1)  # one Snakemake job gets one thread
     warm_up()

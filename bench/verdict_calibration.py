@@ -64,35 +64,22 @@ import argparse
 import time
 import warnings
 from collections.abc import Mapping
+from functools import cache
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
-from scipy.stats import binomtest
 from selection_real import finished_maps, read_joint_cells, study_command
 
-from trainmap.dynamics.maps.hmm.estimator import TrainingHMM
-from trainmap.dynamics.maps.settings import ANALYSIS_DEFAULTS, with_defaults
-from trainmap.dynamics.maps.synthetic import sample_methods
-from trainmap.dynamics.pipeline import FittedMap, analysis_runs, convergence_from_tables
-from trainmap.dynamics.verdicts import paths as label_free
-from trainmap.dynamics.verdicts import timecourse
-from trainmap.dynamics.verdicts.compare import (
-    CONVERGENCE_STEP,
-    PRIMARY,
-    SECONDARY,
-    censoring_steps,
-    compare_methods,
-    family,
-    map_transitions,
-    path_evidence,
-    run_quantities,
-)
-from trainmap.dynamics.verdicts.joint import compare_groups
-from trainmap.grid.cells import joint_settings
 from trainmap.io import append_rows, load_json
-from trainmap.jobs.analysis import rows_of_fit
+from trainmap.schema import section_defaults
 
+if TYPE_CHECKING:
+    import pandas as pd
+
+#: trainmap.dynamics.maps.settings.ANALYSIS_DEFAULTS (the schema's analysis defaults), read from
+#: the schema itself: no analysis import before the arguments are parsed
+ANALYSIS_DEFAULTS = section_defaults("analysis")
 RESULTS = Path(__file__).parent / "results"
 CSV_PATH = RESULTS / "verdict_calibration.csv"
 MD_PATH = RESULTS / "verdict_calibration.md"
@@ -108,25 +95,33 @@ SIZES = {"slower": (1.0, 2.0), "detour": (0.5, 1.0), "fork": (0.5, 1.0), "offset
 #: The trajectories verdict as published before the start window (every grid step, metrics
 #: z-scored over all steps pooled): computed here only, to show what it fired on.
 PUBLISHED = "trajectories, all grid steps (as published)"
-#: The table's verdict columns: a column name -> the quantities it reads (any significant).
-COLUMNS = {
-    "start": (timecourse.START,),
-    "convergence": (CONVERGENCE_STEP,),
-    "dynamics after W": (timecourse.DYNAMICS,),
-    "trajectories after W": (label_free.TRAJECTORIES,),
-    "transitions": (label_free.TRANSITIONS,),
-    "states visited": (label_free.STATES_VISITED,),
-    "first passage": (label_free.FIRST_PASSAGE,),
-    "collapsed paths": (label_free.COLLAPSED_PATHS,),
-    "primary (any)": (PRIMARY,),
-    "occupancy (any state)": ("occupancy of state",),
-    "time in detours": ("time in detour states",),
-    "secondary (any)": (SECONDARY,),
-    "published trajectories (raw p)": (PUBLISHED,),
-}
 FIELDS = ["effect", "size", "n_per_method", "seed", "restarts", "permutations", "k", "seconds",
           "quantity", "p"]  # fmt: skip
 LENGTH, TRUE_K, THRESHOLD = 150, 3, 0.5
+
+
+@cache
+def columns() -> dict[str, tuple[str, ...]]:
+    """The table's verdict columns: a column name -> the quantities it reads (any significant)."""
+    from trainmap.dynamics.verdicts import paths as label_free
+    from trainmap.dynamics.verdicts import timecourse
+    from trainmap.dynamics.verdicts.compare import CONVERGENCE_STEP, PRIMARY, SECONDARY
+
+    return {
+        "start": (timecourse.START,),
+        "convergence": (CONVERGENCE_STEP,),
+        "dynamics after W": (timecourse.DYNAMICS,),
+        "trajectories after W": (label_free.TRAJECTORIES,),
+        "transitions": (label_free.TRANSITIONS,),
+        "states visited": (label_free.STATES_VISITED,),
+        "first passage": (label_free.FIRST_PASSAGE,),
+        "collapsed paths": (label_free.COLLAPSED_PATHS,),
+        "primary (any)": (PRIMARY,),
+        "occupancy (any state)": ("occupancy of state",),
+        "time in detours": ("time in detour states",),
+        "secondary (any)": (SECONDARY,),
+        "published trajectories (raw p)": (PUBLISHED,),
+    }
 
 
 # --- (a) power on the known-answer sampler ------------------------------------------------------
@@ -137,6 +132,12 @@ def one_comparison(
 ) -> list[dict]:  # fmt: skip
     """One data set of :func:`sample_methods`, one shared map and its verdicts: a row per verdict
     (its raw p; Holm is applied by :func:`significant` within the families the code now names)."""
+    from trainmap.dynamics.maps.hmm.estimator import TrainingHMM
+    from trainmap.dynamics.maps.synthetic import sample_methods
+    from trainmap.dynamics.pipeline import convergence_from_tables
+    from trainmap.dynamics.verdicts import paths as label_free
+    from trainmap.dynamics.verdicts.joint import compare_groups
+
     if effect in (NULL, "tails"):
         drawn = sample_methods("detour", 0.0, n, n_states=TRUE_K, length=LENGTH, seed=seed,
                                tails=size if effect == "tails" else None)  # fmt: skip
@@ -194,9 +195,13 @@ def holm(p: np.ndarray) -> np.ndarray:
 
 
 def significant(rows: pd.DataFrame, alpha: float) -> pd.DataFrame:
-    """One row per data set (effect, size, n, seed), one boolean column per :data:`COLUMNS`:
+    """One row per data set (effect, size, n, seed), one boolean column per :func:`columns`:
     each verdict Holm-corrected within its family (:func:`~trainmap.dynamics.verdicts.compare.family`,
     as the code now assigns it), the published trajectories form by its own raw p."""
+    import pandas as pd
+
+    from trainmap.dynamics.verdicts.compare import PRIMARY, SECONDARY, family
+
     keys = ["effect", "size", "n_per_method", "seed"]
     found = {}
     for key, fit in rows.groupby(keys, sort=False):
@@ -207,7 +212,7 @@ def significant(rows: pd.DataFrame, alpha: float) -> pd.DataFrame:
             adjusted[members] = holm(fit.loc[members, "p"].to_numpy(dtype=float))
         hit = adjusted < alpha
         cells = {}
-        for column, reads in COLUMNS.items():
+        for column, reads in columns().items():
             if reads[0] in (PRIMARY, SECONDARY):
                 chosen = families == reads[0]
             else:
@@ -227,6 +232,8 @@ def share(hits: int, total: int) -> str:
 
 def interval(hits: int, total: int) -> tuple[float, float]:
     """The Clopper-Pearson 95 % interval of a binomial share."""
+    from scipy.stats import binomtest
+
     ci = binomtest(hits, total).proportion_ci(confidence_level=0.95)
     return float(ci.low), float(ci.high)
 
@@ -239,7 +246,7 @@ def null_table(hits: pd.DataFrame, alpha: float) -> str:
              "<= alpha within it |", "| --- | --- | --- | --- | --- | --- |"]  # fmt: skip
     for (effect, n), fits in hits[hits["effect"].isin(list(NULLS))].groupby(
             ["effect", "n_per_method"], sort=False):  # fmt: skip
-        for column in COLUMNS:
+        for column in columns():
             k, total = int(fits[column].sum()), len(fits)
             low, high = interval(k, total)
             lines.append(f"| {effect} | {n} | {column} | {share(k, total)} | "
@@ -250,14 +257,14 @@ def null_table(hits: pd.DataFrame, alpha: float) -> str:
 def power_table(hits: pd.DataFrame) -> str:
     """Share of data sets with a significant verdict, per effect x size x n (rows) and verdict
     column (columns), each share with its Clopper-Pearson 95 % interval; the mean K."""
-    header = ["effect", "size", "runs per method", "fits", "mean K", *COLUMNS]
+    header = ["effect", "size", "runs per method", "fits", "mean K", *columns()]
     lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
     order = {name: index for index, name in enumerate([*NULLS, *SIZES])}
     cells = hits.groupby(["effect", "size", "n_per_method"])
     for (effect, size, n), fits in sorted(cells, key=lambda item: (order.get(item[0][0], 99),
                                                                    item[0][1], item[0][2])):  # fmt: skip
         shares = []
-        for column in COLUMNS:
+        for column in columns():
             low, high = interval(int(fits[column].sum()), len(fits))
             shares.append(f"{fits[column].mean():.2f} [{low:.2f}, {high:.2f}]")
         lines.append(f"| {effect} | {size:g} | {n} | {len(fits)} | {fits['k'].mean():.1f} | "
@@ -267,6 +274,8 @@ def power_table(hits: pd.DataFrame) -> str:
 
 def read_rows(path: Path) -> pd.DataFrame:
     """The CSV's rows (none when it is not there)."""
+    import pandas as pd
+
     if not path.is_file():
         return pd.DataFrame(columns=FIELDS)
     return pd.read_csv(path)
@@ -275,6 +284,8 @@ def read_rows(path: Path) -> pd.DataFrame:
 def run_power(args: argparse.Namespace) -> pd.DataFrame:
     """Fit every data set of the design not yet in the CSV (with these settings), appending its
     rows; the rows of the design."""
+    import pandas as pd
+
     jobs = design(args.effects, args.sizes, args.runs, args.seeds, args.null_seeds)
     stored = read_rows(CSV_PATH) if args.write else pd.DataFrame(columns=FIELDS)
     settings = (stored["restarts"] == args.restarts) & (stored["permutations"] == args.permutations)
@@ -306,6 +317,17 @@ def run_power(args: argparse.Namespace) -> pd.DataFrame:
 def real_comparison(config: dict, name: str, cells: list, root: Path) -> dict | None:
     """A finished joint comparison's shared map, runs, quantities and path evidence (module
     docstring), or None (with a line saying why) when its map is not under ``root``."""
+    from trainmap.dynamics.maps.settings import with_defaults
+    from trainmap.dynamics.pipeline import FittedMap, analysis_runs
+    from trainmap.dynamics.verdicts.compare import (
+        censoring_steps,
+        map_transitions,
+        path_evidence,
+        run_quantities,
+    )
+    from trainmap.grid.cells import joint_settings
+    from trainmap.jobs.analysis import rows_of_fit
+
     directory = root / "joint" / name
     if not all((directory / file).is_file() for file in ("hmm.npz", "hmm.json", "states.csv")):
         print(f"(b) {name}: left out, no shared map under {directory}/")
@@ -336,6 +358,10 @@ def relabelled_verdicts(data: dict, relabellings: int, inner: int, seed: int) ->
     """The verdicts of ``relabellings`` seeded permutations of the method labels on the same map:
     one row per permutation, quantity and pair (``relabelling``, ``quantity``, ``family``,
     ``p_holm``)."""
+    import pandas as pd
+
+    from trainmap.dynamics.verdicts.compare import compare_methods
+
     groups, settings = data["groups"], data["settings"]
     order = list(dict.fromkeys(groups.values()))
     members = list(groups)
@@ -357,6 +383,8 @@ def relabelled_verdicts(data: dict, relabellings: int, inner: int, seed: int) ->
 def real_table(found: dict[str, pd.DataFrame], alpha: float) -> str:
     """Per comparison and family (and primary verdict): the share of relabellings with a
     significant verdict, its 95 % interval and whether alpha lies within or above it."""
+    from trainmap.dynamics.verdicts.compare import PRIMARY, SECONDARY
+
     lines = ["| comparison | verdict | relabellings significant | 95 % interval | "
              "<= alpha within it |", "| --- | --- | --- | --- | --- |"]  # fmt: skip
     for name, rows in found.items():
@@ -364,7 +392,7 @@ def real_table(found: dict[str, pd.DataFrame], alpha: float) -> str:
         total = rows["relabelling"].nunique()
         chosen = {"primary (any)": rows["family"] == PRIMARY,
                   "secondary (any)": rows["family"] == SECONDARY}  # fmt: skip
-        chosen |= {column: rows["quantity"].isin(reads) for column, reads in COLUMNS.items()
+        chosen |= {column: rows["quantity"].isin(reads) for column, reads in columns().items()
                    if reads[0] not in (PRIMARY, SECONDARY, "occupancy of state")}  # fmt: skip
         for column, mask in chosen.items():
             k = int(rows[mask].groupby("relabelling")["hit"].any().reindex(
@@ -431,6 +459,8 @@ def parse_sizes(values: list[str]) -> dict[str, tuple[float, ...]]:
 
 def summary(hits: pd.DataFrame, found: dict[str, pd.DataFrame], alpha: float) -> str:
     """The last line (module docstring)."""
+    from trainmap.dynamics.verdicts.compare import PRIMARY, SECONDARY
+
     parts = ["verdict_calibration"]
     for effect in NULLS:
         null = hits[hits["effect"] == effect]

@@ -31,18 +31,18 @@ import warnings
 
 import numpy as np
 
-from trainmap.dynamics.maps.hmm.estimator import TrainingHMM
-from trainmap.dynamics.maps.synthetic import sample_runs
-from trainmap.dynamics.verdicts.compare import compare_methods, path_evidence, run_quantities
-from trainmap.dynamics.verdicts.joint import compare_groups
-from trainmap.dynamics.verdicts.timecourse import time_resolved
-
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="16 runs per method, 200 checkpoints")
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds (default 3)")
     args = parser.parse_args(argv)
+    from trainmap.dynamics.maps.hmm.estimator import TrainingHMM
+    from trainmap.dynamics.maps.synthetic import sample_runs
+    from trainmap.dynamics.verdicts.compare import compare_methods, path_evidence, run_quantities
+    from trainmap.dynamics.verdicts.joint import compare_groups
+    from trainmap.dynamics.verdicts.timecourse import time_resolved
+
     per_method, length = (16, 200) if args.quick else (32, 321)
     runs, states, _ = sample_runs(4, n_runs=2 * per_method, length=length, seed=2)
     groups = {run: ("a" if index < per_method else "b") for index, run in enumerate(runs)}

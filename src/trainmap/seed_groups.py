@@ -58,17 +58,20 @@ import os
 import urllib.parse
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import numpy as np
-import pandas as pd
-from scipy import stats
-
-from trainmap.dynamics.metrics.weights import HISTORY_COLUMNS, METRIC_NAMES
+from trainmap.dynamics.metrics.columns import HISTORY_COLUMNS, METRIC_NAMES
+from trainmap.schema import section_defaults
 from trainmap.tracking import RuleRun, summary_run
+
+if TYPE_CHECKING:  # imported where the statistics are made: the command (make mlflow-ui) needs none
+    import numpy as np
+    import pandas as pd
 
 #: The series summarised over seeds: accuracy and loss, then the 14 map metrics.
 SERIES = (*HISTORY_COLUMNS, *METRIC_NAMES)
-CONFIDENCE = 0.95
+#: The intervals' level: the config schema's default of ``analysis.confidence``.
+CONFIDENCE: float = section_defaults("analysis")["confidence"]
 STATISTICS_COLUMNS = ("step", "metric", "n_seeds", "n", "mean", "lo", "hi")
 
 
@@ -84,6 +87,9 @@ def seed_statistics(
     ``mean``, ``lo``, ``hi`` (NaN where ``n`` < 2; ``mean`` NaN where ``n`` = 0). A metric no run
     has a column for is left out.
     """
+    import numpy as np
+    import pandas as pd
+
     if not runs:
         raise ValueError("no runs to summarise over seeds")
     indexed = {}
@@ -113,6 +119,9 @@ def _mean_interval(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Per row of ``values`` (steps x seeds; NaN or Inf: no value), the count of finite values,
     their mean and the t-interval of the mean."""
+    import numpy as np
+    from scipy import stats
+
     finite = np.isfinite(values)
     n = finite.sum(axis=1)
     kept = np.where(finite, values, 0.0)
@@ -135,6 +144,8 @@ def seed_key(metric: str, statistic: str) -> str:
 def log_statistics(run: RuleRun, statistics: pd.DataFrame) -> int:
     """Queue ``statistics`` (:func:`seed_statistics`) as step-indexed metrics of ``run`` (module
     docstring); :class:`~trainmap.tracking.RuleRun` sends them in batches. The number of points."""
+    import numpy as np
+
     by_step: dict[int, dict[str, float]] = {}
     counts = statistics.drop_duplicates("step").set_index("step")["n_seeds"]
     for step, count in counts.items():

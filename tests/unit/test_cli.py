@@ -76,23 +76,54 @@ def test_a_torch_older_than_supported_is_refused_naming_the_fix():
     trainmap.check_torch("2.11.0+cu128")  # a GPU image's torch is accepted as it is
 
 
-#: What ``--help`` must not import: torch, the numeric stack and the analysis.
-HEAVY = ("torch", "numpy", "pandas", "matplotlib", "scipy", "sklearn", "hmmlearn",
-         "trainmap.dynamics.metrics.weights", "trainmap.dynamics.pipeline", "trainmap.dynamics.maps.hmm",
-         "trainmap.dynamics.map_command")  # fmt: skip
+#: What ``--help`` must not import: torch, the numeric stack, the schema's validator and the
+#: analysis (a package counts with its submodules).
+HEAVY = ("torch", "numpy", "pandas", "matplotlib", "scipy", "sklearn", "hmmlearn", "jsonschema",
+         "trainmap.dynamics.metrics.weights", "trainmap.dynamics.maps", "trainmap.dynamics.verdicts",
+         "trainmap.dynamics.pipeline", "trainmap.dynamics.map_command", "trainmap.training",
+         "trainmap.grid.cells", "trainmap.grid.section_checks", "trainmap.plan.estimates",
+         "trainmap.plan.report")  # fmt: skip
+
+#: A fresh interpreter runs ``--help`` (``trainmap <command>``, or ``python -m <module>``), then
+#: prints one JSON line: the exit code and the heavy modules it left in sys.modules.
+HELP_PROBE = """
+import json, runpy, sys
+kind, target, heavy = sys.argv[1], sys.argv[2], sys.argv[3].split(",")
+code = None
+try:
+    if kind == "command":
+        from trainmap import cli
+        cli.main([target, "--help"])
+    else:
+        sys.argv = [target, "--help"]
+        runpy.run_module(target, run_name="__main__", alter_sys=True)
+except SystemExit as stop:
+    code = stop.code
+loaded = [h for h in heavy if any(m == h or m.startswith(h + ".") for m in sys.modules)]
+print(json.dumps([code, loaded]))
+"""
 
 
 @pytest.mark.integration  # a fresh interpreter: a program started
-def test_map_help_answers_without_torch_or_the_analysis():
-    """``trainmap map --help`` parses before any heavy import (a fresh interpreter: nothing
-    imported before), and the installed torch is checked from its metadata, not by importing it."""
+@pytest.mark.parametrize(
+    ("kind", "target", "shown"),
+    [("command", "map", "--threshold"), ("command", "check", "--results-root"),
+     ("command", "plan", "--node-gpu-gb"), ("command", "digest", "published"),
+     ("module", "trainmap.dynamics", "--threshold"), ("module", "trainmap.grid", "--results-root"),
+     ("module", "trainmap.plan", "--node-gpu-gb"), ("module", "trainmap.digest", "published"),
+     ("module", "trainmap.findings", "answers"), ("module", "trainmap.lineage", "root"),
+     ("module", "trainmap.seed_groups", "--metric")],
+)  # fmt: skip
+def test_help_answers_without_torch_or_the_analysis(kind: str, target: str, shown: str) -> None:
+    """``trainmap <command> --help`` and ``python -m <module> --help`` parse before any heavy
+    import (a fresh interpreter: nothing imported before), and the installed torch is checked
+    from its metadata, not by importing it."""
     import json
     import subprocess
     import sys
 
-    code = ("import json, sys\nfrom trainmap import cli\ntry:\n    cli.main(['map', '--help'])\n"
-            "except SystemExit as stop:\n    code = stop.code\n"
-            f"print(json.dumps([code, sorted(m for m in {HEAVY!r} if m in sys.modules)]))")  # fmt: skip
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert "--threshold" in out.stdout
-    assert json.loads(out.stdout.strip().splitlines()[-1]) == [0, []]
+    out = subprocess.run([sys.executable, "-c", HELP_PROBE, kind, target, ",".join(HEAVY)],
+                         cwd=REPO_ROOT, capture_output=True, text=True, check=True)  # fmt: skip
+    *text, report = out.stdout.rstrip("\n").splitlines()
+    assert shown in "\n".join(text)
+    assert json.loads(report) == [0, []]

@@ -38,30 +38,7 @@ from typing import Any
 
 from trainmap import plugins
 from trainmap.errors import ConfigError
-from trainmap.grid.analysis_checks import (
-    check_analysis_runs,
-    check_features,
-    check_joint_comparisons,
-    check_paper,
-)
-from trainmap.grid.cells import expand_grid
-from trainmap.grid.data_checks import check_data
-from trainmap.grid.effective import params_edit_hint
-from trainmap.grid.external import check_external
-from trainmap.grid.grid_checks import check_grid_entry, check_job_count, check_unique_cells
-from trainmap.grid.schema_checks import validate_schema
-from trainmap.grid.section_checks import (
-    STAGE_VALIDATORS,
-    check_augment,
-    check_buildable,
-    check_model_options,
-    check_quantize,
-    check_sparsifiable,
-    check_train,
-    validate_stage_settings,
-)
 from trainmap.grid.study import merged_config, results_root, study_files, user_layers
-from trainmap.grid.tracking_checks import check_dvc, check_tracking_uri
 from trainmap.portable import switch_problem
 
 
@@ -70,6 +47,8 @@ def load_config(*paths: str | os.PathLike, check_paths_from: Path | None = None)
     relative to ``check_paths_from``, the project directory), validate and return the config.
     The files after ``params.yaml`` and :data:`~trainmap.grid.study.DEFAULT_STUDY` are the user's
     (:func:`~trainmap.grid.study.own_study`)."""
+    from trainmap.grid.schema_checks import validate_schema
+
     config = merged_config(*paths)
     plugins.load_plugins(config.get("plugins"), check_paths_from or Path.cwd())
     validate_schema(config)
@@ -82,6 +61,29 @@ def check_config(config: dict, base_dir: Path | None = None, read_runs: bool = T
     ``read_runs=False`` leaves the external runs' checkpoint headers unread (their directories
     are still matched): a cluster job's parse of the workflow, after the main process checked
     them (a file changed since is refused by the job that reads it)."""
+    # The checks are imported when a config is checked, not with this module: some build the
+    # grid's models (torch), which `trainmap check --help` and config_problems_reported never need.
+    from trainmap.grid.analysis_checks import (
+        check_analysis_runs,
+        check_features,
+        check_joint_comparisons,
+        check_paper,
+    )
+    from trainmap.grid.data_checks import check_data
+    from trainmap.grid.external import check_external
+    from trainmap.grid.grid_checks import check_grid_entry, check_job_count, check_unique_cells
+    from trainmap.grid.section_checks import (
+        STAGE_VALIDATORS,
+        check_augment,
+        check_buildable,
+        check_model_options,
+        check_quantize,
+        check_sparsifiable,
+        check_train,
+        validate_stage_settings,
+    )
+    from trainmap.grid.tracking_checks import check_dvc, check_tracking_uri
+
     base_dir = base_dir or Path.cwd()
     if problem := switch_problem():  # every job pins its kernels by it: refuse it before any job
         raise ConfigError(problem)
@@ -136,6 +138,8 @@ def config_problems_reported(verbose: bool = False) -> Iterator[None]:
         try:
             yield
         except ConfigError as error:
+            from trainmap.grid.effective import params_edit_hint
+
             if verbose:
                 traceback.print_exc(file=sys.stderr)
             print(params_edit_hint(str(error)), file=sys.stderr)
@@ -176,6 +180,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.results_root:
         print(results_root(config))
         return 0
+    from trainmap.grid.cells import expand_grid
+
     files = study_files(user_layers(args.files))
     print(f"ok: {' + '.join(files)} define {len(expand_grid(config))} grid cells")
     return 0

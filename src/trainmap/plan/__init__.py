@@ -19,115 +19,76 @@ workflow pays that once per architecture, never per job.
 The modules, each one concern: :mod:`.assumptions` (what the plan assumes of a device and of a
 job's fixed costs, with their sources), :mod:`.profile` (a model's and a data set's sizes and
 FLOPs), :mod:`.estimates` (one job's bytes, memory and time; the grid's jobs; a job's scheduler
-request), :mod:`.report` (the plan against a node: totals, limits, the text) and :mod:`.cli` (the
-command). This package re-exports their public names: ``from trainmap.plan import X`` and
-``plan.X`` read the same objects.
+request), :mod:`.limits` (one node's limits), :mod:`.report` (the plan against a node: totals,
+limits, the text) and :mod:`.cli` (the command). This package re-exports their public names, each
+imported on first use: ``from trainmap.plan import X`` and ``plan.X`` read the same objects.
 """
 
-from trainmap.plan.assumptions import (
-    ANALYSIS_S_PER_OBSERVATION,
-    ANALYSIS_SOURCE,
-    BASE_RAM,
-    COLLECT_ROW_S,
-    COLLECT_S,
-    CPU,
-    DATA_S,
-    DISK_BYTES_PER_S,
-    EVAL_BATCH,
-    EVALUATE_S,
-    GB,
-    GPU,
-    GRADINIT_SEED_ITERATION_S,
-    OPTIMIZER_COPIES,
-    QUANTIZE_S,
-    QUANTIZE_SCHEME_SEED_S,
-    REPARAM_S,
-    REPARAM_SEED_S,
-    SMALL_RULES_SOURCE,
-    STARTUP_S,
-    Device,
-)
-from trainmap.plan.cli import load_plan_config, main
-from trainmap.plan.estimates import (
-    MIN_MEMORY_MB,
-    MIN_MINUTES,
-    SAFETY_FACTOR,
-    JobPlan,
-    PlanError,
-    analysis_job,
-    analysis_jobs,
-    archive_bytes,
-    archive_policy,
-    block_job,
-    block_jobs,
-    device_of,
-    gradinit_job,
-    job_resources,
-    kept_checkpoints,
-    plan_jobs,
-    small_job,
-    training_job,
-)
-from trainmap.plan.profile import ModelProfile, dataset_bytes, dataset_examples, model_profile
-from trainmap.plan.report import (
-    NodeLimits,
-    check_limits,
-    disk_bytes,
-    format_plan,
-    machine_problem,
-    rule_totals,
-)
+from __future__ import annotations
 
-__all__ = [
-    "ANALYSIS_SOURCE",
-    "ANALYSIS_S_PER_OBSERVATION",
-    "BASE_RAM",
-    "COLLECT_ROW_S",
-    "COLLECT_S",
-    "CPU",
-    "DATA_S",
-    "DISK_BYTES_PER_S",
-    "EVALUATE_S",
-    "EVAL_BATCH",
-    "GB",
-    "GPU",
-    "GRADINIT_SEED_ITERATION_S",
-    "MIN_MEMORY_MB",
-    "MIN_MINUTES",
-    "OPTIMIZER_COPIES",
-    "QUANTIZE_S",
-    "QUANTIZE_SCHEME_SEED_S",
-    "REPARAM_S",
-    "REPARAM_SEED_S",
-    "SAFETY_FACTOR",
-    "SMALL_RULES_SOURCE",
-    "STARTUP_S",
-    "Device",
-    "JobPlan",
-    "ModelProfile",
-    "NodeLimits",
-    "PlanError",
-    "analysis_job",
-    "analysis_jobs",
-    "archive_bytes",
-    "archive_policy",
-    "block_job",
-    "block_jobs",
-    "check_limits",
-    "dataset_bytes",
-    "dataset_examples",
-    "device_of",
-    "disk_bytes",
-    "format_plan",
-    "gradinit_job",
-    "job_resources",
-    "kept_checkpoints",
-    "load_plan_config",
-    "machine_problem",
-    "main",
-    "model_profile",
-    "plan_jobs",
-    "rule_totals",
-    "small_job",
-    "training_job",
-]
+import importlib
+from typing import Any
+
+# Name -> the module that defines it, imported on first use (PEP 562), not with the package:
+# ``python -m trainmap.plan --help`` then imports neither the estimates (torch) nor pandas.
+_EXPORTS = {
+    "ANALYSIS_SOURCE": "trainmap.plan.assumptions",
+    "ANALYSIS_S_PER_OBSERVATION": "trainmap.plan.assumptions",
+    "BASE_RAM": "trainmap.plan.assumptions",
+    "COLLECT_ROW_S": "trainmap.plan.assumptions",
+    "COLLECT_S": "trainmap.plan.assumptions",
+    "CPU": "trainmap.plan.assumptions",
+    "DATA_S": "trainmap.plan.assumptions",
+    "DISK_BYTES_PER_S": "trainmap.plan.assumptions",
+    "Device": "trainmap.plan.assumptions",
+    "EVALUATE_S": "trainmap.plan.assumptions",
+    "EVAL_BATCH": "trainmap.plan.assumptions",
+    "GB": "trainmap.plan.assumptions",
+    "GPU": "trainmap.plan.assumptions",
+    "GRADINIT_SEED_ITERATION_S": "trainmap.plan.assumptions",
+    "OPTIMIZER_COPIES": "trainmap.plan.assumptions",
+    "QUANTIZE_S": "trainmap.plan.assumptions",
+    "QUANTIZE_SCHEME_SEED_S": "trainmap.plan.assumptions",
+    "REPARAM_S": "trainmap.plan.assumptions",
+    "REPARAM_SEED_S": "trainmap.plan.assumptions",
+    "SMALL_RULES_SOURCE": "trainmap.plan.assumptions",
+    "STARTUP_S": "trainmap.plan.assumptions",
+    "load_plan_config": "trainmap.plan.cli",
+    "main": "trainmap.plan.cli",
+    "JobPlan": "trainmap.plan.estimates",
+    "MIN_MEMORY_MB": "trainmap.plan.estimates",
+    "MIN_MINUTES": "trainmap.plan.estimates",
+    "PlanError": "trainmap.plan.estimates",
+    "SAFETY_FACTOR": "trainmap.plan.estimates",
+    "analysis_job": "trainmap.plan.estimates",
+    "analysis_jobs": "trainmap.plan.estimates",
+    "archive_bytes": "trainmap.plan.estimates",
+    "archive_policy": "trainmap.plan.estimates",
+    "block_job": "trainmap.plan.estimates",
+    "block_jobs": "trainmap.plan.estimates",
+    "device_of": "trainmap.plan.estimates",
+    "gradinit_job": "trainmap.plan.estimates",
+    "job_resources": "trainmap.plan.estimates",
+    "kept_checkpoints": "trainmap.plan.estimates",
+    "plan_jobs": "trainmap.plan.estimates",
+    "small_job": "trainmap.plan.estimates",
+    "training_job": "trainmap.plan.estimates",
+    "NodeLimits": "trainmap.plan.limits",
+    "ModelProfile": "trainmap.plan.profile",
+    "dataset_bytes": "trainmap.plan.profile",
+    "dataset_examples": "trainmap.plan.profile",
+    "model_profile": "trainmap.plan.profile",
+    "check_limits": "trainmap.plan.report",
+    "disk_bytes": "trainmap.plan.report",
+    "format_plan": "trainmap.plan.report",
+    "machine_problem": "trainmap.plan.report",
+    "rule_totals": "trainmap.plan.report",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    """``trainmap.plan.<name>``: the name from its module, imported now."""
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'trainmap.plan' has no attribute {name!r}")
+    return getattr(importlib.import_module(_EXPORTS[name]), name)

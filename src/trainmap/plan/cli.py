@@ -1,5 +1,6 @@
 """``python -m trainmap.plan``: load a config as the workflow does, print its plan per rule and
-in total, and check it against one node (exit status 1 past a limit)."""
+in total, and check it against one node (exit status 1 past a limit). The arguments are parsed
+before the estimates (torch, pandas) are imported."""
 
 from __future__ import annotations
 
@@ -10,8 +11,7 @@ from pathlib import Path
 
 from trainmap import grid
 from trainmap.gpus import node_gpus
-from trainmap.plan.estimates import PlanError, plan_jobs
-from trainmap.plan.report import NodeLimits, check_limits, disk_bytes, format_plan
+from trainmap.plan.limits import NodeLimits
 
 
 def load_plan_config(files: Iterable[str]) -> dict:
@@ -62,6 +62,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="print only whether the grid fits the node (make run's first step): "
                         "one line, or the job or total past a limit and the key to change")  # fmt: skip
     args = parser.parse_args(argv)
+    # The estimates (torch, pandas) after the arguments: --help and a usage error answer at once.
+    from trainmap.plan.estimates import PlanError, plan_jobs
+    from trainmap.plan.report import check_limits, disk_bytes, format_plan
+
     if args.node_gpu_gb is None:  # a local run is refused before any job on this machine's GPUs
         gpus = node_gpus()
         args.node_gpu_gb = max(mb for _, mb in gpus) / 1e3 if gpus else NodeLimits.gpu_gb

@@ -7,27 +7,13 @@ from __future__ import annotations
 
 import os
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
 
 from trainmap.plan.assumptions import GB
 from trainmap.plan.estimates import PlanError
-
-
-@dataclass(frozen=True)
-class NodeLimits:
-    """One node: GPU memory, host RAM and disk in GB/TB, and a job's wall-time limit in hours."""
-
-    gpu_gb: float = 80.0
-    ram_gb: float = 128.0
-    disk_tb: float = 1.0
-    job_hours: float = 24.0
-
-    def __str__(self) -> str:
-        return (f"{self.gpu_gb:g} GB GPU memory, {self.ram_gb:g} GB RAM, {self.disk_tb:g} TB disk, "
-                f"{self.job_hours:g} h a job")  # fmt: skip
+from trainmap.plan.limits import NodeLimits
 
 
 def rule_totals(jobs: pd.DataFrame) -> pd.DataFrame:
