@@ -4,8 +4,10 @@ type, allowed values and default.
 :func:`schema_validator` checks a whole config (:func:`trainmap.grid.validate_schema` formats its
 errors). The code that completes one section of settings with defaults reads them here instead of
 repeating them: :func:`section_defaults` builds ``DEFAULT_SETTINGS`` of
-:mod:`trainmap.methods.sparse` and :mod:`trainmap.methods.gradinit` and ``ANALYSIS_DEFAULTS`` of
-:mod:`trainmap.dynamics.maps.settings`; :func:`check_section` refuses a value the section's schema
+:mod:`trainmap.methods.sparse` and :mod:`trainmap.methods.gradinit`, ``ANALYSIS_DEFAULTS`` of
+:mod:`trainmap.dynamics.maps.settings`, ``TRAIN_DEFAULTS`` of :mod:`trainmap.training.config`
+(``TrainConfig``'s and, nested, ``ArchivePolicy``'s) and ``EVALUATE_DEFAULTS`` of
+:mod:`trainmap.evaluation`; :func:`check_section` refuses a value the section's schema
 refuses, so Python keeps only the checks that relate one setting to another (``n < m``).
 
 A module of its own, outside :mod:`trainmap.grid` (whose package imports the model registry and
@@ -80,11 +82,14 @@ def _resolve(ref: str) -> dict[str, Any]:
     return node
 
 
-def section_defaults(section: str) -> dict[str, Any]:
+def section_defaults(section: str, *keys: str) -> dict[str, Any]:
     """``{key: default}`` of every setting of ``section`` the schema gives a default, in the
-    schema's order (a fresh copy: changing it changes nothing else)."""
-    properties = section_schema(section)["properties"]
-    return {key: copy.deepcopy(spec["default"]) for key, spec in properties.items()
+    schema's order (a fresh copy: changing it changes nothing else); with ``keys``, of the mapping
+    setting they lead to inside it (``section_defaults("train", "archive")``)."""
+    node = section_schema(section)
+    for key in keys:
+        node = node["properties"][key]
+    return {key: copy.deepcopy(spec["default"]) for key, spec in node["properties"].items()
             if "default" in spec}  # fmt: skip
 
 

@@ -1,6 +1,7 @@
 # The training-maps paper's tables side by side (config key paper; trainmap.dynamics.paper): each
 # setting's runs mapped twice, by the authors' analysis settings and by trainmap's, and one table.
 # Target: `snakemake ... paper` (make paper), not part of the default target.
+from trainmap.schema import section_defaults
 
 
 rule paper_map:
@@ -70,7 +71,9 @@ rule paper_table:
     params:
         settings=list(PAPER_GROUPS),
         analyses=PAPER_ANALYSES,
-        confidence=grid.analysis_settings(config).get("confidence", 0.95),
+        confidence=grid.analysis_settings(config).get(
+            "confidence", section_defaults("analysis")["confidence"]
+        ),
     script:
         "../scripts/paper_table.py"
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import pandas as pd
 from tqdm import tqdm
 
+from trainmap.dynamics.maps.settings import AnalysisSettings
 from trainmap.dynamics.metrics.tables import REGENERATE, MetricTableError, read_metric_table
 from trainmap.dynamics.pipeline import (
     Outcomes,
@@ -419,13 +420,13 @@ def run(args: argparse.Namespace) -> int:
     else:
         outcomes = Outcomes(convergence_from_tables(runs, args.threshold, args.direction, curve),
                             status)  # fmt: skip
-    settings = {"k_max": args.k_max, "restarts": args.restarts, "holdout": args.holdout,
-                "seed": args.seed, "features": args.features, "bootstrap": args.bootstrap,
-                "stability": args.stability, "alpha": args.alpha,
-                "covariance_type": args.covariance_type,
-                "standardisation": args.standardisation, "selection": args.selection,
-                "folds": args.folds, "min_gain": args.min_gain,
-                "emission": args.emission}  # fmt: skip
+    settings = AnalysisSettings.of({
+        "k_max": args.k_max, "restarts": args.restarts, "holdout": args.holdout,
+        "seed": args.seed, "features": args.features, "bootstrap": args.bootstrap,
+        "stability": args.stability, "alpha": args.alpha, "covariance_type": args.covariance_type,
+        "standardisation": args.standardisation, "selection": args.selection, "folds": args.folds,
+        "min_gain": args.min_gain, "emission": args.emission,
+    })  # fmt: skip
     runs, outcomes = analysis_runs(runs, outcomes, settings)
     args.out.mkdir(parents=True, exist_ok=True)
     print(f"{len(runs)} runs; fitting K = 1..{args.k_max} with {args.restarts} restarts each")

@@ -47,6 +47,7 @@ from trainmap.dynamics.maps.regression import (
     state_distribution,
     trajectory_dissimilarity,
 )
+from trainmap.dynamics.maps.settings import ANALYSIS_DEFAULTS, AnalysisSettings
 from trainmap.dynamics.verdicts.certainty import collapsed_to_one_state
 from trainmap.dynamics.verdicts.stability_results import (
     STATE_JACCARD,
@@ -144,18 +145,18 @@ def check_setting(setting: str) -> None:
 
 
 def analysis_settings(
-    base: Mapping[str, Any], analysis: str, setting: str | None = None, shortest_run: int = 0
-) -> dict[str, Any]:
+    base: AnalysisSettings, analysis: str, setting: str | None = None, shortest_run: int = 0
+) -> AnalysisSettings:
     """The analysis settings of pass ``analysis`` (:data:`ANALYSES`) over ``base`` (the config's).
     The authors' pass of a paper ``setting`` sees the authors' checkpoints per run
     (:data:`AUTHORS_CHECKPOINTS`) when its shortest run (``shortest_run`` checkpoints) has more,
     else every checkpoint."""
     if analysis not in ANALYSES:
         raise ValueError(f"paper analysis {analysis!r}: choose one of {', '.join(ANALYSES)}")
-    settings = dict(base) | ANALYSES[analysis]
+    settings = base.replace(**ANALYSES[analysis])
     if analysis == "authors" and setting is not None:
         theirs = AUTHORS_CHECKPOINTS[PAPER_ROW.get(setting, setting)]
-        settings["checkpoints_per_run"] = theirs if theirs < shortest_run else None
+        settings = settings.replace(checkpoints_per_run=theirs if theirs < shortest_run else None)
     return settings
 
 
@@ -308,7 +309,9 @@ def _detour_share(draws: Sequence[int], confidence: float) -> tuple[float, float
     return hits / len(draws), float(low), float(high)
 
 
-def claims(rows: Sequence[Mapping[str, Any]], confidence: float = 0.95) -> list[dict[str, Any]]:
+def claims(
+    rows: Sequence[Mapping[str, Any]], confidence: float = ANALYSIS_DEFAULTS["confidence"]
+) -> list[dict[str, Any]]:
     """The paper's comparative claims, per analysis pass and (forking, linear) pair of settings
     among ``rows`` (:func:`paper_row`): R^2 and dissimilarity (both ground metrics) higher where
     the map forks, detours only there (module docstring). One dict per claim."""
@@ -512,7 +515,8 @@ def collapsed_bootstrap(row: Mapping[str, Any]) -> str:
 
 def table_markdown(
     rows: Sequence[Mapping[str, Any]], claim_rows: Sequence[Mapping[str, Any]],
-    not_run: Sequence[str] = (), confidence: float = 0.95, figure: str = "table.png",
+    not_run: Sequence[str] = (), confidence: float = ANALYSIS_DEFAULTS["confidence"],
+    figure: str = "table.png",
 ) -> str:  # fmt: skip
     """``table.md``: the side-by-side table, the claims as verdicts, and the settings not run here
     with the command that runs each."""

@@ -57,7 +57,13 @@ from trainmap.dynamics.maps.regression import (
     state_distribution,
     trajectory_dissimilarity,
 )
-from trainmap.dynamics.maps.settings import ANALYSIS_DEFAULTS, HMM_SETTINGS, make_hmm, with_defaults
+from trainmap.dynamics.maps.settings import (
+    ANALYSIS_DEFAULTS,
+    HMM_SETTINGS,
+    AnalysisSettings,
+    BootstrapSettings,
+    make_hmm,
+)
 from trainmap.dynamics.maps.training_map import TrainingMap, build_training_map, draw_training_map
 from trainmap.dynamics.metrics.columns import METRIC_NAMES
 from trainmap.dynamics.verdicts.certainty import BootstrapResult, bootstrap_map
@@ -71,6 +77,7 @@ from trainmap.io import save_json, write_atomic
 __all__ = [
     "ANALYSIS_DEFAULTS",
     "HMM_SETTINGS",
+    "AnalysisSettings",
     "FittedMap",
     "GroupFit",
     "GroupMap",
@@ -86,7 +93,6 @@ __all__ = [
     "read_states",
     "regress_group",
     "states_table",
-    "with_defaults",
 ]
 
 
@@ -103,7 +109,7 @@ class Outcomes:
 
 
 def analysis_runs(
-    runs: Mapping[str, pd.DataFrame], outcomes: Outcomes, settings: Mapping[str, Any]
+    runs: Mapping[str, pd.DataFrame], outcomes: Outcomes, settings: AnalysisSettings
 ) -> tuple[dict[str, pd.DataFrame], Outcomes]:
     """The runs and outcomes a map is made from under the analysis settings: each run's
     checkpoints cut by ``checkpoints_per_run`` and ``first_n``, and with ``nan_runs: runs`` the runs
@@ -115,10 +121,9 @@ def analysis_runs(
 
     from trainmap.dynamics.metrics.tables import analysis_tables
 
-    settings = with_defaults(settings)
-    tables, left_out = analysis_tables(dict(runs), settings.get("features") or METRIC_NAMES,
-                                       settings["checkpoints_per_run"], settings["first_n"],
-                                       settings["nan_runs"])  # fmt: skip
+    tables, left_out = analysis_tables(dict(runs), settings.features or METRIC_NAMES,
+                                       settings.checkpoints_per_run, settings.first_n,
+                                       settings.nan_runs)  # fmt: skip
     if left_out:
         shown = ", ".join(list(left_out)[:5]) + (" ..." if len(left_out) > 5 else "")
         warnings.warn(f"{len(left_out)} of {len(runs)} runs left out of the map (nan_runs: runs): "
@@ -241,23 +246,24 @@ class GroupFit(FittedMap):
 
 
 def fit_group(
-    runs: Mapping[str, pd.DataFrame], outcomes: Outcomes, settings: Mapping[str, Any],
+    runs: Mapping[str, pd.DataFrame], outcomes: Outcomes, settings: AnalysisSettings,
     out_dir: str | os.PathLike | None = None, title: str = "", n_jobs: int = 1,
 ) -> GroupFit:  # fmt: skip
     """Fit the training-map HMM of one group, its baselines, its detour regression and its
     bootstrap (module docstring); written to ``out_dir`` when given."""
-    settings = with_defaults(settings)
-    hmm = make_hmm(settings | {"n_jobs": n_jobs}).fit(runs)
-    baselines, curves = baseline_table(hmm, runs, k_max=settings["baseline_k_max"])
+    hmm = make_hmm(settings.replace(n_jobs=n_jobs)).fit(runs)
+    baselines, curves = baseline_table(hmm, runs, k_max=settings.baseline_k_max)
     curves["HMM"] = hmm.selection_
     states = hmm.decode(runs)
     z_means = hmm.state_means().add_suffix("_z")
     raw_means = hmm.state_means_original(runs, states)
     state_means = pd.concat([z_means, raw_means], axis=1).reset_index()
-    regression = _detour_regression(hmm, states, outcomes, settings["alpha"])
-    bootstrap = run_bootstrap(hmm, runs, outcomes, regression, settings, n_jobs)
+    regression = _detour_regression(hmm, states, outcomes, settings.alpha)
+    bootstrap = run_bootstrap(hmm, runs, outcomes, regression, settings.bootstrap_settings,
+                              n_jobs)  # fmt: skip
     stability = map_stability(hmm, runs, None, outcomes.convergence, outcomes.status,
-                              regression.detour_states, settings, n_jobs)  # fmt: skip
+                              regression.detour_states, settings.stability_settings,
+                              n_jobs)  # fmt: skip
     result = GroupFit(hmm, states, steps=_steps(runs), convergence=dict(outcomes.convergence),
                       baselines=baselines, baseline_curves=curves, state_means=state_means,
                       regression=regression, bootstrap=bootstrap, stability=stability)  # fmt: skip
@@ -268,13 +274,14 @@ def fit_group(
 
 def run_bootstrap(
     hmm: TrainingHMM, runs: Mapping[str, pd.DataFrame], outcomes: Outcomes,
-    detours: DetourRegression, settings: Mapping[str, Any], n_jobs: int,
+    detours: DetourRegression, settings: BootstrapSettings, n_jobs: int,
 ) -> BootstrapResult:  # fmt: skip
-    """The bootstrap over runs with the analysis settings (``bootstrap`` resamples, 0 = none)."""
+    """The bootstrap over runs with the analysis settings' bootstrap view
+    (:attr:`~trainmap.dynamics.maps.settings.AnalysisSettings.bootstrap_settings`: ``n_resamples``,
+    0 = none)."""
     return bootstrap_map(hmm, runs, outcomes.convergence, outcomes.status, detours.detour_states,
-                         n_resamples=settings["bootstrap"], alpha=settings["alpha"],
-                         seed=settings["seed"], n_jobs=n_jobs,
-                         max_iter=settings["bootstrap_iter"])  # fmt: skip
+                         n_resamples=settings.n_resamples, alpha=settings.alpha,
+                         seed=settings.seed, n_jobs=n_jobs, max_iter=settings.max_iter)  # fmt: skip
 
 
 @dataclass
@@ -316,17 +323,16 @@ class GroupRegression:
 
 
 def regress_group(
-    fit: FittedMap, outcomes: Outcomes, settings: Mapping[str, Any] | None = None, *,
+    fit: FittedMap, outcomes: Outcomes, settings: AnalysisSettings, *,
     regression: DetourRegression | None = None, bootstrap: BootstrapResult | None = None,
     out_dir: str | os.PathLike | None = None, title: str = "",
 ) -> GroupRegression:  # fmt: skip
     """Detour regression and trajectory dissimilarity of a fitted group; each detour carries how
     often ``bootstrap`` finds it again. ``regression``: the fit's own (:attr:`GroupFit.regression`),
     else it is fitted here on the decoded states (a workflow rule after the fit's)."""
-    settings = with_defaults(settings or {})
     hmm, states = fit.hmm, fit.states
     if regression is None:
-        regression = _detour_regression(hmm, states, outcomes, settings["alpha"])
+        regression = _detour_regression(hmm, states, outcomes, settings.alpha)
     distributions = {run: state_distribution(s, hmm.n_states_) for run, s in states.items()}
     found_again = {}
     if bootstrap is not None:
@@ -335,8 +341,8 @@ def regress_group(
         "n_states": hmm.n_states_,
         "selection_at_ceiling": bool(getattr(hmm, "at_ceiling_", False)),
         "detours_found_again": found_again,
-        "dissimilarity": trajectory_dissimilarity(distributions, settings["dissimilarity"]),
-        "dissimilarity_ground_metric": settings["dissimilarity"],
+        "dissimilarity": trajectory_dissimilarity(distributions, settings.dissimilarity),
+        "dissimilarity_ground_metric": settings.dissimilarity,
         "forking": bool(regression.detour_states) or _forks(states),
     }
     result = GroupRegression(regression, summary, outcomes)
@@ -391,7 +397,7 @@ def map_group(
 
 
 def map_runs(
-    runs: Mapping[str, pd.DataFrame], outcomes: Outcomes, settings: Mapping[str, Any],
+    runs: Mapping[str, pd.DataFrame], outcomes: Outcomes, settings: AnalysisSettings,
     out_dir: str | os.PathLike | None = None, title: str = "", n_jobs: int = 1,
 ) -> tuple[GroupFit, GroupRegression, GroupMap]:  # fmt: skip
     """One group's analysis in one step (``python -m trainmap.dynamics``, an external run set):
@@ -474,10 +480,10 @@ class JointResult:
         self.captions = {
             "verdicts.png": plots.plot_verdicts(
                 comparison.verdicts,
-                comparison.settings["confidence"],
+                comparison.settings.confidence,
                 out / "verdicts.png",
                 title=title,
-                alpha=comparison.settings["alpha"],
+                alpha=comparison.settings.alpha,
             ),
             "paths.png": plots.plot_path_difference(
                 comparison.time_resolved(), out / "paths.png", title=title
@@ -502,21 +508,21 @@ class JointResult:
 
 def joint_group(
     runs: Mapping[str, pd.DataFrame], groups: Mapping[str, str], outcomes: Outcomes,
-    settings: Mapping[str, Any], out_dir: str | os.PathLike | None = None, title: str = "",
+    settings: AnalysisSettings, out_dir: str | os.PathLike | None = None, title: str = "",
     n_jobs: int = 1, notes: Sequence[str] = (),
 ) -> JointResult:  # fmt: skip
     """One shared HMM over several groups' runs (``groups``: run id -> group label), the comparison
     of the groups, its verdicts, its bootstrap and its map; written to ``out_dir`` when given.
     ``notes``: sentences ``verdicts.md`` gives after the answer (e.g. what compares across
     architectures, :func:`~trainmap.dynamics.verdicts.timecourse.architecture_note`)."""
-    settings = with_defaults(settings)
     comparison = compare_groups(runs, groups, outcomes.convergence, outcomes.status,
-                                make_hmm(settings | {"n_jobs": n_jobs}), settings,
-                                no_curve=outcomes.no_curve)  # fmt: skip
-    bootstrap = run_bootstrap(comparison.hmm, runs, outcomes, comparison.detours, settings, n_jobs)
+                                make_hmm(settings.replace(n_jobs=n_jobs)),
+                                settings.verdict_settings, no_curve=outcomes.no_curve)  # fmt: skip
+    bootstrap = run_bootstrap(comparison.hmm, runs, outcomes, comparison.detours,
+                              settings.bootstrap_settings, n_jobs)  # fmt: skip
     stability = map_stability(comparison.hmm, runs, groups, outcomes.convergence, outcomes.status,
-                              comparison.detours.detour_states, settings, n_jobs,
-                              verdicts=comparison.verdicts, paths=comparison.paths,
+                              comparison.detours.detour_states, settings.stability_settings,
+                              n_jobs, verdicts=comparison.verdicts, paths=comparison.paths,
                               no_curve=outcomes.no_curve)  # fmt: skip
     comparison.verdicts = label_verdicts(comparison.verdicts, stability,
                                          comparison.detours_explained_by_group)  # fmt: skip

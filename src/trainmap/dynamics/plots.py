@@ -189,8 +189,8 @@ def plot_stability(stability: Any, path: str | os.PathLike, title: str = "") -> 
 
 
 def plot_verdicts(
-    verdicts: pd.DataFrame, confidence: float, path: str | os.PathLike, title: str = "",
-    alpha: float = 0.05,
+    verdicts: pd.DataFrame, confidence: float, path: str | os.PathLike, title: str = "", *,
+    alpha: float,
 ) -> str:  # fmt: skip
     """A labelled verdict table (:func:`trainmap.dynamics.verdicts.labels.label_verdicts`) in three
     panels: the Holm p-values of every verdict that is not about one state (every statistic on
@@ -440,7 +440,7 @@ def plot_group_convergence(
     return "Convergence step per group (box: quartiles; dots: runs) with each group's detour rate."
 
 
-def plot_paper(rows: Any, path: str | os.PathLike, confidence: float = 0.95) -> str:
+def plot_paper(rows: Any, path: str | os.PathLike, confidence: float) -> str:
     """The paper's tables 1 and 4 against trainmap's maps: R^2, dissimilarity (eq. 1) and K per
     setting, the paper's value beside each analysis pass with its bootstrap interval (``rows``:
     :func:`trainmap.dynamics.paper.paper_row` dicts)."""

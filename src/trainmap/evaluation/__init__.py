@@ -1,7 +1,9 @@
 """Evaluation of trained runs and the grid-wide summary.
 
 Per run: final test accuracy and loss (recomputed from the saved weights), best test accuracy,
-convergence step, parameter count, size on disk and CPU inference latency at a fixed batch size.
+convergence step, parameter count, size on disk and CPU inference latency at a fixed batch size
+(``evaluate.<task>``'s ``latency``, ``latency_batch`` and ``latency_repeats``, whose defaults are the
+config schema's: :data:`EVALUATE_DEFAULTS`, :func:`latency_probe`).
 Convergence step follows Hu et al. (training-dynamics paper, sec. 4): the first checkpoint whose test
 accuracy reaches the task's threshold, set slightly below the final accuracy; a run that never gets
 there is reported with ``converged: false`` and no step, never silently dropped.
@@ -12,7 +14,7 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -23,11 +25,22 @@ from torch import nn
 from trainmap.data import TaskData
 from trainmap.dynamics.metrics.columns import DIRECTIONS
 from trainmap.models import count_parameters
+from trainmap.schema import section_defaults
 from trainmap.training.augment import evaluation_inputs, recipe_of_record
 from trainmap.training.checkpoints import load_model
 from trainmap.training.loop import evaluate_split
 
 GROUP_KEYS = ["task", "arch", "method"]
+#: The defaults of ``evaluate.<task>``'s settings: the schema's.
+EVALUATE_DEFAULTS: dict[str, Any] = section_defaults("evaluate")
+
+
+def latency_probe(settings: Mapping[str, Any]) -> tuple[int, int]:
+    """``(latency_batch, latency_repeats)`` of a task's evaluation ``settings``
+    (``evaluate.<task>``): the batch whose forward pass is timed and how many passes are; an
+    omitted one takes the schema's default."""
+    given = {**EVALUATE_DEFAULTS, **settings}
+    return given["latency_batch"], given["latency_repeats"]
 
 
 def convergence_step(
@@ -91,10 +104,10 @@ def evaluate_form(
     form: str,
     model_path: str | Path,
     data: TaskData,
-    latency_batch: int = 256,
-    latency_repeats: int = 20,
+    latency_batch: int = EVALUATE_DEFAULTS["latency_batch"],
+    latency_repeats: int = EVALUATE_DEFAULTS["latency_repeats"],
     bytes_path: str | Path | None = None,
-    latency: str = "cpu",
+    latency: str = EVALUATE_DEFAULTS["latency"],
     prepare: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> dict[str, Any]:
     """Accuracy, size and latency of one form of a run's model (trained, deploy, sparse, int8...).
@@ -133,11 +146,11 @@ def evaluate_run(
     train_summary: dict[str, Any],
     data: TaskData,
     threshold: float,
-    latency_batch: int = 256,
-    latency_repeats: int = 20,
+    latency_batch: int = EVALUATE_DEFAULTS["latency_batch"],
+    latency_repeats: int = EVALUATE_DEFAULTS["latency_repeats"],
     form: str = "trained",
     other_forms: list[dict[str, Any]] | None = None,
-    latency: str = "cpu",
+    latency: str = EVALUATE_DEFAULTS["latency"],
 ) -> dict[str, Any]:
     """Everything the evaluation table reports about one run: its final model (``form``), its
     convergence, and the same measurements for its other forms (``other_forms``: dicts of

@@ -27,6 +27,7 @@ from trainmap.grid.cells import (
     retrains,
     run_checkpoints,
 )
+from trainmap.schema import section_defaults
 
 
 def check_paper(config: dict) -> None:
@@ -108,7 +109,8 @@ def _check_adaptive(
     """An adaptive joint comparison can grow: the stability curve is on, its maximum is not below
     the grid's seeds per method, and every adaptive comparison of its task adds seeds in the same
     step (their added seeds are shared). The schema checks the values' types and ranges."""
-    if not config.get("analysis", {}).get("stability", 0):
+    default = section_defaults("analysis")["stability"]  # the schema's, where the config sets none
+    if not config.get("analysis", {}).get("stability", default):
         raise ConfigError(f"config key {where}.adaptive: adaptive seeds stop when the stability "
                           "curve meets its target, but analysis.stability is 0 (no curve); set "
                           "analysis.stability to the subsamples per seed count, e.g. 20")  # fmt: skip

@@ -457,8 +457,10 @@ def adaptive_joints(config: dict) -> dict[str, AdaptiveJoint]:
         counts = Counter((cell.arch, cell.method) for cell in filled[spec["name"]])
         task_seeds = [cell.seed for cell in grid_cells if cell.task == spec["task"]]
         settings = joint_settings(config, spec["name"])
-        targets = {"stability_ari": adaptive.get("ari", settings.get("stability_ari", 0.9)),
-                   "stability_share": adaptive.get("share", settings.get("stability_share", 0.9))}  # fmt: skip
+        defaults = section_defaults("analysis")  # the schema's, where the config sets none
+        targets = {key: adaptive.get(short, settings.get(key, defaults[key]))
+                   for short, key in (("ari", "stability_ari"),
+                                      ("share", "stability_share"))}  # fmt: skip
         found[spec["name"]] = AdaptiveJoint(
             spec["name"], int(adaptive["step"]), int(adaptive["max"]), min(counts.values()),
             max(task_seeds) + 1, tuple(sorted(counts)), spec["task"], targets,

@@ -83,7 +83,7 @@ class ExternalSet:
         if self.hub is None:
             from trainmap.dynamics.runs.external import run_files
 
-            evaluation = self.spec.get("evaluation", "evaluation.csv")
+            evaluation = self.spec.get("evaluation", EXTERNAL_DEFAULTS["evaluation"])
             files = [
                 str(p) for run_dir in self.runs.values() for p in run_files(run_dir, evaluation)
             ]
@@ -266,7 +266,7 @@ def _check_runs_set(where: str, spec: Mapping[str, Any], base_dir: str | Path,
         )
     for run_dir in runs.values() if read_runs else ():
         try:
-            check_run_shapes(read_external_run(run_dir, spec.get("evaluation", "evaluation.csv"),
+            check_run_shapes(read_external_run(run_dir, spec.get("evaluation", EXTERNAL_DEFAULTS["evaluation"]),
                                                spec.get("accuracy_key"), needed_curve(spec)))  # fmt: skip
         except ExternalRunError as error:
             raise ConfigError(f"{where}.runs: {error}") from None

@@ -69,7 +69,7 @@ def check_train(where: str, settings: dict) -> None:
 
     try:  # a dtype this machine's CUDA device cannot hold, before any job
         policy = ArchivePolicy.from_value(settings.get("archive"))
-        device = str(settings.get("device", "cpu"))
+        device = str(with_train_defaults(settings)["device"])
         if device.startswith("cuda") and torch.cuda.is_available():
             policy.check_device(torch.device(device))
     except ValueError as error:
@@ -95,7 +95,7 @@ def check_train(where: str, settings: dict) -> None:
         augmentation(settings.get("augment"), f"config key {where}.augment")
     except ValueError as error:
         raise ConfigError(str(error)) from None
-    if settings.get("warmup_steps", 0) >= settings["steps"]:
+    if with_train_defaults(settings)["warmup_steps"] >= settings["steps"]:
         raise ConfigError(
             f"config key {where}.warmup_steps: {settings['warmup_steps']} must be below "
             f"{where}.steps = {settings['steps']}"

@@ -5,6 +5,11 @@ result, and logs to MLflow from that result object (never from the files the ste
 rule after ``fit_hmm`` reads what ``fit_hmm`` wrote (its input files). ``tracking`` is
 :func:`trainmap.tracking.tracking_settings` of the workflow's config; ``cell_hashes`` (``{cell id:
 cell hash}``, a rule param) names the parent run of each cell whose metrics a job logs.
+``settings`` is the analysis settings as the rule passes them (plain data, so that Snakemake
+compares them as text): a job builds its
+:class:`~trainmap.dynamics.maps.settings.AnalysisSettings` from them once, and records what they
+say (:meth:`~trainmap.dynamics.maps.settings.AnalysisSettings.as_dict`) in MLflow and in its
+settings hash.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from trainmap.dynamics.maps.settings import AnalysisSettings
 from trainmap.dynamics.metrics.tables import read_metric_table
 from trainmap.dynamics.pipeline import (
     FittedMap,
@@ -161,17 +167,20 @@ def _log_occupancy(
 
 def fit_hmm_job(
     group: str, cells: list[dict], metrics_paths: list[str], evaluation_paths: list[str],
-    settings: dict, out_dir: str | Path, tracking: Mapping[str, str], *, threads: int = 1,
+    settings: Mapping[str, Any], out_dir: str | Path, tracking: Mapping[str, str], *,
+    threads: int = 1,
 ) -> None:  # fmt: skip
     """Rule ``fit_hmm``: the training-map HMM of one group (task/arch/method) of runs, its
     baselines and its bootstrap over runs (``threads`` parallel processes)."""
     out_dir = Path(out_dir)
+    analysis = AnalysisSettings.of(settings)
+    recorded = analysis.as_dict()
     runs, outcomes = read_group_runs(metrics_paths, evaluation_paths, seed_labels(cells))
-    runs, outcomes = analysis_runs(runs, outcomes, settings)
+    runs, outcomes = analysis_runs(runs, outcomes, analysis)
     task = Cell.of(cells[0]).task
-    with rule_run(tracking, "fit_hmm", task=task, params={"analysis": settings, "group": group},
-                  config_hash=settings_hash([settings, group]), name=f"fit_hmm {group}") as run:  # fmt: skip
-        fit = fit_group(runs, outcomes, settings, out_dir, title=group, n_jobs=threads)
+    with rule_run(tracking, "fit_hmm", task=task, params={"analysis": recorded, "group": group},
+                  config_hash=settings_hash([recorded, group]), name=f"fit_hmm {group}") as run:  # fmt: skip
+        fit = fit_group(runs, outcomes, analysis, out_dir, title=group, n_jobs=threads)
         hmm = fit.hmm
         if hmm.at_ceiling_:
             print(f"warning: {group}: {hmm.ceiling_message()}")
@@ -183,7 +192,7 @@ def fit_hmm_job(
         _log_figures(run, fit.captions, out_dir)
         seeds = log_group(tracking, group, runs, outcomes.status,
                           stability_figure=out_dir / "stability.png",
-                          config_hash=settings_hash([settings, group]))  # fmt: skip
+                          config_hash=settings_hash([recorded, group]))  # fmt: skip
         run.set_tags({"seed_group_run": seeds})
         for name in ("selection.csv", "baselines.csv", "hmm.json", "bootstrap.json",
                      "stability.json"):  # fmt: skip
@@ -192,21 +201,22 @@ def fit_hmm_job(
 
 def regress_detours_job(
     group: str, cells: list[dict], evaluation_paths: list[str], out_dir: str | Path,
-    tracking: Mapping[str, str], cell_hashes: Mapping[str, str], settings: dict | None = None,
+    tracking: Mapping[str, str], cell_hashes: Mapping[str, str], settings: Mapping[str, Any],
 ) -> None:  # fmt: skip
     """Rule ``regress_detours``: detour states and trajectory dissimilarity of one group, from the
     fit ``fit_hmm`` wrote (its model, decoded states and bootstrap) and the runs' convergence steps
     (the metric tables are not needed). Each cell's parent MLflow run gets its state occupancy and
     detour visits."""
     out_dir = Path(out_dir)
+    analysis = AnalysisSettings.of(settings)
     labels = seed_labels(cells)
     outcomes = group_outcomes(evaluation_paths, labels)
     fit = FittedMap.load(out_dir)
     bootstrap = BootstrapResult.load(out_dir / "bootstrap.json")
     with rule_run(tracking, "regress_detours", task=Cell.of(cells[0]).task,
-                  params={"group": group}, config_hash=settings_hash([settings, group]),
+                  params={"group": group}, config_hash=settings_hash([analysis.as_dict(), group]),
                   name=f"regress_detours {group}") as run:  # fmt: skip
-        result = regress_group(fit, outcomes, settings, bootstrap=bootstrap, out_dir=out_dir,
+        result = regress_group(fit, outcomes, analysis, bootstrap=bootstrap, out_dir=out_dir,
                                title=group)  # fmt: skip
         regression = result.regression
         run.set_tags({"group": group, "detour_states": result.detour_states,
@@ -243,7 +253,7 @@ def training_map_job(
 
 def joint_comparison_job(
     name: str, cells: list[dict], labels: list[str], metrics_paths: list[str],
-    evaluation_paths: list[str], settings: dict, out_dir: str | Path,
+    evaluation_paths: list[str], settings: Mapping[str, Any], out_dir: str | Path,
     tracking: Mapping[str, str], cell_hashes: Mapping[str, str], *, threads: int = 1,
     external: list[dict] | None = None, adaptive_round: Mapping[str, Any] | None = None,
 ) -> None:  # fmt: skip
@@ -254,6 +264,8 @@ def joint_comparison_job(
     ``adaptive_round`` (checkpoint ``joint_round``): this is one round of an adaptive comparison;
     its decision goes to ``round.json`` (:func:`trainmap.dynamics.verdicts.adaptive.round_decision`)."""
     out_dir = Path(out_dir)
+    analysis = AnalysisSettings.of(settings)
+    recorded = analysis.as_dict()
     external = external or []
     run_ids = joint_run_ids(labels, cells)
     own_ids = list(run_ids)
@@ -262,17 +274,17 @@ def joint_comparison_job(
     metrics_paths = [*metrics_paths, *(run["metrics"] for run in external)]
     evaluation_paths = [*evaluation_paths, *(run["evaluation"] for run in external)]
     runs, outcomes = read_group_runs(metrics_paths, evaluation_paths, run_ids)
-    runs, outcomes = analysis_runs(runs, outcomes, settings)
+    runs, outcomes = analysis_runs(runs, outcomes, analysis)
     groups = {run: label for run, label in zip(run_ids, labels, strict=True) if run in runs}
     task = Cell.of(cells[0]).task if cells else "external"
     with rule_run(tracking, "joint_comparison", task=task,
-                  params={"analysis": settings, "joint": name},
-                  config_hash=settings_hash([settings, name, run_ids]),
+                  params={"analysis": recorded, "joint": name},
+                  config_hash=settings_hash([recorded, name, run_ids]),
                   name=f"joint {name}" + (f" round {adaptive_round['round']}"
                                           if adaptive_round is not None else "")) as run:  # fmt: skip
         architectures = [Cell.of(cell).arch for cell in cells]
-        note = architecture_note(architectures, settings.get("repvgg_weights", "train"))
-        result = joint_group(runs, groups, outcomes, settings, out_dir, title=name,
+        note = architecture_note(architectures, analysis.repvgg_weights)
+        result = joint_group(runs, groups, outcomes, analysis, out_dir, title=name,
                              n_jobs=threads, notes=[note])  # fmt: skip
         run.set_tags({"joint": name, "detour_states": result.detour_states})
         _log_stability(run, result.stability)
@@ -286,7 +298,7 @@ def joint_comparison_job(
         _log_figures(run, result.captions, out_dir)
         seeds = log_joint(tracking, name, runs, groups, outcomes.status, task=task,
                           stability_figure=out_dir / "stability.png",
-                          config_hash=settings_hash([settings, name, run_ids]),
+                          config_hash=settings_hash([recorded, name, run_ids]),
                           extra_tags=adaptive_round and {"adaptive_round": adaptive_round["round"]},
                           comparison_run_id=run.run_id)  # fmt: skip
         run.set_tags({"seed_group_run": seeds})

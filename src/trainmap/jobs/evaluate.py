@@ -10,7 +10,13 @@ import pandas as pd
 import torch
 
 from trainmap.data import load_task_data
-from trainmap.evaluation import compression_table, evaluate_run, group_metrics, summarise
+from trainmap.evaluation import (
+    compression_table,
+    evaluate_run,
+    group_metrics,
+    latency_probe,
+    summarise,
+)
 from trainmap.evaluation.plots import plot_compression, plot_learning_curves
 from trainmap.gpus import gpu_slot
 from trainmap.grid import Cell, SeedRange, is_sparse, latency_device
@@ -48,6 +54,7 @@ def evaluate_block_job(
     torch.set_num_threads(threads)
     job.uses(data_path)
     latency = latency_device(settings)
+    latency_batch, latency_repeats = latency_probe(settings)
 
     def evaluate(cell: Cell, run: RuleRun) -> dict[str, Any]:
         other_forms = []
@@ -68,8 +75,8 @@ def evaluate_block_job(
             load_json(job.input_file(run_manifest, cell, "train.json")),
             data,
             threshold=settings["threshold"],
-            latency_batch=settings.get("latency_batch", 256),
-            latency_repeats=settings.get("latency_repeats", 20),
+            latency_batch=latency_batch,
+            latency_repeats=latency_repeats,
             form="sparse" if is_sparse(cell) else "trained",
             other_forms=other_forms,
             latency=latency,

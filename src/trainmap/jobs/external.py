@@ -13,9 +13,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
+from trainmap.dynamics.maps.settings import ANALYSIS_DEFAULTS, AnalysisSettings
 from trainmap.dynamics.metrics.tables import read_metric_table
 from trainmap.dynamics.pipeline import map_runs
 from trainmap.dynamics.runs.external import ExternalRun, external_run_metrics, read_external_run
@@ -33,7 +35,8 @@ from trainmap.tracking import rule_run
 def external_metrics_job(
     name: str, runs: Mapping[str, str], out_dir: str | Path, manifest: str | Path,
     tracking: Mapping[str, str], *, threshold: float | None = None, heads: int | None = None,
-    evaluation: str = "evaluation.csv", convention: str = "paper", arch: dict | None = None,
+    evaluation: str = EXTERNAL_DEFAULTS["evaluation"],
+    convention: str = ANALYSIS_DEFAULTS["metrics"], arch: dict | None = None,
     accuracy_key: str | None = None, hub: str | Path | None = None,
     curves: Sequence[str | Path] | None = None, curve: str = EXTERNAL_DEFAULTS["curve"],
     direction: str = EXTERNAL_DEFAULTS["direction"],
@@ -120,18 +123,22 @@ def _model(arch: dict | None):
 
 def external_map_job(
     name: str, run_ids: list[str], metrics_paths: list[str], evaluation_paths: list[str],
-    settings: dict, out_dir: str | Path, tracking: Mapping[str, str], *, threads: int = 1,
+    settings: Mapping[str, Any], out_dir: str | Path, tracking: Mapping[str, str], *,
+    threads: int = 1,
 ) -> None:  # fmt: skip
     """Rule ``external_map``: the training map of one external set: fit (with its bootstrap),
-    detour regression and map, the steps a group map of the grid's own runs takes."""
+    detour regression and map, the steps a group map of the grid's own runs takes (``settings``:
+    the analysis settings as the rule passes them, :mod:`trainmap.jobs.analysis`)."""
     out_dir = Path(out_dir)
+    analysis = AnalysisSettings.of(settings)
+    recorded = analysis.as_dict()
     outcomes = group_outcomes(evaluation_paths, run_ids)
     runs = {run: read_metric_table(path, diverged=outcomes.status[run] == "diverged")
             for run, path in zip(run_ids, metrics_paths, strict=True)}  # fmt: skip
     title = f"external/{name}"
-    with rule_run(tracking, "external_map", task=title, params={"analysis": settings},
-                  config_hash=settings_hash([settings, name, run_ids])) as run:  # fmt: skip
-        fit, regression, _ = map_runs(runs, outcomes, settings, out_dir, title, threads)
+    with rule_run(tracking, "external_map", task=title, params={"analysis": recorded},
+                  config_hash=settings_hash([recorded, name, run_ids])) as run:  # fmt: skip
+        fit, regression, _ = map_runs(runs, outcomes, analysis, out_dir, title, threads)
         run.log_metrics({"n_states": fit.hmm.n_states_, "runs": len(runs)})
         run.set_tags({"external": name, "detour_states": regression.detour_states})
         for artifact in ("hmm.json", "detours.json", "map.json", "map.png"):

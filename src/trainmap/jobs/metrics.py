@@ -23,6 +23,7 @@ from trainmap.io import load_torch, write_atomic
 from trainmap.jobs.common import SeedRangeJob
 from trainmap.models import build_model
 from trainmap.models.repvgg import RepVGG, deploy_trajectory
+from trainmap.schema import section_defaults
 from trainmap.tracking import RuleRun
 from trainmap.training.archive import (
     ARCHIVE_DIRECTORY,
@@ -32,6 +33,9 @@ from trainmap.training.archive import (
     checkpoint_name,
 )
 
+#: The analysis settings' defaults (the schema's): the convention and RepVGG weights.
+ANALYSIS_DEFAULTS = section_defaults("analysis")
+
 
 def collect_metrics_block_job(
     block: SeedRange | dict,
@@ -40,8 +44,8 @@ def collect_metrics_block_job(
     tracking: Mapping[str, str],
     cell_hashes: Mapping[str, str],
     *,
-    convention: str = "paper",
-    repvgg_weights: str = "train",
+    convention: str = ANALYSIS_DEFAULTS["metrics"],
+    repvgg_weights: str = ANALYSIS_DEFAULTS["repvgg_weights"],
     threads: int = 1,
 ) -> list[pd.DataFrame]:
     """Rule ``collect_metrics``: per cell, the 14 weight metrics of every checkpoint of its run

@@ -12,10 +12,12 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
 from trainmap.dynamics import plots
+from trainmap.dynamics.maps.settings import AnalysisSettings
 from trainmap.dynamics.paper import (
     PAPER,
     analysis_settings,
@@ -32,10 +34,11 @@ from trainmap.tracking import rule_run
 
 def setting_runs(
     setting: str, analysis: str, cells: list[dict], metrics_paths: list[str],
-    evaluation_paths: list[str], settings: dict,
-) -> tuple[dict[str, pd.DataFrame], Outcomes, dict]:  # fmt: skip
+    evaluation_paths: list[str], settings: AnalysisSettings,
+) -> tuple[dict[str, pd.DataFrame], Outcomes, AnalysisSettings]:  # fmt: skip
     """One paper setting's runs and outcomes as analysis pass ``analysis`` sees them (its
-    checkpoints per run, its NaN rule), with the pass's settings: what rule ``paper_map`` maps."""
+    checkpoints per run, its NaN rule), with the pass's settings over the config's
+    (``settings``): what rule ``paper_map`` maps."""
     runs, outcomes = read_group_runs(metrics_paths, evaluation_paths, seed_labels(cells))
     shortest = min(len(table) for table in runs.values())
     settings = analysis_settings(settings, analysis, setting, shortest)
@@ -45,18 +48,21 @@ def setting_runs(
 
 def paper_map_job(
     setting: str, analysis: str, cells: list[dict], metrics_paths: list[str],
-    evaluation_paths: list[str], settings: dict, out_dir: str | Path,
+    evaluation_paths: list[str], settings: Mapping[str, Any], out_dir: str | Path,
     tracking: Mapping[str, str], *, threads: int = 1,
 ) -> None:  # fmt: skip
     """Rule ``paper_map``: the map of one paper setting under one analysis pass (``authors`` or
-    ``trainmap``), written to ``out_dir``."""
+    ``trainmap``), written to ``out_dir`` (``settings``: the config's analysis settings as the
+    rule passes them, :mod:`trainmap.jobs.analysis`)."""
     out_dir = Path(out_dir)
-    runs, outcomes, settings = setting_runs(setting, analysis, cells, metrics_paths,
-                                            evaluation_paths, settings)  # fmt: skip
-    params = {"analysis": settings, "setting": setting, "pass": analysis}
+    base = AnalysisSettings.of(settings)
+    runs, outcomes, passed = setting_runs(setting, analysis, cells, metrics_paths,
+                                          evaluation_paths, base)  # fmt: skip
+    recorded = passed.as_dict()
+    params = {"analysis": recorded, "setting": setting, "pass": analysis}
     with rule_run(tracking, "paper_map", task=setting, params=params,
-                  config_hash=settings_hash([settings, setting, analysis])) as run:  # fmt: skip
-        fit, regression, _ = map_runs(runs, outcomes, settings, out_dir,
+                  config_hash=settings_hash([recorded, setting, analysis])) as run:  # fmt: skip
+        fit, regression, _ = map_runs(runs, outcomes, passed, out_dir,
                                       title=f"{setting} ({analysis} analysis)", n_jobs=threads)  # fmt: skip
         run.set_tags({"setting": setting, "pass": analysis, "stability": fit.stability.line})
         run.log_metrics({"n_states": fit.hmm.n_states_, "runs": len(runs),

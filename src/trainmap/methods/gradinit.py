@@ -210,7 +210,7 @@ def gradinit_objective(
     variant: str,
     eta: float,
     gamma: float,
-    second_order: bool = False,
+    second_order: bool = DEFAULT_SETTINGS["second_order"],
 ) -> tuple[torch.Tensor, torch.Tensor, bool]:
     """``(value, ||g||, constraint_active)`` of one GradInit iteration, differentiable in alphas.
 
@@ -343,17 +343,17 @@ def gradinit(
     batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
     *,
     objective: str = "gradinit",
-    variant: str = "sgd",
-    eta: float = 0.1,
-    gamma: float = 1.0,
-    tau: float = 0.01,
-    iterations: int = 390,
-    batch_size: int = 128,
-    overlap: float = 0.5,
-    min_scale: float = 0.01,
-    min_bias_scale: float = 0.0,
-    metainit_eps: float = 1e-5,
-    second_order: bool = False,
+    variant: str = DEFAULT_SETTINGS["variant"],
+    eta: float = DEFAULT_SETTINGS["eta"],
+    gamma: float = DEFAULT_SETTINGS["gamma"],
+    tau: float = DEFAULT_SETTINGS["tau"],
+    iterations: int = DEFAULT_SETTINGS["iterations"],
+    batch_size: int = DEFAULT_SETTINGS["batch_size"],
+    overlap: float = DEFAULT_SETTINGS["overlap"],
+    min_scale: float = DEFAULT_SETTINGS["min_scale"],
+    min_bias_scale: float = DEFAULT_SETTINGS["min_bias_scale"],
+    metainit_eps: float = DEFAULT_SETTINGS["metainit_eps"],
+    second_order: bool = DEFAULT_SETTINGS["second_order"],
     progress: bool = False,
 ) -> GradInitResult:
     """Rescale ``model`` in place by GradInit (Algorithm 1) or MetaInit; return scales and history.

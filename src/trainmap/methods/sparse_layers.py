@@ -39,6 +39,10 @@ from torch import nn
 from trainmap.io import save_torch
 from trainmap.methods.nm import LEGACY_LAYOUT, from_nm_groups, grouped_axis_size, nm_groups
 from trainmap.models import eval_forward_with_hooks
+from trainmap.schema import section_defaults
+
+#: The sparse stage's defaults (the schema's), for the library functions used without a config.
+SPARSE_DEFAULTS = section_defaults("sparse")
 
 # --- masks ------------------------------------------------------------------------------------
 
@@ -180,8 +184,9 @@ def _sparse_copy(module: nn.Module, n: int, m: int, slorb_k: int | None,
     return layer
 
 
-def sparsifiable_layers(model: nn.Module, m: int, dense_layers: str = "first_last",
-                        layout: str = "input_channels") -> list[str]:  # fmt: skip
+def sparsifiable_layers(model: nn.Module, m: int,
+                        dense_layers: str = SPARSE_DEFAULTS["dense_layers"],
+                        layout: str = SPARSE_DEFAULTS["conv_groups"]) -> list[str]:  # fmt: skip
     """Names of the Linear/Conv2d layers to make N:M sparse: grouped input size (in ``layout``)
     divisible by M, and (with ``dense_layers="first_last"``) not the first weight layer nor the
     classifier (kept dense, as most N:M works on CNNs do)."""

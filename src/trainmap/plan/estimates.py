@@ -34,6 +34,7 @@ from typing import Any
 import pandas as pd
 
 from trainmap import grid
+from trainmap.evaluation import latency_probe
 from trainmap.grid import Cell, SeedRange
 from trainmap.plan.assumptions import (
     ANALYSIS_S_PER_OBSERVATION,
@@ -59,7 +60,9 @@ from trainmap.plan.assumptions import (
     Device,
 )
 from trainmap.plan.profile import ModelProfile, dataset_bytes, dataset_examples, model_profile
+from trainmap.schema import section_defaults
 from trainmap.training.archive import ArchivePolicy, checkpoint_steps, kept_indices
+from trainmap.training.config import TRAIN_DEFAULTS
 
 #: Resources requested from a scheduler are the plan's estimate times this, once, for every rule:
 #: the FLOP-based times hold to ~2x (bench/plan_accuracy.py), and a job past its request is killed.
@@ -124,7 +127,8 @@ class JobPlan:
 
 
 def device_of(settings: Mapping[str, Any]) -> Device:
-    return GPU if str(settings.get("device", "cpu")).startswith("cuda") else CPU
+    """Where train-style ``settings`` train (``device``; omitted: the schema's default)."""
+    return GPU if str(settings.get("device", TRAIN_DEFAULTS["device"])).startswith("cuda") else CPU
 
 
 #: Host bytes of one history row the training loop keeps per seed and checkpoint: a dict of six
@@ -243,11 +247,13 @@ def small_job(
 def gradinit_job(config: Mapping[str, Any], block: SeedRange) -> JobPlan:
     """GradInit / MetaInit: ``iterations`` steps of two forward/backward passes (the inner step
     and the objective's) of ``batch_size`` examples, S seeds at once on the training device."""
-    settings = grid.stage_settings(config, "gradinit", block.task)
+    # an omitted setting takes the schema's default, as the stage does (methods.gradinit)
+    given = grid.stage_settings(config, "gradinit", block.task)
+    settings = {**section_defaults("gradinit"), **given}
     train = grid.with_train_defaults(grid.train_settings(config, block.task))
     profile = model_profile(config, block.task, block.arch)
     device, seeds = device_of(train), len(block.seeds)
-    batch, iterations = int(settings.get("batch_size", 128)), int(settings.get("iterations", 100))
+    batch, iterations = int(settings["batch_size"]), int(settings["iterations"])
     step_s = 2 * device.step_seconds(profile, seeds)
     step_s += 2 * 3 * profile.forward_flops * batch * seeds / device.flops_per_s(profile)
     if device is CPU:
@@ -278,7 +284,7 @@ def analysis_job(
     time scaled from the default study's measured joint comparison (x ``fraction`` for lighter
     rules)."""
     observations = sum(grid.run_checkpoints(config, cell) for cell in cells)
-    k_max = int(grid.analysis_settings(config).get("k_max", 8))
+    k_max = int({**section_defaults("analysis"), **grid.analysis_settings(config)}["k_max"])
     return small_job(
         rule,
         job,
@@ -336,7 +342,7 @@ def block_job(
         return gradinit_job(config, block)
     profile = model_profile(config, block.task, block.arch)
     if rule == "sparse_retrain" and grid.method_retrains(block.method):
-        # The retraining's own settings, device included (TrainConfig's default: cpu).
+        # The retraining's own settings, device included (omitted: the schema's default).
         sparse = grid.stage_settings(config, "sparse", block.task).get("train", {})
         return training_job(config, rule, block, sparse, f"sparse.{block.task}.train", 4 / 3,
                             results)  # fmt: skip
@@ -372,9 +378,8 @@ def block_job(
         data_bytes, n_test = dataset_bytes(config, block.task, profile)
         evaluate = grid.evaluate_settings(config, block.task)
         where = grid.latency_device(evaluate)
-        latency = 0 if where == "none" else (
-            int(evaluate.get("latency_batch", 256)) * int(evaluate.get("latency_repeats", 20))
-        )  # fmt: skip
+        latency_batch, latency_repeats = latency_probe(evaluate)
+        latency = 0 if where == "none" else int(latency_batch) * int(latency_repeats)
         forms = (
             1
             + grid.has_deploy_form(block.arch)

@@ -35,10 +35,13 @@ from typing import Any
 import torch
 
 from trainmap.io import write_atomic
+from trainmap.schema import section_defaults
 
 ARCHIVE_DIRECTORY = "checkpoints"
 SCHEDULE_PATTERN = re.compile(r"^(all|none|every ([1-9][0-9]*)|log ([1-9][0-9]*))$")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+#: The defaults of ``train.<task>.archive``: the schema's.
+ARCHIVE_DEFAULTS: dict[str, str] = section_defaults("train", "archive")
 
 
 #: The most checkpoints one run may take. Each is a row of the metric table (14 metrics, 8 bytes
@@ -85,10 +88,11 @@ def kept_indices(n_checkpoints: int, schedule: str) -> list[int]:
 
 @dataclass(frozen=True)
 class ArchivePolicy:
-    """``train.<task>.archive``: which checkpoints a run keeps on disk and in which dtype."""
+    """``train.<task>.archive``: which checkpoints a run keeps on disk and in which dtype (an
+    omitted one: the schema's default, :data:`ARCHIVE_DEFAULTS`)."""
 
-    schedule: str = "all"
-    dtype: str = "float32"
+    schedule: str = ARCHIVE_DEFAULTS["schedule"]
+    dtype: str = ARCHIVE_DEFAULTS["dtype"]
 
     @classmethod
     def from_value(cls, value: ArchivePolicy | Mapping[str, Any] | None) -> ArchivePolicy:

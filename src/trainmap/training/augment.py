@@ -42,6 +42,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from trainmap.schema import section_defaults
+
 #: The authors' recipes. ``gradinit_cifar``: zhuchen03/gradinit ``train_cifar.py`` (RandomCrop(32,
 #: padding=4), RandomHorizontalFlip, Normalize((0.4914, 0.4822, 0.4465), (0.2023, 0.1994,
 #: 0.2010)), ``utils.Cutout(n_holes=1, length=16)``); ``training_maps_cifar``:
@@ -83,6 +85,8 @@ DRAW_COLUMNS = ("crop_y", "crop_x", "flip", "cutout_y", "cutout_x", "box_top", "
 _COLUMN = {name: index for index, name in enumerate(DRAW_COLUMNS)}
 #: RandomResizedCrop's defaults (torchvision): area fraction and aspect-ratio ranges, tries.
 RESIZED_SCALE, RESIZED_RATIO, RESIZED_TRIES = (0.08, 1.0), (3 / 4, 4 / 3), 10
+#: An option left out (``train.<task>.augment``): the schema's default, off.
+AUGMENT_DEFAULTS: dict[str, Any] = section_defaults("train", "augment")
 
 
 @dataclass(frozen=True)
@@ -91,9 +95,9 @@ class Augmentation:
 
     preset: str | None = None
     crop: int | None = None
-    padding: int = 0
-    padding_mode: str = "zeros"
-    flip: bool = False
+    padding: int = AUGMENT_DEFAULTS["padding"]
+    padding_mode: str = AUGMENT_DEFAULTS["padding_mode"]
+    flip: bool = AUGMENT_DEFAULTS["flip"]
     resized_crop: int | None = None
     cutout: int | None = None
     mixup: float | None = None
@@ -289,10 +293,10 @@ def _recipe(preset: str | None, values: Mapping[str, Any], where: str) -> Augmen
     mixup = values.get("mixup")
     if mixup is not None and not (isinstance(mixup, int | float) and mixup > 0):
         raise ValueError(f"{where}.mixup: alpha {mixup!r}; allowed: a number > 0, or null (off)")
-    padding = values.get("padding", 0)
+    padding = values.get("padding", AUGMENT_DEFAULTS["padding"])
     if isinstance(padding, bool) or not isinstance(padding, int) or padding < 0:
         raise ValueError(f"{where}.padding: {padding!r}; allowed: a whole number >= 0")
-    mode = values.get("padding_mode", "zeros")
+    mode = values.get("padding_mode", AUGMENT_DEFAULTS["padding_mode"])
     if mode not in ("zeros", "reflect"):
         raise ValueError(f"{where}.padding_mode: {mode!r}; allowed: zeros, reflect")
     normalize = values.get("normalize")
@@ -304,7 +308,7 @@ def _recipe(preset: str | None, values: Mapping[str, Any], where: str) -> Augmen
                              "deviations; give one of each per channel, every std > 0")  # fmt: skip
     return Augmentation(
         preset=preset, crop=positive("crop"), padding=padding, padding_mode=mode,
-        flip=bool(values.get("flip", False)), resized_crop=positive("resized_crop"),
+        flip=bool(values.get("flip", AUGMENT_DEFAULTS["flip"])), resized_crop=positive("resized_crop"),
         cutout=positive("cutout"), mixup=None if mixup is None else float(mixup), mean=mean,
         std=std,
     )  # fmt: skip

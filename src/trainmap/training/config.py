@@ -1,5 +1,14 @@
 """What one training run is told: its hyperparameters (:class:`TrainConfig`, ``params.yaml:
-train.<task>``) and where its outputs go (:class:`TrainPaths`)."""
+train.<task>``) and where its outputs go (:class:`TrainPaths`).
+
+Every field's default is the config schema's (``$defs/train_settings``), read once here: the
+schema is the one place a training setting's default is written. Five settings are a task's recipe
+that the schema requires in ``train.<task>`` (optimizer, lr, batch_size, steps, checkpoint_every);
+they keep a default all the same, as the other thirteen do, because a stage's retraining
+(``sparse.<task>.train``, a train-style mapping that may leave any key out) takes the schema's
+default for one it leaves out, and ``TrainConfig()`` is what the grid completes such a mapping
+with (:func:`trainmap.grid.with_train_defaults`).
+"""
 
 from __future__ import annotations
 
@@ -7,40 +16,45 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from trainmap.schema import section_defaults
 from trainmap.training.archive import ArchivePolicy, checkpoint_steps
 
 #: Settings that may differ between the seeds of one block: given as a list, seed ``s`` trains with
 #: the value at position ``s`` mod the list's length (a sweep inside one block).
 PER_SEED = ("lr", "momentum", "weight_decay")
 
+#: The defaults of ``train.<task>``'s settings: the schema's (``$defs/train_settings``).
+TRAIN_DEFAULTS: dict[str, Any] = section_defaults("train")
+
 
 @dataclass(frozen=True)
 class TrainConfig:
     """Training hyperparameters of one task (``params.yaml: train.<task>``); a setting of
-    :data:`PER_SEED` is a number or a tuple of per-seed values (:meth:`for_seed`)."""
+    :data:`PER_SEED` is a number or a tuple of per-seed values (:meth:`for_seed`). An omitted
+    setting takes the schema's default (:data:`TRAIN_DEFAULTS`)."""
 
-    optimizer: str = "sgd"
-    lr: float | tuple[float, ...] = 0.1
-    momentum: float | tuple[float, ...] = 0.0
-    betas: tuple[float, float] = (0.9, 0.999)
-    weight_decay: float | tuple[float, ...] = 0.0
-    batch_size: int = 32
-    steps: int = 1000
-    schedule: str = "constant"
-    warmup_steps: int = 0
-    grad_clip: float | None = None
-    checkpoint_every: int = 25
-    resume_every: int = 1000
-    device: str = "cpu"
+    optimizer: str = TRAIN_DEFAULTS["optimizer"]
+    lr: float | tuple[float, ...] = TRAIN_DEFAULTS["lr"]
+    momentum: float | tuple[float, ...] = TRAIN_DEFAULTS["momentum"]
+    betas: tuple[float, float] = tuple(TRAIN_DEFAULTS["betas"])
+    weight_decay: float | tuple[float, ...] = TRAIN_DEFAULTS["weight_decay"]
+    batch_size: int = TRAIN_DEFAULTS["batch_size"]
+    steps: int = TRAIN_DEFAULTS["steps"]
+    schedule: str = TRAIN_DEFAULTS["schedule"]
+    warmup_steps: int = TRAIN_DEFAULTS["warmup_steps"]
+    grad_clip: float | None = TRAIN_DEFAULTS["grad_clip"]
+    checkpoint_every: int = TRAIN_DEFAULTS["checkpoint_every"]
+    resume_every: int = TRAIN_DEFAULTS["resume_every"]
+    device: str = TRAIN_DEFAULTS["device"]
     archive: ArchivePolicy = field(default_factory=ArchivePolicy)
-    precision: str = field(default_factory=lambda: _schema_default("precision"))
-    deterministic: bool = field(default_factory=lambda: _schema_default("deterministic"))
+    precision: str = TRAIN_DEFAULTS["precision"]
+    deterministic: bool = TRAIN_DEFAULTS["deterministic"]
     #: the batch augmentation (``train.<task>.augment``; :mod:`trainmap.training.augment`), None
     #: when off
-    augment: dict[str, Any] | None = None
+    augment: dict[str, Any] | None = TRAIN_DEFAULTS["augment"]
     #: the optimiser's parameter groups (``train.<task>.param_groups``;
     #: :mod:`trainmap.training.param_groups`)
-    param_groups: str = field(default_factory=lambda: _schema_default("param_groups"))
+    param_groups: str = TRAIN_DEFAULTS["param_groups"]
 
     @classmethod
     def from_dict(cls, settings: dict[str, Any]) -> TrainConfig:
@@ -73,13 +87,6 @@ class TrainConfig:
     def checkpoint_steps(self) -> list[int]:
         """Every step the loop takes a checkpoint at (0, every ``checkpoint_every``, the last)."""
         return checkpoint_steps(self.steps, self.checkpoint_every)
-
-
-def _schema_default(key: str) -> Any:
-    """The config schema's default of training setting ``key`` (declared there only)."""
-    from trainmap.schema import section_defaults
-
-    return section_defaults("train")[key]
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from trainmap.dynamics.maps.settings import AnalysisSettings
 from trainmap.dynamics.metrics.tables import read_metric_table
 from trainmap.dynamics.pipeline import (
     FittedMap,
@@ -35,6 +36,8 @@ from .test_cli import write_tables
 
 SETTINGS = {"k_max": 4, "restarts": 2, "bootstrap": 4, "covariance_type": "diag",
             "permutations": 50}  # fmt: skip
+#: The steps take the typed settings; a job builds them from the plain mapping Snakemake passes.
+ANALYSIS = AnalysisSettings.of(SETTINGS)
 
 
 def digest(path: Path) -> str:
@@ -62,13 +65,13 @@ def test_steps_return_results_and_in_memory_equals_from_files(tables, tmp_path):
     files.mkdir()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        fit = fit_group(runs, outcomes, SETTINGS, memory, title="g")
+        fit = fit_group(runs, outcomes, ANALYSIS, memory, title="g")
     assert isinstance(fit, GroupFit)
     assert set(fit.captions) == {"selection.png", "states.png", "bootstrap.png", "stability.png"}
     assert fit.bootstrap.n_resamples == 4 and fit.states.keys() == runs.keys()
     assert fit.regression.detour_states == fit.bootstrap.detour_states
     # In memory (the command line): the fit's own regression and bootstrap.
-    regression = regress_group(fit, outcomes, SETTINGS, regression=fit.regression,
+    regression = regress_group(fit, outcomes, ANALYSIS, regression=fit.regression,
                                bootstrap=fit.bootstrap, out_dir=memory, title="g")  # fmt: skip
     training_map = map_group(fit, runs, outcomes, regression.detour_states, memory, title="g")
     assert isinstance(regression, GroupRegression) and isinstance(training_map, GroupMap)
@@ -82,7 +85,7 @@ def test_steps_return_results_and_in_memory_equals_from_files(tables, tmp_path):
     np.testing.assert_array_equal(loaded.states["seed1"], fit.states["seed1"])
     bootstrap = BootstrapResult.load(files / "bootstrap.json")
     assert bootstrap.to_dict() == json.loads(json.dumps(fit.bootstrap.to_dict()))
-    again = regress_group(loaded, outcomes, SETTINGS, bootstrap=bootstrap, out_dir=files,
+    again = regress_group(loaded, outcomes, ANALYSIS, bootstrap=bootstrap, out_dir=files,
                           title="g")  # fmt: skip
     map_group(loaded, runs, outcomes, again.detour_states, files, title="g")
     for name in ("detours.json", "coefficients.csv", "coefficients.png", "convergence.png",
@@ -97,7 +100,7 @@ def test_joint_result(tables, tmp_path):
     groups = {run: "odd" if int(run[-1]) % 2 else "even" for run in runs}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        joint = joint_group(runs, groups, outcomes, SETTINGS, tmp_path, title="j")
+        joint = joint_group(runs, groups, outcomes, ANALYSIS, tmp_path, title="j")
     assert isinstance(joint, JointResult)
     assert set(joint.captions) == {
         "verdicts.png",
@@ -126,6 +129,8 @@ def test_jobs_log_from_the_results(tables, tmp_path):
         regress_detours_job,
         training_map_job,
     )
+    from trainmap.jobs.common import settings_hash
+    from trainmap.tracking import flatten_params
 
     runs, outcomes = read_runs(tables)
     cells = [Cell("t", "a", "m", i).to_dict() for i in range(8)]
@@ -161,6 +166,12 @@ def test_jobs_log_from_the_results(tables, tmp_path):
     assert by_rule["regress_detours"].data.tags["detour_states"] == str(detours["detour_states"])
     assert "caption.map.png" in by_rule["training_map"].data.tags
     assert by_rule["joint_comparison"].data.tags["joint"] == "self"
+    # What the jobs record is the settings as the rule passed them (AnalysisSettings.as_dict).
+    assert by_rule["fit_hmm"].data.params == flatten_params({"analysis": SETTINGS,
+                                                              "group": "t/a/m"})  # fmt: skip
+    assert by_rule["fit_hmm"].data.tags["config_hash"] == settings_hash([SETTINGS, "t/a/m"])
+    assert by_rule["regress_detours"].data.tags["config_hash"] == settings_hash([SETTINGS,
+                                                                                 "t/a/m"])  # fmt: skip
     names = {rule: run.data.tags["mlflow.runName"] for rule, run in by_rule.items() if rule}
     assert names == {"fit_hmm": "fit_hmm t/a/m", "regress_detours": "regress_detours t/a/m",
                      "training_map": "training_map t/a/m", "joint_comparison": "joint self"}  # fmt: skip

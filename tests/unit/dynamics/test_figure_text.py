@@ -14,7 +14,7 @@ import trainmap.dynamics.maps.training_map as training_map_module
 import trainmap.figures as figures
 from trainmap.dynamics.pipeline import fit_group, joint_group, map_group, regress_group
 
-from .test_analysis_results import SETTINGS, read_runs
+from .test_analysis_results import ANALYSIS, read_runs
 from .test_cli import write_tables
 
 
@@ -51,13 +51,13 @@ def test_no_analysis_figure_cuts_a_word(tmp_path, cut) -> None:
     groups = {run: "gradinit" if int(run[-1]) % 2 else "kaiming" for run in runs}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        fit = fit_group(runs, outcomes, SETTINGS, tmp_path / "group", title="sparse_parity/mlp")
-        regression = regress_group(fit, outcomes, SETTINGS, regression=fit.regression,
+        fit = fit_group(runs, outcomes, ANALYSIS, tmp_path / "group", title="sparse_parity/mlp")
+        regression = regress_group(fit, outcomes, ANALYSIS, regression=fit.regression,
                                    bootstrap=fit.bootstrap, out_dir=tmp_path / "group",
                                    title="sparse_parity/mlp")  # fmt: skip
         group_map = map_group(fit, runs, outcomes, regression.detour_states, tmp_path / "group",
                               title="sparse_parity/mlp")  # fmt: skip
-        joint = joint_group(runs, groups, outcomes, SETTINGS | {"stability": 4},
+        joint = joint_group(runs, groups, outcomes, ANALYSIS.replace(stability=4),
                             tmp_path / "joint", title="parity_init")  # fmt: skip
     expected = {"selection.png", "states.png", "bootstrap.png", "stability.png", "verdicts.png",
                 "coefficients.png", "convergence.png", "map.png", "occupancy.png"}  # fmt: skip

@@ -13,7 +13,7 @@ import json
 import pandas as pd
 import pytest
 
-from trainmap.dynamics.maps.settings import make_hmm, with_defaults
+from trainmap.dynamics.maps.settings import AnalysisSettings, make_hmm
 from trainmap.dynamics.maps.synthetic import sample_methods, sample_runs
 from trainmap.dynamics.pipeline import Outcomes, convergence_from_tables, map_runs
 from trainmap.dynamics.verdicts.compare import CONVERGENCE_STEP, answer_lines
@@ -21,7 +21,7 @@ from trainmap.dynamics.verdicts.joint import compare_groups
 from trainmap.evaluation import convergence_step
 
 WHY = "the suite ships no curve"
-SMALL = {
+SMALL = AnalysisSettings.of({
     "k_max": 3,
     "restarts": 2,
     "bootstrap": 0,
@@ -29,7 +29,7 @@ SMALL = {
     "permutations": 200,
     "selection": "holdout",
     "baseline_k_max": 2,
-}
+})  # fmt: skip
 
 
 def test_a_falling_curve_converges_at_the_first_step_at_or_below_its_threshold() -> None:
@@ -73,10 +73,10 @@ def test_a_comparison_without_a_curve_drops_only_the_convergence_verdict() -> No
     per-run quantity: without a curve its row goes, and every other verdict is unchanged."""
     runs, groups, _, _ = sample_methods("detour", 0.6, 6, length=40, seed=2)
     status = dict.fromkeys(runs, "completed")
-    settings = with_defaults(SMALL)
+    verdicts = SMALL.verdict_settings
     convergence = convergence_from_tables(runs, 0.5)
-    full = compare_groups(runs, groups, convergence, status, make_hmm(settings), settings)
-    bare = compare_groups(runs, groups, dict.fromkeys(runs), status, make_hmm(settings), settings,
+    full = compare_groups(runs, groups, convergence, status, make_hmm(SMALL), verdicts)
+    bare = compare_groups(runs, groups, dict.fromkeys(runs), status, make_hmm(SMALL), verdicts,
                           no_curve=WHY)  # fmt: skip
     assert CONVERGENCE_STEP in set(full.verdicts["quantity"])
     assert CONVERGENCE_STEP not in set(bare.verdicts["quantity"])

@@ -18,6 +18,7 @@ from trainmap.dynamics.maps.regression import (
     state_distribution,
     trajectory_dissimilarity,
 )
+from trainmap.dynamics.maps.settings import AnalysisSettings
 from trainmap.dynamics.maps.synthetic import sample_runs
 from trainmap.dynamics.paper import (
     PAPER,
@@ -94,13 +95,14 @@ def test_contrasts_pair_each_forking_setting_with_each_linear_one_papers_pairs_f
 
 
 def test_authors_pass_is_the_authors_script_as_they_ran_it() -> None:
-    base = {"k_max": 6, "covariance_type": "diag", "bootstrap": 7}
-    assert analysis_settings(base, "trainmap") == base
-    authors = analysis_settings(base, "authors")
+    given = {"k_max": 6, "covariance_type": "diag", "bootstrap": 7}
+    base = AnalysisSettings.of(given)
+    assert analysis_settings(base, "trainmap").as_dict() == given
+    authors = analysis_settings(base, "authors").as_dict()
     # model_selection.py run with --cov_type full --num_iters 32: hmmlearn's own start and tol
     # (0.01 on the total log-likelihood), per-run z-scores of the first 1000 rows, NaN runs out,
     # K = 1..8, 5 restarts, the mean BIC over them, 20 % held out.
-    assert authors == base | {"standardisation": "per_run", "covariance_type": "full",
+    assert authors == given | {"standardisation": "per_run", "covariance_type": "full",
                               "init": "hmmlearn", "restart_rule": "mean", "n_iter": 32,
                               "tol": 0.01, "tol_scale": "total", "first_n": 1000,
                               "nan_runs": "runs", "k_max": 8, "restarts": 5, "holdout": 0.2,
@@ -110,13 +112,15 @@ def test_authors_pass_is_the_authors_script_as_they_ran_it() -> None:
 
 
 def test_authors_pass_sees_the_authors_checkpoints_per_run_where_the_runs_have_them() -> None:
+    def passed(analysis: str, setting: str, shortest: int) -> dict:
+        return analysis_settings(AnalysisSettings.of({}), analysis, setting, shortest).as_dict()
+
     # Stabilised modular addition: 30 per run in the authors' plots; trainmap's runs keep 101.
-    assert analysis_settings({}, "authors", "modular_addition_stabilised", 101)[
-        "checkpoints_per_run"] == 30  # fmt: skip
-    assert analysis_settings({}, "authors", "sparse_parities", 601)["checkpoints_per_run"] == 300
+    assert passed("authors", "modular_addition_stabilised", 101)["checkpoints_per_run"] == 30
+    assert passed("authors", "sparse_parities", 601)["checkpoints_per_run"] == 300
     # MNIST: the authors' 250 are more than the 5k subset's 101 checkpoints: every one is used.
-    assert analysis_settings({}, "authors", "mnist_5k", 101)["checkpoints_per_run"] is None
-    assert "checkpoints_per_run" not in analysis_settings({}, "trainmap", "mnist_5k", 101)
+    assert passed("authors", "mnist_5k", 101)["checkpoints_per_run"] is None
+    assert "checkpoints_per_run" not in passed("trainmap", "mnist_5k", 101)
 
 
 def test_checkpoint_cuts_spread_evenly_then_take_the_first_rows() -> None:
@@ -231,7 +235,8 @@ def mapped(tmp_path_factory) -> dict[str, Path]:
         out[analysis] = tmp_path_factory.mktemp(analysis)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            map_runs(runs, outcomes, analysis_settings(SMALL, analysis), out[analysis])
+            map_runs(runs, outcomes, analysis_settings(AnalysisSettings.of(SMALL), analysis),
+                     out[analysis])  # fmt: skip
     return out
 
 
@@ -408,11 +413,12 @@ def test_analysis_runs_cut_every_run_and_leave_out_nan_runs_with_their_outcomes(
     broken = table.assign(l2=np.where(table["step"] == 1000, np.nan, table["l2"]))  # kept: last
     runs = {"a": table, "b": broken}
     outcomes = Outcomes({"a": 300, "b": 400}, {"a": "completed", "b": "completed"})
-    settings = {"features": ["l2"], "checkpoints_per_run": 30, "nan_runs": "runs"}
+    settings = AnalysisSettings.of({"features": ["l2"], "checkpoints_per_run": 30,
+                                    "nan_runs": "runs"})  # fmt: skip
     with pytest.warns(UserWarning, match="1 of 2 runs left out of the map"):
         cut, kept = analysis_runs(runs, outcomes, settings)
     assert list(cut) == ["a"] and len(cut["a"]) == 30 and kept.convergence == {"a": 300}
     assert cut["a"]["step"].iloc[[0, -1]].tolist() == [0, 1000]
     # The convergence step stays the run's own: it comes from the whole history, not the cut.
-    same, _ = analysis_runs(runs, outcomes, {"features": ["l2"]})
+    same, _ = analysis_runs(runs, outcomes, AnalysisSettings.of({"features": ["l2"]}))
     assert same["a"] is runs["a"] and len(same) == 2

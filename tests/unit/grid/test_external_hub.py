@@ -275,7 +275,7 @@ def test_the_curve_settings_are_the_codes_and_the_jobs_defaults_the_schemas() ->
     item = config_schema()["properties"]["external"]["items"]["properties"]
     assert tuple(item["curve"]["enum"]) == CURVES and tuple(item["direction"]["enum"]) == DIRECTIONS
     job = inspect.signature(external_metrics_job).parameters
-    assert {key: job[key].default for key in ("curve", "direction")} == EXTERNAL_DEFAULTS
+    assert {key: job[key].default for key in EXTERNAL_DEFAULTS} == EXTERNAL_DEFAULTS
     assert (
         hub_module.DEFAULT_REVISION_PATTERN
         == item["hub"]["properties"]["revision_pattern"]["default"]

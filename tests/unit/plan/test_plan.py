@@ -167,6 +167,32 @@ def test_resources_come_from_the_plan_with_the_safety_factor(smoke: dict) -> Non
     assert gpu_resources["gpu_mem_mb"] >= gpu_job.gpu * plan.SAFETY_FACTOR / 1e6 > 0
 
 
+def test_an_omitted_stage_or_probe_setting_is_planned_at_the_schemas_default(smoke: dict) -> None:
+    """A task whose gradinit settings leave out iterations and batch_size, or whose evaluate
+    settings leave out the latency probe, is planned as the jobs run it: at the schema's defaults
+    (GradInit's 390 iterations of 128, the probe's 256 x 20), not at numbers of the plan's own."""
+    from trainmap.schema import section_defaults
+
+    block = SeedRange("sparse_parity", "mlp", "gradinit", 0, 1, (0, 1))
+    omitted = {**smoke, "gradinit": {"sparse_parity": {}}}
+    defaults = section_defaults("gradinit")
+    stated = {**smoke, "gradinit": {"sparse_parity": {
+        "iterations": defaults["iterations"], "batch_size": defaults["batch_size"]}}}  # fmt: skip
+    assert defaults["iterations"] == 390
+    assert plan.block_job(omitted, "gradinit", block).seconds == pytest.approx(
+        plan.block_job(stated, "gradinit", block).seconds
+    )
+    probe = section_defaults("evaluate")
+    assert (probe["latency_batch"], probe["latency_repeats"]) == (256, 20)
+    evaluate = {task: {"threshold": settings["threshold"]}
+                for task, settings in smoke["evaluate"].items()}  # fmt: skip
+    spelled = {task: {"threshold": settings["threshold"], "latency_batch": 256,
+                      "latency_repeats": 20} for task, settings in smoke["evaluate"].items()}  # fmt: skip
+    assert plan.block_job({**smoke, "evaluate": evaluate}, "evaluate", block).seconds == (
+        plan.block_job({**smoke, "evaluate": spelled}, "evaluate", block).seconds
+    )
+
+
 @pytest.mark.slow  # in-process, seconds
 @pytest.mark.parametrize("config", [*PAPER_CONFIGS, "config/sparse_parity_1000.yaml"])
 def test_paper_settings_and_the_1000_seed_study_fit_one_node(config: str) -> None:

@@ -171,8 +171,10 @@ def test_a_layer_crossed_upward_is_found() -> None:
     assert upward_imports({"trainmap.jobs.train": {"trainmap.io"}}) == []
     with pytest.raises(LookupError, match="trainmap.new_module"):
         layer_of("trainmap.new_module")
-    assert layer_of("trainmap.methods") < layer_of("trainmap.training") < layer_of(
-        "trainmap.methods.sparse"
+    assert (
+        layer_of("trainmap.methods")
+        < layer_of("trainmap.training")
+        < layer_of("trainmap.methods.sparse")
     )
 
 

@@ -19,9 +19,10 @@ regress (OLS has no censoring), so it is left out here; the convergence comparis
 
 A detour state (sec. 2.3): positive coefficient and not visited by every included run, and, as
 the paper recommends ("only interpreting the coefficients when they are statistically
-significant"), a coefficient significant at ``alpha`` (default 0.05) after a Holm correction across
-the states' tests (trainmap's own :func:`holm`; the same numbers as statsmodels' ``multipletests``
-without its cost). The authors' criterion without the test marked states as detours at p = 0.41.
+significant"), a coefficient significant at ``alpha`` (default ``analysis.alpha``) after a Holm
+correction across the states' tests (trainmap's own :func:`holm`; the same numbers as statsmodels'
+``multipletests`` without its cost). The authors' criterion without the test marked states as
+detours at p = 0.41.
 The regression is not fitted when the runs leave fewer than three residual degrees of freedom
 (runs <= regressors + 2): R^2 is then 1 or nearly so by construction (0.9996 on 7 runs and 6
 regressors), so the result says why instead of giving numbers. Adjusted R^2 is reported beside
@@ -45,6 +46,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
+
+from trainmap.schema import section_defaults
 
 
 def state_distribution(states: np.ndarray, n_states: int) -> np.ndarray:
@@ -81,7 +84,8 @@ def pairwise_distances(distributions: np.ndarray, ground: str = "total_variation
     return np.abs(cumulative[first] - cumulative[second]).sum(axis=1)
 
 
-DEFAULT_ALPHA = 0.05
+#: The detours' significance level: the config schema's default of ``analysis.alpha``.
+DEFAULT_ALPHA: float = section_defaults("analysis")["alpha"]
 EXCLUDED_NOTE = (
     "runs that never converged are left out of the regression (OLS has no censoring); the "
     "convergence comparison between groups counts them as censored at their last step (log-rank "

@@ -37,6 +37,7 @@ import numpy as np
 import pandas as pd
 
 from trainmap.dynamics.metrics.columns import HISTORY_COLUMNS, METRIC_NAMES, RATIOS
+from trainmap.schema import section_defaults
 
 #: The fix a :class:`MetricTableError` names when the caller knows no better one.
 REGENERATE = (
@@ -189,7 +190,7 @@ def analysis_tables(
     features: Sequence[str],
     per_run: int | None = None,
     first_n: int | None = None,
-    nan_runs: str = "features",
+    nan_runs: str = section_defaults("analysis")["nan_runs"],
 ) -> tuple[dict[str, pd.DataFrame], dict[str, str]]:
     """``(tables, left_out)``: each run's checkpoints the map sees (:func:`checkpoint_rows`) and,
     with ``nan_runs="runs"``, without the runs that have a non-finite value among ``features``

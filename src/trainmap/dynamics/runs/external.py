@@ -43,6 +43,7 @@ from trainmap.dynamics.metrics.weights import (
 )
 from trainmap.dynamics.runs.families import checkpoint_layout
 from trainmap.dynamics.runs.layouts import (
+    DEFAULT_CURVE,
     HF_CHECKPOINT_DIR,
     HF_WEIGHTS,
     LIGHTNING_CHECKPOINTS,
@@ -175,7 +176,7 @@ def read_external_run(
     directory: str | Path,
     evaluation_file: str = EVALUATION_FILE,
     accuracy_key: str | None = None,
-    curve: str | None = "test_acc",
+    curve: str | None = DEFAULT_CURVE,
 ) -> ExternalRun:
     """One external run directory, its checkpoints found and its evaluation curve checked. A
     trainmap run's checkpoint archive (``<run>/checkpoints``, trainmap.training.archive) reads

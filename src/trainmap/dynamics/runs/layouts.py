@@ -50,6 +50,11 @@ from trainmap.dynamics.runs.names import (
     CHECKPOINT_SUFFIXES,
     HF_STATE,
 )
+from trainmap.schema import defaults_at
+
+#: The column of a run's curve that convergence reads when none is named: the config schema's
+#: default of ``external[].curve``.
+DEFAULT_CURVE: str = defaults_at("external")["curve"]
 
 #: The Hugging Face Trainer layout: ``checkpoint-<step>/`` folders, each holding one of these.
 HF_CHECKPOINT_DIR = re.compile(r"^checkpoint-(\d+)$")
@@ -337,7 +342,9 @@ def _check_every_step(path: Path, curve: pd.DataFrame, steps: list[int], what: s
         raise ExternalRunError(f"{path}: {what} checkpoint step(s) {absent[:5]}; {fix}")
 
 
-def read_evaluation(path: Path, steps: list[int], curve: str | None = "test_acc") -> pd.DataFrame:
+def read_evaluation(
+    path: Path, steps: list[int], curve: str | None = DEFAULT_CURVE
+) -> pd.DataFrame:
     """The run's evaluation curve: ``step``, ``curve`` (the column convergence reads: ``test_acc``,
     or ``test_loss`` for a language model's held-out loss; None: none required) and the optional
     history columns."""

@@ -43,6 +43,7 @@ The permutation tests between methods that share one map, and their verdict tabl
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import time
@@ -55,8 +56,8 @@ import numpy as np
 import pandas as pd
 
 from trainmap.dynamics.maps.hmm.estimator import TrainingHMM, standardise_runs, unit_change
-from trainmap.dynamics.maps.hmm.factory import in_units, model_parameters
-from trainmap.dynamics.maps.hmm.selection import DEFAULT_FOLDS, ModelSelection, select_model
+from trainmap.dynamics.maps.hmm.factory import EMSettings, in_units, model_parameters
+from trainmap.dynamics.maps.hmm.selection import ModelSelection, select_model
 from trainmap.dynamics.maps.hmm.splits import SelectionFailed
 from trainmap.dynamics.maps.regression import (
     GROUND_METRICS,
@@ -64,6 +65,7 @@ from trainmap.dynamics.maps.regression import (
     state_distribution,
     trajectory_dissimilarity,
 )
+from trainmap.dynamics.maps.settings import ANALYSIS_DEFAULTS
 from trainmap.dynamics.verdicts.stability_results import (
     STATE_JACCARD,
     dissolved_shares,
@@ -175,9 +177,9 @@ def bootstrap_map(
     convergence: Mapping[str, int | None],
     status: Mapping[str, str],
     detour_states: Sequence[int],
-    n_resamples: int = 200,
-    alpha: float = 0.05,
-    seed: int = 0,
+    n_resamples: int = ANALYSIS_DEFAULTS["bootstrap"],
+    alpha: float = ANALYSIS_DEFAULTS["alpha"],
+    seed: int = ANALYSIS_DEFAULTS["seed"],
     n_jobs: int = 1,
     max_iter: int | None = None,
     warm_start: bool = True,
@@ -234,13 +236,13 @@ class Refit:
     processes."""
 
     standardisation: dict[str, Any]  # the full fit's statistics (TrainingHMM.standardisation_)
-    settings: dict[str, Any]  # EM settings (TrainingHMM.settings(), n_iter capped for warm starts)
+    settings: EMSettings  # EM settings (TrainingHMM.settings(), n_iter capped for warm starts)
     ks: list[int]
     restarts: int
     restart_rule: str
     starts: dict[int, dict[str, np.ndarray]] | None  # K -> the full fit's parameters, or None
-    selection: str = "holdout"  # the full fit's selection rule (TrainingHMM.selection)
-    folds: int = DEFAULT_FOLDS
+    selection: str  # the full fit's selection rule (TrainingHMM.selection)
+    folds: int  # the full fit's folds (TrainingHMM.folds)
     # the reproducible rule's settings (TrainingHMM.reproducibility()), the runs' groups (run ->
     # group: runs are drawn, and halves split, per group) and, warm-started, the full fit's half
     # maps (split -> K -> parameters): each half of a refit continues from the full fit's half
@@ -264,10 +266,11 @@ class Refit:
                 "reproducibility": hmm.reproducibility(),
                 "strata": getattr(hmm, "strata_", None)}  # fmt: skip
         capped = {"n_iter": max_iter} if max_iter and warm_start else {}
+        em = dataclasses.replace(hmm.settings(), **capped)
         if not reselect_k:
             k = hmm.n_states_
             starts = {k: model_parameters(hmm.model_)} if warm_start else None
-            return cls(hmm.standardisation_, hmm.settings() | capped, [k],
+            return cls(hmm.standardisation_, em, [k],
                        1 if warm_start else restarts or hmm.restarts, hmm.restart_rule, starts,
                        **rule)  # fmt: skip
         if not warm_start:
@@ -277,7 +280,7 @@ class Refit:
         halves = {split: {k: model_parameters(model) for k, model in models.items()}
                   for split, models in getattr(hmm, "half_models_", {}).items()}  # fmt: skip
         ks = sorted(set(starts).intersection(*halves.values()) if halves else starts)
-        return cls(hmm.standardisation_, hmm.settings() | capped, ks, 1, hmm.restart_rule, starts,
+        return cls(hmm.standardisation_, em, ks, 1, hmm.restart_rule, starts,
                    **rule, half_starts=halves or None, reselect_k=True)  # fmt: skip
 
 
@@ -314,7 +317,7 @@ def refit_resample(
                                      pooled_over=drawn, fallback_std=fallback)  # fmt: skip
     shift, scale = unit_change(full, statistics)
     starts, half_starts = None, None
-    covariance_type = refit.settings["covariance_type"]
+    covariance_type = refit.settings.covariance_type
     if refit.starts is not None:
         starts = {k: in_units(parameters, shift, scale, covariance_type)
                   for k, parameters in refit.starts.items() if k in refit.ks}  # fmt: skip

@@ -37,6 +37,7 @@ import numpy as np
 import pandas as pd
 
 from trainmap.dynamics.maps.regression import fill_holm, state_distribution
+from trainmap.dynamics.maps.settings import ANALYSIS_DEFAULTS
 from trainmap.dynamics.verdicts import paths as label_free
 from trainmap.dynamics.verdicts import timecourse
 from trainmap.dynamics.verdicts.survival import compare_survival
@@ -137,7 +138,8 @@ class PathEvidence:
 def path_evidence(
     runs: Mapping[str, pd.DataFrame], states: Mapping[str, np.ndarray], n_states: int,
     features: Sequence[str], status: Mapping[str, str], grid_points: int,
-    start_window: int | str = "10%", counts: Mapping[str, np.ndarray] | None = None,
+    start_window: int | str = ANALYSIS_DEFAULTS["start_window"],
+    counts: Mapping[str, np.ndarray] | None = None,
 ) -> PathEvidence:  # fmt: skip
     """The :class:`PathEvidence` of a joint comparison's runs: diverged runs (``status``) left
     out, every other run's ``features`` on a common grid of ``grid_points`` steps and at the runs'
@@ -204,10 +206,10 @@ def smallest_p(n_first: int, n_second: int, n_permutations: int) -> float:
 def compare_methods(
     quantities: pd.DataFrame,
     groups: Mapping[str, str],
-    n_permutations: int = 2000,
-    confidence: float = 0.95,
-    alpha: float = 0.05,
-    seed: int = 0,
+    n_permutations: int = ANALYSIS_DEFAULTS["permutations"],
+    confidence: float = ANALYSIS_DEFAULTS["confidence"],
+    alpha: float = ANALYSIS_DEFAULTS["alpha"],
+    seed: int = ANALYSIS_DEFAULTS["seed"],
     censored_at: Mapping[str, float] | None = None,
     paths: PathEvidence | None = None,
 ) -> pd.DataFrame:
@@ -230,7 +232,7 @@ def compare_methods(
             f"analysis.permutations {n_permutations}: a relabelling test's smallest p-value is "
             f"1/(1 + permutations), which cannot reach alpha {alpha:g} with fewer than "
             f"{math.ceil(1 / alpha)}; set analysis.permutations >= {math.ceil(1 / alpha)} "
-            "(default 2000)"
+            f"(default {ANALYSIS_DEFAULTS['permutations']})"
         )  # fmt: skip
     order = list(dict.fromkeys(groups[run] for run in groups))
     rows = []

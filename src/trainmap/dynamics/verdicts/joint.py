@@ -29,7 +29,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -41,7 +40,7 @@ from trainmap.dynamics.maps.regression import (
     state_distribution,
     trajectory_dissimilarity,
 )
-from trainmap.dynamics.maps.settings import with_defaults
+from trainmap.dynamics.maps.settings import ANALYSIS_DEFAULTS, AnalysisSettings, VerdictSettings
 from trainmap.dynamics.verdicts.compare import (
     PathEvidence,
     censoring_steps,
@@ -75,7 +74,7 @@ class JointComparison:
     convergence: pd.DataFrame  # run, group, convergence_step, status
     dissimilarity: dict[str, float]
     verdicts: pd.DataFrame
-    settings: dict
+    settings: VerdictSettings
     paths: PathEvidence | None = None  # the label-free verdicts' runs (diverged left out)
     bands: dict[tuple[str, str], TimeResolved] = field(default_factory=dict)
     no_curve: str = ""  # why the runs have no convergence step ("" when they have one)
@@ -110,7 +109,7 @@ class JointComparison:
         """The verdict table as Markdown, the lines on what the runs' lack of a convergence step
         leaves out (:meth:`left_out`), a line naming the features the shared map leaves out
         (and why), and a line on detours the group explains as well."""
-        text = verdict_markdown(self.verdicts, self.settings["confidence"])
+        text = verdict_markdown(self.verdicts, self.settings.confidence)
         text += "".join(f"\n{line}\n" for line in self.left_out())
         if self.hmm.dropped_features_:
             text += f"\n{self.hmm.dropped_note()}\n"
@@ -152,7 +151,7 @@ class JointComparison:
             "groups": per_group,
             "detour_states": self.detours.detour_states,
             "detours_explained_by_group": self.detours_explained_by_group,
-            "dissimilarity_ground_metric": self.settings["dissimilarity"],
+            "dissimilarity_ground_metric": self.settings.dissimilarity,
             "verdicts": self.verdicts.to_dict(orient="records"),
             "regression": self.detours.to_dict(),
             "regression_with_groups": self.with_groups.to_dict(),
@@ -173,7 +172,7 @@ def detour_visit_rates(
 
 def check_comparable(
     runs: Mapping[str, pd.DataFrame], groups: Mapping[str, str], status: Mapping[str, str],
-    grid_points: int, start_window: int | str = "10%",
+    grid_points: int, start_window: int | str = ANALYSIS_DEFAULTS["start_window"],
 ) -> None:  # fmt: skip
     """Bad input a comparison cannot answer, raised before any fit: a group with fewer than 2
     runs (a relabelling test has nothing to relabel; the ValueError names the group and its run),
@@ -205,23 +204,25 @@ def compare_groups(
     convergence: Mapping[str, int | None],
     status: Mapping[str, str],
     hmm: TrainingHMM,
-    settings: Mapping[str, Any] | None = None,
+    settings: VerdictSettings | None = None,
     no_curve: str = "",
 ) -> JointComparison:
     """Fit ``hmm`` (unfitted, configured) on the pooled runs and compare the groups (``groups``:
     run id -> group label).
 
-    ``settings``: the analysis settings used here (``alpha``, ``dissimilarity``, ``permutations``,
-    ``confidence``, ``seed``; :data:`trainmap.dynamics.maps.settings.ANALYSIS_DEFAULTS` fills the rest).
-    ``no_curve``: why the runs have no convergence step (:class:`~trainmap.dynamics.pipeline.Outcomes`):
-    then neither regression is fitted and the convergence step is no verdict.
+    ``settings``: the analysis settings' verdict view
+    (:attr:`~trainmap.dynamics.maps.settings.AnalysisSettings.verdict_settings`; None: the
+    schema's defaults). ``no_curve``: why the runs have no convergence step
+    (:class:`~trainmap.dynamics.pipeline.Outcomes`): then neither regression is fitted and the
+    convergence step is no verdict.
     """
-    settings = with_defaults(settings or {})
-    check_comparable(runs, groups, status, settings["trajectory_points"], settings["start_window"])
+    if settings is None:
+        settings = AnalysisSettings.of({}).verdict_settings
+    check_comparable(runs, groups, status, settings.trajectory_points, settings.start_window)
     hmm.fit(runs, strata=groups)
     states = hmm.decode(runs)
     distributions = {run: state_distribution(s, hmm.n_states_) for run, s in states.items()}
-    detours = regress_detours(distributions, convergence, status, alpha=settings["alpha"],
+    detours = regress_detours(distributions, convergence, status, alpha=settings.alpha,
                               no_curve=no_curve)  # fmt: skip
     order = list(dict.fromkeys(groups[run] for run in groups))
     indicators = pd.DataFrame(
@@ -229,7 +230,7 @@ def compare_groups(
         index=list(runs),
     )
     with_groups = regress_detours(distributions, convergence, status, extra=indicators,
-                                  alpha=settings["alpha"], no_curve=no_curve)  # fmt: skip
+                                  alpha=settings.alpha, no_curve=no_curve)  # fmt: skip
     occupancy = pd.DataFrame(
         [np.mean([distributions[r] for r in runs if groups[r] == g], axis=0) for g in order],
         index=order,
@@ -246,34 +247,34 @@ def compare_groups(
     )
     dissimilarity = {
         g: trajectory_dissimilarity(
-            {r: distributions[r] for r in runs if groups[r] == g}, settings["dissimilarity"]
+            {r: distributions[r] for r in runs if groups[r] == g}, settings.dissimilarity
         )  # fmt: skip
         for g in order
     }
     evidence = path_evidence(runs, states, hmm.n_states_, hmm.features_, status,
-                             settings["trajectory_points"], settings["start_window"],
+                             settings.trajectory_points, settings.start_window,
                              map_transitions(hmm, runs))  # fmt: skip
     quantities = run_quantities(states, hmm.n_states_, convergence, status, detours.detour_states,
                                 evidence.after_window(), with_convergence=not no_curve)  # fmt: skip
     ordered_groups = {run: groups[run] for g in order for run in groups if groups[run] == g}
     verdicts = compare_methods(quantities.loc[list(ordered_groups)], ordered_groups,
-                               n_permutations=settings["permutations"],
-                               confidence=settings["confidence"], alpha=settings["alpha"],
-                               seed=settings["seed"],
+                               n_permutations=settings.permutations,
+                               confidence=settings.confidence, alpha=settings.alpha,
+                               seed=settings.seed,
                                censored_at=censoring_steps(runs, convergence, status),
                                paths=evidence)  # fmt: skip
     bands = metric_bands(evidence, ordered_groups, settings)
     verdicts = with_band_notes(verdicts, bands)
     return JointComparison(hmm, states, dict(groups), detours, with_groups, occupancy,
-                           visit_rates, table, dissimilarity, verdicts, dict(settings), evidence,
+                           visit_rates, table, dissimilarity, verdicts, settings, evidence,
                            bands, no_curve)  # fmt: skip
 
 
-def metric_bands(evidence: PathEvidence, groups: Mapping[str, str], settings: Mapping[str, Any]
+def metric_bands(evidence: PathEvidence, groups: Mapping[str, str], settings: VerdictSettings
                  ) -> dict[tuple[str, str], TimeResolved]:  # fmt: skip
     """Per pair of groups with 2 runs each: where their metrics differ at the shared checkpoints
-    (:func:`~trainmap.dynamics.verdicts.timecourse.time_resolved`, ``settings``' permutations and alpha,
-    seeded by the analysis seed and the pair's position)."""
+    (:func:`~trainmap.dynamics.verdicts.timecourse.time_resolved`, ``settings``' permutations and
+    alpha, seeded by the analysis seed and the pair's position)."""
     order = list(dict.fromkeys(groups[run] for run in groups))
     found = {}
     for i, first in enumerate(order):
@@ -283,14 +284,14 @@ def metric_bands(evidence: PathEvidence, groups: Mapping[str, str], settings: Ma
             in_first = np.array([groups[r] == first for r in members], dtype=bool)
             if in_first.sum() < 2 or (~in_first).sum() < 2:
                 continue
-            rng = np.random.default_rng(np.random.SeedSequence([settings["seed"], i, j, 59]))
+            rng = np.random.default_rng(np.random.SeedSequence([settings.seed, i, j, 59]))
             band = time_resolved({r: evidence.values[r] for r in members}, in_first,
                                  evidence.features, evidence.checkpoints,
-                                 settings["permutations"], settings["alpha"], rng)  # fmt: skip
-            if settings["trajectory_points"] > len(evidence.checkpoints):
+                                 settings.permutations, settings.alpha, rng)  # fmt: skip
+            if settings.trajectory_points > len(evidence.checkpoints):
                 band.notes.append(
                     f"the runs share {len(evidence.checkpoints)} checkpoints, fewer than "
-                    f"trajectory_points {settings['trajectory_points']}: every checkpoint is "
+                    f"trajectory_points {settings.trajectory_points}: every checkpoint is "
                     "compared")  # fmt: skip
             found[first, second] = band
     return found

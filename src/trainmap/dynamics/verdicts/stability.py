@@ -72,6 +72,7 @@ import pandas as pd
 
 from trainmap.dynamics.maps.hmm.estimator import TrainingHMM
 from trainmap.dynamics.maps.hmm.splits import SelectionFailed
+from trainmap.dynamics.maps.settings import ANALYSIS_DEFAULTS, StabilitySettings
 from trainmap.dynamics.verdicts.certainty import (
     RefitResult,
     refit_detours,
@@ -109,7 +110,8 @@ from trainmap.dynamics.verdicts.stability_results import (
 )
 from trainmap.dynamics.verdicts.timecourse import DYNAMICS, START
 
-DEFAULT_STEP = 8
+#: The ladder's step (seeds per method): the config schema's default of ``analysis.stability_step``.
+DEFAULT_STEP: int = ANALYSIS_DEFAULTS["stability_step"]
 #: The label-free verdicts a subsample can test again only with the comparison's path evidence
 #: (states visited is a per-run quantity of run_quantities, tested without it).
 LABEL_FREE = (START, DYNAMICS, TRAJECTORIES, FIRST_PASSAGE, TRANSITIONS, COLLAPSED_PATHS)
@@ -154,17 +156,17 @@ def stability_curve(
     status: Mapping[str, str],
     detour_states: Sequence[int],
     ladder: Sequence[int] | None = None,
-    n_subsamples: int = 20,
+    n_subsamples: int = ANALYSIS_DEFAULTS["stability"],
     targets: StabilityTargets | None = None,
-    seed: int = 0,
-    alpha: float = 0.05,
+    seed: int = ANALYSIS_DEFAULTS["seed"],
+    alpha: float = ANALYSIS_DEFAULTS["alpha"],
     n_jobs: int = 1,
     max_iter: int | None = None,
     max_fraction: float = DEFAULT_MAX_FRACTION,
     warm_start: bool = True,
     verdicts: pd.DataFrame | None = None,
-    permutations: int = 2000,
-    confidence: float = 0.95,
+    permutations: int = ANALYSIS_DEFAULTS["permutations"],
+    confidence: float = ANALYSIS_DEFAULTS["confidence"],
     paths: PathEvidence | None = None,
     reselect_k: bool = False,
     restarts: int | None = None,
@@ -348,33 +350,32 @@ def _held_verdicts(
 def map_stability(
     hmm: TrainingHMM, runs: Mapping[str, pd.DataFrame], groups: Mapping[str, str] | None,
     convergence: Mapping[str, int | None], status: Mapping[str, str],
-    detour_states: Sequence[int], settings: Mapping[str, Any], n_jobs: int = 1,
+    detour_states: Sequence[int], settings: StabilitySettings, n_jobs: int = 1,
     verdicts: pd.DataFrame | None = None, paths: PathEvidence | None = None, no_curve: str = "",
 ) -> MapStability:  # fmt: skip
-    """The stability curve of a fitted map with the analysis settings (``stability`` subsamples
-    per n, 0: none; ``stability_step``, ``stability_max_fraction``, ``stability_ari`` (the
-    secondary ARI's target), ``stability_share``); ``verdicts``, a joint comparison's verdict
-    table, to test its verdicts again. Its refits keep the full map's K and start afresh
-    (``warm_start=False``), with ``stability_restarts`` seeded restarts each: a warm start at K
-    would carry the full map's states into every subsample, and the curve asks what n fresh seeds
-    would find."""
-    if not settings["stability"]:
+    """The stability curve of a fitted map with the analysis settings' stability view
+    (:attr:`~trainmap.dynamics.maps.settings.AnalysisSettings.stability_settings`: ``subsamples``
+    per n, 0: none; the ladder's ``step`` and ``max_fraction``, the targets ``ari`` (the secondary
+    ARI's) and ``share``); ``verdicts``, a joint comparison's verdict table, to test its verdicts
+    again. Its refits keep the full map's K and start afresh (``warm_start=False``), with
+    ``restarts`` seeded restarts each: a warm start at K would carry the full map's states into
+    every subsample, and the curve asks what n fresh seeds would find."""
+    if not settings.subsamples:
         return MapStability(None, "analysis.stability is 0")
     sizes = pd.Series(list(groups.values())).value_counts() if groups else pd.Series([len(runs)])
-    ladder = default_ladder(int(sizes.min()), settings["stability_step"],
-                            settings["stability_max_fraction"])  # fmt: skip
+    ladder = default_ladder(int(sizes.min()), settings.step, settings.max_fraction)
     if not ladder:
         per = " per method" if groups else ""
         return MapStability(None, f"{int(sizes.min())} runs{per} leave no seed count to try (a "
                                   f"subsample needs >= 2 runs{per} and at most "
-                                  f"{settings['stability_max_fraction']:g} of them)")  # fmt: skip
-    targets = StabilityTargets(settings["stability_ari"], settings["stability_share"])
+                                  f"{settings.max_fraction:g} of them)")  # fmt: skip
+    targets = StabilityTargets(settings.ari, settings.share)
     curve = stability_curve(
         hmm, runs, groups, convergence, status, detour_states, ladder=ladder,
-        n_subsamples=settings["stability"], targets=targets, seed=settings["seed"],
-        alpha=settings["alpha"], n_jobs=n_jobs, max_iter=settings["bootstrap_iter"],
-        max_fraction=settings["stability_max_fraction"], verdicts=verdicts,
-        permutations=settings["permutations"], confidence=settings["confidence"], paths=paths,
-        warm_start=False, restarts=settings["stability_restarts"], no_curve=no_curve,
+        n_subsamples=settings.subsamples, targets=targets, seed=settings.seed,
+        alpha=settings.alpha, n_jobs=n_jobs, max_iter=settings.max_iter,
+        max_fraction=settings.max_fraction, verdicts=verdicts,
+        permutations=settings.permutations, confidence=settings.confidence, paths=paths,
+        warm_start=False, restarts=settings.restarts, no_curve=no_curve,
     )  # fmt: skip
     return MapStability(curve)

@@ -34,7 +34,13 @@ from typing import Any
 
 import numpy as np
 
-DEFAULT_MAX_FRACTION = 0.8
+from trainmap.dynamics.maps.settings import ANALYSIS_DEFAULTS
+
+#: The ladder's limit, the stability targets (ARI, share of subsamples): the config schema's
+#: defaults of ``analysis.stability_max_fraction``, ``stability_ari`` and ``stability_share``.
+DEFAULT_MAX_FRACTION: float = ANALYSIS_DEFAULTS["stability_max_fraction"]
+DEFAULT_ARI: float = ANALYSIS_DEFAULTS["stability_ari"]
+DEFAULT_SHARE: float = ANALYSIS_DEFAULTS["stability_share"]
 #: Hennig's (2007) rule of thumb for cluster-wise stability: a state whose mean Jaccard agreement
 #: over the refits reaches 0.75 reproduces (a mean <= 0.5: it dissolved).
 STATE_JACCARD = 0.75
@@ -103,8 +109,8 @@ class StabilityTargets:
     in :attr:`StabilityPoint.ari_share`, a secondary number; the criterion of a curve without
     per-state agreement (a ``stability.json`` written before it), in place of the states."""
 
-    ari: float = 0.9
-    share: float = 0.9
+    ari: float = DEFAULT_ARI
+    share: float = DEFAULT_SHARE
     require_k: bool = False
     jaccard: float = STATE_JACCARD
 
@@ -127,7 +133,7 @@ class StabilityPoint:
     ks: list[int]  # per subsample (-1: the refit failed)
     ari: list[float]  # per subsample (NaN: the refit failed)
     detour_found: dict[int, float]  # full detour state -> share of subsamples finding it again
-    ari_target: float = 0.9
+    ari_target: float = DEFAULT_ARI
     verdict_held: dict[str, float] = field(default_factory=dict)  # verdict -> share holding again
     # per subsample, per state of the full map: the Jaccard agreement of its checkpoints with the
     # subsample map's matched state (trainmap.dynamics.verdicts.certainty.state_jaccard; 0: failed refit)
@@ -256,7 +262,7 @@ class StabilityCurve:
     detour_states: list[int]
     max_fraction: float = DEFAULT_MAX_FRACTION
     groups: list[str] | None = None
-    seed: int = 0
+    seed: int = ANALYSIS_DEFAULTS["seed"]
     seconds: float = math.nan
     group_sizes: dict[str, int] = field(default_factory=dict)
     verdicts: list[str] = field(default_factory=list)  # the full map's verdicts followed

@@ -312,7 +312,7 @@ def time_resolved(values: Mapping[str, np.ndarray], in_first: np.ndarray, featur
 SCALE_FREE_METRICS = ("l1_l2", "trace_spectral")
 
 
-def architecture_note(architectures: Sequence[str], repvgg_weights: str = "train") -> str:
+def architecture_note(architectures: Sequence[str], repvgg_weights: str) -> str:
     """What compares across the architectures of a comparison ("" for one architecture): which
     metrics a rescaling leaves alone, and, for RepVGG, which weights are measured
     (``analysis.repvgg_weights``)."""

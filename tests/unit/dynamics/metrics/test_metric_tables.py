@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from trainmap.dynamics.maps.hmm.estimator import TrainingHMM
+from trainmap.dynamics.maps.settings import AnalysisSettings
 from trainmap.dynamics.maps.synthetic import sample_runs
 from trainmap.dynamics.metrics.tables import REGENERATE, MetricTableError, read_metric_table
 from trainmap.dynamics.metrics.weights import METRIC_NAMES, trajectory_metrics
@@ -235,7 +236,8 @@ def test_a_model_without_biases_drops_its_bias_metrics_by_name(tmp_path, runs):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         joint = compare_groups(tables, groups, dict.fromkeys(tables), {},
-                               TrainingHMM(k_max=2, restarts=1), {"permutations": 20})  # fmt: skip
+                               TrainingHMM(k_max=2, restarts=1),
+                               AnalysisSettings.of({"permutations": 20}).verdict_settings)  # fmt: skip
     summary = joint.summary()
     assert summary["dropped_features"] == dict.fromkeys(BIASES, NO_BIASES)
     assert summary["features"] == list(METRIC_NAMES[:11])

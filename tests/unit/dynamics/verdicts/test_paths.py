@@ -8,6 +8,7 @@ import pandas as pd
 import pytest
 
 from trainmap.dynamics.maps.hmm.estimator import TrainingHMM
+from trainmap.dynamics.maps.settings import AnalysisSettings
 from trainmap.dynamics.maps.synthetic import sample_runs
 from trainmap.dynamics.verdicts import paths, timecourse
 from trainmap.dynamics.verdicts.compare import (
@@ -205,7 +206,8 @@ def test_a_label_free_verdict_is_tested_again_on_subsamples():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         hmm = TrainingHMM(k_max=3, restarts=1)
-        comparison = compare_groups(shifted, groups, {}, {}, hmm, {"permutations": 200})
+        verdicts = AnalysisSettings.of({"permutations": 200}).verdict_settings
+        comparison = compare_groups(shifted, groups, {}, {}, hmm, verdicts)
     key = f"b vs a, {paths.TRAJECTORIES}: {DIFFER}"
     curve = stability_curve(comparison.hmm, shifted, groups, {}, {}, [], ladder=[12],
                             n_subsamples=4, max_iter=5, verdicts=comparison.verdicts,

@@ -29,6 +29,7 @@ import pytest
 
 from trainmap.dynamics.maps.hmm.estimator import TrainingHMM
 from trainmap.dynamics.maps.regression import regress_detours, state_distribution
+from trainmap.dynamics.maps.settings import AnalysisSettings
 from trainmap.dynamics.maps.synthetic import left_to_right_hmm, sample_runs
 from trainmap.dynamics.metrics.weights import METRIC_NAMES
 from trainmap.dynamics.verdicts.stability import default_ladder, draw_subsample, stability_curve
@@ -280,7 +281,8 @@ def detour_comparison():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         hmm = TrainingHMM(k_max=5, restarts=2, features=METRIC_NAMES[:4], selection="holdout")
-        comparison = compare_groups(runs, groups, convergence, status, hmm, {"permutations": 500})
+        verdicts = AnalysisSettings.of({"permutations": 500}).verdict_settings
+        comparison = compare_groups(runs, groups, convergence, status, hmm, verdicts)
     return runs, groups, convergence, status, comparison
 
 
@@ -457,9 +459,7 @@ def test_the_curves_refits_take_the_stability_restarts(strong, monkeypatch):
         return refit
 
     monkeypatch.setattr(certainty.Refit, "of", classmethod(spy))
-    settings = {"stability": 2, "stability_step": 8, "stability_max_fraction": 0.8,
-                "stability_ari": 0.9, "stability_share": 0.9, "seed": 0, "alpha": 0.05,
-                "bootstrap_iter": 10, "permutations": 100, "confidence": 0.95,
-                "stability_restarts": 1}  # fmt: skip
-    map_stability(hmm, runs, None, convergence, status, [], settings)
+    settings = AnalysisSettings.of({"stability": 2, "stability_step": 8, "permutations": 100,
+                                    "stability_restarts": 1})  # fmt: skip
+    map_stability(hmm, runs, None, convergence, status, [], settings.stability_settings)
     assert seen == [1]

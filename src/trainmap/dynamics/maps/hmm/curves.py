@@ -32,6 +32,9 @@ RESTART_RULES = ("best", "mean")
 #: bench/selection_reproducible.py; docs/decisions/hmm-selection.md).
 DEFAULT_REPRODUCE_ARI: float = section_defaults("analysis")["reproduce_ari"]
 DEFAULT_REPRODUCE_SHARE: float = section_defaults("analysis")["reproduce_share"]
+#: Which reproducing K the ``reproducible`` rule takes: the schema's default of
+#: ``analysis.reproduce_k``.
+DEFAULT_REPRODUCE_K: str = section_defaults("analysis")["reproduce_k"]
 #: Which K the ``reproducible`` rule takes up to K_BIC (setting ``reproduce_k``): ``largest``, the
 #: largest K whose half maps reproduce; ``nested``, the largest K such that K and every smaller K
 #: reproduce (one less than the first K that fails). Measured by bench/selection_reproducible.py
@@ -118,7 +121,7 @@ def folds_curve(fits: Sequence[dict[str, Any]], restart_rule: str, n_folds: int)
 def reproducibility_curve(
     fits: Sequence[dict[str, Any]], z: Mapping[str, np.ndarray], n_halves: int,
     restart_rule: str, target_ari: float, target_share: float, every_k: bool = True,
-    reproduce_k: str = "largest",
+    reproduce_k: str = DEFAULT_REPRODUCE_K,
 ) -> tuple[pd.DataFrame, dict[int, dict[int, Any]]]:  # fmt: skip
     """The selection curve of the ``reproducible`` rule and the half maps.
 
@@ -212,7 +215,7 @@ def bic_minimum(selection: pd.DataFrame) -> int | None:
     return int(finite.sort_values(["bic", "n_states"], kind="stable").iloc[0]["n_states"])
 
 
-def choose_k(selection: pd.DataFrame, reproduce_k: str = "largest") -> int:
+def choose_k(selection: pd.DataFrame, reproduce_k: str = DEFAULT_REPRODUCE_K) -> int:
     """The K with the lowest criterion ``bic`` (the smaller K on a tie); with the ``reproducible``
     rule's curve (a ``reproducible`` column), up to that K: the largest K whose half maps
     reproduce (``reproduce_k="largest"``), or the largest K such that K and every smaller K

@@ -32,6 +32,8 @@ docs/decisions/hmm-selection.md.
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import json
 import os
 import warnings
@@ -41,6 +43,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from hmmlearn.hmm import GaussianHMM
 
 from trainmap.dynamics.maps.hmm.curves import REPRODUCE_K, RESTART_RULES
 from trainmap.dynamics.maps.hmm.factory import (
@@ -48,6 +51,7 @@ from trainmap.dynamics.maps.hmm.factory import (
     EMISSIONS,
     INITIALISATIONS,
     TOL_SCALES,
+    EMSettings,
     check_choice,
     covars_in_own_shape,
     emission_model,
@@ -59,6 +63,10 @@ from trainmap.dynamics.metrics.tables import UNDEFINED_BY_ARCHITECTURE
 from trainmap.io import save_json, write_atomic
 from trainmap.schema import section_defaults
 
+#: hmmlearn's floor on the covariances (``GaussianHMM(min_covar=...)``'s default), which
+#: ``analysis.min_covar`` left out keeps.
+HMMLEARN_MIN_COVAR: float = inspect.signature(GaussianHMM).parameters["min_covar"].default
+
 #: The config schema's ``analysis`` defaults, :class:`TrainingHMM`'s keyword defaults (the values
 #: of :data:`trainmap.dynamics.maps.settings.ANALYSIS_DEFAULTS`, read here because that module imports
 #: this one).
@@ -67,6 +75,12 @@ STANDARDISE_WINDOW = 1000
 #: A feature whose standard deviation is below this is constant up to float32 rounding.
 NUMERICALLY_CONSTANT = 1e-7
 STANDARDISATIONS = ("pooled", "per_run")
+#: The parameters every EM fit of every K uses (:meth:`TrainingHMM.settings`,
+#: :class:`~trainmap.dynamics.maps.hmm.factory.EMSettings`'s fields).
+EM_PARAMETERS = tuple(field.name for field in dataclasses.fields(EMSettings))
+#: The ``reproducible`` and ``gain`` rules' parameters (:meth:`TrainingHMM.reproducibility`).
+RULE_PARAMETERS = ("halves", "reproduce_ari", "reproduce_share", "reproduce_k", "half_size",
+                   "min_gain")  # fmt: skip
 
 
 def standardise(values: np.ndarray, window: int = STANDARDISE_WINDOW) -> tuple[np.ndarray, ...]:
@@ -150,7 +164,9 @@ class TrainingHMM:
     The keyword defaults are the config schema's ``analysis`` defaults
     (``workflow/schemas/config.schema.yaml``; ``random_state`` is ``analysis.seed``), read from it,
     so the estimator without a config fits as the workflow does, selection rule included.
-    ``min_covar``, ``n_jobs`` and ``features`` have no schema default; theirs are written here.
+    ``min_covar``, ``n_jobs`` and ``features`` have no schema default: ``min_covar`` is hmmlearn's
+    (``GaussianHMM``'s floor on the covariances), ``n_jobs`` the processes a fit uses (1: serial;
+    the fit is the same for any count) and ``features`` every metric.
     """
 
     def __init__(
@@ -174,11 +190,12 @@ class TrainingHMM:
         n_iter: int = _SCHEMA_DEFAULTS["n_iter"],
         tol: float = _SCHEMA_DEFAULTS["tol"],
         tol_scale: str = _SCHEMA_DEFAULTS["tol_scale"],
-        min_covar: float = 1e-3,
+        min_covar: float = HMMLEARN_MIN_COVAR,
         random_state: int = _SCHEMA_DEFAULTS["seed"],
         n_jobs: int = 1,
         features: Sequence[str] = METRIC_NAMES,
     ) -> None:
+        arguments = dict(locals())  # the parameters, before anything else is bound here
         if not isinstance(k_max, int) or k_max < 1:
             raise ValueError(f"k_max: {k_max!r} is not allowed; it must be an integer >= 1")
         if not isinstance(restarts, int) or restarts < 1:
@@ -214,14 +231,8 @@ class TrainingHMM:
         for key, value in (("reproduce_ari", reproduce_ari), ("reproduce_share", reproduce_share)):
             if not (isinstance(value, int | float) and 0 < value <= 1):
                 raise ValueError(f"{key}: {value!r} is not allowed; it must be in (0, 1]")
-        self.tol_scale, self.halves = tol_scale, halves
-        self.reproduce_ari, self.reproduce_share = reproduce_ari, reproduce_share
-        self.reproduce_k, self.half_size, self.min_gain = reproduce_k, half_size, min_gain
-        self.k_max, self.restarts, self.holdout = k_max, restarts, holdout
-        self.covariance_type, self.standardisation = covariance_type, standardisation
-        self.restart_rule, self.init, self.n_iter, self.tol = restart_rule, init, n_iter, tol
-        self.min_covar, self.random_state, self.n_jobs = min_covar, random_state, n_jobs
-        self.selection, self.folds, self.emission = selection, folds, emission
+        for name in self.param_names():  # each parameter kept as given (scikit-learn's rule)
+            setattr(self, name, arguments[name])
         self.features = tuple(features)
 
     # --- fitting -------------------------------------------------------------------------------
@@ -265,12 +276,20 @@ class TrainingHMM:
             warnings.warn(self.ceiling_message(), stacklevel=2)
         return self
 
+    @classmethod
+    def param_names(cls) -> tuple[str, ...]:
+        """The estimator's parameters, read from its constructor's signature (scikit-learn's
+        ``_get_param_names``): the one list of them."""
+        return tuple(name for name in inspect.signature(cls.__init__).parameters if name != "self")
+
+    def get_params(self) -> dict[str, Any]:
+        """Every parameter's value, by name (scikit-learn's ``get_params``)."""
+        return {name: getattr(self, name) for name in self.param_names()}
+
     def reproducibility(self) -> dict[str, Any]:
-        """The ``reproducible`` and ``gain`` rules' settings
-        (:func:`~trainmap.dynamics.maps.hmm.selection.select_model`'s keywords)."""
-        return {"halves": self.halves, "reproduce_ari": self.reproduce_ari,
-                "reproduce_share": self.reproduce_share, "reproduce_k": self.reproduce_k,
-                "half_size": self.half_size, "min_gain": self.min_gain}  # fmt: skip
+        """The ``reproducible`` and ``gain`` rules' settings (:data:`RULE_PARAMETERS`;
+        :func:`~trainmap.dynamics.maps.hmm.selection.select_model`'s keywords)."""
+        return {name: getattr(self, name) for name in RULE_PARAMETERS}
 
     def ceiling_message(self) -> str:
         """What a selection that chose K_max means, and the fix."""
@@ -283,18 +302,9 @@ class TrainingHMM:
             "standardisation) before reading the map's states"
         )
 
-    def settings(self) -> dict[str, Any]:
-        """The EM and selection settings every fit uses (plain values, picklable)."""
-        return {
-            "covariance_type": self.covariance_type,
-            "init": self.init,
-            "emission": self.emission,
-            "n_iter": self.n_iter,
-            "tol": self.tol,
-            "tol_scale": self.tol_scale,
-            "min_covar": self.min_covar,
-            "random_state": self.random_state,
-        }
+    def settings(self) -> EMSettings:
+        """The EM settings every fit uses (:data:`EM_PARAMETERS`; plain values, picklable)."""
+        return EMSettings(**{name: getattr(self, name) for name in EM_PARAMETERS})
 
     def _usable_features(
         self, runs: Mapping[str, pd.DataFrame]
@@ -473,19 +483,7 @@ class TrainingHMM:
 
     def estimator_settings(self) -> dict[str, Any]:
         """The constructor arguments (JSON-ready): ``TrainingHMM(**settings)`` is this estimator."""
-        return {
-            "k_max": self.k_max,
-            "restarts": self.restarts,
-            "holdout": self.holdout,
-            "standardisation": self.standardisation,
-            "restart_rule": self.restart_rule,
-            "selection": self.selection,
-            "folds": self.folds,
-            **self.reproducibility(),
-            **self.settings(),
-            "n_jobs": self.n_jobs,
-            "features": list(self.features),
-        }
+        return self.get_params() | {"features": list(self.features)}
 
     def save(self, npz_path: str | os.PathLike, json_path: str | os.PathLike) -> None:
         """Parameters as arrays (npz) and everything else as JSON (the emission model among the

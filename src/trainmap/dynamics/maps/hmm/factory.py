@@ -18,6 +18,7 @@ import logging
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -33,6 +34,23 @@ TOL_SCALES = ("per_observation", "total")
 #: (``run_offset_drift``) and a per-run offset, linear drift and scale (``run_affine``) of
 #: :mod:`trainmap.dynamics.maps.hmm.run_terms`.
 EMISSIONS = ("plain", "run_offset", "run_offset_drift", "run_affine")
+
+
+@dataclass(frozen=True)
+class EMSettings:
+    """The settings every EM fit of every K uses: the emission model and its EM (:func:`make_model`),
+    where EM starts (``init``) and the seed the restarts' seeds derive from (``random_state``).
+    :meth:`~trainmap.dynamics.maps.hmm.estimator.TrainingHMM.settings` makes it from the
+    estimator's parameters of these names; plain values, so it travels to worker processes."""
+
+    covariance_type: str
+    init: str
+    emission: str
+    n_iter: int
+    tol: float
+    tol_scale: str
+    min_covar: float
+    random_state: int
 
 
 def check_choice(key: str, value: Any, allowed: Sequence[str]) -> None:
@@ -57,18 +75,18 @@ def emission_model(n_states: int, emission: str, **kw: Any) -> Any:
                         scale=emission == "run_affine", **kw)  # fmt: skip
 
 
-def make_model(n_states: int, settings: Mapping[str, Any], n_observations: int, **kw: Any) -> Any:
-    """An unfitted model of the settings' emission model (:func:`emission_model`; settings
-    without ``emission``: ``plain``) with the estimator's EM settings."""
-    per_observation = settings.get("tol_scale", "per_observation") == "per_observation"
+def make_model(n_states: int, settings: EMSettings, n_observations: int, **kw: Any) -> Any:
+    """An unfitted model of the settings' emission model (:func:`emission_model`) with the
+    estimator's EM settings."""
+    per_observation = settings.tol_scale == "per_observation"
     return emission_model(
         n_states,
-        settings.get("emission", "plain"),
-        covariance_type=settings["covariance_type"],
-        n_iter=settings["n_iter"],
+        settings.emission,
+        covariance_type=settings.covariance_type,
+        n_iter=settings.n_iter,
         # hmmlearn's tol is on the total log-likelihood; ours is per observation by default.
-        tol=settings["tol"] * (n_observations if per_observation else 1),
-        min_covar=settings["min_covar"],
+        tol=settings.tol * (n_observations if per_observation else 1),
+        min_covar=settings.min_covar,
         **kw,
     )
 

@@ -102,7 +102,11 @@ from trainmap.dynamics.maps.hmm.run_term_updates import (
     solve_run_terms,
     solve_scales,
 )
+from trainmap.schema import section_defaults
 
+#: The covariance type of a model made without one: the config schema's default of
+#: ``analysis.covariance_type``.
+DEFAULT_COVARIANCE_TYPE: str = section_defaults("analysis")["covariance_type"]
 #: Default prior standard deviation of an offset (and a drift), in standardised units.
 DEFAULT_OFFSET_SCALE = 0.5
 #: Alternations of posteriors and offset update for a new run (parameters fixed).
@@ -169,7 +173,8 @@ class RunOffsetHMM(BatchedGaussianHMM):
     fits_in_lockstep = False
 
     def __init__(
-        self, n_components: int = 1, covariance_type: str = "full", *, drift: bool = False,
+        self, n_components: int = 1, covariance_type: str = DEFAULT_COVARIANCE_TYPE, *,
+        drift: bool = False,
         scale: bool = False, offset_scale: float = DEFAULT_OFFSET_SCALE,
         drift_scale: float = DEFAULT_OFFSET_SCALE, offset_iter: int = DEFAULT_OFFSET_ITER,
         search_rounds: int = DEFAULT_SEARCH_ROUNDS, **kwargs: Any,

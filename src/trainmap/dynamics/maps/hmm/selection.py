@@ -28,6 +28,7 @@ import pandas as pd
 
 from trainmap.dynamics.maps.hmm.curves import (
     DEFAULT_REPRODUCE_ARI,
+    DEFAULT_REPRODUCE_K,
     DEFAULT_REPRODUCE_SHARE,
     choose_k,
     folds_curve,
@@ -36,6 +37,7 @@ from trainmap.dynamics.maps.hmm.curves import (
     selection_curve,
 )
 from trainmap.dynamics.maps.hmm.factory import (
+    EMSettings,
     check_choice,
     initialise,
     make_model,
@@ -53,6 +55,12 @@ from trainmap.dynamics.maps.hmm.splits import (
 from trainmap.schema import section_defaults
 
 SELECTION_RULES = ("holdout", "folds", "reproducible", "gain")
+#: The selection rule, its restarts per K and how a K's restarts score it: the config schema's
+#: defaults of ``analysis.selection``, ``analysis.restarts`` and ``analysis.restart_rule``
+#: (docs/decisions/hmm-selection.md).
+DEFAULT_SELECTION: str = section_defaults("analysis")["selection"]
+DEFAULT_RESTARTS: int = section_defaults("analysis")["restarts"]
+DEFAULT_RESTART_RULE: str = section_defaults("analysis")["restart_rule"]
 #: Folds of the runs for ``selection="folds"``: the config schema's default of ``analysis.folds``
 #: (bench/selection_nuisance.py; docs/decisions/hmm-selection.md).
 DEFAULT_FOLDS: int = section_defaults("analysis")["folds"]
@@ -163,7 +171,7 @@ def score_heldout(
 
 
 def _fit_ks_together(
-    ks: Sequence[int], restart: int, train: Data, heldout: Data | None, settings: dict[str, Any],
+    ks: Sequence[int], restart: int, train: Data, heldout: Data | None, settings: EMSettings,
     weights: tuple[Any, Any], starts: Mapping[int, Mapping[str, np.ndarray]] | None,
     score_train: bool,
 ) -> list[dict[str, Any]]:  # fmt: skip
@@ -184,7 +192,7 @@ _FAILED_FIT = {"model": None, "train_log_likelihood": math.nan,
 
 
 def _fit_ks_together_single_threaded(
-    ks: Sequence[int], restart: int, train: Data, heldout: Data | None, settings: dict[str, Any],
+    ks: Sequence[int], restart: int, train: Data, heldout: Data | None, settings: EMSettings,
     weights: tuple[Any, Any], starts: Mapping[int, Mapping[str, np.ndarray]] | None,
     score_train: bool,
 ) -> list[dict[str, Any]]:  # fmt: skip
@@ -200,7 +208,7 @@ def _fit_ks_together_single_threaded(
                       else int(np.asarray(train_weights) @ np.asarray(train[1])))  # fmt: skip
     rows, models = {}, {}
     for k in ks:
-        seed = restart_seed(settings["random_state"], k, restart)
+        seed = restart_seed(settings.random_state, k, restart)
         if k > len(train[0]):  # more states than training observations: nothing to fit
             rows[k] = {"n_states": k, "restart": restart, "iterations": 0,
                        "converged": False} | _FAILED_FIT  # fmt: skip
@@ -209,7 +217,7 @@ def _fit_ks_together_single_threaded(
                                               init_params=""), starts[k])  # fmt: skip
         else:
             models[k] = make_model(k, settings, n_observations, random_state=seed)
-            if settings["init"] == "sticky":
+            if settings.init == "sticky":
                 models[k] = initialise(models[k], train, seed)
     from trainmap.dynamics.maps.hmm.gaussian import fit_together  # hmmlearn: see emission_model
 
@@ -269,7 +277,7 @@ def _scored_fit(
 def fit_restarts(
     tasks: Sequence[tuple[int, int, int]],
     splits: Sequence[Split],
-    settings: dict[str, Any],
+    settings: EMSettings,
     n_jobs: int,
     starts: Mapping[int, Mapping[str, np.ndarray]] | None = None,
     score_train: bool = True,
@@ -402,20 +410,20 @@ def select_model(
     z: Mapping[str, np.ndarray],
     train: Mapping[str, float],
     heldout: Mapping[str, float],
-    settings: dict[str, Any],
+    settings: EMSettings,
     ks: Sequence[int],
     *,
-    selection: str = "holdout",
+    selection: str = DEFAULT_SELECTION,
     folds: int = DEFAULT_FOLDS,
-    restarts: int = 1,
-    restart_rule: str = "best",
+    restarts: int = DEFAULT_RESTARTS,
+    restart_rule: str = DEFAULT_RESTART_RULE,
     n_jobs: int = 1,
     starts: Mapping[int, Mapping[str, np.ndarray]] | None = None,
     score_train: bool = True,
     halves: int | None = None,
     reproduce_ari: float = DEFAULT_REPRODUCE_ARI,
     reproduce_share: float = DEFAULT_REPRODUCE_SHARE,
-    reproduce_k: str = "largest",
+    reproduce_k: str = DEFAULT_REPRODUCE_K,
     half_size: int | None = DEFAULT_HALF_SIZE,
     strata: Mapping[str, str] | None = None,
     half_starts: Mapping[int, Mapping[int, Mapping[str, np.ndarray]]] | None = None,
@@ -468,7 +476,7 @@ def select_model(
     if fixed:
         return _fixed_k(z, train, heldout, settings, ks, restarts, restart_rule, n_jobs, starts,
                         score_train)  # fmt: skip
-    splits, held = selection_splits(z, train, heldout, selection, folds, settings["random_state"],
+    splits, held = selection_splits(z, train, heldout, selection, folds, settings.random_state,
                                     halves, strata, cap_halves=starts is not None or cap_halves,
                                     half_size=half_size)  # fmt: skip
     tasks = [(part, k, r) for part in range(len(splits)) for k in ks for r in range(restarts)]
@@ -508,7 +516,7 @@ def select_model(
 
 def _fixed_k(
     z: Mapping[str, np.ndarray], train: Mapping[str, float], heldout: Mapping[str, float],
-    settings: dict[str, Any], ks: Sequence[int], restarts: int, restart_rule: str, n_jobs: int,
+    settings: EMSettings, ks: Sequence[int], restarts: int, restart_rule: str, n_jobs: int,
     starts: Mapping[int, Mapping[str, np.ndarray]] | None, score_train: bool,
 ) -> ModelSelection:  # fmt: skip
     """:func:`select_model` with ``fixed=True``: the one K of ``ks`` fitted on every run of both

@@ -27,7 +27,7 @@ from trainmap.dynamics.maps.hmm.run_term_updates import run_time, scale_sums, so
 from trainmap.dynamics.maps.hmm.run_terms import RunOffsetHMM
 from trainmap.dynamics.maps.hmm.selection import n_free_parameters, score_heldout, select_model
 from trainmap.dynamics.maps.hmm.splits import stack
-from trainmap.dynamics.maps.settings import make_hmm
+from trainmap.dynamics.maps.settings import AnalysisSettings, make_hmm
 from trainmap.dynamics.maps.synthetic import known_answer_scores, left_to_right_hmm, sample_runs
 from trainmap.dynamics.maps.training_map import build_training_map
 from trainmap.dynamics.metrics.columns import METRIC_NAMES
@@ -196,7 +196,8 @@ def test_decoding_and_the_posteriors_use_the_runs_residuals(nuisance_maps):
 
 def test_plain_emission_is_todays_model():
     """``emission="plain"`` (the default) fits exactly what the estimator fitted before the
-    setting existed; a settings dict without ``emission`` (an older refit's) selects the same."""
+    setting existed; the one selection path, given the fit's EM settings and rule, selects the
+    same."""
     runs, _, _ = sample_runs(3, n_runs=12, length=100, seed=2, nuisance=1.0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -212,8 +213,8 @@ def test_plain_emission_is_todays_model():
     standardised, _ = standardise_runs(raw, "pooled")
     train = dict.fromkeys(default.train_runs_, 1.0)
     heldout = dict.fromkeys(default.heldout_runs_, 1.0)
-    older = {key: value for key, value in default.settings().items() if key != "emission"}
-    selection = select_model(standardised, train, heldout, older, range(1, 5), restarts=2)
+    selection = select_model(standardised, train, heldout, default.settings(), range(1, 5),
+                             selection="holdout", restarts=2)  # fmt: skip
     np.testing.assert_array_equal(selection.curve["bic"], default.selection_["bic"])
 
 
@@ -223,7 +224,7 @@ def test_bootstrap_refits_and_save_load_keep_the_emission(nuisance_maps, tmp_pat
     find K = 3 again. A saved map reloads as the same model type and decodes alike."""
     runs, _, _ = sample_runs(**NUISANCE_CASE)
     hmm = nuisance_maps["run_offset_drift"]
-    assert hmm.settings()["emission"] == "run_offset_drift"
+    assert hmm.settings().emission == "run_offset_drift"
     fits: list[tuple[str, bool]] = []
     fit_runs = RunOffsetHMM._fit_runs
 
@@ -256,10 +257,10 @@ def test_a_bad_emission_is_refused_by_name():
     with pytest.raises(ValueError, match="emission: 'affine' is not allowed"):
         TrainingHMM(emission="affine")
     with pytest.raises(ValueError, match="emission"):
-        make_hmm({"emission": "drift"})
-    assert make_hmm({}).emission == "plain"
-    assert make_hmm({"emission": "run_offset"}).emission == "run_offset"
-    assert make_hmm({"emission": "run_affine"}).emission == "run_affine"
+        make_hmm(AnalysisSettings.of({"emission": "drift"}))
+    assert make_hmm(AnalysisSettings.of({})).emission == "plain"
+    assert make_hmm(AnalysisSettings.of({"emission": "run_offset"})).emission == "run_offset"
+    assert make_hmm(AnalysisSettings.of({"emission": "run_affine"})).emission == "run_affine"
     affine = emission_model(3, "run_affine")
     assert affine.drift and affine.scale and affine.n_terms(14) == 2 * 14 + 1
     assert not emission_model(3, "run_offset_drift").scale

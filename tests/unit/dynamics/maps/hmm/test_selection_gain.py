@@ -91,7 +91,7 @@ def test_a_bad_min_gain_is_refused_naming_the_key(min_gain: float) -> None:
         TrainingHMM(selection="gain", min_gain=min_gain)
     z = {f"run{i}": np.zeros((10, 2)) for i in range(4)}
     with pytest.raises(ValueError, match="analysis.min_gain"):
-        select_model(z, dict.fromkeys(z, 1.0), {}, {"random_state": 0}, [1, 2],
+        select_model(z, dict.fromkeys(z, 1.0), {}, TrainingHMM().settings(), [1, 2],
                      selection="gain", min_gain=min_gain)  # fmt: skip
 
 
