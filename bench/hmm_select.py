@@ -153,6 +153,7 @@ def study_analysis(n_jobs: int, quick: bool) -> float:
     """Wall time of one whole joint comparison (shared fit, bootstrap, verdicts, figures)."""
     import tempfile
 
+    from trainmap.dynamics.maps.settings import AnalysisSettings
     from trainmap.dynamics.maps.synthetic import sample_runs
     from trainmap.dynamics.pipeline import Outcomes, convergence_from_tables, joint_group
 
@@ -171,7 +172,7 @@ def study_analysis(n_jobs: int, quick: bool) -> float:
         with tempfile.TemporaryDirectory() as out, warnings.catch_warnings():
             warnings.simplefilter("ignore")
             started = time.perf_counter()
-            joint_group(runs, groups, outcomes, {}, out, n_jobs=n_jobs)
+            joint_group(runs, groups, outcomes, AnalysisSettings.of({}), out, n_jobs=n_jobs)
             seconds = time.perf_counter() - started
         slowest = max(slowest, seconds)
         print(f"{label:55} {seconds:6.1f} s")

@@ -28,10 +28,14 @@ import argparse
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from trainmap.schema import section_choices
+
+if TYPE_CHECKING:
+    from trainmap.dynamics.maps.settings import AnalysisSettings
 
 #: trainmap.dynamics.maps.hmm.SELECTION_RULES, as the schema lists them (no analysis import
 #: before the arguments are parsed)
@@ -57,6 +61,7 @@ def load_setting(results: Path, config: dict, setting: str, rule: str,
                  overrides: dict | None = None) -> tuple:  # fmt: skip
     """One paper setting's runs, outcomes and ``trainmap``-pass settings under selection ``rule``
     (and ``overrides``, e.g. fewer bootstrap refits), read as rule ``paper_map`` reads them."""
+    from trainmap.dynamics.maps.settings import AnalysisSettings
     from trainmap.grid import analysis_settings, paper_groups
     from trainmap.jobs.paper import setting_runs
 
@@ -65,7 +70,7 @@ def load_setting(results: Path, config: dict, setting: str, rule: str,
     return setting_runs(
         setting, "trainmap", [cell.to_dict() for cell in cells],
         list(map(str, metrics)), list(map(str, evaluations)),
-        analysis_settings(config) | {"selection": rule} | (overrides or {}),
+        AnalysisSettings.of(analysis_settings(config) | {"selection": rule} | (overrides or {})),
     )  # fmt: skip
 
 
@@ -88,7 +93,7 @@ def map_setting(results: Path, config: dict, setting: str, rule: str, threads: i
 REFIT_COLUMNS = ["n_states", "bic", "bic_fold_sd", "ari_median", "reproduced", "reproducible"]
 
 
-def refit_check(runs: dict, outcomes, settings: dict, threads: int, sizes: list[int],
+def refit_check(runs: dict, outcomes, settings: AnalysisSettings, threads: int, sizes: list[int],
                 draws: int) -> None:  # fmt: skip
     """Why a rule's bootstrap refits select another K than its full fit: print the selection
     curve of the full fit, then of the refit path (:func:`trainmap.dynamics.verdicts.certainty.refit_resample`,
@@ -102,10 +107,10 @@ def refit_check(runs: dict, outcomes, settings: dict, threads: int, sizes: list[
         split_runs,
     )
 
-    hmm = make_hmm(settings | {"n_jobs": threads}).fit(runs)
+    hmm = make_hmm(settings.replace(n_jobs=threads)).fit(runs)
     print(f"full fit: K = {hmm.n_states_}\n{hmm.selection_[REFIT_COLUMNS].to_string()}")
-    payload = refit_payload(hmm, runs, outcomes.convergence, outcomes.status, settings["alpha"],
-                            settings["seed"], settings.get("bootstrap_iter"), True,
+    payload = refit_payload(hmm, runs, outcomes.convergence, outcomes.status, settings.alpha,
+                            settings.seed, settings.bootstrap_iter, True,
                             reselect_k=True)  # fmt: skip
     ids, n_held = sorted(payload["raw"]), len(hmm.heldout_runs_)
     rng = np.random.default_rng(0)
@@ -125,7 +130,7 @@ def refit_check(runs: dict, outcomes, settings: dict, threads: int, sizes: list[
         for draw in range(draws):
             pick = np.random.default_rng([size, draw]).choice(ids, size=size, replace=False)
             ks.append(
-                make_hmm(settings | {"n_jobs": threads}).fit({r: runs[r] for r in pick}).n_states_
+                make_hmm(settings.replace(n_jobs=threads)).fit({r: runs[r] for r in pick}).n_states_
             )
         print(f"full fits of {draws} random subsets of {size} runs: K = {ks}", flush=True)
 

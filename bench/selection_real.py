@@ -115,11 +115,12 @@ def paper_maps(config: dict, only: list[str]) -> dict[str, tuple]:
 
 
 def one(name: str, data: tuple, rule: str, args: argparse.Namespace) -> dict:
-    from trainmap.dynamics.pipeline import analysis_runs, fit_group, joint_group, with_defaults
+    from trainmap.dynamics.maps.settings import AnalysisSettings
+    from trainmap.dynamics.pipeline import analysis_runs, fit_group, joint_group
 
     runs, outcomes, groups, settings = data
-    settings = with_defaults(settings) | {"selection": rule, "bootstrap": args.bootstrap,
-                                          "stability": args.stability}  # fmt: skip
+    settings = AnalysisSettings.of(settings).replace(selection=rule, bootstrap=args.bootstrap,
+                                                     stability=args.stability)  # fmt: skip
     runs, outcomes = analysis_runs(runs, outcomes, settings)
     started = time.perf_counter()
     with warnings.catch_warnings():
@@ -145,12 +146,12 @@ def k_by_seeds(name: str, data: tuple, rule: str, per_method: list[int], draws: 
     for each n of ``per_method``: does the map's size grow with the seeds?"""
     import numpy as np
 
-    from trainmap.dynamics.maps.settings import make_hmm
-    from trainmap.dynamics.pipeline import analysis_runs, with_defaults
+    from trainmap.dynamics.maps.settings import AnalysisSettings, make_hmm
+    from trainmap.dynamics.pipeline import analysis_runs
 
     runs, outcomes, groups, settings = data
     groups = groups or dict.fromkeys(runs, name)
-    settings = with_defaults(settings) | {"selection": rule}
+    settings = AnalysisSettings.of(settings).replace(selection=rule)
     runs, _ = analysis_runs(runs, outcomes, settings)
     by_group: dict[str, list[str]] = {}
     for run in sorted(runs):
@@ -164,7 +165,7 @@ def k_by_seeds(name: str, data: tuple, rule: str, per_method: list[int], draws: 
                       for run in sorted(rng.choice(ids, size=min(n, len(ids)), replace=False))]  # fmt: skip
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                hmm = make_hmm(settings | {"n_jobs": 2})
+                hmm = make_hmm(settings.replace(n_jobs=2))
                 hmm.fit({run: runs[run] for run in chosen}, strata=groups)
             ks.append(hmm.n_states_)
         row[f"K at n = {n}"] = ", ".join(map(str, ks))

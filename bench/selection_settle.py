@@ -49,12 +49,13 @@ def every_round(config_file: str, comparison: str) -> tuple[dict, object, list]:
 def _load(config_file: str, comparison: str) -> None:
     """Read the comparison's runs once per worker process (the analysis rows every map sees)."""
 
-    from trainmap.dynamics.pipeline import analysis_runs, with_defaults
+    from trainmap.dynamics.maps.settings import AnalysisSettings
+    from trainmap.dynamics.pipeline import analysis_runs
     from trainmap.grid.cells import joint_settings
 
     config, joint, cells = every_round(config_file, comparison)
     runs, outcomes, groups = read_joint_cells(config, cells)
-    settings = with_defaults(joint_settings(config, comparison))
+    settings = AnalysisSettings.of(joint_settings(config, comparison))
     runs, _ = analysis_runs(runs, outcomes, settings)
     seeds = dict(zip(groups, (cell.seed for cell in cells), strict=True))
     RESULTS.update(runs=runs, groups=groups, seeds=seeds, settings=settings, joint=joint)
@@ -70,9 +71,9 @@ def fit_round(round_: int, split_seed: int, half_size: int | None,
     n = joint.seeds_per_method(round_)
     last_seed = joint.first_seed + round_ * joint.step  # the seeds below this are pooled
     chosen = {run: table for run, table in RESULTS["runs"].items() if seeds[run] < last_seed}
-    settings = RESULTS["settings"] | {"selection": selection, "seed": split_seed, "n_jobs": 1}
+    settings = RESULTS["settings"].replace(selection=selection, seed=split_seed, n_jobs=1)
     if selection == "reproducible":
-        settings |= {"reproduce_k": "nested", "half_size": half_size}
+        settings = settings.replace(reproduce_k="nested", half_size=half_size)
     started = time.perf_counter()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

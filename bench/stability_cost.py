@@ -95,16 +95,19 @@ def time_joint(
     writes it) go to ``out/<name>-<rule>.md``."""
     import pandas as pd
 
+    from trainmap.dynamics.maps.settings import AnalysisSettings
     from trainmap.dynamics.pipeline import joint_group
     from trainmap.grid import analysis_settings
 
     runs, groups, outcomes = load_joint(results, name, config)
-    settings = analysis_settings(config) | ({"selection": selection} if selection else {})
+    settings = AnalysisSettings.of(
+        analysis_settings(config) | ({"selection": selection} if selection else {})
+    )
     sizes = pd.Series(groups).value_counts().to_dict()
     length = {len(table) for table in runs.values()}
     print(f"{name}: {len(runs)} runs ({sizes}), {sorted(length)} checkpoints; selection "
-          f"{settings['selection']}; bootstrap "
-          f"{settings['bootstrap']} refits, stability {settings['stability']} subsamples per n, "
+          f"{settings.selection}; bootstrap "
+          f"{settings.bootstrap} refits, stability {settings.stability} subsamples per n, "
           f"{threads} processes")  # fmt: skip
     started = time.perf_counter()
     result = joint_group(runs, groups, outcomes, settings, n_jobs=threads)
@@ -117,7 +120,7 @@ def time_joint(
     print(f"  K = {result.hmm.n_states_}; stability ladder {ladder}: {result.stability.line}")
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
-        rule = settings["selection"]
+        rule = settings.selection
         (out / f"{name}-{rule}.md").write_text(
             f"# {name}, selection {rule}: K = {result.hmm.n_states_}\n\n{result.verdict_markdown()}"
         )

@@ -133,6 +133,7 @@ def one_comparison(
     """One data set of :func:`sample_methods`, one shared map and its verdicts: a row per verdict
     (its raw p; Holm is applied by :func:`significant` within the families the code now names)."""
     from trainmap.dynamics.maps.hmm.estimator import TrainingHMM
+    from trainmap.dynamics.maps.settings import AnalysisSettings
     from trainmap.dynamics.maps.synthetic import sample_methods
     from trainmap.dynamics.pipeline import convergence_from_tables
     from trainmap.dynamics.verdicts import paths as label_free
@@ -148,10 +149,13 @@ def one_comparison(
     started = time.perf_counter()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
+        verdict_settings = AnalysisSettings.of(
+            {"permutations": permutations, "seed": seed, "alpha": alpha}
+        ).verdict_settings
         comparison = compare_groups(runs, groups, convergence, {},
                                     TrainingHMM(selection="holdout", restarts=restarts,
                                                 random_state=seed),
-                                    {"permutations": permutations, "seed": seed, "alpha": alpha})  # fmt: skip
+                                    verdict_settings)  # fmt: skip
     evidence = comparison.paths
     in_first = np.array([groups[run] == "a" for run in evidence.trajectories.index])
     values = evidence.trajectories.to_numpy(dtype=float)
@@ -317,7 +321,7 @@ def run_power(args: argparse.Namespace) -> pd.DataFrame:
 def real_comparison(config: dict, name: str, cells: list, root: Path) -> dict | None:
     """A finished joint comparison's shared map, runs, quantities and path evidence (module
     docstring), or None (with a line saying why) when its map is not under ``root``."""
-    from trainmap.dynamics.maps.settings import with_defaults
+    from trainmap.dynamics.maps.settings import AnalysisSettings
     from trainmap.dynamics.pipeline import FittedMap, analysis_runs
     from trainmap.dynamics.verdicts.compare import (
         censoring_steps,
@@ -332,7 +336,7 @@ def real_comparison(config: dict, name: str, cells: list, root: Path) -> dict | 
     if not all((directory / file).is_file() for file in ("hmm.npz", "hmm.json", "states.csv")):
         print(f"(b) {name}: left out, no shared map under {directory}/")
         return None
-    settings = with_defaults(joint_settings(config, name))
+    settings = AnalysisSettings.of(joint_settings(config, name))
     runs, outcomes, groups = read_joint_cells(config, cells)
     runs, outcomes = analysis_runs(runs, outcomes, settings)
     runs, outcomes = rows_of_fit(runs, outcomes, directory / "states.csv")
@@ -343,7 +347,7 @@ def real_comparison(config: dict, name: str, cells: list, root: Path) -> dict | 
         if (directory / "joint.json").is_file() else []  # fmt: skip
     n_states = fitted.hmm.n_states_
     evidence = path_evidence(runs, states, n_states, fitted.hmm.features_, outcomes.status,
-                             settings["trajectory_points"], settings["start_window"],
+                             settings.trajectory_points, settings.start_window,
                              map_transitions(fitted.hmm, runs))  # fmt: skip
     return {
         "name": name, "settings": settings, "groups": groups, "selection": fitted.hmm.selection,
@@ -373,8 +377,8 @@ def relabelled_verdicts(data: dict, relabellings: int, inner: int, seed: int) ->
         ordered = {run: permuted[run] for group in order for run in members
                    if permuted[run] == group}  # fmt: skip
         verdicts = compare_methods(data["quantities"].loc[list(ordered)], ordered,
-                                   n_permutations=inner, confidence=settings["confidence"],
-                                   alpha=settings["alpha"], seed=seed + index,
+                                   n_permutations=inner, confidence=settings.confidence,
+                                   alpha=settings.alpha, seed=seed + index,
                                    censored_at=data["censored_at"], paths=data["evidence"])  # fmt: skip
         frames.append(verdicts[["quantity", "family", "p_holm"]].assign(relabelling=index))
     return pd.concat(frames, ignore_index=True)
