@@ -387,3 +387,27 @@ def test_a_redefined_metric_is_recomputed_from_a_full_archive_or_names_the_runs_
                        r"12 of its 13 checkpoints .* --forcerun .*seeds0-1.json"):  # fmt: skip
         collect("sparse")
     assert not (tmp_path / "sparse/seed1/metrics.csv").exists()
+
+
+def test_the_moved_definitions_keep_their_earlier_name() -> None:
+    """MOVED_DEFINITIONS renames a text only where its module paths alone changed: the earlier
+    text, rebuilt from today's file by putting back the paths of before the move, hashes to the
+    name the current text is given. An edit to weights.py breaks this; then drop the entry (every
+    streamed table becomes stale, as after any edit of the definitions)."""
+    import hashlib
+
+    from trainmap.dynamics.metrics import streamed, weights
+
+    source = Path(weights.__file__).read_bytes()
+    current = hashlib.sha256(source).hexdigest()[:16]
+    assert current in streamed.MOVED_DEFINITIONS, (
+        f"weights.py changed (sha256 {current}): drop MOVED_DEFINITIONS' entry"
+    )
+    earlier = (
+        source.replace(b"trainmap.dynamics.metrics.reference", b"trainmap.dynamics.reference_metrics")
+        .replace(b"from trainmap.dynamics.metrics.columns import", b"from trainmap.dynamics.columns import")
+        .replace(b"tests/unit/dynamics/metrics/test_streamed_metrics.py",
+                 b"tests/unit/dynamics/test_streamed_metrics.py")
+    )  # fmt: skip
+    assert hashlib.sha256(earlier).hexdigest()[:16] == streamed.MOVED_DEFINITIONS[current]
+    assert streamed.definitions_hash() == streamed.MOVED_DEFINITIONS[current]
