@@ -43,7 +43,6 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from hmmlearn.hmm import GaussianHMM
 
 from trainmap.dynamics.maps.hmm.curves import REPRODUCE_K, RESTART_RULES
 from trainmap.dynamics.maps.hmm.factory import (
@@ -64,8 +63,10 @@ from trainmap.io import save_json, write_atomic
 from trainmap.schema import section_defaults
 
 #: hmmlearn's floor on the covariances (``GaussianHMM(min_covar=...)``'s default), which
-#: ``analysis.min_covar`` left out keeps.
-HMMLEARN_MIN_COVAR: float = inspect.signature(GaussianHMM).parameters["min_covar"].default
+#: ``analysis.min_covar`` left out keeps. Written here, not read from hmmlearn: importing
+#: ``hmmlearn.hmm`` loads scikit-learn and scipy's BLAS, which a refit worker must load only after
+#: it limits its threads (tests/unit/test_defaults.py holds the two equal).
+HMMLEARN_MIN_COVAR: float = 1e-3
 
 #: The config schema's ``analysis`` defaults, :class:`TrainingHMM`'s keyword defaults (the values
 #: of :data:`trainmap.dynamics.maps.settings.ANALYSIS_DEFAULTS`, read here because that module imports
