@@ -15,3 +15,16 @@ def check_torch(found: str) -> None:
         wanted = ".".join(map(str, MIN_TORCH))
         raise ImportError(f"trainmap needs torch >= {wanted}; this environment has torch {found}: "
                           f"pip install 'torch>={wanted}' (or a matching build for your CUDA)")  # fmt: skip
+
+
+def exports_on_first_use(package: str, exports: dict[str, str]):  # noqa: ANN201
+    """A package's PEP 562 ``__getattr__``: ``package.<name>`` imports ``exports[name]`` (the
+    module that defines it) on first use, so importing the package costs nothing."""
+    import importlib
+
+    def __getattr__(name: str) -> object:
+        if name not in exports:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        return getattr(importlib.import_module(exports[name]), name)
+
+    return __getattr__

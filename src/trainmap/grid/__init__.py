@@ -8,8 +8,7 @@ workflow will."""
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from trainmap import exports_on_first_use
 
 # Name -> the module that defines it. Imported on first use (PEP 562), not with the package: a
 # command's ``--help`` (``trainmap check``, ``plan``), ``import trainmap.grid.study`` and
@@ -103,8 +102,4 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    """``trainmap.grid.<name>``: the name from its module, imported now."""
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'trainmap.grid' has no attribute {name!r}")
-    return getattr(importlib.import_module(_EXPORTS[name]), name)
+__getattr__ = exports_on_first_use(__name__, _EXPORTS)

@@ -26,8 +26,7 @@ imported on first use: ``from trainmap.plan import X`` and ``plan.X`` read the s
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from trainmap import exports_on_first_use
 
 # Name -> the module that defines it, imported on first use (PEP 562), not with the package:
 # ``python -m trainmap.plan --help`` then imports neither the estimates (torch) nor pandas.
@@ -87,8 +86,4 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    """``trainmap.plan.<name>``: the name from its module, imported now."""
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'trainmap.plan' has no attribute {name!r}")
-    return getattr(importlib.import_module(_EXPORTS[name]), name)
+__getattr__ = exports_on_first_use(__name__, _EXPORTS)
