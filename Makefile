@@ -119,10 +119,10 @@ PYTEST_PARALLEL = -n $(TEST_WORKERS) --dist loadscope --timeout $(TEST_TIMEOUT)
 DURATIONS_DIR := .test-durations
 
 test: setup  ## the full suite, every tier (bench/results/times.md gives each tier's time); prints the 25 slowest steps
-	$(RUN) pytest $(PYTEST_PARALLEL) --durations=25 --durations-file $(DURATIONS_DIR)/full.json $(PYTEST_ARGS)
+	$(RUN) pytest $(PYTEST_PARALLEL) --durations=25 --durations-file=$(DURATIONS_DIR)/full.json $(PYTEST_ARGS)
 
 test-fast: setup  ## the tier to run before every commit: no Snakemake, server, browser or subprocess, nothing slow
-	$(RUN) pytest -m "not integration and not slow" $(PYTEST_PARALLEL) --durations=10 --durations-file $(DURATIONS_DIR)/fast.json $(PYTEST_ARGS)
+	$(RUN) pytest -m "not integration and not slow" $(PYTEST_PARALLEL) --durations=10 --durations-file=$(DURATIONS_DIR)/fast.json $(PYTEST_ARGS)
 
 test-record: setup  ## on the reference machine, after a green make test and make test-fast: their times into bench/results/test_tiers.json, times.md and the README
 	$(RUN) python -m trainmap.records tests --durations $(DURATIONS_DIR)

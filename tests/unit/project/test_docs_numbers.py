@@ -118,7 +118,7 @@ def test_a_test_run_writes_only_what_git_ignores() -> None:
     folder = re.search(r"^DURATIONS_DIR := (\S+)$", makefile, re.MULTILINE).group(1)
     for target, tier in (("test", "full"), ("test-fast", "fast")):
         recipe = re.search(rf"^{target}:.*\n\t(.*)$", makefile, re.MULTILINE).group(1)
-        assert f"--durations-file $(DURATIONS_DIR)/{tier}.json" in recipe, recipe
+        assert f"--durations-file=$(DURATIONS_DIR)/{tier}.json" in recipe, recipe
     assert "python -m trainmap.records tests" in makefile.split("\ntest-record:")[1]
     ignored = subprocess.run(["git", "check-ignore", "-q", f"{folder}/full.json"], cwd=ROOT)
     assert ignored.returncode == 0, f"{folder}/ is not ignored by git"
