@@ -50,10 +50,12 @@ def load_plugins(names: object, base_dir: str | os.PathLike) -> list[str]:
     """Import the installed entry-point plugins, then each plugin ``names`` lists (the config key
     ``plugins``; files relative to ``base_dir``, the project directory); return the modules imported.
 
-    Importing a plugin twice in one process is a no-op. Raises :class:`ConfigError` (first line
+    Importing a plugin twice in one process is a no-op, and so is one file listed under another
+    spelling (``plugins/../plugins/my_net.py``). Raises :class:`ConfigError` (first line
     ``config key plugins[i]: ...``) for a value that is not a module name or a ``.py`` file, a
-    missing file, or a plugin whose import fails (a registration under a name
-    already taken included), naming the plugin and the exception. Records the list in
+    missing file, a plugin whose import fails (a registration under a name already taken
+    included), naming the plugin and the exception, or one that exits at import (``sys.exit``:
+    ``... exited at import (status N)``); a KeyboardInterrupt propagates. Records the list in
     :data:`PLUGINS_ENV` so that the jobs Snakemake starts load the same plugins.
     """
     names = _plugin_names(names)
@@ -121,15 +123,36 @@ def _entry_points() -> list[importlib.metadata.EntryPoint]:
 
 
 def _load_entry_point(entry_point: importlib.metadata.EntryPoint) -> str:
+    what = (f"installed plugin {entry_point.name} = {entry_point.value} "
+            f"(entry point group {ENTRY_POINT_GROUP})")  # fmt: skip
     try:
         entry_point.load()
+    except SystemExit as error:
+        raise _exited_at_import("config key plugins", what, error) from error
     except Exception as error:  # noqa: BLE001 - any failure of user code is reported the same way
         raise ConfigError(
-            f"config key plugins: installed plugin {entry_point.name} = {entry_point.value} "
-            f"(entry point group {ENTRY_POINT_GROUP}) failed to import: "
-            f"{type(error).__name__}: {error}"
+            f"config key plugins: {what} failed to import: {type(error).__name__}: {error}"
         ) from error
     return entry_point.module
+
+
+def _exited_at_import(where: str, what: str, error: SystemExit) -> ConfigError:
+    """The error for a plugin whose import raised :class:`SystemExit` (``sys.exit``, ``exit()``).
+
+    SystemExit is not an :class:`Exception`, so without this the config check would end with the
+    plugin's status (0 for ``sys.exit()``: a silent "success" that checked nothing). The status is
+    the one the interpreter would exit with: 0 for None, the code for an int, 1 (the message
+    printed) for anything else."""
+    code = error.code
+    if code is None or isinstance(code, int):
+        status, said = code or 0, ""
+    else:
+        status, said = 1, f" with the message {str(code)!r}"
+    return ConfigError(
+        f"{where}: {what} exited at import (status {status}){said}; a plugin module must not call "
+        "sys.exit (or exit/quit): remove the call, or put the module's script part under "
+        '`if __name__ == "__main__":`'
+    )
 
 
 def _load_named(index: int, name: str, base: Path) -> str:
@@ -142,11 +165,13 @@ def _load_named(index: int, name: str, base: Path) -> str:
         )
     try:
         if is_file:
-            return _import_file(name, _plugin_path(where, name, base))
+            return _import_file(_plugin_path(where, name, base))
         importlib.import_module(name)
         return name
     except ConfigError:
         raise
+    except SystemExit as error:  # KeyboardInterrupt and the like still propagate
+        raise _exited_at_import(where, f"plugin {name!r}", error) from error
     except Exception as error:  # noqa: BLE001 - any failure of user code is reported the same way
         raise ConfigError(
             f"{where}: plugin {name!r} failed to import: {type(error).__name__}: {error}"
@@ -165,10 +190,16 @@ def _plugin_path(where: str, name: str, base: Path) -> Path:
     return path
 
 
-def _import_file(name: str, path: Path) -> str:
-    # One module per file (a hash of its path keeps two projects' plugins/net.py apart); a name
-    # the module can be found under (sys.modules) before it runs, as dataclasses need.
-    stem = re.sub(r"\W", "_", Path(name).with_suffix("").as_posix())
+def _import_file(path: Path) -> str:
+    """Import the plugin file at the resolved ``path`` once per process; return its module name.
+
+    The module name is a function of the resolved path alone (its folder and file name, readable,
+    e.g. ``trainmap_plugin_plugins_my_net_<hash>``; then a hash of the whole path, which keeps two
+    projects' plugins/my_net.py apart), so every spelling of one file (``plugins/ok.py``,
+    ``plugins/../plugins/ok.py``, its absolute path) names one module and imports it once, as
+    :func:`plugin_sources` lists it once. The module is in :data:`sys.modules` before it runs, as
+    dataclasses need."""
+    stem = re.sub(r"\W", "_", f"{path.parent.name}_{path.stem}")
     module_name = f"trainmap_plugin_{stem}_{hashlib.sha256(str(path).encode()).hexdigest()[:8]}"
     if module_name in sys.modules:
         return module_name

@@ -276,6 +276,62 @@ def test_plugin_raising_on_import_is_refused(tmp_path: Path) -> None:
     load(root)
 
 
+EXIT_FIX = (
+    "a plugin module must not call sys.exit (or exit/quit): remove the call, or put the "
+    'module\'s script part under `if __name__ == "__main__":`'
+)
+
+
+@pytest.mark.parametrize(
+    ("call", "status"),
+    [("sys.exit(0)", "(status 0)"), ("sys.exit(3)", "(status 3)"), ("sys.exit()", "(status 0)"),
+     ("sys.exit('no GPU')", "(status 1) with the message 'no GPU'")],
+)  # fmt: skip
+def test_plugin_exiting_at_import_is_refused(tmp_path: Path, call: str, status: str) -> None:
+    """SystemExit is no Exception: without its own handler the check would end with the plugin's
+    status (0: a silent success that checked nothing)."""
+    root = project(tmp_path, f"import sys\n{call}\n")
+    with pytest.raises(ConfigError) as error:
+        load(root)
+    assert first_line(error) == (
+        f"config key plugins[0]: plugin 'plugins/tiny_net.py' exited at import {status}; {EXIT_FIX}"
+    )
+    assert not [name for name in sys.modules if name.startswith("trainmap_plugin_")]
+
+
+def test_installed_plugin_exiting_at_import_is_refused(tmp_path: Path, monkeypatch) -> None:
+    (tmp_path / "lab_exits.py").write_text("import sys\nsys.exit(3)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    entry_point = importlib.metadata.EntryPoint("exits", "lab_exits", plugins.ENTRY_POINT_GROUP)
+    monkeypatch.setattr(importlib.metadata, "entry_points", lambda group: [entry_point])
+    with pytest.raises(ConfigError) as error:
+        plugins.load_plugins([], tmp_path)
+    assert first_line(error) == (
+        "config key plugins: installed plugin exits = lab_exits (entry point group "
+        f"trainmap.plugins) exited at import (status 3); {EXIT_FIX}"
+    )
+
+
+def test_a_keyboard_interrupt_in_a_plugin_still_stops_the_check(tmp_path: Path) -> None:
+    root = project(tmp_path, "raise KeyboardInterrupt\n")
+    with pytest.raises(KeyboardInterrupt):
+        load(root)
+    assert not [name for name in sys.modules if name.startswith("trainmap_plugin_")]
+
+
+def test_one_plugin_file_listed_by_two_spellings_loads_once(tmp_path: Path) -> None:
+    """``plugins/tiny_net.py``, ``plugins/../plugins/tiny_net.py`` and its absolute path are one
+    file: imported once (one module), so its names register once and the check passes."""
+    absolute = str((tmp_path / "plugins" / "tiny_net.py").resolve())
+    spellings = ["plugins/tiny_net.py", "plugins/../plugins/tiny_net.py", absolute]
+    root = project(tmp_path, plugin=", ".join(spellings))
+    config = load(root)
+    assert config["plugins"] == spellings and "tiny_net" in models.ARCHITECTURES
+    loaded = plugins.load_plugins(spellings, root)
+    assert len(set(loaded)) == 1 and re.fullmatch(PLUGIN_MODULE, loaded[0]), loaded
+    assert plugins.plugin_sources(spellings, root) == [absolute]
+
+
 def test_plugins_key_must_be_a_list_of_strings(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"^config key plugins: 'plugins/x.py' is not a list"):
         plugins.load_plugins("plugins/x.py", tmp_path)

@@ -198,3 +198,133 @@ def test_the_analysis_reads_its_defaults_without_torch() -> None:
     loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                             check=True).stdout.strip()  # fmt: skip
     assert loaded == "[]", loaded
+
+
+# --- seeds: each seed key's maximum is the range of what consumes it -----------------------------
+
+#: Each seed key (a path into the default study's merged config) and its schema node: the generic
+#: data seed (generated kinds and readers: torch), the kinds that seed numpy's legacy generator,
+#: the grid's seeds and the analysis seed.
+SEED_KEYS = {
+    "data.sparse_parity.seed": (("data", "sparse_parity", "seed"), 2**64 - 1),
+    "data.mnist.seed": (("data", "mnist", "seed"), 2**64 - 1),
+    "data.digits.seed": (("data", "digits", "seed"), 2**32 - 1),
+    "data.mnist_5k.seed": (("data", "mnist_5k", "seed"), 2**32 - 1),
+    "data.mnist1d.seed": (("data", "mnist1d", "seed"), 2**32 - 1),
+    "grid[0].seeds[1]": (("grid", 0, "seeds", 1), 2**64 - 1),
+    "analysis.seed": (("analysis", "seed"), 2**32 - 1),
+}
+
+
+def data_kind_seed_maximum(kind: str | None) -> int:
+    """The schema's maximum of ``data.<task>.seed`` for data ``kind`` (None: any other kind)."""
+    settings = config_schema()["$defs"]["data_settings"]
+    for rule in settings["allOf"] if kind else ():
+        if rule["if"]["properties"]["kind"].get("const") == kind:
+            return rule["then"]["properties"]["seed"]["maximum"]
+    return settings["properties"]["seed"]["maximum"]
+
+
+@pytest.mark.parametrize("key", SEED_KEYS)
+def test_each_seed_key_takes_its_maximum_and_refuses_one_more(key: str) -> None:
+    path, maximum = SEED_KEYS[key]
+    config = grid.merged_config(ROOT / "params.yaml", ROOT / "config" / "config.yaml")
+    *parents, last = path
+    node = config
+    for part in parents:
+        node = node[part]
+    node[last] = maximum
+    grid.validate_schema(config)
+    node[last] = maximum + 1
+    with pytest.raises(grid.ConfigError) as error:
+        grid.validate_schema(config)
+    first = str(error.value).splitlines()[0]
+    assert first.startswith(
+        f"config key {key}: {maximum + 1} is greater than the maximum of {maximum} ("
+    ), first
+    assert "2**" in first and first.endswith("(schema: workflow/schemas/config.schema.yaml)")
+
+
+def test_the_data_seed_maximum_is_torchs_range() -> None:
+    """Generated kinds seed a torch.Generator with data.<task>.seed, readers their n_train
+    subsample: both take the schema's maximum, and refuse one more."""
+    import torch
+
+    from trainmap.data import make_sparse_parity
+    from trainmap.data.task import stratified_subsample
+
+    maximum = data_kind_seed_maximum(None)
+    small = {"n_bits": 8, "k": 2, "n_train": 8, "n_test": 4}
+    assert make_sparse_parity(seed=maximum, **small).meta["seed"] == maximum
+    labels = torch.arange(10) % 2
+    assert len(stratified_subsample(labels, 4, maximum)) == 4
+    with pytest.raises(ValueError, match="Overflow"):
+        make_sparse_parity(seed=maximum + 1, **small)
+    with pytest.raises(ValueError, match="Overflow"):
+        stratified_subsample(labels, 4, maximum + 1)
+
+
+def test_the_numpy_seeded_kinds_maximum_is_randomstates_range() -> None:
+    """digits and mnist_5k split with scikit-learn's train_test_split (_stratified_digits),
+    mnist1d seeds numpy's legacy generator (mnist1d.utils.set_seed): each takes its schema
+    maximum, and refuses one more."""
+    import random
+
+    import numpy as np
+    from mnist1d.utils import set_seed
+
+    from trainmap.data import make_digits
+
+    maximum = data_kind_seed_maximum("digits")
+    assert data_kind_seed_maximum("mnist_5k") == maximum  # the same split function
+    assert make_digits(seed=maximum).meta["seed"] == maximum
+    with pytest.raises(ValueError, match="random_state"):
+        make_digits(seed=maximum + 1)
+    saved = random.getstate(), np.random.get_state()
+    try:
+        set_seed(data_kind_seed_maximum("mnist1d"))
+        with pytest.raises(ValueError, match="Seed must be between 0 and 2\\*\\*32 - 1"):
+            set_seed(data_kind_seed_maximum("mnist1d") + 1)
+    finally:
+        random.setstate(saved[0])
+        np.random.set_state(saved[1])
+
+
+def test_the_analysis_seed_maximum_is_the_kmeans_baselines_range() -> None:
+    """Every training map's k-means baseline (kmeans_selection, run by fit_group) passes
+    analysis.seed to scikit-learn's KMeans as is: the schema's maximum is taken, one more
+    refused; the HMM's own uses of the seed (restart seeds, splits) take the maximum too."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from trainmap.dynamics.maps.hmm.baselines import kmeans_selection
+    from trainmap.dynamics.maps.hmm.selection import restart_seed
+    from trainmap.dynamics.maps.hmm.splits import fold_split
+
+    maximum = section_schema("analysis")["properties"]["seed"]["maximum"]
+    runs = {run: np.random.default_rng(i).normal(size=(6, 2)) for i, run in enumerate("abc")}
+    hmm = SimpleNamespace(transform=lambda table: table, selection="holdout", k_max=2,
+                          train_runs_=["a", "b"], heldout_runs_=["c"], restarts=1,
+                          random_state=maximum)  # fmt: skip
+    assert list(kmeans_selection(hmm, runs)["n_states"]) == [1, 2]
+    assert restart_seed(maximum, 2, 0) >= 0 and len(fold_split(list(runs), 2, maximum)) == 2
+    hmm.random_state = maximum + 1
+    with pytest.raises(ValueError, match="random_state"):
+        kmeans_selection(hmm, runs)
+
+
+def test_a_grid_seed_at_its_maximum_builds_its_model() -> None:
+    """A grid seed reaches torch only through derive_seed's hash, so the maximum (chosen to keep
+    file names short, not by a generator's range) builds its cell's model, initialised apart from
+    seed 0's."""
+    import torch
+
+    from trainmap.data import model_meta
+    from trainmap.training.setup import build_cell_model
+
+    maximum = config_schema()["properties"]["grid"]["items"]["properties"]["seeds"]["items"]
+    maximum = maximum["maximum"]
+    meta = model_meta("sparse_parity", {"n_bits": 8, "k": 2})
+    first = next(build_cell_model("mlp", "kaiming", maximum, meta).parameters())
+    assert not torch.equal(first, next(build_cell_model("mlp", "kaiming", 0, meta).parameters()))

@@ -20,6 +20,7 @@ from __future__ import annotations
 import glob
 import math
 import os
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -131,13 +132,28 @@ def external_set(
 
 def external_runs(spec: Mapping[str, Any], base_dir: str | Path) -> dict[str, str]:
     """Run id -> run directory of one ``runs`` set: its patterns expanded and sorted; a run id is
-    the directory's path relative to the runs' common parent (``seed3``, ``lr0.1/seed3``)."""
+    the directory's path relative to the runs' common parent (``seed3``, ``lr0.1/seed3``). A
+    directory matched by several patterns, or by several spellings, is one run."""
+    return _run_ids(list(_matching_patterns(spec, base_dir)))
+
+
+def _matching_patterns(spec: Mapping[str, Any], base_dir: str | Path) -> dict[Path, list[str]]:
+    """Each run directory a ``runs`` set's patterns match (resolved, so two spellings of one
+    directory are one run; in pattern order, each pattern's matches sorted) -> the patterns that
+    match it, in config order, each once."""
     base = Path(base_dir)
-    found: list[Path] = []
+    matched: dict[Path, list[str]] = {}
     for pattern in spec["runs"]:
-        matches = sorted(glob.glob(str(base / pattern)))
-        found += [Path(match) for match in matches if Path(match).is_dir()]
-    found = list(dict.fromkeys(p.resolve() for p in found))
+        for match in sorted(glob.glob(str(base / pattern))):
+            if Path(match).is_dir():
+                patterns = matched.setdefault(Path(match).resolve(), [])
+                if pattern not in patterns:
+                    patterns.append(pattern)
+    return matched
+
+
+def _run_ids(found: list[Path]) -> dict[str, str]:
+    """Run id (the path relative to the runs' common parent) -> run directory."""
     if not found:
         return {}
     root = Path(os.path.commonpath([p.parent for p in found]))
@@ -256,7 +272,18 @@ def _check_runs_set(where: str, spec: Mapping[str, Any], base_dir: str | Path,
         read_external_run,
     )
 
-    runs = external_runs(spec, base_dir)
+    matched = _matching_patterns(spec, base_dir)
+    runs = _run_ids(list(matched))
+    for (run, run_dir), patterns in zip(runs.items(), matched.values(), strict=True):
+        if len(patterns) > 1:
+            # Counted once either way; said, because overlapping patterns often mean one of them
+            # was meant to match other runs (a typo'd sweep folder, a stale pattern).
+            warnings.warn(
+                f"{where}.runs: run {run} ({run_dir}) of set {spec['name']!r} is matched by "
+                f"patterns {' and '.join(map(repr, patterns))} (counted once); drop or narrow a "
+                "pattern if each was meant to match other runs",
+                stacklevel=2,
+            )
     if len(runs) < MIN_EXTERNAL_RUNS:
         raise ConfigError(
             f"{where}.runs: the patterns {spec['runs']} match {len(runs)} run director"

@@ -104,6 +104,8 @@ def _schema_message(error: jsonschema.ValidationError) -> str:
         )
     if error.validator == "pattern" and "description" in error.schema:
         message += f"; allowed: {error.schema['description']}"
+    if error.validator == "maximum" and "description" in error.schema:  # a bound says its reason
+        message += f" ({error.schema['description']})"
     return message + source
 
 

@@ -222,6 +222,31 @@ def test_a_runs_set_reads_as_before(tmp_path: Path) -> None:
     assert plain.memory_mb() == external_metrics_memory_mb(plain.runs)
 
 
+def test_a_run_matched_by_two_patterns_counts_once_with_one_warning(tmp_path: Path) -> None:
+    """Two patterns of one set matching one run directory (``runs/*`` and ``*/a``): the run is
+    counted once, and the config check names it and both patterns in one warning."""
+    import torch
+
+    for run in ("a", "b"):
+        folder = tmp_path / "runs" / run
+        folder.mkdir(parents=True)
+        for step in (0, 10):
+            torch.save({"l1.weight": torch.randn(8, 4)}, folder / f"step_{step}.pt")
+        (folder / "evaluation.csv").write_text("step,test_acc\n0,0.5\n10,0.9\n")
+    spec = {"name": "plain", "runs": ["runs/*", "*/a"]}
+    assert external_runs(spec, tmp_path) == {
+        "a": str((tmp_path / "runs" / "a").resolve()),
+        "b": str((tmp_path / "runs" / "b").resolve()),
+    }
+    with pytest.warns(UserWarning) as caught:
+        check_external({"external": [spec]}, tmp_path)
+    assert [str(w.message) for w in caught] == [
+        f"config key external[0].runs: run a ({(tmp_path / 'runs' / 'a').resolve()}) of set "
+        "'plain' is matched by patterns 'runs/*' and '*/a' (counted once); drop or narrow a "
+        "pattern if each was meant to match other runs"
+    ]
+
+
 def test_the_job_writes_the_command_lines_tables_and_records_the_criterion(
     cache: Path, tmp_path: Path
 ) -> None:
