@@ -41,14 +41,21 @@ def tracking_uri_problem(uri: str) -> str | None:
     return None
 
 
+def tracking_uri_of(config: dict) -> tuple[str | None, str]:
+    """The tracking URI the jobs will use and where it comes from, as an error's first words:
+    ``mlflow.tracking_uri``, or ``$MLFLOW_TRACKING_URI`` where the config leaves it null (None
+    when neither is set: MLflow's default, ``sqlite:///mlflow.db`` in the project)."""
+    configured = config.get("mlflow", {}).get("tracking_uri")
+    if not configured and os.environ.get("MLFLOW_TRACKING_URI"):
+        return (os.environ["MLFLOW_TRACKING_URI"],
+                "environment variable MLFLOW_TRACKING_URI (config key mlflow.tracking_uri is null)")  # fmt: skip
+    return configured, "config key mlflow.tracking_uri"
+
+
 def check_tracking_uri(config: dict) -> None:
     """``mlflow.tracking_uri`` (or ``$MLFLOW_TRACKING_URI`` where it is null) names a store MLflow
     can serve: checked here, not inside the first job's MLflow exception."""
-    configured = config.get("mlflow", {}).get("tracking_uri")
-    uri, where = configured, "config key mlflow.tracking_uri"
-    if not configured and os.environ.get("MLFLOW_TRACKING_URI"):
-        uri = os.environ["MLFLOW_TRACKING_URI"]
-        where = "environment variable MLFLOW_TRACKING_URI (config key mlflow.tracking_uri is null)"
+    uri, where = tracking_uri_of(config)
     problem = tracking_uri_problem(uri) if uri else None
     if problem:
         raise ConfigError(f"{where}: {problem}")

@@ -72,6 +72,7 @@ def check_config(config: dict, base_dir: Path | None = None, read_runs: bool = T
     from trainmap.grid.data_checks import check_data
     from trainmap.grid.external import check_external
     from trainmap.grid.grid_checks import check_grid_entry, check_job_count, check_unique_cells
+    from trainmap.grid.roots import check_roots
     from trainmap.grid.section_checks import (
         STAGE_VALIDATORS,
         check_augment,
@@ -87,6 +88,7 @@ def check_config(config: dict, base_dir: Path | None = None, read_runs: bool = T
     base_dir = base_dir or Path.cwd()
     if problem := switch_problem():  # every job pins its kernels by it: refuse it before any job
         raise ConfigError(problem)
+    check_roots(config, base_dir)  # where every job writes (and Snakemake deletes): first
     check_dvc(config, base_dir)
     for task in config["data"]:  # every task's settings, used by the grid or not
         check_data(config, task)
@@ -149,6 +151,17 @@ def config_problems_reported(verbose: bool = False) -> Iterator[None]:
             raise SystemExit(1) from None
 
 
+def refuse_held_root(root: str, base_dir: Path) -> None:
+    """Raise :class:`~trainmap.grid.roots.RootInUseError` when a running workflow holds the results
+    root ``root`` (relative to ``base_dir``): a second workflow on it would delete and rewrite the
+    first one's outputs. Not part of :func:`check_config`: the Snakefile checks its config while its
+    own process holds the root."""
+    from trainmap.grid.roots import RootInUseError, in_use_message, root_holder
+
+    if holder := root_holder(base_dir / root):
+        raise RootInUseError(in_use_message(root, holder), root, holder)
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m trainmap.grid [FILE ...]``: check params.yaml, config/config.yaml and the
     given config files (as ``--configfile`` would merge them) without starting Snakemake."""
@@ -175,6 +188,8 @@ def main(argv: list[str] | None = None) -> int:
                 config = load_config(*paths)
             except OSError as error:
                 raise ConfigError(f"config file {error.filename}: {error.strerror}") from None
+            if not args.results_root:  # the Makefile asks for the root while its workflow runs
+                refuse_held_root(results_root(config), Path.cwd())
     except SystemExit as stop:
         return int(stop.code or 0)
     if args.results_root:
