@@ -17,12 +17,31 @@
 * A run that summarises many cells' runs and is no rule's own (a seed group's across-seed means and
   intervals: :mod:`trainmap.seed_groups`) opens with :func:`summary_run`: the caller's tags, the git
   commit, a description, optionally a parent; it ends FINISHED or FAILED like a rule's run.
+* Every run a job opens (:func:`rule_run`, :func:`summary_run`) is tagged with who opened it:
+  ``job``, the job's key (``$TRAINMAP_JOB``: its log path relative to the working directory, e.g.
+  ``logs/train/mnist/mlp/sgd/seeds0-3.log``; only when the job runner sets it), ``host``
+  (:func:`socket.gethostname`) and ``pid`` (the job's process). A cell's parent run carries none
+  of them: a cell's rules run in different jobs, possibly on different machines. The tags change
+  no param, metric or file under ``results/``.
+* A job killed by SIGKILL, or whose machine died, cannot end its runs: they stay RUNNING. The job
+  runner holds a lock per job for the job's whole life, and before the job function runs it calls
+  :func:`end_dead_runs`: every RUNNING run tagged with the same ``job`` then belongs to a holder
+  of that lock that is dead, and is marked KILLED. KILLED thus means "a job that died holding its
+  lock; marked by the next run of the same job".
+* A job rerun with the same settings (same ``config_hash`` tag) logs its runs again. After the job
+  function succeeded the runner calls :func:`retire_superseded_runs`: of the job's FINISHED runs
+  with the same name and ``config_hash``, the newest stays and the others are soft-deleted (MLflow's
+  ``deleted`` lifecycle stage: hidden from the UI and searches, restorable with
+  ``mlflow runs restore``, removed for good by ``mlflow gc``). A rerun after a changed setting has
+  another ``config_hash``, so its runs stand beside the earlier ones.
 """
 
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
+import sys
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -45,6 +64,15 @@ DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 METRICS_PER_BATCH = 1000  # MLflow's log_batch limit
 PARAMS_PER_BATCH = 100
 PARAM_VALUE_LIMIT = 6000
+#: The environment variable that holds the running job's key (its log path relative to the working
+#: directory). The job runner (trainmap.worker) sets it under the same name; this module sits below
+#: the runner and does not import it.
+JOB_ENV = "TRAINMAP_JOB"
+#: The tags that name the job and process that opened a run; never on a cell's parent run.
+JOB_TAGS = ("job", "host", "pid")
+#: Runs per ``search_runs`` page in :func:`end_dead_runs` and :func:`retire_superseded_runs`
+#: (MLflow's most; tests lower it to cover paging).
+SEARCH_PAGE_SIZE = 1000
 
 
 def tracking_settings(config: Mapping) -> dict[str, str]:
@@ -289,11 +317,13 @@ def summary_run(
     params: Mapping | None = None,
 ) -> Iterator[RuleRun]:
     """Open a run that summarises the runs of many cells (a seed group, :mod:`trainmap.seed_groups`):
-    tagged ``tags`` and the git commit, nested under ``parent_run_id`` when given, with
+    tagged ``tags``, the git commit and the job tags (``job``/``host``/``pid``, which ``tags``
+    cannot override), nested under ``parent_run_id`` when given, with
     ``description`` as the run's description in the UI. It ends FINISHED, or FAILED and re-raises,
     as a rule's run does."""
     client, experiment_id = _client(tracking)
-    all_tags = _commit_tags() | {key: str(value) for key, value in tags.items()}
+    # The job tags come last: end_dead_runs and retire_superseded_runs rely on them being the truth.
+    all_tags = _commit_tags() | {key: str(value) for key, value in tags.items()} | _job_tags()
     if parent_run_id is not None:
         all_tags["mlflow.parentRunId"] = parent_run_id
     if description is not None:
@@ -346,8 +376,17 @@ def _commit_tags() -> dict[str, str]:
     return tags
 
 
+def _job_tags() -> dict[str, str]:
+    """Who opens a run: ``job`` (``$TRAINMAP_JOB``, when set and not empty), ``host`` and ``pid``."""
+    tags = {"host": socket.gethostname(), "pid": str(os.getpid())}
+    job = os.environ.get(JOB_ENV)
+    if job:
+        tags["job"] = job
+    return tags
+
+
 def _run_tags(rule: str, cell: Cell | None, task: str | None, config_hash: str) -> dict[str, str]:
-    tags = {"rule": rule, "config_hash": config_hash} | _commit_tags()
+    tags = {"rule": rule, "config_hash": config_hash} | _commit_tags() | _job_tags()
     if cell is not None:
         tags |= {
             "task": cell.task,
@@ -376,7 +415,10 @@ def _cell_parent_run(
     found = client.search_runs([experiment_id], filter_string=query, max_results=1)
     if found:
         return found[0].info.run_id
-    parent_tags = {key: value for key, value in child_tags.items() if key != "rule"}
+    # Not the rule, nor who runs it: the parent is shared by the cell's rules, which run in
+    # different jobs (end_dead_runs and retire_superseded_runs must never touch it).
+    parent_tags = {key: value for key, value in child_tags.items()
+                   if key != "rule" and key not in JOB_TAGS}  # fmt: skip
     parent_tags["role"] = "cell"
     parent = client.create_run(experiment_id, run_name=cell.id, tags=parent_tags)
     client.set_terminated(parent.info.run_id, "FINISHED")
@@ -412,3 +454,145 @@ def _end_failed(client: MlflowClient, run: RuleRun) -> None:
         run.flush()
     finally:
         client.set_terminated(run.run_id, "FAILED")
+
+
+def end_dead_runs(tracking: Mapping[str, str], job: str) -> int:
+    """Mark KILLED every RUNNING run tagged ``job=<job>`` (nested runs too) in the experiment of
+    ``tracking`` (:func:`tracking_settings`); return how many were marked.
+
+    The caller holds the job's exclusive lock and calls this before the job function runs. Runs
+    of the same key belong to the same job, and the lock excludes a live second holder, so such a
+    run was left by a holder that died (SIGKILL, a machine that went down). The lock is a file on
+    the project's file system, which a cluster's nodes share: a run opened on another host is
+    marked on the lock's word alone. A run opened on this host is marked only when its ``pid`` tag
+    also names no live process (a zombie counts as dead): a live one means something is wrong
+    (another process that sets this job's key, or the dead job's pid reused), so the run is left
+    RUNNING and a warning goes to stderr (the job's log).
+
+    Nothing happens (0) when ``tracking`` has no URI or the store or experiment does not exist
+    yet. ``job`` must not hold a backslash, nor both quote characters (:class:`ValueError`).
+    """
+    found = _job_runs(tracking, job, "RUNNING")
+    if found is None:
+        return 0
+    client, runs = found
+    this_host = socket.gethostname()
+    ended = 0
+    for run in runs:
+        tags = run.data.tags
+        if tags.get("host") == this_host and _process_alive(tags.get("pid")):
+            print(f"trainmap tracking: run {run.info.run_id} ({run.info.run_name}) of job {job} "
+                  f"is RUNNING and its process {tags['pid']} on this host is alive, although "
+                  "this job holds the job's lock; left RUNNING", file=sys.stderr)  # fmt: skip
+            continue
+        client.set_terminated(run.info.run_id, "KILLED")
+        ended += 1
+    return ended
+
+
+def retire_superseded_runs(tracking: Mapping[str, str], job: str) -> int:
+    """Soft-delete the FINISHED runs of ``job`` that a later run of the same settings replaced;
+    return how many.
+
+    Called after the job function succeeded. The FINISHED runs tagged ``job=<job>`` are grouped
+    by run name and ``config_hash`` tag; each group keeps its newest run (latest start time, ties
+    by the latest end time) and the others are deleted with ``MlflowClient.delete_run``: MLflow
+    moves them to the ``deleted`` lifecycle stage (hidden, restorable with
+    ``mlflow runs restore``, removed for good by ``mlflow gc``). A run after a changed setting has
+    another ``config_hash`` and stays. Never touched: a cell's parent run (tag ``role=cell``,
+    shared by the cell's rules across jobs), a run without a ``config_hash`` tag (nothing says
+    whether its settings were the same), and runs not FINISHED (RUNNING, FAILED, KILLED).
+
+    Nothing happens (0) when ``tracking`` has no URI or the store or experiment does not exist
+    yet. ``job`` must not hold a backslash, nor both quote characters (:class:`ValueError`).
+    """
+    found = _job_runs(tracking, job, "FINISHED")
+    if found is None:
+        return 0
+    client, runs = found
+    groups: dict[tuple[str, str], list[Any]] = {}
+    for run in runs:
+        tags = run.data.tags
+        if tags.get("role") == "cell" or "config_hash" not in tags:
+            continue
+        groups.setdefault((run.info.run_name, tags["config_hash"]), []).append(run)
+    retired = 0
+    for group in groups.values():
+        group.sort(key=lambda run: (run.info.start_time or 0, run.info.end_time or 0,
+                                    run.info.run_id))  # fmt: skip
+        for run in group[:-1]:
+            client.delete_run(run.info.run_id)
+            retired += 1
+    return retired
+
+
+def _job_runs(
+    tracking: Mapping[str, str], job: str, status: str
+) -> tuple[MlflowClient, list[Any]] | None:
+    """The client and every run of ``job`` with ``status`` in the experiment of ``tracking``
+    (one query, all its pages), or None where nothing can have such runs: no URI, no job key, a
+    SQLite file or an experiment that does not exist (neither is created here: a fresh database
+    migrated by parallel jobs loses runs, see :func:`init_tracking`)."""
+    uri = tracking.get("uri")
+    if not uri or not job:
+        return None
+    query = f"tags.job = {_filter_literal(job)} and attributes.status = '{status}'"
+    if uri.startswith("sqlite:///"):
+        database = Path(uri.removeprefix("sqlite:///").partition("?")[0])
+        if not database.exists():
+            return None
+    from mlflow import MlflowClient
+
+    check_reachable(uri)
+    client = MlflowClient(tracking_uri=uri)
+    experiment = client.get_experiment_by_name(tracking["experiment"])
+    if experiment is None:
+        return None
+    # Every page first, then the caller's changes: the SQL store pages by offset, and a run that
+    # is ended or deleted leaves the filter's results, which would shift the later pages.
+    runs: list[Any] = []
+    token = None
+    while True:
+        page = client.search_runs([experiment.experiment_id], query,
+                                  max_results=SEARCH_PAGE_SIZE, page_token=token)  # fmt: skip
+        runs.extend(page)
+        token = page.token
+        if not token:
+            return client, runs
+
+
+def _filter_literal(value: str) -> str:
+    """``value`` as a string literal of MLflow's search filter. MLflow strips the quotes and does
+    not unescape (``'a''b'`` stays ``a''b``), and a backslash escapes the next character in its
+    tokenizer, so a value with ``'`` goes in double quotes and one that cannot be quoted is
+    refused."""
+    if "\\" in value or ("'" in value and '"' in value):
+        raise ValueError(f"job key {value!r}: an MLflow search filter cannot quote a backslash or "
+                         "both quote characters in a tag value")  # fmt: skip
+    quote = '"' if "'" in value else "'"
+    return f"{quote}{value}{quote}"
+
+
+def _process_alive(pid: str | None) -> bool:
+    """Whether ``pid`` (a run's ``pid`` tag) names a live process on this host. A missing or
+    malformed tag is no evidence of life (the lock decides); a zombie (exited, not yet reaped by
+    its parent) is dead; a process of another user is alive."""
+    try:
+        number = int(pid or "")
+    except ValueError:
+        return False
+    if number <= 0:  # os.kill(0 or -n) would signal process groups, not one process
+        return False
+    try:
+        os.kill(number, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        stat = Path(f"/proc/{number}/stat").read_text()
+    except FileNotFoundError:  # exited (and reaped) since the kill, or no /proc (not Linux)
+        return not Path("/proc/self").exists()
+    except OSError:
+        return True  # kill's answer stands
+    return stat.rpartition(")")[2].split()[:1] != ["Z"]  # the state follows the command's ")"

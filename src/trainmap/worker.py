@@ -14,11 +14,54 @@ Safety:
 * The server is single-threaded and never runs torch operations, so forking it is safe; each child
   sets its own thread count, working directory, environment and log file (stdout and stderr at the
   file-descriptor level, so native libraries' output lands in the log too).
-* If the client dies (Snakemake killed or cancelled the job), the child notices the closed socket
-  and kills itself: a killed job never keeps running behind Snakemake's back. Training then resumes
-  from its last resume state on the rerun, as without the server.
+* **Process groups.** Each job runs in a process group of its own: the forked child makes itself
+  its group's leader at once (and tells the client its pid, the group's id); without a server,
+  :func:`run_job` makes its own process the leader (that takes it out of Snakemake's group, so a
+  Ctrl-C in the terminal reaches it through the workflow watch below, not directly). Whatever the
+  job starts (loky/joblib workers and their resource tracker, subprocesses) is in that group, and
+  ending a job ends the group (:func:`end_group`: SIGTERM, a grace, then SIGKILL). The client ends
+  it after every job, once it has the job's status, with a short grace (:data:`END_GRACE_S`): the
+  helpers a finished job left behind (the child ends with ``os._exit``, which skips joblib's
+  shutdown) do not outlive it. Without a server the job's process exits normally (joblib shuts
+  its workers down) and ends the rest of its group at exit; a program that ignores SIGTERM (a
+  resource tracker) is left to end by itself, which it does once that process has exited.
+* **The grace.** SIGTERM to a job process is a stop request (:mod:`trainmap.stopping`): in the
+  training loop it stops after the step in progress with that step's resume state saved (a rerun
+  continues bit-identical), elsewhere the job stops at once; it exits 143. A group still there
+  after :data:`STOP_GRACE_S` seconds (``$TRAINMAP_STOP_GRACE_S``) is SIGKILLed. A client that gets
+  SIGTERM or SIGINT (Snakemake cancelling the job) ends the job's group with that grace and exits
+  143 or 130. If the client dies (SIGKILL), the child notices the closed socket and ends its own
+  group with the same grace, itself last. A killed job never keeps running behind Snakemake's back.
+* **The workflow watch.** ``$TRAINMAP_WORKFLOW_PID`` (:data:`WORKFLOW_PID_ENV`, set by the
+  Snakefile's ``onstart``) names Snakemake's process. While it waits, the client looks about once
+  a second (:data:`WATCH_INTERVAL_S`) whether that process is still alive and whether its own
+  parent is still the one it started with; without a server a thread of the job process does the
+  same. When the workflow is gone (``kill -9`` on Snakemake), the job is ended as above and the
+  client exits non-zero saying so on its stderr (1; without a server 143, the job's own process
+  having stopped). The pid is watched only if it is one of the client's ancestors when it starts
+  (Linux: ``/proc``): a cluster job inherits the variable from a workflow on another machine, and
+  a pid there means nothing here.
+* **The job lock.** A job first takes an exclusive ``flock`` on
+  ``.snakemake/trainmap/locks/<sha256 of its key>.lock`` in its working directory (the project;
+  Snakemake deletes a job's outputs before it starts, so the lock is none of them). The key
+  (:func:`job_key`) is the job's log path relative to that directory: every trainmap job has one
+  log, named from the same wildcards as its outputs. A second run of the same job while one is
+  alive is refused at once (exit 1, naming the holder's pid, host and start time, which the holder
+  writes into the file). The client passes the locked file to the server's child (``SCM_RIGHTS``),
+  so the lock lasts as long as the job does, also when the client died: ``flock`` belongs to the
+  open file, and the kernel releases it when the last process holding it is gone. The process that
+  runs the job gets the key as ``$TRAINMAP_JOB`` (:data:`JOB_ENV`; MLflow runs are tagged with
+  it) and, holding the lock, marks the job's MLflow runs a dead holder left RUNNING as KILLED
+  before the job, and retires its superseded FINISHED runs after a success
+  (:mod:`trainmap.tracking`).
 * Without a server (cluster executors, ``TRAINMAP_WORKER=off``, or a server that cannot be
-  reached), :func:`run_job` runs the function in its own process: slower to start, same result.
+  reached), :func:`run_job` runs the function in its own process: slower to start, same result,
+  same lock, group, stop request and workflow watch. Under a cluster executor each job runs so, on
+  its node, and its lock file lives on the project's file system that the nodes share: ``flock``
+  over NFS may not be honoured (Linux emulates it with NFS byte-range locks, which need a working
+  lock service; some mounts use ``nolock`` or ``local_lock``), and then two runs of one job on two
+  nodes are not excluded. The cluster's own job control (``scancel`` sends SIGTERM) gives the
+  training its stop point as above.
 * Portable mode (:mod:`trainmap.portable`, ``$TRAINMAP_PORTABLE``): the server sets its pins before
   its imports and every job sets them from its own environment before its first torch operation,
   in the forked child or in its own process alike; a job that cannot have them fails.
@@ -31,6 +74,10 @@ other ``module:function`` a client names (``os:mkdir``) is refused before anythi
 
 from __future__ import annotations
 
+import atexit
+import contextlib
+import fcntl
+import hashlib
 import importlib
 import inspect
 import json
@@ -46,18 +93,38 @@ import tempfile
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
-from typing import Any
+from types import FrameType
+from typing import Any, NoReturn
 
 from trainmap.jobs import JOB_MODULES
 from trainmap.portable import apply_portable_mode
+from trainmap.stopping import STOP_STATUS, JobStopped, install_stop_handler
 
 SOCKET_ENV = "TRAINMAP_WORKER_SOCKET"
 SWITCH_ENV = "TRAINMAP_WORKER"  # "off" disables the server
 #: When set, every job appends {"function", "seconds", "threads", "log", "finished"} (its own
 #: compute time, the cores it was given, and when it ended, in seconds since the epoch) to this file.
 TIMES_ENV = "TRAINMAP_JOB_TIMES"
+#: Snakemake's pid, set by the Snakefile's ``onstart``: a job whose workflow is gone ends itself.
+WORKFLOW_PID_ENV = "TRAINMAP_WORKFLOW_PID"
+#: The job's key (:func:`job_key`), set in the process that runs the job; trainmap.tracking reads
+#: it under the same name to tag MLflow runs.
+JOB_ENV = "TRAINMAP_JOB"
+#: Seconds a job has to stop after SIGTERM (a training saves its resume state at its next step)
+#: before its process group is SIGKILLed; ``$TRAINMAP_STOP_GRACE_S`` overrides it.
+STOP_GRACE_S = 30.0
+STOP_GRACE_ENV = "TRAINMAP_STOP_GRACE_S"
+#: The grace the client gives a job's group once it has the job's status: only helpers the job
+#: left behind are still there (loky workers and their resource tracker stop in well under this).
+END_GRACE_S = 5.0
+#: How often a client (or, without a server, the job's watch thread) looks at its workflow.
+WATCH_INTERVAL_S = 1.0
+#: The job locks' directory, relative to the job's working directory (the project).
+LOCK_DIRECTORY = Path(".snakemake") / "trainmap" / "locks"
 #: What the server imports before it forks: everything a job would otherwise import itself. Every
 #: trainmap module is loaded at start, so all jobs of a workflow run use one snapshot of the code.
 WARM_MODULES = (
@@ -81,6 +148,10 @@ SOCKET_DIR_PREFIX = "trainmap-worker-"
 
 class RefusedJobError(ValueError):
     """A client named a function that is not a job function of the allowed modules."""
+
+
+class JobAlreadyRunningError(RuntimeError):
+    """Another live process holds the job's lock: the same job is running already."""
 
 
 def job_function(name: str, modules: tuple[str, ...] = JOB_MODULES) -> Callable[..., Any]:
@@ -111,19 +182,34 @@ def resolve(name: str) -> Callable[..., Any]:
 def run_job(function: str, log: str, **kwargs: Any) -> None:
     """Run ``function(**kwargs)`` with stdout/stderr in ``log``: on the server if one is up, else here.
 
-    Exits the process with the job's status when it ran on the server (the calling script is a
-    Snakemake job, whose exit status Snakemake reads).
+    First takes the job's lock (:func:`lock_job`); a job that is running already is refused: exit
+    status 1 and a line on stderr naming the holder. Exits the process with the job's status when
+    it ran on the server (the calling script is a Snakemake job, whose exit status Snakemake
+    reads): 143 when it stopped on SIGTERM, 1 when its workflow ended first; SIGTERM or SIGINT to
+    this process ends the job's process group (with :func:`stop_grace_s`) and exits 143 or 130.
+    Without a server the job runs in this process, which then leads its own process group, takes
+    SIGTERM as a stop request (exit 143) and watches its workflow (see the module docstring).
     """
-    status = _submit(function, log, kwargs)
-    if status is None:  # no server: run in this process
-        from trainmap.jobs.common import logged_to
-        from trainmap.plugins import load_exported_plugins  # deferred: the client stays torch-free
-
-        load_exported_plugins()  # the workflow's plugins, as the server would have them
-        with logged_to(log):
-            apply_portable_mode(strict=True)  # before the job's first torch operation
-            call_timed(function, log, kwargs)
+    key = job_key(log)
+    previous_sigint = signal.getsignal(signal.SIGINT)
+    for number in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(number, _cancel)
+    try:
+        try:
+            lock = lock_job(key)
+        except JobAlreadyRunningError as error:
+            print(f"trainmap: {error}", file=sys.stderr)
+            sys.exit(1)
+        status = _submit(function, log, kwargs, lock)
+        if status is None:  # no server: run in this process, as the job's own process group
+            install_stop_handler()
+            signal.signal(signal.SIGINT, previous_sigint)
+    except _Cancelled as cancelled:
+        sys.exit(128 + cancelled.signum)
+    if status is None:
+        _run_here(function, log, kwargs, lock)
         return
+    lock.release()
     if status != 0:
         sys.exit(status)
 
@@ -145,7 +231,353 @@ def call_timed(
             stream.write(line + "\n")
 
 
-def _submit(function: str, log: str, kwargs: dict[str, Any]) -> int | None:
+def _call_job(
+    function: str, log: str, kwargs: dict[str, Any], key: str,
+    run: Callable[..., Any] | None = None,
+) -> None:  # fmt: skip
+    """The job, in the process that holds its lock: with MLflow tracking (a ``tracking`` keyword
+    argument), first mark KILLED the job's runs that a dead holder left RUNNING, and after the job
+    succeeded retire its FINISHED runs that this one superseded (:mod:`trainmap.tracking`)."""
+    tracking = kwargs.get("tracking")
+    if isinstance(tracking, Mapping):
+        from trainmap.tracking import end_dead_runs  # deferred: the client imports no MLflow code
+
+        end_dead_runs(tracking, key)
+    call_timed(function, log, kwargs, run)
+    if isinstance(tracking, Mapping):
+        from trainmap.tracking import retire_superseded_runs
+
+        retire_superseded_runs(tracking, key)
+
+
+def _run_here(function: str, log: str, kwargs: dict[str, Any], lock: JobLock) -> None:
+    """Run the job in this process (no server), holding ``lock`` until this process exits: as
+    its process group's leader, with SIGTERM a stop request, a thread that ends the group when the
+    workflow is gone, and the programs it left running ended at exit."""
+    from trainmap.jobs.common import logged_to
+    from trainmap.plugins import load_exported_plugins  # deferred: the client stays torch-free
+
+    try:
+        os.setpgid(0, 0)  # the job's own group: helpers it starts join it, and end with it
+    except OSError:  # a session leader cannot move, and it leads its own group already
+        pass
+    os.environ[JOB_ENV] = lock.key
+    # The lock stays held until this process exits, after the helpers are ended at exit. atexit
+    # handlers run after threading's, where joblib shuts its loky workers down itself.
+    atexit.register(_end_helpers_at_exit)
+    threading.Thread(target=_stop_here_when_gone, args=(_WorkflowWatch(),), daemon=True).start()
+    try:
+        load_exported_plugins()  # the workflow's plugins, as the server would have them
+        with logged_to(log):
+            apply_portable_mode(strict=True)  # before the job's first torch operation
+            _call_job(function, log, kwargs, lock.key)
+    except JobStopped as stopped:
+        print(f"trainmap: job {lock.key}: {stopped}", file=sys.stderr)
+        sys.exit(STOP_STATUS)
+
+
+def _stop_here_when_gone(watch: _WorkflowWatch) -> None:
+    """The in-process job's watch thread: when the workflow is gone, SIGTERM to the job's group
+    (this process too: its stop request), and SIGKILL to the group after the grace if this
+    process is still there (when it ends first, the thread ends with it)."""
+    while (reason := watch.gone()) is None:
+        time.sleep(WATCH_INTERVAL_S)
+    for stream in {sys.__stderr__, sys.stderr} - {None}:  # the client's stderr and the job's log
+        print(f"trainmap: {reason}; stopping this job", file=stream, flush=True)
+    _signal_own_group(signal.SIGTERM)
+    time.sleep(stop_grace_s())
+    _signal_own_group(signal.SIGKILL)
+
+
+def _end_helpers_at_exit() -> None:
+    """At the exit of an in-process job: end the programs it started and left running (the rest
+    of its process group), as :func:`end_group` would, with :data:`END_GRACE_S`. Those that
+    ignore SIGTERM are left alone: a resource tracker (loky's, multiprocessing's) ignores it and
+    ends by itself once this process has exited, which is later than this runs. Needs ``/proc``
+    to find them; does nothing where this process does not lead its group."""
+    group = os.getpid()
+    if os.getpgrp() != group:
+        return
+
+    def others() -> list[int]:
+        members = _live_group_members(group) or []
+        return [pid for pid in members if pid != group and not _ignores_sigterm(pid)]
+
+    for pid in others():
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + END_GRACE_S
+    while (left := others()) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    for pid in left:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _ignores_sigterm(pid: int) -> bool:
+    """Whether process ``pid`` ignores SIGTERM (``SigIgn`` in ``/proc/<pid>/status``)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    for line in status.splitlines():
+        if line.startswith("SigIgn:"):
+            return bool(int(line.split()[1], 16) >> (signal.SIGTERM - 1) & 1)
+    return False
+
+
+def _signal_own_group(number: int) -> None:
+    """Send ``number`` to this process's group when it leads one (it is then the job's group),
+    else to this process alone (the group is someone else's: Snakemake's)."""
+    if os.getpgrp() == os.getpid():
+        os.killpg(os.getpid(), number)
+    else:
+        os.kill(os.getpid(), number)
+
+
+# --- ending a job: process groups, the grace, the workflow watch ------------------------------
+
+
+def stop_grace_s() -> float:
+    """The grace a stopping job gets: ``$TRAINMAP_STOP_GRACE_S`` seconds if set to a number,
+    else :data:`STOP_GRACE_S` (a value that is no number is ignored: this is read while a job is
+    being ended, where an error would leave it running)."""
+    try:
+        return float(os.environ[STOP_GRACE_ENV])
+    except (KeyError, ValueError):
+        return STOP_GRACE_S
+
+
+def end_group(pgid: int, grace_s: float) -> None:
+    """End the process group ``pgid``: SIGTERM to it, up to ``grace_s`` seconds for it to empty,
+    then SIGKILL to whatever is left. Returns once the group is empty or SIGKILLed. A member that
+    has exited and waits for its parent to reap it (a zombie) counts as gone. A group that is gone
+    already, or that is not this user's (its id reused), is left alone. Refuses (ValueError) this
+    process's own group and ids that ``killpg`` reads as something else (0, 1, negative)."""
+    if pgid <= 1 or pgid == os.getpgrp():
+        raise ValueError(f"end_group: {pgid} is not another process group")
+    try:
+        os.killpg(pgid, signal.SIGTERM)
+    except (ProcessLookupError, PermissionError):
+        return
+    deadline = time.monotonic() + grace_s
+    pause = 0.002
+    while _group_alive(pgid):
+        if time.monotonic() >= deadline:
+            try:
+                os.killpg(pgid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            return
+        time.sleep(pause)
+        pause = min(pause * 2, 0.1)
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether the group ``pgid`` has a member that has not exited (Linux: a group of zombies
+    counts as empty; elsewhere zombies count as members)."""
+    try:
+        os.killpg(pgid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    members = _live_group_members(pgid)
+    return members is None or bool(members)
+
+
+def _live_group_members(pgid: int) -> list[int] | None:
+    """The processes of group ``pgid`` that have not exited, from ``/proc``; None without it."""
+    proc = Path("/proc")
+    if not (proc / "self" / "stat").exists():
+        return None
+    members = []
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        fields = _stat_fields(int(entry.name))
+        if fields is not None and int(fields[2]) == pgid and fields[0] != "Z":
+            members.append(int(entry.name))
+    return members
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    """``/proc/<pid>/stat`` after the command name (state, ppid, pgrp, ...), or None."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return text.rpartition(")")[2].split()  # the command name may hold spaces and ")"
+
+
+class _WorkflowWatch:
+    """Whether the workflow that started this process is gone: its parent changed, or the process
+    ``$TRAINMAP_WORKFLOW_PID`` names (when it is an ancestor of this process) ended."""
+
+    def __init__(self) -> None:
+        self.parent = os.getppid()
+        self.workflow = _watched_workflow_pid()
+
+    def gone(self) -> str | None:
+        """Why the workflow is gone, or None while it is there."""
+        if os.getppid() != self.parent:
+            return f"the workflow ended (this job's parent process {self.parent} is gone)"
+        if self.workflow is not None and not _process_alive(self.workflow):
+            return f"the workflow ended (Snakemake, pid {self.workflow}, is gone)"
+        return None
+
+
+def _watched_workflow_pid() -> int | None:
+    """``$TRAINMAP_WORKFLOW_PID`` if it names an ancestor of this process. A cluster job inherits
+    the variable from the workflow's machine, where the pid means nothing; on a system without
+    ``/proc`` the variable is trusted."""
+    try:
+        pid = int(os.environ.get(WORKFLOW_PID_ENV, ""))
+    except ValueError:
+        return None
+    if pid <= 1:
+        return None
+    ancestors = _ancestors()
+    return pid if ancestors is None or pid in ancestors else None
+
+
+def _ancestors() -> set[int] | None:
+    """This process's ancestors (``/proc``), or None where ``/proc`` is missing."""
+    if not Path("/proc/self/stat").exists():
+        return None
+    found: set[int] = set()
+    pid = os.getppid()
+    while pid > 1 and pid not in found:
+        found.add(pid)
+        fields = _stat_fields(pid)
+        if fields is None:
+            break
+        pid = int(fields[1])
+    return found
+
+
+def _process_alive(pid: int) -> bool:
+    """Whether ``pid`` is a process that has not exited (a zombie has; another user's counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    fields = _stat_fields(pid)
+    return fields is None or fields[0] != "Z"
+
+
+class _Cancelled(BaseException):
+    """The client got SIGTERM or SIGINT (raised by its handler: it interrupts the wait at once)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _cancel(signum: int, frame: FrameType | None) -> None:
+    raise _Cancelled(signum)
+
+
+class _WorkflowGone(Exception):
+    """The client's workflow ended while the job ran (the message says how)."""
+
+
+# --- the job lock -----------------------------------------------------------------------------
+
+
+def job_key(log: str | os.PathLike[str]) -> str:
+    """The job's key: its log path relative to the working directory (the project), normalised.
+    Every trainmap job has exactly one log, named from the wildcards its outputs are named from."""
+    return os.path.normpath(os.path.relpath(os.path.abspath(log)))
+
+
+def lock_path(key: str) -> Path:
+    """The lock file of the job ``key``, relative to the working directory."""
+    return LOCK_DIRECTORY / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.lock"
+
+
+@dataclass
+class JobLock:
+    """A job's lock, held (``flock``) through the open file ``fd`` for as long as it is open in
+    any process: this one, and the server's child it was passed to."""
+
+    key: str
+    fd: int
+    started: str  # ISO time the lock was taken
+
+    def record(self, pid: int, client: int | None = None) -> None:
+        """Write who holds the lock into its file, one JSON line: ``pid`` (the process that runs
+        the job), host, job key, start time, and the ``client`` when another process runs it."""
+        holder = {"pid": pid, "host": socket.gethostname(), "job": self.key,
+                  "started": self.started, **({"client": client} if client else {})}  # fmt: skip
+        os.ftruncate(self.fd, 0)
+        os.pwrite(self.fd, (json.dumps(holder) + "\n").encode(), 0)
+
+    def release(self) -> None:
+        """Close this process's hold (the lock is free once no process holds it)."""
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+def lock_job(key: str) -> JobLock:
+    """Take the job's exclusive lock (:func:`lock_path`, created with its directory), without
+    waiting, and record this process as its holder; :class:`JobAlreadyRunningError` (its message
+    names the holder) when a live process holds it. The kernel releases it when every process
+    holding it has closed it or died."""
+    path = lock_path(key)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = _holder(fd)
+        os.close(fd)
+        raise JobAlreadyRunningError(_already_running(key, path, holder)) from None
+    except BaseException:
+        os.close(fd)
+        raise
+    lock = JobLock(key, fd, datetime.now().astimezone().isoformat(timespec="seconds"))
+    lock.record(os.getpid())
+    return lock
+
+
+def _holder(fd: int) -> dict[str, Any] | None:
+    """The holder line of a lock file another process holds; None if it says nothing readable
+    (the holder may be between truncating and writing it: a few tries)."""
+    for _ in range(20):
+        line = os.pread(fd, 4096, 0).partition(b"\n")[0]
+        try:
+            holder = json.loads(line)
+        except ValueError:
+            holder = None
+        if isinstance(holder, dict) and "pid" in holder:
+            return holder
+        time.sleep(0.01)
+    return None
+
+
+def _already_running(key: str, path: Path, holder: dict[str, Any] | None) -> str:
+    if holder is None:
+        return f"job {key} is already running (its lock {path} is held); wait for it"
+    pid, host = holder.get("pid"), holder.get("host")
+    where = "" if host == socket.gethostname() else f" on host {host}"
+    return (f"job {key} is already running (pid {pid} on host {host} since "
+            f"{holder.get('started')}); wait for it or end it (kill {pid}{where})")  # fmt: skip
+
+
+# --- the client ---------------------------------------------------------------------------------
+
+
+def _submit(
+    function: str, log: str, kwargs: dict[str, Any], lock: JobLock | None = None
+) -> int | None:
+    """Send the job to the server and wait for its status (None: no server to send it to).
+
+    The locked file ``lock`` goes with the request (``SCM_RIGHTS``), so the server's child holds
+    the lock too. The child answers its pid (its process group's id) first, then the status. After
+    the status, or when the workflow is gone (then 1), or on SIGTERM/SIGINT (:class:`_Cancelled`,
+    re-raised), the job's group is ended."""
     path = os.environ.get(SOCKET_ENV)
     if not path or os.environ.get(SWITCH_ENV) == "off":
         return None
@@ -155,23 +587,82 @@ def _submit(function: str, log: str, kwargs: dict[str, Any]) -> int | None:
     except OSError:
         client.close()
         return None
+    key = lock.key if lock is not None else job_key(log)
     request = {
         "function": function,
         "kwargs": kwargs,
         "log": str(Path(log).resolve()),
         "cwd": os.getcwd(),
         "env": dict(os.environ),
+        "job": key,
     }
+    payload = json.dumps(request).encode() + b"\n"
+    watch = _WorkflowWatch()
+    group = None
     with client:
-        client.sendall(json.dumps(request).encode() + b"\n")
-        reply = client.makefile("rb").readline()
-    if not reply:
-        print(f"trainmap worker: the job {function} ended without a status; see {log}")
-        return 1
-    answer = json.loads(reply)
-    if answer.get("error"):
-        print(f"trainmap worker: {answer['error']}", file=sys.stderr)
-    return int(answer["status"])
+        try:
+            sent = 0 if lock is None else socket.send_fds(client, [payload], [lock.fd])
+            client.sendall(payload[sent:])
+            status = None
+            for answer in _answers(client, watch):
+                if "status" not in answer:  # the child's first line: its pid, its group's id
+                    group = int(answer["pid"])
+                    if lock is not None:
+                        lock.record(group, client=os.getpid())
+                    continue
+                if answer.get("error"):
+                    print(f"trainmap worker: {answer['error']}", file=sys.stderr)
+                status = int(answer["status"])
+                break
+            if status is None:
+                print(f"trainmap worker: the job {function} ended without a status; see {log}")
+                status = 1
+            if group is not None:  # what the job left behind (loky workers) ends with it
+                end_group(group, END_GRACE_S)
+            return status
+        except _WorkflowGone as gone:
+            print(f"trainmap: {gone}; ending the job {key}", file=sys.stderr, flush=True)
+            _ignore_cancelling()
+            if group is not None:
+                end_group(group, stop_grace_s())
+            return 1
+        except _Cancelled:
+            # The group is ended while the socket is still open: on EOF the child's watcher
+            # would SIGTERM it a second time.
+            _ignore_cancelling()
+            if group is not None:
+                end_group(group, stop_grace_s())
+            raise
+
+
+def _ignore_cancelling() -> None:
+    """While the client ends its job, a further SIGTERM or SIGINT must not cut that short (when
+    the client runs in the main thread, as a job script does: only it can change handlers)."""
+    if threading.current_thread() is threading.main_thread():
+        for number in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(number, signal.SIG_IGN)
+
+
+def _answers(connection: socket.socket, watch: _WorkflowWatch) -> Iterator[dict[str, Any]]:
+    """The child's reply lines, as they come; between them, the workflow watch
+    (:class:`_WorkflowGone`) every :data:`WATCH_INTERVAL_S`. Ends at EOF."""
+    connection.settimeout(WATCH_INTERVAL_S)
+    buffer = b""
+    while True:
+        if b"\n" in buffer:
+            line, _, buffer = buffer.partition(b"\n")
+            yield json.loads(line)
+            continue
+        try:
+            chunk = connection.recv(65536)
+        except TimeoutError:
+            reason = watch.gone()
+            if reason is not None:
+                raise _WorkflowGone(reason) from None
+            continue
+        if not chunk:
+            return
+        buffer += chunk
 
 
 # --- the server -------------------------------------------------------------------------------
@@ -217,8 +708,13 @@ def serve(
             connection.close()
             continue
         if os.fork() == 0:
-            server.close()
-            _run_child(connection, job_modules)
+            try:
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)  # never the server's handler
+                os.setpgid(0, 0)  # the job's own process group, before anything can join it
+                server.close()
+                _run_child(connection, job_modules)
+            finally:
+                os._exit(1)  # whatever happened, never back into the server's loop
         connection.close()
     Path(path).unlink(missing_ok=True)
 
@@ -269,14 +765,19 @@ def _same_user(connection: socket.socket) -> bool:
     return uid == os.getuid()
 
 
-def _run_child(connection: socket.socket, job_modules: tuple[str, ...] = JOB_MODULES) -> None:
-    """In the forked child: read the request, run the job, send its status, exit."""
+def _run_child(connection: socket.socket, job_modules: tuple[str, ...] = JOB_MODULES) -> NoReturn:
+    """In the forked child (its process group's leader): read the request and the job's lock,
+    answer this process's pid, run the job with SIGTERM a stop request, send its status, exit."""
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # subprocess.run must be able to wait again
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     _fresh_database_connections()
-    line = connection.makefile("rb").readline()
+    line, _lock_fd = _read_request(connection)  # the lock is held while this process lives
     if not line:  # a reachability probe
         os._exit(0)
+    try:
+        connection.sendall(json.dumps({"pid": os.getpid()}).encode() + b"\n")
+    except OSError:  # the client is gone already: nothing has run
+        os._exit(1)
     try:
         request = json.loads(line)
         function = job_function(request["function"], job_modules)
@@ -286,26 +787,63 @@ def _run_child(connection: socket.socket, job_modules: tuple[str, ...] = JOB_MOD
                  else f"malformed job request ({type(error).__name__}: {error})"}  # fmt: skip
         connection.sendall(json.dumps(reply).encode() + b"\n")
         os._exit(2)
-    status = 1
+    status, finished, watcher = 1, threading.Event(), None
+    key = str(request.get("job") or request["log"])
     try:
         connection.settimeout(None)
         os.chdir(request["cwd"])
         os.environ.clear()
         os.environ.update(request["env"])
+        os.environ[JOB_ENV] = key
         _redirect_output(request["log"])
         apply_portable_mode(strict=True)  # the job's own $TRAINMAP_PORTABLE; torch has not run yet
-        threading.Thread(target=_die_with_client, args=(connection,), daemon=True).start()
-        call_timed(request["function"], request["log"], request["kwargs"], run=function)
+        install_stop_handler()
+        watcher = threading.Thread(target=_end_with_client, args=(connection, finished),
+                                   daemon=True)  # fmt: skip
+        watcher.start()
+        _call_job(request["function"], request["log"], request["kwargs"], key, run=function)
         status = 0
+    except JobStopped as stopped:
+        print(f"trainmap: job {key}: {stopped}", file=sys.stderr)
+        status = STOP_STATUS
     except BaseException:
         traceback.print_exc()
     finally:
+        _end_child(connection, status, finished, watcher)
+
+
+def _read_request(connection: socket.socket) -> tuple[bytes, int | None]:
+    """The request line and the locked file that came with it (None: a client that sent none);
+    (b"", None) when the client sent nothing (a probe)."""
+    data, fds, _flags, _address = socket.recv_fds(connection, 65536, 1)
+    for fd in fds:
+        os.set_inheritable(fd, False)  # programs the job starts do not hold its lock
+    buffer = data
+    while data and b"\n" not in buffer:
+        data = connection.recv(65536)
+        buffer += data
+    return buffer.partition(b"\n")[0], (fds[0] if fds else None)
+
+
+def _end_child(
+    connection: socket.socket, status: int, finished: threading.Event,
+    watcher: threading.Thread | None,
+) -> NoReturn:  # fmt: skip
+    """Send the job's status and exit. If the client is gone, its watcher thread ends this
+    process's group (after the grace, this process with it): wait for that instead."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the job is over: SIGTERM now just ends it
+    try:
         sys.stdout.flush()
         sys.stderr.flush()
-        try:
-            connection.sendall(json.dumps({"status": status}).encode() + b"\n")
-        finally:
-            os._exit(status)
+    except (OSError, ValueError):
+        pass
+    finished.set()
+    try:
+        connection.sendall(json.dumps({"status": status}).encode() + b"\n")
+    except OSError:
+        if watcher is not None:
+            watcher.join(stop_grace_s() + 10)
+    os._exit(status)
 
 
 def _redirect_output(log: str) -> None:
@@ -320,13 +858,18 @@ def _redirect_output(log: str) -> None:
     sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
 
 
-def _die_with_client(connection: socket.socket) -> None:
-    """The client sends nothing after its request; EOF means it was killed: stop the job too."""
+def _end_with_client(connection: socket.socket, finished: threading.Event) -> None:
+    """The child's watcher thread. The client sends nothing after its request: EOF means it is
+    gone (killed, or it gave up). End the job then, as a client would, but from inside the group:
+    SIGTERM to the group (the job's stop request; its helpers' SIGTERM), wait for the main thread
+    to finish the job or for the grace to pass, then SIGKILL the group, this process included."""
     try:
         connection.recv(1)
     except OSError:
         pass
-    os.kill(os.getpid(), signal.SIGKILL)
+    _signal_own_group(signal.SIGTERM)
+    finished.wait(stop_grace_s())
+    _signal_own_group(signal.SIGKILL)
 
 
 # --- starting and stopping it from the Snakefile ----------------------------------------------

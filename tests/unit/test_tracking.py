@@ -10,9 +10,11 @@ from __future__ import annotations
 import copy
 import json
 import os
+import socket
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -21,14 +23,17 @@ from mlflow import MlflowClient
 from trainmap.grid import Cell, cell_hash, load_config
 from trainmap.tracking import (
     DEFAULT_TRACKING_URI,
+    JOB_ENV,
     METRICS_PER_BATCH,
     PARAMS_PER_BATCH,
     RuleRun,
     artifact_root,
     cluster_tracking_problem,
+    end_dead_runs,
     experiment_name,
     flatten_params,
     init_tracking,
+    retire_superseded_runs,
     rule_run,
     summary_run,
     tracking_settings,
@@ -581,3 +586,267 @@ def test_a_store_compute_nodes_cannot_reach_is_named_with_its_fix(uri: str, reas
 )
 def test_a_store_on_the_network_passes_for_cluster_jobs(uri: str) -> None:
     assert cluster_tracking_problem(uri) is None
+
+
+# --------------------------------------------------------------------------------------------------
+# Runs of a job: who opened them, runs of dead jobs, runs that a rerun superseded
+
+JOB = "logs/train/mnist/mlp/sgd/seeds0-3.log"
+
+
+def test_a_jobs_runs_carry_job_host_and_pid_but_not_its_cells_parent(
+    study_config: dict, shared_uri: str, monkeypatch
+) -> None:
+    config = make_config(study_config, shared_uri, "job-tags")
+    tracking = tracking_settings(config)
+    cell = Cell("digits", "vgg_bn", "kaiming", 7)
+    params = {"train": {"lr": 0.05}}
+    monkeypatch.setenv(JOB_ENV, JOB)
+    with rule_run(tracking, "train", cell=cell, params=params,
+                  config_hash=cell_hash(config, cell)) as run:  # fmt: skip
+        run.log_metrics({"loss": 0.5}, step=1)
+        rule_id = run.run_id
+    with summary_run(tracking, "seeds x", {"role": "seed_group", "job": "not mine"}) as run:
+        summary_id = run.run_id
+    monkeypatch.delenv(JOB_ENV)
+    with rule_run(tracking, "summary", task="digits", config_hash="grid") as run:
+        unset_id = run.run_id
+
+    client = MlflowClient(tracking_uri=shared_uri)
+    mine = {"job": JOB, "host": socket.gethostname(), "pid": str(os.getpid())}
+    for run_id in (rule_id, summary_id):
+        tags = client.get_run(run_id).data.tags
+        assert {key: tags.get(key) for key in mine} == mine, run_id
+    logged = client.get_run(rule_id)
+    assert logged.data.params == {"train.lr": "0.05"}  # the tags add no param, no metric
+    assert logged.data.metrics == {"loss": 0.5}
+    parent = client.get_run(logged.data.tags["mlflow.parentRunId"]).data.tags
+    assert parent["role"] == "cell" and parent["cell"] == cell.id
+    assert not {"job", "host", "pid"} & parent.keys(), parent
+    unset = client.get_run(unset_id).data.tags
+    assert "job" not in unset and unset["pid"] == str(os.getpid())
+
+
+def make_run(
+    client: MlflowClient, experiment_id: str, name: str, *, status: str = "RUNNING",
+    start: int | None = None, end: int | None = None, **tags: str,
+) -> str:  # fmt: skip
+    """A run named ``name`` with ``tags``, started at ``start`` (ms), left ``status``."""
+    run_id = client.create_run(
+        experiment_id, start_time=start, tags=tags, run_name=name
+    ).info.run_id
+    if status != "RUNNING":
+        client.set_terminated(run_id, status, end_time=end)
+    return run_id
+
+
+def exited_child() -> int:
+    """The pid of a forked child that exited at once, not yet reaped: a zombie. (A fork, not a
+    program: the fast tier starts none.)"""
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    return pid
+
+
+@pytest.fixture
+def dead_pid() -> str:
+    """The pid of a process that exited and was reaped: no process has it (barring reuse)."""
+    pid = exited_child()
+    os.waitpid(pid, 0)
+    return str(pid)
+
+
+def test_end_dead_runs_marks_the_jobs_orphans_killed(
+    shared_uri: str, dead_pid: str, monkeypatch, capsys
+) -> None:
+    """Every RUNNING run of the job, nested ones and those of another host included, becomes
+    KILLED; a run whose process lives on this host, other jobs' runs and ended runs stay."""
+    monkeypatch.setattr("trainmap.tracking.SEARCH_PAGE_SIZE", 2)  # 4 matching runs: 2 pages
+    tracking = {"uri": shared_uri, "experiment": "dead-runs"}
+    client = MlflowClient(tracking_uri=shared_uri)
+    experiment = init_tracking(shared_uri, "dead-runs")
+    here, alive = socket.gethostname(), str(os.getpid())
+    dead = make_run(client, experiment, "train c", job=JOB, host=here, pid=dead_pid)
+    ids = {
+        "dead": dead,
+        "nested": make_run(
+            client,
+            experiment,
+            "seeds c: a",
+            job=JOB,
+            host=here,
+            pid=dead_pid,
+            **{"mlflow.parentRunId": dead},
+        ),
+        "elsewhere": make_run(client, experiment, "evaluate c", job=JOB, host="node-17", pid=alive),
+        "no pid": make_run(client, experiment, "plot c", job=JOB, host=here),
+        "alive": make_run(client, experiment, "fit c", job=JOB, host=here, pid=alive),
+        "other job": make_run(
+            client, experiment, "train d", job=JOB.replace(".", "x"), host=here, pid=dead_pid
+        ),
+        "longer key": make_run(
+            client, experiment, "train e", job=JOB + ".old", host=here, pid=dead_pid
+        ),
+        "untagged": make_run(client, experiment, "train f", host=here, pid=dead_pid),
+        "finished": make_run(
+            client,
+            experiment,
+            "train g",
+            status="FINISHED",
+            end=1234,
+            job=JOB,
+            host=here,
+            pid=dead_pid,
+        ),
+        "failed": make_run(
+            client,
+            experiment,
+            "train h",
+            status="FAILED",
+            end=1234,
+            job=JOB,
+            host=here,
+            pid=dead_pid,
+        ),
+    }
+
+    assert end_dead_runs(tracking, JOB) == 4
+    status = {name: client.get_run(run_id).info.status for name, run_id in ids.items()}
+    assert status == {"dead": "KILLED", "nested": "KILLED", "elsewhere": "KILLED",
+                      "no pid": "KILLED", "alive": "RUNNING", "other job": "RUNNING",
+                      "longer key": "RUNNING", "untagged": "RUNNING", "finished": "FINISHED",
+                      "failed": "FAILED"}  # fmt: skip
+    assert client.get_run(ids["dead"]).info.end_time is not None
+    assert client.get_run(ids["finished"]).info.end_time == 1234
+    warning = capsys.readouterr().err
+    assert ids["alive"] in warning and f"process {alive}" in warning and "left RUNNING" in warning
+    assert ids["dead"] not in warning
+    assert end_dead_runs(tracking, JOB) == 0  # the live one only, again left
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads a zombie's state in /proc")
+def test_end_dead_runs_takes_a_zombie_for_dead(shared_uri: str) -> None:
+    """A job killed but not yet reaped by its parent is a zombie: its pid answers os.kill, yet no
+    process runs it."""
+    tracking = {"uri": shared_uri, "experiment": "zombie"}
+    client = MlflowClient(tracking_uri=shared_uri)
+    experiment = init_tracking(shared_uri, "zombie")
+    pid = exited_child()
+    try:
+        deadline = time.monotonic() + 10
+        while Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z":
+            assert time.monotonic() < deadline, "the child did not exit"
+            time.sleep(0.01)
+        os.kill(pid, 0)  # the zombie's pid still answers
+        run_id = make_run(client, experiment, "train c", job=JOB, host=socket.gethostname(),
+                          pid=str(pid))  # fmt: skip
+        assert end_dead_runs(tracking, JOB) == 1
+    finally:
+        os.waitpid(pid, 0)
+    assert client.get_run(run_id).info.status == "KILLED"
+
+
+def test_job_keys_with_a_quote_are_matched_exactly_or_refused(
+    shared_uri: str, dead_pid: str
+) -> None:
+    tracking = {"uri": shared_uri, "experiment": "quoted-keys"}
+    client = MlflowClient(tracking_uri=shared_uri)
+    experiment = init_tracking(shared_uri, "quoted-keys")
+    quoted = "logs/train/o'brien/seeds0-3.log"
+    ids = [make_run(client, experiment, "train c", job=job, host="node-1", pid=dead_pid)
+           for job in (quoted, 'logs/train/say "hi"/seeds0-3.log', "logs/train/o")]  # fmt: skip
+    assert end_dead_runs(tracking, quoted) == 1
+    assert end_dead_runs(tracking, 'logs/train/say "hi"/seeds0-3.log') == 1
+    assert [client.get_run(run_id).info.status for run_id in ids] == ["KILLED", "KILLED", "RUNNING"]
+    for refused in ("logs/'a\"/x.log", "logs\\a.log", "logs/a\\"):
+        with pytest.raises(ValueError, match="cannot quote"):
+            end_dead_runs(tracking, refused)
+        with pytest.raises(ValueError, match="cannot quote"):
+            retire_superseded_runs(tracking, refused)
+    assert client.get_run(ids[2]).info.status == "RUNNING"
+
+
+def test_without_a_store_nothing_happens(tmp_path: Path) -> None:
+    """No URI, or a store or experiment that does not exist yet: 0, and nothing is created (a fresh
+    database migrated by parallel jobs loses runs)."""
+    database = tmp_path / "absent.db"
+    for function in (end_dead_runs, retire_superseded_runs):
+        assert function({}, JOB) == 0
+        assert function({"uri": "", "experiment": "x"}, JOB) == 0
+        assert function({"uri": f"sqlite:///{database}", "experiment": "x"}, JOB) == 0
+        assert not database.exists()
+    uri = f"sqlite:///{tmp_path / 'empty.db'}"
+    init_tracking(uri, "present")
+    for function in (end_dead_runs, retire_superseded_runs):
+        assert function({"uri": uri, "experiment": "absent"}, JOB) == 0
+    assert MlflowClient(tracking_uri=uri).get_experiment_by_name("absent") is None
+
+
+def test_retire_superseded_runs_keeps_the_newest_of_each_name_and_config(
+    shared_uri: str, monkeypatch
+) -> None:
+    monkeypatch.setattr("trainmap.tracking.SEARCH_PAGE_SIZE", 2)  # 14 FINISHED runs: 7 pages
+    tracking = {"uri": shared_uri, "experiment": "superseded"}
+    client = MlflowClient(tracking_uri=shared_uri)
+    experiment = init_tracking(shared_uri, "superseded")
+
+    def finished(name: str, start: int, end: int | None = None, **tags: str | None) -> str:
+        tags = {key: value for key, value in ({"job": JOB, "config_hash": "h1"} | tags).items()
+                if value is not None}  # fmt: skip
+        return make_run(client, experiment, name, status="FINISHED", start=start,
+                        end=end or start + 100, **tags)  # fmt: skip
+
+    ids = {
+        "oldest": finished("train c", 1000),
+        "older": finished("train c", 2000),
+        "newest": finished("train c", 3000),
+        "changed setting": finished("train c", 500, config_hash="h2"),
+        "tie, ended first": finished("evaluate c", 5000, end=6000),
+        "tie, ended last": finished("evaluate c", 5000, end=7000),
+        "other name": finished("evaluate d", 100),
+        "other job": finished("train c", 100, job=JOB + ".old"),
+        "cell parent": finished("c", 100, role="cell"),
+        "cell parent again": finished("c", 200, role="cell"),
+        "no hash": finished("plot c", 100, config_hash=None),
+        "no hash again": finished("plot c", 200, config_hash=None),
+        "failed": make_run(
+            client,
+            experiment,
+            "train c",
+            status="FAILED",
+            start=4000,
+            end=4100,
+            job=JOB,
+            config_hash="h1",
+        ),
+        "killed": make_run(
+            client,
+            experiment,
+            "train c",
+            status="KILLED",
+            start=500,
+            end=600,
+            job=JOB,
+            config_hash="h1",
+        ),
+        "running": make_run(client, experiment, "train c", start=100, job=JOB, config_hash="h1"),
+    }
+    assert "config_hash" not in client.get_run(ids["no hash"]).data.tags
+
+    assert retire_superseded_runs(tracking, JOB) == 3
+    stage = {name: client.get_run(run_id).info.lifecycle_stage for name, run_id in ids.items()}
+    deleted = {name for name, lifecycle in stage.items() if lifecycle == "deleted"}
+    assert deleted == {"oldest", "older", "tie, ended first"}
+    assert set(stage.values()) == {"active", "deleted"}
+    status = {name: client.get_run(run_id).info.status for name, run_id in ids.items()}
+    assert [status[name] for name in ("failed", "killed", "running")] == [
+        "FAILED", "KILLED", "RUNNING"]  # fmt: skip
+    # Deleted runs leave searches (and the UI) but stay restorable until `mlflow gc`.
+    active = {run.info.run_id for run in client.search_runs([experiment], max_results=1000)}
+    assert active == {run_id for name, run_id in ids.items() if name not in deleted}
+    client.restore_run(ids["older"])
+    assert client.get_run(ids["older"]).info.lifecycle_stage == "active"
+    # Restored, it is superseded again on the job's next success; nothing else is.
+    assert retire_superseded_runs(tracking, JOB) == 1
+    assert retire_superseded_runs(tracking, JOB) == 0

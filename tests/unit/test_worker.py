@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import stat
@@ -32,11 +33,57 @@ def slow_job(marker, pid_file, seconds):
     time.sleep(seconds)
     Path(marker).write_text("finished")
 
+def stubborn_job(marker, pid_file, seconds):  # a job that takes its whole grace to end
+    import signal
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    slow_job(marker, pid_file, seconds)
+
 def environment_job(path):
     Path(path).write_text(os.environ.get("TRAINMAP_TEST_VALUE", "") + "|" + os.getcwd())
 
 def helper(path):  # public, but not a job: the server must refuse it
     Path(path).write_text("helper ran")
+
+def key_job(path):
+    Path(path).write_text(os.environ.get("TRAINMAP_JOB", "") + "|" + str(os.getpid()))
+
+def _group(pgid):
+    members = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rpartition(")")[2].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            members.append(int(entry.name))
+    return members
+
+def helpers_job(path):
+    import json, subprocess
+    from joblib import Parallel, delayed
+    sleeper = subprocess.Popen(["sleep", "60"])  # left running on purpose
+    Parallel(n_jobs=2, backend="loky")(delayed(abs)(-i) for i in range(4))  # workers stay idle
+    Path(path).write_text(json.dumps({"group": os.getpgrp(), "sleeper": sleeper.pid,
+                                      "members": _group(os.getpgrp())}))
+"""
+
+#: A stand-in for Snakemake: it sets $TRAINMAP_WORKFLOW_PID to itself (the Snakefile's onstart)
+#: and runs the client under a shell, as Snakemake runs a job's script; the shell outlives it and
+#: writes the client's exit status. With "direct", no pid and no shell: the client is its child.
+WORKFLOW = """
+import os, shlex, subprocess, sys, time
+mode, status_file, error_file, command = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
+with open(error_file, "w") as errors:
+    if mode == "shell":
+        os.environ["TRAINMAP_WORKFLOW_PID"] = str(os.getpid())
+        line = shlex.join(command) + "; echo $? > " + shlex.quote(status_file)
+        subprocess.Popen(["sh", "-c", line], stderr=errors)
+    else:
+        os.environ.pop("TRAINMAP_WORKFLOW_PID", None)
+        subprocess.Popen(command, stderr=errors)
+time.sleep(600)
 """
 
 CLIENT = """
@@ -52,6 +99,9 @@ def jobs_module(tmp_path: Path, monkeypatch) -> Path:
     """A module of job functions the server (started after this) can import by name."""
     (tmp_path / "worker_test_jobs.py").write_text(textwrap.dedent(JOBS_MODULE))
     (tmp_path / "client.py").write_text(textwrap.dedent(CLIENT))
+    (tmp_path / "workflow.py").write_text(textwrap.dedent(WORKFLOW))
+    monkeypatch.setenv(worker.STOP_GRACE_ENV, "2")
+    monkeypatch.delenv(worker.WORKFLOW_PID_ENV, raising=False)
     monkeypatch.setenv(
         "PYTHONPATH", os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])
     )
@@ -69,13 +119,13 @@ def server(jobs_module: Path, monkeypatch):
     assert process.poll() is not None
 
 
-def client(directory: Path, function: str, log: Path, **kwargs) -> subprocess.Popen:
-    import json
+def client_command(directory: Path, function: str, log: Path | str, **kwargs) -> list[str]:
+    return [sys.executable, str(directory / "client.py"), function, str(log), json.dumps(kwargs)]
 
+
+def client(directory: Path, function: str, log: Path | str, **kwargs) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, str(directory / "client.py"), function, str(log), json.dumps(kwargs)],
-        env=dict(os.environ),
-        cwd=directory,
+        client_command(directory, function, log, **kwargs), env=dict(os.environ), cwd=directory
     )
 
 
@@ -132,18 +182,22 @@ def test_killing_the_client_kills_the_job(server, jobs_module):
     assert not marker.exists()
 
 
+@pytest.mark.integration  # starts a program (a subprocess)
 def test_without_a_server_the_job_runs_in_process(jobs_module, monkeypatch):
+    """In the client's own process (which it then takes over: its own process group, SIGTERM a
+    stop request), so in a subprocess."""
     monkeypatch.delenv(worker.SOCKET_ENV, raising=False)
-    # this process ran torch long before (other tests): a portable job would be refused here
-    monkeypatch.setenv("TRAINMAP_PORTABLE", "0")
     out, log = jobs_module / "local.txt", jobs_module / "local.log"
-    worker.run_job("worker_test_jobs:write_job", log=str(log), path=str(out), text="local")
-    assert int(out.read_text().split("pid=")[1]) == os.getpid()
+    process = client(jobs_module, "worker_test_jobs:write_job", log, path=str(out), text="local")
+    assert process.wait(timeout=60) == 0
+    assert int(out.read_text().split("pid=")[1]) == process.pid
     assert "writing" in log.read_text()
     # A socket that nobody serves: the same, with no error.
     monkeypatch.setenv(worker.SOCKET_ENV, str(jobs_module / "nobody.sock"))
-    worker.run_job("worker_test_jobs:write_job", log=str(log), path=str(out), text="again")
+    process = client(jobs_module, "worker_test_jobs:write_job", log, path=str(out), text="again")
+    assert process.wait(timeout=60) == 0
     assert out.read_text().startswith("again")
+    assert int(out.read_text().split("pid=")[1]) == process.pid
 
 
 def test_switch_off_starts_no_server(jobs_module, monkeypatch):
@@ -236,3 +290,253 @@ def test_the_job_client_imports_neither_torch_nor_mlflow():
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     )
     assert result.stdout.strip() == "[]", result.stdout
+
+
+# --- ending jobs: the workflow watch, process groups, the job lock ------------------------------
+
+
+def _wait_until(condition, timeout: float, message: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, message
+        time.sleep(0.05)
+
+
+def _live_members(pgid: int) -> list[int]:
+    """The processes of group ``pgid`` that have not exited (zombies left out), from /proc."""
+    members = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rpartition(")")[2].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            members.append(int(entry.name))
+    return members
+
+
+@pytest.fixture(params=["server", "off"])
+def job_path(request, jobs_module, monkeypatch):
+    """Where jobs run: on a server (the fixture's), or in the client's own process."""
+    if request.param == "off":
+        monkeypatch.setenv(worker.SWITCH_ENV, "off")
+        yield "off"
+        return
+    process = worker.start_server(jobs_module / "state", job_modules=("worker_test_jobs",))
+    assert process is not None, (jobs_module / "state" / "worker.log").read_text()
+    yield "server"
+    worker.stop_server(process)
+
+
+@pytest.mark.integration  # starts programs (a server, a stand-in for Snakemake, clients)
+@pytest.mark.parametrize(("job_path", "watched"),
+                         [("server", "pid"), ("off", "pid"), ("server", "parent")],
+                         indirect=["job_path"])  # fmt: skip
+def test_a_job_ends_when_its_workflow_ends(job_path, jobs_module, watched):
+    """Before: after `kill -9` on Snakemake the client and its job trained on to the end. "pid":
+    the workflow's pid dies (the shell between, the client's parent, lives on); "parent": the
+    client's parent dies (no pid to watch)."""
+    marker, pid_file = jobs_module / "marker", jobs_module / "pid"
+    status_file, error_file = jobs_module / "status", jobs_module / "client-stderr"
+    command = client_command(jobs_module, "worker_test_jobs:slow_job", "logs/slow.log",
+                             marker=str(marker), pid_file=str(pid_file), seconds=60)  # fmt: skip
+    mode = "shell" if watched == "pid" else "direct"
+    workflow = subprocess.Popen(
+        [sys.executable, str(jobs_module / "workflow.py"), mode, str(status_file),
+         str(error_file), *command],
+        env=dict(os.environ), cwd=jobs_module,
+    )  # fmt: skip
+    try:
+        _wait_until(pid_file.exists, 60, "the job never started")
+        job_pid = int(pid_file.read_text())
+    finally:
+        workflow.kill()  # kill -9 on Snakemake
+        workflow.wait()
+    # the watch looks once a second; the job stops at SIGTERM (grace 2 s)
+    _wait_until(lambda: not _alive(job_pid), 10, "the job outlived its workflow")
+    assert not marker.exists()
+    if watched == "pid":  # the shell that ran the client saw its exit status
+        _wait_until(status_file.exists, 10, "the client did not exit")
+        status = int(status_file.read_text())
+        assert status == (1 if job_path == "server" else 143), error_file.read_text()
+    _wait_until(lambda: "the workflow ended" in error_file.read_text(), 10,
+                "the client did not say why it ended the job")  # fmt: skip
+
+
+@pytest.mark.integration  # starts programs (a server, clients)
+@pytest.mark.parametrize(("job_path", "number", "status"),
+                         [("server", signal.SIGTERM, 143), ("server", signal.SIGINT, 130),
+                          ("off", signal.SIGTERM, 143)], indirect=["job_path"])  # fmt: skip
+def test_a_cancelled_client_stops_its_job(job_path, jobs_module, number, status):
+    """Snakemake cancels a job with SIGTERM or SIGINT to the job's process (the client): the job
+    gets SIGTERM, its stop request, and the client exits as a signal would have ended it."""
+    marker, pid_file, log = jobs_module / "marker", jobs_module / "pid", jobs_module / "c.log"
+    process = client(jobs_module, "worker_test_jobs:slow_job", log, marker=str(marker),
+                     pid_file=str(pid_file), seconds=60)  # fmt: skip
+    try:
+        _wait_until(pid_file.exists, 60, "the job never started")
+        job_pid = int(pid_file.read_text())
+        process.send_signal(number)
+        assert process.wait(timeout=15) == status
+    finally:
+        process.kill()
+        process.wait()
+    _wait_until(lambda: not _alive(job_pid), 5, "the job outlived its cancelled client")
+    assert not marker.exists()
+    if job_path == "server":  # the child's log says how the job ended
+        assert "stopped by SIGTERM outside a training step loop" in log.read_text()
+
+
+@pytest.mark.integration  # starts programs (a server, clients, the job's helpers)
+def test_a_finished_job_leaves_no_process_of_its_group(job_path, jobs_module):
+    """Before: the forked child ended with os._exit, so loky's workers and resource tracker (and
+    any program the job left running) stayed behind with parent 1 after every such job."""
+    report = jobs_module / "helpers.json"
+    process = client(jobs_module, "worker_test_jobs:helpers_job", "logs/helpers.log",
+                     path=str(report))  # fmt: skip
+    assert process.wait(timeout=120) == 0, (jobs_module / "logs" / "helpers.log").read_text()
+    seen = json.loads(report.read_text())
+    # the job, the sleeper and two loky workers were alive in the job's group when it returned
+    assert seen["sleeper"] in seen["members"] and len(seen["members"]) >= 4, seen
+    if job_path == "server":
+        assert seen["group"] != process.pid  # the server's child led the group
+    else:
+        assert seen["group"] == process.pid  # the client led it: the job ran in it
+    if job_path == "server":  # the client ended the group before it returned
+        assert _live_members(seen["group"]) == []
+    else:  # the job's process ended the sleeper; its resource tracker ends once it has exited
+        assert not _alive(seen["sleeper"]) or _zombie(seen["sleeper"])
+        _wait_until(lambda: _live_members(seen["group"]) == [], 5, "the job's helpers stayed")
+    assert not _alive(seen["sleeper"]) or _zombie(seen["sleeper"])
+
+
+@pytest.mark.integration  # starts programs (a server, clients)
+def test_a_second_run_of_a_running_job_is_refused(job_path, jobs_module, monkeypatch):
+    """Before: nothing stopped two runs of one job at once (both wrote its outputs). The first
+    job here ignores SIGTERM, so on the server it takes its whole grace to end."""
+    monkeypatch.setenv(worker.STOP_GRACE_ENV, "8")
+    marker, pid_file = jobs_module / "marker", jobs_module / "pid"
+    first = client(jobs_module, "worker_test_jobs:stubborn_job", "logs/train/x.log",
+                   marker=str(marker), pid_file=str(pid_file), seconds=60)  # fmt: skip
+
+    def run_again(name: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            client_command(jobs_module, "worker_test_jobs:key_job", "logs/train/x.log",
+                           path=str(jobs_module / name)),
+            cwd=jobs_module, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+
+    try:
+        _wait_until(pid_file.exists, 60, "the first job never started")
+        job_pid = int(pid_file.read_text())
+        assert (job_pid == first.pid) == (job_path == "off")
+
+        started = time.monotonic()
+        second = run_again("second")
+        assert second.returncode == 1, second.stderr
+        assert time.monotonic() - started < 10  # at once: no waiting for the lock
+        assert "job logs/train/x.log is already running" in second.stderr
+        assert f"pid {job_pid} on host " in second.stderr and f"kill {job_pid}" in second.stderr
+        assert not (jobs_module / "second").exists()
+        holder = json.loads(next((jobs_module / ".snakemake/trainmap/locks").glob("*.lock"))
+                            .read_text())  # fmt: skip
+        assert holder["pid"] == job_pid and holder["job"] == "logs/train/x.log"
+
+        # Another job runs, and learns its key.
+        other = jobs_module / "other"
+        assert client(jobs_module, "worker_test_jobs:key_job", "logs/train/y.log",
+                      path=str(other)).wait(timeout=60) == 0  # fmt: skip
+        assert other.read_text().split("|")[0] == "logs/train/y.log"
+
+        first.kill()  # SIGKILL to the client
+        first.wait(timeout=30)
+        if job_path == "server":  # its job lives on through its grace, and holds the lock
+            assert _alive(job_pid)
+            third = run_again("third")
+            assert third.returncode == 1 and f"pid {job_pid} on host " in third.stderr
+            assert _alive(job_pid), "the job ended before the lock was tried: the test is void"
+        _wait_until(lambda: not _alive(job_pid), 15, "the job outlived its killed client")
+        again = run_again("again")
+        assert again.returncode == 0, again.stderr
+        assert (jobs_module / "again").read_text().split("|")[0] == "logs/train/x.log"
+        assert not marker.exists()
+    finally:
+        first.kill()
+        first.wait()
+
+
+def test_the_job_lock_names_its_holder_and_is_free_once_released(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert worker.job_key("logs/./train/../train/x.log") == "logs/train/x.log"
+    assert worker.job_key(tmp_path / "logs" / "x.log") == "logs/x.log"
+    lock = worker.lock_job("logs/x.log")
+    try:
+        path = worker.lock_path("logs/x.log")
+        assert path.parent == Path(".snakemake/trainmap/locks") and len(path.stem) == 16
+        holder = json.loads(path.read_text())
+        assert holder["pid"] == os.getpid() and holder["job"] == "logs/x.log"
+        # flock locks belong to the open file: a second open, even in this process, is refused
+        with pytest.raises(worker.JobAlreadyRunningError, match=f"pid {os.getpid()} on host"):
+            worker.lock_job("logs/x.log")
+        worker.lock_job("logs/y.log").release()  # another job's lock is another file
+    finally:
+        lock.release()
+    worker.lock_job("logs/x.log").release()
+
+
+@pytest.mark.integration  # starts a program (a shell and its sleeps)
+def test_end_group_ends_a_group_that_ignores_sigterm_after_the_grace():
+    sleeper = subprocess.Popen(
+        ["sh", "-c", "trap '' TERM; sleep 60 & sleep 60; wait"], start_new_session=True
+    )
+    try:
+        _wait_until(lambda: len(_live_members(sleeper.pid)) == 3, 10, "the group never formed")
+        started = time.monotonic()
+        worker.end_group(sleeper.pid, 0.5)
+        took = time.monotonic() - started
+        sleeper.wait(timeout=10)
+        assert 0.5 <= took < 5
+        _wait_until(lambda: _live_members(sleeper.pid) == [], 5, "the group outlived SIGKILL")
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    with pytest.raises(ValueError, match="not another process group"):
+        worker.end_group(os.getpgrp(), 1)
+
+
+def test_tracking_runs_are_settled_around_the_job(monkeypatch):
+    """The process that runs a job, holding its lock, marks the job's dead runs KILLED first and
+    retires its superseded runs after a success (trainmap.tracking); never after a failure."""
+    import trainmap.tracking
+
+    calls = []
+    monkeypatch.setattr(trainmap.tracking, "end_dead_runs",
+                        lambda tracking, job: calls.append(("end_dead_runs", job)))  # fmt: skip
+    monkeypatch.setattr(trainmap.tracking, "retire_superseded_runs",
+                        lambda tracking, job: calls.append(("retire", job)))  # fmt: skip
+    tracking = {"uri": "sqlite:///nowhere.db", "experiment": "e"}
+
+    def job(tracking, fail=False):
+        calls.append(("job", tracking["experiment"]))
+        if fail:
+            raise RuntimeError("failed")
+
+    worker._call_job("m:job", "log", {"tracking": tracking}, "logs/a.log", run=job)
+    assert calls == [("end_dead_runs", "logs/a.log"), ("job", "e"), ("retire", "logs/a.log")]
+    calls.clear()
+    with pytest.raises(RuntimeError):
+        worker._call_job("m:job", "log", {"tracking": tracking, "fail": True}, "logs/a.log",
+                         run=job)  # fmt: skip
+    assert calls == [("end_dead_runs", "logs/a.log"), ("job", "e")]
+    calls.clear()
+    worker._call_job("m:job", "log", {}, "k", run=lambda: calls.append(("untracked", "")))
+    assert calls == [("untracked", "")]
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] == "Z"
+    except OSError:
+        return False

@@ -23,7 +23,9 @@ optimiser state, every seed's batch order, RNG, histories so far and how many ro
 table holds: no checkpoint weights and no metric rows) is written atomically to one
 resume file (the wall time so far beside it, in its timing sidecar: ``trainmap.io.timing_path``). A
 rerun after a kill continues from it and ends with weights bit-identical (CPU) to an uninterrupted
-run. The file is removed once the block's outputs are written.
+run. The file is removed once the block's outputs are written. A stop request (SIGTERM in a
+job process, :mod:`trainmap.stopping`) ends the step in progress as a resume point, saves the
+resume file and raises ``JobStopped``: the step loop's one stop point.
 
 Every output is the same bytes when its content is: the summary's wall time and steps/s go to
 ``train.timing.json`` beside ``train.json`` (``trainmap.io.save_json``), so rerunning a cell rewrites
@@ -86,6 +88,7 @@ from tqdm.auto import tqdm
 from trainmap.data import TaskData
 from trainmap.io import save_json, timing_path, write_atomic
 from trainmap.models import count_parameters
+from trainmap.stopping import JobStopped, listening, stop_requested
 from trainmap.training.augment import Augmentation, evaluation_inputs, recipe_of, to_unit
 from trainmap.training.config import TrainConfig, TrainPaths
 from trainmap.training.divergence import SeedRecord, freeze, restore_frozen, zero_frozen_grads
@@ -204,7 +207,8 @@ def train_block(
     at the step it diverged at and every file is what per-step checks give.
     """
     device = resolve_device(cfg.device)
-    with arithmetic(cfg.precision, device, cfg.deterministic):
+    # listening(): SIGTERM only requests a stop, which the loop's stop point honours
+    with arithmetic(cfg.precision, device, cfg.deterministic), listening():
         size = len(models)
         seed_settings = [cfg.seed_settings(seed) for seed in seeds]  # recorded in the summaries
         if size == 1:  # a block of one trains with its seed's values of per-seed settings
@@ -391,7 +395,12 @@ def train_block(
             take_step(check=check_every_step)
             at_checkpoint = step % cfg.checkpoint_every == 0 or step == cfg.steps
             at_resume = step % cfg.resume_every == 0 and step < cfg.steps
-            if not (at_checkpoint or at_resume) and active:
+            # --- stop point: SIGTERM asked the job to stop (trainmap.stopping). This step ends as
+            # a resume point does (losses checked, checkpoint if due, resume state saved), then
+            # JobStopped; a rerun continues from this step, bit-identical. At the last step the
+            # run just finishes.
+            at_stop = stop_requested() and step < cfg.steps
+            if not (at_checkpoint or at_resume or at_stop) and active:
                 continue
             check_interval()  # the losses since the last check, before anything is recorded
             if not active:
@@ -403,10 +412,15 @@ def train_block(
                 accs = [records[i].history[-1]["test_acc"] for i in active]
                 if accs:
                     bar.set_postfix(test_acc=f"{sum(accs) / len(accs):.3f}", refresh=False)
-            if at_resume:
+            if at_resume or at_stop:
                 elapsed = elapsed_before + time.perf_counter() - started
                 save_resume(resume_path, fingerprint, step, block, optimizer, batches,
                             recorder, running, records, hooks, elapsed)  # fmt: skip
+            if at_stop:  # the stop point (above): the resume state of this step is saved
+                bar.close()
+                raise JobStopped(f"stopped by SIGTERM after step {step} of {cfg.steps}; its "
+                                 f"resume state is saved in {resume_path}: a rerun continues "
+                                 "from it")  # fmt: skip
             if not check_every_step:
                 kept = kept_state()
         bar.close()
