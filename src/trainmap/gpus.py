@@ -26,6 +26,8 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
+from trainmap.processes import process_alive
+
 VISIBLE = "CUDA_VISIBLE_DEVICES"
 
 
@@ -103,7 +105,7 @@ def _reserve(
     with _locked(ledger) as reservations:
         used = {index: 0 for index, _ in gpus}
         for owner, (index, megabytes) in list(reservations.items()):
-            if not _alive(int(owner.split(":")[0])):
+            if not process_alive(int(owner.split(":")[0])):
                 del reservations[owner]  # a job that died without releasing its GPU
             elif index in used:
                 used[index] += megabytes
@@ -134,13 +136,3 @@ def _locked(ledger: Path) -> Iterator[dict[str, tuple[int, int]]]:
             temporary.replace(ledger)
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

@@ -48,6 +48,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from trainmap.processes import process_alive
+
 if TYPE_CHECKING:  # trainmap.grid imports torch: the workflow's scripts import this module
     from mlflow import MlflowClient
 
@@ -575,24 +577,8 @@ def _filter_literal(value: str) -> str:
 
 def _process_alive(pid: str | None) -> bool:
     """Whether ``pid`` (a run's ``pid`` tag) names a live process on this host. A missing or
-    malformed tag is no evidence of life (the lock decides); a zombie (exited, not yet reaped by
-    its parent) is dead; a process of another user is alive."""
+    malformed tag is no evidence of life (the lock decides)."""
     try:
-        number = int(pid or "")
+        return process_alive(int(pid or ""))
     except ValueError:
         return False
-    if number <= 0:  # os.kill(0 or -n) would signal process groups, not one process
-        return False
-    try:
-        os.kill(number, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        stat = Path(f"/proc/{number}/stat").read_text()
-    except FileNotFoundError:  # exited (and reaped) since the kill, or no /proc (not Linux)
-        return not Path("/proc/self").exists()
-    except OSError:
-        return True  # kill's answer stands
-    return stat.rpartition(")")[2].split()[:1] != ["Z"]  # the state follows the command's ")"

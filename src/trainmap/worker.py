@@ -102,6 +102,7 @@ from typing import Any, NoReturn
 
 from trainmap.jobs import JOB_MODULES
 from trainmap.portable import apply_portable_mode
+from trainmap.processes import live_group_members, process_alive, stat_fields
 from trainmap.stopping import STOP_STATUS, JobStopped, install_stop_handler
 
 SOCKET_ENV = "TRAINMAP_WORKER_SOCKET"
@@ -300,7 +301,7 @@ def _end_helpers_at_exit() -> None:
         return
 
     def others() -> list[int]:
-        members = _live_group_members(group) or []
+        members = live_group_members(group) or []
         return [pid for pid in members if pid != group and not _ignores_sigterm(pid)]
 
     for pid in others():
@@ -380,32 +381,8 @@ def _group_alive(pgid: int) -> bool:
         os.killpg(pgid, 0)
     except (ProcessLookupError, PermissionError):
         return False
-    members = _live_group_members(pgid)
+    members = live_group_members(pgid)
     return members is None or bool(members)
-
-
-def _live_group_members(pgid: int) -> list[int] | None:
-    """The processes of group ``pgid`` that have not exited, from ``/proc``; None without it."""
-    proc = Path("/proc")
-    if not (proc / "self" / "stat").exists():
-        return None
-    members = []
-    for entry in proc.iterdir():
-        if not entry.name.isdigit():
-            continue
-        fields = _stat_fields(int(entry.name))
-        if fields is not None and int(fields[2]) == pgid and fields[0] != "Z":
-            members.append(int(entry.name))
-    return members
-
-
-def _stat_fields(pid: int) -> list[str] | None:
-    """``/proc/<pid>/stat`` after the command name (state, ppid, pgrp, ...), or None."""
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return text.rpartition(")")[2].split()  # the command name may hold spaces and ")"
 
 
 class _WorkflowWatch:
@@ -420,7 +397,7 @@ class _WorkflowWatch:
         """Why the workflow is gone, or None while it is there."""
         if os.getppid() != self.parent:
             return f"the workflow ended (this job's parent process {self.parent} is gone)"
-        if self.workflow is not None and not _process_alive(self.workflow):
+        if self.workflow is not None and not process_alive(self.workflow):
             return f"the workflow ended (Snakemake, pid {self.workflow}, is gone)"
         return None
 
@@ -447,23 +424,11 @@ def _ancestors() -> set[int] | None:
     pid = os.getppid()
     while pid > 1 and pid not in found:
         found.add(pid)
-        fields = _stat_fields(pid)
+        fields = stat_fields(pid)
         if fields is None:
             break
         pid = int(fields[1])
     return found
-
-
-def _process_alive(pid: int) -> bool:
-    """Whether ``pid`` is a process that has not exited (a zombie has; another user's counts)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    fields = _stat_fields(pid)
-    return fields is None or fields[0] != "Z"
 
 
 class _Cancelled(BaseException):

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from trainmap import worker
+from trainmap.processes import live_group_members
 
 JOBS_MODULE = """
 import os, sys, time
@@ -47,18 +48,7 @@ def helper(path):  # public, but not a job: the server must refuse it
 def key_job(path):
     Path(path).write_text(os.environ.get("TRAINMAP_JOB", "") + "|" + str(os.getpid()))
 
-def _group(pgid):
-    members = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rpartition(")")[2].split()
-        except OSError:
-            continue
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            members.append(int(entry.name))
-    return members
+from trainmap.processes import live_group_members as _group
 
 def helpers_job(path):
     import json, subprocess
@@ -302,21 +292,6 @@ def _wait_until(condition, timeout: float, message: str) -> None:
         time.sleep(0.05)
 
 
-def _live_members(pgid: int) -> list[int]:
-    """The processes of group ``pgid`` that have not exited (zombies left out), from /proc."""
-    members = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rpartition(")")[2].split()
-        except OSError:
-            continue
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            members.append(int(entry.name))
-    return members
-
-
 @pytest.fixture(params=["server", "off"])
 def job_path(request, jobs_module, monkeypatch):
     """Where jobs run: on a server (the fixture's), or in the client's own process."""
@@ -405,10 +380,10 @@ def test_a_finished_job_leaves_no_process_of_its_group(job_path, jobs_module):
     else:
         assert seen["group"] == process.pid  # the client led it: the job ran in it
     if job_path == "server":  # the client ended the group before it returned
-        assert _live_members(seen["group"]) == []
+        assert live_group_members(seen["group"]) == []
     else:  # the job's process ended the sleeper; its resource tracker ends once it has exited
         assert not _alive(seen["sleeper"]) or _zombie(seen["sleeper"])
-        _wait_until(lambda: _live_members(seen["group"]) == [], 5, "the job's helpers stayed")
+        _wait_until(lambda: live_group_members(seen["group"]) == [], 5, "the job's helpers stayed")
     assert not _alive(seen["sleeper"]) or _zombie(seen["sleeper"])
 
 
@@ -492,13 +467,13 @@ def test_end_group_ends_a_group_that_ignores_sigterm_after_the_grace():
         ["sh", "-c", "trap '' TERM; sleep 60 & sleep 60; wait"], start_new_session=True
     )
     try:
-        _wait_until(lambda: len(_live_members(sleeper.pid)) == 3, 10, "the group never formed")
+        _wait_until(lambda: len(live_group_members(sleeper.pid)) == 3, 10, "the group never formed")
         started = time.monotonic()
         worker.end_group(sleeper.pid, 0.5)
         took = time.monotonic() - started
         sleeper.wait(timeout=10)
         assert 0.5 <= took < 5
-        _wait_until(lambda: _live_members(sleeper.pid) == [], 5, "the group outlived SIGKILL")
+        _wait_until(lambda: live_group_members(sleeper.pid) == [], 5, "the group outlived SIGKILL")
     finally:
         sleeper.kill()
         sleeper.wait()
