@@ -20,8 +20,8 @@ must write the same file, or every rerun adds a copy to the cache and the remote
 reports changes that are none. So :func:`save_torch` hands ``torch.save`` an open file, never a
 path (given a path, ``torch.save`` names the archive's inner folder after it, and the path here is a
 random temporary name), and :func:`save_json` writes sorted keys. Measured times
-(:data:`TIMING_KEYS`: wall time, speed, latency) are never the same twice, so they never go into a
-result file: ``save_json`` and :func:`save_table` write them to a **timing sidecar** beside it
+(:data:`TIMING_KEYS`: wall time, speed, latency) are never the same twice, and where a run resumed
+after a kill says how it went, not what it computed, so neither goes into a result file: ``save_json`` and :func:`save_table` write them to a **timing sidecar** beside it
 (``train.json`` -> ``train.timing.json``, ``evaluation.csv`` -> ``evaluation.timing.csv``;
 :func:`timing_path`), a file pattern ``.dvcignore`` lists, and :func:`load_json` merges them back
 in when the sidecar is there. MLflow gets the times as metrics and the sidecars as artifacts.
@@ -29,6 +29,7 @@ in when the sidecar is there. MLflow gets the times as metrics and the sidecars 
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -43,6 +44,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from trainmap.faults import fault_point
+
 
 @contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
@@ -54,10 +57,38 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     # ``os.replace`` would carry that mode over to every result.
     tmp = target.parent / f".{target.name}.{uuid.uuid4().hex}.tmp"
     try:
-        yield tmp
+        try:
+            yield tmp
+        except OSError as error:
+            if error.errno in _DISK_FULL:
+                raise DiskFullError(target, error) from error
+            raise
+        fault_point("rename")
         os.replace(tmp, target)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+#: A write that failed for want of room: the device is full, the user's quota or the process's
+#: file-size limit (RLIMIT_FSIZE) is reached.
+_DISK_FULL = {errno.ENOSPC, errno.EFBIG, errno.EDQUOT}
+
+
+class DiskFullError(OSError):
+    """A result file that could not be written for want of room; the file it would have replaced
+    is intact (the write went to a temporary name)."""
+
+    def __init__(self, target: Path, error: OSError) -> None:
+        reason = {errno.EFBIG: "the file-size limit (ulimit -f) was reached",
+                  errno.EDQUOT: "the disk quota is exhausted"}.get(error.errno,
+                                                                  "no space left on the device")  # fmt: skip
+        kept = "the previous version is intact" if target.exists() else "nothing was written"
+        super().__init__(
+            error.errno,
+            f"could not write {target}: {reason} ({errno.errorcode[error.errno]}); {kept}. "
+            "Free space (df -h, or set the config key results to a larger disk) and run again: "
+            "the job restarts from its last resume state",
+        )
 
 
 def write_atomic(path: str | os.PathLike, write: Callable[[Path], Any]) -> None:
@@ -146,6 +177,7 @@ def save_torch(obj: Any, path: str | os.PathLike) -> None:
     import torch  # here, not at the top: the analysis reads and writes JSON without torch
 
     def write(tmp: Path) -> None:
+        fault_point("torch-write")
         with open(tmp, "w+b") as stream:
             # An open file, not the (random, temporary) path: torch.save names the archive's inner
             # folder after a path it is given, and "archive" for a stream.
@@ -246,10 +278,13 @@ def _sha256(stream: Any, length: int) -> str:
     return digest.hexdigest()
 
 
-#: Keys (at any depth of a JSON record, or columns of a table) whose values are measured times,
-#: different on every run: save_json and save_table write them to the timing sidecar instead.
+#: Keys (at any depth of a JSON record, or columns of a table) whose values differ between runs of
+#: the same computation: measured times, and the step a killed run resumed from (a resumed run's
+#: results are the uninterrupted run's, byte for byte). save_json and save_table write them to the
+#: timing sidecar instead.
 TIMING_KEYS = frozenset({"wall_time_s", "steps_per_s", "train_wall_time_s", "latency_ms",
-                         "seconds", "elapsed_s", "metrics_s", "archive_s"})  # fmt: skip
+                         "seconds", "elapsed_s", "metrics_s", "archive_s",
+                         "resumed_from_step"})  # fmt: skip
 TIMING_INFIX = ".timing"
 
 

@@ -60,7 +60,7 @@ def durations(**changes) -> dict:
     """A durations file as tests/conftest.py writes it: a green, whole-suite fast tier."""
     tests = {f"tests/unit/test_x.py::test_{index}": float(index) for index in range(12)}
     made = {"date": "2026-12-06", "commit": "abc1234", "cpu": "AMD EPYC", "cores": 2,
-            "workers": 2, "markexpr": "not integration and not slow", "whole_suite": True,
+            "workers": 2, "markexpr": "not integration and not slow and not faults", "whole_suite": True,
             "exitstatus": 0, "wall_s": 164.2, "counts": {"passed": 12}, "tests": tests}  # fmt: skip
     return {**made, **changes}
 
@@ -97,7 +97,7 @@ def test_recording_a_tier_keeps_the_others(tmp_path: Path) -> None:
 def test_a_session_writes_its_durations_file(tmp_path: Path) -> None:
     path = records.durations_file(
         tmp_path / "d/fast.json", {"t::a": 1.25, "t::b": 0.5}, {"passed": 2}, 3.21,
-        workers=2, markexpr="not integration and not slow", whole_suite=True, exitstatus=0,
+        workers=2, markexpr="not integration and not slow and not faults", whole_suite=True, exitstatus=0,
     )  # fmt: skip
     written = json.loads(path.read_text())
     assert written["tests"] == {"t::a": 1.25, "t::b": 0.5} and written["wall_s"] == 3.2

@@ -213,7 +213,14 @@ def test_resume_files_and_training_outputs_are_the_same_bytes(tmp_path, one_thre
         for name in ("checkpoint_metrics.csv", "model.pt", "history.csv", "train.json", *archive):
             assert sha256(first / seed / name) == sha256(second / seed / name), f"{seed}/{name}"
         timing = load_json(first / seed / "train.timing.json")
-        assert set(timing) == {"wall_time_s", "steps_per_s", "metrics_s", "archive_s"}
+        assert set(timing) == {
+            "wall_time_s",
+            "steps_per_s",
+            "metrics_s",
+            "archive_s",
+            "resumed_from_step",
+        }  # where a run resumed: how it went, beside it
+        assert "resumed_from_step" not in load_json(first / seed / "train.json", timing=False)
 
 
 # --- the workflow, rerun: tests/integration/test_dvc.py (a forced rerun of the DVC smoke project

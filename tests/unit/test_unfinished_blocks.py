@@ -10,7 +10,6 @@ names each block, its resume file and the commands that finish it.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
@@ -24,6 +23,7 @@ from conftest import copy_workflow, snakemake, workflow_env
 
 from trainmap import unfinished
 from trainmap.grid import SeedRange
+from trainmap.io import load_json
 from trainmap.unfinished import find_unfinished
 
 
@@ -262,7 +262,7 @@ def test_plain_rerun_finishes_a_killed_training_block(finished_run: Path, tmp_pa
     ) in rerun.stderr
     assert (workdir / MANIFEST).exists() and not (workdir / RESUME).exists()
     for seed in (0, 1):
-        summary = json.loads((workdir / CELL_DIR / f"seed{seed}/train.json").read_text())
+        summary = load_json(workdir / CELL_DIR / f"seed{seed}/train.json")  # with its sidecar
         assert summary["status"] == "completed" and summary["resumed_from_step"] >= 100
     # what depends on the block ran again, after it
     assert (workdir / EVALUATION).stat().st_mtime > (workdir / MANIFEST).stat().st_mtime

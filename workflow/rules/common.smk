@@ -17,11 +17,12 @@ from snakemake.common import overwrite_function_params
 
 from trainmap import grid, plan
 from trainmap.grid.dvc_record import record_finished_work
+from trainmap.grid.roots import RootInUseError, claim_root, mark_root
 from trainmap.methods import check_method
 from trainmap.plugins import plugin_sources
 from trainmap.tracking import cluster_tracking_problem, init_tracking, tracking_settings
 from trainmap.unfinished import UnfinishedScan, find_unfinished
-from trainmap.worker import start_server, stop_server
+from trainmap.worker import WORKFLOW_PID_ENV, start_server, stop_server
 
 #: The directory this config's outputs all go under (config key results, default results), one
 #: per config, so another study run in this checkout never writes into the default study's files.
@@ -38,9 +39,25 @@ wildcard_constraints:
 
 
 JOB_SERVER = {}
+#: The open lock file of this run's results root (trainmap.grid.roots.claim_root), held until exit.
+ROOT_CLAIM = {}
 
 
 onstart:
+    # One workflow per results root at a time: a second run on this root is refused at once,
+    # naming the first one's pid (another root stays allowed). The lock is the kernel's, released
+    # when this process ends; the marker lets `make clean` find the root wherever it lies.
+    try:
+        ROOT_CLAIM["file"] = claim_root(Path(RESULTS))
+    except RootInUseError as error:
+        print(f"error: {error}", file=sys.stderr)
+        raise SystemExit(1)
+    mark_root(Path(RESULTS), Path(workflow.basedir))
+    # Every job on this machine watches this process: a job whose workflow is gone (kill -9) ends
+    # its process group (trainmap.worker), so no job trains on behind a dead workflow. Cluster
+    # jobs run on other nodes, where this pid means nothing: the executor cancels them.
+    if workflow.local_exec:
+        os.environ[WORKFLOW_PID_ENV] = str(os.getpid())
     # A grid that cannot finish here is refused before any job: its planned bytes against the
     # results' disk, a job's planned RAM against this machine's (trainmap.plan.machine_problem).
     problem = plan.machine_problem(

@@ -21,6 +21,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from trainmap.faults import armed, kill_when_cached
 from trainmap.grid.effective import under_dvc
 from trainmap.grid.study import results_root
 from trainmap.grid.tracking_checks import DVC_RESULTS_ROOT
@@ -88,8 +89,10 @@ def commit_outputs(base_dir: Path) -> str:
     that retrained a model kept its old evaluation)."""
     for stage_dir in stage_directories(base_dir):
         (base_dir / stage_dir).mkdir(parents=True, exist_ok=True)
-    done = subprocess.run([sys.executable, "-m", "dvc", "commit", "--force", "--quiet"],
-                          cwd=base_dir, capture_output=True, text=True)  # fmt: skip
+    command = [sys.executable, "-m", "dvc", "commit", "--force", "--quiet"]
+    if armed("dvc-commit"):  # the fault tier: killed once N files of the run are in the cache
+        kill_when_cached(subprocess.Popen(command, cwd=base_dir), base_dir / ".dvc" / "cache")
+    done = subprocess.run(command, cwd=base_dir, capture_output=True, text=True)
     if done.returncode != 0:
         last = (done.stderr.strip().splitlines() or ["no message"])[-1]
         return f"`dvc commit` failed ({last})"

@@ -43,6 +43,7 @@ from trainmap.dynamics.verdicts.certainty import BootstrapResult
 from trainmap.dynamics.verdicts.compare import answer_lines, verdict_text
 from trainmap.dynamics.verdicts.stability_results import MapStability
 from trainmap.dynamics.verdicts.timecourse import architecture_note
+from trainmap.faults import fault_point
 from trainmap.grid import Cell
 from trainmap.io import block_manifest_of, load_json, save_json
 from trainmap.jobs.common import settings_hash
@@ -181,6 +182,7 @@ def fit_hmm_job(
     with rule_run(tracking, "fit_hmm", task=task, params={"analysis": recorded, "group": group},
                   config_hash=settings_hash([recorded, group]), name=f"fit_hmm {group}") as run:  # fmt: skip
         fit = fit_group(runs, outcomes, analysis, out_dir, title=group, n_jobs=threads)
+        fault_point("analysis")  # the fault tier's kill point: the map written, the run open
         hmm = fit.hmm
         if hmm.at_ceiling_:
             print(f"warning: {group}: {hmm.ceiling_message()}")

@@ -34,6 +34,7 @@ from typing import Any
 
 import torch
 
+from trainmap.faults import fault_point
 from trainmap.io import write_atomic
 from trainmap.schema import section_defaults
 
@@ -165,7 +166,7 @@ def write_checkpoint(path: str | os.PathLike, state: Mapping[str, torch.Tensor],
                      dtype: torch.dtype) -> None:  # fmt: skip
     """One checkpoint's state dict as a safetensors file, floating-point entries in ``dtype``,
     written atomically (the same content is the same bytes)."""
-    from safetensors.torch import save_file
+    from safetensors.torch import save
 
     # copies: entries may be views of one block's stacked tensors, or tied weights sharing memory
     tensors = {
@@ -173,7 +174,16 @@ def write_checkpoint(path: str | os.PathLike, state: Mapping[str, torch.Tensor],
         for name, value in state.items()
     }
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(path, lambda tmp: save_file(tensors, str(tmp), metadata={"format": "trainmap"}))
+    # Serialised here and written by Python (the same bytes as safetensors' save_file): a full
+    # disk then raises OSError (ENOSPC, EFBIG), which the atomic write names with its path.
+    content = save(tensors, metadata={"format": "trainmap"})
+
+    def write(tmp: Path) -> None:
+        fault_point("checkpoint")
+        with open(tmp, "wb") as stream:
+            stream.write(content)
+
+    write_atomic(path, write)
 
 
 def read_checkpoint(path: str | os.PathLike) -> dict[str, torch.Tensor]:

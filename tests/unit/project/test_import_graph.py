@@ -112,7 +112,8 @@ def test_no_import_cycle_in_trainmap() -> None:
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("ground", ("trainmap", "trainmap.io", "trainmap.schema", "trainmap.errors",
                 "trainmap.registry", "trainmap.portable", "trainmap.gpus", "trainmap.lineage",
-                "trainmap.tracking", "trainmap.figures", "trainmap.plugins")),
+                "trainmap.tracking", "trainmap.figures", "trainmap.plugins", "trainmap.faults",
+                "trainmap.processes", "trainmap.stopping")),
     ("data and models", ("trainmap.data", "trainmap.models", "trainmap.methods")),
     ("metrics", ("trainmap.dynamics", "trainmap.dynamics.metrics")),
     ("training", ("trainmap.training",)),
