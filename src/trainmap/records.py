@@ -54,8 +54,11 @@ STUDIES = (
 )  # fmt: skip
 #: The test tiers: the command, the ``-m`` expression it runs under, and what it runs.
 TIERS = {
-    "fast": ("make test-fast", "not integration and not slow and not faults",
-             "the tier before every commit"),
+    "fast": (
+        "make test-fast",
+        "not integration and not slow and not faults",
+        "the tier before every commit",
+    ),
     "full": ("make test", "not faults", "every test but the fault tier"),
     "faults": ("make test-faults", "faults", "the fault tier"),
 }
