@@ -155,6 +155,10 @@ def finished(tmp_path_factory) -> tuple[Path, dict[str, str]]:
     tree = copy_workflow(tmp_path_factory.mktemp("finished") / "tree")
     done = workflow(tree)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    # a finished run leaves no process behind (its jobs' loky workers included)
+    ROWS.append({"case": "uninterrupted run", "fault": "none", "exit": done.returncode,
+                 "leftovers": processes_in(tree), "digest equal": True, "runs": tracking_runs(tree)})  # fmt: skip
+    assert not ROWS[-1]["leftovers"], ROWS[-1]["leftovers"]
     yield tree, hashes_of(tree)
     write_table()
 
