@@ -12,6 +12,7 @@ import pytest
 import yaml
 from conftest import dvc, dvc_smoke_project, git, snakemake
 
+from trainmap.grid.roots import LOCK, MARKER
 from trainmap.lineage import block_manifests, check_current, check_tree
 
 #: The module's tests run in file order on one worker: the first ones read the reproduced project,
@@ -51,9 +52,11 @@ def is_timing(path: Path) -> bool:
 
 
 def results_digests(workdir: Path) -> dict[str, str]:
+    """Every file under results/ but the root's own marker and lock (which name the run)."""
     results = workdir / "results"
     return {str(path.relative_to(results)): hashlib.sha256(path.read_bytes()).hexdigest()
-            for path in sorted(results.rglob("*")) if path.is_file()}  # fmt: skip
+            for path in sorted(results.rglob("*"))
+            if path.is_file() and path.name not in (MARKER, LOCK)}  # fmt: skip
 
 
 def cache_files(workdir: Path) -> dict[str, int]:

@@ -44,20 +44,6 @@ ROOT_CLAIM = {}
 
 
 onstart:
-    # One workflow per results root at a time: a second run on this root is refused at once,
-    # naming the first one's pid (another root stays allowed). The lock is the kernel's, released
-    # when this process ends; the marker lets `make clean` find the root wherever it lies.
-    try:
-        ROOT_CLAIM["file"] = claim_root(Path(RESULTS))
-    except RootInUseError as error:
-        print(f"error: {error}", file=sys.stderr)
-        raise SystemExit(1)
-    mark_root(Path(RESULTS), Path(workflow.basedir))
-    # Every job on this machine watches this process: a job whose workflow is gone (kill -9) ends
-    # its process group (trainmap.worker), so no job trains on behind a dead workflow. Cluster
-    # jobs run on other nodes, where this pid means nothing: the executor cancels them.
-    if workflow.local_exec:
-        os.environ[WORKFLOW_PID_ENV] = str(os.getpid())
     # A grid that cannot finish here is refused before any job: its planned bytes against the
     # results' disk, a job's planned RAM against this machine's (trainmap.plan.machine_problem).
     problem = plan.machine_problem(
@@ -70,6 +56,21 @@ onstart:
             file=sys.stderr,
         )
         raise SystemExit(1)
+    # One workflow per results root at a time (after the plan: a refused grid makes no root): a
+    # second run on this root is refused at once, naming the first one's pid (another root stays
+    # allowed). The lock is the kernel's, released when this process ends; the marker lets
+    # `make clean` find the root wherever it lies.
+    try:
+        ROOT_CLAIM["file"] = claim_root(Path(RESULTS))
+    except RootInUseError as error:
+        print(f"error: {error}", file=sys.stderr)
+        raise SystemExit(1)
+    mark_root(Path(RESULTS), Path(workflow.basedir))
+    # Every job on this machine watches this process: a job whose workflow is gone (kill -9) ends
+    # its process group (trainmap.worker), so no job trains on behind a dead workflow. Cluster
+    # jobs run on other nodes, where this pid means nothing: the executor cancels them.
+    if workflow.local_exec:
+        os.environ[WORKFLOW_PID_ENV] = str(os.getpid())
     # Create the tracking database and experiment once, before parallel jobs (measured: a fresh
     # SQLite database migrated by 8 jobs at once lost 7 of their runs).
     tracking = tracking_settings(config)
