@@ -292,17 +292,32 @@ def _wait_until(condition, timeout: float, message: str) -> None:
         time.sleep(0.05)
 
 
+@pytest.fixture(scope="module")
+def shared_server(tmp_path_factory):
+    """One server for the tests of where jobs run (a start imports torch and MLflow: seconds),
+    with the test jobs importable; its socket is set per test (:func:`job_path`). A child takes
+    its job's working directory and environment from the client, so tests share no state."""
+    directory = tmp_path_factory.mktemp("shared_jobs")
+    (directory / "worker_test_jobs.py").write_text(textwrap.dedent(JOBS_MODULE))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("PYTHONPATH", os.pathsep.join([str(directory),
+                                                    os.environ.get("PYTHONPATH", "")]))  # fmt: skip
+        patch.delenv(worker.SWITCH_ENV, raising=False)
+        process = worker.start_server(directory / "state", job_modules=("worker_test_jobs",))
+        assert process is not None, (directory / "state" / "worker.log").read_text()
+        socket_path = os.environ[worker.SOCKET_ENV]
+        yield socket_path
+        worker.stop_server(process)  # also unsets the socket's variable
+
+
 @pytest.fixture(params=["server", "off"])
 def job_path(request, jobs_module, monkeypatch):
-    """Where jobs run: on a server (the fixture's), or in the client's own process."""
+    """Where jobs run: on a server (shared by these tests), or in the client's own process."""
     if request.param == "off":
         monkeypatch.setenv(worker.SWITCH_ENV, "off")
-        yield "off"
-        return
-    process = worker.start_server(jobs_module / "state", job_modules=("worker_test_jobs",))
-    assert process is not None, (jobs_module / "state" / "worker.log").read_text()
-    yield "server"
-    worker.stop_server(process)
+        return "off"
+    monkeypatch.setenv(worker.SOCKET_ENV, request.getfixturevalue("shared_server"))
+    return "server"
 
 
 @pytest.mark.integration  # starts programs (a server, a stand-in for Snakemake, clients)
@@ -391,7 +406,7 @@ def test_a_finished_job_leaves_no_process_of_its_group(job_path, jobs_module):
 def test_a_second_run_of_a_running_job_is_refused(job_path, jobs_module, monkeypatch):
     """Before: nothing stopped two runs of one job at once (both wrote its outputs). The first
     job here ignores SIGTERM, so on the server it takes its whole grace to end."""
-    monkeypatch.setenv(worker.STOP_GRACE_ENV, "8")
+    monkeypatch.setenv(worker.STOP_GRACE_ENV, "6")
     marker, pid_file = jobs_module / "marker", jobs_module / "pid"
     first = client(jobs_module, "worker_test_jobs:stubborn_job", "logs/train/x.log",
                    marker=str(marker), pid_file=str(pid_file), seconds=60)  # fmt: skip
