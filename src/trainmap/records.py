@@ -218,7 +218,8 @@ def times_table(record: str | Path = TEST_RECORD) -> str:
         rows.append(
             f"| `{command}` | {what} ({entry['passed']:,} passed), {timed} | "
             f"{duration_text(entry['wall_s'])} | {entry['date']}, commit {entry['commit']}, "
-            f"{entry['cores']} cores ({entry['cpu']}), {entry['workers']} workers{note} |"
+            f"{entry['cores']} cores ({entry['cpu']}), {entry['workers']} "
+            f"worker{'s' if entry['workers'] != 1 else ''}{note} |"
         )
     return "\n".join(rows)
 
