@@ -21,7 +21,8 @@ reports changes that are none. So :func:`save_torch` hands ``torch.save`` an ope
 path (given a path, ``torch.save`` names the archive's inner folder after it, and the path here is a
 random temporary name), and :func:`save_json` writes sorted keys. Measured times
 (:data:`TIMING_KEYS`: wall time, speed, latency) are never the same twice, and where a run resumed
-after a kill says how it went, not what it computed, so neither goes into a result file: ``save_json`` and :func:`save_table` write them to a **timing sidecar** beside it
+after a kill says how it went, not what it computed, so neither goes into a result file:
+``save_json`` and :func:`save_table` write them to a **timing sidecar** beside it
 (``train.json`` -> ``train.timing.json``, ``evaluation.csv`` -> ``evaluation.timing.csv``;
 :func:`timing_path`), a file pattern ``.dvcignore`` lists, and :func:`load_json` merges them back
 in when the sidecar is there. MLflow gets the times as metrics and the sidecars as artifacts.
