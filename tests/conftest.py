@@ -151,6 +151,22 @@ def _fast_tier_starts_no_program(request, monkeypatch):
     monkeypatch.setattr(subprocess, "Popen", Guarded)
 
 
+@pytest.fixture()
+def stop_handler():
+    """A job process's SIGTERM handler (trainmap.stopping) in this process, for the test's
+    duration."""
+    import signal
+
+    from trainmap import stopping
+
+    previous = signal.getsignal(signal.SIGTERM)
+    stopping.clear_stop_request()
+    stopping.install_stop_handler()
+    yield
+    signal.signal(signal.SIGTERM, previous)
+    stopping.clear_stop_request()
+
+
 @pytest.fixture(scope="session")
 def repo_root() -> Path:
     return REPO_ROOT

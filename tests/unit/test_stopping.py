@@ -12,17 +12,6 @@ import pytest
 from trainmap import stopping
 
 
-@pytest.fixture()
-def stop_handler():
-    """The job process's SIGTERM handler in this process, for the test's duration."""
-    previous = signal.getsignal(signal.SIGTERM)
-    stopping.clear_stop_request()
-    stopping.install_stop_handler()
-    yield
-    signal.signal(signal.SIGTERM, previous)
-    stopping.clear_stop_request()
-
-
 def _sigterm_and_wait() -> float:
     """SIGTERM to this process; then a pause the handler would cut short. Its length."""
     started = time.monotonic()

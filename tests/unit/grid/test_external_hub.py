@@ -202,18 +202,24 @@ def test_a_sharded_checkpoint_counts_its_shards_together_in_the_jobs_memory(
     assert set(suite.inputs()["files"]) >= {str(checkpoint.snapshot / n) for n in checkpoint.files}
 
 
-def test_a_runs_set_reads_as_before(tmp_path: Path) -> None:
-    """A set of run directories: its runs, inputs and memory as before the hub form."""
+def write_two_runs(directory: Path) -> None:
+    """Runs ``a`` and ``b`` under ``directory``: two checkpoints and an evaluation each."""
     import torch
 
-    from trainmap.dynamics.runs.external import run_files
-
     for run in ("a", "b"):
-        folder = tmp_path / "runs" / run
+        folder = directory / run
         folder.mkdir(parents=True)
         for step in (0, 10):
             torch.save({"l1.weight": torch.randn(8, 4)}, folder / f"step_{step}.pt")
         (folder / "evaluation.csv").write_text("step,test_acc\n0,0.5\n10,0.9\n")
+
+
+def test_a_runs_set_reads_as_before(tmp_path: Path) -> None:
+    """A set of run directories: its runs, inputs and memory as before the hub form."""
+
+    from trainmap.dynamics.runs.external import run_files
+
+    write_two_runs(tmp_path / "runs")
     spec = {"name": "plain", "runs": ["runs/*"], "threshold": 0.8}
     plain = external_set({"external": [spec]}, spec, tmp_path)
     assert plain.runs == external_runs(spec, tmp_path) and plain.hub is None
@@ -225,14 +231,8 @@ def test_a_runs_set_reads_as_before(tmp_path: Path) -> None:
 def test_a_run_matched_by_two_patterns_counts_once_with_one_warning(tmp_path: Path) -> None:
     """Two patterns of one set matching one run directory (``runs/*`` and ``*/a``): the run is
     counted once, and the config check names it and both patterns in one warning."""
-    import torch
 
-    for run in ("a", "b"):
-        folder = tmp_path / "runs" / run
-        folder.mkdir(parents=True)
-        for step in (0, 10):
-            torch.save({"l1.weight": torch.randn(8, 4)}, folder / f"step_{step}.pt")
-        (folder / "evaluation.csv").write_text("step,test_acc\n0,0.5\n10,0.9\n")
+    write_two_runs(tmp_path / "runs")
     spec = {"name": "plain", "runs": ["runs/*", "*/a"]}
     assert external_runs(spec, tmp_path) == {
         "a": str((tmp_path / "runs" / "a").resolve()),

@@ -40,17 +40,6 @@ def parity() -> TaskData:
     return make_task_data("sparse_parity", {"n_bits": 10, "k": 2, "n_train": 100, "n_test": 64})
 
 
-@pytest.fixture()
-def stop_handler():
-    """The job process's SIGTERM handler in this process, for the test's duration."""
-    previous = signal.getsignal(signal.SIGTERM)
-    stopping.clear_stop_request()
-    stopping.install_stop_handler()
-    yield
-    signal.signal(signal.SIGTERM, previous)
-    stopping.clear_stop_request()
-
-
 class SigtermDuring(TrainHooks):
     """Sends this process SIGTERM during one step, as Snakemake or the job client would. The
     plain hooks otherwise (nothing else changes the arithmetic)."""
