@@ -76,7 +76,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import fcntl
 import hashlib
 import importlib
 import inspect
@@ -101,6 +100,7 @@ from types import FrameType
 from typing import Any, NoReturn
 
 from trainmap.jobs import JOB_MODULES
+from trainmap.locks import LockHeld, hold, write_holder
 from trainmap.portable import apply_portable_mode
 from trainmap.processes import live_group_members, process_alive, stat_fields
 from trainmap.stopping import STOP_STATUS, JobStopped, install_stop_handler
@@ -473,10 +473,8 @@ class JobLock:
     def record(self, pid: int, client: int | None = None) -> None:
         """Write who holds the lock into its file, one JSON line: ``pid`` (the process that runs
         the job), host, job key, start time, and the ``client`` when another process runs it."""
-        holder = {"pid": pid, "host": socket.gethostname(), "job": self.key,
-                  "started": self.started, **({"client": client} if client else {})}  # fmt: skip
-        os.ftruncate(self.fd, 0)
-        os.pwrite(self.fd, (json.dumps(holder) + "\n").encode(), 0)
+        write_holder(self.fd, {"pid": pid, "host": socket.gethostname(), "job": self.key,
+                               "started": self.started, **({"client": client} if client else {})})  # fmt: skip
 
     def release(self) -> None:
         """Close this process's hold (the lock is free once no process holds it)."""
@@ -489,37 +487,16 @@ def lock_job(key: str) -> JobLock:
     """Take the job's exclusive lock (:func:`lock_path`, created with its directory), without
     waiting, and record this process as its holder; :class:`JobAlreadyRunningError` (its message
     names the holder) when a live process holds it. The kernel releases it when every process
-    holding it has closed it or died."""
+    holding it has closed it or died (:mod:`trainmap.locks`)."""
     path = lock_path(key)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    started = datetime.now().astimezone().isoformat(timespec="seconds")
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = _holder(fd)
-        os.close(fd)
-        raise JobAlreadyRunningError(_already_running(key, path, holder)) from None
-    except BaseException:
-        os.close(fd)
-        raise
-    lock = JobLock(key, fd, datetime.now().astimezone().isoformat(timespec="seconds"))
-    lock.record(os.getpid())
-    return lock
-
-
-def _holder(fd: int) -> dict[str, Any] | None:
-    """The holder line of a lock file another process holds; None if it says nothing readable
-    (the holder may be between truncating and writing it: a few tries)."""
-    for _ in range(20):
-        line = os.pread(fd, 4096, 0).partition(b"\n")[0]
-        try:
-            holder = json.loads(line)
-        except ValueError:
-            holder = None
-        if isinstance(holder, dict) and "pid" in holder:
-            return holder
-        time.sleep(0.01)
-    return None
+        fd = hold(path, {"pid": os.getpid(), "host": socket.gethostname(), "job": key,
+                         "started": started})  # fmt: skip
+    except LockHeld as held:
+        raise JobAlreadyRunningError(_already_running(key, path, held.holder)) from None
+    return JobLock(key, fd, started)
 
 
 def _already_running(key: str, path: Path, holder: dict[str, Any] | None) -> str:

@@ -36,7 +36,6 @@ import os
 import shutil
 import socket
 import sys
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -45,6 +44,7 @@ from typing import IO, Any
 
 from trainmap.errors import ConfigError
 from trainmap.io import save_text
+from trainmap.locks import LockHeld, hold, holder_of
 
 #: The marker file a workflow writes into each root it writes (a small JSON record).
 MARKER = ".trainmap-root"
@@ -261,13 +261,8 @@ def mark_root(root: Path, project: Path) -> None:
 # --- who holds a root -----------------------------------------------------------------------------
 
 
-def _read_record(lock: IO[str]) -> dict:
-    lock.seek(0)
-    try:
-        record = json.loads(lock.read())
-    except ValueError:  # the holder is writing it this instant
-        record = None
-    return record if isinstance(record, dict) else {"pid": "?", "host": "?", "since": "?"}
+#: What a refusal says of a holder that has not written who it is (it is writing it this instant).
+UNKNOWN_HOLDER = {"pid": "?", "host": "?", "since": "?"}
 
 
 def _in_use(label: str, holder: dict) -> str:
@@ -286,33 +281,9 @@ def in_use_message(root: str, holder: dict) -> str:
 
 def root_holder(root: Path) -> dict | None:
     """The record (``pid``, ``host``, ``since``) of the workflow holding ``root``
-    (:func:`claim_root`), or None when none does. Probes the lock without waiting and releases it
-    at once (a shared lock: it works on a read-only file, and two probes never collide)."""
-    try:
-        lock = open(root / LOCK)  # noqa: SIM115 (closed below, after the record is read)
-    except (FileNotFoundError, NotADirectoryError):
-        return None
-    with lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return _read_record(lock)
-        fcntl.flock(lock, fcntl.LOCK_UN)
-        return None
-
-
-def _lock_exclusive(lock: IO[str]) -> bool:
-    """Take ``lock`` exclusively, retrying for :data:`CLAIM_PATIENCE_S` (a probe holds it for an
-    instant); False when another holder keeps it."""
-    deadline = time.monotonic() + CLAIM_PATIENCE_S
-    while True:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return True
-        except BlockingIOError:
-            if time.monotonic() >= deadline:
-                return False
-            time.sleep(0.05)
+    (:func:`claim_root`), or None when none does (:func:`trainmap.locks.holder_of`)."""
+    holder = holder_of(root / LOCK)
+    return None if holder is None else holder or UNKNOWN_HOLDER
 
 
 def claim_root(root: Path) -> IO[str]:
@@ -320,21 +291,16 @@ def claim_root(root: Path) -> IO[str]:
     :data:`LOCK` file, which then records this process's pid, host and start time. Keep the
     returned open file for the life of the workflow; closing it, or the process ending in any way,
     releases the root. Raises :class:`RootInUseError`, naming the holder's pid, when another run
-    (another open of the file, even in this process) holds it."""
+    (another open of the file, even in this process) holds it; waits up to
+    :data:`CLAIM_PATIENCE_S` for a :func:`root_holder` probe to let go."""
     root.mkdir(parents=True, exist_ok=True)
-    # Python opens files non-inheritable: the jobs a workflow starts never hold its lock.
-    lock = os.fdopen(os.open(root / LOCK, os.O_RDWR | os.O_CREAT, 0o644), "r+")
-    if not _lock_exclusive(lock):
-        holder = _read_record(lock)
-        lock.close()
-        raise RootInUseError(in_use_message(str(root), holder), root, holder)
-    # Written in place, not by rename: the lock belongs to this inode.
     record = {"pid": os.getpid(), "host": socket.gethostname(), "since": _now()}
-    lock.seek(0)
-    lock.truncate()
-    lock.write(json.dumps(record) + "\n")
-    lock.flush()
-    return lock
+    try:
+        fd = hold(root / LOCK, record, CLAIM_PATIENCE_S)
+    except LockHeld as held:
+        holder = held.holder or UNKNOWN_HOLDER
+        raise RootInUseError(in_use_message(str(root), holder), root, holder) from None
+    return os.fdopen(fd, "r+")
 
 
 # --- make clean ----------------------------------------------------------------------------------
@@ -384,12 +350,15 @@ def _remove_tree(target: Path) -> dict | None:
     if not lock_path.exists():
         shutil.rmtree(target)
         return None
-    with open(lock_path, "r+") as lock:  # write access: an exclusive lock on NFS needs it
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return _read_record(lock)
+    try:  # held while it goes: a workflow starting meanwhile is refused, not half-deleted
+        fd = hold(lock_path, {"pid": os.getpid(), "host": socket.gethostname(), "since": _now(),
+                              "cleaning": True})  # fmt: skip
+    except LockHeld as held:
+        return held.holder or UNKNOWN_HOLDER
+    try:
         shutil.rmtree(target)
+    finally:
+        os.close(fd)
     return None
 
 

@@ -113,7 +113,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("ground", ("trainmap", "trainmap.io", "trainmap.schema", "trainmap.errors",
                 "trainmap.registry", "trainmap.portable", "trainmap.gpus", "trainmap.lineage",
                 "trainmap.tracking", "trainmap.figures", "trainmap.plugins", "trainmap.faults",
-                "trainmap.processes", "trainmap.stopping")),
+                "trainmap.processes", "trainmap.stopping", "trainmap.locks")),
     ("data and models", ("trainmap.data", "trainmap.models", "trainmap.methods")),
     ("metrics", ("trainmap.dynamics", "trainmap.dynamics.metrics")),
     ("training", ("trainmap.training",)),
