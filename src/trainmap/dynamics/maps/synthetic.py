@@ -19,7 +19,14 @@ reproduces both, so model selection, decoding and the training map can be checke
   slow linear drift b_i, all in the factor space (the metrics of a seed move together), drawn from
   ``SeedSequence([seed, i])`` independently of the states: f -> s_i f + a_i + b_i t / (T - 1),
   with a_i, b_i ~ N(0, nuisance^2 I) (within-state SDs; the drift is the total over the run) and
-  log s_i ~ N(0, (nuisance / 10)^2), the scale acting about the first state's mean (the origin).
+  log s_i ~ N(0, (nuisance / 10)^2), the scale acting about the first state's mean (the origin);
+* ``state_drift`` (default 0: none, the samples of earlier versions byte for byte) keeps the level
+  moving inside a state, which no emission with one mean per state models: within each visit the
+  values move away from the state's mean along the path's direction by
+  state_drift * sqrt(tau / dwell) within-state standard deviations (tau checkpoints since entering
+  the state, dwell its mean time);
+* ``length_spread`` (default 1: every run ``length`` long) cuts run i short, to a length drawn
+  uniformly between ``length / length_spread`` and ``length``, as real runs stop early.
 
 :func:`sample_runs` returns metric tables named like the real ones (``step``, :data:`METRIC_NAMES`,
 ``test_acc``), the true state sequences and the true model.
@@ -109,7 +116,8 @@ def left_to_right_hmm(
 
 def sample_runs(
     n_states: int, n_runs: int = 40, length: int = 200, seed: int = 0, nuisance: float = 0.0,
-    tails: float | None = None, autocorrelation: float = 0.0, **options: float,
+    tails: float | None = None, autocorrelation: float = 0.0, state_drift: float = 0.0,
+    length_spread: float = 1.0, **options: float,
 ) -> tuple[dict[str, pd.DataFrame], dict[str, np.ndarray], KnownHMM]:  # fmt: skip
     """``n_runs`` metric tables of ``length`` checkpoints from :func:`left_to_right_hmm`, each with
     its own offset, scale and drift of size ``nuisance`` (module docstring; 0: none).
@@ -122,16 +130,41 @@ def sample_runs(
     from its state's mean rho times the previous one plus sqrt(1 - rho^2) times fresh noise
     (:func:`autocorrelated_noise`; the same marginal covariance, correlated over checkpoints as
     training metrics are; 0: independent, the samples of earlier versions byte for byte).
+    ``state_drift``: another: the level drifts inside each state (a square root of the time in it):
+    a checkpoint tau checkpoints after entering state k (tau = 0 at entry, counted afresh at each
+    visit) moves by state_drift * sqrt(tau / dwell_k) within-state standard deviations along the
+    path's direction at k (the step to state k + 1; for the last state, the step into it), dwell_k
+    the state's mean dwell 1 / (1 - transmat[k, k]) (the absorbing state: length / (n_states + 1));
+    direction and standard deviation in the factor space (:func:`state_drift_steps`). Applied
+    after ``tails`` and ``autocorrelation``, before the nuisance; no random draws (0: none, the
+    samples of earlier versions byte for byte; needs ``n_states`` >= 2, a path's direction).
+    ``length_spread``: unequal run lengths: run i is cut short to a length drawn uniformly from the
+    integers in [length / length_spread, length] (at least 2), from
+    ``SeedSequence([seed, index, 11])``; its table and true states are the first checkpoints of the
+    full-length run (the same values: a run stopped early). 1: every run ``length`` long, no draw.
+    Other ``options`` go to :func:`left_to_right_hmm` (``separation``, ``n_factors``, ...).
 
     Returns ``(runs, states, truth)``: run id -> table (``step``, the metric columns in raw units,
     ``test_acc`` = 1.0 from the last state on, else 0.0), run id -> true state sequence, the model.
+    Raises ValueError, naming the option, for a ``state_drift`` that is not a finite number >= 0 or
+    a ``length_spread`` that is not a finite number >= 1.
     """
+    if not (math.isfinite(state_drift) and state_drift >= 0):
+        raise ValueError(f"state_drift {state_drift!r}: a drift in within-state standard "
+                         "deviations, a finite number >= 0")  # fmt: skip
+    if state_drift and n_states < 2:
+        raise ValueError(f"state_drift {state_drift!r} needs n_states >= 2 (the path's direction); "
+                         f"n_states is {n_states!r}")  # fmt: skip
+    if not (math.isfinite(length_spread) and length_spread >= 1):
+        raise ValueError(f"length_spread {length_spread!r}: the longest run's length over the "
+                         "shortest's, a finite number >= 1")  # fmt: skip
     truth = left_to_right_hmm(n_states, length=length, seed=seed, **options)
     runs, states = {}, {}
     for index in range(n_runs):
         runs[f"run{index:02d}"], states[f"run{index:02d}"] = _sample_table(
-            truth, index, length, seed, nuisance, (n_states - 1,), tails, autocorrelation
-        )
+            truth, index, length, seed, nuisance, (n_states - 1,), tails, autocorrelation,
+            state_drift, length_spread,
+        )  # fmt: skip
     return runs, states, truth
 
 
@@ -163,6 +196,44 @@ def autocorrelated_noise(
     gain[0] = 1.0
     filtered = lfilter([1.0], [1.0, -rho], noise * gain[:, None], axis=0)
     return means[hidden] + filtered
+
+
+def state_drift_steps(truth: KnownHMM, length: int) -> np.ndarray:
+    """[n_states, d] (standard units): state k's move at tau = dwell_k for ``state_drift`` 1
+    (:func:`sample_runs`), the move at tau being this times sqrt(tau).
+
+    Row k is spread_k * u_k @ loadings.T / sqrt(dwell_k): u_k the unit factor direction of the step
+    from state k to k + 1 (the last state: of the step into it), spread_k = sqrt(u_k' L+ C_k L+' u_k)
+    the state's within-state standard deviation along it (L+ the loadings' pseudo-inverse, C_k the
+    state's covariance), dwell_k = 1 / (1 - transmat[k, k]) or, for an absorbing state,
+    ``length / (n_states + 1)``. Needs at least 2 states."""
+    model = truth.model
+    n = model.n_components
+    if n < 2:
+        raise ValueError(f"state_drift needs n_states >= 2 (the path's direction); n_states is {n}")
+    to_factors = np.linalg.pinv(truth.loadings)
+    factor_means = model.means_ @ to_factors.T
+    steps = np.empty_like(model.means_)
+    for k in range(n):
+        step = factor_means[k + 1] - factor_means[k] if k < n - 1 else (
+            factor_means[k] - factor_means[k - 1])  # fmt: skip
+        direction = step / np.linalg.norm(step)
+        spread = math.sqrt(direction @ to_factors @ model.covars_[k] @ to_factors.T @ direction)
+        stay = model.transmat_[k, k]
+        dwell = 1.0 / (1.0 - stay) if stay < 1 else length / (n + 1)
+        steps[k] = spread * direction @ truth.loadings.T / math.sqrt(dwell)
+    return steps
+
+
+def drifting_states(
+    values: np.ndarray, hidden: np.ndarray, steps: np.ndarray, drift: float
+) -> np.ndarray:
+    """``values`` [T, d] with each checkpoint moved by drift * sqrt(tau) * steps[state], tau the
+    checkpoints since the run entered its state's current visit (0 at entry; no random draws)."""
+    time = np.arange(len(hidden))
+    entries = np.flatnonzero(np.r_[True, hidden[1:] != hidden[:-1]])
+    tau = time - entries[np.searchsorted(entries, time, side="right") - 1]
+    return values + drift * np.sqrt(tau)[:, None] * steps[hidden]
 
 
 def run_nuisance(
@@ -291,10 +362,12 @@ def sample_methods(
 
 def _sample_table(
     truth: KnownHMM, index: int, length: int, seed: int, nuisance: float, finals: tuple[int, ...],
-    tails: float | None = None, autocorrelation: float = 0.0, moved=None,
+    tails: float | None = None, autocorrelation: float = 0.0, state_drift: float = 0.0,
+    length_spread: float = 1.0, moved=None,
 ) -> tuple[pd.DataFrame, np.ndarray]:  # fmt: skip
     """Run ``index`` of ``truth`` (:func:`sample_runs`' and :func:`sample_methods`' one draw):
     its metric table, ``test_acc`` 1.0 in the states ``finals``, and its true states.
+    ``state_drift`` and ``length_spread`` as :func:`sample_runs`' (0 and 1: none).
     ``moved``: a function of the values [T, d] (standard units) that plants a same-dynamics
     effect (:func:`_moved_values`), applied before the run's nuisance."""
     values, hidden = truth.model.sample(length, random_state=seed * 1000 + index + 1)
@@ -302,13 +375,20 @@ def _sample_table(
         values = heavy_tails(values, hidden, truth.model.means_, tails, seed, index)
     if autocorrelation:
         values = autocorrelated_noise(values, hidden, truth.model.means_, autocorrelation)
+    if state_drift:
+        values = drifting_states(values, hidden, state_drift_steps(truth, length), state_drift)
     if moved is not None:
         values = moved(values)
     if nuisance:
         values = run_nuisance(values, truth.loadings, nuisance, seed, index)
+    if length_spread > 1:  # the run stopped early: its first checkpoints
+        rng = np.random.default_rng(np.random.SeedSequence([seed, index, 11]))
+        shortest = min(length, max(2, math.ceil(length / length_spread)))
+        kept = int(rng.integers(shortest, length, endpoint=True))
+        values, hidden = values[:kept], hidden[:kept]
     names = list(METRIC_NAMES[: truth.model.n_features])
     table = pd.DataFrame(values * truth.scale + truth.offset, columns=names)
-    table.insert(0, "step", np.arange(length) * 10)
+    table.insert(0, "step", np.arange(len(values)) * 10)
     table["test_acc"] = np.isin(hidden, finals).astype(float)
     return table, hidden
 
