@@ -208,7 +208,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="emission model: plain (the paper's Gaussian HMM), run_offset (a per-run offset of "
         "the metrics, fitted with the states), run_offset_drift (offset and linear drift per "
         "run) or run_affine (offset, linear drift and scale per run): K holds better under "
-        "run-to-run nuisance, at ~10-20x the cost (default %(default)s)",
+        "run-to-run nuisance, at ~10-20x the cost; student_t (Student-t emissions of "
+        "--degrees-of-freedom: heavy-tailed metrics do not split into extra states, at about "
+        "the plain cost) (default %(default)s)",
+    )
+    parser.add_argument(
+        "--degrees-of-freedom",
+        type=float,
+        default=defaults["degrees_of_freedom"],
+        help="--emission student_t: the t emission's degrees of freedom nu, in (0, 1000]; "
+        "smaller is heavier-tailed (default %(default)s)",
     )
     parser.add_argument(
         "--bootstrap",

@@ -426,7 +426,8 @@ def run(args: argparse.Namespace) -> int:
         "stability": args.stability, "alpha": args.alpha, "covariance_type": args.covariance_type,
         "standardisation": args.standardisation, "selection": args.selection, "folds": args.folds,
         "min_gain": args.min_gain, "emission": args.emission,
-    })  # fmt: skip
+    } | ({"degrees_of_freedom": args.degrees_of_freedom} if args.emission == "student_t"
+         else {}))  # fmt: skip
     runs, outcomes = analysis_runs(runs, outcomes, settings)
     args.out.mkdir(parents=True, exist_ok=True)
     print(f"{len(runs)} runs; fitting K = 1..{args.k_max} with {args.restarts} restarts each")

@@ -111,6 +111,7 @@ class AnalysisSettings:
     restart_rule: str
     init: str
     emission: str
+    degrees_of_freedom: float
     n_iter: int
     tol: float
     tol_scale: str

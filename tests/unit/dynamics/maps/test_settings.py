@@ -144,8 +144,13 @@ def test_training_hmm_reads_its_parameter_list_from_its_signature() -> None:
                                                   for name in EM_PARAMETERS}  # fmt: skip
     assert hmm.reproducibility() == {name: hmm.get_params()[name] for name in RULE_PARAMETERS}
     saved = hmm.estimator_settings()
-    assert list(saved) == signature and saved["features"] == ["l1", "l2"]
+    # degrees_of_freedom is read by the student_t emission only: saved with it alone
+    assert list(saved) == [name for name in signature if name != "degrees_of_freedom"]
+    assert saved["features"] == ["l1", "l2"]
     assert TrainingHMM(**saved).get_params() == hmm.get_params()
+    t = TrainingHMM(emission="student_t", degrees_of_freedom=6.5)
+    assert list(t.estimator_settings()) == signature
+    assert TrainingHMM(**t.estimator_settings()).get_params() == t.get_params()
 
 
 def test_the_views_carry_what_each_step_reads() -> None:
@@ -165,3 +170,19 @@ def test_the_views_carry_what_each_step_reads() -> None:
     assert isinstance(verdicts, VerdictSettings)
     assert {field.name for field in dataclasses.fields(VerdictSettings)} <= set(ANALYSIS_DEFAULTS)
     assert (verdicts.alpha, verdicts.permutations, verdicts.start_window) == (0.01, 300, 50)
+
+
+def test_degrees_of_freedom_reach_the_jobs_only_with_the_student_t_emission(study) -> None:
+    """A key only another setting's value reads (grid.READ_ONLY_WITH) is left out of the settings
+    the jobs receive and record elsewhere: the default study's records do not move with it, and
+    a comparison that chooses the emission gets it."""
+    assert "degrees_of_freedom" in study["analysis"]  # params.yaml writes every default
+    assert "degrees_of_freedom" not in grid.analysis_settings(study)
+    t_study = {**study, "analysis": {**study["analysis"], "emission": "student_t"}}
+    assert grid.analysis_settings(t_study)["degrees_of_freedom"] == 4
+    joint = dict(study["analysis"]["joint"][0])
+    joint["analysis"] = {**joint.get("analysis", {}), "emission": "student_t",
+                         "degrees_of_freedom": 3}  # fmt: skip
+    mixed = {**study, "analysis": {**study["analysis"], "joint": [joint]}}
+    assert grid.joint_settings(mixed, joint["name"])["degrees_of_freedom"] == 3
+    assert "degrees_of_freedom" not in grid.analysis_settings(mixed)

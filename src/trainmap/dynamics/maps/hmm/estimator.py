@@ -188,6 +188,7 @@ class TrainingHMM:
         min_gain: float = _SCHEMA_DEFAULTS["min_gain"],
         init: str = _SCHEMA_DEFAULTS["init"],
         emission: str = _SCHEMA_DEFAULTS["emission"],
+        degrees_of_freedom: float = _SCHEMA_DEFAULTS["degrees_of_freedom"],
         n_iter: int = _SCHEMA_DEFAULTS["n_iter"],
         tol: float = _SCHEMA_DEFAULTS["tol"],
         tol_scale: str = _SCHEMA_DEFAULTS["tol_scale"],
@@ -215,6 +216,10 @@ class TrainingHMM:
             raise ValueError(f"folds: {folds!r} is not allowed; it must be an integer >= 2")
         check_choice("init", init, INITIALISATIONS)
         check_choice("emission", emission, EMISSIONS)
+        if not (isinstance(degrees_of_freedom, int | float) and not isinstance(degrees_of_freedom,
+                bool) and 0 < degrees_of_freedom <= 1000):  # fmt: skip
+            raise ValueError(f"degrees_of_freedom: {degrees_of_freedom!r} is not allowed; the "
+                             "Student-t emission's nu is a number in (0, 1000]")  # fmt: skip
         check_choice("tol_scale", tol_scale, TOL_SCALES)
         check_choice("reproduce_k", reproduce_k, REPRODUCE_K)
         if half_size is not None and (not isinstance(half_size, int) or isinstance(half_size, bool)
@@ -415,9 +420,13 @@ class TrainingHMM:
     def log_emissions(self, z: np.ndarray, residualised: bool = False) -> np.ndarray:
         """log p(z_t | s_t = k), [T, K], of one run's z (its residuals, :meth:`residuals`, unless
         ``residualised``: ``z`` is already)."""
+        z = z if residualised else self.residuals(z)
+        return self.model_.emission_log_densities(self._gaussian_log_densities(z))
+
+    def _gaussian_log_densities(self, z: np.ndarray) -> np.ndarray:
+        """log N(z_t; mu_k, Sigma_k), [T, K], of observations ``z`` as the model sees them."""
         from scipy.stats import multivariate_normal  # here: the refits' workers never need it
 
-        z = z if residualised else self.residuals(z)
         covars = self.model_.covars_  # full matrices for every covariance type
         return np.column_stack(
             [
@@ -464,6 +473,11 @@ class TrainingHMM:
         z = self.residuals(z)
         posterior = self.filtered_posteriors(z[: t + 1], residualised=True)[t]
         pulls = np.einsum("kij,kj->ki", self.precisions(), self.model_.means_ - z[t])
+        # A Student-t state pulls by u_k(z_t) Sigma_k^-1 (mu_k - z_t), its latent scale's
+        # expectation u_k (StudentTHMM.posterior_weights); a Gaussian state by Sigma_k^-1 (...).
+        weights = self.model_.posterior_weights(self._gaussian_log_densities(z[t : t + 1]))
+        if weights is not None:
+            pulls = pulls * weights[0][:, None]
         return pulls[state] - posterior @ pulls
 
     def state_means(self) -> pd.DataFrame:
@@ -484,7 +498,10 @@ class TrainingHMM:
 
     def estimator_settings(self) -> dict[str, Any]:
         """The constructor arguments (JSON-ready): ``TrainingHMM(**settings)`` is this estimator."""
-        return self.get_params() | {"features": list(self.features)}
+        params = self.get_params() | {"features": list(self.features)}
+        if self.emission != "student_t":  # read by that emission only: hmm.json as before it
+            del params["degrees_of_freedom"]
+        return params
 
     def save(self, npz_path: str | os.PathLike, json_path: str | os.PathLike) -> None:
         """Parameters as arrays (npz) and everything else as JSON (the emission model among the
@@ -525,6 +542,7 @@ class TrainingHMM:
             model = emission_model(
                 meta["n_states"],
                 estimator.emission,
+                degrees_of_freedom=estimator.degrees_of_freedom,
                 covariance_type=estimator.covariance_type,
                 min_covar=estimator.min_covar,
             )

@@ -23,6 +23,8 @@ from typing import Any
 
 import numpy as np
 
+from trainmap.schema import section_defaults
+
 COVARIANCE_TYPES = ("full", "diag")
 INITIALISATIONS = ("sticky", "hmmlearn")
 #: What EM's ``tol`` is measured on: the training log-likelihood per observation
@@ -33,7 +35,11 @@ TOL_SCALES = ("per_observation", "total")
 #: HMM with a per-run offset (``run_offset``), a per-run offset and linear drift
 #: (``run_offset_drift``) and a per-run offset, linear drift and scale (``run_affine``) of
 #: :mod:`trainmap.dynamics.maps.hmm.run_terms`.
-EMISSIONS = ("plain", "run_offset", "run_offset_drift", "run_affine")
+EMISSIONS = ("plain", "run_offset", "run_offset_drift", "run_affine", "student_t")
+#: The Student-t emission's degrees of freedom nu (``emission: student_t``): the config schema's
+#: default of ``analysis.degrees_of_freedom`` (bench/selection_growth.py;
+#: docs/decisions/hmm-selection.md).
+DEFAULT_DEGREES: float = section_defaults("analysis")["degrees_of_freedom"]
 
 
 @dataclass(frozen=True)
@@ -51,6 +57,7 @@ class EMSettings:
     tol_scale: str
     min_covar: float
     random_state: int
+    degrees_of_freedom: float = DEFAULT_DEGREES
 
 
 def check_choice(key: str, value: Any, allowed: Sequence[str]) -> None:
@@ -59,10 +66,14 @@ def check_choice(key: str, value: Any, allowed: Sequence[str]) -> None:
         raise ValueError(f"{key}: {value!r} is not allowed; choose one of {', '.join(allowed)}")
 
 
-def emission_model(n_states: int, emission: str, **kw: Any) -> Any:
+def emission_model(
+    n_states: int, emission: str, degrees_of_freedom: float = DEFAULT_DEGREES, **kw: Any
+) -> Any:
     """An unfitted model of the emission model ``emission`` (:data:`EMISSIONS`): a
-    :class:`~trainmap.dynamics.maps.hmm.gaussian.BatchedGaussianHMM` (``plain``) or a
-    :class:`~trainmap.dynamics.maps.hmm.run_terms.RunOffsetHMM` (its other options at their defaults)."""
+    :class:`~trainmap.dynamics.maps.hmm.gaussian.BatchedGaussianHMM` (``plain``), a
+    :class:`~trainmap.dynamics.maps.hmm.student_t.StudentTHMM` of ``degrees_of_freedom``
+    (``student_t``) or a :class:`~trainmap.dynamics.maps.hmm.run_terms.RunOffsetHMM` (its other
+    options at their defaults)."""
     # Imported here: hmmlearn imports scipy.stats and scikit-learn, which the refits' worker
     # processes would otherwise load at start (tests/unit/project/test_import_graph.py).
     from trainmap.dynamics.maps.hmm.gaussian import BatchedGaussianHMM
@@ -71,6 +82,10 @@ def emission_model(n_states: int, emission: str, **kw: Any) -> Any:
     check_choice("emission", emission, EMISSIONS)
     if emission == "plain":
         return BatchedGaussianHMM(n_components=n_states, **kw)
+    if emission == "student_t":
+        from trainmap.dynamics.maps.hmm.student_t import StudentTHMM
+
+        return StudentTHMM(n_components=n_states, degrees=degrees_of_freedom, **kw)
     return RunOffsetHMM(n_components=n_states, drift=emission in ("run_offset_drift", "run_affine"),
                         scale=emission == "run_affine", **kw)  # fmt: skip
 
@@ -82,6 +97,7 @@ def make_model(n_states: int, settings: EMSettings, n_observations: int, **kw: A
     return emission_model(
         n_states,
         settings.emission,
+        degrees_of_freedom=settings.degrees_of_freedom,
         covariance_type=settings.covariance_type,
         n_iter=settings.n_iter,
         # hmmlearn's tol is on the total log-likelihood; ours is per observation by default.

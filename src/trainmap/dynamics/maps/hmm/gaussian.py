@@ -111,6 +111,18 @@ class BatchedGaussianHMM(GaussianHMM):
         log_det = 2 * np.log(np.diagonal(cholesky, axis1=1, axis2=2)).sum(axis=1)
         return packed, pulled, np.einsum("kd,kd->k", self.means_, pulled) + log_det
 
+    def emission_log_densities(self, gaussian: np.ndarray) -> np.ndarray:
+        """The emission log-densities [T, K] from the Gaussian ones log N(x_t; mu_k, Sigma_k)
+        [T, K]: the same array here (:class:`~trainmap.dynamics.maps.hmm.student_t.StudentTHMM`
+        turns them into t densities)."""
+        return gaussian
+
+    def posterior_weights(self, gaussian: np.ndarray) -> np.ndarray | None:
+        """Weights of the posteriors gamma_t(k) in the moments of the M-step, [T, K], from the
+        Gaussian log-densities: None here (every observation counts by its posterior; the
+        Student-t emission weighs it by its latent scale's expectation)."""
+        return None
+
     def n_run_parameters(self, n_runs: int) -> int:
         """Free parameters of ``n_runs`` runs' own terms, counted in a held-out BIC: none here
         (:class:`~trainmap.dynamics.maps.hmm.run_terms.RunOffsetHMM` has some)."""
@@ -192,6 +204,32 @@ def usable(model: BatchedGaussianHMM) -> bool:
 
 
 def log_densities_together(models: Sequence[BatchedGaussianHMM], X: np.ndarray) -> np.ndarray:
+    """The emission log-densities of every observation under every state of several models, their
+    states side by side [T, S]: each model's :meth:`~BatchedGaussianHMM.emission_log_densities` of
+    :func:`gaussian_log_densities_together`."""
+    return emission_log_densities(models, gaussian_log_densities_together(models, X))
+
+
+def emission_log_densities(
+    models: Sequence[BatchedGaussianHMM], gaussian: np.ndarray
+) -> np.ndarray:
+    """Each model's emission log-densities from its block of the Gaussian ones [T, S] (the same
+    array where every model's emissions are Gaussian)."""
+    firsts, _ = state_blocks([model.n_components for model in models])
+    densities = gaussian
+    for b, model in enumerate(models):
+        states = slice(firsts[b], firsts[b] + model.n_components)
+        block = model.emission_log_densities(gaussian[:, states])
+        if not np.shares_memory(block, gaussian):  # a model whose emissions are not Gaussian
+            if densities is gaussian:
+                densities = gaussian.copy()
+            densities[:, states] = block
+    return densities
+
+
+def gaussian_log_densities_together(
+    models: Sequence[BatchedGaussianHMM], X: np.ndarray
+) -> np.ndarray:
     """log N(x_t | mu_k, Sigma_k) of every observation under every state of several models, their
     states side by side [T, S]. Full covariances: two matrix products over all observations for
     all models (:meth:`BatchedGaussianHMM._full_density_terms`; x x' computed once per array,
@@ -286,7 +324,8 @@ def estep_together(
     sizes = [model.n_components for model in models]
     run_weights = np.ones(len(np.asarray(lengths))) if weights is None else np.asarray(weights)
     layout = time_major(X, lengths)
-    log_frames = log_densities_together(models, layout.X)
+    gaussian = gaussian_log_densities_together(models, layout.X)
+    log_frames = emission_log_densities(models, gaussian)
     startprob = np.concatenate([model.startprob_ for model in models])
     transmat = block_diag(*(model.transmat_ for model in models))
     batches = [(positions, log_frames[first : first + length * n_runs].reshape(length, n_runs, -1))
@@ -307,9 +346,29 @@ def estep_together(
         start += gamma[0].sum(axis=0)
         log_likelihood += w @ run_log_likelihood
     posteriors = parts[0] if len(parts) == 1 else np.concatenate(parts)
+    unweighted = _weigh_posteriors(models, posteriors, gaussian)
     statistics = gaussian_statistics(models, posteriors, layout.X, start, answer.transitions,
                                      float(run_weights.sum()))  # fmt: skip
+    for b, post in unweighted.items():
+        statistics[b]["post_unweighted"] = post
     return [(stats, float(log_likelihood[b])) for b, stats in enumerate(statistics)]
+
+
+def _weigh_posteriors(
+    models: Sequence[BatchedGaussianHMM], posteriors: np.ndarray, gaussian: np.ndarray
+) -> dict[int, np.ndarray]:
+    """Multiply, in place, each model's block of ``posteriors`` [N, S] by its
+    :meth:`~BatchedGaussianHMM.posterior_weights` (from the Gaussian log-densities of the same
+    rows); returns, for each model so weighted, its unweighted sum_t gamma_t(k) [K]."""
+    firsts, _ = state_blocks([model.n_components for model in models])
+    unweighted = {}
+    for b, model in enumerate(models):
+        states = slice(firsts[b], firsts[b] + model.n_components)
+        weights = model.posterior_weights(gaussian[:, states])
+        if weights is not None:
+            unweighted[b] = posteriors[:, states].sum(axis=0)
+            posteriors[:, states] *= weights
+    return unweighted
 
 
 def _estep_works(model: BatchedGaussianHMM, X: np.ndarray, lengths: Any, weights: Any) -> bool:
