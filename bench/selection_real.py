@@ -4,8 +4,10 @@ For each joint comparison of a finished study (``analysis.joint`` of its config)
 setting (``paper``), the map is made by the one analysis path (:func:`~trainmap.dynamics.pipeline.
 joint_group` for a comparison, :func:`~trainmap.dynamics.pipeline.fit_group` for a paper setting
 with trainmap's pass) under each selection rule, everything else at the config's analysis
-settings: ``holdout`` (the paper's held-out BIC), ``folds`` (its mean over 3 folds) and
-``reproducible`` (the largest K up to the two-fold BIC minimum whose half maps reproduce). Per map:
+settings: ``holdout`` (the paper's held-out BIC), ``folds`` (its mean over 3 folds),
+``reproducible`` (the largest K up to the two-fold BIC minimum whose half maps reproduce) and
+``gain`` (the smallest K no larger K beats by more than ``min_gain`` held-out nats per checkpoint
+per added state); ``--emissions`` repeats each rule under each emission model. Per map:
 K, the bootstrap's K distribution, the stability line, the verdicts that found a difference (joint
 comparisons) and the seconds of the full fit, the bootstrap and the stability curve, measured side
 by side in one process (one rule after the other, ``--jobs`` processes each).
@@ -17,6 +19,8 @@ Usage::
     .venv/bin/python bench/selection_real.py --config config/config.yaml --only parity_init \
         --bootstrap 50 --stability 10
     .venv/bin/python bench/selection_real.py --quick    # the smallest map, fewer refits
+    .venv/bin/python bench/selection_real.py --rules gain --emissions plain student_t \
+        --bootstrap 0 --stability 0 --jobs 1   # K and the full fit's cost under each emission
 
 The study must have run (its metric tables and evaluations under the config's results root); maps
 whose runs are not all there are left out, and with none there the script says so and exits 0
@@ -32,7 +36,7 @@ import warnings
 from collections import Counter
 from pathlib import Path
 
-RULES = ("holdout", "folds", "reproducible")
+RULES = ("holdout", "folds", "reproducible", "gain")
 
 
 def cell_inputs(config: dict, cells: list) -> tuple[list[str], list[str]]:
@@ -114,13 +118,18 @@ def paper_maps(config: dict, only: list[str]) -> dict[str, tuple]:
     return found
 
 
-def one(name: str, data: tuple, rule: str, args: argparse.Namespace) -> dict:
+def one(name: str, data: tuple, rule: str, args: argparse.Namespace, emission: str | None = None,
+        ) -> dict:  # fmt: skip
+    """One map under ``rule`` (and ``emission``; None: the config's): its K, bootstrap, stability
+    line, verdicts and seconds."""
     from trainmap.dynamics.maps.settings import AnalysisSettings
     from trainmap.dynamics.pipeline import analysis_runs, fit_group, joint_group
 
     runs, outcomes, groups, settings = data
     settings = AnalysisSettings.of(settings).replace(selection=rule, bootstrap=args.bootstrap,
                                                      stability=args.stability)  # fmt: skip
+    if emission is not None:
+        settings = settings.replace(emission=emission)
     runs, outcomes = analysis_runs(runs, outcomes, settings)
     started = time.perf_counter()
     with warnings.catch_warnings():
@@ -135,7 +144,8 @@ def one(name: str, data: tuple, rule: str, args: argparse.Namespace) -> dict:
                         for r in table.itertuples() if r.verdict.endswith(("higher", "lower"))]  # fmt: skip
     seconds = time.perf_counter() - started
     counts = Counter(result.bootstrap.ks)
-    return {"map": name, "rule": rule, "runs": len(runs), "K": result.hmm.n_states_,
+    return {"map": name, "rule": rule, "emission": settings.emission, "runs": len(runs),
+            "K": result.hmm.n_states_,
             "bootstrap K": ", ".join(f"{k}: {c}" for k, c in sorted(counts.items()) if k > 0),
             "stability": result.stability.line, "verdicts": "; ".join(verdicts) or "-",
             "bootstrap s": result.bootstrap.seconds, "seconds": seconds}  # fmt: skip
@@ -177,7 +187,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", default="config/config.yaml", help="the study's config file")
     parser.add_argument("--paper", action="store_true", help="the paper settings, not the joints")
     parser.add_argument("--only", nargs="*", default=[], help="these comparisons/settings only")
-    parser.add_argument("--rules", nargs="*", default=list(RULES), choices=RULES)
+    parser.add_argument("--rules", nargs="*", default=list(RULES[:3]), choices=RULES,
+                        help="selection rules (default holdout folds reproducible)")  # fmt: skip
+    parser.add_argument("--emissions", nargs="*", default=[], metavar="EMISSION",
+                        help="each rule under each of these emission models (default: the "
+                        "config's)")  # fmt: skip
     parser.add_argument("--bootstrap", type=int, help="resamples (default 200, quick 20)")
     parser.add_argument("--stability", type=int, help="subsamples per n (default 20, quick 5)")
     parser.add_argument("--jobs", type=int, default=2, help="processes per map (default 2)")
@@ -215,13 +229,13 @@ def main(argv: list[str] | None = None) -> int:
     maps = paper_maps(config, ready) if args.paper else joint_maps(config, ready)
     rows = []
     for name, data in maps.items():
-        for rule in args.rules:
+        for rule, emission in [(r, e) for r in args.rules for e in args.emissions or [None]]:
             if args.seeds_per_method:
                 row = k_by_seeds(name, data, rule, args.seeds_per_method, args.draws)
                 print(row, flush=True)
             else:
-                row = one(name, data, rule, args)
-                print(f"{name} {rule}: K = {row['K']}, {row['seconds']:.0f} s; "
+                row = one(name, data, rule, args, emission)
+                print(f"{name} {rule} {row['emission']}: K = {row['K']}, {row['seconds']:.0f} s; "
                       f"{row['stability']}", flush=True)  # fmt: skip
             rows.append(row)
     report(f"`bench/selection_real.py --config {args.config}{' --paper' * args.paper}` "

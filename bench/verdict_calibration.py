@@ -17,11 +17,14 @@ draws for every effect: effect ``none``), so its share of significant verdicts i
 positive rate, which should be <= alpha within its binomial 95 % interval (Clopper-Pearson,
 ``scipy.stats.binomtest(...).proportion_ci()``). Each data set gets one shared map, fitted by
 ``compare_groups`` with :class:`~trainmap.dynamics.maps.hmm.estimator.TrainingHMM`'s defaults but
-``selection="holdout"`` and ``--restarts`` (default 2; ``random_state`` the sampler seed), the
-analysis defaults' 2000 permutations, convergence at the first checkpoint with ``test_acc`` 1
+``selection="holdout"``, ``--restarts`` (default 2; ``random_state`` the sampler seed) and
+``--emission`` (default ``plain``, the emission the stored tables were measured with;
+``--degrees-of-freedom`` its nu under ``student_t``), the analysis defaults' 2000 permutations, convergence at the first checkpoint with ``test_acc`` 1
 (the sampler's last state). "time in detours" exists only where the map's regression found a
 detour state; elsewhere it counts as not significant. "occupancy" is significant when any state's
-is (the map numbers its states anew for each data set).
+is (the map numbers its states anew for each data set). ``--jobs N`` fits N data sets at a time,
+each in its own process with BLAS on one thread; every data set is seeded by its own seed, so the
+rows do not depend on N.
 
 **(b) Calibration on real runs** (``--results DIR``, a finished study's results tree; default
 ``results``, the default study's, which ``make run`` makes). For each joint comparison of
@@ -37,14 +40,17 @@ evidence. Holding the map fixed is exact when the map does not depend on the lab
 each method's runs (``strata``), so under it the map was chosen with the true labels and the
 relabelled tests are conditional on that choice. Under any permutation no method differs, so the
 share of permutations with a significant verdict in a family is that family's false positive
-rate on real runs. Each recomputation uses ``--inner-permutations`` (default 500, >= 1/alpha)
+rate on real runs. ``--emission`` does not apply here (the maps are the study's own, of its
+settings); ``--no-real`` leaves (b) out. Each recomputation uses ``--inner-permutations`` (default 500, >= 1/alpha)
 instead of the analysis' 2000, to keep 200 of them affordable: p-values are then coarser
 (1/501), which changes how often a p near alpha falls below it, not the test's level.
 
 Rows of (a) go to ``bench/results/verdict_calibration.csv`` (resumable: a data set already
-there with the same settings is not refitted); the tables of (a) and (b) to
-``bench/results/verdict_calibration.md``. ``--quick`` writes neither (its few seeds would only
-blur the measured tables).
+there with the same restarts and permutations is not refitted); the tables of (a) and (b) to
+``bench/results/verdict_calibration.md``. Another emission has its own pair, never mixed with the
+plain one: ``verdict_calibration_<emission>.csv`` and ``.md`` (``student_t`` at a nu other than
+the analysis default: ``verdict_calibration_student_t_nu<nu>``). ``--quick`` writes nothing (its
+few seeds would only blur the measured tables).
 
 Usage::
 
@@ -53,9 +59,11 @@ Usage::
     .venv/bin/python bench/verdict_calibration.py --results results --relabellings 200
     .venv/bin/python bench/verdict_calibration.py --table          # the CSV's rows, no fits
     .venv/bin/python bench/verdict_calibration.py --quick          # ~2 min: 3 seeds, n = 16
+    .venv/bin/python bench/verdict_calibration.py --emission student_t --seeds 0 --null-seeds 100 --no-real --jobs 2   # the null table under the Student-t emission
 
-Last line: ``verdict_calibration null primary=k/N secondary=k/N | power primary <effect>@<size>,
-n=<n>=k/N ... | real <comparison> primary=k/N secondary=k/N``.
+Last line: ``verdict_calibration [emission=<emission>] null <null> primary=k/N ... | power primary
+<effect>@<size>,n=<n>=k/N ... | real <comparison> primary=k/N secondary=k/N`` (the emission only
+when not plain; the power part only with planted effects, the real part only when (b) ran).
 """
 
 from __future__ import annotations
@@ -63,16 +71,16 @@ from __future__ import annotations
 import argparse
 import time
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from functools import cache
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from selection_real import finished_maps, read_joint_cells, study_command
 
 from trainmap.io import append_rows, load_json
-from trainmap.schema import section_defaults
+from trainmap.schema import section_defaults, section_schema
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -80,6 +88,10 @@ if TYPE_CHECKING:
 #: trainmap.dynamics.maps.settings.ANALYSIS_DEFAULTS (the schema's analysis defaults), read from
 #: the schema itself: no analysis import before the arguments are parsed
 ANALYSIS_DEFAULTS = section_defaults("analysis")
+#: The HMM's emission models (trainmap.dynamics.maps.hmm.factory.EMISSIONS), read from the schema
+EMISSIONS: tuple[str, ...] = tuple(section_schema("analysis")["properties"]["emission"]["enum"])
+#: The emission of the stored tables (``--emission``'s default, whatever the analysis default is)
+PLAIN = "plain"
 RESULTS = Path(__file__).parent / "results"
 CSV_PATH = RESULTS / "verdict_calibration.csv"
 MD_PATH = RESULTS / "verdict_calibration.md"
@@ -98,6 +110,26 @@ PUBLISHED = "trajectories, all grid steps (as published)"
 FIELDS = ["effect", "size", "n_per_method", "seed", "restarts", "permutations", "k", "seconds",
           "quantity", "p"]  # fmt: skip
 LENGTH, TRUE_K, THRESHOLD = 150, 3, 0.5
+
+
+def emission_name(emission: str, degrees_of_freedom: float) -> str:
+    """The emission as the files and headings name it: ``emission``, and ``student_t`` at a nu
+    other than the analysis default as ``student_t_nu<nu>`` (``degrees_of_freedom`` is read by
+    ``student_t`` only)."""
+    if emission == "student_t" and degrees_of_freedom != ANALYSIS_DEFAULTS["degrees_of_freedom"]:
+        return f"student_t_nu{degrees_of_freedom:g}"
+    return emission
+
+
+def result_paths(emission: str, degrees_of_freedom: float) -> tuple[Path, Path]:
+    """The CSV of (a)'s rows and the markdown of the tables under this emission: :data:`CSV_PATH`
+    and :data:`MD_PATH` for ``plain``, ``verdict_calibration_<name>.csv`` and ``.md`` beside them
+    otherwise (``<name>``: :func:`emission_name`), so no other emission's rows reach the plain
+    table."""
+    if emission == PLAIN:
+        return CSV_PATH, MD_PATH
+    stem = f"verdict_calibration_{emission_name(emission, degrees_of_freedom)}"
+    return CSV_PATH.with_name(f"{stem}.csv"), MD_PATH.with_name(f"{stem}.md")
 
 
 @cache
@@ -128,10 +160,13 @@ def columns() -> dict[str, tuple[str, ...]]:
 
 
 def one_comparison(
-    effect: str, size: float, n: int, seed: int, restarts: int, permutations: int, alpha: float
+    effect: str, size: float, n: int, seed: int, restarts: int, permutations: int, alpha: float,
+    emission: str = PLAIN, degrees_of_freedom: float = ANALYSIS_DEFAULTS["degrees_of_freedom"],
 ) -> list[dict]:  # fmt: skip
     """One data set of :func:`sample_methods`, one shared map and its verdicts: a row per verdict
-    (its raw p; Holm is applied by :func:`significant` within the families the code now names)."""
+    (its raw p; Holm is applied by :func:`significant` within the families the code now names).
+    The map's emission is ``emission`` (``degrees_of_freedom`` passed only with ``student_t``);
+    everything random is seeded by ``seed``, so the rows depend on nothing else."""
     from trainmap.dynamics.maps.hmm.estimator import TrainingHMM
     from trainmap.dynamics.maps.settings import AnalysisSettings
     from trainmap.dynamics.maps.synthetic import sample_methods
@@ -146,6 +181,9 @@ def one_comparison(
         drawn = sample_methods(effect, size, n, n_states=TRUE_K, length=LENGTH, seed=seed)
     runs, groups, _, _ = drawn
     convergence = convergence_from_tables(runs, THRESHOLD)
+    emission_settings: dict[str, Any] = {"emission": emission}
+    if emission == "student_t":
+        emission_settings["degrees_of_freedom"] = degrees_of_freedom
     started = time.perf_counter()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -154,7 +192,7 @@ def one_comparison(
         ).verdict_settings
         comparison = compare_groups(runs, groups, convergence, {},
                                     TrainingHMM(selection="holdout", restarts=restarts,
-                                                random_state=seed),
+                                                random_state=seed, **emission_settings),
                                     verdict_settings)  # fmt: skip
     evidence = comparison.paths
     in_first = np.array([groups[run] == "a" for run in evidence.trajectories.index])
@@ -168,6 +206,41 @@ def one_comparison(
     return [common | {"quantity": row.quantity, "p": row.p}
             for row in comparison.verdicts.itertuples()] + [
         common | {"quantity": PUBLISHED, "p": published.p}]  # fmt: skip
+
+
+def one_comparison_alone(*args: Any, **options: Any) -> list[dict]:
+    """:func:`one_comparison` with BLAS limited to one thread: a ``--jobs`` worker's fit (N fits
+    on N cores, not N times BLAS's threads)."""
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(limits=1):
+        return one_comparison(*args, **options)
+
+
+def fitted(
+    todo: list[tuple[str, float, int, int]], jobs: int, **options: Any
+) -> Iterator[tuple[tuple[str, float, int, int], list[dict]]]:
+    """Each data set of ``todo`` (:func:`one_comparison`'s first four arguments, ``options`` the
+    rest) with its rows, as its fit finishes: in order here when ``jobs`` is 1, else in ``jobs``
+    processes (:func:`one_comparison_alone`) in the order they finish. A failed fit or an
+    interrupt starts no further one and is raised."""
+    if not todo:
+        return
+    if jobs == 1:
+        for job in todo:
+            yield job, one_comparison(*job, **options)
+        return
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    pool = ProcessPoolExecutor(min(jobs, len(todo)))
+    try:
+        futures = {pool.submit(one_comparison_alone, *job, **options): job for job in todo}
+        for future in as_completed(futures):
+            yield futures[future], future.result()
+    except BaseException:  # a failed fit, an interrupt or the caller's stop: start nothing more
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown()
 
 
 def design(effects: list[str], sizes: Mapping[str, tuple[float, ...]], per_method: list[int],
@@ -201,7 +274,8 @@ def holm(p: np.ndarray) -> np.ndarray:
 def significant(rows: pd.DataFrame, alpha: float) -> pd.DataFrame:
     """One row per data set (effect, size, n, seed), one boolean column per :func:`columns`:
     each verdict Holm-corrected within its family (:func:`~trainmap.dynamics.verdicts.compare.family`,
-    as the code now assigns it), the published trajectories form by its own raw p."""
+    as the code now assigns it), the published trajectories form by its own raw p. No rows give
+    a table with these columns and no row."""
     import pandas as pd
 
     from trainmap.dynamics.verdicts.compare import PRIMARY, SECONDARY, family
@@ -224,6 +298,8 @@ def significant(rows: pd.DataFrame, alpha: float) -> pd.DataFrame:
             cells[column] = bool(hit[chosen].any())
         cells["k"] = int(fit["k"].iloc[0])
         found[key] = cells
+    if not found:
+        return pd.DataFrame(columns=[*keys, *columns(), "k"])
     table = pd.DataFrame.from_dict(found, orient="index")
     table.index.names = keys
     return table.reset_index()
@@ -286,12 +362,14 @@ def read_rows(path: Path) -> pd.DataFrame:
 
 
 def run_power(args: argparse.Namespace) -> pd.DataFrame:
-    """Fit every data set of the design not yet in the CSV (with these settings), appending its
-    rows; the rows of the design."""
+    """Fit every data set of the design not yet in the emission's CSV (``args.csv``, with these
+    restarts and permutations), in ``args.jobs`` processes, appending each data set's rows as it
+    finishes (unless ``args.write`` is false); the rows of the design, in the design's order
+    whatever order the fits finished in."""
     import pandas as pd
 
     jobs = design(args.effects, args.sizes, args.runs, args.seeds, args.null_seeds)
-    stored = read_rows(CSV_PATH) if args.write else pd.DataFrame(columns=FIELDS)
+    stored = read_rows(args.csv) if args.write else pd.DataFrame(columns=FIELDS)
     settings = (stored["restarts"] == args.restarts) & (stored["permutations"] == args.permutations)
     stored = stored[settings]
     done = set(zip(stored["effect"], stored["size"].astype(float), stored["n_per_method"],
@@ -300,19 +378,24 @@ def run_power(args: argparse.Namespace) -> pd.DataFrame:
     print(f"(a) {len(jobs)} data sets, {len(jobs) - len(todo)} already in the CSV", flush=True)
     fresh = []
     started = time.perf_counter()
-    for index, (effect, size, n, seed) in enumerate(todo):
-        rows = one_comparison(effect, size, n, seed, args.restarts, args.permutations, args.alpha)
+    results = fitted(todo, args.jobs, restarts=args.restarts, permutations=args.permutations,
+                     alpha=args.alpha, emission=args.emission,
+                     degrees_of_freedom=args.degrees_of_freedom)  # fmt: skip
+    for index, (_, rows) in enumerate(results):
         fresh += rows
         if args.write:
-            append_rows(CSV_PATH, rows, FIELDS)
+            append_rows(args.csv, rows, FIELDS)
         if (index + 1) % 20 == 0 or index + 1 == len(todo):
             print(f"  {index + 1}/{len(todo)} fitted, {time.perf_counter() - started:.0f} s",
                   flush=True)  # fmt: skip
-    rows = pd.concat([stored, pd.DataFrame(fresh, columns=FIELDS)], ignore_index=True)
-    wanted = {(e, float(s), n, seed) for e, s, n, seed in jobs}
+    frames = [frame for frame in (stored, pd.DataFrame(fresh, columns=FIELDS)) if len(frame)]
+    rows = pd.concat(frames, ignore_index=True) if frames else stored
+    position = {(e, float(s), n, seed): index for index, (e, s, n, seed) in enumerate(jobs)}
     keys = zip(rows["effect"], rows["size"].astype(float), rows["n_per_method"], rows["seed"],
                strict=True)  # fmt: skip
-    return rows[[key in wanted for key in keys]]
+    order = np.array([position.get(key, -1) for key in keys], dtype=int)
+    chosen = np.flatnonzero(order >= 0)
+    return rows.iloc[chosen[np.argsort(order[chosen], kind="stable")]]
 
 
 # --- (b) calibration on real runs ----------------------------------------------------------------
@@ -461,18 +544,24 @@ def parse_sizes(values: list[str]) -> dict[str, tuple[float, ...]]:
     return sizes
 
 
-def summary(hits: pd.DataFrame, found: dict[str, pd.DataFrame], alpha: float) -> str:
-    """The last line (module docstring)."""
+def summary(
+    hits: pd.DataFrame, found: dict[str, pd.DataFrame], alpha: float, emission: str = PLAIN
+) -> str:
+    """The last line (module docstring): ``emission`` (:func:`emission_name`) named unless plain,
+    the power part only when ``hits`` has planted effects, ``no data sets`` when it has no row."""
     from trainmap.dynamics.verdicts.compare import PRIMARY, SECONDARY
 
-    parts = ["verdict_calibration"]
+    parts = ["verdict_calibration"] + ([f"emission={emission}"] if emission != PLAIN else [])
+    if not len(hits):
+        parts.append("no data sets")
     for effect in NULLS:
         null = hits[hits["effect"] == effect]
         if len(null):
             parts.append(f"null {effect} primary={int(null['primary (any)'].sum())}/{len(null)}")
-    parts.append("| power primary")
-    for (effect, size, n), fits in hits[~hits["effect"].isin(list(NULLS))].groupby(
-            ["effect", "size", "n_per_method"]):  # fmt: skip
+    planted = hits[~hits["effect"].isin(list(NULLS))]
+    if len(planted):
+        parts.append("| power primary")
+    for (effect, size, n), fits in planted.groupby(["effect", "size", "n_per_method"]):
         parts.append(f"{effect}@{size:g},n={n}={int(fits['primary (any)'].sum())}/{len(fits)}")
     for name, rows in found.items():
         hit = rows.assign(hit=rows["p_holm"] < alpha)
@@ -484,9 +573,12 @@ def summary(hits: pd.DataFrame, found: dict[str, pd.DataFrame], alpha: float) ->
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The command (module docstring): fit (a)'s missing data sets (or, ``--table``, read them
+    from the emission's CSV), run (b) unless ``--table`` or ``--no-real``, print both tables and
+    the last line; write the emission's markdown unless ``--quick`` or ``--table``. 0."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, default=20,
-                        help="sampler seeds per effect and size (default 20)")  # fmt: skip
+                        help="sampler seeds per effect and size (default 20; 0: the nulls only)")  # fmt: skip
     parser.add_argument("--null-seeds", type=int, default=100,
                         help="sampler seeds of the null, size 0 (default 100)")  # fmt: skip
     parser.add_argument("--runs", type=int, nargs="+", default=[32],
@@ -500,6 +592,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--permutations", type=int, default=ANALYSIS_DEFAULTS["permutations"],
                         help="relabellings per verdict in (a) (default: the analysis')")  # fmt: skip
     parser.add_argument("--alpha", type=float, default=ANALYSIS_DEFAULTS["alpha"])
+    parser.add_argument("--emission", choices=EMISSIONS, default=PLAIN,
+                        help="(a): the shared map's emission model (default plain, the emission "
+                        "the stored table was measured with); another emission's rows and "
+                        "tables go to their own files, verdict_calibration_<emission>.csv "
+                        "and .md")  # fmt: skip
+    parser.add_argument("--degrees-of-freedom", type=float,
+                        default=ANALYSIS_DEFAULTS["degrees_of_freedom"],
+                        help="(a): nu of --emission student_t, in (0, 1000] (default "
+                        f"{ANALYSIS_DEFAULTS['degrees_of_freedom']:g}, the analysis'; another "
+                        "nu's files are verdict_calibration_student_t_nu<nu>.*)")  # fmt: skip
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="(a): data sets fitted at a time, each in its own process with BLAS "
+                        "on one thread (default 1: here); the rows do not depend on it")  # fmt: skip
     parser.add_argument("--results", default="results",
                         help="(b): a finished study's results tree (default results)")  # fmt: skip
     parser.add_argument("--config", default="config/config.yaml", help="(b): the study's config")
@@ -508,46 +613,74 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--inner-permutations", type=int, default=500,
                         help="(b): relabellings per verdict of each permutation (default 500)")  # fmt: skip
     parser.add_argument("--seed", type=int, default=0, help="(b): seed of the permutations")
+    parser.add_argument("--no-real", action="store_true",
+                        help="leave (b) out (it needs a finished study's results tree)")  # fmt: skip
     parser.add_argument("--table", action="store_true", help="the CSV's rows only, no fits")
     parser.add_argument("--quick", action="store_true",
                         help="3 seeds, 16 runs per method, one size per effect, 1 restart, 200 "
                         "permutations, 20 relabellings in (b); writes no file")  # fmt: skip
     args = parser.parse_args(argv)
+    if args.seeds < 0 or args.null_seeds < 0:
+        parser.error(f"--seeds {args.seeds} --null-seeds {args.null_seeds}: each at least 0")
+    if args.jobs < 1:
+        parser.error(f"--jobs {args.jobs}: at least 1 process")
+    if not 0 < args.degrees_of_freedom <= 1000:
+        parser.error(f"--degrees-of-freedom {args.degrees_of_freedom:g}: nu is in (0, 1000]")
+    if (args.emission != "student_t"
+            and args.degrees_of_freedom != ANALYSIS_DEFAULTS["degrees_of_freedom"]):  # fmt: skip
+        parser.error(f"--degrees-of-freedom is read by --emission student_t only, not "
+                     f"{args.emission}")  # fmt: skip
     args.sizes = parse_sizes(args.size)
     args.write = not args.quick
+    args.csv, md_path = result_paths(args.emission, args.degrees_of_freedom)
+    name = emission_name(args.emission, args.degrees_of_freedom)
     if args.quick:
         args.seeds, args.null_seeds, args.runs = 3, 6, [16]
         args.restarts, args.permutations = 1, 200
         args.sizes = {effect: sizes[-1:] for effect, sizes in args.sizes.items()}
         args.relabellings = 20
     if args.table:
-        rows = read_rows(CSV_PATH)
+        rows = read_rows(args.csv)
         rows = rows[(rows["restarts"] == args.restarts)
                     & (rows["permutations"] == args.permutations)]  # fmt: skip
+        if not len(rows):
+            print(f"(a) no rows in {args.csv} with {args.restarts} restarts and "
+                  f"{args.permutations} permutations"
+                  + ("" if args.csv.is_file() else " (no such file)"))  # fmt: skip
     else:
         rows = run_power(args)
     hits = significant(rows, args.alpha)
+    options = "" if args.emission == PLAIN else f" --emission {args.emission}"
+    if args.emission == "student_t" and name != args.emission:
+        options += f" --degrees-of-freedom {args.degrees_of_freedom:g}"
+    planted = ("; ".join(f"{e} {', '.join(f'{s:g}' for s in args.sizes[e])}"
+                         for e in args.effects) if args.seeds else "none (--seeds 0)")  # fmt: skip
     heading = (f"`bench/verdict_calibration.py --seeds {args.seeds} --null-seeds "
                f"{args.null_seeds} --runs "
-               f"{' '.join(map(str, args.runs))}` ({args.restarts} restarts, "
-               f"{args.permutations} permutations, alpha {args.alpha:g}; sizes "
-               + "; ".join(f"{e} {', '.join(f'{s:g}' for s in args.sizes[e])}"
-                           for e in args.effects) + ")")  # fmt: skip
+               f"{' '.join(map(str, args.runs))}{options}` ({args.restarts} restarts, "
+               f"{args.permutations} permutations, alpha {args.alpha:g}, emission {name}; "
+               f"sizes {planted})")  # fmt: skip
     power = (f"{heading}\n\nShare of data sets with a significant verdict (Holm within its "
              f"family; size 0 = effect {NULL}: the false positive rate)\n\n{power_table(hits)}\n\n"
              f"False positives (effect {NULL}, size 0) with binomial 95 % intervals\n\n"
              f"{null_table(hits, args.alpha)}")  # fmt: skip
     print(power)
-    if args.table:
+    if args.no_real:
+        real, found = "(b) not run (--no-real)", {}
+    elif args.table:
         real, found = "(b) not run (--table)", {}
     else:
         real, found = run_real(args)
+    if args.emission != PLAIN and not args.no_real and not args.table:
+        real = (f"The maps here are the study's own, of its settings: --emission {args.emission} "
+                f"applies to (a) only.\n\n{real}")  # fmt: skip
     print(real)
     if args.write and not args.table:
-        MD_PATH.write_text(f"# Verdict calibration\n\n## (a) Power and false positives on the "
+        title = "Verdict calibration" + ("" if args.emission == PLAIN else f", emission {name}")
+        md_path.write_text(f"# {title}\n\n## (a) Power and false positives on the "
                            f"known-answer sampler\n\n{power}\n\n## (b) Calibration on real runs"
                            f"\n\n{real}\n")  # fmt: skip
-    print(summary(hits, found, args.alpha))
+    print(summary(hits, found, args.alpha, name))
     return 0
 
 

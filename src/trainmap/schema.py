@@ -104,6 +104,23 @@ def defaults_at(*keys: str) -> dict[str, Any]:
             if "default" in spec}  # fmt: skip
 
 
+#: Analysis settings that only a value of another setting reads: key -> (that setting, the values
+#: under which the key is read). Elsewhere the key is left out of the settings the jobs receive
+#: and record (their params and hashes: :func:`without_unread_keys`), so a study that ran before
+#: the key existed, or that does not use it, stays up to date.
+READ_ONLY_WITH = {"degrees_of_freedom": ("emission", ("student_t",))}
+
+
+def without_unread_keys(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """``settings`` (an ``analysis`` mapping) without the keys of :data:`READ_ONLY_WITH` whose
+    setting (as given, else its schema default) does not read them."""
+    defaults = section_defaults("analysis")
+    return {key: value for key, value in settings.items()
+            if key not in READ_ONLY_WITH
+            or settings.get(READ_ONLY_WITH[key][0], defaults.get(READ_ONLY_WITH[key][0]))
+            in READ_ONLY_WITH[key][1]}  # fmt: skip
+
+
 def section_choices(section: str) -> dict[str, tuple[Any, ...]]:
     """``{key: allowed values}`` of every setting of ``section`` the schema lists values for
     (``enum``)."""

@@ -186,7 +186,7 @@ def test_training_hmm_keyword_defaults_are_the_schemas() -> None:
     hmm = {name: p.default for name, p in inspect.signature(TrainingHMM).parameters.items()}
     hmm["seed"] = hmm.pop("random_state")
     shared = set(hmm) & set(ANALYSIS_DEFAULTS)
-    assert len(shared) == 21, sorted(shared)
+    assert len(shared) == 22, sorted(shared)
     differ = {key: (hmm[key], ANALYSIS_DEFAULTS[key]) for key in shared
               if (type(hmm[key]), hmm[key]) != (type(ANALYSIS_DEFAULTS[key]), ANALYSIS_DEFAULTS[key])}  # fmt: skip
     assert differ == {}, differ

@@ -96,7 +96,7 @@ def implemented_choices() -> dict[tuple[str, str], tuple]:
         INITIALISATIONS,
         TOL_SCALES,
     )
-    from trainmap.dynamics.maps.hmm.selection import SELECTION_RULES
+    from trainmap.dynamics.maps.hmm.selection import MIN_GAIN_SCALES, SELECTION_RULES
     from trainmap.dynamics.maps.regression import GROUND_METRICS
     from trainmap.dynamics.metrics.columns import CONVENTIONS
     from trainmap.dynamics.metrics.tables import NAN_RUNS
@@ -109,6 +109,7 @@ def implemented_choices() -> dict[tuple[str, str], tuple]:
         # sparse_layers.sparsifiable_layers keeps the first and last layer dense for first_last
         ("sparse", "dense_layers"): ("first_last", "none"),
         ("analysis", "selection"): SELECTION_RULES,
+        ("analysis", "min_gain_scale"): MIN_GAIN_SCALES,
         ("analysis", "reproduce_k"): REPRODUCE_K,
         ("analysis", "covariance_type"): COVARIANCE_TYPES,
         ("analysis", "standardisation"): STANDARDISATIONS,

@@ -181,6 +181,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--min-gain", type=float, default=defaults["min_gain"],
                         help="--selection gain: held-out nats per checkpoint each added state must "
                         "raise (default %(default)s)")  # fmt: skip
+    parser.add_argument("--min-gain-scale", choices=ANALYSIS_CHOICES["min_gain_scale"],
+                        default=defaults["min_gain_scale"],
+                        help="--min-gain at the paper's 14 metrics, scaled by d / 14 for d metrics "
+                        "(metrics), or the same for any d (fixed); default %(default)s")  # fmt: skip
     parser.add_argument("--seed", type=int, default=defaults["seed"],
                         help="random state (default %(default)s)")  # fmt: skip
     parser.add_argument("--features", nargs="+", default=list(METRIC_NAMES),

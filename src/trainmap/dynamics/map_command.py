@@ -425,7 +425,8 @@ def run(args: argparse.Namespace) -> int:
         "seed": args.seed, "features": args.features, "bootstrap": args.bootstrap,
         "stability": args.stability, "alpha": args.alpha, "covariance_type": args.covariance_type,
         "standardisation": args.standardisation, "selection": args.selection, "folds": args.folds,
-        "min_gain": args.min_gain, "emission": args.emission,
+        "min_gain": args.min_gain, "min_gain_scale": args.min_gain_scale,
+        "emission": args.emission,
     } | ({"degrees_of_freedom": args.degrees_of_freedom} if args.emission == "student_t"
          else {}))  # fmt: skip
     runs, outcomes = analysis_runs(runs, outcomes, settings)

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from trainmap import methods, models
-from trainmap.schema import section_defaults
+from trainmap.schema import section_defaults, without_unread_keys
 
 #: A training map needs runs to fit on and at least one to hold out.
 MIN_RUNS_PER_GROUP = 2
@@ -214,26 +214,10 @@ def data_options(config: dict, task: str, base_dir: str | os.PathLike) -> dict:
     return options
 
 
-#: Analysis settings that only a value of another setting reads: key -> (that setting, the values
-#: under which the key is read). Elsewhere the key is left out of the settings the jobs receive
-#: and record (their params and hashes), so a study that ran before the key existed, or that
-#: does not use it, stays up to date.
-READ_ONLY_WITH = {"degrees_of_freedom": ("emission", ("student_t",))}
-
-
-def without_unread_keys(settings: Mapping[str, Any], defaults: Mapping[str, Any]) -> dict:
-    """``settings`` (an ``analysis`` mapping) without the keys of :data:`READ_ONLY_WITH` whose
-    setting (as given, else its default in ``defaults``) does not read them."""
-    return {key: value for key, value in settings.items()
-            if key not in READ_ONLY_WITH
-            or settings.get(READ_ONLY_WITH[key][0], defaults.get(READ_ONLY_WITH[key][0]))
-            in READ_ONLY_WITH[key][1]}  # fmt: skip
-
-
 def analysis_settings(config: dict) -> dict:
     """The training-map settings (``analysis``), without a key no other setting reads
     (:func:`without_unread_keys`)."""
-    return canonical(without_unread_keys(config.get("analysis", {}), section_defaults("analysis")))
+    return canonical(without_unread_keys(config.get("analysis", {})))
 
 
 def joint_settings(config: dict, name: str) -> dict:
@@ -241,7 +225,7 @@ def joint_settings(config: dict, name: str) -> dict:
     ``analysis`` entry over it (without a key no other setting reads)."""
     specs = {spec["name"]: spec for spec in config.get("analysis", {}).get("joint", [])}
     merged = config.get("analysis", {}) | specs[name].get("analysis", {})
-    return canonical(without_unread_keys(merged, section_defaults("analysis")))
+    return canonical(without_unread_keys(merged))
 
 
 def stage_settings(config: dict, stage: str, task: str) -> dict:

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from trainmap.dynamics.maps.hmm.estimator import TrainingHMM
-from trainmap.schema import schema_name, section_defaults, section_schema
+from trainmap.schema import READ_ONLY_WITH, schema_name, section_defaults, section_schema
 
 #: The analysis settings and their defaults: the schema's, in its order. ``min_covar``, ``n_jobs``
 #: and ``features`` have none there (nor in params.yaml): they take :class:`TrainingHMM`'s;
@@ -97,6 +97,7 @@ class AnalysisSettings:
     selection: str
     folds: int
     min_gain: float
+    min_gain_scale: str
     halves: int | None
     reproduce_ari: float
     reproduce_share: float
@@ -170,8 +171,12 @@ class AnalysisSettings:
         """The settings that were given, in their order and as given (``features`` and ``joint``
         as lists): what the jobs record (MLflow's params, the settings hash) and Snakemake passes.
         A key completed from the schema's defaults is not in it, so a record made before the key
-        existed reads the same."""
-        given = {key: copy.deepcopy(getattr(self, key)) for key in self.__dict__["_given"]}
+        existed reads the same; nor is a key no other setting's value reads
+        (:data:`~trainmap.schema.READ_ONLY_WITH`: ``degrees_of_freedom`` without the ``student_t``
+        emission)."""
+        given = {key: copy.deepcopy(getattr(self, key)) for key in self.__dict__["_given"]
+                 if key not in READ_ONLY_WITH
+                 or getattr(self, READ_ONLY_WITH[key][0]) in READ_ONLY_WITH[key][1]}  # fmt: skip
         for key in ("features", "joint"):
             if given.get(key) is not None:
                 given[key] = list(given[key])

@@ -106,7 +106,7 @@ def build_training_map(
             continue
         z = hmm.residuals(hmm.transform(runs[run]))  # the run's residuals with run terms
         posteriors = hmm.filtered_posteriors(z, residualised=True)
-        pulls_all = _pulls(hmm, z)
+        pulls_all = hmm.state_pulls(z)
         for t, j, k in moves:
             gradient = pulls_all[t, k] - posteriors[t] @ pulls_all[t]
             importance_sum[(j, k)] = importance_sum.get((j, k), 0) + np.abs(gradient)
@@ -168,13 +168,6 @@ def _by_group(runs: Iterable[str], groups: Mapping[str, str] | None) -> dict[str
     for run, group in groups.items():
         counts[group] += run in taken
     return counts
-
-
-def _pulls(hmm: TrainingHMM, z: np.ndarray) -> np.ndarray:
-    """Sigma_h^-1 (mu_h - z_t) for every t and state h, [T, K, d] (``z``: the run as the emission
-    model sees it, :meth:`~trainmap.dynamics.maps.hmm.estimator.TrainingHMM.residuals`)."""
-    differences = hmm.model_.means_[None, :, :] - z[:, None, :]
-    return np.einsum("hij,thj->thi", hmm.precisions(), differences)
 
 
 def _first_visits(states: Mapping[str, np.ndarray], n_states: int) -> list[float | None]:

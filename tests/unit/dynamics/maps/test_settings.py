@@ -39,17 +39,17 @@ from trainmap.tracking import flatten_params
 #: Edit config/config.yaml's or params.yaml's analysis section and these change: recompute them
 #: from the code of before the change you are testing, never from the code under test.
 STUDY_RECORDS = {
-    "sparse_parity/mlp/kaiming": ("82ca11a3f1b6", "a238eafdd8db44a5"),
-    "parity_init": ("c32ce41deb85", "75c7e2b883639d1a"),
-    "parity_sparse": ("b6dd8595f090", "e71be76edd62752d"),
-    "digits_repvgg": ("a6b1899d812f", "f41614841900ca95"),
+    "sparse_parity/mlp/kaiming": ("a1a96149a544", "86481c68cb04cf12"),
+    "parity_init": ("3438490e45b0", "85e093ed527b8123"),
+    "parity_sparse": ("d3f56af662fa", "2a23715ab1ff99a5"),
+    "digits_repvgg": ("76fab4c5c7f7", "5a5d1865f7646974"),
 }
-STUDY_DUMPS = "999304d0b3c635d1"
+STUDY_DUMPS = "3703a2755cc31fed"
 #: The paper's authors pass over the study's settings (jobs.paper records it): json.dumps' sha.
-AUTHORS_PASS = {("sparse_parities", 601): "181d04edf91ed15f", ("mnist_5k", 101): "fae1a17ae3679e4b"}
+AUTHORS_PASS = {("sparse_parities", 601): "bc54ddb183ad5fcf", ("mnist_5k", 101): "c2270cd117c4abdc"}
 #: hmm.json's "estimator" entry of the default TrainingHMM and of the study's (json.dumps of it,
 #: sorted keys, as save_json writes it).
-ESTIMATOR = "b8f009442d21b5b7"
+ESTIMATOR = "49d69b0a6b9689e0"
 
 
 def sha(value: object, sort_keys: bool = False) -> str:
@@ -138,7 +138,7 @@ def test_training_hmm_reads_its_parameter_list_from_its_signature() -> None:
     assert list(TrainingHMM.param_names()) == signature
     assert set(EM_PARAMETERS) | set(RULE_PARAMETERS) <= set(signature)
     hmm = TrainingHMM(k_max=3, selection="reproducible", halves=4, tol_scale="total",
-                      features=["l1", "l2"])  # fmt: skip
+                      features=["l1", "l2"], emission="plain")  # fmt: skip
     assert hmm.get_params()["features"] == ("l1", "l2") and hmm.get_params()["halves"] == 4
     assert dataclasses.asdict(hmm.settings()) == {name: hmm.get_params()[name]
                                                   for name in EM_PARAMETERS}  # fmt: skip
@@ -173,16 +173,20 @@ def test_the_views_carry_what_each_step_reads() -> None:
 
 
 def test_degrees_of_freedom_reach_the_jobs_only_with_the_student_t_emission(study) -> None:
-    """A key only another setting's value reads (grid.READ_ONLY_WITH) is left out of the settings
-    the jobs receive and record elsewhere: the default study's records do not move with it, and
-    a comparison that chooses the emission gets it."""
-    assert "degrees_of_freedom" in study["analysis"]  # params.yaml writes every default
-    assert "degrees_of_freedom" not in grid.analysis_settings(study)
-    t_study = {**study, "analysis": {**study["analysis"], "emission": "student_t"}}
-    assert grid.analysis_settings(t_study)["degrees_of_freedom"] == 4
+    """A key only another setting's value reads (schema.READ_ONLY_WITH) is left out of the settings
+    the jobs receive and record elsewhere: a study on the paper's Gaussian emission records no
+    degrees of freedom (its records as before the key), the default emission's does, and a
+    comparison that chooses its own emission gets its own."""
+    assert study["analysis"]["degrees_of_freedom"] == 4.0  # params.yaml writes every default
+    assert grid.analysis_settings(study)["degrees_of_freedom"] == 4.0  # student_t, the default
+    plain = {**study, "analysis": {**study["analysis"], "emission": "plain"}}
+    assert "degrees_of_freedom" not in grid.analysis_settings(plain)
     joint = dict(study["analysis"]["joint"][0])
     joint["analysis"] = {**joint.get("analysis", {}), "emission": "student_t",
                          "degrees_of_freedom": 3}  # fmt: skip
-    mixed = {**study, "analysis": {**study["analysis"], "joint": [joint]}}
+    mixed = {**plain, "analysis": {**plain["analysis"], "joint": [joint]}}
     assert grid.joint_settings(mixed, joint["name"])["degrees_of_freedom"] == 3
     assert "degrees_of_freedom" not in grid.analysis_settings(mixed)
+    recorded = AnalysisSettings.of({"emission": "plain", "degrees_of_freedom": 3}).as_dict()
+    assert recorded == {"emission": "plain"}
+    assert AnalysisSettings.of({"degrees_of_freedom": 3}).as_dict() == {"degrees_of_freedom": 3}

@@ -44,10 +44,12 @@ LADDER = [8, 16, 24, 32]
 
 
 def fit(runs: dict[str, pd.DataFrame], n_features: int, k_max: int = 4) -> TrainingHMM:
+    """A map of the runs with Gaussian emissions (the sampler's own: the curve's thresholds below
+    were read on them)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return TrainingHMM(k_max=k_max, restarts=2, features=METRIC_NAMES[:n_features],
-                           selection="holdout").fit(runs)  # fmt: skip
+                           selection="holdout", emission="plain").fit(runs)  # fmt: skip
 
 
 def outcomes(states: dict[str, np.ndarray], last: int) -> tuple[dict, dict]:

@@ -1,5 +1,6 @@
-"""The training-map estimator: a Gaussian HMM over standardised per-checkpoint metrics of many
-runs (Hu et al., sec. 2.1, appendices A and C), fitted and saved reproducibly.
+"""The training-map estimator: an HMM over standardised per-checkpoint metrics of many runs (Hu et
+al., sec. 2.1, appendices A and C; Gaussian emissions in the paper, Student-t ones by default
+here), fitted and saved reproducibly.
 
 :class:`TrainingHMM` follows the paper's recipe, with the choices that decide K as settings:
 
@@ -16,7 +17,9 @@ runs (Hu et al., sec. 2.1, appendices A and C), fitted and saved reproducibly.
    K_max is a ceiling, not a minimum, which the fit reports (``at_ceiling_``, a warning, the JSON
    and the selection figure).
 3. The emission model is the setting ``emission`` (:data:`~trainmap.dynamics.maps.hmm.factory.
-   EMISSIONS`): ``plain``, the paper's Gaussian HMM, or per-run terms of the emissions
+   EMISSIONS`): ``student_t`` (the default: Student-t emissions, which heavy-tailed metrics do not
+   split into extra states; :mod:`~trainmap.dynamics.maps.hmm.student_t`, docs/training-maps.md,
+   "Heavy tails"), ``plain``, the paper's Gaussian HMM, or per-run terms of the emissions
    (:mod:`~trainmap.dynamics.maps.hmm.run_terms`, docs/training-maps.md, "Run-to-run nuisance").
 4. Decode runs with Viterbi; filtered posteriors p(s_t | z_1:t) come from the forward algorithm
    (:meth:`TrainingHMM.filtered_posteriors`), as appendix A's feature importance needs. With run
@@ -55,7 +58,7 @@ from trainmap.dynamics.maps.hmm.factory import (
     covars_in_own_shape,
     emission_model,
 )
-from trainmap.dynamics.maps.hmm.selection import SELECTION_RULES, select_model
+from trainmap.dynamics.maps.hmm.selection import MIN_GAIN_SCALES, SELECTION_RULES, select_model
 from trainmap.dynamics.maps.hmm.splits import holdout_split
 from trainmap.dynamics.metrics.columns import METRIC_NAMES
 from trainmap.dynamics.metrics.tables import UNDEFINED_BY_ARCHITECTURE
@@ -81,7 +84,7 @@ STANDARDISATIONS = ("pooled", "per_run")
 EM_PARAMETERS = tuple(field.name for field in dataclasses.fields(EMSettings))
 #: The ``reproducible`` and ``gain`` rules' parameters (:meth:`TrainingHMM.reproducibility`).
 RULE_PARAMETERS = ("halves", "reproduce_ari", "reproduce_share", "reproduce_k", "half_size",
-                   "min_gain")  # fmt: skip
+                   "min_gain", "min_gain_scale")  # fmt: skip
 
 
 def standardise(values: np.ndarray, window: int = STANDARDISE_WINDOW) -> tuple[np.ndarray, ...]:
@@ -146,7 +149,7 @@ def unit_change(
 
 
 class TrainingHMM:
-    """A Gaussian HMM over standardised per-checkpoint metrics of many runs (module docstring).
+    """An HMM over standardised per-checkpoint metrics of many runs (module docstring).
 
     ``fit(runs)`` takes a mapping run id -> metrics table (columns named by ``features``); after
     fitting: ``n_states_``, ``features_`` (used), ``dropped_features_`` (feature -> why it was
@@ -155,7 +158,9 @@ class TrainingHMM:
     ``at_ceiling_``, ``standardisation_``, the hmmlearn model ``model_`` and every K's best model
     ``models_``.
 
-    ``emission`` (:data:`EMISSIONS`): ``plain`` is the paper's Gaussian HMM;
+    ``emission`` (:data:`EMISSIONS`): ``student_t`` (the default) has multivariate Student-t
+    emissions of ``degrees_of_freedom`` (:class:`~trainmap.dynamics.maps.hmm.student_t.StudentTHMM`);
+    ``plain`` is the paper's Gaussian HMM;
     ``run_offset`` and ``run_offset_drift`` add a per-run offset (and linear drift) to the emission
     means, ``run_affine`` a per-run offset, linear drift and scale of the emissions
     (:mod:`trainmap.dynamics.maps.hmm.run_terms`), fitted with the states and estimated for every run the
@@ -186,6 +191,7 @@ class TrainingHMM:
         reproduce_k: str = _SCHEMA_DEFAULTS["reproduce_k"],
         half_size: int | None = _SCHEMA_DEFAULTS["half_size"],
         min_gain: float = _SCHEMA_DEFAULTS["min_gain"],
+        min_gain_scale: str = _SCHEMA_DEFAULTS["min_gain_scale"],
         init: str = _SCHEMA_DEFAULTS["init"],
         emission: str = _SCHEMA_DEFAULTS["emission"],
         degrees_of_freedom: float = _SCHEMA_DEFAULTS["degrees_of_freedom"],
@@ -221,6 +227,7 @@ class TrainingHMM:
             raise ValueError(f"degrees_of_freedom: {degrees_of_freedom!r} is not allowed; the "
                              "Student-t emission's nu is a number in (0, 1000]")  # fmt: skip
         check_choice("tol_scale", tol_scale, TOL_SCALES)
+        check_choice("min_gain_scale", min_gain_scale, MIN_GAIN_SCALES)
         check_choice("reproduce_k", reproduce_k, REPRODUCE_K)
         if half_size is not None and (not isinstance(half_size, int) or isinstance(half_size, bool)
                                       or half_size < 1):  # fmt: skip
@@ -472,13 +479,18 @@ class TrainingHMM:
         whole z (the run terms of a model that has them estimated from all of it)."""
         z = self.residuals(z)
         posterior = self.filtered_posteriors(z[: t + 1], residualised=True)[t]
-        pulls = np.einsum("kij,kj->ki", self.precisions(), self.model_.means_ - z[t])
-        # A Student-t state pulls by u_k(z_t) Sigma_k^-1 (mu_k - z_t), its latent scale's
-        # expectation u_k (StudentTHMM.posterior_weights); a Gaussian state by Sigma_k^-1 (...).
-        weights = self.model_.posterior_weights(self._gaussian_log_densities(z[t : t + 1]))
-        if weights is not None:
-            pulls = pulls * weights[0][:, None]
+        pulls = self.state_pulls(z[t : t + 1])[0]
         return pulls[state] - posterior @ pulls
+
+    def state_pulls(self, z: np.ndarray) -> np.ndarray:
+        """d log p(z_t | s_t = h) / d z_t for every observation and state, [T, K, d], of
+        observations ``z`` as the model sees them (:meth:`residuals`): Sigma_h^-1 (mu_h - z_t) for
+        a Gaussian state, times u_h(z_t) = (nu + d) / (nu + delta_h(z_t)) for a Student-t one
+        (:meth:`~trainmap.dynamics.maps.hmm.student_t.StudentTHMM.posterior_weights`)."""
+        differences = self.model_.means_[None, :, :] - z[:, None, :]
+        pulls = np.einsum("hij,thj->thi", self.precisions(), differences)
+        weights = self.model_.posterior_weights(self._gaussian_log_densities(z))
+        return pulls if weights is None else pulls * weights[:, :, None]
 
     def state_means(self) -> pd.DataFrame:
         """mu_k in z-units, one row per state."""

@@ -5,7 +5,8 @@ An emission model (setting ``emission``, :data:`EMISSIONS`) is a class:
 ``plain``, the paper's Gaussian HMM (Hu et al., sec. 2.1;
 :class:`~trainmap.dynamics.maps.hmm.gaussian.BatchedGaussianHMM`), or ``run_offset``,
 ``run_offset_drift`` and ``run_affine``, the same with per-run terms
-(:class:`~trainmap.dynamics.maps.hmm.run_terms.RunOffsetHMM`). :func:`make_model` is the one place
+(:class:`~trainmap.dynamics.maps.hmm.run_terms.RunOffsetHMM`), or ``student_t``, Student-t
+emissions (:class:`~trainmap.dynamics.maps.hmm.student_t.StudentTHMM`). :func:`make_model` is the one place
 that name becomes a model; model selection then asks the model, never the name. EM starts from
 :func:`initialise` (the sticky start, appendix C's k-means means) or from a fitted model's
 parameters (:func:`start_from`; :func:`in_units` re-expresses them in another standardisation's
@@ -34,7 +35,8 @@ TOL_SCALES = ("per_observation", "total")
 #: Emission models (setting ``emission``): the paper's Gaussian HMM (``plain``), and the Gaussian
 #: HMM with a per-run offset (``run_offset``), a per-run offset and linear drift
 #: (``run_offset_drift``) and a per-run offset, linear drift and scale (``run_affine``) of
-#: :mod:`trainmap.dynamics.maps.hmm.run_terms`.
+#: :mod:`trainmap.dynamics.maps.hmm.run_terms`, and the HMM with multivariate Student-t emissions
+#: (``student_t``, :mod:`trainmap.dynamics.maps.hmm.student_t`).
 EMISSIONS = ("plain", "run_offset", "run_offset_drift", "run_affine", "student_t")
 #: The Student-t emission's degrees of freedom nu (``emission: student_t``): the config schema's
 #: default of ``analysis.degrees_of_freedom`` (bench/selection_growth.py;

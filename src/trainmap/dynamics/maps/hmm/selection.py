@@ -73,6 +73,20 @@ DEFAULT_HALF_SIZE: int | None = section_defaults("analysis")["half_size"]
 #: state must raise on average; the config schema's default of ``analysis.min_gain``
 #: (bench/selection_growth.py; docs/decisions/hmm-selection.md).
 DEFAULT_MIN_GAIN: float = section_defaults("analysis")["min_gain"]
+#: How ``min_gain`` applies to d metrics (``analysis.min_gain_scale``): ``metrics``, the tolerance
+#: at the paper's :data:`PAPER_METRICS` metrics scaled by d / 14, or ``fixed``, the same for any d.
+MIN_GAIN_SCALES = ("metrics", "fixed")
+DEFAULT_MIN_GAIN_SCALE: str = section_defaults("analysis")["min_gain_scale"]
+#: The paper's number of weight metrics (Hu et al., table 1), the d at which ``min_gain`` is stated.
+PAPER_METRICS = 14
+
+
+def gain_tolerance(min_gain: float, min_gain_scale: str, n_features: int) -> float:
+    """The gain rule's tolerance in held-out nats per checkpoint per added state for a map of
+    ``n_features`` metrics: ``min_gain * n_features / 14`` (``metrics``: the same gain per metric
+    as ``min_gain`` at the paper's 14) or ``min_gain`` (``fixed``)."""
+    check_choice("min_gain_scale", min_gain_scale, MIN_GAIN_SCALES)
+    return min_gain * n_features / PAPER_METRICS if min_gain_scale == "metrics" else min_gain
 
 
 class SelectableHMM(Protocol):
@@ -429,6 +443,7 @@ def select_model(
     half_starts: Mapping[int, Mapping[int, Mapping[str, np.ndarray]]] | None = None,
     cap_halves: bool = False,
     min_gain: float = DEFAULT_MIN_GAIN,
+    min_gain_scale: str = DEFAULT_MIN_GAIN_SCALE,
     fixed: bool = False,
 ) -> ModelSelection:
     """Fit every K of ``ks`` on the standardised runs ``z``, score each on held-out runs and choose
@@ -442,7 +457,8 @@ def select_model(
     (:func:`~trainmap.dynamics.maps.hmm.curves.folds_curve`); ``"gain"`` scores it on the same folds
     and takes the smallest K that no larger K beats by more than ``min_gain`` held-out nats per
     checkpoint per added state (:func:`~trainmap.dynamics.maps.hmm.curves.gain_curve`; ``min_gain``
-    >= 0, else a ValueError naming ``analysis.min_gain``). ``restarts`` seeded restarts per K and
+    >= 0, else a ValueError naming ``analysis.min_gain``), scaled to the runs' d metrics by
+    ``min_gain_scale`` (:func:`gain_tolerance`). ``restarts`` seeded restarts per K and
     split, K's model its best by training log-likelihood and K's score by ``restart_rule``
     (:func:`~trainmap.dynamics.maps.hmm.curves.selection_curve`). ``starts`` (K -> parameters in the
     standard units of ``z``) warm-starts every fit of K from those parameters with one EM run
@@ -492,7 +508,9 @@ def select_model(
     elif selection == "folds":
         curve = folds_curve(fits, restart_rule, n_folds=modelled)
     elif selection == "gain":
-        curve = gain_curve(folds_curve(fits, restart_rule, n_folds=modelled), min_gain)
+        n_features = next(iter(z.values())).shape[1]
+        tolerance = gain_tolerance(min_gain, min_gain_scale, n_features)
+        curve = gain_curve(folds_curve(fits, restart_rule, n_folds=modelled), tolerance)
     else:
         pooled = {run: z[run] for run in {*train, *heldout}}
         curve, half_models = reproducibility_curve(fits, pooled, len(held), restart_rule,

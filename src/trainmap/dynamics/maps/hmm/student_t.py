@@ -46,9 +46,13 @@ from typing import Any
 import numpy as np
 from scipy.special import gammaln
 
-from trainmap.dynamics.maps.hmm.factory import DEFAULT_DEGREES
 from trainmap.dynamics.maps.hmm.gaussian import BatchedGaussianHMM
 from trainmap.dynamics.maps.hmm.run_terms import DEFAULT_COVARIANCE_TYPE
+from trainmap.schema import section_defaults
+
+#: The degrees of freedom nu: the config schema's default of ``analysis.degrees_of_freedom``
+#: (docs/decisions/hmm-selection.md).
+DEFAULT_DEGREES: float = section_defaults("analysis")["degrees_of_freedom"]
 
 
 class StudentTHMM(BatchedGaussianHMM):

@@ -65,16 +65,21 @@ def test_refitting_the_original_runs_as_the_full_fit_reproduces_it(fitted):
 def test_a_warm_started_refit_of_the_original_runs_keeps_the_full_fit(fitted):
     """The bootstrap's refit: every K continues EM from the full fit's model for at most 10 more
     iterations. The full fit stopped when EM gained less than ``tol`` per observation, so K stays
-    and the held-out likelihood moves little (pooled: round-off up to the chosen K; per-run
-    z-scores: < 1 %, EM still creeping)."""
+    and the held-out likelihood moves little (pooled: round-off up to the chosen K with Gaussian
+    emissions, < 0.1 % with the default Student-t ones, whose EM, weighted by the latent scales,
+    still creeps at the tolerance; per-run z-scores: < 1 %, EM still creeping)."""
     full, raw, _ = fitted
     refit = refit_resample(raw, *every_run_once(full), Refit.of(full, max_iter=10, reselect_k=True))
     assert refit.selection.n_states == full.n_states_
     curve = refit.selection.curve.set_index("n_states")["heldout_log_likelihood"]
     expected = full.selection_.set_index("n_states")["heldout_log_likelihood"]
     k = full.n_states_
-    np.testing.assert_allclose(curve.loc[:k], expected.loc[:k],
-                               rtol=1e-12 if full.standardisation == "pooled" else 1e-2)  # fmt: skip
+    if full.standardisation == "pooled":
+        np.testing.assert_allclose(curve.loc[:k], expected.loc[:k],
+                                   rtol=1e-12 if full.emission == "plain" else 1e-3)  # fmt: skip
+    else:  # within 1 % of each K's value, or 0.1 % of the curve's largest (a K near 0 nats)
+        np.testing.assert_allclose(curve.loc[:k], expected.loc[:k], rtol=1e-2,
+                                   atol=1e-3 * np.abs(expected.loc[:k]).max())  # fmt: skip
 
 
 def test_the_full_fit_and_the_bootstrap_run_the_same_selection(fitted, monkeypatch):

@@ -115,3 +115,35 @@ def test_a_refit_chooses_k_by_the_gain_rule_and_its_tolerance() -> None:
     assert "gain_chosen" in result.selection.curve
     assert result.selection.n_states == 3
     assert strict_result.selection.n_states == 1
+
+
+def test_the_tolerance_is_per_metric_and_the_gains_do_not_change_with_the_metrics_units() -> None:
+    """min_gain_scale metrics: a map of d metrics takes min_gain * d / 14 (fixed: min_gain); and
+    the held-out gains the rule reads do not change when each metric is multiplied by a constant
+    (standardised z-scores are the same; a log-likelihood difference between Ks would not change
+    with a linear change of units either), so neither does K."""
+    from trainmap.dynamics.maps.hmm.selection import gain_tolerance
+    from trainmap.dynamics.metrics.columns import METRIC_NAMES
+
+    assert gain_tolerance(0.4, "metrics", 14) == 0.4 and gain_tolerance(0.4, "fixed", 7) == 0.4
+    assert gain_tolerance(0.4, "metrics", 7) == pytest.approx(0.2)
+    with pytest.raises(ValueError, match="min_gain_scale"):
+        gain_tolerance(0.4, "per_run", 7)
+    runs, _, _ = sample_runs(3, n_runs=12, length=60, seed=2)
+    seven = list(METRIC_NAMES[:7])
+    factors = 10.0 ** np.arange(-3, 4)
+    rescaled = {run: table.assign(**{m: table[m] * f for m, f in zip(seven, factors, strict=True)})
+                for run, table in runs.items()}  # fmt: skip
+    fits = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for name, data, scale in (("metrics", runs, "metrics"), ("fixed", runs, "fixed"),
+                                  ("rescaled", rescaled, "metrics")):  # fmt: skip
+            fits[name] = TrainingHMM(selection="gain", min_gain=MIN_GAIN, min_gain_scale=scale,
+                                     restarts=1, k_max=4, features=seven).fit(data)  # fmt: skip
+    curve = fits["metrics"].selection_
+    assert choose_k(gain_curve(curve, MIN_GAIN * 7 / 14)) == fits["metrics"].n_states_
+    assert choose_k(gain_curve(fits["fixed"].selection_, MIN_GAIN)) == fits["fixed"].n_states_
+    np.testing.assert_allclose(np.diff(fits["rescaled"].selection_["ll_per_checkpoint"]),
+                               np.diff(curve["ll_per_checkpoint"]), atol=1e-6)  # fmt: skip
+    assert fits["rescaled"].n_states_ == fits["metrics"].n_states_
