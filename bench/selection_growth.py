@@ -16,8 +16,10 @@ and all of its checkpoints); and ``7 metrics``, the plain sampler with only the 
 metrics fitted (:data:`FORM_FIT`: the fit's ``features``); at 40, 160 and 320 runs, every run
 used, over sampler seeds.
 
-Each data set is fitted once per selection splitting: ``holdout`` (one 20 % split, the paper's
-rule), ``folds`` (every run held out once over 3 folds) and ``reproducible`` (halves of 20 runs);
+Each data set is fitted once per selection splitting, with the paper's Gaussian emissions
+(``emission: plain``, named in :data:`FITS`, so the stored rows keep their meaning whatever the
+default): ``holdout`` (one 20 % split, the paper's rule), ``folds`` (every run held out once over 3
+folds) and ``reproducible`` (halves of 20 runs);
 ``--affine`` adds folds with the ``run_affine`` emission (each run's offset, drift and scale
 modelled; about 10x the cost), ``--fits folds_t`` folds with the ``student_t`` emission. The
 ``gain`` rule's K at each tolerance (``--tolerances``) is read off the folds curve
@@ -47,6 +49,8 @@ Usage::
     .venv/bin/python bench/selection_growth.py                 # 10 seeds, ~60 min on one core
     .venv/bin/python bench/selection_growth.py --forms "nuisance 1" "ar 0.8" --runs 320
     .venv/bin/python bench/selection_growth.py --true-k 3 5 --forms "state drift 2" --jobs 2
+    .venv/bin/python bench/selection_growth.py --runs 40 160 --true-k 3 5 --fits folds folds_t \
+        --seeds 10 --jobs 2    # the old default (plain) beside the new (student_t), every form
     .venv/bin/python bench/selection_growth.py --affine --forms "nuisance 1" --seeds 3
     .venv/bin/python bench/selection_growth.py --fits folds_t --forms "t3 tails" "t5 tails"
     .venv/bin/python bench/selection_growth.py --fits folds --settings min_covar=0.001 \\
@@ -98,7 +102,7 @@ FITS = {"holdout": {"selection": "holdout", "emission": "plain"},
         "reproducible": {"selection": "reproducible", "emission": "plain"},
         "affine": {"selection": "folds", "emission": "run_affine"},
         "folds_t": {"selection": "folds", "emission": "student_t"}}  # fmt: skip
-TOLERANCES = (0.3, 0.4, 0.45)
+TOLERANCES = (0.25, 0.3, 0.4, 0.45)
 TRUE_KS = (3,)
 K_MAX = section_defaults("analysis")["k_max"]
 LENGTH = 150
