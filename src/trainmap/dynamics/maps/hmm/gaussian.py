@@ -99,9 +99,8 @@ class BatchedGaussianHMM(GaussianHMM):
         (packed upper triangle of P_k with off-diagonal entries doubled [K, d (d + 1) / 2],
         P_k mu_k [K, d], the constants [K]); all states in one batched Cholesky (hmmlearn solves a
         triangular system per state). None where a Cholesky fails (hmmlearn's code then)."""
-        try:
-            cholesky = np.linalg.cholesky(self._covars_)
-        except np.linalg.LinAlgError:
+        cholesky = cholesky_factors(self._covars_)
+        if cholesky is None:
             return None
         inverse = np.linalg.inv(cholesky)  # L_k^-1, [K, d, d]
         precision = inverse.transpose(0, 2, 1) @ inverse  # Sigma_k^-1 = L_k^-T L_k^-1
@@ -111,17 +110,21 @@ class BatchedGaussianHMM(GaussianHMM):
         log_det = 2 * np.log(np.diagonal(cholesky, axis1=1, axis2=2)).sum(axis=1)
         return packed, pulled, np.einsum("kd,kd->k", self.means_, pulled) + log_det
 
+    def emission_terms(self, gaussian: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        """From the Gaussian log-densities log N(x_t; mu_k, Sigma_k) [T, K]: the emission
+        log-densities [T, K] and the weights of the posteriors gamma_t(k) in the moments of the
+        M-step [T, K]. Here the same array and None (every observation counts by its posterior);
+        :class:`~trainmap.dynamics.maps.hmm.student_t.StudentTHMM` gives the t densities and
+        weighs each observation by its latent scale's expectation."""
+        return gaussian, None
+
     def emission_log_densities(self, gaussian: np.ndarray) -> np.ndarray:
-        """The emission log-densities [T, K] from the Gaussian ones log N(x_t; mu_k, Sigma_k)
-        [T, K]: the same array here (:class:`~trainmap.dynamics.maps.hmm.student_t.StudentTHMM`
-        turns them into t densities)."""
-        return gaussian
+        """The emission log-densities [T, K] of :meth:`emission_terms`."""
+        return self.emission_terms(gaussian)[0]
 
     def posterior_weights(self, gaussian: np.ndarray) -> np.ndarray | None:
-        """Weights of the posteriors gamma_t(k) in the moments of the M-step, [T, K], from the
-        Gaussian log-densities: None here (every observation counts by its posterior; the
-        Student-t emission weighs it by its latent scale's expectation)."""
-        return None
+        """The posteriors' weights [T, K] (or None) of :meth:`emission_terms`."""
+        return self.emission_terms(gaussian)[1]
 
     def n_run_parameters(self, n_runs: int) -> int:
         """Free parameters of ``n_runs`` runs' own terms, counted in a held-out BIC: none here
@@ -196,6 +199,16 @@ class BatchedGaussianHMM(GaussianHMM):
                 for sequence, end in zip(sequences, ends, strict=True)]  # fmt: skip
 
 
+def cholesky_factors(covars: np.ndarray) -> np.ndarray | None:
+    """The lower Cholesky factors L_k of full covariances ``covars`` [K, d, d], all states in one
+    batched call (the densities' and the Student-t emission's log-determinants); None where some
+    state's factorisation fails (hmmlearn's per-state code then)."""
+    try:
+        return np.linalg.cholesky(covars)
+    except np.linalg.LinAlgError:
+        return None
+
+
 def usable(model: BatchedGaussianHMM) -> bool:
     """Whether EM can go on from ``model``: hmmlearn's M-step gives a state that received no mass
     NaN parameters (0 / 0), after which EM would run to ``n_iter`` on NaN, a failed fit either
@@ -205,26 +218,29 @@ def usable(model: BatchedGaussianHMM) -> bool:
 
 def log_densities_together(models: Sequence[BatchedGaussianHMM], X: np.ndarray) -> np.ndarray:
     """The emission log-densities of every observation under every state of several models, their
-    states side by side [T, S]: each model's :meth:`~BatchedGaussianHMM.emission_log_densities` of
+    states side by side [T, S]: :func:`emission_terms` of
     :func:`gaussian_log_densities_together`."""
-    return emission_log_densities(models, gaussian_log_densities_together(models, X))
+    return emission_terms(models, gaussian_log_densities_together(models, X))[0]
 
 
-def emission_log_densities(
+def emission_terms(
     models: Sequence[BatchedGaussianHMM], gaussian: np.ndarray
-) -> np.ndarray:
-    """Each model's emission log-densities from its block of the Gaussian ones [T, S] (the same
-    array where every model's emissions are Gaussian)."""
+) -> tuple[np.ndarray, dict[int, np.ndarray]]:
+    """Each model's :meth:`~BatchedGaussianHMM.emission_terms` of its block of the Gaussian
+    log-densities ``gaussian`` [T, S]: the emission log-densities [T, S], written over
+    ``gaussian``'s blocks of the models whose emissions are not Gaussian (``gaussian`` itself is
+    returned), and, for each model whose posteriors are weighted, its weights [T, K] by its
+    position in ``models``."""
     firsts, _ = state_blocks([model.n_components for model in models])
-    densities = gaussian
+    weights = {}
     for b, model in enumerate(models):
         states = slice(firsts[b], firsts[b] + model.n_components)
-        block = model.emission_log_densities(gaussian[:, states])
+        block, model_weights = model.emission_terms(gaussian[:, states])
         if not np.shares_memory(block, gaussian):  # a model whose emissions are not Gaussian
-            if densities is gaussian:
-                densities = gaussian.copy()
-            densities[:, states] = block
-    return densities
+            gaussian[:, states] = block
+        if model_weights is not None:
+            weights[b] = model_weights
+    return gaussian, weights
 
 
 def gaussian_log_densities_together(
@@ -324,8 +340,9 @@ def estep_together(
     sizes = [model.n_components for model in models]
     run_weights = np.ones(len(np.asarray(lengths))) if weights is None else np.asarray(weights)
     layout = time_major(X, lengths)
-    gaussian = gaussian_log_densities_together(models, layout.X)
-    log_frames = emission_log_densities(models, gaussian)
+    log_frames, posterior_weights = emission_terms(
+        models, gaussian_log_densities_together(models, layout.X)
+    )
     startprob = np.concatenate([model.startprob_ for model in models])
     transmat = block_diag(*(model.transmat_ for model in models))
     batches = [(positions, log_frames[first : first + length * n_runs].reshape(length, n_runs, -1))
@@ -346,7 +363,7 @@ def estep_together(
         start += gamma[0].sum(axis=0)
         log_likelihood += w @ run_log_likelihood
     posteriors = parts[0] if len(parts) == 1 else np.concatenate(parts)
-    unweighted = _weigh_posteriors(models, posteriors, gaussian)
+    unweighted = _weigh_posteriors(models, posteriors, posterior_weights)
     statistics = gaussian_statistics(models, posteriors, layout.X, start, answer.transitions,
                                      float(run_weights.sum()))  # fmt: skip
     for b, post in unweighted.items():
@@ -355,19 +372,17 @@ def estep_together(
 
 
 def _weigh_posteriors(
-    models: Sequence[BatchedGaussianHMM], posteriors: np.ndarray, gaussian: np.ndarray
+    models: Sequence[BatchedGaussianHMM], posteriors: np.ndarray, weights: dict[int, np.ndarray]
 ) -> dict[int, np.ndarray]:
-    """Multiply, in place, each model's block of ``posteriors`` [N, S] by its
-    :meth:`~BatchedGaussianHMM.posterior_weights` (from the Gaussian log-densities of the same
-    rows); returns, for each model so weighted, its unweighted sum_t gamma_t(k) [K]."""
+    """Multiply, in place, the block of ``posteriors`` [N, S] of each model in ``weights`` (by its
+    position in ``models``; :func:`emission_terms`, the same rows) by its weights; returns, for
+    each model so weighted, its unweighted sum_t gamma_t(k) [K]."""
     firsts, _ = state_blocks([model.n_components for model in models])
     unweighted = {}
-    for b, model in enumerate(models):
-        states = slice(firsts[b], firsts[b] + model.n_components)
-        weights = model.posterior_weights(gaussian[:, states])
-        if weights is not None:
-            unweighted[b] = posteriors[:, states].sum(axis=0)
-            posteriors[:, states] *= weights
+    for b, model_weights in weights.items():
+        states = slice(firsts[b], firsts[b] + models[b].n_components)
+        unweighted[b] = posteriors[:, states].sum(axis=0)
+        posteriors[:, states] *= model_weights
     return unweighted
 
 

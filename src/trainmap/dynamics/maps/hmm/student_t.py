@@ -14,9 +14,8 @@ Computational Statistics & Data Analysis 55, 2011):
     delta_k(x) = (x - mu_k)' Sigma_k^-1 (x - mu_k),
 
 the Gaussian scale mixture x | u ~ N(mu_k, Sigma_k / u), u ~ Gamma(nu / 2, nu / 2). EM with u
-latent (Peel & McLachlan's ECM at a fixed nu, their eqs. 20-22 and 30-31): the E-step's posteriors
-gamma_t(k) (the forward-backward pass over the t densities) and the latent scales'
-expectations
+latent at a fixed nu: the E-step's posteriors gamma_t(k) (the forward-backward pass over the t
+densities) and the latent scales' expectations
 
     u_t(k) = E[u | x_t, s_t = k] = (nu + d) / (nu + delta_k(x_t)),
 
@@ -25,17 +24,30 @@ the M-step
     mu_k = sum_t gamma_t(k) u_t(k) x_t / sum_t gamma_t(k) u_t(k),
     Sigma_k = sum_t gamma_t(k) u_t(k) (x_t - mu_k)(x_t - mu_k)' / sum_t gamma_t(k),
 
-start and transition probabilities as the Gaussian model's. The degrees of freedom nu are a
-setting (``analysis.degrees_of_freedom``), not estimated: a fixed nu (Lange, Little & Taylor,
-JASA 84, 1989, who propose nu = 4 when it is not estimated) keeps each EM step in closed form and
-the models of all Ks in lockstep; as nu grows the model becomes the Gaussian one.
+start and transition probabilities as the Gaussian model's (Peel & McLachlan's ECM at a fixed
+nu, their eqs. 20-22 and 30-31). ``expanded=True`` divides the scatter by
+sum_t gamma_t(k) u_t(k) instead, the parameter-expanded EM's step (PX-EM: Liu, Rubin & Wu,
+"Parameter expansion to accelerate EM", Biometrika 85, 1998; Kent, Tyler & Vardi, Communications
+in Statistics - Simulation and Computation 23, 1994, for one t): EM of the model with each
+state's u scaled by a free a_k, reduced to a_k = 1, so the likelihood never falls. Both have the
+same fixed points
+(but for hmmlearn's covariance prior, ``covars_prior`` over the denominator on the diagonal): at
+either, the trace of Sigma_k^-1 times the scatter equation gives sum_t gamma_t(k) u_t(k)
+delta_k(x_t) = d * (its denominator), and with u delta = nu + d - nu u that holds only where
+sum_t gamma_t(k) u_t(k) = sum_t gamma_t(k). PX-EM reaches them in fewer iterations
+(tests/unit/dynamics/maps/hmm/test_student_t.py); the ECM is the default, the step the published
+results were fitted with. The degrees of freedom nu are a setting
+(``analysis.degrees_of_freedom``), not estimated: a fixed nu (Lange, Little & Taylor, JASA 84,
+1989, who propose nu = 4 when it is not estimated) keeps each EM step in closed form and the models
+of all Ks in lockstep; as nu grows the model becomes the Gaussian one.
 
 The engine computes Gaussian log-densities (:func:`~trainmap.dynamics.maps.hmm.gaussian.
-log_densities_together`); this model turns them into t densities (:meth:`StudentTHMM.
-emission_log_densities`: delta_k(x) is -2 log N(x; mu_k, Sigma_k) - d log 2 pi - log det Sigma_k)
-and weights the posteriors by u_t(k) before the engine's statistics (:meth:`StudentTHMM.
-posterior_weights`), so the moments are the weighted ones above; :meth:`StudentTHMM._do_mstep`
-divides the covariances by sum_t gamma_t(k) instead of sum_t gamma_t(k) u_t(k).
+log_densities_together`); this model turns them into t densities and the weights u_t(k) in one
+pass (:meth:`StudentTHMM.emission_terms`: delta_k(x) is -2 log N(x; mu_k, Sigma_k) - d log 2 pi
+- log det Sigma_k) and the engine weighs the posteriors by u_t(k) before its statistics, so
+hmmlearn's Gaussian M-step on them is the M-step above with the PX-EM's denominator
+(:meth:`StudentTHMM._do_mstep` rescales the covariances to the ECM's, ``stats["post_unweighted"]``,
+unless ``expanded``).
 """
 
 from __future__ import annotations
@@ -46,7 +58,7 @@ from typing import Any
 import numpy as np
 from scipy.special import gammaln
 
-from trainmap.dynamics.maps.hmm.gaussian import BatchedGaussianHMM
+from trainmap.dynamics.maps.hmm.gaussian import BatchedGaussianHMM, cholesky_factors
 from trainmap.dynamics.maps.hmm.run_terms import DEFAULT_COVARIANCE_TYPE
 from trainmap.schema import section_defaults
 
@@ -58,14 +70,15 @@ DEFAULT_DEGREES: float = section_defaults("analysis")["degrees_of_freedom"]
 class StudentTHMM(BatchedGaussianHMM):
     """A hidden Markov model with multivariate Student-t emissions of ``degrees`` degrees of
     freedom (module docstring), hmmlearn's ``GaussianHMM`` otherwise (its other arguments; the
-    covariance types ``"full"`` and ``"diag"``). ``means_`` are the t locations and ``covars_``
+    covariance types ``"full"`` and ``"diag"``). ``expanded``: the PX-EM M-step, else (default)
+    Peel & McLachlan's ECM; the same fixed points. ``means_`` are the t locations and ``covars_``
     the scale matrices Sigma_k (the covariances are Sigma_k nu / (nu - 2) for nu > 2)."""
 
     fits_in_lockstep = True
 
     def __init__(
         self, n_components: int = 1, covariance_type: str = DEFAULT_COVARIANCE_TYPE, *,
-        degrees: float = DEFAULT_DEGREES,
+        degrees: float = DEFAULT_DEGREES, expanded: bool = False,
         **kwargs: Any,
     ) -> None:  # fmt: skip
         if covariance_type not in ("full", "diag"):
@@ -76,20 +89,22 @@ class StudentTHMM(BatchedGaussianHMM):
                              "of freedom are a number > 0")  # fmt: skip
         super().__init__(n_components=n_components, covariance_type=covariance_type, **kwargs)
         self.degrees = degrees
+        self.expanded = expanded
 
     def _log_det(self) -> np.ndarray:
-        """log det Sigma_k [K] of the covariances the Gaussian log-densities used: the engine's
-        (one batched Cholesky of all states) where it succeeds, else hmmlearn's, which adds
-        ``min_covar`` to the diagonal of a state whose Cholesky fails."""
-        covars = self.covars_  # [K, d, d] for every covariance type
-        try:
-            cholesky = np.linalg.cholesky(covars)
-        except np.linalg.LinAlgError:
+        """log det Sigma_k [K] of the covariances the Gaussian log-densities used: for full ones
+        the engine's (:func:`~trainmap.dynamics.maps.hmm.gaussian.cholesky_factors`) where it
+        succeeds, else hmmlearn's, which adds ``min_covar`` to the diagonal of a state whose
+        Cholesky fails."""
+        if self.covariance_type == "diag":  # the Cholesky factors' diagonals: sqrt(sigma^2)
+            return 2 * np.log(np.sqrt(self._covars_)).sum(axis=1)
+        cholesky = cholesky_factors(self._covars_)
+        if cholesky is None:
             from scipy import linalg
 
-            eye = np.eye(covars.shape[1])
+            eye = np.eye(self._covars_.shape[1])
             factors = []
-            for covariance in covars:
+            for covariance in self._covars_:
                 try:
                     factors.append(linalg.cholesky(covariance, lower=True))
                 except linalg.LinAlgError:
@@ -97,35 +112,32 @@ class StudentTHMM(BatchedGaussianHMM):
             cholesky = np.stack(factors)
         return 2 * np.log(np.diagonal(cholesky, axis1=1, axis2=2)).sum(axis=1)
 
-    def _mahalanobis(self, gaussian: np.ndarray, log_det: np.ndarray) -> np.ndarray:
-        """delta_k(x_t) [T, K] from the Gaussian log-densities log N(x_t; mu_k, Sigma_k) [T, K]
-        and the covariances' log-determinants [K] (:meth:`_log_det`)."""
-        d = self.means_.shape[1]
-        delta = -2.0 * gaussian - d * math.log(2 * math.pi) - log_det[None, :]
-        return np.maximum(delta, 0.0)  # >= 0; rounding of the subtraction may dip below
-
-    def emission_log_densities(self, gaussian: np.ndarray) -> np.ndarray:
-        """log t_nu(x_t; mu_k, Sigma_k) [T, K] from the Gaussian log-densities [T, K] (module
-        docstring's density)."""
+    def emission_terms(self, gaussian: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """From the Gaussian log-densities log N(x_t; mu_k, Sigma_k) [T, K]: the t log-densities
+        log t_nu(x_t; mu_k, Sigma_k) [T, K] (module docstring's density) and the latent scales'
+        expectations u_t(k) = (nu + d) / (nu + delta_k(x_t)) [T, K] (the E-step's weights of the
+        moments), delta_k(x_t) computed once for both."""
         nu, d = float(self.degrees), self.means_.shape[1]
         log_det = self._log_det()
+        delta = -2.0 * gaussian
+        delta -= d * math.log(2 * math.pi)
+        delta -= log_det[None, :]
+        np.maximum(delta, 0.0, out=delta)  # >= 0; rounding of the subtraction may dip below
+        weights = (nu + d) / (nu + delta)
         constant = (gammaln((nu + d) / 2) - gammaln(nu / 2) - d / 2 * math.log(nu * math.pi)
                     - 0.5 * log_det)  # fmt: skip
-        delta = self._mahalanobis(gaussian, log_det)
-        return constant[None, :] - (nu + d) / 2 * np.log1p(delta / nu)
-
-    def posterior_weights(self, gaussian: np.ndarray) -> np.ndarray:
-        """u_t(k) = (nu + d) / (nu + delta_k(x_t)) [T, K], the latent scales' expectations given
-        the state (the E-step's weights of the moments), from the Gaussian log-densities."""
-        nu, d = float(self.degrees), self.means_.shape[1]
-        return (nu + d) / (nu + self._mahalanobis(gaussian, self._log_det()))
+        delta /= nu
+        densities = np.log1p(delta, out=delta)
+        densities *= (nu + d) / 2
+        return np.subtract(constant[None, :], densities, out=densities), weights
 
     def _do_mstep(self, stats: dict) -> None:
         """The M-step of the module docstring: hmmlearn's Gaussian M-step on the u-weighted
-        statistics gives mu_k and sum gamma u (x - mu)(x - mu)' / sum gamma u; the covariances are
-        then rescaled to the denominator sum_t gamma_t(k) (``stats["post_unweighted"]``)."""
+        statistics gives mu_k and sum gamma u (x - mu)(x - mu)' / sum gamma u (PX-EM, where
+        ``expanded``); for the ECM the covariances are then rescaled to the denominator
+        sum_t gamma_t(k) (``stats["post_unweighted"]``)."""
         super()._do_mstep(stats)
-        if "c" in self.params:
+        if not self.expanded and "c" in self.params:
             ratio = stats["post"] / np.maximum(stats["post_unweighted"], 1e-300)
             shape = (-1, 1, 1) if self.covariance_type == "full" else (-1, 1)
             self._covars_ = self._covars_ * ratio.reshape(shape)
