@@ -7,17 +7,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-# OpenMP threads that wait for work sleep instead of spinning, in this process and every process a
-# test starts (set before anything loads torch, whose OpenMP runtime reads it once). The suite runs
-# a worker per core and many tests start workflows and benchmarks of their own, so more threads than
-# cores are common, and spinning threads then take the cores from the ones with work: two
-# `bench/gpu.py --device cpu --quick` at once take 95 s spinning, 26 s passive (docs/decisions/
-# tests.md). Waiting changes no number.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+import pytest
 
-import pytest  # noqa: E402
-
-from trainmap.io import copy_workflow as copy_tree_of_workflow  # noqa: E402
+from trainmap.io import copy_workflow as copy_tree_of_workflow
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
