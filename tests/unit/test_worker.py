@@ -30,7 +30,9 @@ def fail_job(message):
     raise RuntimeError(message)
 
 def slow_job(marker, pid_file, seconds):
-    Path(pid_file).write_text(str(os.getpid()))
+    # the pid whole or not at all: a test reads it as soon as the file is there
+    Path(pid_file + ".tmp").write_text(str(os.getpid()))
+    os.replace(pid_file + ".tmp", pid_file)
     time.sleep(seconds)
     Path(marker).write_text("finished")
 
