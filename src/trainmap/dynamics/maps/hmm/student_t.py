@@ -30,11 +30,10 @@ sum_t gamma_t(k) u_t(k) instead, the parameter-expanded EM's step (PX-EM: Liu, R
 "Parameter expansion to accelerate EM", Biometrika 85, 1998; Kent, Tyler & Vardi, Communications
 in Statistics - Simulation and Computation 23, 1994, for one t): EM of the model with each
 state's u scaled by a free a_k, reduced to a_k = 1, so the likelihood never falls. Both have the
-same fixed points
-(but for hmmlearn's covariance prior, ``covars_prior`` over the denominator on the diagonal): at
-either, the trace of Sigma_k^-1 times the scatter equation gives sum_t gamma_t(k) u_t(k)
-delta_k(x_t) = d * (its denominator), and with u delta = nu + d - nu u that holds only where
-sum_t gamma_t(k) u_t(k) = sum_t gamma_t(k). PX-EM reaches them in fewer iterations
+same fixed points (but for hmmlearn's covariance prior, ``covars_prior`` over the denominator on
+the diagonal): at either, the trace of Sigma_k^-1 times the scatter equation gives
+sum_t gamma_t(k) u_t(k) delta_k(x_t) = d * (its denominator), and with u delta = nu + d - nu u
+that holds only where sum_t gamma_t(k) u_t(k) = sum_t gamma_t(k). PX-EM reaches them in fewer iterations
 (tests/unit/dynamics/maps/hmm/test_student_t.py); the ECM is the default, the step the published
 results were fitted with. The degrees of freedom nu are a setting
 (``analysis.degrees_of_freedom``), not estimated: a fixed nu (Lange, Little & Taylor, JASA 84,

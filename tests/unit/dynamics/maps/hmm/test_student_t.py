@@ -1,8 +1,8 @@
 """The Student-t emission (``emission: student_t``): its density is the multivariate t, its EM step
-is Peel & McLachlan's ECM (u-weighted means and scatter over sum gamma; the PX-EM's, over sum
-gamma u, as an option), both reach one fixed point, PX-EM in fewer iterations, the fit downweights outliers
-as they state, it fits in lockstep exactly as alone, a saved map predicts the same after loading,
-and a bad number of degrees of freedom is refused naming the key."""
+is Peel & McLachlan's ECM (u-weighted means and scatter over sum gamma; the PX-EM's, over
+sum gamma u, as an option), both reach one fixed point, PX-EM in fewer iterations, the fit
+downweights outliers as they state, it fits in lockstep exactly as alone, a saved map predicts the
+same after loading, and a bad number of degrees of freedom is refused naming the key."""
 
 from __future__ import annotations
 
@@ -49,8 +49,8 @@ def test_the_emission_density_is_the_multivariate_t(covariance_type: str) -> Non
 def test_one_em_step_is_the_u_weighted_m_step(expanded: bool) -> None:
     """The M-step at fixed nu: mu_k = sum gamma u x / sum gamma u and
     Sigma_k = sum gamma u (x - mu)(x - mu)' / D_k, u = (nu + d) / (nu + delta), D_k = sum gamma
-    (Peel & McLachlan's ECM, the default) or sum gamma u (PX-EM, ``expanded``); the posteriors gamma from the
-    forward-backward pass over the t densities (hmmlearn's predict_proba)."""
+    (Peel & McLachlan's ECM, the default) or sum gamma u (PX-EM, ``expanded``); the posteriors
+    gamma from the forward-backward pass over the t densities (hmmlearn's predict_proba)."""
     model = two_state_model()
     model.expanded = expanded
     X = np.random.default_rng(2).standard_t(3, size=(60, 3)) + model.means_[0]
