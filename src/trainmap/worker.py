@@ -611,11 +611,17 @@ def _answers(connection: socket.socket, watch: _WorkflowWatch) -> Iterator[dict[
 
 
 def serve(
-    path: str, tracking_uris: tuple[str, ...] = (), job_modules: tuple[str, ...] = JOB_MODULES
+    path: str,
+    tracking_uris: tuple[str, ...] = (),
+    job_modules: tuple[str, ...] = JOB_MODULES,
+    experiment: str | None = None,
 ) -> None:
     """Import the warm modules (and open the tracking stores), then fork one child per job.
 
     ``path`` must lie in a directory only this user can enter (:func:`start_server` makes one).
+    With ``experiment``, each store's schema and that experiment are created before the socket
+    exists (:func:`trainmap.tracking.init_tracking`), so no job can start before them; a store that
+    cannot be set up ends the server (exit 2, the reason in its log) before it serves anything.
     Runs until SIGTERM or until the process that started it (Snakemake) is gone.
     """
     owner = os.getppid()
@@ -628,7 +634,10 @@ def serve(
     from trainmap.plugins import load_exported_plugins  # deferred: clients import this module
 
     load_exported_plugins()
-    _open_tracking_stores(tracking_uris)
+    if experiment is None:
+        _open_tracking_stores(tracking_uris)
+    else:
+        _init_tracking_stores(tracking_uris, experiment)
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     Path(path).unlink(missing_ok=True)
     previous_umask = os.umask(0o177)  # the socket is created 0600, never briefly wider
@@ -673,6 +682,19 @@ def _open_tracking_stores(uris: tuple[str, ...]) -> None:
             MlflowClient(tracking_uri=uri).search_experiments(max_results=1)
         except Exception as error:  # noqa: BLE001 - a job will report the real problem
             print(f"trainmap worker: could not open tracking store {uri}: {error}")
+
+
+def _init_tracking_stores(uris: tuple[str, ...], experiment: str) -> None:
+    """Create each store's schema and ``experiment`` (what the Snakefile's ``onstart`` would do
+    itself without a server); on any error, say so and exit 2 without serving."""
+    from trainmap.tracking import init_tracking  # deferred: clients import this module
+
+    for uri in uris:
+        try:
+            init_tracking(uri, experiment)
+        except Exception as error:  # noqa: BLE001 - the workflow sets it up itself and reports it
+            print(f"trainmap worker: could not set up tracking store {uri}: {error}", flush=True)
+            sys.exit(2)
 
 
 def _fresh_database_connections() -> None:
@@ -817,16 +839,29 @@ def _end_with_client(connection: socket.socket, finished: threading.Event) -> No
 # --- starting and stopping it from the Snakefile ----------------------------------------------
 
 
-def start_server(
+@dataclass
+class PendingServer:
+    """A server :func:`launch_server` started that :func:`await_server` has not yet waited for."""
+
+    process: subprocess.Popen
+    path: str
+    log: Path
+
+
+def launch_server(
     directory: str | os.PathLike,
     tracking_uris: tuple[str, ...] = (),
     job_modules: tuple[str, ...] = JOB_MODULES,
-) -> subprocess.Popen | None:
-    """Start a server for this workflow run; set its socket in the environment jobs inherit.
+    experiment: str | None = None,
+) -> PendingServer | None:
+    """Start a server for this workflow run and return at once, while it imports.
 
-    ``directory``: where its log goes. ``tracking_uris``: SQL tracking stores to open once in the
-    server. ``job_modules``: whose ``*_job`` functions it runs. Returns None (and jobs run in their
-    own processes) when disabled with ``TRAINMAP_WORKER=off``.
+    ``directory``: where its log goes. ``tracking_uris``: tracking stores to open once in the
+    server; with ``experiment`` the server also creates each store's schema and that experiment
+    (:func:`trainmap.tracking.init_tracking`) before it answers any job, and exits without serving
+    when it cannot. ``job_modules``: whose ``*_job`` functions it runs. Returns None (jobs run in
+    their own processes) when disabled with ``TRAINMAP_WORKER=off``. The caller does other work
+    meanwhile, then calls :func:`await_server` (or :func:`stop_server` to give up on it).
     """
     if os.environ.get(SWITCH_ENV) == "off":
         return None
@@ -835,43 +870,67 @@ def start_server(
     path = str(Path(tempfile.mkdtemp(prefix=SOCKET_DIR_PREFIX, dir="/tmp")) / "jobs.sock")
     log = Path(directory) / "worker.log"
     log.parent.mkdir(parents=True, exist_ok=True)
+    options = ["--jobs", ",".join(job_modules)]
+    if experiment is not None:
+        options += ["--experiment", experiment]
     with open(log, "w") as stream:
         process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "trainmap.worker",
-                "--jobs",
-                ",".join(job_modules),
-                path,
-                *tracking_uris,
-            ],  # fmt: skip
+            [sys.executable, "-m", "trainmap.worker", *options, path, *tracking_uris],
             stdout=stream,
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
+    return PendingServer(process, path, log)
+
+
+def await_server(pending: PendingServer | None) -> subprocess.Popen | None:
+    """Wait until a server :func:`launch_server` started answers; set its socket in the
+    environment jobs inherit and return its process. None (jobs then run in their own processes)
+    when there is none, or when it exited or did not answer within :data:`START_TIMEOUT_S`; with
+    an ``experiment`` that means the tracking store was not set up either."""
+    if pending is None:
+        return None
     deadline = time.monotonic() + START_TIMEOUT_S
-    while not _reachable(path):
-        if process.poll() is not None or time.monotonic() > deadline:
-            process.kill()
-            _remove_socket_directory(path)
-            print(f"trainmap worker did not start (see {log}); jobs run in their own processes")
+    while not _reachable(pending.path):
+        if pending.process.poll() is not None or time.monotonic() > deadline:
+            pending.process.kill()
+            pending.process.wait()
+            _remove_socket_directory(pending.path)
+            print(f"trainmap worker did not start (see {pending.log}); jobs run in their own "
+                  "processes")  # fmt: skip
             return None
         time.sleep(0.05)
-    os.environ[SOCKET_ENV] = path
-    return process
+    os.environ[SOCKET_ENV] = pending.path
+    return pending.process
 
 
-def stop_server(process: subprocess.Popen | None) -> None:
-    """Stop a server started by :func:`start_server` (its running jobs are not affected)."""
+def start_server(
+    directory: str | os.PathLike,
+    tracking_uris: tuple[str, ...] = (),
+    job_modules: tuple[str, ...] = JOB_MODULES,
+) -> subprocess.Popen | None:
+    """Start a server for this workflow run and wait until it answers; set its socket in the
+    environment jobs inherit (:func:`launch_server` then :func:`await_server`)."""
+    return await_server(launch_server(directory, tracking_uris, job_modules))
+
+
+def stop_server(process: subprocess.Popen | PendingServer | None) -> None:
+    """Stop a server started by :func:`start_server`, or one :func:`launch_server` started and
+    nobody waited for (its running jobs are not affected)."""
     if process is None:
         return
+    if isinstance(process, PendingServer):
+        path, process = process.path, process.process
+    else:
+        path = os.environ.get(SOCKET_ENV)
     process.terminate()
     try:
         process.wait(timeout=10)
     except subprocess.TimeoutExpired:
         process.kill()
-    _remove_socket_directory(os.environ.pop(SOCKET_ENV, None))
+    if os.environ.get(SOCKET_ENV) == path:
+        os.environ.pop(SOCKET_ENV)
+    _remove_socket_directory(path)
 
 
 def _remove_socket_directory(path: str | None) -> None:
@@ -893,11 +952,16 @@ def _reachable(path: str) -> bool:
 
 
 def main(argv: list[str]) -> None:
-    """``python -m trainmap.worker [--jobs MODULE[,MODULE]] SOCKET [TRACKING_URI ...]``."""
-    job_modules = JOB_MODULES
-    if argv[:1] == ["--jobs"]:
-        job_modules, argv = tuple(argv[1].split(",")), argv[2:]
-    serve(argv[0], tuple(argv[1:]), job_modules)
+    """``python -m trainmap.worker [--jobs MODULE[,MODULE]] [--experiment NAME] SOCKET
+    [TRACKING_URI ...]``."""
+    job_modules, experiment = JOB_MODULES, None
+    while argv[:1] in (["--jobs"], ["--experiment"]):
+        if argv[0] == "--jobs":
+            job_modules = tuple(argv[1].split(","))
+        else:
+            experiment = argv[1]
+        argv = argv[2:]
+    serve(argv[0], tuple(argv[1:]), job_modules, experiment)
 
 
 if __name__ == "__main__":

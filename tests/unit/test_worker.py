@@ -197,6 +197,52 @@ def test_switch_off_starts_no_server(jobs_module, monkeypatch):
     assert worker.start_server(jobs_module / "state") is None
 
 
+@pytest.mark.integration  # starts a program (a subprocess)
+def test_a_launched_server_sets_up_the_tracking_store_before_it_answers(jobs_module, tmp_path):
+    """The Snakefile's onstart launches the server first and checks the plan while it imports:
+    launch_server returns before the server answers, and once await_server has it, the tracking
+    database and the experiment exist (no job can race to create them)."""
+    from mlflow import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    pending = worker.launch_server(jobs_module / "state", (uri,), ("worker_test_jobs",),
+                                   experiment="launched")  # fmt: skip
+    assert pending is not None
+    try:
+        assert not worker._reachable(pending.path), "launch_server waited for the server"
+        process = worker.await_server(pending)
+        assert process is pending.process, (jobs_module / "state" / "worker.log").read_text()
+        assert os.environ[worker.SOCKET_ENV] == pending.path
+        assert MlflowClient(tracking_uri=uri).get_experiment_by_name("launched") is not None
+    finally:
+        worker.stop_server(pending.process)
+    assert worker.SOCKET_ENV not in os.environ and not Path(pending.path).parent.exists()
+
+
+@pytest.mark.integration  # starts a program (a subprocess)
+def test_a_server_that_cannot_set_up_the_store_serves_nothing(jobs_module, capsys):
+    """An unreachable tracking server: the server exits 2 saying so, await_server gives None (the
+    workflow then sets the store up itself and reports the real error) and no socket is left."""
+    pending = worker.launch_server(jobs_module / "state", ("http://127.0.0.1:9",),
+                                   ("worker_test_jobs",), experiment="nowhere")  # fmt: skip
+    assert worker.await_server(pending) is None
+    assert pending.process.returncode == 2
+    log = (jobs_module / "state" / "worker.log").read_text()
+    assert "could not set up tracking store http://127.0.0.1:9" in log and "unreachable" in log
+    assert "did not start" in capsys.readouterr().out
+    assert worker.SOCKET_ENV not in os.environ and not Path(pending.path).parent.exists()
+
+
+@pytest.mark.integration  # starts a program (a subprocess)
+def test_a_launched_server_nobody_waited_for_is_stopped_with_its_socket(jobs_module):
+    """The onstart refuses the plan (or the results root) after it launched the server: stopping
+    the pending server ends it and removes its socket directory."""
+    pending = worker.launch_server(jobs_module / "state", job_modules=("worker_test_jobs",))
+    worker.stop_server(pending)
+    assert pending.process.poll() is not None
+    assert worker.SOCKET_ENV not in os.environ and not Path(pending.path).parent.exists()
+
+
 # --- access ------------------------------------------------------------------
 
 

@@ -22,12 +22,15 @@ from trainmap.methods import check_method
 from trainmap.plugins import plugin_sources
 from trainmap.tracking import cluster_tracking_problem, init_tracking, tracking_settings
 from trainmap.unfinished import UnfinishedScan, find_unfinished
-from trainmap.worker import WORKFLOW_PID_ENV, start_server, stop_server
+from trainmap.worker import WORKFLOW_PID_ENV, await_server, launch_server, stop_server
 
 #: The directory this config's outputs all go under (config key results, default results), one
 #: per config, so another study run in this checkout never writes into the default study's files.
 RESULTS = grid.results_root(config)
 CELLS = grid.expand_grid(config)
+# The plan's model profiles (the resources of every job, the onstart's check) are measured once
+# per project and code, not in every Snakemake process (each dry run, each cluster job's parse).
+plan.set_profile_directory(".snakemake/trainmap/profiles")
 
 
 wildcard_constraints:
@@ -44,36 +47,50 @@ ROOT_CLAIM = {}
 
 
 onstart:
-    # A grid that cannot finish here is refused before any job: its planned bytes against the
-    # results' disk, a job's planned RAM against this machine's (trainmap.plan.machine_problem).
-    problem = plan.machine_problem(
-        plan.plan_jobs(config, RESULTS), RESULTS, local=workflow.local_exec
-    )
-    if problem:
-        print(
-            f"error: the plan does not fit: {problem} (make plan: every job's estimate; "
-            "nothing ran)",
-            file=sys.stderr,
+    tracking = tracking_settings(config)
+    # Jobs on this machine fork from one warm process instead of importing torch and MLflow each
+    # (trainmap.worker); cluster jobs run in their own processes. It starts first and imports
+    # while this process checks the plan and claims the root; it also creates the tracking database
+    # and experiment before it answers a job (measured: a fresh SQLite database migrated by 8 jobs
+    # at once lost 7 of their runs).
+    pending = None
+    if workflow.local_exec:
+        pending = launch_server(
+            ".snakemake/trainmap",
+            (tracking["uri"],),
+            experiment=tracking["experiment"],
         )
-        raise SystemExit(1)
-    # One workflow per results root at a time (after the plan: a refused grid makes no root): a
-    # second run on this root is refused at once, naming the first one's pid (another root stays
-    # allowed). The lock is the kernel's, released when this process ends; the marker lets
-    # `make clean` find the root wherever it lies.
     try:
-        ROOT_CLAIM["file"] = claim_root(Path(RESULTS))
-    except RootInUseError as error:
-        print(f"error: {error}", file=sys.stderr)
-        raise SystemExit(1)
-    mark_root(Path(RESULTS), Path(workflow.basedir))
+        # A grid that cannot finish here is refused before any job: its planned bytes against
+        # the results' disk, a job's planned RAM against this machine's (machine_problem).
+        problem = plan.machine_problem(
+            plan.plan_jobs(config, RESULTS), RESULTS, local=workflow.local_exec
+        )
+        if problem:
+            print(
+                f"error: the plan does not fit: {problem} (make plan: every job's estimate; "
+                "nothing ran)",
+                file=sys.stderr,
+            )
+            raise SystemExit(1)
+        # One workflow per results root at a time (after the plan: a refused grid makes no
+        # root): a second run on this root is refused at once, naming the first one's pid
+        # (another root stays allowed). The lock is the kernel's, released when this process
+        # ends; the marker lets `make clean` find the root wherever it lies.
+        try:
+            ROOT_CLAIM["file"] = claim_root(Path(RESULTS))
+        except RootInUseError as error:
+            print(f"error: {error}", file=sys.stderr)
+            raise SystemExit(1)
+        mark_root(Path(RESULTS), Path(workflow.basedir))
+    except BaseException:
+        stop_server(pending)
+        raise
     # Every job on this machine watches this process: a job whose workflow is gone (kill -9) ends
     # its process group (trainmap.worker), so no job trains on behind a dead workflow. Cluster
     # jobs run on other nodes, where this pid means nothing: the executor cancels them.
     if workflow.local_exec:
         os.environ[WORKFLOW_PID_ENV] = str(os.getpid())
-    # Create the tracking database and experiment once, before parallel jobs (measured: a fresh
-    # SQLite database migrated by 8 jobs at once lost 7 of their runs).
-    tracking = tracking_settings(config)
     # Cluster jobs (--executor slurm, profiles/slurm) log from compute nodes: a loopback or SQLite
     # store is unreachable or unsafe there. A warning, not an error: a SLURM whose one node is
     # this machine (make slurm-up) reaches both.
@@ -81,13 +98,11 @@ onstart:
         problem = cluster_tracking_problem(tracking["uri"])
         if problem:
             print(f"warning: cluster jobs: {problem}", file=sys.stderr)
-    init_tracking(tracking["uri"], tracking["experiment"])
-    # Jobs on this machine fork from one warm process instead of importing torch and MLflow each
-    # (trainmap.worker); cluster jobs run in their own processes.
-    if workflow.local_exec:
-        JOB_SERVER["process"] = start_server(
-            ".snakemake/trainmap", (tracking["uri"],)
-        )
+    JOB_SERVER["process"] = await_server(pending)
+    if (
+        JOB_SERVER["process"] is None
+    ):  # no server set the store up: create it here, once
+        init_tracking(tracking["uri"], tracking["experiment"])
 
 
 onsuccess:

@@ -77,6 +77,7 @@ _EXPORTS = {
     "dataset_bytes": "trainmap.plan.profile",
     "dataset_examples": "trainmap.plan.profile",
     "model_profile": "trainmap.plan.profile",
+    "set_profile_directory": "trainmap.plan.profile",
     "check_limits": "trainmap.plan.report",
     "disk_bytes": "trainmap.plan.report",
     "format_plan": "trainmap.plan.report",

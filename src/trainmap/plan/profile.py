@@ -3,13 +3,22 @@ and state counts, bytes, forward FLOPs and autograd-saved activations per exampl
 (:class:`ModelProfile`), and a data kind's example counts and bytes, without the data.
 
 Models are built once per (task, arch, options) on the CPU (:func:`model_profile`, cached): a dry
-run of the workflow pays that once per architecture, never per job."""
+run of the workflow pays that once per architecture, never per job. With a profile directory set
+(:func:`set_profile_directory`: the Snakefile sets ``.snakemake/trainmap/profiles``), a profile is
+also kept on disk and read back by every later Snakemake process of the project (each dry run,
+each cluster job's own parse), so only the first one builds the model; the file's name is a hash of
+everything the profile is made from (see :func:`_disk_key`)."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import hashlib
+import importlib.metadata
 import json
 import math
+import os
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -94,8 +103,83 @@ def _saved_and_widest(model: nn.Module, x: torch.Tensor) -> tuple[float, float]:
     return float(sum(saved.values())), float(widest[0])
 
 
+#: Where profiles are kept between processes (:func:`set_profile_directory`); None: not kept.
+_PROFILE_DIRECTORY: list[Path | None] = [None]
+#: The packages whose code builds a built-in model: a new version of any of them is a new profile.
+_BUILDING_PACKAGES = ("torch", "torchvision", "transformers")
+
+
+def set_profile_directory(directory: str | os.PathLike | None) -> None:
+    """Keep model profiles as JSON files in ``directory`` (None: in this process only)."""
+    _PROFILE_DIRECTORY[0] = None if directory is None else Path(directory)
+
+
+@functools.cache
+def _code_digest() -> str:
+    """A hash of trainmap's own source files and the versions of the packages that build models:
+    a profile kept on disk is read back only by the code that made it."""
+    digest = hashlib.sha256()
+    package = Path(__file__).resolve().parents[1]
+    for path in sorted(package.rglob("*.py")):
+        digest.update(str(path.relative_to(package)).encode() + b"\0" + path.read_bytes() + b"\0")
+    for name in _BUILDING_PACKAGES:
+        try:
+            version = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            version = "-"
+        digest.update(f"{name}={version}\0".encode())
+    return digest.hexdigest()
+
+
+def _disk_key(task_data_json: str, arch: str, options_json: str) -> str | None:
+    """The file name of a profile on disk, or None when it is not kept there: an architecture or
+    data kind that a plugin registered (its code is not part of :func:`_code_digest`)."""
+    from trainmap.data.registry import DATA_KINDS
+    from trainmap.models.registry import ARCHITECTURES
+
+    kind = json.loads(task_data_json)["kind"]
+    for source in (ARCHITECTURES.source_of(arch), DATA_KINDS.source_of(kind)):
+        if not source.startswith("trainmap."):
+            return None
+    key = json.dumps([_code_digest(), task_data_json, arch, options_json])
+    return hashlib.sha256(key.encode()).hexdigest()[:32] + ".json"
+
+
+def _read_kept(path: Path) -> ModelProfile | None:
+    try:
+        return ModelProfile(**json.loads(path.read_text()))
+    except (OSError, ValueError, TypeError):  # missing, half-written by a crash, another layout
+        return None
+
+
+def _keep(path: Path, profile: ModelProfile) -> None:
+    """Write ``profile`` to ``path`` whole or not at all (processes may write it at once); a
+    directory that cannot be written keeps nothing."""
+    tmp = path.parent / f".{path.name}.{uuid.uuid4().hex}.tmp"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps(dataclasses.asdict(profile)))
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+
+
 @functools.cache
 def _profile(task_data_json: str, arch: str, options_json: str) -> ModelProfile:
+    directory = _PROFILE_DIRECTORY[0]
+    name = None if directory is None else _disk_key(task_data_json, arch, options_json)
+    if name is not None:
+        kept = _read_kept(directory / name)
+        if kept is not None:
+            return kept
+    profile = _measure(task_data_json, arch, options_json)
+    if name is not None:
+        _keep(directory / name, profile)
+    return profile
+
+
+def _measure(task_data_json: str, arch: str, options_json: str) -> ModelProfile:
+    """Build the model on the CPU and measure its :class:`ModelProfile`."""
     data_options = json.loads(task_data_json)
     kind = data_options.pop("kind")
     meta = data_module.model_meta(kind, data_options)

@@ -222,3 +222,61 @@ def test_cpu_checkpoint_and_step_costs_reproduce_their_measurements() -> None:
     assert plan.CPU.flops_per_s(mlp) > plan.CPU.flops_per_s(repvgg)
     # Archive: ~0.8 ms a 22 kB MLP file.
     assert 0.5e-3 < plan.CPU.archive_seconds(1, 22024) < 2e-3
+
+
+def test_a_profile_is_measured_once_per_project_and_code(
+    smoke: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With a profile directory (the Snakefile's), a later process reads the profile it kept
+    instead of building the model again; other code, or a damaged file, measures it again."""
+    from trainmap.plan import profile as profiles
+
+    measured = []
+    measure = profiles._measure
+    monkeypatch.setattr(profiles, "_measure", lambda *args: measured.append(args) or measure(*args))
+    monkeypatch.setattr(profiles, "_PROFILE_DIRECTORY", [None])
+    profiles._profile.cache_clear()
+    monkeypatch.setattr(profiles, "_profile", profiles._profile.__wrapped__)  # a new process each
+    plan.set_profile_directory(tmp_path)
+    first = plan.model_profile(smoke, "sparse_parity", "mlp")
+    (kept,) = tmp_path.iterdir()
+    assert plan.model_profile(smoke, "sparse_parity", "mlp") == first and len(measured) == 1
+
+    kept.write_text(kept.read_text()[:20])  # a writer killed half-way
+    assert plan.model_profile(smoke, "sparse_parity", "mlp") == first and len(measured) == 2
+    assert plan.model_profile(smoke, "sparse_parity", "mlp") == first and len(measured) == 2
+
+    wider = {**smoke, "model": {"sparse_parity": {"mlp": {"hidden": [256]}}}}
+    assert plan.model_profile(wider, "sparse_parity", "mlp").n_params > first.n_params
+    assert len(measured) == 3 and len(list(tmp_path.iterdir())) == 2
+
+    monkeypatch.setattr(profiles, "_code_digest", lambda: "other code")
+    assert plan.model_profile(smoke, "sparse_parity", "mlp") == first and len(measured) == 4
+
+    plan.set_profile_directory(None)
+    assert plan.model_profile(smoke, "sparse_parity", "mlp") == first and len(measured) == 5
+    assert len(list(tmp_path.iterdir())) == 3
+
+
+def test_a_plugin_architecture_is_profiled_in_each_process(
+    smoke: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """trainmap's code digest does not cover a plugin's code: its profiles are never kept."""
+    from trainmap.models import registry
+    from trainmap.plan import profile as profiles
+
+    monkeypatch.setattr(registry, "ARCHITECTURES", registry.ARCHITECTURES.copy())
+    spec = registry.ARCHITECTURES["mlp"]
+    registry.ARCHITECTURES.unregister("mlp")
+    registry.ARCHITECTURES.register("mlp", spec, "my_lab.models")
+    monkeypatch.setattr(profiles, "_PROFILE_DIRECTORY", [tmp_path])
+    assert profiles._disk_key('{"kind": "sparse_parity"}', "mlp", "{}") is None
+    profiles._profile.__wrapped__(json_of(grid.data_settings(smoke, "sparse_parity")), "mlp",
+                                  json_of(grid.model_settings(smoke, "sparse_parity", "mlp")))  # fmt: skip
+    assert not any(tmp_path.iterdir())
+
+
+def json_of(settings) -> str:
+    import json
+
+    return json.dumps(settings, sort_keys=True)
