@@ -144,6 +144,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=None,
         help="the Hub cache (default: huggingface_hub's, HF_HUB_CACHE / HF_HOME)",
     )
+    suites.add_argument("--fetch", action="store_true",
+                        help="fetch the suite from the Hub instead of reading it from the cache: "
+                        "its branches and safetensors headers are read first (revisions.json), "
+                        "then each revision is downloaded, measured, its metrics row written "
+                        "(--out/rows/<run>/) and the revision deleted from the cache; a rerun "
+                        "reads no revision that has its row")  # fmt: skip
+    suites.add_argument("--keep-weights", action="store_true",
+                        help="with --fetch: keep each fetched revision in the cache (default: "
+                        "deleted once measured; a revision that was already cached always stays)")  # fmt: skip
+    suites.add_argument("--hf-endpoint", default=None,
+                        help="with --fetch: the Hub's address (default: huggingface_hub's, "
+                        "HF_ENDPOINT)")  # fmt: skip
     suites.add_argument("--curves", type=Path, default=None,
                         help="a directory of <run>.csv files (step and the --curve column, "
                         "e.g. step,test_loss): each suite run's curve (a suite ships none; "

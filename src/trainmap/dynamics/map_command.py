@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -31,7 +32,7 @@ from trainmap.dynamics.runs.external import (
     read_external_run,
     run_hyperparameters,
 )
-from trainmap.dynamics.runs.hub import suite_run_curve
+from trainmap.dynamics.runs.hub import HubSpec, Manifest, suite_run_curve
 from trainmap.dynamics.runs.layouts import run_layouts
 from trainmap.dynamics.runs.names import CHECKPOINT_SUFFIXES
 from trainmap.io import write_atomic
@@ -49,7 +50,6 @@ def hub_runs(args: argparse.Namespace, write: bool = True) -> dict[str, External
         MANIFEST_FILE,
         hub_run_checkpoints,
         parse_hub_source,
-        resolve_hub_runs,
         write_manifest,
     )
 
@@ -60,7 +60,7 @@ def hub_runs(args: argparse.Namespace, write: bool = True) -> dict[str, External
             spec = parse_hub_source(source, seeds=args.seeds, steps=args.steps,
                                     revision_pattern=args.revision_pattern,
                                     cache_dir=args.hf_cache)  # fmt: skip
-            manifest = resolve_hub_runs(spec)
+            manifest = _resolved(spec, args)
         except (ValueError, ExternalRunError) as error:
             raise SystemExit(f"error: {source}: {error}") from None
         name = MANIFEST_FILE if len(sources) == 1 else f"revisions-{index}.json"
@@ -68,9 +68,37 @@ def hub_runs(args: argparse.Namespace, write: bool = True) -> dict[str, External
             write_manifest(manifest, args.out / name)
         for run in manifest.runs:
             checkpoints = hub_run_checkpoints(manifest, run)
-            runs[run] = ExternalRun(Path(source) / run, checkpoints, suite_curve(args, run,
-                                                                                checkpoints))  # fmt: skip
+            curve = suite_curve(args, run, checkpoints)
+            runs[run] = (ExternalRun(Path(source) / run, checkpoints, curve)
+                         if manifest.fetch_from is None
+                         else FetchedRun(Path(source) / run, checkpoints, curve, manifest))  # fmt: skip
     return runs
+
+
+@dataclass(frozen=True)
+class FetchedRun(ExternalRun):
+    """A run of a suite given with ``--fetch``: its checkpoints are fetched as they are measured,
+    by its ``manifest`` (resolved online)."""
+
+    manifest: Manifest
+
+
+def _resolved(spec: HubSpec, args: argparse.Namespace) -> Manifest:
+    """``spec`` resolved in the cache, or, with ``--fetch``, on the Hub (refs and headers only);
+    with ``--fetch`` and ``--out``, a ``revisions.json`` already there that was resolved from the
+    same spec is read instead (a rerun lists nothing again)."""
+    from trainmap.dynamics.runs.hub import MANIFEST_FILE, read_manifest, resolve_hub_runs
+
+    if not getattr(args, "fetch", False):
+        return resolve_hub_runs(spec)
+    from trainmap.dynamics.runs.hub_fetch import resolve_online
+
+    kept = None if args.out is None else args.out / MANIFEST_FILE
+    if kept is not None and kept.is_file():
+        manifest = read_manifest(kept)
+        if manifest.spec == spec and manifest.fetch_from is not None:
+            return manifest
+    return resolve_online(spec, endpoint=args.hf_endpoint)
 
 
 def suite_curve(args: argparse.Namespace, run: str, checkpoints: dict[int, Path]) -> pd.DataFrame:
@@ -283,8 +311,11 @@ def suite_tables(runs: dict[str, ExternalRun], args: argparse.Namespace) -> dict
     written = {}
     try:
         for run, external in tqdm(runs.items(), desc="suite runs", unit="run"):
-            check_run_shapes(external)
-            table = external_run_metrics(external, args.convention, args.heads, model)
+            if isinstance(external, FetchedRun):
+                table = _fetched_table(run, external, args, model)
+            else:
+                check_run_shapes(external)
+                table = external_run_metrics(external, args.convention, args.heads, model)
             path = args.out / "metrics" / run / "metrics.csv"
             path.parent.mkdir(parents=True, exist_ok=True)
             write_atomic(path, lambda tmp, t=table: t.to_csv(tmp, index=False))
@@ -293,6 +324,20 @@ def suite_tables(runs: dict[str, ExternalRun], args: argparse.Namespace) -> dict
         raise SystemExit(f"error: {error}") from None
     print(f"{len(written)} suite run(s): metric tables in {args.out / 'metrics'}")
     return written
+
+
+def _fetched_table(run: str, external: FetchedRun, args: argparse.Namespace, model) -> pd.DataFrame:
+    """A ``--fetch`` suite run's table: each revision fetched, measured alone (its row written to
+    ``--out``/rows/<run>/ at once) and deleted unless ``--keep-weights``
+    (:func:`trainmap.dynamics.runs.hub_fetch.suite_run_metrics`)."""
+    from trainmap.dynamics.runs.hub_fetch import suite_run_metrics
+
+    def measure(path: Path, step: int) -> pd.DataFrame:
+        one = ExternalRun(external.directory, {step: path}, external.evaluation)
+        return external_run_metrics(one, args.convention, args.heads, model)
+
+    return suite_run_metrics(external.manifest, run, args.out / "rows" / run, measure,
+                             keep_weights=args.keep_weights)  # fmt: skip
 
 
 def external_tables(runs: dict[str, Path], args: argparse.Namespace) -> dict[str, Path]:

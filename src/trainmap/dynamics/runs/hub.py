@@ -157,12 +157,16 @@ class HubCheckpoint:
 class Manifest:
     """A suite resolved once: its ``source`` (``hf://`` and the repository pattern), the
     ``cache_dir`` it was found in, ``runs``: run name -> step -> :class:`HubCheckpoint`, in step
-    order, and the ``spec`` it was resolved from (None in a manifest written without one)."""
+    order, and the ``spec`` it was resolved from (None in a manifest written without one).
+    ``fetch_from``: the Hub endpoint a manifest resolved online names
+    (:func:`trainmap.dynamics.runs.hub_fetch.resolve_online`), whose checkpoints are fetched into
+    ``cache_dir`` when they are read; None: every file is in the cache already."""
 
     source: str
     cache_dir: Path
     runs: dict[str, dict[int, HubCheckpoint]]
     spec: HubSpec | None = None
+    fetch_from: str | None = None
 
 
 def parse_ranges(value: str | int | Iterable[int], what: str) -> tuple[tuple[int, int], ...]:
@@ -261,15 +265,22 @@ def _check_one_architecture(runs: Mapping[str, Mapping[int, HubCheckpoint]]) -> 
     """Every run's first checkpoint holds the first run's tensors, by name and shape (their
     headers; a run's own checkpoints are compared with each other when it is read): a map
     compares runs of one architecture. Raises :class:`HubCacheError` naming both revisions."""
-    from trainmap.dynamics.runs.external import _differing_entries
     from trainmap.dynamics.runs.layouts import checkpoint_shapes
 
-    reference: tuple[str, HubCheckpoint, dict] | None = None
-    for run, checkpoints in runs.items():
-        if not checkpoints:
-            continue
-        checkpoint = next(iter(checkpoints.values()))
-        shapes = checkpoint_shapes(checkpoint.weights)
+    check_one_architecture([(run, next(iter(checkpoints.values())),
+                             checkpoint_shapes(next(iter(checkpoints.values())).weights))
+                            for run, checkpoints in runs.items() if checkpoints])  # fmt: skip
+
+
+def check_one_architecture(
+    firsts: Iterable[tuple[str, HubCheckpoint, Mapping[str, tuple[int, ...]]]],
+) -> None:
+    """Each ``(run, its first checkpoint, that checkpoint's tensor shapes)`` holds the first
+    one's tensors, by name and shape; else :class:`HubCacheError` naming both revisions."""
+    from trainmap.dynamics.runs.external import _differing_entries
+
+    reference: tuple[str, HubCheckpoint, Mapping[str, tuple[int, ...]]] | None = None
+    for run, checkpoint, shapes in firsts:
         if reference is None:
             reference = (run, checkpoint, shapes)
             continue
@@ -288,8 +299,8 @@ def _check_one_architecture(runs: Mapping[str, Mapping[int, HubCheckpoint]]) -> 
 def write_manifest(manifest: Manifest, path: str | os.PathLike) -> None:
     """Write ``manifest`` to ``path`` (conventionally :data:`MANIFEST_FILE`) atomically, as JSON:
     ``{"format", "source", "cache_dir", "runs": {run: {step: {repo, revision, commit, snapshot,
-    files}}}, "spec": {repo, seeds, steps, revision_pattern, revision, cache_dir}}`` (``spec``
-    only when the manifest has one)."""
+    files}}}, "spec": {repo, seeds, steps, revision_pattern, revision, cache_dir}, "fetch_from"}``
+    (``spec`` and ``fetch_from`` only when the manifest has them)."""
     runs = {
         run: {str(step): _entry(checkpoint) for step, checkpoint in checkpoints.items()}
         for run, checkpoints in manifest.runs.items()
@@ -298,13 +309,16 @@ def write_manifest(manifest: Manifest, path: str | os.PathLike) -> None:
                "cache_dir": str(manifest.cache_dir), "runs": runs}  # fmt: skip
     if manifest.spec is not None:
         content["spec"] = _spec_entry(manifest.spec)
+    if manifest.fetch_from is not None:
+        content["fetch_from"] = manifest.fetch_from
     save_json(content, path)
 
 
 def read_manifest(path: str | os.PathLike) -> Manifest:
     """The :class:`Manifest` written to ``path`` by :func:`write_manifest`, each file it names
     checked to be there still (a cache cleaned since is an error naming the run, step and file:
-    resolve the suite again)."""
+    resolve the suite again); a manifest resolved online names files that are fetched when they
+    are read, and those are not checked."""
     path = Path(path)
     try:
         content = json.loads(path.read_text())
@@ -315,7 +329,9 @@ def read_manifest(path: str | os.PathLike) -> Manifest:
             for run, steps in content["runs"].items()
         }
         spec = _from_spec_entry(content["spec"]) if content.get("spec") is not None else None
-        manifest = Manifest(str(content["source"]), Path(content["cache_dir"]), runs, spec)
+        fetch_from = content.get("fetch_from")
+        manifest = Manifest(str(content["source"]), Path(content["cache_dir"]), runs, spec,
+                            None if fetch_from is None else str(fetch_from))  # fmt: skip
     except Exception as error:  # noqa: BLE001 - every failure to read is one clear error
         raise HubCacheError(f"{path}: not a suite manifest ({type(error).__name__}: {error}); "
                             "resolve the suite again (resolve_hub_runs, write_manifest)") from None  # fmt: skip
@@ -324,6 +340,8 @@ def read_manifest(path: str | os.PathLike) -> Manifest:
             if not checkpoint.files:
                 raise HubCacheError(f"{path}: run {run} step {step} names no files; resolve the "
                                     "suite again")  # fmt: skip
+            if manifest.fetch_from is not None:
+                continue  # fetched when it is read
             for name in checkpoint.files:
                 if not (checkpoint.snapshot / name).is_file():
                     raise HubCacheError(
@@ -420,6 +438,7 @@ def _hub() -> ModuleType:
     try:
         import huggingface_hub
         import huggingface_hub.constants
+        import huggingface_hub.errors
         import huggingface_hub.file_download
         import huggingface_hub.utils
     except ImportError:
@@ -489,6 +508,20 @@ def _branches(hub: ModuleType, cache: Path, repo: str, spec: HubSpec) -> dict[in
     refs = folder / "refs"
     names = sorted(p.relative_to(refs).as_posix() for p in refs.rglob("*") if p.is_file()) \
         if refs.is_dir() else []  # fmt: skip
+    found = match_branches(names, repo, spec)
+    if not found:
+        raise HubCacheError(
+            f"{repo}: no cached revision's name matches {spec.revision_pattern!r} (revisions "
+            f"cached: {', '.join(names) or 'none'}); download the checkpoints' branches "
+            f"({_download_command(repo, _hint_revision(spec))}) or give the revision pattern "
+            "of its branches"
+        )
+    return found
+
+
+def match_branches(names: Iterable[str], repo: str, spec: HubSpec) -> dict[int, str]:
+    """Step -> branch of the ``names`` that ``spec.revision_pattern`` matches at their start (its
+    first group the step); two names of one step: :func:`_prefer`. Empty when none matches."""
     pattern = re.compile(spec.revision_pattern)
     found: dict[int, str] = {}
     for name in names:
@@ -503,13 +536,6 @@ def _branches(hub: ModuleType, cache: Path, repo: str, spec: HubSpec) -> dict[in
                 f"step {match.group(1)!r}, not an integer; make its first group the step's digits"
             ) from None
         found[step] = _prefer(repo, step, found[step], name) if step in found else name
-    if not found:
-        raise HubCacheError(
-            f"{repo}: no cached revision's name matches {spec.revision_pattern!r} (revisions "
-            f"cached: {', '.join(names) or 'none'}); download the checkpoints' branches "
-            f"({_download_command(repo, _hint_revision(spec))}) or give the revision pattern "
-            "of its branches"
-        )
     return found
 
 
