@@ -156,6 +156,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     suites.add_argument("--hf-endpoint", default=None,
                         help="with --fetch: the Hub's address (default: huggingface_hub's, "
                         "HF_ENDPOINT)")  # fmt: skip
+    suites.add_argument("--eval-tokens", type=Path, default=None, metavar="TOKENS.npy",
+                        help="a 1-D array of token ids (the suite's tokenizer; numpy.save): each "
+                        "revision's held-out next-token loss on its first --eval-token-budget "
+                        "tokens is written as the curve test_loss (map with --curve test_loss "
+                        "--direction falling --threshold X); needs transformers")  # fmt: skip
+    suites.add_argument("--eval-token-budget", type=int, default=16384, metavar="N",
+                        help="tokens scored per revision (default %(default)s)")  # fmt: skip
+    suites.add_argument("--eval-context", type=int, default=512, metavar="N",
+                        help="tokens per scored sequence (default %(default)s)")  # fmt: skip
     suites.add_argument("--curves", type=Path, default=None,
                         help="a directory of <run>.csv files (step and the --curve column, "
                         "e.g. step,test_loss): each suite run's curve (a suite ships none; "

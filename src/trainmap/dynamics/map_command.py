@@ -315,7 +315,9 @@ def suite_tables(runs: dict[str, ExternalRun], args: argparse.Namespace) -> dict
                 table = _fetched_table(run, external, args, model)
             else:
                 check_run_shapes(external)
-                table = external_run_metrics(external, args.convention, args.heads, model)
+                table = with_heldout_loss(
+                    external_run_metrics(external, args.convention, args.heads, model),
+                    external.checkpoints, args)  # fmt: skip
             path = args.out / "metrics" / run / "metrics.csv"
             path.parent.mkdir(parents=True, exist_ok=True)
             write_atomic(path, lambda tmp, t=table: t.to_csv(tmp, index=False))
@@ -334,10 +336,26 @@ def _fetched_table(run: str, external: FetchedRun, args: argparse.Namespace, mod
 
     def measure(path: Path, step: int) -> pd.DataFrame:
         one = ExternalRun(external.directory, {step: path}, external.evaluation)
-        return external_run_metrics(one, args.convention, args.heads, model)
+        return with_heldout_loss(external_run_metrics(one, args.convention, args.heads, model),
+                                 {step: path}, args)  # fmt: skip
 
     return suite_run_metrics(external.manifest, run, args.out / "rows" / run, measure,
                              keep_weights=args.keep_weights)  # fmt: skip
+
+
+def with_heldout_loss(table: pd.DataFrame, checkpoints: dict[int, Path],
+                      args: argparse.Namespace) -> pd.DataFrame:  # fmt: skip
+    """``table`` with each revision's held-out loss on ``--eval-tokens`` as its ``test_loss``
+    (:mod:`trainmap.dynamics.runs.heldout`; the model read from the weights' snapshot folder);
+    unchanged without ``--eval-tokens``."""
+    if args.eval_tokens is None:
+        return table
+    from trainmap.dynamics.runs.heldout import LOSS_COLUMN, heldout_loss, read_tokens
+
+    tokens = read_tokens(args.eval_tokens, args.eval_token_budget, args.eval_context)
+    table[LOSS_COLUMN] = [heldout_loss(checkpoints[int(step)].parent, tokens, args.eval_context)
+                          for step in table["step"]]  # fmt: skip
+    return table
 
 
 def external_tables(runs: dict[str, Path], args: argparse.Namespace) -> dict[str, Path]:
@@ -431,10 +449,14 @@ def run(args: argparse.Namespace) -> int:
         print("note: --curve test_loss with --direction rising: a run converges at the first "
               "checkpoint whose loss is at or ABOVE --threshold; for a loss that falls to it, "
               "give --direction falling")  # fmt: skip
+    if args.eval_tokens is not None and args.curves is not None:
+        raise SystemExit("error: --eval-tokens and --curves both give the suite's curve; give "
+                         "one of them")  # fmt: skip
     suites = hub_runs(args)
-    if suites and args.threshold is not None and args.curves is None:
+    if suites and args.threshold is not None and args.curves is None and args.eval_tokens is None:
         raise SystemExit("error: --threshold needs each suite run's curve: give --curves DIR "
-                         "(a <run>.csv of step,test_acc per run), or map with --metrics-only")  # fmt: skip
+                         "(a <run>.csv of step,test_acc per run) or --eval-tokens TOKENS.npy "
+                         "(a held-out loss per revision), or map with --metrics-only")  # fmt: skip
     paths = [source for source in args.tables if isinstance(source, Path)]
     found = find_runs(paths) if paths or not suites else {}
     if suites:

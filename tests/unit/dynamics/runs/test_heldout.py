@@ -1,0 +1,110 @@
+"""A suite revision's held-out next-token loss (trainmap.dynamics.runs.heldout): a tiny GPT-NeoX
+whose output layer is zero predicts every token with probability 1/V, so its loss is log V
+exactly; the loss is the mean cross-entropy of each sequence's predicted tokens; ``trainmap map
+--fetch --eval-tokens`` writes it per revision as the curve ``test_loss``; bad token files are
+refused naming them."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from hub_server import HubServer
+
+from trainmap.dynamics.runs.layouts import ExternalRunError
+
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("huggingface_hub")
+from trainmap.dynamics.runs.heldout import heldout_loss, read_tokens  # noqa: E402
+
+VOCAB, CONTEXT = 64, 16
+
+
+def tiny_model(seed: int, zero_head: bool = False):
+    torch.manual_seed(seed)
+    config = transformers.GPTNeoXConfig(vocab_size=VOCAB, hidden_size=16, num_hidden_layers=2,
+                                        num_attention_heads=2, intermediate_size=32,
+                                        max_position_embeddings=64)  # fmt: skip
+    model = transformers.GPTNeoXForCausalLM(config)
+    if zero_head:
+        with torch.no_grad():
+            model.get_output_embeddings().weight.zero_()
+    return model
+
+
+def saved(model, folder: Path) -> Path:
+    model.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture
+def tokens(tmp_path: Path) -> Path:
+    path = tmp_path / "tokens.npy"
+    np.save(path, np.random.default_rng(0).integers(0, VOCAB, 200))
+    return path
+
+
+def test_a_model_that_predicts_uniformly_has_loss_log_v(tmp_path, tokens):
+    folder = saved(tiny_model(0, zero_head=True), tmp_path / "uniform")
+    loss = heldout_loss(folder, read_tokens(tokens, 64, CONTEXT), CONTEXT)
+    assert loss == pytest.approx(math.log(VOCAB), rel=1e-12)
+
+
+def test_the_loss_is_the_mean_over_each_sequences_predicted_tokens(tmp_path, tokens):
+    model = tiny_model(1)
+    folder = saved(model, tmp_path / "random")
+    ids = read_tokens(tokens, 70, CONTEXT)  # a whole number of sequences: 64 tokens
+    assert len(ids) == 64
+    sequences = torch.from_numpy(ids.reshape(-1, CONTEXT))
+    with torch.no_grad():
+        logits = model(input_ids=sequences).logits.double()
+    by_hand = torch.log_softmax(logits[:, :-1], dim=-1).gather(
+        -1, sequences[:, 1:, None]).mean()  # fmt: skip
+    assert heldout_loss(folder, ids, CONTEXT, batch=3) == pytest.approx(-float(by_hand), rel=1e-9)
+
+
+def test_bad_token_files_are_refused_naming_them(tmp_path, tokens):
+    np.save(tmp_path / "two_d.npy", np.zeros((4, 4), dtype=np.int64))
+    np.save(tmp_path / "floats.npy", np.zeros(100))
+    (tmp_path / "text.npy").write_text("not an array")
+    for name, message in [("two_d.npy", "2-D int64 array"), ("floats.npy", "1-D float64"),
+                          ("text.npy", "not a .npy array")]:  # fmt: skip
+        with pytest.raises(ExternalRunError, match=message):
+            read_tokens(tmp_path / name, 64, CONTEXT)
+    with pytest.raises(ExternalRunError, match="shorter than one sequence"):
+        read_tokens(tokens, 8, CONTEXT)
+    np.save(tmp_path / "big.npy", np.full(64, VOCAB + 5))
+    folder = saved(tiny_model(0), tmp_path / "model")
+    with pytest.raises(
+        ExternalRunError, match=r"token id 69 is past the model's vocabulary \(64\)"
+    ):
+        heldout_loss(folder, read_tokens(tmp_path / "big.npy", 64, CONTEXT), CONTEXT)
+
+
+def test_the_command_line_writes_each_fetched_revisions_loss_as_its_curve(tmp_path, tokens):
+    from trainmap.dynamics.__main__ import main
+
+    repos = {}
+    for seed in (1, 2):
+        repo = f"EleutherAI/pythia-nano-seed{seed}"
+        repos[repo] = {}
+        for step in (0, 1):
+            folder = saved(tiny_model(10 * seed + step, zero_head=step == 0),
+                           tmp_path / "made" / f"{seed}-{step}")  # fmt: skip
+            repos[repo][f"step{step}"] = {p.name: p.read_bytes() for p in folder.iterdir()}
+    out = tmp_path / "out"
+    with HubServer(repos) as server:
+        main(["hf://EleutherAI/pythia-nano-seed{seed}", "--seeds", "1-2", "--fetch",
+              "--hf-endpoint", server.endpoint, "--hf-cache", str(tmp_path / "hub"),
+              "--eval-tokens", str(tokens), "--eval-token-budget", "64", "--eval-context",
+              str(CONTEXT), "--out", str(out), "--metrics-only"])  # fmt: skip
+    ids = read_tokens(tokens, 64, CONTEXT)
+    for seed in (1, 2):
+        table = pd.read_csv(out / "metrics" / f"pythia-nano-seed{seed}" / "metrics.csv")
+        assert table["test_loss"][0] == pytest.approx(math.log(VOCAB), rel=1e-12)
+        expected = heldout_loss(tmp_path / "made" / f"{seed}-1", ids, CONTEXT)
+        assert table["test_loss"][1] == pytest.approx(expected, rel=1e-12)
