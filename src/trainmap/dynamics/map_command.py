@@ -340,7 +340,7 @@ def _fetched_table(run: str, external: FetchedRun, args: argparse.Namespace, mod
                                  {step: path}, args)  # fmt: skip
 
     return suite_run_metrics(external.manifest, run, args.out / "rows" / run, measure,
-                             keep_weights=args.keep_weights)  # fmt: skip
+                             keep_weights=args.keep_weights, fetch_jobs=args.fetch_jobs)  # fmt: skip
 
 
 def with_heldout_loss(table: pd.DataFrame, checkpoints: dict[int, Path],

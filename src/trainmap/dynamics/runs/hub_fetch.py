@@ -18,7 +18,8 @@ reaches the Hub itself, in three steps that never hold more than the revisions i
 :func:`suite_run_metrics` does the three for one run, a revision at a time: each revision's metrics
 row is written (atomically) as soon as it is measured, a rerun reads no revision that has its row,
 and the rows are joined into the run's table at the end. A crash, ``kill -9`` or a full disk keeps
-every row already written; the disk in use is the one revision in flight plus the rows.
+every row already written; the disk in use is the revisions in flight (one, or ``fetch_jobs``)
+plus the rows.
 
 The endpoint is ``huggingface_hub``'s (``HF_ENDPOINT``, read when it is imported) unless one is
 given. Errors name the repository and the revision: :class:`~trainmap.dynamics.runs.hub.
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -170,6 +172,7 @@ def suite_run_metrics(
     measure: Callable[[Path, int], pd.DataFrame],
     keep_weights: bool = False,
     token: str | bool | None = None,
+    fetch_jobs: int = 1,
 ) -> pd.DataFrame:
     """``run``'s metric table, one revision at a time, in step order. A revision whose row
     ``rows/step<step>.csv`` exists is not read again; any other is fetched
@@ -178,41 +181,66 @@ def suite_run_metrics(
     ``measure(weights path, step)`` (one row of the metric table), its row written atomically,
     and then, if it was fetched here (by this call or by one a crash ended: a marker
     ``rows/.fetched-<commit>`` says so) and not ``keep_weights``, deleted from the cache
-    (:func:`release_checkpoint`); a revision the user had stays. Returns the rows joined (pandas
-    reads the numbers back as written: the same floats)."""
+    (:func:`release_checkpoint`); a revision the user had stays. ``fetch_jobs``: revisions
+    downloaded at once, the next ones while one is measured (the disk then holds at most that
+    many revisions). Returns the rows joined (pandas reads the numbers back as written: the same
+    floats)."""
     if run not in manifest.runs:
         raise HubCacheError(f"{manifest.source}: no run {run!r} (runs: {', '.join(manifest.runs)})")
+    if fetch_jobs < 1:
+        raise HubCacheError(f"fetch jobs {fetch_jobs}: give at least 1")
     rows.mkdir(parents=True, exist_ok=True)
-    shapes_file = rows / "shapes.json"
-    for step, checkpoint in manifest.runs[run].items():
-        row = rows / f"step{step}.csv"
-        if row.is_file():
-            continue
+    todo = [(step, checkpoint) for step, checkpoint in manifest.runs[run].items()
+            if not (rows / f"step{step}.csv").is_file()]  # fmt: skip
+
+    def start(pool: ThreadPoolExecutor, checkpoint: HubCheckpoint) -> Future[Fetched]:
         # Marked before the download: a revision a crash left in the cache is still known as
         # fetched here, and deleted once measured, not taken for one the user had.
-        marker = rows / f".fetched-{checkpoint.commit}"
         snapshot = _snapshot(_hub(), manifest.cache_dir, checkpoint.repo, checkpoint.commit)
         if not all((snapshot / name).is_file() for name in checkpoint.files):
-            marker.touch()
-        fetched = fetch_checkpoint(checkpoint, manifest.cache_dir, manifest.fetch_from, token)
-        path = fetched.snapshot / checkpoint.files[0]
-        shapes = {name: list(shape) for name, shape in checkpoint_shapes(path).items()}
-        if not shapes_file.is_file():
-            write_atomic(shapes_file, lambda tmp, s=shapes: tmp.write_text(json.dumps(s)))
-        reference = json.loads(shapes_file.read_text())
-        if shapes != reference:
-            differ = sorted(set(shapes) ^ set(reference)) or sorted(
-                name for name in shapes if shapes[name] != reference[name])  # fmt: skip
-            raise ExternalRunError(f"{checkpoint.repo} revision {checkpoint.revision}: its tensors "
-                                   f"differ from the run's first revision's ({', '.join(differ[:5])}"
-                                   f"); every checkpoint of a run holds one architecture")  # fmt: skip
-        table = measure(path, step)
-        write_atomic(row, lambda tmp, t=table: t.to_csv(tmp, index=False))
-        if (fetched.fetched or marker.exists()) and not keep_weights:
-            release_checkpoint(checkpoint, manifest.cache_dir)
-        marker.unlink(missing_ok=True)
+            (rows / f".fetched-{checkpoint.commit}").touch()
+        return pool.submit(fetch_checkpoint, checkpoint, manifest.cache_dir, manifest.fetch_from,
+                           token)  # fmt: skip
+
+    with ThreadPoolExecutor(max_workers=fetch_jobs) as pool:
+        try:
+            started = [start(pool, checkpoint) for _, checkpoint in todo[:fetch_jobs]]
+            for index, (step, checkpoint) in enumerate(todo):
+                fetched = started[index].result()
+                _measure_revision(checkpoint, fetched, step, rows, measure)
+                marker = rows / f".fetched-{checkpoint.commit}"
+                if (fetched.fetched or marker.exists()) and not keep_weights:
+                    release_checkpoint(checkpoint, manifest.cache_dir)
+                marker.unlink(missing_ok=True)
+                if index + fetch_jobs < len(todo):
+                    started.append(start(pool, todo[index + fetch_jobs][1]))
+        except BaseException:
+            pool.shutdown(wait=True, cancel_futures=True)
+            raise
     tables = [pd.read_csv(rows / f"step{step}.csv") for step in manifest.runs[run]]
     return pd.concat(tables, ignore_index=True)
+
+
+def _measure_revision(
+    checkpoint: HubCheckpoint, fetched: Fetched, step: int, rows: Path,
+    measure: Callable[[Path, int], pd.DataFrame],
+) -> None:  # fmt: skip
+    """Check one fetched revision's tensors against the run's first (``rows/shapes.json``),
+    measure it and write its row ``rows/step<step>.csv`` atomically."""
+    path = fetched.snapshot / checkpoint.files[0]
+    shapes = {name: list(shape) for name, shape in checkpoint_shapes(path).items()}
+    shapes_file = rows / "shapes.json"
+    if not shapes_file.is_file():
+        write_atomic(shapes_file, lambda tmp: tmp.write_text(json.dumps(shapes)))
+    reference = json.loads(shapes_file.read_text())
+    if shapes != reference:
+        differ = sorted(set(shapes) ^ set(reference)) or sorted(
+            name for name in shapes if shapes[name] != reference[name])  # fmt: skip
+        raise ExternalRunError(f"{checkpoint.repo} revision {checkpoint.revision}: its tensors "
+                               f"differ from the run's first revision's ({', '.join(differ[:5])}"
+                               f"); every checkpoint of a run holds one architecture")  # fmt: skip
+    table = measure(path, step)
+    write_atomic(rows / f"step{step}.csv", lambda tmp: table.to_csv(tmp, index=False))
 
 
 def _failure(checkpoint: HubCheckpoint, what: str, error: BaseException) -> str:

@@ -269,3 +269,24 @@ def test_a_revision_that_cannot_be_deleted_is_named_and_its_row_kept(server, tmp
         hub_fetch.suite_run_metrics(manifest, "pythia-tiny-seed1", tmp_path / "rows",
                                     measure_with(), token=False)  # fmt: skip
     assert (tmp_path / "rows" / "step0.csv").is_file()
+
+
+def test_fetch_jobs_download_the_next_revisions_while_one_is_measured(server, tmp_path):
+    """With 2 fetch jobs the next revision arrives while one is measured, and the cache never
+    holds more than 2."""
+    import time
+
+    manifest = resolve(server, tmp_path, seeds="1")
+    measure, held = measure_with(), []
+
+    def measuring(path: Path, step: int):
+        deadline = time.monotonic() + 20
+        while step == 0 and len(snapshots(tmp_path / "hub")) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)  # step 1 is downloading meanwhile
+        held.append(len(snapshots(tmp_path / "hub")))
+        return measure(path, step)
+
+    table = hub_fetch.suite_run_metrics(manifest, "pythia-tiny-seed1", tmp_path / "rows",
+                                        measuring, token=False, fetch_jobs=2)  # fmt: skip
+    assert list(table["step"]) == [0, 1, 2]
+    assert held[0] == 2 and max(held) <= 2 and snapshots(tmp_path / "hub") == []
