@@ -16,12 +16,20 @@ split), in a fresh process:
 * what dominates: the seconds in the spectra (``grouped_singular_values``: ``svdvals``, or a Gram
   product and ``eigvalsh``; a profile of one revision) against the rest.
 
+``--fetch`` measures the fetch path instead (:mod:`trainmap.dynamics.runs.hub_fetch`): a
+``--fetch-revisions`` pass (default 20) of the 14m shape served by the tests' local fake of the Hub
+(``tests/hub_server.py``, on 127.0.0.1) through the real ``huggingface_hub`` client, with and
+without ``--keep-weights``: the seconds per revision split into fetch, read and measure, the cache's
+size after each revision (the disk in use over time) and its peak, and the process's peak RSS.
+
 Usage::
 
     .venv/bin/python bench/suite_read.py            # ~4 min on 2 cores
     .venv/bin/python bench/suite_read.py --quick    # 14m only, ~1 min
+    .venv/bin/python bench/suite_read.py --fetch    # the fetch path, ~1 min
 
-Writes ``bench/results/suite_read.md`` unless ``--no-write``.
+Writes ``bench/results/suite_read.md`` (``--fetch``: ``bench/results/suite_fetch.md``) unless
+``--no-write``.
 """
 
 from __future__ import annotations
@@ -34,6 +42,7 @@ import tempfile
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results" / "suite_read.md"
+FETCH_RESULTS = RESULTS.with_name("suite_fetch.md")
 #: The two Pythia shapes (EleutherAI's configs: hidden, layers, heads, intermediate, vocab).
 SHAPES = {
     "14m": {"hidden_size": 128, "num_hidden_layers": 6, "num_attention_heads": 4,
@@ -51,6 +60,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="the 14m shape only")
     parser.add_argument("--revisions", type=int, default=3, help="revisions a run (default 3)")
     parser.add_argument("--no-write", action="store_true", help="print only")
+    parser.add_argument("--fetch", action="store_true",
+                        help="the fetch path against a local fake Hub (see above)")  # fmt: skip
+    parser.add_argument("--fetch-revisions", type=int, default=20,
+                        help="revisions of the fetch pass (default 20)")  # fmt: skip
     parser.add_argument("--child", nargs=3, metavar=("RUN_DIR", "HEADS", "PATH"),
                         help=argparse.SUPPRESS)  # fmt: skip
     return parser.parse_args(argv)
@@ -140,11 +153,121 @@ def spectra_share(run_dir: Path, heads: int) -> float:
     return spectral / total if total else float("nan")
 
 
+def _folder_bytes(folder: Path) -> int:
+    """Bytes of the regular files under ``folder`` (symlinks not followed: each blob once)."""
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file() and not p.is_symlink())
+
+
+def fetch_pass(scratch: Path, revisions: int, keep_weights: bool) -> dict:
+    """One fetched pass of the 14m shape (see the module docstring): per-revision seconds of
+    fetch, read and measure, the cache's bytes after each revision, and the peak RSS."""
+    import time
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from hub_server import HubServer
+
+    from trainmap.dynamics.runs import hub_fetch
+    from trainmap.dynamics.runs.external import ExternalRun, external_run_metrics, no_curve
+    from trainmap.dynamics.runs.hub import parse_hub_source
+    from trainmap.dynamics.runs.layouts import checkpoint_shapes, read_entries
+
+    made = scratch / "made"
+    if not made.is_dir():
+        write_run(made, SHAPES["14m"], revisions)
+    repo = "EleutherAI/pythia-14m-seed1"
+    files = {f"step{i * 1000}": {"model.safetensors": (made / f"step{i * 1000}.safetensors")
+                                 .read_bytes(), "config.json": b'{"model_type": "gpt_neox"}'}
+             for i in range(revisions)}  # fmt: skip
+    cache = scratch / ("hub-keep" if keep_weights else "hub")
+    timings: dict[str, list[float]] = {"fetch": [], "read": [], "measure": []}
+    disk: list[int] = []
+    fetch = hub_fetch.fetch_checkpoint
+
+    def timed_fetch(*fetch_args, **fetch_kwargs):
+        started = time.perf_counter()
+        fetched = fetch(*fetch_args, **fetch_kwargs)
+        timings["fetch"].append(time.perf_counter() - started)
+        return fetched
+
+    def measure(path: Path, step: int):
+        started = time.perf_counter()
+        for _, tensor in read_entries(path, list(checkpoint_shapes(path))):
+            tensor.clone()
+        timings["read"].append(time.perf_counter() - started)
+        started = time.perf_counter()
+        table = external_run_metrics(ExternalRun(path.parent, {step: path}, no_curve([step])),
+                                     "paper", SHAPES["14m"]["num_attention_heads"])  # fmt: skip
+        timings["measure"].append(time.perf_counter() - started)
+        disk.append(_folder_bytes(cache))
+        return table
+
+    hub_fetch.fetch_checkpoint = timed_fetch
+    try:
+        with HubServer({repo: files}) as server:
+            spec = parse_hub_source("hf://" + repo, cache_dir=cache)
+            started = time.perf_counter()
+            manifest = hub_fetch.resolve_online(spec, endpoint=server.endpoint, token=False)
+            resolve_s = time.perf_counter() - started
+            started = time.perf_counter()
+            hub_fetch.suite_run_metrics(manifest, "pythia-14m-seed1", scratch / f"rows-{cache.name}",
+                                        measure, keep_weights=keep_weights, token=False)  # fmt: skip
+            pass_s = time.perf_counter() - started
+    finally:
+        hub_fetch.fetch_checkpoint = fetch
+    return {"keep": keep_weights, "resolve_s": resolve_s, "pass_s": pass_s,
+            "file_mb": len(files["step0"]["model.safetensors"]) / 2**20,
+            **{f"{key}_s": sum(values) / len(values) for key, values in timings.items()},
+            "disk_mb": [b / 2**20 for b in disk], "end_mb": _folder_bytes(cache) / 2**20,
+            "peak_rss_mb": _status_kb("VmHWM") / 1024}  # fmt: skip
+
+
+def fetch_main(args: argparse.Namespace) -> int:
+    import torch
+
+    from trainmap.portable import cpu_model_and_flags
+
+    with tempfile.TemporaryDirectory() as scratch:
+        passes = [fetch_pass(Path(scratch), args.fetch_revisions, keep)
+                  for keep in (False, True)]  # fmt: skip
+    lines = [
+        "# Fetching checkpoint suites a revision at a time",
+        "",
+        f"`bench/suite_read.py --fetch` on {cpu_model_and_flags()[0]}, {torch.get_num_threads()} "
+        f"threads: {args.fetch_revisions} revisions of the 14m shape (float16 safetensors, random "
+        "weights) served by the local fake Hub (tests/hub_server.py, 127.0.0.1) through "
+        "huggingface_hub, `trainmap.dynamics.runs.hub_fetch.suite_run_metrics` with one fetch job.",
+        "",
+        "| pass | file MB | resolve s | fetch s / revision | read s | measure s | whole pass s | "
+        "cache MB after each revision (max) | cache MB at the end | peak RSS MB |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        *[f"| {'--keep-weights' if r['keep'] else 'default (each revision deleted)'} | "
+          f"{r['file_mb']:.0f} | {r['resolve_s']:.2f} | {r['fetch_s']:.3f} | {r['read_s']:.3f} | "
+          f"{r['measure_s']:.3f} | {r['pass_s']:.1f} | {max(r['disk_mb']):.0f} | "
+          f"{r['end_mb']:.0f} | {r['peak_rss_mb']:.0f} |" for r in passes],
+        "",
+        "Cache MB after each revision, in order: "
+        + "; ".join(f"{'keep' if r['keep'] else 'default'}: "
+                    + ", ".join(f"{mb:.0f}" for mb in r["disk_mb"]) for r in passes),
+        "",
+        "The fetch seconds are those of a local server (no network): a real pass adds the "
+        "download time of each file at the link's speed. Peak RSS is the process's, the fake "
+        "server's copy of the suite included.",
+    ]  # fmt: skip
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if not args.no_write:
+        FETCH_RESULTS.parent.mkdir(parents=True, exist_ok=True)
+        FETCH_RESULTS.write_text(text)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.child:
         child(*args.child)
         return 0
+    if args.fetch:
+        return fetch_main(args)
     import torch
 
     from trainmap.portable import cpu_model_and_flags
