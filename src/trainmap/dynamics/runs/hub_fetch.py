@@ -28,6 +28,7 @@ HubCacheError`.
 
 from __future__ import annotations
 
+import errno
 import json
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -175,7 +176,8 @@ def suite_run_metrics(
     fetch_jobs: int = 1,
 ) -> pd.DataFrame:
     """``run``'s metric table, one revision at a time, in step order. A revision whose row
-    ``rows/step<step>.csv`` exists is not read again; any other is fetched
+    ``rows/step<step>.<commit>.csv`` exists is not read again (a row of the step at another
+    commit is an error: :func:`_row_kept`); any other is fetched
     (:func:`fetch_checkpoint`, from ``manifest.fetch_from``), checked to hold the tensors of the
     run's first revision (their shapes kept in ``rows/shapes.json``), measured by
     ``measure(weights path, step)`` (one row of the metric table), its row written atomically,
@@ -191,7 +193,7 @@ def suite_run_metrics(
         raise HubCacheError(f"fetch jobs {fetch_jobs}: give at least 1")
     rows.mkdir(parents=True, exist_ok=True)
     todo = [(step, checkpoint) for step, checkpoint in manifest.runs[run].items()
-            if not (rows / f"step{step}.csv").is_file()]  # fmt: skip
+            if not _row_kept(rows, step, checkpoint)]  # fmt: skip
 
     def start(pool: ThreadPoolExecutor, checkpoint: HubCheckpoint) -> Future[Fetched]:
         # Marked before the download: a revision a crash left in the cache is still known as
@@ -217,8 +219,31 @@ def suite_run_metrics(
         except BaseException:
             pool.shutdown(wait=True, cancel_futures=True)
             raise
-    tables = [pd.read_csv(rows / f"step{step}.csv") for step in manifest.runs[run]]
+    tables = [pd.read_csv(row_path(rows, step, checkpoint))
+              for step, checkpoint in manifest.runs[run].items()]  # fmt: skip
     return pd.concat(tables, ignore_index=True)
+
+
+def row_path(rows: Path, step: int, checkpoint: HubCheckpoint) -> Path:
+    """Where the row of ``step`` measured at ``checkpoint``'s commit is kept."""
+    return rows / f"step{step}.{checkpoint.commit}.csv"
+
+
+def _row_kept(rows: Path, step: int, checkpoint: HubCheckpoint) -> bool:
+    """Whether ``step``'s row was measured already, at this commit. A row measured at another
+    commit (the branch was moved since) is an error naming both: nothing is measured over it."""
+    if row_path(rows, step, checkpoint).is_file():
+        return True
+    other = sorted(rows.glob(f"step{step}.*.csv"))
+    if other:
+        measured = other[0].name.split(".")[1]
+        raise HubCacheError(
+            f"{checkpoint.repo} revision {checkpoint.revision}: its row in {rows} was measured at "
+            f"commit {measured}, but the revision now points to {checkpoint.commit}; keep the "
+            f"old numbers with the revisions.json they came from, or delete {other[0]} to measure "
+            "the revision again"
+        )
+    return False
 
 
 def _measure_revision(
@@ -226,7 +251,7 @@ def _measure_revision(
     measure: Callable[[Path, int], pd.DataFrame],
 ) -> None:  # fmt: skip
     """Check one fetched revision's tensors against the run's first (``rows/shapes.json``),
-    measure it and write its row ``rows/step<step>.csv`` atomically."""
+    measure it and write its row (:func:`row_path`) atomically."""
     path = fetched.snapshot / checkpoint.files[0]
     shapes = {name: list(shape) for name, shape in checkpoint_shapes(path).items()}
     shapes_file = rows / "shapes.json"
@@ -240,10 +265,14 @@ def _measure_revision(
                                f"differ from the run's first revision's ({', '.join(differ[:5])}"
                                f"); every checkpoint of a run holds one architecture")  # fmt: skip
     table = measure(path, step)
-    write_atomic(rows / f"step{step}.csv", lambda tmp: table.to_csv(tmp, index=False))
+    write_atomic(row_path(rows, step, checkpoint), lambda tmp: table.to_csv(tmp, index=False))
 
 
 def _failure(checkpoint: HubCheckpoint, what: str, error: BaseException) -> str:
+    if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
+        return (f"{checkpoint.repo} revision {checkpoint.revision} (commit {checkpoint.commit}) "
+                f"{what}: no room for it ({error}); free space in the cache (df -h) or point "
+                "--hf-cache at a larger disk, and run again: the rows already written are kept")  # fmt: skip
     return (f"{checkpoint.repo} revision {checkpoint.revision} (commit {checkpoint.commit}) {what}"
             f": {type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}")  # fmt: skip
 

@@ -192,8 +192,8 @@ def test_a_rerun_after_a_crash_reads_no_revision_twice(server, tmp_path):
     with pytest.raises(KeyboardInterrupt):
         hub_fetch.suite_run_metrics(manifest, "pythia-tiny-seed1", tmp_path / "rows",
                                     crash_at_step_2, token=False)  # fmt: skip
-    assert sorted(p.name for p in (tmp_path / "rows").glob("step*.csv")) == ["step0.csv",
-                                                                             "step1.csv"]  # fmt: skip
+    assert sorted(p.name.split(".")[0] for p in (tmp_path / "rows").glob("step*.csv")) == [
+        "step0", "step1"]  # fmt: skip
     assert weight_downloads(server) == 3 and len(snapshots(tmp_path / "hub")) == 1  # step 2
     table = hub_fetch.suite_run_metrics(manifest, "pythia-tiny-seed1", tmp_path / "rows",
                                         measure, token=False)  # fmt: skip
@@ -224,8 +224,8 @@ def test_the_command_line_fetches_measures_and_frees_each_revision_and_resumes(s
     assert manifest.fetch_from == server.endpoint and sorted(manifest.runs) == [
         "pythia-tiny-seed1", "pythia-tiny-seed2"]  # fmt: skip
     for run in manifest.runs:
-        assert sorted(p.name for p in (out / "rows" / run).glob("step*.csv")) == ["step0.csv",
-                                                                                   "step1.csv"]  # fmt: skip
+        assert sorted(p.name.split(".")[0] for p in (out / "rows" / run).glob("step*.csv")) == [
+            "step0", "step1"]  # fmt: skip
         table = pd.read_csv(out / "metrics" / run / "metrics.csv")
         assert list(table["step"]) == [0, 1]
     assert snapshots(cache) == []
@@ -268,7 +268,7 @@ def test_a_revision_that_cannot_be_deleted_is_named_and_its_row_kept(server, tmp
                        r"deleted from .*read-only file system; what was measured of it is kept"):  # fmt: skip
         hub_fetch.suite_run_metrics(manifest, "pythia-tiny-seed1", tmp_path / "rows",
                                     measure_with(), token=False)  # fmt: skip
-    assert (tmp_path / "rows" / "step0.csv").is_file()
+    assert hub_fetch.row_path(tmp_path / "rows", 0, manifest.runs["pythia-tiny-seed1"][0]).is_file()
 
 
 def test_fetch_jobs_download_the_next_revisions_while_one_is_measured(server, tmp_path):
@@ -290,3 +290,57 @@ def test_fetch_jobs_download_the_next_revisions_while_one_is_measured(server, tm
                                         measuring, token=False, fetch_jobs=2)  # fmt: skip
     assert list(table["step"]) == [0, 1, 2]
     assert held[0] == 2 and max(held) <= 2 and snapshots(tmp_path / "hub") == []
+
+
+def test_a_row_measured_at_another_commit_is_an_error_not_a_silent_reuse(tmp_path):
+    """The branch step1 moved after its row was written: the rerun names both commits and
+    measures nothing over the old row."""
+    from dataclasses import replace
+
+    with HubServer(suite(seeds=(1,))) as running:
+        manifest = resolve(running, tmp_path, seeds="1")
+        rows = tmp_path / "rows"
+        hub_fetch.suite_run_metrics(manifest, "pythia-tiny-seed1", rows, measure_with(),
+                                    token=False)  # fmt: skip
+        run = manifest.runs["pythia-tiny-seed1"]
+        moved = replace(run[1], commit="f" * 40)
+        manifest.runs["pythia-tiny-seed1"] = {**run, 1: moved}
+        with pytest.raises(HubCacheError, match=r"revision step1: its row in .* was measured at "
+                           rf"commit {run[1].commit}, but the revision now points to f{{40}}"):  # fmt: skip
+            hub_fetch.suite_run_metrics(manifest, "pythia-tiny-seed1", rows, measure_with(),
+                                        token=False)  # fmt: skip
+        assert hub_fetch.row_path(rows, 1, run[1]).is_file()
+
+
+@pytest.mark.integration  # starts a program (a subprocess under a file-size limit)
+def test_a_full_disk_while_fetching_keeps_the_rows_already_written(tmp_path):
+    """``trainmap map --fetch`` under a file-size limit (RLIMIT_FSIZE, standing in for a full
+    disk): the revision that does not fit is named, and the rows of the revisions measured before
+    it stay."""
+    import resource
+    import subprocess
+    import sys
+
+    big = {"layers.0.weight": torch.randn(64, 64), "layers.1.weight": torch.randn(3, 64)}
+    repo = "EleutherAI/pythia-big-seed1"
+    repos = {repo: {f"step{s}": revision_files(repo, f"step{s}", big) for s in (0, 1)}}
+    out, cache = tmp_path / "out", tmp_path / "hub"
+    command = [sys.executable, "-m", "trainmap.dynamics", "hf://EleutherAI/pythia-big-seed{seed}",
+               "--seeds", "1", "--fetch", "--hf-cache", str(cache), "--out", str(out),
+               "--metrics-only"]  # fmt: skip
+
+    def small_disk() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (8192, 8192))
+
+    with HubServer(repos) as running:
+        first = subprocess.run([*command, "--steps", "0", "--hf-endpoint", running.endpoint],
+                               capture_output=True, text=True, timeout=300)  # fmt: skip
+        assert first.returncode == 0, first.stderr[-2000:]
+        full = subprocess.run([*command, "--steps", "0-1", "--hf-endpoint", running.endpoint],
+                              capture_output=True, text=True, timeout=300,
+                              preexec_fn=small_disk)  # fmt: skip
+    assert full.returncode != 0
+    assert "EleutherAI/pythia-big-seed1 revision step1" in full.stderr, full.stderr[-2000:]
+    assert "could not be fetched: no room for it" in full.stderr, full.stderr[-2000:]
+    kept = list((out / "rows" / "pythia-big-seed1").glob("step0.*.csv"))
+    assert len(kept) == 1 and kept[0].stat().st_size > 0
