@@ -3,7 +3,8 @@
 Every Snakemake job is a fresh Python process, and a trainmap job imports torch, pandas, matplotlib
 and MLflow before it does anything (measured: ~1.6 s + ~1.2 s, more under load), which is longer
 than many jobs compute. When Snakemake executes jobs on this machine, the Snakefile's ``onstart``
-starts one server per workflow run (:func:`start_server`); it imports those libraries once and
+starts one server per workflow run (:func:`launch_server`, then :func:`await_server` once the
+plan is checked; :func:`start_server` does both); it imports those libraries once and
 then, for every job, forks a child that already has them. The job's Snakemake script stays a thin
 client (:func:`run_job`): it sends the job (a ``module:function`` name and JSON keyword arguments)
 over a Unix socket and exits with the child's exit status, so Snakemake sees success and failure
