@@ -132,16 +132,26 @@ def _code_digest() -> str:
 
 
 def _disk_key(task_data_json: str, arch: str, options_json: str) -> str | None:
-    """The file name of a profile on disk, or None when it is not kept there: an architecture or
-    data kind that a plugin registered (its code is not part of :func:`_code_digest`)."""
+    """The file name of a profile on disk: a hash of the code (:func:`_code_digest`), the settings,
+    and the size and modification time of each data file or folder they name; None when it is
+    not kept there: an architecture or data kind that a plugin registered (its code is not part
+    of the hash)."""
     from trainmap.data.registry import DATA_KINDS
     from trainmap.models.registry import ARCHITECTURES
 
-    kind = json.loads(task_data_json)["kind"]
-    for source in (ARCHITECTURES.source_of(arch), DATA_KINDS.source_of(kind)):
+    data = json.loads(task_data_json)
+    for source in (ARCHITECTURES.source_of(arch), DATA_KINDS.source_of(data["kind"])):
         if not source.startswith("trainmap."):
             return None
-    key = json.dumps([_code_digest(), task_data_json, arch, options_json])
+    # A data file or folder the settings name (arrays, image_folder) is read for the model's
+    # input shape and classes: its size and modification time are part of the key.
+    stamps = []
+    for key, value in sorted(data.items()):
+        path = Path(value).expanduser() if isinstance(value, str) and value else None
+        if path is not None and path.exists():
+            info = path.stat()
+            stamps.append([key, info.st_size, info.st_mtime_ns])
+    key = json.dumps([_code_digest(), task_data_json, arch, options_json, stamps])
     return hashlib.sha256(key.encode()).hexdigest()[:32] + ".json"
 
 

@@ -280,3 +280,20 @@ def json_of(settings) -> str:
     import json
 
     return json.dumps(settings, sort_keys=True)
+
+
+def test_a_kept_profile_is_named_after_the_data_file_it_read(tmp_path: Path) -> None:
+    """An arrays data set is read for its shapes: rewritten, it gives another profile file."""
+    import json
+    import os
+
+    from trainmap.plan import profile as profiles
+
+    data = tmp_path / "data.npz"
+    data.write_bytes(b"x" * 10)
+    settings = json.dumps({"kind": "arrays", "path": str(data)}, sort_keys=True)
+    first = profiles._disk_key(settings, "mlp", "{}")
+    assert first == profiles._disk_key(settings, "mlp", "{}")
+    data.write_bytes(b"y" * 20)
+    os.utime(data, ns=(1, 1))
+    assert profiles._disk_key(settings, "mlp", "{}") not in (None, first)
