@@ -158,6 +158,16 @@ def _folder_bytes(folder: Path) -> int:
     return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file() and not p.is_symlink())
 
 
+def publish(lines: list[str], path: Path, print_only: bool) -> int:
+    """Print the record's ``lines`` and, unless ``print_only``, write them to ``path``."""
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if not print_only:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return 0
+
+
 def fetch_pass(scratch: Path, revisions: int, keep_weights: bool) -> dict:
     """One fetched pass of the 14m shape (see the module docstring): per-revision seconds of
     fetch, read and measure, the cache's bytes after each revision, and the peak RSS."""
@@ -253,12 +263,7 @@ def fetch_main(args: argparse.Namespace) -> int:
         "download time of each file at the link's speed. Peak RSS is the process's, the fake "
         "server's copy of the suite included.",
     ]  # fmt: skip
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if not args.no_write:
-        FETCH_RESULTS.parent.mkdir(parents=True, exist_ok=True)
-        FETCH_RESULTS.write_text(text)
-    return 0
+    return publish(lines, FETCH_RESULTS, args.no_write)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -311,12 +316,7 @@ def main(argv: list[str] | None = None) -> int:
         "so it is measured entry by entry (trainmap.dynamics.runs.bounded); the row 'all in float64' "
         "is the trajectory path on the same files, for comparison.",
     ]  # fmt: skip
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if not args.no_write:
-        RESULTS.parent.mkdir(parents=True, exist_ok=True)
-        RESULTS.write_text(text)
-    return 0
+    return publish(lines, RESULTS, args.no_write)
 
 
 if __name__ == "__main__":

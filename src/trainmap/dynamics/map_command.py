@@ -11,6 +11,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 from tqdm import tqdm
 
@@ -310,14 +311,15 @@ def suite_tables(runs: dict[str, ExternalRun], args: argparse.Namespace) -> dict
     model = _external_model(args)
     written = {}
     try:
+        tokens = _eval_tokens(args)  # read once: every revision is scored on the same tokens
         for run, external in tqdm(runs.items(), desc="suite runs", unit="run"):
             if isinstance(external, FetchedRun):
-                table = _fetched_table(run, external, args, model)
+                table = _fetched_table(run, external, args, model, tokens)
             else:
                 check_run_shapes(external)
                 table = with_heldout_loss(
                     external_run_metrics(external, args.convention, args.heads, model),
-                    external.checkpoints, args)  # fmt: skip
+                    external.checkpoints, tokens, args.eval_context)  # fmt: skip
             path = args.out / "metrics" / run / "metrics.csv"
             path.parent.mkdir(parents=True, exist_ok=True)
             write_atomic(path, lambda tmp, t=table: t.to_csv(tmp, index=False))
@@ -328,7 +330,9 @@ def suite_tables(runs: dict[str, ExternalRun], args: argparse.Namespace) -> dict
     return written
 
 
-def _fetched_table(run: str, external: FetchedRun, args: argparse.Namespace, model) -> pd.DataFrame:
+def _fetched_table(
+    run: str, external: FetchedRun, args: argparse.Namespace, model, tokens: np.ndarray | None
+) -> pd.DataFrame:
     """A ``--fetch`` suite run's table: each revision fetched, measured alone (its row written to
     ``--out``/rows/<run>/ at once) and deleted unless ``--keep-weights``
     (:func:`trainmap.dynamics.runs.hub_fetch.suite_run_metrics`)."""
@@ -337,23 +341,32 @@ def _fetched_table(run: str, external: FetchedRun, args: argparse.Namespace, mod
     def measure(path: Path, step: int) -> pd.DataFrame:
         one = ExternalRun(external.directory, {step: path}, external.evaluation)
         return with_heldout_loss(external_run_metrics(one, args.convention, args.heads, model),
-                                 {step: path}, args)  # fmt: skip
+                                 {step: path}, tokens, args.eval_context)  # fmt: skip
 
     return suite_run_metrics(external.manifest, run, args.out / "rows" / run, measure,
                              keep_weights=args.keep_weights, fetch_jobs=args.fetch_jobs)  # fmt: skip
 
 
-def with_heldout_loss(table: pd.DataFrame, checkpoints: dict[int, Path],
-                      args: argparse.Namespace) -> pd.DataFrame:  # fmt: skip
-    """``table`` with each revision's held-out loss on ``--eval-tokens`` as its ``test_loss``
-    (:mod:`trainmap.dynamics.runs.heldout`; the model read from the weights' snapshot folder);
-    unchanged without ``--eval-tokens``."""
+def _eval_tokens(args: argparse.Namespace) -> np.ndarray | None:
+    """``--eval-tokens``' scored tokens (:func:`~trainmap.dynamics.runs.heldout.read_tokens`),
+    or None without it."""
     if args.eval_tokens is None:
-        return table
-    from trainmap.dynamics.runs.heldout import LOSS_COLUMN, heldout_loss, read_tokens
+        return None
+    from trainmap.dynamics.runs.heldout import read_tokens
 
-    tokens = read_tokens(args.eval_tokens, args.eval_token_budget, args.eval_context)
-    table[LOSS_COLUMN] = [heldout_loss(checkpoints[int(step)].parent, tokens, args.eval_context)
+    return read_tokens(args.eval_tokens, args.eval_token_budget, args.eval_context)
+
+
+def with_heldout_loss(table: pd.DataFrame, checkpoints: dict[int, Path],
+                      tokens: np.ndarray | None, context: int) -> pd.DataFrame:  # fmt: skip
+    """``table`` with each revision's held-out loss on ``tokens`` as its ``test_loss``
+    (:mod:`trainmap.dynamics.runs.heldout`; the model read from the weights' snapshot folder);
+    unchanged without tokens."""
+    if tokens is None:
+        return table
+    from trainmap.dynamics.runs.heldout import LOSS_COLUMN, heldout_loss
+
+    table[LOSS_COLUMN] = [heldout_loss(checkpoints[int(step)].parent, tokens, context)
                           for step in table["step"]]  # fmt: skip
     return table
 

@@ -267,9 +267,10 @@ def _check_one_architecture(runs: Mapping[str, Mapping[int, HubCheckpoint]]) -> 
     compares runs of one architecture. Raises :class:`HubCacheError` naming both revisions."""
     from trainmap.dynamics.runs.layouts import checkpoint_shapes
 
-    check_one_architecture([(run, next(iter(checkpoints.values())),
-                             checkpoint_shapes(next(iter(checkpoints.values())).weights))
-                            for run, checkpoints in runs.items() if checkpoints])  # fmt: skip
+    firsts = {run: next(iter(checkpoints.values())) for run, checkpoints in runs.items()
+              if checkpoints}  # fmt: skip
+    check_one_architecture([(run, first, checkpoint_shapes(first.weights))
+                            for run, first in firsts.items()])  # fmt: skip
 
 
 def check_one_architecture(
