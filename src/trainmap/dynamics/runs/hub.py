@@ -139,13 +139,15 @@ class HubSpec:
 class HubCheckpoint:
     """One checkpoint of a suite, resolved: its ``repo``, ``revision`` (the branch or tag asked
     for), ``commit``, ``snapshot`` folder and the ``files`` read there (relative paths: the weights
-    first, a sharded checkpoint's index followed by its shards)."""
+    first, a sharded checkpoint's index followed by its shards). ``size``: the bytes of its
+    tensors where the safetensors headers gave them (a suite resolved online), else None."""
 
     repo: str
     revision: str
     commit: str
     snapshot: Path
     files: tuple[str, ...]
+    size: int | None = None
 
     @property
     def weights(self) -> Path:
@@ -393,15 +395,20 @@ def _from_spec_entry(entry: Mapping) -> HubSpec:
 
 def _entry(checkpoint: HubCheckpoint) -> dict[str, object]:
     """A checkpoint as the manifest's JSON holds it."""
-    return {"repo": checkpoint.repo, "revision": checkpoint.revision, "commit": checkpoint.commit,
-            "snapshot": str(checkpoint.snapshot), "files": list(checkpoint.files)}  # fmt: skip
+    entry = {"repo": checkpoint.repo, "revision": checkpoint.revision,
+             "commit": checkpoint.commit, "snapshot": str(checkpoint.snapshot),
+             "files": list(checkpoint.files)}  # fmt: skip
+    if checkpoint.size is not None:  # written only where known: an offline manifest is unchanged
+        entry["size"] = checkpoint.size
+    return entry
 
 
 def _from_entry(entry: Mapping) -> HubCheckpoint:
     """The checkpoint of a manifest's JSON entry (:func:`_entry`)."""
     files = tuple(str(name) for name in entry["files"])
+    size = entry.get("size")
     return HubCheckpoint(str(entry["repo"]), str(entry["revision"]), str(entry["commit"]),
-                         Path(entry["snapshot"]), files)  # fmt: skip
+                         Path(entry["snapshot"]), files, None if size is None else int(size))  # fmt: skip
 
 
 def hub_run_checkpoints(manifest: Manifest, run: str) -> dict[int, Path]:

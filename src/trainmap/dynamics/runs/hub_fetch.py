@@ -29,13 +29,15 @@ HubCacheError`.
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from trainmap.dynamics.runs.hub import (
@@ -62,6 +64,14 @@ from trainmap.io import write_atomic
 FETCHED_BESIDES_WEIGHTS = ("config.json",)
 #: The safetensors dtypes of floating-point tensors (the entries a map measures).
 FLOAT_DTYPES = frozenset({"F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2"})
+#: Bytes per element of each safetensors dtype (a checkpoint's size from its header).
+DTYPE_BYTES = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2,
+               "I16": 2, "U16": 2, "F8_E4M3": 1, "F8_E5M2": 1, "I8": 1, "U8": 1, "BOOL": 1}  # fmt: skip
+#: The source files (under the trainmap package) whose code makes a revision's metrics row: rows
+#: measured under other code, or other settings, are not reused (:func:`rows_folder`). The
+#: workflow's revision jobs take them as inputs too.
+ROW_DEFINITIONS = ("dynamics/metrics/weights.py", "dynamics/runs/families.py",
+                   "dynamics/runs/bounded.py", "dynamics/runs/heldout.py")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -107,9 +117,9 @@ def resolve_online(
         runs[run] = {}
         for step, (name, revision) in kept.items():
             commit = _commit(api, hub, name, revision)
-            files, tensors = _weight_files(api, hub, name, revision, commit)
+            files, tensors, size = _weight_files(api, hub, name, revision, commit)
             checkpoint = HubCheckpoint(name, revision, commit, _snapshot(hub, cache, name, commit),
-                                       files)  # fmt: skip
+                                       files, size)  # fmt: skip
             runs[run][step] = checkpoint
             if tensors is not None and run not in shapes:
                 shapes[run] = (run, checkpoint, tensors)
@@ -174,8 +184,10 @@ def suite_run_metrics(
     keep_weights: bool = False,
     token: str | bool | None = None,
     fetch_jobs: int = 1,
+    steps: Collection[int] | None = None,
 ) -> pd.DataFrame:
-    """``run``'s metric table, one revision at a time, in step order. A revision whose row
+    """``run``'s metric table (only ``steps`` of it, when given: a workflow job's block of
+    revisions), one revision at a time, in step order. A revision whose row
     ``rows/step<step>.<commit>.csv`` exists is not read again (a row of the step at another
     commit is an error: :func:`_row_kept`); any other is fetched
     (:func:`fetch_checkpoint`, from ``manifest.fetch_from``), checked to hold the tensors of the
@@ -191,8 +203,15 @@ def suite_run_metrics(
         raise HubCacheError(f"{manifest.source}: no run {run!r} (runs: {', '.join(manifest.runs)})")
     if fetch_jobs < 1:
         raise HubCacheError(f"fetch jobs {fetch_jobs}: give at least 1")
+    kept = manifest.runs[run]
+    if steps is not None:
+        unknown = sorted(set(steps) - set(kept))
+        if unknown:
+            raise HubCacheError(f"{manifest.source}: run {run} has no steps {unknown[:5]} (its "
+                                f"steps: {_steps_text(kept)}); resolve the suite again")  # fmt: skip
+        kept = {step: checkpoint for step, checkpoint in kept.items() if step in set(steps)}
     rows.mkdir(parents=True, exist_ok=True)
-    todo = [(step, checkpoint) for step, checkpoint in manifest.runs[run].items()
+    todo = [(step, checkpoint) for step, checkpoint in kept.items()
             if not _row_kept(rows, step, checkpoint)]  # fmt: skip
 
     def start(pool: ThreadPoolExecutor, checkpoint: HubCheckpoint) -> Future[Fetched]:
@@ -219,9 +238,58 @@ def suite_run_metrics(
         except BaseException:
             pool.shutdown(wait=True, cancel_futures=True)
             raise
-    tables = [pd.read_csv(row_path(rows, step, checkpoint))
-              for step, checkpoint in manifest.runs[run].items()]  # fmt: skip
+    tables = [pd.read_csv(row_path(rows, step, checkpoint)) for step, checkpoint in kept.items()]
     return pd.concat(tables, ignore_index=True)
+
+
+def rows_folder(base: Path, settings: Mapping[str, Any]) -> Path:
+    """Where the rows measured under ``settings`` (what changes a row: the convention, heads,
+    architecture, held-out tokens; JSON-able) and the present code of :data:`ROW_DEFINITIONS` are
+    kept: ``base/<key>``, the key a hash of both, with ``settings.json`` there saying what they
+    were. Rows measured otherwise stay in their own folder and are never read as these."""
+    import trainmap
+
+    package = Path(trainmap.__file__).parent
+    digest = hashlib.sha256(json.dumps(dict(settings), sort_keys=True, default=str).encode())
+    for name in ROW_DEFINITIONS:
+        digest.update((package / name).read_bytes())
+    folder = base / digest.hexdigest()[:16]
+    folder.mkdir(parents=True, exist_ok=True)
+    record = folder / "settings.json"
+    if not record.is_file():
+        write_atomic(record, lambda tmp: tmp.write_text(json.dumps(dict(settings), indent=1,
+                                                                   sort_keys=True, default=str)))  # fmt: skip
+    return folder
+
+
+def row_settings(convention: str, heads: int | None, arch: Mapping | None,
+                 tokens: np.ndarray | None, context: int) -> dict:  # fmt: skip
+    """What a fetched revision's metrics row depends on besides its weights and the code
+    (:func:`rows_folder`): the convention, heads, the model the state dicts are read through
+    (``{"arch", "meta", "options"}`` or None), and the held-out tokens (their digest) and
+    context. A row holds no curve: :func:`with_curve` joins it to the rows."""
+
+    def digest(data: bytes) -> str:
+        return hashlib.sha256(data).hexdigest()[:16]
+
+    return {"convention": convention, "heads": heads, "arch": arch,
+            "tokens": None if tokens is None else digest(np.ascontiguousarray(tokens).tobytes()),
+            "context": None if tokens is None else context}  # fmt: skip
+
+
+def with_curve(table: pd.DataFrame, curve: pd.DataFrame, heldout: bool) -> pd.DataFrame:
+    """The joined rows ``table`` (measured without a curve) with the run's ``curve`` at their
+    steps (:func:`~trainmap.dynamics.metrics.weights.with_history`); with ``heldout``, the
+    held-out loss measured per revision stays the ``test_loss`` column. The curve is joined
+    here, not kept in the rows, so a changed curve file remeasures nothing."""
+    from trainmap.dynamics.metrics.weights import with_history
+    from trainmap.dynamics.runs.heldout import LOSS_COLUMN
+
+    loss = table[LOSS_COLUMN].to_numpy() if heldout else None
+    table = with_history(table, curve)
+    if loss is not None:
+        table[LOSS_COLUMN] = loss
+    return table
 
 
 def row_path(rows: Path, step: int, checkpoint: HubCheckpoint) -> Path:
@@ -323,10 +391,11 @@ def _commit(api: Any, hub: Any, repo: str, revision: str) -> str:
 
 def _weight_files(
     api: Any, hub: Any, repo: str, revision: str, commit: str
-) -> tuple[tuple[str, ...], dict[str, tuple[int, ...]] | None]:
+) -> tuple[tuple[str, ...], dict[str, tuple[int, ...]] | None, int | None]:
     """The weight files of ``repo`` at ``commit`` (a sharded checkpoint: its index, then its
-    shards) and the shapes of their floating-point tensors from the safetensors headers (None
-    for a ``pytorch_model.bin`` checkpoint, whose shapes are read once it is fetched)."""
+    shards), the shapes of their floating-point tensors and their tensors' bytes, from the
+    safetensors headers (None and None for a ``pytorch_model.bin`` checkpoint, whose shapes are
+    read once it is fetched)."""
     errors = hub.errors
     try:
         metadata = api.get_safetensors_metadata(repo, revision=commit)
@@ -337,7 +406,7 @@ def _weight_files(
             raise HubCacheError(_hub_failure(hub, repo, revision, error)) from error
         for name in MODEL_WEIGHTS:
             if name in listed and not name.endswith(".index.json"):
-                return (name,), None
+                return (name,), None, None
         raise HubCacheError(f"{repo} revision {revision}: holds none of "
                             f"{', '.join(MODEL_WEIGHTS)} (it holds {', '.join(sorted(listed)[:8])})"
                             "; a suite's checkpoints are Hugging Face model folders") from None  # fmt: skip
@@ -346,10 +415,13 @@ def _weight_files(
     tensors = {name: tuple(info.shape)
                for meta in metadata.files_metadata.values()
                for name, info in meta.tensors.items() if info.dtype in FLOAT_DTYPES}  # fmt: skip
+    size = sum(count * DTYPE_BYTES.get(dtype, 4)
+               for meta in metadata.files_metadata.values()
+               for dtype, count in meta.parameter_count.items())  # fmt: skip
     if metadata.sharded:
         shards = tuple(sorted(set(metadata.weight_map.values())))
-        return ("model.safetensors.index.json", *shards), tensors
-    return ("model.safetensors",), tensors
+        return ("model.safetensors.index.json", *shards), tensors, size
+    return ("model.safetensors",), tensors, size
 
 
 def _hub_failure(hub: Any, repo: str, revision: str | None, error: BaseException) -> str:

@@ -6,6 +6,7 @@ is read where it is; each bad repository or revision is an error naming it."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pandas as pd
@@ -224,7 +225,7 @@ def test_the_command_line_fetches_measures_and_frees_each_revision_and_resumes(s
     assert manifest.fetch_from == server.endpoint and sorted(manifest.runs) == [
         "pythia-tiny-seed1", "pythia-tiny-seed2"]  # fmt: skip
     for run in manifest.runs:
-        assert sorted(p.name.split(".")[0] for p in (out / "rows" / run).glob("step*.csv")) == [
+        assert sorted(p.name.split(".")[0] for p in (out / "rows" / run).glob("*/step*.csv")) == [
             "step0", "step1"]  # fmt: skip
         table = pd.read_csv(out / "metrics" / run / "metrics.csv")
         assert list(table["step"]) == [0, 1]
@@ -232,6 +233,14 @@ def test_the_command_line_fetches_measures_and_frees_each_revision_and_resumes(s
     served = len(server.log)
     main(command)
     assert len(server.log) == served, "the rerun listed or fetched again"
+    # Rows measured under another convention are not this one's: measured again, kept apart.
+    main([*command, "--convention", "extended"])
+    assert weight_downloads(server) == 8
+    for run in manifest.runs:
+        folders = sorted((out / "rows" / run).iterdir())
+        assert len(folders) == 2
+        assert {json.loads((f / "settings.json").read_text())["convention"] for f in folders} == {
+            "paper", "extended"}  # fmt: skip
 
 
 def test_a_network_error_mid_file_is_retried_then_named_keeping_the_rows(
@@ -342,5 +351,5 @@ def test_a_full_disk_while_fetching_keeps_the_rows_already_written(tmp_path):
     assert full.returncode != 0
     assert "EleutherAI/pythia-big-seed1 revision step1" in full.stderr, full.stderr[-2000:]
     assert "could not be fetched: no room for it" in full.stderr, full.stderr[-2000:]
-    kept = list((out / "rows" / "pythia-big-seed1").glob("step0.*.csv"))
+    kept = list((out / "rows" / "pythia-big-seed1").glob("*/step0.*.csv"))
     assert len(kept) == 1 and kept[0].stat().st_size > 0
