@@ -33,6 +33,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "map": ("trainmap.dynamics.__main__", "fit a training map over runs (metric tables or "
             "checkpoints): states, the map, detours"),
     "check": ("trainmap.grid.validate", "check a config file as the workflow will, before any job"),
+    "resolve": ("trainmap.grid.resolve", "list the revisions of the suites a study fetches from "
+                "the Hub into their revisions.json (refs and headers, no weights)"),
     "plan": ("trainmap.plan.cli", "bytes written, peak memory and time of every job of a study, "
              "checked against one node"),
     "digest": ("trainmap.digest", "check a study's results against its published digest, or "

@@ -2,12 +2,46 @@
 # train, run directories or a suite in the Hugging Face cache (its revisions.json, written by the
 # config check, is an input), read into metric tables (external_metrics) and mapped
 # (external_map); analysis.joint comparisons pool them beside the grid's own runs
-# (joint_comparison's external param).
+# (joint_comparison's external param). A suite fetched from the Hub (hub.fetch; its
+# revisions.json written by `trainmap resolve`) is measured first by external_revisions, one job
+# per block of one run's revisions, whose tables external_metrics joins.
+from trainmap.dynamics.runs.hub_fetch import ROW_DEFINITIONS
 from trainmap.schema import section_defaults
 
 
 wildcard_constraints:
     external="[A-Za-z][A-Za-z0-9_]*",
+
+
+rule external_revisions:
+    input:
+        hub=manifest_of_external,
+        # The code that makes a row: a change measures the revisions again (their rows are kept
+        # per code and settings: trainmap.dynamics.runs.hub_fetch.rows_folder).
+        definitions=[f"src/trainmap/{name}" for name in ROW_DEFINITIONS],
+    output:
+        f"{RESULTS}/external/{{external}}/blocks/{{suite_run}}/{{revisions}}.csv",
+    log:
+        "logs/external_revisions/{external}/{suite_run}/{revisions}.log",
+    wildcard_constraints:
+        suite_run="[A-Za-z0-9][A-Za-z0-9_.-]*",
+        revisions="[0-9]+",
+    conda:
+        "../envs/trainmap.yaml"
+    threads: 1
+    resources:
+        mem_mb=memory_mb_of_external,
+        runtime=runtime_of_block,
+    params:
+        steps=steps_of_block,
+        spec=spec_of_external,
+        arch=arch_of_external,
+        rows=lambda wildcards: f"{RESULTS}/external/{wildcards.external}/rows/{wildcards.suite_run}",
+        convention=grid.analysis_settings(config).get(
+            "metrics", section_defaults("analysis")["metrics"]
+        ),
+    script:
+        "../scripts/external_revisions.py"
 
 
 rule external_metrics:

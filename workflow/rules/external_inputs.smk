@@ -14,9 +14,53 @@ EXTERNAL_RUNS = {name: external.runs for name, external in EXTERNAL.items()}
 
 
 def external_files(wildcards):
-    """Every file one set's metrics read, named (files; a hub set's hub and curves): a changed
-    file reruns its metrics."""
-    return EXTERNAL[wildcards.external].inputs()
+    """Every file one set's metrics read, named (files; a hub set's hub and curves; a fetched
+    suite's blocks, its revision jobs' tables): a changed file reruns its metrics."""
+    external = EXTERNAL[wildcards.external]
+    files = external.inputs()
+    if external.fetched:
+        files["blocks"] = revision_block_files(wildcards.external)
+    return files
+
+
+def revision_block_file(name, run, block):
+    """The table of block ``block`` of run ``run``'s revisions of fetched set ``name``."""
+    return f"{RESULTS}/external/{name}/blocks/{run}/{block}.csv"
+
+
+def revision_block_files(name):
+    """Every revision job's table of fetched set ``name``, run by run, in block order."""
+    return [
+        revision_block_file(name, run, block)
+        for run, blocks in EXTERNAL[name].blocks().items()
+        for block in range(len(blocks))
+    ]
+
+
+@input_function
+def manifest_of_external(wildcards):
+    """A hub set's revisions.json (written by `trainmap resolve` for a fetched set)."""
+    return str(EXTERNAL[wildcards.external].manifest_path)
+
+
+@input_function
+def steps_of_block(wildcards):
+    """The steps one external_revisions job measures."""
+    blocks = EXTERNAL[wildcards.external].blocks()[wildcards.suite_run]
+    return blocks[int(wildcards.revisions)]
+
+
+@input_function
+def runtime_of_block(wildcards):
+    """external_revisions' minutes: its revisions' plan (trainmap.plan.suites), times the
+    plan's safety factor."""
+    from trainmap.plan.suites import block_runtime_minutes
+
+    external = EXTERNAL[wildcards.external]
+    checkpoints = external.hub.runs[wildcards.suite_run]
+    return block_runtime_minutes(
+        [checkpoints[step].size or 0 for step in steps_of_block(wildcards)]
+    )
 
 
 def external_run_file(name, run, filename):

@@ -22,6 +22,7 @@ run_job(
     arch=snakemake.params.arch,
     hub=snakemake.input.get("hub"),
     curves=snakemake.input.get("curves"),
+    blocks=snakemake.input.get("blocks"),
     # the job's defaults are the schema's: passed only where the set gives them
     **{key: spec[key] for key in ("curve", "direction") if key in spec},
 )

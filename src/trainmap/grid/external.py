@@ -32,6 +32,12 @@ from trainmap.schema import defaults_at
 if TYPE_CHECKING:
     from trainmap.dynamics.runs.hub import Manifest
 
+
+class UnresolvedSuite(ConfigError):
+    """A set fetched from the Hub (``hub.fetch``) whose ``revisions.json`` ``trainmap resolve``
+    has not written, or wrote from other settings; the plan goes on without it."""
+
+
 #: The smallest number of runs a set needs for a training map of its own.
 MIN_EXTERNAL_RUNS = 2
 #: The defaults of a set's settings (``curve``, ``direction``): the config schema's.
@@ -76,11 +82,27 @@ class ExternalSet:
     manifest_path: Path | None = None
     curves: dict[str, Path] = field(default_factory=dict)
 
+    @property
+    def fetched(self) -> bool:
+        """Whether the set is a suite fetched from the Hub (``hub.fetch``): its revisions are
+        measured by jobs of a block of revisions each (:meth:`blocks`)."""
+        return self.hub is not None and self.hub.fetch_from is not None
+
+    def blocks(self) -> dict[str, list[list[int]]]:
+        """A fetched set's run -> its steps in blocks of ``hub.revisions_per_job``, a job each
+        (:func:`~trainmap.grid.external_hub.revision_blocks`); empty for any other set."""
+        if not self.fetched:
+            return {}
+        from trainmap.grid.external_hub import fetch_setting, revision_blocks
+
+        return revision_blocks(self.hub, int(fetch_setting(self.spec, "revisions_per_job")))
+
     def inputs(self) -> dict[str, list[str] | str]:
         """The files the set's metrics read, named for the job: ``files`` (a run directory's
-        checkpoints and evaluation file, a suite's snapshot files), and for a hub set ``hub`` (its
-        ``revisions.json``, one path) and, with ``curves``, ``curves`` (each run's curve file). A
-        changed file reruns the set's metrics."""
+        checkpoints and evaluation file, a suite's snapshot files; none for a fetched suite, whose
+        revision jobs' rows the workflow adds), and for a hub set ``hub`` (its ``revisions.json``,
+        one path) and, with ``curves``, ``curves`` (each run's curve file). A changed file reruns
+        the set's metrics."""
         if self.hub is None:
             from trainmap.dynamics.runs.external import run_files
 
@@ -92,7 +114,7 @@ class ExternalSet:
         from trainmap.grid.external_hub import hub_set_files
 
         named: dict[str, list[str] | str] = {
-            "files": [str(p) for p in hub_set_files(self.hub)],
+            "files": [] if self.fetched else [str(p) for p in hub_set_files(self.hub)],
             "hub": str(self.manifest_path),
         }
         if self.curves:
@@ -304,10 +326,12 @@ def _check_hub_set(config: Mapping[str, Any], where: str, spec: Mapping[str, Any
     """A hub set: its suite resolved from the cache (or its manifest up to date), enough runs,
     each run's checkpoints of one architecture and its curve file readable."""
     from trainmap.dynamics.runs.external import ExternalRunError, check_run_shapes
-    from trainmap.grid.external_hub import hub_external_run
+    from trainmap.grid.external_hub import SuiteNotResolved, hub_external_run
 
     try:
         external = external_set(config, spec, base_dir)
+    except SuiteNotResolved as error:
+        raise UnresolvedSuite(f"{where}.hub: {error}") from None
     except ExternalRunError as error:  # HubCacheError: the repository, revision and download
         raise ConfigError(f"{where}.hub: {error}") from None
     if len(external.runs) < MIN_EXTERNAL_RUNS:
@@ -323,6 +347,8 @@ def _check_hub_set(config: Mapping[str, Any], where: str, spec: Mapping[str, Any
                                          needed_curve(spec))  # fmt: skip
         except ExternalRunError as error:
             raise ConfigError(f"{where}.curves: {error}") from None
+        if external.fetched:  # not downloaded yet: trainmap resolve checked the headers
+            continue
         try:
             check_run_shapes(suite_run)
         except ExternalRunError as error:

@@ -10,6 +10,13 @@ file it names is gone (:func:`trainmap.dynamics.runs.hub.manifest_for`). After t
 jobs' input files, their memory and the checkpoints read all come from the manifest, never from the
 cache's layout. ``curves:`` (optional) is a directory of ``<run>.csv`` files, each run's evaluation
 curve; a suite ships none.
+
+A set with ``fetch: true`` is fetched from the Hub instead (:mod:`trainmap.dynamics.runs.hub_fetch`).
+No check and no job lists the Hub: ``trainmap resolve`` (:func:`resolve_fetched_sets`) writes its
+manifest first, from refs and safetensors headers; the check reads it and refuses one missing or
+resolved from other settings (:class:`SuiteNotResolved`, naming the command), and the workflow
+gives each run's revisions to jobs of ``revisions_per_job`` (:func:`revision_blocks`), each fetching,
+measuring and deleting its revisions, a row at a time.
 """
 
 from __future__ import annotations
@@ -22,13 +29,17 @@ from trainmap.dynamics.runs.external import ExternalRun
 from trainmap.dynamics.runs.hub import (
     HUB_DEFAULTS,
     MANIFEST_FILE,
+    HubCacheError,
     HubSpec,
     Manifest,
     hub_run_checkpoints,
     hub_run_files,
+    manifest_content,
     manifest_for,
     parse_hub_source,
+    read_manifest,
     suite_run_curve,
+    write_manifest,
 )
 from trainmap.grid.study import results_root
 
@@ -63,11 +74,102 @@ def hub_set_manifest(
     config: Mapping[str, Any], spec: Mapping[str, Any], base_dir: str | Path
 ) -> Manifest:
     """The resolved suite of hub set ``spec``: its manifest, written when absent or out of date
-    (:func:`~trainmap.dynamics.runs.hub.manifest_for`), read otherwise. Raises
-    :class:`~trainmap.dynamics.runs.hub.HubCacheError` naming the repository, the revision and the
-    download that fixes it."""
+    (:func:`~trainmap.dynamics.runs.hub.manifest_for`), read otherwise; a fetched set's is read
+    only (:func:`fetched_set_manifest`). Raises :class:`~trainmap.dynamics.runs.hub.HubCacheError`
+    naming the repository, the revision and the download that fixes it."""
+    if is_fetched(spec):
+        return fetched_set_manifest(config, spec, base_dir)
     path = hub_manifest_path(config, spec["name"], base_dir)
     return manifest_for(hub_spec(spec["hub"], base_dir), path)
+
+
+class SuiteNotResolved(HubCacheError):
+    """A fetched set whose ``revisions.json`` is missing, or was resolved from other settings
+    than the config's: the message names the command that resolves it."""
+
+
+#: The command that resolves a config's fetched sets (:func:`resolve_fetched_sets`).
+RESOLVE_COMMAND = "trainmap resolve --configfile CONFIG"
+
+
+def is_fetched(spec: Mapping[str, Any]) -> bool:
+    """Whether hub set ``spec`` is fetched from the Hub (``hub.fetch``), not read from the cache."""
+    return bool(spec["hub"].get("fetch", HUB_DEFAULTS["fetch"]))
+
+
+def fetch_setting(spec: Mapping[str, Any], key: str) -> Any:
+    """Hub set ``spec``'s ``hub.<key>``, the schema's default when left out."""
+    return spec["hub"].get(key, HUB_DEFAULTS.get(key))
+
+
+def fetched_set_manifest(
+    config: Mapping[str, Any], spec: Mapping[str, Any], base_dir: str | Path
+) -> Manifest:
+    """The manifest ``trainmap resolve`` wrote for fetched set ``spec``; nothing is listed on the
+    Hub here. Raises :class:`SuiteNotResolved` when it is missing, was resolved from the cache, or
+    from other settings than the config's (naming each that differs, and the command)."""
+    path = hub_manifest_path(config, spec["name"], base_dir)
+    command = f"{RESOLVE_COMMAND} --set {spec['name']}"
+    if not path.is_file():
+        raise SuiteNotResolved(f"{spec['hub']['repo']}: the suite is fetched from the Hub (fetch: "
+                               f"true) and is not resolved yet; run `{command}` first (it reads "
+                               f"refs and safetensors headers only, and writes {path})")  # fmt: skip
+    manifest = read_manifest(path)
+    expected = hub_spec(spec["hub"], base_dir)
+    if manifest.fetch_from is None or manifest.spec != expected:
+        differ = ("it was resolved from the cache, not the Hub" if manifest.fetch_from is None
+                  else "; ".join(_spec_changes(manifest.spec, expected)))  # fmt: skip
+        raise SuiteNotResolved(f"{path} no longer matches the config ({differ}); run `{command}` "
+                               "again: rows already measured at the same commits are kept")  # fmt: skip
+    return manifest
+
+
+def _spec_changes(old: HubSpec | None, new: HubSpec) -> list[str]:
+    """Each setting that differs between ``old`` (a manifest's) and ``new`` (the config's)."""
+    if old is None:
+        return ["it holds no settings"]
+    return [f"{name}: {getattr(old, name)!r} there, {getattr(new, name)!r} in the config"
+            for name in HubSpec.__dataclass_fields__
+            if getattr(old, name) != getattr(new, name)]  # fmt: skip
+
+
+def resolve_fetched_sets(
+    config: Mapping[str, Any], base_dir: str | Path, names: list[str] | None = None,
+    endpoint: str | None = None,
+) -> dict[str, tuple[Manifest, bool]]:  # fmt: skip
+    """``trainmap resolve``: each fetched set of ``config`` (those ``names``; None: all) resolved
+    on the Hub (:func:`~trainmap.dynamics.runs.hub_fetch.resolve_online`) and its manifest written
+    to :func:`hub_manifest_path`, only where its content changed (an unchanged suite reruns no
+    job). Returns set name -> (manifest, whether it was written)."""
+    from trainmap.dynamics.runs.hub_fetch import resolve_online
+    from trainmap.grid.external import external_sets, is_hub_set
+
+    sets = {name: spec for name, spec in external_sets(config).items()
+            if is_hub_set(spec) and is_fetched(spec)}  # fmt: skip
+    unknown = sorted(set(names or ()) - set(sets))
+    if unknown:
+        raise HubCacheError(f"--set {', '.join(unknown)}: no fetched set of that name (fetched "
+                            f"sets: {', '.join(sets) or 'none: give a hub set fetch: true'})")  # fmt: skip
+    resolved = {}
+    for name, spec in sets.items():
+        if names and name not in names:
+            continue
+        manifest = resolve_online(hub_spec(spec["hub"], base_dir), endpoint=endpoint)
+        path = hub_manifest_path(config, name, base_dir)
+        changed = (not path.is_file()
+                   or manifest_content(read_manifest(path)) != manifest_content(manifest))  # fmt: skip
+        if changed:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write_manifest(manifest, path)
+        resolved[name] = (manifest, changed)
+    return resolved
+
+
+def revision_blocks(manifest: Manifest, per_job: int) -> dict[str, list[list[int]]]:
+    """Run -> its steps in blocks of ``per_job`` (the last may be shorter), in step order: one
+    workflow job each."""
+    return {run: [list(steps)[start : start + per_job] for start in range(0, len(steps), per_job)]
+            for run, steps in manifest.runs.items()}  # fmt: skip
 
 
 def hub_set_runs(manifest: Manifest) -> dict[str, str]:
@@ -84,7 +186,10 @@ def hub_set_files(manifest: Manifest) -> list[Path]:
 
 def largest_hub_checkpoint(manifest: Manifest) -> int:
     """Bytes of the set's largest checkpoint, its files together (a sharded checkpoint's shards
-    are loaded as one state dict)."""
+    are loaded as one state dict); a fetched suite's, from its headers (0 where unknown)."""
+    if manifest.fetch_from is not None:
+        return max((checkpoint.size or 0 for steps in manifest.runs.values()
+                    for checkpoint in steps.values()), default=0)  # fmt: skip
     return max(
         (sum((checkpoint.snapshot / name).stat().st_size for name in checkpoint.files)
          for steps in manifest.runs.values() for checkpoint in steps.values()),

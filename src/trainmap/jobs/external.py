@@ -5,7 +5,9 @@ runs of a checkpoint suite from its resolved ``revisions.json`` (:mod:`trainmap.
 and writes, per run, ``runs/<run>/metrics.csv`` (the format of ``collect_metrics``) and
 ``evaluation.json`` (convergence step and status, as ``evaluate`` writes them for the grid's own
 runs, and the convergence criterion, or null without one), so that the analysis reads an external
-run as it reads its own. ``external_map`` fits the set's map through the
+run as it reads its own. A suite fetched from the Hub (``hub.fetch``) is measured first by
+``external_revisions`` jobs, a block of one run's revisions each (:func:`external_revisions_job`),
+whose tables ``external_metrics`` joins. ``external_map`` fits the set's map through the
 same pipeline steps as a group map (:mod:`trainmap.dynamics.pipeline`).
 """
 
@@ -22,10 +24,11 @@ from trainmap.dynamics.metrics.tables import read_metric_table
 from trainmap.dynamics.pipeline import map_runs
 from trainmap.dynamics.runs.external import ExternalRun, external_run_metrics, read_external_run
 from trainmap.dynamics.runs.hub import Manifest, read_manifest
+from trainmap.dynamics.runs.hub_fetch import with_curve
 from trainmap.dynamics.runs.layouts import ExternalRunError
 from trainmap.evaluation import convergence_step
 from trainmap.grid.external import EXTERNAL_DEFAULTS
-from trainmap.grid.external_hub import CURVE_SUFFIX, hub_external_run
+from trainmap.grid.external_hub import CURVE_SUFFIX, hub_external_run, hub_set_runs
 from trainmap.io import save_json, write_atomic
 from trainmap.jobs.analysis import group_outcomes
 from trainmap.jobs.common import settings_hash
@@ -39,7 +42,7 @@ def external_metrics_job(
     convention: str = ANALYSIS_DEFAULTS["metrics"], arch: dict | None = None,
     accuracy_key: str | None = None, hub: str | Path | None = None,
     curves: Sequence[str | Path] | None = None, curve: str = EXTERNAL_DEFAULTS["curve"],
-    direction: str = EXTERNAL_DEFAULTS["direction"],
+    direction: str = EXTERNAL_DEFAULTS["direction"], blocks: Sequence[str | Path] | None = None,
 ) -> None:  # fmt: skip
     """Rule ``external_metrics``: every run of external set ``name`` read and checked first, then
     its metric table (``runs/<run>/metrics.csv``) and evaluation record
@@ -50,7 +53,9 @@ def external_metrics_job(
     checkpoints are read, with ``curves`` each run's curve file ``<run>.csv`` (None: the runs
     have no curve). ``accuracy_key``: a Hugging Face Trainer run's accuracy key. ``arch``
     (``{"arch", "meta", "options"}``) reads the state dicts through that architecture's model
-    instead of by name and shape.
+    instead of by name and shape. ``blocks``: a fetched suite's revision tables
+    (``blocks/<run>/<block>.csv``, :func:`external_revisions_job`), joined per run in block order
+    with the run's curve instead of measuring.
 
     Convergence: the first checkpoint whose ``curve`` column reaches ``threshold``, ``rising``
     to it or ``falling`` to it (:func:`trainmap.evaluation.convergence_step`); the record then
@@ -73,8 +78,12 @@ def external_metrics_job(
     with rule_run(tracking, "external_metrics", task=f"external/{name}", params=params,
                   config_hash=settings_hash([name, sorted(runs), params])) as run:  # fmt: skip
         records = {}
+        joined = _joined_blocks(blocks) if blocks is not None else {}
         for run_id, external in read.items():
-            table = external_run_metrics(external, convention, heads, model)
+            if blocks is not None:
+                table = with_curve(joined[run_id], external.evaluation, heldout=False)
+            else:
+                table = external_run_metrics(external, convention, heads, model)
             run_dir = out_dir / "runs" / run_id
             run_dir.mkdir(parents=True, exist_ok=True)
             write_atomic(run_dir / "metrics.csv", lambda tmp, t=table: t.to_csv(tmp, index=False))
@@ -87,6 +96,50 @@ def external_metrics_job(
         run.log_metrics({"runs": len(records),
                          "converged": sum(r["converged"] is True for r in records.values())})  # fmt: skip
     save_json({"set": name, "runs": records}, manifest)
+
+
+def external_revisions_job(
+    name: str, run: str, steps: Sequence[int], hub: str | Path, rows: str | Path,
+    output: str | Path, tracking: Mapping[str, str], *, heads: int | None = None,
+    convention: str = ANALYSIS_DEFAULTS["metrics"], arch: dict | None = None,
+    keep_weights: bool = False, fetch_jobs: int = 1, block: str = "0",
+) -> None:  # fmt: skip
+    """Rule ``external_revisions``: ``steps`` of run ``run`` of fetched suite ``name`` (its
+    ``revisions.json``, ``hub``), each fetched, measured and deleted unless ``keep_weights``, its
+    row kept under ``rows``/<settings key> as soon as it is measured
+    (:func:`~trainmap.dynamics.runs.hub_fetch.suite_run_metrics`; a rerun after a crash measures
+    only what has no row); the block's table, without the run's curve, written to ``output``."""
+    from trainmap.dynamics.runs.external import no_curve
+    from trainmap.dynamics.runs.hub_fetch import row_settings, rows_folder, suite_run_metrics
+
+    suite = read_manifest(hub)
+    model = _model(arch)
+    directory = Path(hub_set_runs(suite)[run])
+
+    def measure(path: Path, step: int) -> pd.DataFrame:
+        one = ExternalRun(directory, {step: path}, no_curve([step]))
+        return external_run_metrics(one, convention, heads, model)
+
+    folder = rows_folder(Path(rows), row_settings(convention, heads, arch, None, 0))
+    params = {"set": name, "run": run, "block": block, "revisions": len(steps),
+              "first_step": min(steps), "last_step": max(steps), "metrics": convention,
+              "hub": suite.source}  # fmt: skip
+    with rule_run(tracking, "external_revisions", task=f"external/{name}/{run}/{block}",
+                  params=params, config_hash=settings_hash([name, run, list(steps), params])) as tracked:  # fmt: skip
+        table = suite_run_metrics(suite, run, folder, measure, keep_weights=keep_weights,
+                                  fetch_jobs=fetch_jobs, steps=steps)  # fmt: skip
+        tracked.log_metrics({"revisions": len(table)})
+    write_atomic(Path(output), lambda tmp: table.to_csv(tmp, index=False))
+
+
+def _joined_blocks(blocks: Sequence[str | Path]) -> dict[str, pd.DataFrame]:
+    """Run -> its revision tables (``blocks/<run>/<block>.csv``) joined in block order."""
+    by_run: dict[str, list[Path]] = {}
+    for path in map(Path, blocks):
+        by_run.setdefault(path.parent.name, []).append(path)
+    return {run: pd.concat([pd.read_csv(p) for p in sorted(paths, key=lambda p: int(p.stem))],
+                           ignore_index=True)
+            for run, paths in by_run.items()}  # fmt: skip
 
 
 def _suite_runs(suite: Manifest, runs: Mapping[str, str], curves: Sequence[str | Path] | None,

@@ -123,3 +123,20 @@ DATA_S = 2.0
 COLLECT_S, COLLECT_ROW_S = 4.0, 0.1e-3
 GRADINIT_SEED_ITERATION_S = 15e-3
 SMALL_RULES_SOURCE = "measured: the default study's Snakemake log (bench/plan_accuracy.py)"
+#: A suite fetched from the Hub (trainmap.plan.suites): the Hub's download speed to one node
+#: (assumed: no network is reachable from this project's machines), each revision's requests
+#: besides its bytes (the local fake Hub's fetch took 0.19 s a revision for 27 MB, bench/results/
+#: suite_fetch.md; taken 0.5 s for the Hub's round trips), and the measuring time per byte of a
+#: float16 checkpoint at the 160m shape, the largest measured (5.87 s measure + 0.08 s read for
+#: 310 MB on the 2-core EPYC, bench/results/suite_read.md; it overstates smaller models', the
+#: 14m shape's about 5x: the spectra grow faster than the bytes).
+HUB_BYTES_PER_S = 50e6
+HUB_REVISION_S = 0.5
+MEASURE_S_PER_BYTE = (5.87 + 0.08) / 310e6
+#: Bytes of one revision's metrics row (a CSV row of the 14 metrics and their per-layer columns).
+SUITE_ROW_BYTES = 20_000
+SUITE_SOURCE = (
+    f"assumed: download {HUB_BYTES_PER_S / 1e6:g} MB/s + {HUB_REVISION_S:g} s a "
+    f"revision; measured: {MEASURE_S_PER_BYTE * GB:.1f} s a GB measured (160m shape, "
+    "bench/results/suite_read.md)"
+)

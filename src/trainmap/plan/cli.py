@@ -20,14 +20,20 @@ def load_plan_config(files: Iterable[str]) -> dict:
     except that a reader kind's data files (MNIST, CIFAR) need not be here: the plan knows their
     sizes (:func:`dataset_examples`). A missing data directory is a warning; the checks after it
     (the schema has passed) are then skipped. An ``image_folder``'s is refused unless it states
-    ``num_classes`` (its images are then counted as a kind whose size only the data knows)."""
+    ``num_classes`` (its images are then counted as a kind whose size only the data knows). A
+    suite fetched from the Hub need not be resolved yet (``trainmap resolve``): it is planned from
+    the config's steps and sizes (:mod:`trainmap.plan.suites`)."""
     from trainmap import plugins
+    from trainmap.grid.external import UnresolvedSuite
 
     config = grid.merged_config("params.yaml", "config/config.yaml", *files)
     plugins.load_plugins(config.get("plugins"), Path.cwd())
     grid.validate_schema(config)
     try:
         grid.check_config(config, base_dir=Path.cwd())
+    except UnresolvedSuite as error:
+        print(f"warning: {error.args[0].splitlines()[0]} (planned from the config's steps and "
+              "sizes)", file=sys.stderr)  # fmt: skip
     except grid.ConfigError as error:
         if not (str(error).startswith("config key data.") and ".path: " in str(error)):
             raise
@@ -72,7 +78,12 @@ def main(argv: list[str] | None = None) -> int:
     limits = NodeLimits(args.node_gpu_gb, args.node_ram_gb, args.node_disk_tb, args.job_hours)
     with grid.config_problems_reported():
         config = load_plan_config(args.configfile)
-    jobs = plan_jobs(config, grid.results_root(config))
+    try:
+        jobs = plan_jobs(config, grid.results_root(config))
+    except PlanError as error:
+        print(f"error: cannot plan {' + '.join(args.configfile) or 'the study'}: config key "
+              f"{error}", file=sys.stderr)  # fmt: skip
+        return 1
     study = " + ".join(grid.study_files(grid.user_layers(args.configfile)))
     if not args.check:  # --check (make run's first step): only the verdict below
         print(f"plan of {study}")

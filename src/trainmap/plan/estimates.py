@@ -124,6 +124,8 @@ class JobPlan:
     time_from: str
     #: The config keys that change this job's size and time (named by a limit's error).
     keys: tuple[str, ...] = ()
+    #: Bytes it downloads (a suite fetched from the Hub: :mod:`trainmap.plan.suites`).
+    download: float = 0.0
 
 
 def device_of(settings: Mapping[str, Any]) -> Device:
@@ -442,7 +444,9 @@ def plan_jobs(config: Mapping[str, Any], results: str | None = None) -> pd.DataF
     """One row per job of the config's grid (:class:`JobPlan` fields), block rules first.
     ``results``: the results root whose finished runs' timing sidecars replace the time estimate
     (None: estimates only)."""
-    jobs = block_jobs(config, results) + analysis_jobs(config)
+    from trainmap.plan.suites import fetched_suite_jobs
+
+    jobs = block_jobs(config, results) + analysis_jobs(config) + fetched_suite_jobs(config)
     return pd.DataFrame([asdict(job) for job in jobs])
 
 

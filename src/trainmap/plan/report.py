@@ -129,6 +129,10 @@ def format_plan(jobs: pd.DataFrame, limits: NodeLimits) -> str:
         f"{jobs['seconds'].max() / 3600:.2f} of {limits.job_hours:g} h; all jobs one after "
         f"another {jobs['seconds'].sum() / 3600:.1f} h"
     )
+    download = jobs["download"].sum() if "download" in jobs else 0.0
+    if download:
+        lines.append(f"download from the Hub: {download / GB:,.2f} GB (fetched suites; each job "
+                     "deletes its revisions once measured, unless keep_weights)")  # fmt: skip
     lines.append("where the numbers come from (the largest job of each rule):")
     for rule in totals.index:
         job = jobs[jobs["rule"] == rule].sort_values("seconds").iloc[-1]

@@ -300,21 +300,28 @@ def check_one_architecture(
 
 
 def write_manifest(manifest: Manifest, path: str | os.PathLike) -> None:
-    """Write ``manifest`` to ``path`` (conventionally :data:`MANIFEST_FILE`) atomically, as JSON:
-    ``{"format", "source", "cache_dir", "runs": {run: {step: {repo, revision, commit, snapshot,
-    files}}}, "spec": {repo, seeds, steps, revision_pattern, revision, cache_dir}, "fetch_from"}``
-    (``spec`` and ``fetch_from`` only when the manifest has them)."""
+    """Write ``manifest`` to ``path`` (conventionally :data:`MANIFEST_FILE`) atomically, as JSON
+    (:func:`manifest_content`)."""
+    save_json(manifest_content(manifest), path)
+
+
+def manifest_content(manifest: Manifest) -> dict[str, object]:
+    """``manifest`` as its JSON holds it: ``{"format", "source", "cache_dir", "runs": {run: {step:
+    {repo, revision, commit, snapshot, files, size}}}, "spec": {repo, seeds, steps,
+    revision_pattern, revision, cache_dir}, "fetch_from"}`` (``spec``, ``fetch_from`` and
+    ``size`` only where the manifest has them). Two manifests with equal content name the same
+    checkpoints."""
     runs = {
         run: {str(step): _entry(checkpoint) for step, checkpoint in checkpoints.items()}
         for run, checkpoints in manifest.runs.items()
     }
-    content = {"format": MANIFEST_FORMAT, "source": manifest.source,
-               "cache_dir": str(manifest.cache_dir), "runs": runs}  # fmt: skip
+    content: dict[str, object] = {"format": MANIFEST_FORMAT, "source": manifest.source,
+                                  "cache_dir": str(manifest.cache_dir), "runs": runs}  # fmt: skip
     if manifest.spec is not None:
         content["spec"] = _spec_entry(manifest.spec)
     if manifest.fetch_from is not None:
         content["fetch_from"] = manifest.fetch_from
-    save_json(content, path)
+    return content
 
 
 def read_manifest(path: str | os.PathLike) -> Manifest:
