@@ -82,6 +82,7 @@ rule external_map:
         model=f"{RESULTS}/external/{{external}}/map/hmm.npz",
         map=f"{RESULTS}/external/{{external}}/map/map.json",
         detours=f"{RESULTS}/external/{{external}}/map/detours.json",
+        outliers=f"{RESULTS}/external/{{external}}/map/outliers.json",
         png=report(
             f"{RESULTS}/external/{{external}}/map/map.png",
             caption="../report/training_map.rst",
@@ -102,5 +103,6 @@ rule external_map:
         run_ids=run_ids_of_external,
         metrics=metric_tables_of_external,
         evaluations=evaluation_files_of_external,
+        outlier_share=outlier_share_of_external,
     script:
         "../scripts/external_map.py"

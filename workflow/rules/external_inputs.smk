@@ -1,7 +1,7 @@
 # The external run sets and their rules' input and params functions (rules in external.smk);
 # the joint comparisons read the sets' runs too (analysis_inputs.smk). A hub set's suite was
 # resolved into its revisions.json by the config check; its runs and files come from there.
-from trainmap.grid.external import external_set
+from trainmap.grid.external import EXTERNAL_DEFAULTS, external_set
 
 EXTERNAL_SETS = grid.external_sets(config)
 #: Each set as the workflow reads it (trainmap.grid.external.ExternalSet).
@@ -80,6 +80,14 @@ def runs_of_external(wildcards):
 
 
 @input_function
+def outlier_share_of_external(wildcards):
+    """The set's outlier_share, the schema's default when left out."""
+    return EXTERNAL_SETS[wildcards.external].get(
+        "outlier_share", EXTERNAL_DEFAULTS["outlier_share"]
+    )
+
+
+@input_function
 def run_ids_of_external(wildcards):
     return list(EXTERNAL_RUNS[wildcards.external])
 
@@ -121,5 +129,6 @@ def external_outputs():
             "map/hmm.npz",
             "map/map.json",
             "map/detours.json",
+            "map/outliers.json",
         )
     ]

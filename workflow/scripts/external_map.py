@@ -16,4 +16,5 @@ run_job(
     out_dir=str(Path(snakemake.output.model).parent),
     tracking=tracking_settings(snakemake.config),
     threads=snakemake.threads,
+    outlier_share=snakemake.params.outlier_share,
 )

@@ -19,6 +19,7 @@ from typing import Any
 
 import pandas as pd
 
+from trainmap.dynamics.maps.outliers import DEFAULT_SHARE, outlier_runs, visit_shares
 from trainmap.dynamics.maps.settings import ANALYSIS_DEFAULTS, AnalysisSettings
 from trainmap.dynamics.metrics.tables import read_metric_table
 from trainmap.dynamics.pipeline import map_runs
@@ -177,11 +178,13 @@ def _model(arch: dict | None):
 def external_map_job(
     name: str, run_ids: list[str], metrics_paths: list[str], evaluation_paths: list[str],
     settings: Mapping[str, Any], out_dir: str | Path, tracking: Mapping[str, str], *,
-    threads: int = 1,
+    threads: int = 1, outlier_share: float = DEFAULT_SHARE,
 ) -> None:  # fmt: skip
     """Rule ``external_map``: the training map of one external set: fit (with its bootstrap),
     detour regression and map, the steps a group map of the grid's own runs takes (``settings``:
-    the analysis settings as the rule passes them, :mod:`trainmap.jobs.analysis`)."""
+    the analysis settings as the rule passes them, :mod:`trainmap.jobs.analysis`); then the set's
+    outlier runs on that map (``outliers.json``: :func:`~trainmap.dynamics.maps.outliers.
+    outlier_runs` with ``outlier_share``)."""
     out_dir = Path(out_dir)
     analysis = AnalysisSettings.of(settings)
     recorded = analysis.as_dict()
@@ -192,7 +195,11 @@ def external_map_job(
     with rule_run(tracking, "external_map", task=title, params={"analysis": recorded},
                   config_hash=settings_hash([recorded, name, run_ids])) as run:  # fmt: skip
         fit, regression, _ = map_runs(runs, outcomes, analysis, out_dir, title, threads)
-        run.log_metrics({"n_states": fit.hmm.n_states_, "runs": len(runs)})
+        outliers = outlier_runs(fit.states, fit.steps, outlier_share)
+        save_json({"outlier_share": outlier_share, "visit_shares": visit_shares(fit.states),
+                   "outliers": outliers}, out_dir / "outliers.json")  # fmt: skip
+        run.log_metrics({"n_states": fit.hmm.n_states_, "runs": len(runs),
+                         "outlier_runs": len(outliers)})  # fmt: skip
         run.set_tags({"external": name, "detour_states": regression.detour_states})
-        for artifact in ("hmm.json", "detours.json", "map.json", "map.png"):
+        for artifact in ("hmm.json", "detours.json", "map.json", "map.png", "outliers.json"):
             run.log_artifact(out_dir / artifact)

@@ -453,6 +453,9 @@ def test_external_sets_in_the_workflow(tmp_path: Path) -> None:
         manifest = json.loads((results / "external" / name / "metrics.json").read_text())
         assert len(manifest["runs"]) == 3
         assert (results / "external" / name / "map" / "map.png").stat().st_size > 0
+        found = json.loads((results / "external" / name / "map" / "outliers.json").read_text())
+        assert found["outlier_share"] == 0.2 and abs(sum(found["visit_shares"].values())) >= 1
+        assert all(found["visit_shares"][str(o["state"])] < 0.2 for o in found["outliers"].values())
     own_vs_plain = json.loads((results / "joint/own_vs_plain/joint.json").read_text())
     assert set(own_vs_plain["groups"]) == {"kaiming", "plain_fast"}
     plain_lr = json.loads((results / "joint/plain_lr/joint.json").read_text())
