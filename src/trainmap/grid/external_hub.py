@@ -114,7 +114,11 @@ def fetched_set_manifest(
         raise SuiteNotResolved(f"{spec['hub']['repo']}: the suite is fetched from the Hub (fetch: "
                                f"true) and is not resolved yet; run `{command}` first (it reads "
                                f"refs and safetensors headers only, and writes {path})")  # fmt: skip
-    manifest = read_manifest(path)
+    try:
+        manifest = read_manifest(path)
+    except HubCacheError:  # unreadable, or resolved from the cache and cleaned since
+        raise SuiteNotResolved(f"{path} no longer matches the config (it is not a fetched "
+                               f"suite's manifest); run `{command}` again") from None  # fmt: skip
     expected = hub_spec(spec["hub"], base_dir)
     if manifest.fetch_from is None or manifest.spec != expected:
         differ = ("it was resolved from the cache, not the Hub" if manifest.fetch_from is None

@@ -124,19 +124,20 @@ COLLECT_S, COLLECT_ROW_S = 4.0, 0.1e-3
 GRADINIT_SEED_ITERATION_S = 15e-3
 SMALL_RULES_SOURCE = "measured: the default study's Snakemake log (bench/plan_accuracy.py)"
 #: A suite fetched from the Hub (trainmap.plan.suites): the Hub's download speed to one node
-#: (assumed: no network is reachable from this project's machines), each revision's requests
+#: (assumed: no network is reachable from this project's machines) and each revision's requests
 #: besides its bytes (the local fake Hub's fetch took 0.19 s a revision for 27 MB, bench/results/
-#: suite_fetch.md; taken 0.5 s for the Hub's round trips), and the measuring time per byte of a
-#: float16 checkpoint at the 160m shape, the largest measured (5.87 s measure + 0.08 s read for
-#: 310 MB on the 2-core EPYC, bench/results/suite_read.md; it overstates smaller models', the
-#: 14m shape's about 5x: the spectra grow faster than the bytes).
+#: suite_fetch.md; taken 0.5 s for the Hub's round trips).
 HUB_BYTES_PER_S = 50e6
 HUB_REVISION_S = 0.5
-MEASURE_S_PER_BYTE = (5.87 + 0.08) / 310e6
+#: Reading and measuring one revision, by its parameters: (parameters, seconds) of GPT-NeoX
+#: checkpoints of Pythia's 14m and 160m shapes on the 2-core EPYC (read + measure, heads split:
+#: 0.02 + 0.10 s and 0.08 + 5.87 s, bench/results/suite_read.md). Between and beyond them the
+#: plan takes the power law through both (the spectra grow faster than the parameters).
+MEASURED_REVISIONS = ((14_067_712, 0.12), (162_322_944, 5.95))
 #: Bytes of one revision's metrics row (a CSV row of the 14 metrics and their per-layer columns).
 SUITE_ROW_BYTES = 20_000
 SUITE_SOURCE = (
-    f"assumed: download {HUB_BYTES_PER_S / 1e6:g} MB/s + {HUB_REVISION_S:g} s a "
-    f"revision; measured: {MEASURE_S_PER_BYTE * GB:.1f} s a GB measured (160m shape, "
-    "bench/results/suite_read.md)"
+    f"assumed: download {HUB_BYTES_PER_S / 1e6:g} MB/s + {HUB_REVISION_S:g} s a revision; "
+    "measured: read and measure 0.12 s at 14 M parameters, 5.95 s at 162 M, a power law between "
+    "(bench/results/suite_read.md)"
 )

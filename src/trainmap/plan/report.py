@@ -129,10 +129,13 @@ def format_plan(jobs: pd.DataFrame, limits: NodeLimits) -> str:
         f"{jobs['seconds'].max() / 3600:.2f} of {limits.job_hours:g} h; all jobs one after "
         f"another {jobs['seconds'].sum() / 3600:.1f} h"
     )
-    download = jobs["download"].sum() if "download" in jobs else 0.0
-    if download:
-        lines.append(f"download from the Hub: {download / GB:,.2f} GB (fetched suites; each job "
-                     "deletes its revisions once measured, unless keep_weights)")  # fmt: skip
+    fetching = jobs[jobs["download"] > 0] if "download" in jobs else jobs.iloc[:0]
+    if len(fetching):
+        lines.append(
+            f"download from the Hub: {fetching['download'].sum() / GB:,.2f} GB in {len(fetching)} "
+            f"jobs; a job holds at most {fetching['scratch'].max() / GB:,.2f} GB of weights at "
+            "once (its revisions in flight; deleted once measured, unless keep_weights)"
+        )
     lines.append("where the numbers come from (the largest job of each rule):")
     for rule in totals.index:
         job = jobs[jobs["rule"] == rule].sort_values("seconds").iloc[-1]

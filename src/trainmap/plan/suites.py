@@ -5,7 +5,8 @@ job downloads its revisions (``fetch_jobs`` at once), measures each and deletes 
 (:func:`fetched_suite_jobs`): the download (the revisions' bytes), the disk it holds at once (its
 revisions in flight: ``scratch``; every fetched revision with ``keep_weights``), its rows, its
 memory (:func:`trainmap.grid.external.memory_mb` of the largest revision) and its time
-(:func:`block_seconds`, from :data:`~trainmap.plan.assumptions.SUITE_SOURCE`). The revisions and
+(:func:`block_seconds`, from :data:`~trainmap.plan.assumptions.SUITE_SOURCE`); then the set's
+``external_map``, sized as the grid's maps are. The revisions and
 their sizes come from the set's ``revisions.json`` once ``trainmap resolve`` wrote it, else from
 the config alone, offline: each step listed, times the seeds, each ``parameters`` x ``dtype``
 bytes (:func:`suite_revisions`).
@@ -13,39 +14,52 @@ bytes (:func:`suite_revisions`).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from trainmap.plan.assumptions import (
+    ANALYSIS_S_PER_OBSERVATION,
+    ANALYSIS_SOURCE,
+    BASE_RAM,
     HUB_BYTES_PER_S,
     HUB_REVISION_S,
-    MEASURE_S_PER_BYTE,
+    MEASURED_REVISIONS,
     STARTUP_S,
     SUITE_ROW_BYTES,
     SUITE_SOURCE,
 )
-from trainmap.plan.estimates import JobPlan, PlanError
+from trainmap.plan.estimates import JobPlan, PlanError, small_job
 
 #: Bytes per parameter of each ``hub.dtype``.
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 
-def block_seconds(sizes: Sequence[int]) -> float:
+def measure_seconds(parameters: float) -> float:
+    """Seconds to read and measure one revision of ``parameters`` parameters: the power law
+    through :data:`~trainmap.plan.assumptions.MEASURED_REVISIONS`."""
+    (small, small_s), (large, large_s) = MEASURED_REVISIONS
+    exponent = math.log(large_s / small_s) / math.log(large / small)
+    return small_s * (max(parameters, 1.0) / small) ** exponent
+
+
+def block_seconds(sizes: Sequence[int], bytes_per_parameter: int) -> float:
     """One ``external_revisions`` job's time: start-up, then each revision of ``sizes`` bytes
-    downloaded and measured (:data:`~trainmap.plan.assumptions.SUITE_SOURCE`)."""
-    return STARTUP_S + sum(HUB_REVISION_S + size / HUB_BYTES_PER_S + size * MEASURE_S_PER_BYTE
-                           for size in sizes)  # fmt: skip
+    (``bytes_per_parameter`` each: the ``hub.dtype``'s) downloaded, read and measured
+    (:data:`~trainmap.plan.assumptions.SUITE_SOURCE`)."""
+    return STARTUP_S + sum(HUB_REVISION_S + size / HUB_BYTES_PER_S
+                           + measure_seconds(size / bytes_per_parameter) for size in sizes)  # fmt: skip
 
 
-def block_runtime_minutes(sizes: Sequence[int]) -> int:
+def block_runtime_minutes(sizes: Sequence[int], dtype: str) -> int:
     """The scheduler's ``runtime`` (minutes) of an ``external_revisions`` job of revisions of
-    ``sizes`` bytes: :func:`block_seconds` times the plan's safety factor, at least its minimum."""
-    import math
-
+    ``sizes`` bytes stored in ``dtype``: :func:`block_seconds` times the plan's safety factor, at
+    least its minimum."""
     from trainmap.plan.estimates import MIN_MINUTES, SAFETY_FACTOR
 
-    return max(MIN_MINUTES, math.ceil(block_seconds(sizes) * SAFETY_FACTOR / 60))
+    seconds = block_seconds(sizes, DTYPE_BYTES[dtype])
+    return max(MIN_MINUTES, math.ceil(seconds * SAFETY_FACTOR / 60))
 
 
 def suite_revisions(
@@ -116,10 +130,20 @@ def fetched_suite_jobs(
                     "external_revisions", f"{spec['name']}/{run}/{block}", 1, "cpu",
                     len(part) * SUITE_ROW_BYTES + (sum(part) if keep else 0),
                     0.0 if keep else in_flight * max(part), memory_mb(max(part)) * 2**20, 0.0,
-                    block_seconds(part), f"{source}; rows of {SUITE_ROW_BYTES:,} B"
+                    block_seconds(part, DTYPE_BYTES[str(fetch_setting(spec, "dtype"))]),
+                    f"{source}; rows of {SUITE_ROW_BYTES:,} B"
                     + (", the weights kept (keep_weights)" if keep else
                        f"; {in_flight} revision(s) on disk at once (fetch_jobs)"),
                     "measured: 1.5 GB + 1.5x the largest revision (trainmap.grid.external.memory_mb)",
                     SUITE_SOURCE, keys, download=float(sum(part)),
                 ))  # fmt: skip
+        observations = sum(len(steps) for steps in runs.values())
+        plans.append(small_job(
+            "external_map", spec["name"], len(runs), 1e6 + len(runs) * 5000,
+            BASE_RAM + observations * 22 * 8 * 10,
+            STARTUP_S + observations * ANALYSIS_S_PER_OBSERVATION,
+            "size-based: a few JSON/NPZ/PNG files of the map (~1 MB) + 5 KB a run",
+            f"size-based: {observations:,} observations x (14 + 8) x 8 B x 10 copies",
+            ANALYSIS_SOURCE, ("analysis.bootstrap", f"{where}.hub.steps"),
+        ))  # fmt: skip
     return plans

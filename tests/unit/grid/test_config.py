@@ -613,7 +613,9 @@ def test_each_shipped_config_writes_under_a_root_of_its_own(repo_root: Path) -> 
     defaults = merge_config(
         read_config_file(repo_root / PARAMS), read_config_file(repo_root / GRID)
     )
-    for path in sorted([*repo_root.glob("config/*.yaml"), *repo_root.glob("config/paper/*.yaml")]):
+    shipped = [*repo_root.glob("config/*.yaml"), *repo_root.glob("config/paper/*.yaml"),
+               *repo_root.glob("config/suites/*.yaml")]  # fmt: skip
+    for path in sorted(shipped):
         config = merge_config(copy.deepcopy(defaults), read_config_file(path))
         validate_schema(config)
         name = str(path.relative_to(repo_root))

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import inspect
 import json
+import math
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
@@ -16,7 +18,7 @@ import pytest
 from conftest import REPO_ROOT
 
 from trainmap.dynamics.runs import hub as hub_module
-from trainmap.dynamics.runs.hub import MANIFEST_FILE, read_manifest
+from trainmap.dynamics.runs.hub import MANIFEST_FILE, HubCacheError, read_manifest, write_manifest
 from trainmap.grid import ConfigError, load_config
 from trainmap.grid.external import (
     EXTERNAL_BASE_MB,
@@ -28,7 +30,13 @@ from trainmap.grid.external import (
     memory_mb,
 )
 
-from ..dynamics.runs.test_hub_cache import add_checkpoint, add_revision, sharded_files, weights
+from ..dynamics.runs.test_hub_cache import (
+    SHAPES,
+    add_checkpoint,
+    add_revision,
+    sharded_files,
+    weights,
+)
 
 SUITE = "EleutherAI/pythia-14m-seed{seed}"
 RUNS = ["pythia-14m-seed1", "pythia-14m-seed2", "pythia-14m-seed3"]
@@ -294,14 +302,70 @@ def test_the_job_writes_the_command_lines_tables_and_records_the_criterion(
 
 def test_the_curve_settings_are_the_codes_and_the_jobs_defaults_the_schemas() -> None:
     from trainmap.dynamics.metrics.columns import CURVES, DIRECTIONS
-    from trainmap.jobs.external import external_metrics_job
+    from trainmap.jobs.external import external_map_job, external_metrics_job
     from trainmap.schema import config_schema
 
     item = config_schema()["properties"]["external"]["items"]["properties"]
     assert tuple(item["curve"]["enum"]) == CURVES and tuple(item["direction"]["enum"]) == DIRECTIONS
     job = inspect.signature(external_metrics_job).parameters
+    job = {**job, **inspect.signature(external_map_job).parameters}
     assert {key: job[key].default for key in EXTERNAL_DEFAULTS} == EXTERNAL_DEFAULTS
     assert (
         hub_module.DEFAULT_REVISION_PATTERN
         == item["hub"]["properties"]["revision_pattern"]["default"]
     )
+
+
+def test_a_fetched_set_reads_only_the_manifest_trainmap_resolve_wrote(tmp_path: Path) -> None:
+    """hub.fetch: the check lists nothing on the Hub; a set not resolved yet, resolved from the
+    cache, or resolved from other settings is refused naming the command; once resolved, its
+    runs come in blocks of revisions_per_job and its memory from the headers' sizes."""
+    pytest.importorskip("huggingface_hub")
+    from hub_server import HubServer
+
+    from trainmap.grid.external import UnresolvedSuite
+    from trainmap.grid.external_hub import resolve_fetched_sets
+
+    from ..dynamics.runs.test_hub_fetch import suite
+
+    config = {"external": [{"name": "suite", "hub": {
+        "repo": "EleutherAI/pythia-tiny-seed{seed}", "seeds": "1-2", "steps": "0-2",
+        "fetch": True, "revisions_per_job": 2, "cache": str(tmp_path / "hub")}}]}  # fmt: skip
+    with pytest.raises(UnresolvedSuite, match=r"external\[0\]\.hub: .*not resolved yet; run "
+                       r"`trainmap resolve --configfile CONFIG --set suite` first"):  # fmt: skip
+        check_external(config, tmp_path)
+    with HubServer(suite()) as server:
+        resolved = resolve_fetched_sets(config, tmp_path, endpoint=server.endpoint)
+        assert resolved["suite"][1] is True
+        assert resolve_fetched_sets(config, tmp_path, endpoint=server.endpoint)["suite"][1] is False
+        with pytest.raises(HubCacheError, match=r"--set other: no fetched set of that name"):
+            resolve_fetched_sets(config, tmp_path, ["other"], server.endpoint)
+        served = len(server.log)
+        check_external(config, tmp_path)
+        external = external_set(config, config["external"][0], tmp_path)
+        assert len(server.log) == served, "the check reached the Hub"
+    assert external.fetched and external.inputs() == {
+        "files": [],
+        "hub": str(manifest_path(tmp_path)),
+    }
+    assert external.blocks() == {
+        "pythia-tiny-seed1": [[0, 1], [2]],
+        "pythia-tiny-seed2": [[0, 1], [2]],
+    }
+    sizes = [c.size for steps in external.hub.runs.values() for c in steps.values()]
+    assert all(size == 4 * sum(math.prod(shape) for shape in SHAPES.values()) for size in sizes)
+    assert external.memory_mb() == memory_mb(max(sizes))
+    # Another step range in the config: the manifest is refused, naming what differs.
+    config["external"][0]["hub"]["steps"] = "0-1"
+    with pytest.raises(UnresolvedSuite, match=r"no longer matches the config \(steps: \(\(0, 2\),\) "
+                       r"there, \(\(0, 1\),\) in the config\); run `trainmap resolve"):  # fmt: skip
+        check_external(config, tmp_path)
+    # A manifest resolved from the cache is not a fetched one.
+    config["external"][0]["hub"]["steps"] = "0-2"
+    manifest = read_manifest(manifest_path(tmp_path))
+    write_manifest(replace(manifest, fetch_from=None), manifest_path(tmp_path))
+    with pytest.raises(
+        UnresolvedSuite,
+        match=r"no longer matches the config \(it is not a fetched suite's manifest\); run `trainmap resolve",
+    ):
+        check_external(config, tmp_path)
