@@ -45,7 +45,7 @@ ALLOWED_HOSTS ?=
 # The local SLURM's state, logs and pid files: a private (0700) directory, never a shared /tmp path.
 SLURM_DIR ?= $(CURDIR)/.slurm
 
-.PHONY: help setup run plan paper repro report test test-fast test-faults test-record lint format bench docs mlflow-ui mlflow-server \
+.PHONY: help setup run plan resolve paper repro report test test-fast test-faults test-record lint format bench docs mlflow-ui mlflow-server \
 	slurm-up slurm-down dvc-remote clean
 
 help:  ## list the targets
@@ -89,6 +89,9 @@ run: setup dvc-remote  ## the study on CONFIG (default: the embedded grid); vers
 
 plan: setup  ## bytes written, peak RAM/GPU memory and time of every job of CONFIG, checked against one node (python -m trainmap.plan --help)
 	$(RUN) python -m trainmap.plan --configfile $(CONFIG) $(PLAN_ARGS)
+
+resolve: setup  ## list the revisions of the suites CONFIG fetches from the Hub (external sets with hub.fetch) into their revisions.json, before make run (trainmap resolve --help)
+	$(RUN) trainmap resolve --configfile $(CONFIG)
 
 # paper: the training-maps paper's settings this machine can run (PAPER_CONFIG=config/paper.yaml
 # for every setting, on a GPU node with the MNIST/CIFAR-100 files).

@@ -31,6 +31,7 @@ import json
 import re
 import socket
 import threading
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -114,6 +115,8 @@ class HubServer:
             for repo, branches in repos.items()
         }
         self.gated = frozenset(gated)
+        #: Seconds each whole-file download waits before its body (a slow link; 0: none).
+        self.download_delay = 0.0
         self.requests: list[tuple[str, str]] = []
         self.log: list[ServedRequest] = []
         self.endpoint = ""
@@ -447,6 +450,8 @@ class _HubHandler(BaseHTTPRequestHandler):
             status, body = 206, content[start : end + 1]
             headers["Content-Range"] = f"bytes {start}-{end}/{len(content)}"
         cut = None if head else self.hub._take_cut(repo, filename)
+        if not head and status == 200 and self.hub.download_delay:
+            time.sleep(self.hub.download_delay)
         self._send(status, headers, body, head=head, cut=cut)
 
     # -- answers -------------------------------------------------------------------------------

@@ -99,3 +99,45 @@ def test_a_fetched_suite_runs_a_job_per_block_of_revisions(tmp_path: Path) -> No
     assert stale.returncode != 0
     assert "revisions.json no longer matches the config (steps: ((0, 2),) there, ((0, 1),) in " \
            "the config)" in said and "trainmap resolve" in said, said[-3000:]  # fmt: skip
+
+
+def test_a_pass_killed_with_sigkill_resumes_measuring_each_revision_once(tmp_path: Path) -> None:
+    """``trainmap map --fetch`` killed with SIGKILL in the middle of a pass (a slow link: each
+    download waits 0.3 s): every row written before the kill is kept as it was, the rerun
+    downloads only the revisions without a row, and no weights stay in the cache."""
+    import signal
+    import subprocess
+    import time
+
+    from unit.dynamics.runs.test_hub_fetch import revision_files, weight_downloads
+
+    repo = SUITE.format(seed=1)
+    steps = range(8)
+    repos = {repo: {f"step{s}": revision_files(repo, f"step{s}") for s in steps}}
+    out, cache = tmp_path / "out", tmp_path / "hub"
+    command = [str(Path(sys.executable).parent / "trainmap"), "map", "hf://" + SUITE, "--seeds", "1",
+               "--steps", "0-7", "--fetch", "--hf-cache", str(cache), "--out", str(out),
+               "--metrics-only"]  # fmt: skip
+    with HubServer(repos) as server:
+        server.download_delay = 0.3
+        pass_one = subprocess.Popen([*command, "--hf-endpoint", server.endpoint],
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+        deadline = time.monotonic() + 120
+        while len(list(out.glob("rows/*/*/step*.csv"))) < 3 and time.monotonic() < deadline:
+            assert pass_one.poll() is None, "the pass ended before it could be killed"
+            time.sleep(0.02)
+        pass_one.send_signal(signal.SIGKILL)
+        pass_one.wait(timeout=30)
+        kept = {p.name: p.stat().st_mtime_ns for p in out.glob("rows/*/*/step*.csv")}
+        assert 3 <= len(kept) < len(steps), kept
+        fetched_before = weight_downloads(server)
+        server.download_delay = 0.0
+        run_command([*command, "--hf-endpoint", server.endpoint], cwd=tmp_path)
+        fetched_after = weight_downloads(server) - fetched_before
+    rows = {p.name: p.stat().st_mtime_ns for p in out.glob("rows/*/*/step*.csv")}
+    assert len(rows) == len(steps)
+    assert {name: rows[name] for name in kept} == kept, "a row written before the kill changed"
+    assert fetched_after == len(steps) - len(kept), "a revision with a row was fetched again"
+    table = pd.read_csv(out / "metrics" / "pythia-tiny-seed1" / "metrics.csv")
+    assert list(table["step"]) == list(steps)
+    assert not list(cache.glob("models--*/snapshots/*")), "weights left in the cache"

@@ -153,18 +153,24 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     suites.add_argument("--keep-weights", action="store_true",
                         help="with --fetch: keep each fetched revision in the cache (default: "
                         "deleted once measured; a revision that was already cached always stays)")  # fmt: skip
-    suites.add_argument("--fetch-jobs", type=int, default=1, metavar="N",
+    suites.add_argument("--fetch-jobs", type=int, default=HUB_DEFAULTS["fetch_jobs"], metavar="N",
                         help="with --fetch: revisions downloaded at once, the next ones while one "
                         "is measured; the cache then holds at most N of them (default "
                         "%(default)s; --jobs is the fits')")  # fmt: skip
     suites.add_argument("--hf-endpoint", default=None,
                         help="with --fetch: the Hub's address (default: huggingface_hub's, "
                         "HF_ENDPOINT)")  # fmt: skip
-    suites.add_argument("--eval-tokens", type=Path, default=None, metavar="TOKENS.npy",
-                        help="a 1-D array of token ids (the suite's tokenizer; numpy.save): each "
-                        "revision's held-out next-token loss on its first --eval-token-budget "
-                        "tokens is written as the curve test_loss (map with --curve test_loss "
-                        "--direction falling --threshold X); needs transformers")  # fmt: skip
+    held_out = suites.add_mutually_exclusive_group()
+    held_out.add_argument("--eval-tokens", type=Path, default=None, metavar="TOKENS.npy",
+                          help="a 1-D array of token ids (the suite's tokenizer; numpy.save): "
+                          "each revision's held-out next-token loss on its first "
+                          "--eval-token-budget tokens is written as the curve test_loss (map "
+                          "with --curve test_loss --direction falling --threshold X); needs "
+                          "transformers")  # fmt: skip
+    held_out.add_argument("--eval-text", type=Path, default=None, metavar="TEXT.txt",
+                          help="as --eval-tokens, from a UTF-8 text file tokenized by the suite's "
+                          "own tokenizer (its first revision's; the ids kept in "
+                          "--out/eval_tokens.npy)")  # fmt: skip
     suites.add_argument("--eval-token-budget", type=int, default=16384, metavar="N",
                         help="tokens scored per revision (default %(default)s)")  # fmt: skip
     suites.add_argument("--eval-context", type=int, default=512, metavar="N",

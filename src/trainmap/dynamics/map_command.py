@@ -312,7 +312,7 @@ def suite_tables(runs: dict[str, ExternalRun], args: argparse.Namespace) -> dict
     model = _external_model(args)
     written = {}
     try:
-        tokens = _eval_tokens(args)  # read once: every revision is scored on the same tokens
+        tokens = _eval_tokens(args, runs)  # once: every revision is scored on the same tokens
         for run, external in tqdm(runs.items(), desc="suite runs", unit="run"):
             if isinstance(external, FetchedRun):
                 table = _fetched_table(run, external, args, model, tokens)
@@ -359,14 +359,44 @@ def _fetched_table(
     return with_curve(table, external.evaluation, tokens is not None)
 
 
-def _eval_tokens(args: argparse.Namespace) -> np.ndarray | None:
-    """``--eval-tokens``' scored tokens (:func:`~trainmap.dynamics.runs.heldout.read_tokens`),
-    or None without it."""
-    if args.eval_tokens is None:
-        return None
-    from trainmap.dynamics.runs.heldout import read_tokens
+def _eval_tokens(args: argparse.Namespace, runs: dict[str, ExternalRun]) -> np.ndarray | None:
+    """The scored tokens: ``--eval-tokens``' (:func:`~trainmap.dynamics.runs.heldout.read_tokens`),
+    or ``--eval-text`` tokenized by the suite's tokenizer, that of the first run's first revision
+    (:func:`~trainmap.dynamics.runs.heldout.tokenize_text`; fetched alone with ``--fetch``, and
+    deleted again), kept in ``--out``/eval_tokens.npy; None without either."""
+    from trainmap.dynamics.runs.heldout import read_tokens, tokenize_text
 
-    return read_tokens(args.eval_tokens, args.eval_token_budget, args.eval_context)
+    if args.eval_tokens is not None:
+        return read_tokens(args.eval_tokens, args.eval_token_budget, args.eval_context)
+    if args.eval_text is None:
+        return None
+    first = next(iter(runs.values()))
+    step = next(iter(first.checkpoints))
+    if isinstance(first, FetchedRun):
+        from trainmap.dynamics.runs.hub_fetch import release_checkpoint, tokenizer_folder
+
+        manifest = first.manifest
+        checkpoint = next(c for r in manifest.runs.values() for s, c in r.items()
+                          if c.weights == first.checkpoints[step])  # fmt: skip
+        folder, fetched = tokenizer_folder(checkpoint, manifest.cache_dir, manifest.fetch_from)
+        try:
+            tokens = tokenize_text(args.eval_text, folder, args.eval_token_budget,
+                                   args.eval_context)  # fmt: skip
+        finally:
+            if fetched:
+                release_checkpoint(checkpoint, manifest.cache_dir)
+    else:
+        tokens = tokenize_text(args.eval_text, first.checkpoints[step].parent,
+                               args.eval_token_budget, args.eval_context)  # fmt: skip
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+
+        def save(tmp: Path) -> None:
+            with open(tmp, "wb") as handle:  # a handle: np.save would add .npy to the name
+                np.save(handle, tokens)
+
+        write_atomic(args.out / "eval_tokens.npy", save)
+    return tokens
 
 
 def with_heldout_loss(table: pd.DataFrame, checkpoints: dict[int, Path],
@@ -474,14 +504,19 @@ def run(args: argparse.Namespace) -> int:
         print("note: --curve test_loss with --direction rising: a run converges at the first "
               "checkpoint whose loss is at or ABOVE --threshold; for a loss that falls to it, "
               "give --direction falling")  # fmt: skip
-    if args.eval_tokens is not None and args.curves is not None:
-        raise SystemExit("error: --eval-tokens and --curves both give the suite's curve; give "
-                         "one of them")  # fmt: skip
+    held_out = args.eval_tokens is not None or args.eval_text is not None
+    if held_out and args.curves is not None:
+        raise SystemExit("error: --eval-tokens/--eval-text and --curves both give the suite's "
+                         "curve; give one of them")  # fmt: skip
     suites = hub_runs(args)
-    if suites and args.threshold is not None and args.curves is None and args.eval_tokens is None:
+    if held_out and not suites:
+        raise SystemExit("error: --eval-tokens/--eval-text score a suite's revisions: give an "
+                         "hf:// suite")  # fmt: skip
+    if suites and args.threshold is not None and args.curves is None and not held_out:
         raise SystemExit("error: --threshold needs each suite run's curve: give --curves DIR "
-                         "(a <run>.csv of step,test_acc per run) or --eval-tokens TOKENS.npy "
-                         "(a held-out loss per revision), or map with --metrics-only")  # fmt: skip
+                         "(a <run>.csv of step,test_acc per run), --eval-tokens TOKENS.npy or "
+                         "--eval-text TEXT.txt (a held-out loss per revision), or map with "
+                         "--metrics-only")  # fmt: skip
     paths = [source for source in args.tables if isinstance(source, Path)]
     found = find_runs(paths) if paths or not suites else {}
     if suites:

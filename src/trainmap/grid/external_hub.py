@@ -146,10 +146,9 @@ def resolve_fetched_sets(
     to :func:`hub_manifest_path`, only where its content changed (an unchanged suite reruns no
     job). Returns set name -> (manifest, whether it was written)."""
     from trainmap.dynamics.runs.hub_fetch import resolve_online
-    from trainmap.grid.external import external_sets, is_hub_set
 
-    sets = {name: spec for name, spec in external_sets(config).items()
-            if is_hub_set(spec) and is_fetched(spec)}  # fmt: skip
+    sets = {spec["name"]: spec for spec in config.get("external") or []
+            if "hub" in spec and is_fetched(spec)}  # fmt: skip
     unknown = sorted(set(names or ()) - set(sets))
     if unknown:
         raise HubCacheError(f"--set {', '.join(unknown)}: no fetched set of that name (fetched "

@@ -27,6 +27,7 @@ from trainmap.dynamics.runs.external import ExternalRun, external_run_metrics, r
 from trainmap.dynamics.runs.hub import Manifest, read_manifest
 from trainmap.dynamics.runs.hub_fetch import with_curve
 from trainmap.dynamics.runs.layouts import ExternalRunError
+from trainmap.dynamics.runs.names import HUB_DEFAULTS
 from trainmap.evaluation import convergence_step
 from trainmap.grid.external import EXTERNAL_DEFAULTS
 from trainmap.grid.external_hub import CURVE_SUFFIX, hub_external_run, hub_set_runs
@@ -103,7 +104,8 @@ def external_revisions_job(
     name: str, run: str, steps: Sequence[int], hub: str | Path, rows: str | Path,
     output: str | Path, tracking: Mapping[str, str], *, heads: int | None = None,
     convention: str = ANALYSIS_DEFAULTS["metrics"], arch: dict | None = None,
-    keep_weights: bool = False, fetch_jobs: int = 1, block: str = "0",
+    keep_weights: bool = bool(HUB_DEFAULTS["keep_weights"]),
+    fetch_jobs: int = int(HUB_DEFAULTS["fetch_jobs"]), block: str = "0",
 ) -> None:  # fmt: skip
     """Rule ``external_revisions``: ``steps`` of run ``run`` of fetched suite ``name`` (its
     ``revisions.json``, ``hub``), each fetched, measured and deleted unless ``keep_weights``, its

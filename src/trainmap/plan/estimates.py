@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -59,23 +59,18 @@ from trainmap.plan.assumptions import (
     STARTUP_S,
     Device,
 )
+from trainmap.plan.jobplan import (
+    MIN_MEMORY_MB,
+    MIN_MINUTES,
+    SAFETY_FACTOR,
+    JobPlan,
+    PlanError,
+    small_job,
+)
 from trainmap.plan.profile import ModelProfile, dataset_bytes, dataset_examples, model_profile
 from trainmap.schema import section_defaults
 from trainmap.training.archive import ArchivePolicy, checkpoint_steps, kept_indices
 from trainmap.training.config import TRAIN_DEFAULTS
-
-#: Resources requested from a scheduler are the plan's estimate times this, once, for every rule:
-#: the FLOP-based times hold to ~2x (bench/plan_accuracy.py), and a job past its request is killed.
-SAFETY_FACTOR = 1.5
-#: The smallest requests (a job's start-up alone: importing torch and MLflow).
-MIN_MEMORY_MB = 1000
-MIN_MINUTES = 5
-
-
-class PlanError(ValueError):
-    """A plan past the limits of the node it was given; the message names the rule, the job, the
-    resource, the estimate and the config key to change."""
-
 
 # --- checkpoints and the archive ------------------------------------------------------------------
 
@@ -103,29 +98,6 @@ def archive_bytes(profile: ModelProfile, n_checkpoints: int, policy: ArchivePoli
 
 
 # --- one job's estimate ---------------------------------------------------------------------------
-
-
-@dataclass
-class JobPlan:
-    """One job's plan: bytes it leaves on disk (``bytes``), its transient disk use (``scratch``),
-    peak host RAM and GPU memory (bytes), seconds, and where each estimate comes from."""
-
-    rule: str
-    job: str
-    seeds: int
-    device: str
-    bytes: float
-    scratch: float
-    ram: float
-    gpu: float
-    seconds: float
-    bytes_from: str
-    memory_from: str
-    time_from: str
-    #: The config keys that change this job's size and time (named by a limit's error).
-    keys: tuple[str, ...] = ()
-    #: Bytes it downloads (a suite fetched from the Hub: :mod:`trainmap.plan.suites`).
-    download: float = 0.0
 
 
 def device_of(settings: Mapping[str, Any]) -> Device:
@@ -235,15 +207,6 @@ def _measured_wall_time(
     if not times or any(math.isnan(t) for t in times):
         return None
     return max(times), f"measured: {results}/{rule_dir}/{block.id} train.timing.json wall_time_s"
-
-
-def small_job(
-    rule: str, job: str, seeds: int, bytes_: float, ram: float, seconds: float,
-    bytes_from: str, memory_from: str, time_from: str, keys: tuple[str, ...] = (),
-) -> JobPlan:  # fmt: skip
-    """A CPU job's plan from its three numbers and their sources."""
-    return JobPlan(rule, job, seeds, "cpu", bytes_, 0.0, ram, 0.0, seconds, bytes_from,
-                   memory_from, time_from, keys)  # fmt: skip
 
 
 def gradinit_job(config: Mapping[str, Any], block: SeedRange) -> JobPlan:

@@ -30,7 +30,7 @@ from trainmap.plan.assumptions import (
     SUITE_ROW_BYTES,
     SUITE_SOURCE,
 )
-from trainmap.plan.estimates import JobPlan, PlanError, small_job
+from trainmap.plan.jobplan import JobPlan, PlanError, small_job
 
 #: Bytes per parameter of each ``hub.dtype``.
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
@@ -56,7 +56,7 @@ def block_runtime_minutes(sizes: Sequence[int], dtype: str) -> int:
     """The scheduler's ``runtime`` (minutes) of an ``external_revisions`` job of revisions of
     ``sizes`` bytes stored in ``dtype``: :func:`block_seconds` times the plan's safety factor, at
     least its minimum."""
-    from trainmap.plan.estimates import MIN_MINUTES, SAFETY_FACTOR
+    from trainmap.plan.jobplan import MIN_MINUTES, SAFETY_FACTOR
 
     seconds = block_seconds(sizes, DTYPE_BYTES[dtype])
     return max(MIN_MINUTES, math.ceil(seconds * SAFETY_FACTOR / 60))
@@ -106,7 +106,7 @@ def suite_revisions(
 def fetched_suite_jobs(
     config: Mapping[str, Any], base_dir: str | Path | None = None
 ) -> list[JobPlan]:
-    """One :class:`~trainmap.plan.estimates.JobPlan` per ``external_revisions`` job of every
+    """One :class:`~trainmap.plan.jobplan.JobPlan` per ``external_revisions`` job of every
     fetched set (``download``: the bytes it fetches); ``base_dir``: the project (None: the
     working directory, as ``trainmap resolve`` and the workflow take it)."""
     from trainmap.grid.external import is_hub_set, memory_mb

@@ -2,7 +2,8 @@
 
 The Hub's checkpoint suites ship no evaluation curve. Given a token array (``--eval-tokens
 tokens.npy``: a 1-D integer array from the suite's own tokenizer, e.g. a slice of the Pile for
-Pythia), :func:`heldout_loss` loads one revision's snapshot with ``transformers``
+Pythia; or ``--eval-text text.txt``, tokenized by the suite's tokenizer: :func:`tokenize_text`),
+:func:`heldout_loss` loads one revision's snapshot with ``transformers``
 (``AutoModelForCausalLM``, from its ``config.json`` and weights, ``local_files_only``) and returns
 its mean next-token cross-entropy over the first ``budget`` tokens, cut into ``context``-token
 sequences (a sequence's first token is never predicted), ``batch`` sequences per forward pass, in
@@ -27,17 +28,16 @@ from trainmap.dynamics.runs.layouts import ExternalRunError
 LOSS_COLUMN = "test_loss"
 #: Sequences per forward pass.
 DEFAULT_BATCH = 4
+#: The files a tokenizer may be saved in (what is fetched for ``--eval-text``).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                   "vocab.json", "merges.txt", "vocab.txt", "tokenizer.model", "spiece.model")  # fmt: skip
 
 
 def read_tokens(path: Path, budget: int, context: int) -> np.ndarray:
     """The first ``budget`` tokens of ``path`` (a ``.npy`` 1-D array of non-negative integers),
     cut to a whole number of ``context``-token sequences, as int64; a file that cannot give one
     whole sequence, or is no such array, is refused, naming it and the fix."""
-    if context < 2:
-        raise ExternalRunError(f"--eval-context {context}: a sequence needs at least 2 tokens")
-    if budget < context:
-        raise ExternalRunError(f"--eval-token-budget {budget} is shorter than one sequence "
-                               f"(--eval-context {context}); raise it or shorten the context")  # fmt: skip
+    _check_sizes(budget, context)
     try:
         tokens = np.load(path, allow_pickle=False, mmap_mode="r")
     except (OSError, ValueError) as error:
@@ -46,15 +46,51 @@ def read_tokens(path: Path, budget: int, context: int) -> np.ndarray:
     if tokens.ndim != 1 or not np.issubdtype(tokens.dtype, np.integer):
         raise ExternalRunError(f"--eval-tokens {path}: a {tokens.ndim}-D {tokens.dtype} array; "
                                "give the token ids as one 1-D integer array")  # fmt: skip
+    return _whole_sequences(tokens, f"--eval-tokens {path}", budget, context)
+
+
+def tokenize_text(path: Path, tokenizer_folder: Path, budget: int, context: int) -> np.ndarray:
+    """The text file ``path`` (UTF-8) tokenized by the tokenizer in ``tokenizer_folder`` (the
+    suite's own, ``AutoTokenizer``, no special tokens added), then as :func:`read_tokens`: its
+    first ``budget`` tokens cut to whole ``context``-token sequences."""
+    _check_sizes(budget, context)
+    try:
+        from transformers import AutoTokenizer
+    except ImportError:
+        raise ExternalRunError(
+            "--eval-text needs transformers: pip install 'trainmap[hub]'"
+        ) from None
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise ExternalRunError(f"--eval-text {path}: not a UTF-8 text file ({error})") from None
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(tokenizer_folder, local_files_only=True)
+    except (OSError, ValueError) as error:
+        raise ExternalRunError(f"--eval-text: the suite's tokenizer in {tokenizer_folder} could "
+                               f"not be read ({str(error).splitlines()[0]}); give the token ids "
+                               "with --eval-tokens instead") from None  # fmt: skip
+    ids = np.asarray(tokenizer(text, add_special_tokens=False)["input_ids"], dtype=np.int64)
+    return _whole_sequences(ids, f"--eval-text {path}", budget, context)
+
+
+def _check_sizes(budget: int, context: int) -> None:
+    if context < 2:
+        raise ExternalRunError(f"--eval-context {context}: a sequence needs at least 2 tokens")
+    if budget < context:
+        raise ExternalRunError(f"--eval-token-budget {budget} is shorter than one sequence "
+                               f"(--eval-context {context}); raise it or shorten the context")  # fmt: skip
+
+
+def _whole_sequences(tokens: np.ndarray, source: str, budget: int, context: int) -> np.ndarray:
+    """The first ``budget`` of ``tokens`` cut to whole ``context``-token sequences, as int64."""
     if len(tokens) < context:
-        raise ExternalRunError(f"--eval-tokens {path}: {len(tokens)} tokens, fewer than one "
+        raise ExternalRunError(f"{source}: {len(tokens)} tokens, fewer than one "
                                f"sequence of {context} (--eval-context)")  # fmt: skip
     whole = min(budget, len(tokens)) // context * context
     kept = np.array(tokens[:whole], dtype=np.int64)  # a copy in memory, not the mapped file
     if kept.min() < 0:
-        raise ExternalRunError(
-            f"--eval-tokens {path}: negative token ids; give the tokenizer's ids"
-        )
+        raise ExternalRunError(f"{source}: negative token ids; give the tokenizer's ids")
     return kept
 
 

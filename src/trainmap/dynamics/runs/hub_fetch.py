@@ -57,7 +57,7 @@ from trainmap.dynamics.runs.hub import (
     run_name,
 )
 from trainmap.dynamics.runs.layouts import MODEL_WEIGHTS, ExternalRunError, checkpoint_shapes
-from trainmap.dynamics.runs.names import HUB_SCHEME
+from trainmap.dynamics.runs.names import HUB_DEFAULTS, HUB_SCHEME
 from trainmap.io import write_atomic
 
 #: What :func:`fetch_checkpoint` downloads besides a revision's weight files.
@@ -155,6 +155,33 @@ def fetch_checkpoint(
     return Fetched(Path(folder), fetched=True)
 
 
+def tokenizer_folder(
+    checkpoint: HubCheckpoint, cache_dir: Path, endpoint: str | None = None,
+    token: str | bool | None = None,
+) -> tuple[Path, bool]:  # fmt: skip
+    """The folder holding ``checkpoint``'s tokenizer files: its snapshot, where they are fetched
+    (only they: ``snapshot_download`` with the tokenizer's file names) unless one is there
+    already. Returns the folder and whether this call fetched into a revision whose weights are
+    not in the cache (the caller then deletes it: :func:`release_checkpoint`)."""
+    from trainmap.dynamics.runs.heldout import TOKENIZER_FILES
+
+    hub = _hub()
+    snapshot = _snapshot(hub, cache_dir, checkpoint.repo, checkpoint.commit)
+    if any((snapshot / name).is_file() for name in TOKENIZER_FILES):
+        return snapshot, False
+    had = snapshot.is_dir()
+    try:
+        folder = hub.snapshot_download(
+            checkpoint.repo, revision=checkpoint.commit, cache_dir=cache_dir, endpoint=endpoint,
+            token=token, allow_patterns=list(TOKENIZER_FILES),
+        )  # fmt: skip
+    except Exception as error:  # noqa: BLE001 - each failure named with its repository
+        raise HubCacheError(
+            _failure(checkpoint, "its tokenizer could not be fetched", error)
+        ) from error
+    return Path(folder), not had
+
+
 def release_checkpoint(checkpoint: HubCheckpoint, cache_dir: Path) -> int:
     """Delete ``checkpoint``'s revision from ``cache_dir`` (its snapshot, its ref if it points
     there, and the blobs no other revision uses); returns the bytes freed. A deletion that fails
@@ -181,9 +208,9 @@ def suite_run_metrics(
     run: str,
     rows: Path,
     measure: Callable[[Path, int], pd.DataFrame],
-    keep_weights: bool = False,
+    keep_weights: bool = bool(HUB_DEFAULTS["keep_weights"]),
     token: str | bool | None = None,
-    fetch_jobs: int = 1,
+    fetch_jobs: int = int(HUB_DEFAULTS["fetch_jobs"]),
     steps: Collection[int] | None = None,
 ) -> pd.DataFrame:
     """``run``'s metric table (only ``steps`` of it, when given: a workflow job's block of

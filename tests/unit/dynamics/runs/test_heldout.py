@@ -108,3 +108,51 @@ def test_the_command_line_writes_each_fetched_revisions_loss_as_its_curve(tmp_pa
         assert table["test_loss"][0] == pytest.approx(math.log(VOCAB), rel=1e-12)
         expected = heldout_loss(tmp_path / "made" / f"{seed}-1", ids, CONTEXT)
         assert table["test_loss"][1] == pytest.approx(expected, rel=1e-12)
+
+
+def word_tokenizer(folder: Path) -> Path:
+    """A word-level tokenizer of the tiny model's vocabulary: "w<i>" is token i."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    backend = Tokenizer(models.WordLevel({f"w{i}": i for i in range(VOCAB)}, unk_token="w0"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    transformers.PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="w0").save_pretrained(
+        folder
+    )
+    return folder
+
+
+def test_text_is_tokenized_by_the_suites_own_tokenizer_fetched_alone(tmp_path):
+    """``--eval-text``: the text tokenized by the first revision's tokenizer (fetched alone and
+    deleted again), every revision scored on those ids, the ids kept in eval_tokens.npy."""
+    from trainmap.dynamics.__main__ import main
+
+    ids = np.random.default_rng(1).integers(0, VOCAB, 120)
+    text = tmp_path / "held_out.txt"
+    text.write_text(" ".join(f"w{i}" for i in ids), encoding="utf-8")
+    tokenizer = {p.name: p.read_bytes() for p in word_tokenizer(tmp_path / "tok").iterdir()}
+    repos = {}
+    for seed in (1, 2):
+        repo = f"EleutherAI/pythia-nano-seed{seed}"
+        repos[repo] = {}
+        for step in (0, 1):
+            folder = saved(tiny_model(10 * seed + step), tmp_path / "made" / f"{seed}-{step}")
+            repos[repo][f"step{step}"] = {**tokenizer,
+                                          **{p.name: p.read_bytes() for p in folder.iterdir()}}  # fmt: skip
+    out = tmp_path / "out"
+    with HubServer(repos) as server:
+        main(["hf://EleutherAI/pythia-nano-seed{seed}", "--seeds", "1-2", "--fetch",
+              "--hf-endpoint", server.endpoint, "--hf-cache", str(tmp_path / "hub"),
+              "--eval-text", str(text), "--eval-token-budget", "64", "--eval-context",
+              str(CONTEXT), "--out", str(out), "--metrics-only"])  # fmt: skip
+    scored = np.load(out / "eval_tokens.npy")
+    assert scored.tolist() == ids[:64].tolist()
+    for seed in (1, 2):
+        table = pd.read_csv(out / "metrics" / f"pythia-nano-seed{seed}" / "metrics.csv")
+        for step in (0, 1):
+            expected = heldout_loss(tmp_path / "made" / f"{seed}-{step}", scored, CONTEXT)
+            assert table["test_loss"][step] == pytest.approx(expected, rel=1e-12)
+    assert not list((tmp_path / "hub").glob("models--*/snapshots/*")), "files left in the cache"
+    with pytest.raises(SystemExit, match="--eval-tokens/--eval-text and --curves both"):
+        main(["hf://EleutherAI/pythia-nano-seed{seed}", "--seeds", "1-2", "--eval-text", str(text),
+              "--curves", str(tmp_path), "--out", str(out)])  # fmt: skip
