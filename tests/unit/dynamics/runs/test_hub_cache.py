@@ -1,6 +1,8 @@
-"""Checkpoint suites from the local Hugging Face Hub cache: a fake cache written by hand in the
-layout huggingface_hub writes (``blobs/<hash>``, ``refs/<revision>`` holding the commit,
-``snapshots/<commit>/<file>`` relative symlinks into the blobs) resolves, offline, into runs of
+"""Checkpoint suites from the local Hugging Face Hub cache: a cache downloaded by huggingface_hub's
+own snapshot_download from a local fake Hub (and, for the damaged and unusual caches, revisions
+written by hand in the same layout: ``blobs/<hash>``, ``refs/<revision>`` holding the commit,
+``snapshots/<commit>/<file>`` relative symlinks into the blobs, checked against the client's)
+resolves, offline, into runs of
 the three suite shapes (a branch per checkpoint, a repository per seed, a repository per seed and
 step), agreeing with ``huggingface_hub.scan_cache_dir``; the manifest round-trips; sharded and
 ``pytorch_model.bin`` checkpoints load as the same tensors; each damaged cache is refused naming
@@ -57,16 +59,19 @@ def repo_folder(cache: Path, repo: str) -> Path:
 
 
 def add_revision(cache: Path, repo: str, revision: str, files: dict[str, bytes]) -> Path:
-    """One revision as snapshot_download leaves it: each file a blob named by its hash, the ref
-    holding the commit (no newline), the snapshot's relative symlinks into blobs/."""
+    """One revision as snapshot_download leaves it: each file a blob named by its ETag (a weights
+    file's sha256, any other file's git blob id), the ref holding the commit (no newline), the
+    snapshot's relative symlinks into blobs/; the commit the fake Hub gives the branch."""
+    from hub_server import commit_sha, git_blob_id, is_lfs
+
     folder = repo_folder(cache, repo)
-    commit = hashlib.sha1(f"{repo}@{revision}".encode()).hexdigest()
+    commit = commit_sha(repo, revision)
     (folder / "refs").mkdir(parents=True, exist_ok=True)
     (folder / "blobs").mkdir(exist_ok=True)
     (folder / "refs" / revision).write_text(commit)
     snapshot = folder / "snapshots" / commit
     for name, data in files.items():
-        digest = hashlib.sha256(data).hexdigest()
+        digest = hashlib.sha256(data).hexdigest() if is_lfs(name) else git_blob_id(data)
         (folder / "blobs" / digest).write_bytes(data)
         link = snapshot / name
         link.parent.mkdir(parents=True, exist_ok=True)
@@ -75,31 +80,81 @@ def add_revision(cache: Path, repo: str, revision: str, files: dict[str, bytes])
 
 
 def add_checkpoint(cache: Path, repo: str, revision: str) -> Path:
-    files = {"config.json": b'{"model_type": "tiny"}',
-             "model.safetensors": safetensors_bytes(weights(repo, revision))}  # fmt: skip
-    return add_revision(cache, repo, revision, files)
+    return add_revision(cache, repo, revision, checkpoint_files(repo, revision))
 
 
 def blob_of(snapshot: Path, name: str) -> Path:
     return (snapshot / name).resolve()
 
 
-@pytest.fixture
-def cache(tmp_path: Path) -> Path:
-    """Shape 1 (EleutherAI/pythia-tiny, branches step0/100/200 and main), shape 2 (a repository
-    per seed 1-3) and shape 3 (google/multiberts-seed_{0,1,10}-step_{0,20,40}k at main)."""
-    cache = tmp_path / "hub"
+def checkpoint_files(repo: str, revision: str) -> dict[str, bytes]:
+    return {"config.json": b'{"model_type": "tiny"}',
+            "model.safetensors": safetensors_bytes(weights(repo, revision))}  # fmt: skip
+
+
+def three_shapes() -> dict[str, dict[str, dict[str, bytes]]]:
+    """Shape 1 (EleutherAI/pythia-tiny, branches step0/100/200, main the last), shape 2 (a
+    repository per seed 1-3) and shape 3 (google/multiberts-seed_{0,1,10}-step_{0,20,40}k at
+    main), as the fake Hub serves them."""
+    repos: dict[str, dict[str, dict[str, bytes]]] = {"EleutherAI/pythia-tiny": {}}
     for revision in ("step0", "step100", "step200"):
-        add_checkpoint(cache, "EleutherAI/pythia-tiny", revision)
+        repos["EleutherAI/pythia-tiny"][revision] = checkpoint_files(
+            "EleutherAI/pythia-tiny", revision
+        )
         for seed in (1, 2, 3):
-            add_checkpoint(cache, f"EleutherAI/pythia-14m-seed{seed}", revision)
-    (repo_folder(cache, "EleutherAI/pythia-tiny") / "refs" / "main").write_text(
-        (repo_folder(cache, "EleutherAI/pythia-tiny") / "refs" / "step200").read_text()
-    )
+            repo = f"EleutherAI/pythia-14m-seed{seed}"
+            repos.setdefault(repo, {})[revision] = checkpoint_files(repo, revision)
+    repos["EleutherAI/pythia-tiny"]["main"] = repos["EleutherAI/pythia-tiny"]["step200"]
     for seed in (0, 1, 10):
         for step in (0, 20, 40):
-            add_checkpoint(cache, f"google/multiberts-seed_{seed}-step_{step}k", "main")
+            repo = f"google/multiberts-seed_{seed}-step_{step}k"
+            repos[repo] = {"main": checkpoint_files(repo, "main")}
+    return repos
+
+
+@pytest.fixture(scope="module")
+def downloaded(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The three shapes downloaded once by huggingface_hub's own snapshot_download from the local
+    fake Hub (tests/hub_server.py): the cache layout is the client's, not one written by hand."""
+    from hub_server import HubServer
+
+    cache = tmp_path_factory.mktemp("downloaded") / "hub"
+    repos = three_shapes()
+    with HubServer(repos) as server:
+        for repo, branches in repos.items():
+            for branch in branches:
+                hub.snapshot_download(repo, revision=branch, cache_dir=cache,
+                                      endpoint=server.endpoint, token=False)  # fmt: skip
     return cache
+
+
+@pytest.fixture
+def cache(downloaded: Path, tmp_path: Path) -> Path:
+    """A copy of :func:`downloaded` a test may change (its symlinks kept as links)."""
+    import shutil
+
+    return Path(shutil.copytree(downloaded, tmp_path / "hub", symlinks=True))
+
+
+def test_a_revision_written_by_hand_is_laid_out_as_snapshot_download_lays_it_out(
+    downloaded: Path, tmp_path: Path
+) -> None:
+    """add_revision, which writes the damaged and unusual caches below, writes the client's
+    layout: the same refs, blobs and relative snapshot links as snapshot_download left (the
+    client's trees/<commit>.json, its listing of a commit, is not read by the resolution)."""
+
+    def layout(root: Path, repo: str) -> dict[str, str]:
+        folder = repo_folder(root, repo)
+        return {str(p.relative_to(folder)): (os.readlink(p) if p.is_symlink() else p.read_text()
+                                             if p.parent.name == "refs" else "blob")
+                for p in sorted(folder.rglob("*"))
+                if (p.is_symlink() or p.is_file() and not p.name.startswith("."))
+                and p.relative_to(folder).parts[0] in ("refs", "blobs", "snapshots")}  # fmt: skip
+
+    repo = "EleutherAI/pythia-14m-seed2"
+    for revision in ("step0", "step100", "step200"):
+        add_checkpoint(tmp_path / "hub", repo, revision)
+    assert layout(tmp_path / "hub", repo) == layout(downloaded, repo)
 
 
 def spec(cache: Path, source: str, **options: object) -> HubSpec:
