@@ -35,12 +35,14 @@ Writes ``bench/results/suite_read.md`` (``--fetch``: ``bench/results/suite_fetch
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
+REPO = Path(__file__).resolve().parents[1]
 RESULTS = Path(__file__).resolve().parent / "results" / "suite_read.md"
 FETCH_RESULTS = RESULTS.with_name("suite_fetch.md")
 #: The two Pythia shapes (EleutherAI's configs: hidden, layers, heads, intermediate, vocab).
@@ -262,8 +264,57 @@ def fetch_main(args: argparse.Namespace) -> int:
         "The fetch seconds are those of a local server (no network): a real pass adds the "
         "download time of each file at the link's speed. Peak RSS is the process's, the fake "
         "server's copy of the suite included.",
+        "",
+        *projected_suites(passes[0]),
     ]  # fmt: skip
     return publish(lines, FETCH_RESULTS, args.no_write)
+
+
+def two_core_hours(seconds: list[float]) -> float:
+    """Hours for jobs of ``seconds`` on 2 cores, a job a core, longest first (Snakemake's
+    order does not matter to the total within a job's length)."""
+    cores = [0.0, 0.0]
+    for job in sorted(seconds, reverse=True):
+        cores[cores.index(min(cores))] += job
+    return max(cores) / 3600
+
+
+def projected_suites(measured: dict) -> list[str]:
+    """The shipped suite studies' projected times (config/suites/*.yaml, trainmap.plan.suites),
+    and the 14m study's from this run's own seconds per revision."""
+    from trainmap.plan import load_plan_config
+    from trainmap.plan.assumptions import HUB_BYTES_PER_S
+    from trainmap.plan.suites import fetched_suite_jobs
+
+    rows = []
+    for path in sorted((REPO / "config" / "suites").glob("*.yaml")):
+        with contextlib.chdir(REPO):  # the config is merged over the project's params.yaml
+            config = load_plan_config([str(path.relative_to(REPO))])
+        jobs = [j for j in fetched_suite_jobs(config, REPO) if j.rule == "external_revisions"]
+        download = sum(j.download for j in jobs)
+        rows.append(f"| `{path.relative_to(REPO)}` | {len(jobs)} | {download / 1e9:,.1f} | "
+                    f"{download / HUB_BYTES_PER_S / 3600:.2f} | "
+                    f"{sum(j.seconds for j in jobs) / 3600:.2f} | "
+                    f"{two_core_hours([j.seconds for j in jobs]):.2f} |")  # fmt: skip
+    per_revision = measured["fetch_s"] + measured["read_s"] + measured["measure_s"]
+    revisions_14m = 9 * 154
+    return [
+        "## The shipped suite studies, projected",
+        "",
+        "From `trainmap.plan.suites` (what `make plan` prints), offline: the download at an assumed "
+        f"{HUB_BYTES_PER_S / 1e6:g} MB/s, reading and measuring from the shapes measured on the "
+        "2-core EPYC (bench/results/suite_read.md), 15 s start-up a job.",
+        "",
+        "| config | revision jobs | download GB | of it, downloading h | all jobs one after "
+        "another h | on 2 cores h |",
+        "|---|---:|---:|---:|---:|---:|",
+        *rows,
+        "",
+        f"Measured here for the 14m shape, no network: {per_revision:.3f} s a revision (fetch "
+        f"from the local server + read + measure), {revisions_14m * per_revision / 3600:.2f} h for "
+        f"all {revisions_14m:,} revisions of polypythias-14m one after another; the link's "
+        "download time comes on top.",
+    ]  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
