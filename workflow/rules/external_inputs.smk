@@ -54,13 +54,13 @@ def steps_of_block(wildcards):
 def runtime_of_block(wildcards):
     """external_revisions' minutes: its revisions' plan (trainmap.plan.suites), times the
     plan's safety factor."""
-    from trainmap.grid.external_hub import fetch_setting
+    from trainmap.grid.external_hub import fetch_setting, revision_sizes
     from trainmap.plan.suites import block_runtime_minutes
 
     external = EXTERNAL[wildcards.external]
-    checkpoints = external.hub.runs[wildcards.suite_run]
+    sizes = revision_sizes(external.hub, external.spec)[wildcards.suite_run]
     return block_runtime_minutes(
-        [checkpoints[step].size or 0 for step in steps_of_block(wildcards)],
+        [sizes[step] for step in steps_of_block(wildcards)],
         fetch_setting(external.spec, "dtype"),
     )
 

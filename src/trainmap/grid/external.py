@@ -125,8 +125,11 @@ class ExternalSet:
         """Memory to request for the set's ``external_metrics`` job (:func:`memory_mb`)."""
         if self.hub is None:
             return external_metrics_memory_mb(self.runs)
-        from trainmap.grid.external_hub import largest_hub_checkpoint
+        from trainmap.grid.external_hub import largest_hub_checkpoint, revision_sizes
 
+        if self.fetched:
+            sizes = revision_sizes(self.hub, self.spec)
+            return memory_mb(max((b for run in sizes.values() for b in run.values()), default=0))
         return memory_mb(largest_hub_checkpoint(self.hub))
 
 

@@ -168,6 +168,27 @@ def resolve_fetched_sets(
     return resolved
 
 
+#: Bytes per parameter of each ``hub.dtype``.
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+
+
+def configured_size(spec: Mapping[str, Any]) -> int | None:
+    """A revision's bytes as hub set ``spec`` states them (``parameters`` x ``dtype``), or None."""
+    parameters = spec["hub"].get("parameters")
+    if parameters is None:
+        return None
+    return int(parameters) * DTYPE_BYTES[str(fetch_setting(spec, "dtype"))]
+
+
+def revision_sizes(manifest: Manifest, spec: Mapping[str, Any]) -> dict[str, dict[int, int]]:
+    """Run -> step -> a fetched revision's bytes: its safetensors header's, else the config's
+    (:func:`configured_size`; a ``pytorch_model.bin`` has no header to read), else 0."""
+    fallback = configured_size(spec) or 0
+    return {run: {step: checkpoint.size if checkpoint.size is not None else fallback
+                  for step, checkpoint in steps.items()}
+            for run, steps in manifest.runs.items()}  # fmt: skip
+
+
 def revision_blocks(manifest: Manifest, per_job: int) -> dict[str, list[list[int]]]:
     """Run -> its steps in blocks of ``per_job`` (the last may be shorter), in step order: one
     workflow job each."""
@@ -189,10 +210,7 @@ def hub_set_files(manifest: Manifest) -> list[Path]:
 
 def largest_hub_checkpoint(manifest: Manifest) -> int:
     """Bytes of the set's largest checkpoint, its files together (a sharded checkpoint's shards
-    are loaded as one state dict); a fetched suite's, from its headers (0 where unknown)."""
-    if manifest.fetch_from is not None:
-        return max((checkpoint.size or 0 for steps in manifest.runs.values()
-                    for checkpoint in steps.values()), default=0)  # fmt: skip
+    are loaded as one state dict). A fetched suite's come from :func:`revision_sizes`."""
     return max(
         (sum((checkpoint.snapshot / name).stat().st_size for name in checkpoint.files)
          for steps in manifest.runs.values() for checkpoint in steps.values()),

@@ -19,6 +19,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from trainmap.grid.external_hub import DTYPE_BYTES
 from trainmap.plan.assumptions import (
     ANALYSIS_S_PER_OBSERVATION,
     ANALYSIS_SOURCE,
@@ -31,9 +32,6 @@ from trainmap.plan.assumptions import (
     SUITE_SOURCE,
 )
 from trainmap.plan.jobplan import JobPlan, PlanError, small_job
-
-#: Bytes per parameter of each ``hub.dtype``.
-DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 
 def measure_seconds(parameters: float) -> float:
@@ -72,9 +70,11 @@ def suite_revisions(
     from trainmap.dynamics.runs.hub import run_name
     from trainmap.grid.external_hub import (
         SuiteNotResolved,
+        configured_size,
         fetch_setting,
         fetched_set_manifest,
         hub_spec,
+        revision_sizes,
     )
 
     try:
@@ -82,21 +82,22 @@ def suite_revisions(
     except SuiteNotResolved:
         manifest = None
     if manifest is not None:
-        sizes = {run: {step: checkpoint.size or 0 for step, checkpoint in steps.items()}
-                 for run, steps in manifest.runs.items()}  # fmt: skip
-        return sizes, "size-based: each revision's safetensors header (revisions.json)"
+        return revision_sizes(manifest, spec), (
+            "size-based: each revision's safetensors header (revisions.json; else parameters x "
+            "dtype)"
+        )
     hub = hub_spec(spec["hub"], base_dir)
     ranges = [f"{lo}-{hi}" for lo, hi in hub.steps if lo != hi]
     if not hub.steps or ranges:
         raise PlanError(f"{where}.hub.steps: {', '.join(ranges) or 'left out'}: the plan counts a "
                         "suite's revisions offline only when each step is listed (0,1000,2000); "
                         "list them, or run `trainmap resolve` first (it lists them on the Hub)")  # fmt: skip
-    parameters = spec["hub"].get("parameters")
-    if parameters is None:
+    size = configured_size(spec)
+    if size is None:
         raise PlanError(f"{where}.hub.parameters: not given, so the plan cannot size the suite's "
                         "checkpoints offline; give the model's parameter count (e.g. 14067712 for "
                         "pythia-14m), or run `trainmap resolve` first")  # fmt: skip
-    size = int(parameters) * DTYPE_BYTES[str(fetch_setting(spec, "dtype"))]
+    parameters = spec["hub"]["parameters"]
     sizes = {run_name(hub.repo, seed): {lo: size for lo, _ in hub.steps}
              for seed in hub.seeds or (None,)}  # fmt: skip
     return sizes, (f"size-based: {int(parameters):,} parameters x {fetch_setting(spec, 'dtype')} "

@@ -12,9 +12,9 @@ import pytest
 
 from trainmap import plan
 from trainmap.dynamics.runs.hub import HubCheckpoint, Manifest, write_manifest
-from trainmap.grid.external_hub import hub_manifest_path, hub_spec
+from trainmap.grid.external_hub import DTYPE_BYTES, hub_manifest_path, hub_spec
 from trainmap.plan.assumptions import MEASURED_REVISIONS
-from trainmap.plan.suites import DTYPE_BYTES, fetched_suite_jobs, measure_seconds
+from trainmap.plan.suites import fetched_suite_jobs, measure_seconds
 
 REPO = Path(__file__).resolve().parents[3]
 #: Each shipped suite study: its sets' runs, revisions a run, parameters and dtype.
@@ -55,10 +55,12 @@ def test_each_shipped_suite_is_planned_offline_from_its_steps_and_sizes(path: st
 def test_a_resolved_suite_is_planned_from_its_revisions_json(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.chdir(tmp_path)
     spec = {"name": "tiny", "hub": {"repo": "org/tiny-seed{seed}", "seeds": "1-2", "steps": "0-100",
-                                    "fetch": True, "revisions_per_job": 2}}  # fmt: skip
+                                    "fetch": True, "revisions_per_job": 2, "parameters": 1025}}  # fmt: skip
     config = {"external": [spec]}
+    # seed 2's checkpoints are pytorch_model.bin files: no header, so no size (the config's then)
     runs = {f"tiny-seed{seed}": {step: HubCheckpoint(f"org/tiny-seed{seed}", f"step{step}", "c" * 40,
-                                                     tmp_path, ("model.safetensors",), 1000 + step)
+                                                     tmp_path, ("model.safetensors",),
+                                                     1000 + step if seed == 1 else None)
                                  for step in (0, 50, 100)} for seed in (1, 2)}  # fmt: skip
     manifest = Manifest("hf://org/tiny-seed{seed}", tmp_path, runs, hub_spec(spec["hub"], tmp_path),
                         "http://127.0.0.1:1")  # fmt: skip
@@ -66,7 +68,7 @@ def test_a_resolved_suite_is_planned_from_its_revisions_json(tmp_path: Path, mon
     revisions = [job for job in fetched_suite_jobs(config) if job.rule == "external_revisions"]
     assert [job.job for job in revisions] == ["tiny/tiny-seed1/0", "tiny/tiny-seed1/1",
                                               "tiny/tiny-seed2/0", "tiny/tiny-seed2/1"]  # fmt: skip
-    assert [job.download for job in revisions] == [2050, 1100, 2050, 1100]
+    assert [job.download for job in revisions] == [2050, 1100, 4100, 2050]
     assert all(job.bytes_from.startswith("size-based: each revision's safetensors")
                for job in revisions)  # fmt: skip
 
