@@ -159,13 +159,20 @@ def resolve_fetched_sets(
             continue
         manifest = resolve_online(hub_spec(spec["hub"], base_dir), endpoint=endpoint)
         path = hub_manifest_path(config, name, base_dir)
-        changed = (not path.is_file()
-                   or manifest_content(read_manifest(path)) != manifest_content(manifest))  # fmt: skip
+        changed = _kept_content(path) != manifest_content(manifest)
         if changed:
             path.parent.mkdir(parents=True, exist_ok=True)
             write_manifest(manifest, path)
         resolved[name] = (manifest, changed)
     return resolved
+
+
+def _kept_content(path: Path) -> dict[str, object] | None:
+    """The content of the manifest at ``path``, or None where there is none to read."""
+    try:
+        return manifest_content(read_manifest(path)) if path.is_file() else None
+    except HubCacheError:  # damaged, or an offline manifest naming files cleaned since
+        return None
 
 
 #: Bytes per parameter of each ``hub.dtype``.
