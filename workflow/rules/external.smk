@@ -36,7 +36,7 @@ rule external_revisions:
         steps=steps_of_block,
         spec=spec_of_external,
         arch=arch_of_external,
-        rows=lambda wildcards: f"{RESULTS}/external/{wildcards.external}/rows/{wildcards.suite_run}",
+        rows=rows_of_external_run,
         convention=grid.analysis_settings(config).get(
             "metrics", section_defaults("analysis")["metrics"]
         ),

@@ -44,6 +44,13 @@ def manifest_of_external(wildcards):
 
 
 @input_function
+def rows_of_external_run(wildcards):
+    """Where one fetched run's revision rows are kept, across its jobs and their reruns
+    (trainmap.dynamics.runs.hub_fetch.rows_folder adds the settings' key)."""
+    return f"{RESULTS}/external/{wildcards.external}/rows/{wildcards.suite_run}"
+
+
+@input_function
 def steps_of_block(wildcards):
     """The steps one external_revisions job measures."""
     blocks = EXTERNAL[wildcards.external].blocks()[wildcards.suite_run]

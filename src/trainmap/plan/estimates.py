@@ -242,13 +242,14 @@ def gradinit_job(config: Mapping[str, Any], block: SeedRange) -> JobPlan:
 
 
 def analysis_job(
-    config: Mapping[str, Any], rule: str, job: str, cells: Sequence[Cell], fraction: float = 1.0
-) -> JobPlan:
-    """A training-map job over ``cells``' metric tables (fit_hmm, joint_comparison, paper_map):
-    memory from the observations x (14 metrics + k_max states) in float64 x 10 working copies,
-    time scaled from the default study's measured joint comparison (x ``fraction`` for lighter
-    rules)."""
-    observations = sum(grid.run_checkpoints(config, cell) for cell in cells)
+    config: Mapping[str, Any], rule: str, job: str, cells: Sequence[Cell], fraction: float = 1.0,
+    external_observations: int = 0,
+) -> JobPlan:  # fmt: skip
+    """A training-map job over ``cells``' metric tables (fit_hmm, joint_comparison, paper_map)
+    and ``external_observations`` checkpoints of external runs it pools: memory from the
+    observations x (14 metrics + k_max states) in float64 x 10 working copies, time scaled from
+    the default study's measured joint comparison (x ``fraction`` for lighter rules)."""
+    observations = sum(grid.run_checkpoints(config, cell) for cell in cells) + external_observations
     k_max = int({**section_defaults("analysis"), **grid.analysis_settings(config)}["k_max"])
     return small_job(
         rule,
@@ -395,8 +396,14 @@ def analysis_jobs(config: Mapping[str, Any]) -> list[JobPlan]:
         plans.append(analysis_job(config, "fit_hmm", name, cells))
         plans.append(analysis_job(config, "regress_detours", name, cells, 0.05))
         plans.append(analysis_job(config, "training_map", name, cells, 0.02))
+    from trainmap.plan.suites import fetched_checkpoints
+
+    fetched = fetched_checkpoints(config)
+    pooled = {spec["name"]: sum(fetched.get(name, 0) for name in spec.get("external", []))
+              for spec in config.get("analysis", {}).get("joint", [])}  # fmt: skip
     for name, cells in grid.joint_comparisons(config).items():
-        plans.append(analysis_job(config, "joint_comparison", name, cells))
+        plans.append(analysis_job(config, "joint_comparison", name, cells,
+                                  external_observations=pooled.get(name, 0)))  # fmt: skip
     for setting, cells in grid.paper_groups(config).items():
         for analysis in ("authors", "trainmap"):
             plans.append(analysis_job(config, "paper_map", f"{setting}/{analysis}", cells))

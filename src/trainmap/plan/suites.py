@@ -104,6 +104,27 @@ def suite_revisions(
                    "a revision (config; not resolved yet)")  # fmt: skip
 
 
+def fetched_checkpoints(
+    config: Mapping[str, Any], base_dir: str | Path | None = None
+) -> dict[str, int]:
+    """Fetched set name -> its runs' checkpoints in all (what a joint comparison pooling it
+    fits); a set the config cannot size counts none here (its own jobs name the key)."""
+    from trainmap.grid.external import is_hub_set
+    from trainmap.grid.external_hub import is_fetched
+
+    counted = {}
+    for index, spec in enumerate(config.get("external") or []):
+        if is_hub_set(spec) and is_fetched(spec):
+            try:
+                runs, _ = suite_revisions(
+                    config, spec, f"external[{index}]", base_dir or Path.cwd()
+                )
+            except PlanError:
+                continue
+            counted[spec["name"]] = sum(len(steps) for steps in runs.values())
+    return counted
+
+
 def fetched_suite_jobs(
     config: Mapping[str, Any], base_dir: str | Path | None = None
 ) -> list[JobPlan]:

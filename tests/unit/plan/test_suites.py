@@ -88,3 +88,11 @@ def test_the_measuring_time_passes_through_both_measured_shapes() -> None:
     for parameters, seconds in MEASURED_REVISIONS:
         assert measure_seconds(parameters) == pytest.approx(seconds)
     assert MEASURED_REVISIONS[0][1] < measure_seconds(50e6) < MEASURED_REVISIONS[1][1]
+
+
+def test_a_joint_comparison_of_fetched_sets_is_sized_by_their_checkpoints() -> None:
+    config = plan.load_plan_config(["config/suites/polypythias-160m-data-vs-weight.yaml"])
+    jobs = plan.plan_jobs(config).set_index("job")
+    # 9 seeds of pythia-160m and 3 of a variant, 20 revisions each
+    for name in ("data_order", "initial_weights"):
+        assert jobs.loc[name, "memory_from"].startswith("size-based: 240 observations")
