@@ -15,7 +15,7 @@ wildcard_constraints:
 
 rule external_revisions:
     input:
-        hub=manifest_of_external,
+        unpack(revision_inputs),
         # The code that makes a row: a change measures the revisions again (their rows are kept
         # per code and settings: trainmap.dynamics.runs.hub_fetch.rows_folder).
         definitions=[f"src/trainmap/{name}" for name in ROW_DEFINITIONS],

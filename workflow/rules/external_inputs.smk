@@ -37,10 +37,14 @@ def revision_block_files(name):
     ]
 
 
-@input_function
-def manifest_of_external(wildcards):
-    """A hub set's revisions.json (written by `trainmap resolve` for a fetched set)."""
-    return str(EXTERNAL[wildcards.external].manifest_path)
+def revision_inputs(wildcards):
+    """What one external_revisions job reads, named: hub (the set's revisions.json, written by
+    `trainmap resolve`) and, with eval_tokens, tokens (the held-out token ids)."""
+    external = EXTERNAL[wildcards.external]
+    files = {"hub": str(external.manifest_path)}
+    if external.eval_tokens is not None:
+        files["tokens"] = str(external.eval_tokens)
+    return files
 
 
 @input_function

@@ -23,6 +23,11 @@ run_job(
     hub=snakemake.input.get("hub"),
     curves=snakemake.input.get("curves"),
     blocks=snakemake.input.get("blocks"),
+    eval_tokens=snakemake.input.get("tokens"),
     # the job's defaults are the schema's: passed only where the set gives them
-    **{key: spec[key] for key in ("curve", "direction") if key in spec},
+    **{
+        key: spec[key]
+        for key in ("curve", "direction", "eval_token_budget", "eval_context")
+        if key in spec
+    },
 )

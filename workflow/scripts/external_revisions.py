@@ -21,4 +21,7 @@ run_job(
     arch=snakemake.params.arch,
     keep_weights=bool(fetch_setting(spec, "keep_weights")),
     fetch_jobs=int(fetch_setting(spec, "fetch_jobs")),
+    eval_tokens=snakemake.input.get("tokens"),
+    # the job's defaults are the schema's: passed only where the set gives them
+    **{key: spec[key] for key in ("eval_token_budget", "eval_context") if key in spec},
 )

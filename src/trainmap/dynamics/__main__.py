@@ -35,7 +35,10 @@ from trainmap.dynamics.runs.names import (
     HYPERPARAMETER_FILES,
     LIGHTNING_ACCURACY_KEY,
 )
-from trainmap.schema import section_choices, section_defaults
+from trainmap.schema import defaults_at, section_choices, section_defaults
+
+#: An external set's settings' defaults (the config schema's): --eval-token-budget, --eval-context.
+EXTERNAL_SETTINGS = defaults_at("external")
 
 #: The analysis settings' defaults and allowed values: the config schema's (the workflow's too).
 ANALYSIS_DEFAULTS = section_defaults("analysis")
@@ -171,9 +174,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                           help="as --eval-tokens, from a UTF-8 text file tokenized by the suite's "
                           "own tokenizer (its first revision's; the ids kept in "
                           "--out/eval_tokens.npy)")  # fmt: skip
-    suites.add_argument("--eval-token-budget", type=int, default=16384, metavar="N",
+    suites.add_argument("--eval-token-budget", type=int, metavar="N",
+                        default=EXTERNAL_SETTINGS["eval_token_budget"],
                         help="tokens scored per revision (default %(default)s)")  # fmt: skip
-    suites.add_argument("--eval-context", type=int, default=512, metavar="N",
+    suites.add_argument("--eval-context", type=int, metavar="N",
+                        default=EXTERNAL_SETTINGS["eval_context"],
                         help="tokens per scored sequence (default %(default)s)")  # fmt: skip
     suites.add_argument("--curves", type=Path, default=None,
                         help="a directory of <run>.csv files (step and the --curve column, "

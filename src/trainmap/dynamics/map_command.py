@@ -34,6 +34,7 @@ from trainmap.dynamics.runs.external import (
     read_external_run,
     run_hyperparameters,
 )
+from trainmap.dynamics.runs.heldout import with_heldout_loss
 from trainmap.dynamics.runs.hub import HubSpec, Manifest, suite_run_curve
 from trainmap.dynamics.runs.layouts import run_layouts
 from trainmap.dynamics.runs.names import CHECKPOINT_SUFFIXES
@@ -397,20 +398,6 @@ def _eval_tokens(args: argparse.Namespace, runs: dict[str, ExternalRun]) -> np.n
 
         write_atomic(args.out / "eval_tokens.npy", save)
     return tokens
-
-
-def with_heldout_loss(table: pd.DataFrame, checkpoints: dict[int, Path],
-                      tokens: np.ndarray | None, context: int) -> pd.DataFrame:  # fmt: skip
-    """``table`` with each revision's held-out loss on ``tokens`` as its ``test_loss``
-    (:mod:`trainmap.dynamics.runs.heldout`; the model read from the weights' snapshot folder);
-    unchanged without tokens."""
-    if tokens is None:
-        return table
-    from trainmap.dynamics.runs.heldout import LOSS_COLUMN, heldout_loss
-
-    table[LOSS_COLUMN] = [heldout_loss(checkpoints[int(step)].parent, tokens, context)
-                          for step in table["step"]]  # fmt: skip
-    return table
 
 
 def external_tables(runs: dict[str, Path], args: argparse.Namespace) -> dict[str, Path]:

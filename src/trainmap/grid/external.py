@@ -44,6 +44,8 @@ MIN_EXTERNAL_RUNS = 2
 EXTERNAL_DEFAULTS: dict[str, Any] = defaults_at("external")
 #: The curve a threshold on which is a fraction (at most 1).
 ACCURACY_CURVE = "test_acc"
+#: The curve a hub set's ``eval_tokens`` gives (trainmap.dynamics.runs.heldout.LOSS_COLUMN).
+HELDOUT_CURVE = "test_loss"
 #: Settings of a set of run directories that a hub set has no use for, and the reason.
 RUNS_ONLY = {
     "evaluation": "a suite's curves come from curves: (<run>.csv files)",
@@ -60,6 +62,13 @@ def is_hub_set(spec: Mapping[str, Any]) -> bool:
     """Whether set ``spec`` is a checkpoint suite in the Hugging Face cache (``hub``), not run
     directories (``runs``)."""
     return "hub" in spec
+
+
+def heldout_settings(spec: Mapping[str, Any]) -> tuple[int, int]:
+    """A hub set's ``eval_token_budget`` and ``eval_context``, the schema's defaults when left
+    out."""
+    return (int(spec.get("eval_token_budget", EXTERNAL_DEFAULTS["eval_token_budget"])),
+            int(spec.get("eval_context", EXTERNAL_DEFAULTS["eval_context"])))  # fmt: skip
 
 
 def needed_curve(spec: Mapping[str, Any]) -> str | None:
@@ -81,6 +90,8 @@ class ExternalSet:
     hub: Manifest | None = None
     manifest_path: Path | None = None
     curves: dict[str, Path] = field(default_factory=dict)
+    #: A hub set's ``eval_tokens`` file (relative paths made the project's), or None.
+    eval_tokens: Path | None = None
 
     @property
     def fetched(self) -> bool:
@@ -119,6 +130,8 @@ class ExternalSet:
         }
         if self.curves:
             named["curves"] = [str(path) for path in self.curves.values()]
+        if self.eval_tokens is not None:
+            named["tokens"] = str(self.eval_tokens)
         return named
 
     def memory_mb(self) -> int:
@@ -151,8 +164,9 @@ def external_set(
 
     manifest = hub_set_manifest(config, spec, base_dir)
     runs = hub_set_runs(manifest)
+    tokens = Path(base_dir) / spec["eval_tokens"] if "eval_tokens" in spec else None
     return ExternalSet(spec, runs, manifest, hub_manifest_path(config, spec["name"], base_dir),
-                       hub_curve_files(spec, runs, base_dir))  # fmt: skip
+                       hub_curve_files(spec, runs, base_dir), tokens)  # fmt: skip
 
 
 def external_runs(spec: Mapping[str, Any], base_dir: str | Path) -> dict[str, str]:
@@ -271,19 +285,28 @@ def _check_convergence(where: str, spec: Mapping[str, Any]) -> None:
                           "fraction; write e.g. 0.9 for 90 % (or set curve: test_loss for a "
                           "loss threshold)")  # fmt: skip
     if not is_hub_set(spec):
-        if "curves" in spec:
-            raise ConfigError(f"{where}.curves: only a hub set takes curves; a run directory "
-                              "holds its own curve (evaluation: names its file); remove curves")  # fmt: skip
+        for key in ("curves", "eval_tokens"):
+            if key in spec:
+                raise ConfigError(f"{where}.{key}: only a hub set takes {key}; a run directory "
+                                  "holds its own curve (evaluation: names its file); remove "
+                                  f"{key}")  # fmt: skip
         return
     for key, reason in RUNS_ONLY.items():
         if key in spec:
             raise ConfigError(f"{where}.{key}: a hub set has no use for {key} ({reason}); "
                               "remove it")  # fmt: skip
-    if threshold is not None and spec.get("curves") is None:
+    if "eval_tokens" in spec and "curves" in spec:
+        raise ConfigError(f"{where}.eval_tokens: eval_tokens and curves both give the runs' "
+                          "curve; give one of them")  # fmt: skip
+    if "eval_tokens" in spec and threshold is not None and curve != HELDOUT_CURVE:
+        raise ConfigError(f"{where}.curve: {curve}, but eval_tokens gives the curve "
+                          f"{HELDOUT_CURVE}; set curve: {HELDOUT_CURVE} and direction: falling")  # fmt: skip
+    if threshold is not None and spec.get("curves") is None and "eval_tokens" not in spec:
         raise ConfigError(
             f"{where}.threshold: a suite ships no curve, so its runs cannot reach threshold "
             f"{threshold}; give curves (a directory of <run>.csv with step and {curve}, one per "
-            "run) or leave threshold out (a map without a convergence criterion)"
+            "run), eval_tokens (a held-out loss per revision) or leave threshold out (a map "
+            "without a convergence criterion)"
         )
 
 
@@ -329,8 +352,15 @@ def _check_hub_set(config: Mapping[str, Any], where: str, spec: Mapping[str, Any
     """A hub set: its suite resolved from the cache (or its manifest up to date), enough runs,
     each run's checkpoints of one architecture and its curve file readable."""
     from trainmap.dynamics.runs.external import ExternalRunError, check_run_shapes
+    from trainmap.dynamics.runs.heldout import read_tokens
     from trainmap.grid.external_hub import SuiteNotResolved, hub_external_run
 
+    if "eval_tokens" in spec:
+        try:
+            read_tokens(Path(base_dir) / spec["eval_tokens"], *heldout_settings(spec),
+                        setting="eval_tokens")  # fmt: skip
+        except ExternalRunError as error:
+            raise ConfigError(f"{where}.eval_tokens: {error}") from None
     try:
         external = external_set(config, spec, base_dir)
     except SuiteNotResolved as error:

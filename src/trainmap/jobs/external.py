@@ -24,6 +24,7 @@ from trainmap.dynamics.maps.settings import ANALYSIS_DEFAULTS, AnalysisSettings
 from trainmap.dynamics.metrics.tables import read_metric_table
 from trainmap.dynamics.pipeline import map_runs
 from trainmap.dynamics.runs.external import ExternalRun, external_run_metrics, read_external_run
+from trainmap.dynamics.runs.heldout import read_tokens, with_heldout_loss
 from trainmap.dynamics.runs.hub import Manifest, read_manifest
 from trainmap.dynamics.runs.hub_fetch import with_curve
 from trainmap.dynamics.runs.layouts import ExternalRunError
@@ -45,6 +46,9 @@ def external_metrics_job(
     accuracy_key: str | None = None, hub: str | Path | None = None,
     curves: Sequence[str | Path] | None = None, curve: str = EXTERNAL_DEFAULTS["curve"],
     direction: str = EXTERNAL_DEFAULTS["direction"], blocks: Sequence[str | Path] | None = None,
+    eval_tokens: str | Path | None = None,
+    eval_token_budget: int = EXTERNAL_DEFAULTS["eval_token_budget"],
+    eval_context: int = EXTERNAL_DEFAULTS["eval_context"],
 ) -> None:  # fmt: skip
     """Rule ``external_metrics``: every run of external set ``name`` read and checked first, then
     its metric table (``runs/<run>/metrics.csv``) and evaluation record
@@ -57,7 +61,10 @@ def external_metrics_job(
     (``{"arch", "meta", "options"}``) reads the state dicts through that architecture's model
     instead of by name and shape. ``blocks``: a fetched suite's revision tables
     (``blocks/<run>/<block>.csv``, :func:`external_revisions_job`), joined per run in block order
-    with the run's curve instead of measuring.
+    with the run's curve instead of measuring. ``eval_tokens``: a hub set's token ids, each
+    revision's held-out loss on their first ``eval_token_budget`` (in ``eval_context``-token
+    sequences) its ``test_loss`` (:mod:`trainmap.dynamics.runs.heldout`; a fetched suite's, from
+    its blocks).
 
     Convergence: the first checkpoint whose ``curve`` column reaches ``threshold``, ``rising``
     to it or ``falling`` to it (:func:`trainmap.evaluation.convergence_step`); the record then
@@ -77,15 +84,23 @@ def external_metrics_job(
         params["hub"] = suite.source
     if (curve, direction) != (EXTERNAL_DEFAULTS["curve"], EXTERNAL_DEFAULTS["direction"]):
         params |= {"curve": curve, "direction": direction}  # only when set: old hashes hold
+    if eval_tokens is not None:  # likewise
+        params |= {"eval_tokens": str(eval_tokens), "eval_token_budget": eval_token_budget,
+                   "eval_context": eval_context}  # fmt: skip
     with rule_run(tracking, "external_metrics", task=f"external/{name}", params=params,
                   config_hash=settings_hash([name, sorted(runs), params])) as run:  # fmt: skip
         records = {}
         joined = _joined_blocks(blocks) if blocks is not None else {}
+        tokens = None
+        if eval_tokens is not None and blocks is None:
+            tokens = read_tokens(Path(eval_tokens), eval_token_budget, eval_context, "eval_tokens")
         for run_id, external in read.items():
             if blocks is not None:
-                table = with_curve(joined[run_id], external.evaluation, heldout=False)
+                table = with_curve(joined[run_id], external.evaluation,
+                                   heldout=eval_tokens is not None)  # fmt: skip
             else:
-                table = external_run_metrics(external, convention, heads, model)
+                table = with_heldout_loss(external_run_metrics(external, convention, heads, model),
+                                          external.checkpoints, tokens, eval_context)  # fmt: skip
             run_dir = out_dir / "runs" / run_id
             run_dir.mkdir(parents=True, exist_ok=True)
             write_atomic(run_dir / "metrics.csv", lambda tmp, t=table: t.to_csv(tmp, index=False))
@@ -106,12 +121,17 @@ def external_revisions_job(
     convention: str = ANALYSIS_DEFAULTS["metrics"], arch: dict | None = None,
     keep_weights: bool = bool(HUB_DEFAULTS["keep_weights"]),
     fetch_jobs: int = int(HUB_DEFAULTS["fetch_jobs"]), block: str = "0",
+    eval_tokens: str | Path | None = None,
+    eval_token_budget: int = EXTERNAL_DEFAULTS["eval_token_budget"],
+    eval_context: int = EXTERNAL_DEFAULTS["eval_context"],
 ) -> None:  # fmt: skip
     """Rule ``external_revisions``: ``steps`` of run ``run`` of fetched suite ``name`` (its
     ``revisions.json``, ``hub``), each fetched, measured and deleted unless ``keep_weights``, its
     row kept under ``rows``/<settings key> as soon as it is measured
     (:func:`~trainmap.dynamics.runs.hub_fetch.suite_run_metrics`; a rerun after a crash measures
-    only what has no row); the block's table, without the run's curve, written to ``output``."""
+    only what has no row); the block's table, without the run's curve, written to ``output``.
+    With ``eval_tokens``, each row holds the revision's held-out loss (``test_loss``), scored
+    before the revision is deleted."""
     from trainmap.dynamics.runs.external import no_curve
     from trainmap.dynamics.runs.hub_fetch import row_settings, rows_folder, suite_run_metrics
 
@@ -119,11 +139,16 @@ def external_revisions_job(
     model = _model(arch)
     directory = Path(hub_set_runs(suite)[run])
 
+    tokens = None
+    if eval_tokens is not None:
+        tokens = read_tokens(Path(eval_tokens), eval_token_budget, eval_context, "eval_tokens")
+
     def measure(path: Path, step: int) -> pd.DataFrame:
         one = ExternalRun(directory, {step: path}, no_curve([step]))
-        return external_run_metrics(one, convention, heads, model)
+        return with_heldout_loss(external_run_metrics(one, convention, heads, model),
+                                 {step: path}, tokens, eval_context)  # fmt: skip
 
-    folder = rows_folder(Path(rows), row_settings(convention, heads, arch, None, 0))
+    folder = rows_folder(Path(rows), row_settings(convention, heads, arch, tokens, eval_context))
     params = {"set": name, "run": run, "block": block, "revisions": len(steps),
               "first_step": min(steps), "last_step": max(steps), "metrics": convention,
               "hub": suite.source}  # fmt: skip

@@ -18,9 +18,14 @@ first use.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 from trainmap.dynamics.runs.layouts import ExternalRunError
 
@@ -33,20 +38,23 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
                    "vocab.json", "merges.txt", "vocab.txt", "tokenizer.model", "spiece.model")  # fmt: skip
 
 
-def read_tokens(path: Path, budget: int, context: int) -> np.ndarray:
+def read_tokens(
+    path: Path, budget: int, context: int, setting: str = "--eval-tokens"
+) -> np.ndarray:
     """The first ``budget`` tokens of ``path`` (a ``.npy`` 1-D array of non-negative integers),
     cut to a whole number of ``context``-token sequences, as int64; a file that cannot give one
-    whole sequence, or is no such array, is refused, naming it and the fix."""
+    whole sequence, or is no such array, is refused, naming the ``setting``, the file and the
+    fix."""
     _check_sizes(budget, context)
     try:
         tokens = np.load(path, allow_pickle=False, mmap_mode="r")
     except (OSError, ValueError) as error:
-        raise ExternalRunError(f"--eval-tokens {path}: not a .npy array ({error}); save the "
+        raise ExternalRunError(f"{setting} {path}: not a .npy array ({error}); save the "
                                "token ids with numpy.save") from None  # fmt: skip
     if tokens.ndim != 1 or not np.issubdtype(tokens.dtype, np.integer):
-        raise ExternalRunError(f"--eval-tokens {path}: a {tokens.ndim}-D {tokens.dtype} array; "
+        raise ExternalRunError(f"{setting} {path}: a {tokens.ndim}-D {tokens.dtype} array; "
                                "give the token ids as one 1-D integer array")  # fmt: skip
-    return _whole_sequences(tokens, f"--eval-tokens {path}", budget, context)
+    return _whole_sequences(tokens, f"{setting} {path}", budget, context)
 
 
 def tokenize_text(path: Path, tokenizer_folder: Path, budget: int, context: int) -> np.ndarray:
@@ -136,3 +144,16 @@ def _vocab_size(snapshot: Path) -> int | None:
         return int(json.loads((snapshot / "config.json").read_text())["vocab_size"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
+
+
+def with_heldout_loss(
+    table: pd.DataFrame, checkpoints: Mapping[int, Path], tokens: np.ndarray | None, context: int
+) -> pd.DataFrame:
+    """``table`` (a metric table, a ``step`` per row) with each revision's held-out loss on
+    ``tokens`` (:func:`heldout_loss`, the model read from the folder of the weights
+    ``checkpoints[step]``) as its :data:`LOSS_COLUMN`; unchanged without tokens."""
+    if tokens is None:
+        return table
+    table[LOSS_COLUMN] = [heldout_loss(checkpoints[int(step)].parent, tokens, context)
+                          for step in table["step"]]  # fmt: skip
+    return table

@@ -6,6 +6,7 @@ refused naming them."""
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -156,3 +157,73 @@ def test_text_is_tokenized_by_the_suites_own_tokenizer_fetched_alone(tmp_path):
     with pytest.raises(SystemExit, match="--eval-tokens/--eval-text and --curves both"):
         main(["hf://EleutherAI/pythia-nano-seed{seed}", "--seeds", "1-2", "--eval-text", str(text),
               "--curves", str(tmp_path), "--out", str(out)])  # fmt: skip
+
+
+def test_a_fetched_set_in_the_workflow_scores_each_revision_on_eval_tokens(tmp_path, tokens):
+    """hub.fetch with eval_tokens: each external_revisions job scores its revisions before it
+    deletes them (the loss in each row), and external_metrics converges on it falling."""
+    from trainmap.grid.external import check_external, external_set
+    from trainmap.grid.external_hub import resolve_fetched_sets
+    from trainmap.jobs.external import external_metrics_job, external_revisions_job
+
+    repos, made = {}, tmp_path / "made"
+    for seed in (1, 2):
+        repo = f"EleutherAI/pythia-nano-seed{seed}"
+        repos[repo] = {}
+        for step in (0, 1, 2):
+            folder = saved(
+                tiny_model(10 * seed + step, zero_head=step == 0), made / f"{seed}-{step}"
+            )
+            repos[repo][f"step{step}"] = {p.name: p.read_bytes() for p in folder.iterdir()}
+    spec = {"name": "nano", "hub": {"repo": "EleutherAI/pythia-nano-seed{seed}", "seeds": "1-2",
+                                    "fetch": True, "revisions_per_job": 2, "cache": "hub"},
+            "eval_tokens": str(tokens), "eval_token_budget": 64, "eval_context": CONTEXT,
+            "threshold": math.log(VOCAB) - 1e-9, "curve": "test_loss", "direction": "falling"}  # fmt: skip
+    config = {"external": [spec]}
+    tracking = {"uri": f"sqlite:///{tmp_path / 'mlflow.db'}", "experiment": "nano"}
+    with HubServer(repos) as server:
+        resolve_fetched_sets(config, tmp_path, endpoint=server.endpoint)
+        check_external(config, tmp_path)
+        suite = external_set(config, spec, tmp_path)
+        assert suite.inputs()["tokens"] == str(tokens)
+        blocks = []
+        for run, steps in suite.blocks().items():
+            for index, block in enumerate(steps):
+                blocks.append(tmp_path / "blocks" / run / f"{index}.csv")
+                external_revisions_job("nano", run, block, suite.manifest_path, tmp_path / "rows" / run,
+                                       blocks[-1], tracking, eval_tokens=tokens,
+                                       eval_token_budget=64, eval_context=CONTEXT)  # fmt: skip
+    out = tmp_path / "job"
+    external_metrics_job("nano", suite.runs, out, out / "metrics.json", tracking,
+                         hub=suite.manifest_path, blocks=blocks, threshold=spec["threshold"],
+                         curve="test_loss", direction="falling", eval_tokens=tokens,
+                         eval_token_budget=64, eval_context=CONTEXT)  # fmt: skip
+    ids = read_tokens(tokens, 64, CONTEXT)
+    for seed in (1, 2):
+        run = f"pythia-nano-seed{seed}"
+        table = pd.read_csv(out / "runs" / run / "metrics.csv")
+        assert table["test_loss"][0] == pytest.approx(math.log(VOCAB), rel=1e-12)
+        for step in (1, 2):
+            expected = heldout_loss(made / f"{seed}-{step}", ids, CONTEXT)
+            assert table["test_loss"][step] == pytest.approx(expected, rel=1e-12)
+        record = json.loads((out / "runs" / run / "evaluation.json").read_text())
+        assert record["convergence_step"] == 1  # the first revision below log V
+    assert not list((tmp_path / "hub").glob("models--*/snapshots/*"))
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"curves": "curves"}, r"external\[0\]\.eval_tokens: eval_tokens and curves both give"),
+    ({"threshold": 0.5}, r"external\[0\]\.curve: test_acc, but eval_tokens gives the curve test_loss"),
+    ({"eval_tokens": "missing.npy"}, r"external\[0\]\.eval_tokens: eval_tokens .*missing\.npy: not a "
+                                     r"\.npy array"),
+    ({"hub": None, "runs": ["runs/*"]}, r"external\[0\]\.eval_tokens: only a hub set takes eval_tokens"),
+])  # fmt: skip
+def test_bad_eval_tokens_settings_are_refused_naming_the_key(tmp_path, tokens, change, message):
+    from trainmap.grid import ConfigError
+    from trainmap.grid.external import check_external
+
+    spec = {"name": "nano", "hub": {"repo": "EleutherAI/pythia-nano-seed{seed}", "seeds": "1-2",
+                                    "fetch": True}, "eval_tokens": str(tokens), **change}  # fmt: skip
+    spec = {key: value for key, value in spec.items() if value is not None}
+    with pytest.raises(ConfigError, match=message):
+        check_external({"external": [spec]}, tmp_path)
