@@ -157,8 +157,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="with --fetch: keep each fetched revision in the cache (default: "
                         "deleted once measured; a revision that was already cached always stays)")  # fmt: skip
     suites.add_argument("--fetch-jobs", type=int, default=HUB_DEFAULTS["fetch_jobs"], metavar="N",
-                        help="with --fetch: revisions downloaded at once, the next ones while one "
-                        "is measured; the cache then holds at most N of them (default "
+                        help="with --fetch: revisions fetched ahead, the next ones downloading "
+                        "while one is measured; the cache then holds at most N of them (default "
                         "%(default)s; --jobs is the fits')")  # fmt: skip
     suites.add_argument("--hf-endpoint", default=None,
                         help="with --fetch: the Hub's address (default: huggingface_hub's, "

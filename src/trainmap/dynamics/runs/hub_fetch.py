@@ -31,8 +31,9 @@ from __future__ import annotations
 import errno
 import hashlib
 import json
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -141,10 +142,12 @@ def fetch_checkpoint(
     if all((snapshot / name).is_file() for name in checkpoint.files):
         return Fetched(snapshot, fetched=False)
     try:
-        folder = hub.snapshot_download(
-            checkpoint.repo, revision=checkpoint.commit, cache_dir=cache_dir, endpoint=endpoint,
-            token=token, allow_patterns=[*checkpoint.files, *FETCHED_BESIDES_WEIGHTS],
-        )  # fmt: skip
+        with repository_lock(cache_dir, checkpoint.repo):
+            folder = hub.snapshot_download(
+                checkpoint.repo, revision=checkpoint.commit, cache_dir=cache_dir,
+                endpoint=endpoint, token=token,
+                allow_patterns=[*checkpoint.files, *FETCHED_BESIDES_WEIGHTS],
+            )  # fmt: skip
     except Exception as error:  # noqa: BLE001 - each failure named with its repository
         raise HubCacheError(_failure(checkpoint, "could not be fetched", error)) from error
     missing = [name for name in checkpoint.files if not (Path(folder) / name).is_file()]
@@ -171,15 +174,32 @@ def tokenizer_folder(
         return snapshot, False
     had = snapshot.is_dir()
     try:
-        folder = hub.snapshot_download(
-            checkpoint.repo, revision=checkpoint.commit, cache_dir=cache_dir, endpoint=endpoint,
-            token=token, allow_patterns=list(TOKENIZER_FILES),
-        )  # fmt: skip
+        with repository_lock(cache_dir, checkpoint.repo):
+            folder = hub.snapshot_download(
+                checkpoint.repo, revision=checkpoint.commit, cache_dir=cache_dir,
+                endpoint=endpoint, token=token, allow_patterns=list(TOKENIZER_FILES),
+            )  # fmt: skip
     except Exception as error:  # noqa: BLE001 - each failure named with its repository
         raise HubCacheError(
             _failure(checkpoint, "its tokenizer could not be fetched", error)
         ) from error
     return Path(folder), not had
+
+
+@contextmanager
+def repository_lock(cache_dir: Path, repo: str) -> Iterator[None]:
+    """Held while a revision of ``repo`` is downloaded into ``cache_dir`` or deleted from it, by
+    threads and processes alike (a file lock, ``<cache>/.locks/trainmap/``): revisions share blobs
+    (a ``config.json`` the same at every step), and a deletion computed while another revision's
+    files are being linked would delete a blob that revision has just linked to. Downloads of one
+    repository therefore take turns; measuring still overlaps them."""
+    from filelock import FileLock
+
+    folder = _hub().file_download.repo_folder_name(repo_id=repo, repo_type="model")
+    path = cache_dir / ".locks" / "trainmap" / f"{folder}.lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(path):
+        yield
 
 
 def release_checkpoint(checkpoint: HubCheckpoint, cache_dir: Path) -> int:
@@ -188,9 +208,10 @@ def release_checkpoint(checkpoint: HubCheckpoint, cache_dir: Path) -> int:
     raises :class:`HubCacheError` naming the repository, the revision and the folder."""
     hub = _hub()
     try:
-        info = hub.scan_cache_dir(cache_dir)
-        strategy = info.delete_revisions(checkpoint.commit)
-        strategy.execute()
+        with repository_lock(cache_dir, checkpoint.repo):
+            info = hub.scan_cache_dir(cache_dir)
+            strategy = info.delete_revisions(checkpoint.commit)
+            strategy.execute()
     except Exception as error:  # noqa: BLE001 - each failure named with its repository
         raise HubCacheError(_failure(checkpoint, f"could not be deleted from {cache_dir}", error)
                             + "; what was measured of it is kept: free the disk by hand "
@@ -223,8 +244,8 @@ def suite_run_metrics(
     and then, if it was fetched here (by this call or by one a crash ended: a marker
     ``rows/.fetched-<commit>`` says so) and not ``keep_weights``, deleted from the cache
     (:func:`release_checkpoint`); a revision the user had stays. ``fetch_jobs``: revisions
-    downloaded at once, the next ones while one is measured (the disk then holds at most that
-    many revisions). Returns the rows joined (pandas reads the numbers back as written: the same
+    fetched ahead, the next ones downloading while one is measured (the disk then holds at most
+    that many; downloads of one repository take turns: :func:`repository_lock`). Returns the rows joined (pandas reads the numbers back as written: the same
     floats)."""
     if run not in manifest.runs:
         raise HubCacheError(f"{manifest.source}: no run {run!r} (runs: {', '.join(manifest.runs)})")

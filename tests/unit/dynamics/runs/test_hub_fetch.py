@@ -353,3 +353,33 @@ def test_a_full_disk_while_fetching_keeps_the_rows_already_written(tmp_path):
     assert "could not be fetched: no room for it" in full.stderr, full.stderr[-2000:]
     kept = list((out / "rows" / "pythia-big-seed1").glob("*/step0.*.csv"))
     assert len(kept) == 1 and kept[0].stat().st_size > 0
+
+
+def test_a_deletion_waits_for_a_download_of_the_same_repository(server, tmp_path):
+    """Revisions share blobs (config.json is the same at every step): a revision deleted while
+    another of its repository is being linked could take a blob that revision has just linked
+    to. The deletion waits for the download (a slow link here: 0.5 s a file), and the downloaded
+    revision is whole afterwards."""
+    import threading
+    import time
+
+    manifest = resolve(server, tmp_path, seeds="1")
+    first, second = manifest.runs["pythia-tiny-seed1"][0], manifest.runs["pythia-tiny-seed1"][1]
+    hub_fetch.fetch_checkpoint(first, manifest.cache_dir, server.endpoint, False)
+    server.download_delay = 0.5
+    finished = {}
+
+    def fetch_second() -> None:
+        hub_fetch.fetch_checkpoint(second, manifest.cache_dir, server.endpoint, False)
+        finished["fetch"] = time.monotonic()
+
+    downloading = threading.Thread(target=fetch_second)
+    downloading.start()
+    time.sleep(0.2)  # the second download is under way
+    hub_fetch.release_checkpoint(first, manifest.cache_dir)
+    released = time.monotonic()
+    downloading.join()
+    assert released >= finished["fetch"], "the deletion did not wait for the download"
+    assert all((second.snapshot / name).resolve().is_file()
+               for name in ("config.json", "model.safetensors")), "a linked blob was deleted"  # fmt: skip
+    assert snapshots(tmp_path / "hub") == [second.snapshot]
