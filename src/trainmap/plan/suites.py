@@ -1,7 +1,7 @@
 """The plan of the suites a study fetches from the Hub (external sets with ``hub.fetch``).
 
 Each run's revisions come in jobs of ``hub.revisions_per_job`` (rule ``external_revisions``): a
-job downloads its revisions (``fetch_jobs`` at once), measures each and deletes it. Its plan
+job downloads its revisions (``fetch_jobs`` ahead), measures each and deletes it. Its plan
 (:func:`fetched_suite_jobs`): the download (the revisions' bytes), the disk it holds at once (its
 revisions in flight: ``scratch``; every fetched revision with ``keep_weights``), its rows, its
 memory (:func:`trainmap.grid.external.memory_mb` of the largest revision) and its time
@@ -31,7 +31,7 @@ from trainmap.plan.assumptions import (
     SUITE_ROW_BYTES,
     SUITE_SOURCE,
 )
-from trainmap.plan.jobplan import JobPlan, PlanError, small_job
+from trainmap.plan.jobplan import MIN_MINUTES, SAFETY_FACTOR, JobPlan, PlanError, small_job
 
 
 def measure_seconds(parameters: float) -> float:
@@ -54,8 +54,6 @@ def block_runtime_minutes(sizes: Sequence[int], dtype: str) -> int:
     """The scheduler's ``runtime`` (minutes) of an ``external_revisions`` job of revisions of
     ``sizes`` bytes stored in ``dtype``: :func:`block_seconds` times the plan's safety factor, at
     least its minimum."""
-    from trainmap.plan.jobplan import MIN_MINUTES, SAFETY_FACTOR
-
     seconds = block_seconds(sizes, DTYPE_BYTES[dtype])
     return max(MIN_MINUTES, math.ceil(seconds * SAFETY_FACTOR / 60))
 

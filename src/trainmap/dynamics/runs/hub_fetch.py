@@ -40,6 +40,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from tqdm import tqdm
 
 from trainmap.dynamics.runs.hub import (
     SEED,
@@ -102,6 +103,7 @@ def resolve_online(
     shapes: dict[str, tuple[str, HubCheckpoint, dict[str, tuple[int, ...]]]] = {}
     for seed in spec.seeds or (None,):
         repo = spec.repo.replace(SEED, str(seed)) if seed is not None else spec.repo
+        listed: dict[str, str] | None = None  # the branches of a repository per seed, listed once
         if STEP in repo:
             found = {step: (_step_repo(repo, step), spec.revision) for step in _listed_steps(spec)}
         else:
@@ -113,11 +115,13 @@ def resolve_online(
                                     "the revision pattern of its checkpoints' branches")  # fmt: skip
             found = {step: (repo, name) for step, name in matched.items()}
             _check_steps_listed(found, repo, spec)
+            listed = branches
         kept = _select_steps(found, repo, spec)
         run = run_name(spec.repo, seed)
         runs[run] = {}
-        for step, (name, revision) in kept.items():
-            commit = _commit(api, hub, name, revision)
+        for step, (name, revision) in tqdm(kept.items(), desc=f"{run}: headers", unit="revision",
+                                           leave=False):  # fmt: skip
+            commit = _commit(api, hub, name, revision, listed)
             files, tensors, size = _weight_files(api, hub, name, revision, commit)
             checkpoint = HubCheckpoint(name, revision, commit, _snapshot(hub, cache, name, commit),
                                        files, size)  # fmt: skip
@@ -426,9 +430,13 @@ def _refs(api: Any, hub: Any, repo: str) -> dict[str, str]:
     return {branch.name: branch.target_commit for branch in refs.branches}
 
 
-def _commit(api: Any, hub: Any, repo: str, revision: str) -> str:
-    """The commit ``revision`` of ``repo`` points to (a repository per checkpoint: its refs)."""
-    branches = _refs(api, hub, repo)
+def _commit(
+    api: Any, hub: Any, repo: str, revision: str, branches: Mapping[str, str] | None = None
+) -> str:
+    """The commit ``revision`` of ``repo`` points to: from ``repo``'s ``branches`` when they were
+    listed already, else from its refs (a repository per checkpoint)."""
+    if branches is None:
+        branches = _refs(api, hub, repo)
     if revision in branches:
         return branches[revision]
     try:
