@@ -81,8 +81,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         jobs = plan_jobs(config, grid.results_root(config))
     except PlanError as error:
-        print(f"error: cannot plan {' + '.join(args.configfile) or 'the study'}: config key "
-              f"{error}", file=sys.stderr)  # fmt: skip
+        print(
+            f"error: cannot plan {' + '.join(args.configfile) or 'the study'}: {error}",
+            file=sys.stderr,
+        )
         return 1
     study = " + ".join(grid.study_files(grid.user_layers(args.configfile)))
     if not args.check:  # --check (make run's first step): only the verdict below

@@ -87,12 +87,12 @@ def suite_revisions(
     hub = hub_spec(spec["hub"], base_dir)
     ranges = [f"{lo}-{hi}" for lo, hi in hub.steps if lo != hi]
     if not hub.steps or ranges:
-        raise PlanError(f"{where}.hub.steps: {', '.join(ranges) or 'left out'}: the plan counts a "
+        raise PlanError(f"config key {where}.hub.steps: {', '.join(ranges) or 'left out'}: the plan counts a "
                         "suite's revisions offline only when each step is listed (0,1000,2000); "
                         "list them, or run `trainmap resolve` first (it lists them on the Hub)")  # fmt: skip
     size = configured_size(spec)
     if size is None:
-        raise PlanError(f"{where}.hub.parameters: not given, so the plan cannot size the suite's "
+        raise PlanError(f"config key {where}.hub.parameters: not given, so the plan cannot size the suite's "
                         "checkpoints offline; give the model's parameter count (e.g. 14067712 for "
                         "pythia-14m), or run `trainmap resolve` first")  # fmt: skip
     parameters = spec["hub"]["parameters"]
