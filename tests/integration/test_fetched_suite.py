@@ -50,6 +50,14 @@ def resolve(workdir: Path, server: HubServer, check: bool = True):
                         "--hf-endpoint", server.endpoint], cwd=workdir, check=check)  # fmt: skip
 
 
+def refused_dry_run(workdir: Path, target: str, uri: str) -> str:
+    """A dry run of ``target`` that the config check stops: its output."""
+    refused = snakemake(target, "-n", "--cores", "1", "--configfile", "tiny.yaml", cwd=workdir,
+                        check=False, MLFLOW_TRACKING_URI=uri, timeout=300)  # fmt: skip
+    assert refused.returncode != 0
+    return refused.stdout + refused.stderr
+
+
 def test_a_fetched_suite_runs_a_job_per_block_of_revisions(tmp_path: Path) -> None:
     workdir = copy_workflow(tmp_path / "workflow")
     (workdir / "tiny.yaml").write_text(study("0-2"))
@@ -57,10 +65,7 @@ def test_a_fetched_suite_runs_a_job_per_block_of_revisions(tmp_path: Path) -> No
     target = "results/external/tiny/metrics.json"
     with HubServer(tiny_suite()) as server:
         # Not resolved: refused before any job, naming the command; nothing downloaded.
-        refused = snakemake(target, "-n", "--cores", "1", "--configfile", "tiny.yaml", cwd=workdir,
-                            check=False, MLFLOW_TRACKING_URI=uri, timeout=300)  # fmt: skip
-        said = refused.stdout + refused.stderr
-        assert refused.returncode != 0
+        said = refused_dry_run(workdir, target, uri)
         assert "config key external[0].hub: EleutherAI/pythia-tiny-seed{seed}: the suite is " \
                "fetched from the Hub" in said and "trainmap resolve --configfile" in said, said[-3000:]  # fmt: skip
         out = resolve(workdir, server).stdout
@@ -93,10 +98,7 @@ def test_a_fetched_suite_runs_a_job_per_block_of_revisions(tmp_path: Path) -> No
 
     # The config now asks for other steps: the old revisions.json is refused, not read.
     (workdir / "tiny.yaml").write_text(study("0-1"))
-    stale = snakemake(target, "-n", "--cores", "1", "--configfile", "tiny.yaml", cwd=workdir,
-                      check=False, MLFLOW_TRACKING_URI=uri, timeout=300)  # fmt: skip
-    said = stale.stdout + stale.stderr
-    assert stale.returncode != 0
+    said = refused_dry_run(workdir, target, uri)
     assert "revisions.json no longer matches the config (steps: ((0, 2),) there, ((0, 1),) in " \
            "the config)" in said and "trainmap resolve" in said, said[-3000:]  # fmt: skip
 

@@ -371,14 +371,13 @@ def _eval_tokens(args: argparse.Namespace, runs: dict[str, ExternalRun]) -> np.n
         return read_tokens(args.eval_tokens, args.eval_token_budget, args.eval_context)
     if args.eval_text is None:
         return None
-    first = next(iter(runs.values()))
+    run, first = next(iter(runs.items()))
     step = next(iter(first.checkpoints))
     if isinstance(first, FetchedRun):
         from trainmap.dynamics.runs.hub_fetch import release_checkpoint, tokenizer_folder
 
         manifest = first.manifest
-        checkpoint = next(c for r in manifest.runs.values() for s, c in r.items()
-                          if c.weights == first.checkpoints[step])  # fmt: skip
+        checkpoint = manifest.runs[run][step]  # a suite run's id is its manifest's run name
         folder, fetched = tokenizer_folder(checkpoint, manifest.cache_dir, manifest.fetch_from)
         try:
             tokens = tokenize_text(args.eval_text, folder, args.eval_token_budget,

@@ -38,7 +38,12 @@ def main(argv: list[str] | None = None) -> int:
     # After the arguments: --help answers without huggingface_hub or the config.
     from trainmap import grid
     from trainmap.dynamics.runs.hub import HubCacheError
-    from trainmap.grid.external_hub import fetch_setting, resolve_fetched_sets, revision_sizes
+    from trainmap.grid.external_hub import (
+        fetch_setting,
+        resolve_fetched_sets,
+        revision_blocks,
+        revision_sizes,
+    )
 
     with grid.config_problems_reported():
         config = grid.merged_config("params.yaml", "config/config.yaml", *args.configfile)
@@ -55,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, (manifest, written) in resolved.items():
         sizes = [b for run in revision_sizes(manifest, specs[name]).values() for b in run.values()]
         per_job = int(fetch_setting(specs[name], "revisions_per_job"))
-        jobs = sum(-(-len(steps) // per_job) for steps in manifest.runs.values())
+        jobs = sum(len(blocks) for blocks in revision_blocks(manifest, per_job).values())
         in_flight = int(fetch_setting(specs[name], "fetch_jobs")) * max(sizes, default=0)
         state = "written" if written else "unchanged"
         print(f"{name}: {len(manifest.runs)} runs, {len(sizes)} revisions, "

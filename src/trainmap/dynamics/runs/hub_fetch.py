@@ -66,9 +66,6 @@ from trainmap.io import write_atomic
 FETCHED_BESIDES_WEIGHTS = ("config.json",)
 #: The safetensors dtypes of floating-point tensors (the entries a map measures).
 FLOAT_DTYPES = frozenset({"F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2"})
-#: Bytes per element of each safetensors dtype (a checkpoint's size from its header).
-DTYPE_BYTES = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2,
-               "I16": 2, "U16": 2, "F8_E4M3": 1, "F8_E5M2": 1, "I8": 1, "U8": 1, "BOOL": 1}  # fmt: skip
 #: The source files (under the trainmap package) whose code makes a revision's metrics row: rows
 #: measured under other code, or other settings, are not reused (:func:`rows_folder`). The
 #: workflow's revision jobs take them as inputs too.
@@ -471,9 +468,8 @@ def _weight_files(
     tensors = {name: tuple(info.shape)
                for meta in metadata.files_metadata.values()
                for name, info in meta.tensors.items() if info.dtype in FLOAT_DTYPES}  # fmt: skip
-    size = sum(count * DTYPE_BYTES.get(dtype, 4)
-               for meta in metadata.files_metadata.values()
-               for dtype, count in meta.parameter_count.items())  # fmt: skip
+    size = sum(info.data_offsets[1] - info.data_offsets[0]  # the tensor's bytes in its file
+               for meta in metadata.files_metadata.values() for info in meta.tensors.values())  # fmt: skip
     if metadata.sharded:
         shards = tuple(sorted(set(metadata.weight_map.values())))
         return ("model.safetensors.index.json", *shards), tensors, size

@@ -86,17 +86,27 @@ def test_bad_token_files_are_refused_naming_them(tmp_path, tokens):
         heldout_loss(folder, read_tokens(tmp_path / "big.npy", 64, CONTEXT), CONTEXT)
 
 
-def test_the_command_line_writes_each_fetched_revisions_loss_as_its_curve(tmp_path, tokens):
-    from trainmap.dynamics.__main__ import main
-
-    repos = {}
+def nano_suite(made: Path, steps=(0, 1), besides: dict[str, bytes] | None = None) -> dict:
+    """EleutherAI/pythia-nano-seed1..2 as the fake Hub serves them: a tiny model per step (its
+    output layer zero at step 0: loss log V), each saved under ``made/<seed>-<step>``, and
+    ``besides`` (e.g. a tokenizer's files) in every revision."""
+    repos: dict[str, dict[str, dict[str, bytes]]] = {}
     for seed in (1, 2):
         repo = f"EleutherAI/pythia-nano-seed{seed}"
         repos[repo] = {}
-        for step in (0, 1):
-            folder = saved(tiny_model(10 * seed + step, zero_head=step == 0),
-                           tmp_path / "made" / f"{seed}-{step}")  # fmt: skip
-            repos[repo][f"step{step}"] = {p.name: p.read_bytes() for p in folder.iterdir()}
+        for step in steps:
+            folder = saved(
+                tiny_model(10 * seed + step, zero_head=step == 0), made / f"{seed}-{step}"
+            )
+            repos[repo][f"step{step}"] = {**(besides or {}),
+                                          **{p.name: p.read_bytes() for p in folder.iterdir()}}  # fmt: skip
+    return repos
+
+
+def test_the_command_line_writes_each_fetched_revisions_loss_as_its_curve(tmp_path, tokens):
+    from trainmap.dynamics.__main__ import main
+
+    repos = nano_suite(tmp_path / "made")
     out = tmp_path / "out"
     with HubServer(repos) as server:
         main(["hf://EleutherAI/pythia-nano-seed{seed}", "--seeds", "1-2", "--fetch",
@@ -132,14 +142,7 @@ def test_text_is_tokenized_by_the_suites_own_tokenizer_fetched_alone(tmp_path):
     text = tmp_path / "held_out.txt"
     text.write_text(" ".join(f"w{i}" for i in ids), encoding="utf-8")
     tokenizer = {p.name: p.read_bytes() for p in word_tokenizer(tmp_path / "tok").iterdir()}
-    repos = {}
-    for seed in (1, 2):
-        repo = f"EleutherAI/pythia-nano-seed{seed}"
-        repos[repo] = {}
-        for step in (0, 1):
-            folder = saved(tiny_model(10 * seed + step), tmp_path / "made" / f"{seed}-{step}")
-            repos[repo][f"step{step}"] = {**tokenizer,
-                                          **{p.name: p.read_bytes() for p in folder.iterdir()}}  # fmt: skip
+    repos = nano_suite(tmp_path / "made", besides=tokenizer)
     out = tmp_path / "out"
     with HubServer(repos) as server:
         main(["hf://EleutherAI/pythia-nano-seed{seed}", "--seeds", "1-2", "--fetch",
@@ -166,15 +169,8 @@ def test_a_fetched_set_in_the_workflow_scores_each_revision_on_eval_tokens(tmp_p
     from trainmap.grid.external_hub import resolve_fetched_sets
     from trainmap.jobs.external import external_metrics_job, external_revisions_job
 
-    repos, made = {}, tmp_path / "made"
-    for seed in (1, 2):
-        repo = f"EleutherAI/pythia-nano-seed{seed}"
-        repos[repo] = {}
-        for step in (0, 1, 2):
-            folder = saved(
-                tiny_model(10 * seed + step, zero_head=step == 0), made / f"{seed}-{step}"
-            )
-            repos[repo][f"step{step}"] = {p.name: p.read_bytes() for p in folder.iterdir()}
+    made = tmp_path / "made"
+    repos = nano_suite(made, steps=(0, 1, 2))
     spec = {"name": "nano", "hub": {"repo": "EleutherAI/pythia-nano-seed{seed}", "seeds": "1-2",
                                     "fetch": True, "revisions_per_job": 2, "cache": "hub"},
             "eval_tokens": str(tokens), "eval_token_budget": 64, "eval_context": CONTEXT,
