@@ -5,7 +5,7 @@
 # (joint_comparison's external param). A suite fetched from the Hub (hub.fetch; its
 # revisions.json written by `trainmap resolve`) is measured first by external_revisions, one job
 # per block of one run's revisions, whose tables external_metrics joins.
-from trainmap.dynamics.runs.hub_fetch import ROW_DEFINITIONS
+from trainmap.dynamics.runs.names import ROW_DEFINITIONS
 from trainmap.schema import section_defaults
 
 

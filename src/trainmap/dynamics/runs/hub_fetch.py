@@ -59,18 +59,13 @@ from trainmap.dynamics.runs.hub import (
     run_name,
 )
 from trainmap.dynamics.runs.layouts import MODEL_WEIGHTS, ExternalRunError, checkpoint_shapes
-from trainmap.dynamics.runs.names import HUB_DEFAULTS, HUB_SCHEME
+from trainmap.dynamics.runs.names import HUB_DEFAULTS, HUB_SCHEME, ROW_DEFINITIONS
 from trainmap.io import write_atomic
 
 #: What :func:`fetch_checkpoint` downloads besides a revision's weight files.
 FETCHED_BESIDES_WEIGHTS = ("config.json",)
 #: The safetensors dtypes of floating-point tensors (the entries a map measures).
 FLOAT_DTYPES = frozenset({"F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2"})
-#: The source files (under the trainmap package) whose code makes a revision's metrics row: rows
-#: measured under other code, or other settings, are not reused (:func:`rows_folder`). The
-#: workflow's revision jobs take them as inputs too.
-ROW_DEFINITIONS = ("dynamics/metrics/weights.py", "dynamics/runs/families.py",
-                   "dynamics/runs/bounded.py", "dynamics/runs/heldout.py")  # fmt: skip
 
 
 @dataclass(frozen=True)

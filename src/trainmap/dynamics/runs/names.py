@@ -29,3 +29,8 @@ HUB_SCHEME = "hf://"
 #: The defaults of a suite's settings: the config schema's (``external[i].hub``), declared there
 #: once for the workflow and the command line alike.
 HUB_DEFAULTS: dict[str, object] = defaults_at("external", "hub")
+#: The source files (under the trainmap package) whose code makes a fetched revision's metrics
+#: row: rows measured under other code or settings are not reused
+#: (trainmap.dynamics.runs.hub_fetch.rows_folder); the workflow's revision jobs take them as inputs.
+ROW_DEFINITIONS = ("dynamics/metrics/weights.py", "dynamics/runs/families.py",
+                   "dynamics/runs/bounded.py", "dynamics/runs/heldout.py")  # fmt: skip
