@@ -239,7 +239,8 @@ def suite_run_metrics(
     ``measure(weights path, step)`` (one row of the metric table), its row written atomically,
     and then, if it was fetched here (by this call or by one a crash ended: a marker
     ``rows/.fetched-<commit>`` says so) and not ``keep_weights``, deleted from the cache
-    (:func:`release_checkpoint`); a revision the user had stays. ``fetch_jobs``: revisions
+    (:func:`release_checkpoint`); a revision the user had stays. A revision a crash left in the
+    cache after its row was written is deleted at the start of the next call. ``fetch_jobs``: revisions
     fetched ahead, the next ones downloading while one is measured (the disk then holds at most
     that many; downloads of one repository take turns: :func:`repository_lock`). Returns the rows joined (pandas reads the numbers back as written: the same
     floats)."""
@@ -257,6 +258,15 @@ def suite_run_metrics(
     rows.mkdir(parents=True, exist_ok=True)
     todo = [(step, checkpoint) for step, checkpoint in kept.items()
             if not _row_kept(rows, step, checkpoint)]  # fmt: skip
+    for step, checkpoint in kept.items():
+        # A crash between writing a revision's row and deleting it leaves the revision in the
+        # cache with its marker: it is measured, so it is deleted now, not skipped and kept.
+        marker = rows / f".fetched-{checkpoint.commit}"
+        if marker.exists() and (step, checkpoint) not in todo:
+            snapshot = _snapshot(_hub(), manifest.cache_dir, checkpoint.repo, checkpoint.commit)
+            if snapshot.exists() and not keep_weights:
+                release_checkpoint(checkpoint, manifest.cache_dir)
+            marker.unlink(missing_ok=True)
 
     def start(pool: ThreadPoolExecutor, checkpoint: HubCheckpoint) -> Future[Fetched]:
         # Marked before the download: a revision a crash left in the cache is still known as

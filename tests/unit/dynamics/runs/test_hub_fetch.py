@@ -203,6 +203,31 @@ def test_a_rerun_after_a_crash_reads_no_revision_twice(server, tmp_path):
     assert snapshots(tmp_path / "hub") == [], "the revision the crash left was not deleted"
 
 
+def test_a_crash_after_a_row_is_written_deletes_that_revision_on_the_rerun(
+    server, tmp_path, monkeypatch
+):
+    """Killed between writing a revision's row and deleting it: the rerun reads the row, fetches
+    nothing again and deletes the revision the crash left in the cache."""
+    manifest = resolve(server, tmp_path, seeds="1", steps="0-1")
+    release = hub_fetch.release_checkpoint
+
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt("killed")
+
+    monkeypatch.setattr(hub_fetch, "release_checkpoint", killed)
+    with pytest.raises(KeyboardInterrupt):
+        hub_fetch.suite_run_metrics(manifest, "pythia-tiny-seed1", tmp_path / "rows",
+                                    measure_with(), token=False)  # fmt: skip
+    assert [p.name.split(".")[0] for p in (tmp_path / "rows").glob("step*.csv")] == ["step0"]
+    assert len(snapshots(tmp_path / "hub")) == 1 and weight_downloads(server) == 1
+    monkeypatch.setattr(hub_fetch, "release_checkpoint", release)
+    table = hub_fetch.suite_run_metrics(manifest, "pythia-tiny-seed1", tmp_path / "rows",
+                                        measure_with(), token=False)  # fmt: skip
+    assert list(table["step"]) == [0, 1] and weight_downloads(server) == 2
+    assert snapshots(tmp_path / "hub") == [], "the measured revision the crash left was kept"
+    assert not list((tmp_path / "rows").glob(".fetched-*"))
+
+
 def test_keep_weights_keeps_every_revision_fetched(server, tmp_path):
     manifest = resolve(server, tmp_path, seeds="1", steps="0-1")
     hub_fetch.suite_run_metrics(manifest, "pythia-tiny-seed1", tmp_path / "rows", measure_with(),
