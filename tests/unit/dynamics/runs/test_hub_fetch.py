@@ -398,9 +398,13 @@ def test_a_deletion_waits_for_a_download_of_the_same_repository(server, tmp_path
         hub_fetch.fetch_checkpoint(second, manifest.cache_dir, server.endpoint, False)
         finished["fetch"] = time.monotonic()
 
+    before = len(server.requests)
     downloading = threading.Thread(target=fetch_second)
     downloading.start()
-    time.sleep(0.2)  # the second download is under way
+    deadline = time.monotonic() + 30
+    while not any(second.commit in path for _, path in server.requests[before:]):
+        assert time.monotonic() < deadline, "the second download never started"
+        time.sleep(0.01)  # its first request is answered inside the repository's lock
     hub_fetch.release_checkpoint(first, manifest.cache_dir)
     released = time.monotonic()
     downloading.join()
