@@ -240,10 +240,10 @@ def suite_run_metrics(
     and then, if it was fetched here (by this call or by one a crash ended: a marker
     ``rows/.fetched-<commit>`` says so) and not ``keep_weights``, deleted from the cache
     (:func:`release_checkpoint`); a revision the user had stays. A revision a crash left in the
-    cache after its row was written is deleted at the start of the next call. ``fetch_jobs``: revisions
-    fetched ahead, the next ones downloading while one is measured (the disk then holds at most
-    that many; downloads of one repository take turns: :func:`repository_lock`). Returns the rows joined (pandas reads the numbers back as written: the same
-    floats)."""
+    cache after its row was written is deleted at the start of the next call. ``fetch_jobs``:
+    revisions fetched ahead, the next ones downloading while one is measured (the disk then holds
+    at most that many; downloads of one repository take turns: :func:`repository_lock`). Returns
+    the rows joined (pandas reads the numbers back as written: the same floats)."""
     if run not in manifest.runs:
         raise HubCacheError(f"{manifest.source}: no run {run!r} (runs: {', '.join(manifest.runs)})")
     if fetch_jobs < 1:
@@ -258,11 +258,12 @@ def suite_run_metrics(
     rows.mkdir(parents=True, exist_ok=True)
     todo = [(step, checkpoint) for step, checkpoint in kept.items()
             if not _row_kept(rows, step, checkpoint)]  # fmt: skip
+    pending = {step for step, _ in todo}
     for step, checkpoint in kept.items():
         # A crash between writing a revision's row and deleting it leaves the revision in the
         # cache with its marker: it is measured, so it is deleted now, not skipped and kept.
         marker = rows / f".fetched-{checkpoint.commit}"
-        if marker.exists() and (step, checkpoint) not in todo:
+        if marker.exists() and step not in pending:
             snapshot = _snapshot(_hub(), manifest.cache_dir, checkpoint.repo, checkpoint.commit)
             if snapshot.exists() and not keep_weights:
                 release_checkpoint(checkpoint, manifest.cache_dir)
