@@ -30,7 +30,6 @@ from trainmap.dynamics.runs.external import (
     ExternalRunError,
     check_run_shapes,
     external_run_metrics,
-    no_curve,
     read_external_run,
     run_hyperparameters,
 )
@@ -336,27 +335,16 @@ def _fetched_table(
     run: str, external: FetchedRun, args: argparse.Namespace, model, tokens: np.ndarray | None
 ) -> pd.DataFrame:
     """A ``--fetch`` suite run's table: each revision fetched, measured alone (its row written to
-    ``--out``/rows/<run>/<settings key>/ at once: :func:`~trainmap.dynamics.runs.hub_fetch.
-    rows_folder`) and deleted unless ``--keep-weights``
-    (:func:`trainmap.dynamics.runs.hub_fetch.suite_run_metrics`)."""
-    from trainmap.dynamics.runs.hub_fetch import (
-        row_settings,
-        rows_folder,
-        suite_run_metrics,
-        with_curve,
-    )
+    ``--out``/rows/<run>/<settings key>/ at once) and deleted unless ``--keep-weights``
+    (:func:`trainmap.dynamics.runs.hub_fetch.measured_revisions`), then joined to the run's
+    curve."""
+    from trainmap.dynamics.runs.hub_fetch import measured_revisions, with_curve
 
-    def measure(path: Path, step: int) -> pd.DataFrame:
-        one = ExternalRun(external.directory, {step: path}, no_curve([step]))
-        return with_heldout_loss(external_run_metrics(one, args.convention, args.heads, model),
-                                 {step: path}, tokens, args.eval_context)  # fmt: skip
-
-    settings = row_settings(args.convention, args.heads, args.arch and
-                            {"arch": args.arch, "meta": args.meta, "options": args.arch_options},
-                            tokens, args.eval_context)  # fmt: skip
-    rows = rows_folder(args.out / "rows" / run, settings)
-    table = suite_run_metrics(external.manifest, run, rows, measure,
-                              keep_weights=args.keep_weights, fetch_jobs=args.fetch_jobs)  # fmt: skip
+    arch = args.arch and {"arch": args.arch, "meta": args.meta, "options": args.arch_options}
+    table = measured_revisions(external.manifest, run, args.out / "rows" / run,
+                               convention=args.convention, heads=args.heads, model=model,
+                               arch=arch, tokens=tokens, context=args.eval_context,
+                               keep_weights=args.keep_weights, fetch_jobs=args.fetch_jobs)  # fmt: skip
     return with_curve(table, external.evaluation, tokens is not None)
 
 

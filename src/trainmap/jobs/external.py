@@ -31,7 +31,7 @@ from trainmap.dynamics.runs.layouts import ExternalRunError
 from trainmap.dynamics.runs.names import HUB_DEFAULTS
 from trainmap.evaluation import convergence_step
 from trainmap.grid.external import EXTERNAL_DEFAULTS
-from trainmap.grid.external_hub import CURVE_SUFFIX, hub_external_run, hub_set_runs
+from trainmap.grid.external_hub import CURVE_SUFFIX, hub_external_run
 from trainmap.io import save_json, write_atomic
 from trainmap.jobs.analysis import group_outcomes
 from trainmap.jobs.common import settings_hash
@@ -132,30 +132,21 @@ def external_revisions_job(
     only what has no row); the block's table, without the run's curve, written to ``output``.
     With ``eval_tokens``, each row holds the revision's held-out loss (``test_loss``), scored
     before the revision is deleted."""
-    from trainmap.dynamics.runs.external import no_curve
-    from trainmap.dynamics.runs.hub_fetch import row_settings, rows_folder, suite_run_metrics
+    from trainmap.dynamics.runs.hub_fetch import measured_revisions
 
     suite = read_manifest(hub)
-    model = _model(arch)
-    directory = Path(hub_set_runs(suite)[run])
-
     tokens = None
     if eval_tokens is not None:
         tokens = read_tokens(Path(eval_tokens), eval_token_budget, eval_context, "eval_tokens")
-
-    def measure(path: Path, step: int) -> pd.DataFrame:
-        one = ExternalRun(directory, {step: path}, no_curve([step]))
-        return with_heldout_loss(external_run_metrics(one, convention, heads, model),
-                                 {step: path}, tokens, eval_context)  # fmt: skip
-
-    folder = rows_folder(Path(rows), row_settings(convention, heads, arch, tokens, eval_context))
     params = {"set": name, "run": run, "block": block, "revisions": len(steps),
               "first_step": min(steps), "last_step": max(steps), "metrics": convention,
               "hub": suite.source}  # fmt: skip
     with rule_run(tracking, "external_revisions", task=f"external/{name}/{run}/{block}",
                   params=params, config_hash=settings_hash([name, run, list(steps), params])) as tracked:  # fmt: skip
-        table = suite_run_metrics(suite, run, folder, measure, keep_weights=keep_weights,
-                                  fetch_jobs=fetch_jobs, steps=steps)  # fmt: skip
+        table = measured_revisions(suite, run, Path(rows), convention=convention, heads=heads,
+                                   model=_model(arch), arch=arch, tokens=tokens,
+                                   context=eval_context, keep_weights=keep_weights,
+                                   fetch_jobs=fetch_jobs, steps=steps)  # fmt: skip
         tracked.log_metrics({"revisions": len(table)})
     write_atomic(Path(output), lambda tmp: table.to_csv(tmp, index=False))
 

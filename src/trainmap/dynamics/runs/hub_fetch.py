@@ -297,6 +297,32 @@ def suite_run_metrics(
     return pd.concat(tables, ignore_index=True)
 
 
+def measured_revisions(
+    manifest: Manifest, run: str, rows_base: Path, *, convention: str, heads: int | None = None,
+    model: Any = None, arch: Mapping | None = None, tokens: np.ndarray | None = None,
+    context: int = 0, keep_weights: bool = bool(HUB_DEFAULTS["keep_weights"]),
+    fetch_jobs: int = int(HUB_DEFAULTS["fetch_jobs"]), steps: Collection[int] | None = None,
+) -> pd.DataFrame:  # fmt: skip
+    """``run``'s metric rows (``steps`` of them, when given), without its curve: each revision
+    fetched and measured alone (:func:`~trainmap.dynamics.runs.external.external_run_metrics`
+    with ``convention``, ``heads`` and ``model``, the model built from ``arch``), with ``tokens``
+    its held-out loss on them in ``context``-token sequences
+    (:func:`~trainmap.dynamics.runs.heldout.with_heldout_loss`), its row kept under
+    ``rows_base``/<key of these settings> (:func:`rows_folder`) by :func:`suite_run_metrics`.
+    What ``trainmap map --fetch`` and the workflow's revision jobs measure."""
+    from trainmap.dynamics.runs.external import ExternalRun, external_run_metrics, no_curve
+    from trainmap.dynamics.runs.heldout import with_heldout_loss
+
+    def measure(path: Path, step: int) -> pd.DataFrame:
+        one = ExternalRun(path.parent, {step: path}, no_curve([step]))
+        return with_heldout_loss(external_run_metrics(one, convention, heads, model),
+                                 {step: path}, tokens, context)  # fmt: skip
+
+    rows = rows_folder(rows_base, row_settings(convention, heads, arch, tokens, context))
+    return suite_run_metrics(manifest, run, rows, measure, keep_weights=keep_weights,
+                             fetch_jobs=fetch_jobs, steps=steps)  # fmt: skip
+
+
 def rows_folder(base: Path, settings: Mapping[str, Any]) -> Path:
     """Where the rows measured under ``settings`` (what changes a row: the convention, heads,
     architecture, held-out tokens; JSON-able) and the present code of :data:`ROW_DEFINITIONS` are
