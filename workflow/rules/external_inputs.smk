@@ -32,7 +32,7 @@ def revision_block_files(name):
     """Every revision job's table of fetched set ``name``, run by run, in block order."""
     return [
         revision_block_file(name, run, block)
-        for run, blocks in EXTERNAL[name].blocks().items()
+        for run, blocks in EXTERNAL[name].blocks.items()
         for block in range(len(blocks))
     ]
 
@@ -57,7 +57,7 @@ def rows_of_external_run(wildcards):
 @input_function
 def steps_of_block(wildcards):
     """The steps one external_revisions job measures."""
-    blocks = EXTERNAL[wildcards.external].blocks()[wildcards.suite_run]
+    blocks = EXTERNAL[wildcards.external].blocks[wildcards.suite_run]
     return blocks[int(wildcards.revisions)]
 
 
@@ -65,11 +65,11 @@ def steps_of_block(wildcards):
 def runtime_of_block(wildcards):
     """external_revisions' minutes: its revisions' plan (trainmap.plan.suites), times the
     plan's safety factor."""
-    from trainmap.grid.external_hub import fetch_setting, revision_sizes
+    from trainmap.grid.external_hub import fetch_setting
     from trainmap.plan.suites import block_runtime_minutes
 
     external = EXTERNAL[wildcards.external]
-    sizes = revision_sizes(external.hub, external.spec)[wildcards.suite_run]
+    sizes = external.sizes[wildcards.suite_run]
     return block_runtime_minutes(
         [sizes[step] for step in steps_of_block(wildcards)],
         fetch_setting(external.spec, "dtype"),

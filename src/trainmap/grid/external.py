@@ -23,6 +23,7 @@ import os
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -96,17 +97,29 @@ class ExternalSet:
     @property
     def fetched(self) -> bool:
         """Whether the set is a suite fetched from the Hub (``hub.fetch``): its revisions are
-        measured by jobs of a block of revisions each (:meth:`blocks`)."""
+        measured by jobs of a block of revisions each (:attr:`blocks`)."""
         return self.hub is not None and self.hub.fetch_from is not None
 
+    @cached_property
     def blocks(self) -> dict[str, list[list[int]]]:
         """A fetched set's run -> its steps in blocks of ``hub.revisions_per_job``, a job each
-        (:func:`~trainmap.grid.external_hub.revision_blocks`); empty for any other set."""
+        (:func:`~trainmap.grid.external_hub.revision_blocks`); empty for any other set. Computed
+        once: every revision job's input functions read it."""
         if not self.fetched:
             return {}
         from trainmap.grid.external_hub import fetch_setting, revision_blocks
 
-        return revision_blocks(self.hub, int(fetch_setting(self.spec, "revisions_per_job")))
+        return revision_blocks(self.hub.runs, int(fetch_setting(self.spec, "revisions_per_job")))
+
+    @cached_property
+    def sizes(self) -> dict[str, dict[int, int]]:
+        """A fetched set's run -> step -> bytes of the revision
+        (:func:`~trainmap.grid.external_hub.revision_sizes`); empty for any other set."""
+        if not self.fetched:
+            return {}
+        from trainmap.grid.external_hub import revision_sizes
+
+        return revision_sizes(self.hub, self.spec)
 
     def inputs(self) -> dict[str, list[str] | str]:
         """The files the set's metrics read, named for the job: ``files`` (a run directory's
@@ -138,11 +151,11 @@ class ExternalSet:
         """Memory to request for the set's ``external_metrics`` job (:func:`memory_mb`)."""
         if self.hub is None:
             return external_metrics_memory_mb(self.runs)
-        from trainmap.grid.external_hub import largest_hub_checkpoint, revision_sizes
+        from trainmap.grid.external_hub import largest_hub_checkpoint
 
         if self.fetched:
-            sizes = revision_sizes(self.hub, self.spec)
-            return memory_mb(max((b for run in sizes.values() for b in run.values()), default=0))
+            largest = max((b for run in self.sizes.values() for b in run.values()), default=0)
+            return memory_mb(largest)
         return memory_mb(largest_hub_checkpoint(self.hub))
 
 

@@ -21,7 +21,7 @@ measuring and deleting its revisions, a row at a time.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -196,11 +196,13 @@ def revision_sizes(manifest: Manifest, spec: Mapping[str, Any]) -> dict[str, dic
             for run, steps in manifest.runs.items()}  # fmt: skip
 
 
-def revision_blocks(manifest: Manifest, per_job: int) -> dict[str, list[list[int]]]:
-    """Run -> its steps in blocks of ``per_job`` (the last may be shorter), in step order: one
-    workflow job each."""
-    return {run: [list(steps)[start : start + per_job] for start in range(0, len(steps), per_job)]
-            for run, steps in manifest.runs.items()}  # fmt: skip
+def revision_blocks(runs: Mapping[str, Iterable[int]], per_job: int) -> dict[str, list[list[int]]]:
+    """Run -> its steps (``runs``: run -> steps, a manifest's runs or the plan's sizes) in blocks
+    of ``per_job`` (the last may be shorter), in step order: one workflow job each, numbered by
+    its place in the list."""
+    ordered = {run: list(steps) for run, steps in runs.items()}
+    return {run: [steps[start : start + per_job] for start in range(0, len(steps), per_job)]
+            for run, steps in ordered.items()}  # fmt: skip
 
 
 def hub_set_runs(manifest: Manifest) -> dict[str, str]:

@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, (manifest, written) in resolved.items():
         sizes = [b for run in revision_sizes(manifest, specs[name]).values() for b in run.values()]
         per_job = int(fetch_setting(specs[name], "revisions_per_job"))
-        jobs = sum(len(blocks) for blocks in revision_blocks(manifest, per_job).values())
+        jobs = sum(len(blocks) for blocks in revision_blocks(manifest.runs, per_job).values())
         in_flight = int(fetch_setting(specs[name], "fetch_jobs")) * max(sizes, default=0)
         state = "written" if written else "unchanged"
         print(f"{name}: {len(manifest.runs)} runs, {len(sizes)} revisions, "

@@ -130,7 +130,7 @@ def fetched_suite_jobs(
     fetched set (``download``: the bytes it fetches); ``base_dir``: the project (None: the
     working directory, as ``trainmap resolve`` and the workflow take it)."""
     from trainmap.grid.external import is_hub_set, memory_mb
-    from trainmap.grid.external_hub import fetch_setting, is_fetched
+    from trainmap.grid.external_hub import fetch_setting, is_fetched, revision_blocks
 
     plans = []
     for index, spec in enumerate(config.get("external") or []):
@@ -142,10 +142,9 @@ def fetched_suite_jobs(
         in_flight = int(fetch_setting(spec, "fetch_jobs"))
         keep = bool(fetch_setting(spec, "keep_weights"))
         keys = (f"{where}.hub.revisions_per_job", f"{where}.hub.steps")
-        for run, steps in runs.items():
-            sizes = list(steps.values())
-            for block, start in enumerate(range(0, len(sizes), per_job)):
-                part = sizes[start : start + per_job]
+        for run, blocks in revision_blocks(runs, per_job).items():
+            for block, block_steps in enumerate(blocks):
+                part = [runs[run][step] for step in block_steps]
                 plans.append(JobPlan(
                     "external_revisions", f"{spec['name']}/{run}/{block}", 1, "cpu",
                     len(part) * SUITE_ROW_BYTES + (sum(part) if keep else 0),

@@ -348,7 +348,7 @@ def test_a_fetched_set_reads_only_the_manifest_trainmap_resolve_wrote(tmp_path: 
         "files": [],
         "hub": str(manifest_path(tmp_path)),
     }
-    assert external.blocks() == {
+    assert external.blocks == {
         "pythia-tiny-seed1": [[0, 1], [2]],
         "pythia-tiny-seed2": [[0, 1], [2]],
     }

@@ -183,7 +183,7 @@ def test_a_fetched_set_in_the_workflow_scores_each_revision_on_eval_tokens(tmp_p
         suite = external_set(config, spec, tmp_path)
         assert suite.inputs()["tokens"] == str(tokens)
         blocks = []
-        for run, steps in suite.blocks().items():
+        for run, steps in suite.blocks.items():
             for index, block in enumerate(steps):
                 blocks.append(tmp_path / "blocks" / run / f"{index}.csv")
                 external_revisions_job("nano", run, block, suite.manifest_path, tmp_path / "rows" / run,
