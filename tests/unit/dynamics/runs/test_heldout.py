@@ -103,16 +103,22 @@ def nano_suite(made: Path, steps=(0, 1), besides: dict[str, bytes] | None = None
     return repos
 
 
-def test_the_command_line_writes_each_fetched_revisions_loss_as_its_curve(tmp_path, tokens):
+def map_fetched(repos: dict, tmp_path: Path, out: Path, *held_out: str) -> None:
+    """``trainmap map --fetch --metrics-only`` of the nano suite's seeds 1-2 from a fake Hub
+    serving ``repos``, each revision scored on 64 tokens as ``held_out`` gives them."""
     from trainmap.dynamics.__main__ import main
 
-    repos = nano_suite(tmp_path / "made")
-    out = tmp_path / "out"
     with HubServer(repos) as server:
         main(["hf://EleutherAI/pythia-nano-seed{seed}", "--seeds", "1-2", "--fetch",
-              "--hf-endpoint", server.endpoint, "--hf-cache", str(tmp_path / "hub"),
-              "--eval-tokens", str(tokens), "--eval-token-budget", "64", "--eval-context",
-              str(CONTEXT), "--out", str(out), "--metrics-only"])  # fmt: skip
+              "--hf-endpoint", server.endpoint, "--hf-cache", str(tmp_path / "hub"), *held_out,
+              "--eval-token-budget", "64", "--eval-context", str(CONTEXT), "--out", str(out),
+              "--metrics-only"])  # fmt: skip
+
+
+def test_the_command_line_writes_each_fetched_revisions_loss_as_its_curve(tmp_path, tokens):
+    repos = nano_suite(tmp_path / "made")
+    out = tmp_path / "out"
+    map_fetched(repos, tmp_path, out, "--eval-tokens", str(tokens))
     ids = read_tokens(tokens, 64, CONTEXT)
     for seed in (1, 2):
         table = pd.read_csv(out / "metrics" / f"pythia-nano-seed{seed}" / "metrics.csv")
@@ -136,19 +142,13 @@ def word_tokenizer(folder: Path) -> Path:
 def test_text_is_tokenized_by_the_suites_own_tokenizer_fetched_alone(tmp_path):
     """``--eval-text``: the text tokenized by the first revision's tokenizer (fetched alone and
     deleted again), every revision scored on those ids, the ids kept in eval_tokens.npy."""
-    from trainmap.dynamics.__main__ import main
-
     ids = np.random.default_rng(1).integers(0, VOCAB, 120)
     text = tmp_path / "held_out.txt"
     text.write_text(" ".join(f"w{i}" for i in ids), encoding="utf-8")
     tokenizer = {p.name: p.read_bytes() for p in word_tokenizer(tmp_path / "tok").iterdir()}
     repos = nano_suite(tmp_path / "made", besides=tokenizer)
     out = tmp_path / "out"
-    with HubServer(repos) as server:
-        main(["hf://EleutherAI/pythia-nano-seed{seed}", "--seeds", "1-2", "--fetch",
-              "--hf-endpoint", server.endpoint, "--hf-cache", str(tmp_path / "hub"),
-              "--eval-text", str(text), "--eval-token-budget", "64", "--eval-context",
-              str(CONTEXT), "--out", str(out), "--metrics-only"])  # fmt: skip
+    map_fetched(repos, tmp_path, out, "--eval-text", str(text))
     scored = np.load(out / "eval_tokens.npy")
     assert scored.tolist() == ids[:64].tolist()
     for seed in (1, 2):
@@ -157,6 +157,8 @@ def test_text_is_tokenized_by_the_suites_own_tokenizer_fetched_alone(tmp_path):
             expected = heldout_loss(tmp_path / "made" / f"{seed}-{step}", scored, CONTEXT)
             assert table["test_loss"][step] == pytest.approx(expected, rel=1e-12)
     assert not list((tmp_path / "hub").glob("models--*/snapshots/*")), "files left in the cache"
+    from trainmap.dynamics.__main__ import main
+
     with pytest.raises(SystemExit, match="--eval-tokens/--eval-text and --curves both"):
         main(["hf://EleutherAI/pythia-nano-seed{seed}", "--seeds", "1-2", "--eval-text", str(text),
               "--curves", str(tmp_path), "--out", str(out)])  # fmt: skip
