@@ -42,6 +42,9 @@ import numpy as np
 import pandas as pd
 from tqdm import tqdm
 
+from trainmap.dynamics.metrics.weights import with_history
+from trainmap.dynamics.runs.external import ExternalRun, external_run_metrics, no_curve
+from trainmap.dynamics.runs.heldout import LOSS_COLUMN, TOKENIZER_FILES, with_heldout_loss
 from trainmap.dynamics.runs.hub import (
     SEED,
     STEP,
@@ -162,8 +165,6 @@ def tokenizer_folder(
     (only they: ``snapshot_download`` with the tokenizer's file names) unless one is there
     already. Returns the folder and whether this call fetched into a revision whose weights are
     not in the cache (the caller then deletes it: :func:`release_checkpoint`)."""
-    from trainmap.dynamics.runs.heldout import TOKENIZER_FILES
-
     hub = _hub()
     snapshot = _snapshot(hub, cache_dir, checkpoint.repo, checkpoint.commit)
     if any((snapshot / name).is_file() for name in TOKENIZER_FILES):
@@ -310,8 +311,6 @@ def measured_revisions(
     (:func:`~trainmap.dynamics.runs.heldout.with_heldout_loss`), its row kept under
     ``rows_base``/<key of these settings> (:func:`rows_folder`) by :func:`suite_run_metrics`.
     What ``trainmap map --fetch`` and the workflow's revision jobs measure."""
-    from trainmap.dynamics.runs.external import ExternalRun, external_run_metrics, no_curve
-    from trainmap.dynamics.runs.heldout import with_heldout_loss
 
     def measure(path: Path, step: int) -> pd.DataFrame:
         one = ExternalRun(path.parent, {step: path}, no_curve([step]))
@@ -363,9 +362,6 @@ def with_curve(table: pd.DataFrame, curve: pd.DataFrame, heldout: bool) -> pd.Da
     steps (:func:`~trainmap.dynamics.metrics.weights.with_history`); with ``heldout``, the
     held-out loss measured per revision stays the ``test_loss`` column. The curve is joined
     here, not kept in the rows, so a changed curve file remeasures nothing."""
-    from trainmap.dynamics.metrics.weights import with_history
-    from trainmap.dynamics.runs.heldout import LOSS_COLUMN
-
     loss = table[LOSS_COLUMN].to_numpy() if heldout else None
     table = with_history(table, curve)
     if loss is not None:
