@@ -71,6 +71,7 @@ _EXPORTS = {
     "kept_checkpoints": "trainmap.plan.estimates",
     "plan_jobs": "trainmap.plan.estimates",
     "small_job": "trainmap.plan.jobplan",
+    "map_job": "trainmap.plan.jobplan",
     "training_job": "trainmap.plan.estimates",
     "NodeLimits": "trainmap.plan.limits",
     "ModelProfile": "trainmap.plan.profile",

@@ -37,8 +37,6 @@ from trainmap import grid
 from trainmap.evaluation import latency_probe
 from trainmap.grid import Cell, SeedRange
 from trainmap.plan.assumptions import (
-    ANALYSIS_S_PER_OBSERVATION,
-    ANALYSIS_SOURCE,
     BASE_RAM,
     COLLECT_ROW_S,
     COLLECT_S,
@@ -65,6 +63,7 @@ from trainmap.plan.jobplan import (
     SAFETY_FACTOR,
     JobPlan,
     PlanError,
+    map_job,
     small_job,
 )
 from trainmap.plan.profile import ModelProfile, dataset_bytes, dataset_examples, model_profile
@@ -246,23 +245,10 @@ def analysis_job(
     external_observations: int = 0,
 ) -> JobPlan:  # fmt: skip
     """A training-map job over ``cells``' metric tables (fit_hmm, joint_comparison, paper_map)
-    and ``external_observations`` checkpoints of external runs it pools: memory from the
-    observations x (14 metrics + k_max states) in float64 x 10 working copies, time scaled from
-    the default study's measured joint comparison (x ``fraction`` for lighter rules)."""
+    and ``external_observations`` checkpoints of external runs it pools
+    (:func:`~trainmap.plan.jobplan.map_job`)."""
     observations = sum(grid.run_checkpoints(config, cell) for cell in cells) + external_observations
-    k_max = int({**section_defaults("analysis"), **grid.analysis_settings(config)}["k_max"])
-    return small_job(
-        rule,
-        job,
-        len(cells),
-        len(cells) * 5000 + 1e6,
-        BASE_RAM + observations * (14 + k_max) * 8 * 10,
-        STARTUP_S + fraction * observations * ANALYSIS_S_PER_OBSERVATION,
-        "size-based: a few JSON/NPZ/PNG files of the map (~1 MB) + 5 KB a run",
-        f"size-based: {observations:,} observations x (14 + {k_max}) x 8 B x 10 copies",
-        ANALYSIS_SOURCE + (f" x {fraction}" if fraction != 1 else ""),
-        ("analysis.bootstrap", "analysis.stability", "grid seeds"),
-    )
+    return map_job(config, rule, job, len(cells), observations, fraction)
 
 
 # --- the plan of a grid -----------------------------------------------------------------------------

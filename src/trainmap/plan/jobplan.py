@@ -1,10 +1,22 @@
-"""One job's plan (:class:`JobPlan`), the error of a plan past a node (:class:`PlanError`) and
-what a scheduler is asked for on top of a plan; :mod:`.estimates` (the grid's jobs) and
-:mod:`.suites` (a fetched suite's jobs) both build on these."""
+"""One job's plan (:class:`JobPlan`), the error of a plan past a node (:class:`PlanError`), what
+a scheduler is asked for on top of a plan, and the plan of a training-map job (:func:`map_job`);
+:mod:`.estimates` (the grid's jobs) and :mod:`.suites` (a fetched suite's jobs) both build on
+these."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
+
+from trainmap import grid
+from trainmap.plan.assumptions import (
+    ANALYSIS_S_PER_OBSERVATION,
+    ANALYSIS_SOURCE,
+    BASE_RAM,
+    STARTUP_S,
+)
+from trainmap.schema import section_defaults
 
 #: Resources requested from a scheduler are the plan's estimate times this, once, for every rule:
 #: the FLOP-based times hold to ~2x (bench/plan_accuracy.py), and a job past its request is killed.
@@ -49,3 +61,28 @@ def small_job(
     """A CPU job's plan from its three numbers and their sources."""
     return JobPlan(rule, job, seeds, "cpu", bytes_, 0.0, ram, 0.0, seconds, bytes_from,
                    memory_from, time_from, keys)  # fmt: skip
+
+
+def map_job(
+    config: Mapping[str, Any], rule: str, job: str, runs: int, observations: int,
+    fraction: float = 1.0, keys: tuple[str, ...] = ("analysis.bootstrap", "analysis.stability",
+                                                     "grid seeds"),
+) -> JobPlan:  # fmt: skip
+    """A training-map job over ``runs`` runs of ``observations`` checkpoints in all (fit_hmm,
+    joint_comparison, paper_map, external_map): memory from the observations x (14 metrics +
+    the config's ``analysis.k_max`` states) in float64 x 10 working copies, time scaled from the
+    default study's measured joint comparison (x ``fraction`` for lighter rules); ``keys``: the
+    config keys that size it."""
+    k_max = int({**section_defaults("analysis"), **grid.analysis_settings(config)}["k_max"])
+    return small_job(
+        rule,
+        job,
+        runs,
+        runs * 5000 + 1e6,
+        BASE_RAM + observations * (14 + k_max) * 8 * 10,
+        STARTUP_S + fraction * observations * ANALYSIS_S_PER_OBSERVATION,
+        "size-based: a few JSON/NPZ/PNG files of the map (~1 MB) + 5 KB a run",
+        f"size-based: {observations:,} observations x (14 + {k_max}) x 8 B x 10 copies",
+        ANALYSIS_SOURCE + (f" x {fraction}" if fraction != 1 else ""),
+        keys,
+    )

@@ -6,10 +6,10 @@ job downloads its revisions (``fetch_jobs`` ahead), measures each and deletes it
 revisions in flight: ``scratch``; every fetched revision with ``keep_weights``), its rows, its
 memory (:func:`trainmap.grid.external.memory_mb` of the largest revision) and its time
 (:func:`block_seconds`, from :data:`~trainmap.plan.assumptions.SUITE_SOURCE`); then the set's
-``external_map``, sized as the grid's maps are. The revisions and
-their sizes come from the set's ``revisions.json`` once ``trainmap resolve`` wrote it, else from
-the config alone, offline: each step listed, times the seeds, each ``parameters`` x ``dtype``
-bytes (:func:`suite_revisions`).
+``external_map``, sized as the grid's maps are (:func:`~trainmap.plan.jobplan.map_job`). The
+revisions and their sizes come from the set's ``revisions.json`` once ``trainmap resolve`` wrote
+it, else from the config alone, offline: each step listed, times the seeds, each ``parameters`` x
+``dtype`` bytes (:func:`suite_revisions`).
 """
 
 from __future__ import annotations
@@ -21,9 +21,6 @@ from typing import Any
 
 from trainmap.grid.external_hub import DTYPE_BYTES
 from trainmap.plan.assumptions import (
-    ANALYSIS_S_PER_OBSERVATION,
-    ANALYSIS_SOURCE,
-    BASE_RAM,
     HUB_BYTES_PER_S,
     HUB_REVISION_S,
     MEASURED_REVISIONS,
@@ -31,7 +28,7 @@ from trainmap.plan.assumptions import (
     SUITE_ROW_BYTES,
     SUITE_SOURCE,
 )
-from trainmap.plan.jobplan import MIN_MINUTES, SAFETY_FACTOR, JobPlan, PlanError, small_job
+from trainmap.plan.jobplan import MIN_MINUTES, SAFETY_FACTOR, JobPlan, PlanError, map_job
 
 
 def measure_seconds(parameters: float) -> float:
@@ -157,12 +154,6 @@ def fetched_suite_jobs(
                     SUITE_SOURCE, keys, download=float(sum(part)),
                 ))  # fmt: skip
         observations = sum(len(steps) for steps in runs.values())
-        plans.append(small_job(
-            "external_map", spec["name"], len(runs), 1e6 + len(runs) * 5000,
-            BASE_RAM + observations * 22 * 8 * 10,
-            STARTUP_S + observations * ANALYSIS_S_PER_OBSERVATION,
-            "size-based: a few JSON/NPZ/PNG files of the map (~1 MB) + 5 KB a run",
-            f"size-based: {observations:,} observations x (14 + 8) x 8 B x 10 copies",
-            ANALYSIS_SOURCE, ("analysis.bootstrap", f"{where}.hub.steps"),
-        ))  # fmt: skip
+        plans.append(map_job(config, "external_map", spec["name"], len(runs), observations,
+                             keys=("analysis.bootstrap", f"{where}.hub.steps")))  # fmt: skip
     return plans

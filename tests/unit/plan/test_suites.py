@@ -96,3 +96,17 @@ def test_a_joint_comparison_of_fetched_sets_is_sized_by_their_checkpoints() -> N
     # 9 seeds of pythia-160m and 3 of a variant, 20 revisions each
     for name in ("data_order", "initial_weights"):
         assert jobs.loc[name, "memory_from"].startswith("size-based: 240 observations")
+
+
+def test_a_suites_map_is_sized_as_the_grids_maps_are_with_its_k_max() -> None:
+    """external_map's memory counts the set's checkpoints x (14 metrics + analysis.k_max)."""
+    config = plan.load_plan_config(["config/suites/polypythias-14m.yaml"])
+    config["analysis"] = {**config.get("analysis", {}), "k_max": 12}
+    job = plan.plan_jobs(config).set_index("rule").loc["external_map"]
+    observations = 9 * 154
+    assert (
+        job["memory_from"]
+        == f"size-based: {observations:,} observations x (14 + 12) x 8 B x 10 copies"
+    )
+    assert job["ram"] == plan.BASE_RAM + observations * (14 + 12) * 8 * 10
+    assert job["seeds"] == 9
